@@ -1,0 +1,7 @@
+"""Artifacts: the content-addressed store, linking, bundles, and loading a built module."""
+
+
+def load(path: str):
+    """Load a bundle folder written by `BuildResult.export` / `kiln build`."""
+    from .module import Module
+    return Module(path)

@@ -1,0 +1,44 @@
+"""Static memory planning: every intermediate tensor and workspace gets an offset in one arena.
+
+Buffers whose lifetimes (first write .. last read, in kernel order) overlap never share
+bytes; the rest are packed greedily, largest first, at the lowest offset that fits, the
+way TFLite's arena planner does. A kernel's outputs are live at its own step, as are its
+inputs, so a kernel never writes over what it reads.
+"""
+from __future__ import annotations
+
+ALIGN = 64
+
+
+def _align(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+def plan_arena(lifetimes: dict[str, tuple[int, int]], sizes: dict[str, int]) -> tuple[dict[str, int], int]:
+    """lifetimes: buffer -> (first step, last step), inclusive; sizes in bytes.
+    Returns (offset of each buffer, arena size in bytes)."""
+    placed: list[tuple[int, int, int, int]] = []  # offset, end, first, last
+    offsets: dict[str, int] = {}
+    for name in sorted(lifetimes, key=lambda n: (-sizes[n], n)):
+        first, last = lifetimes[name]
+        size = _align(max(sizes[name], 1))
+        busy = sorted((o, e) for o, e, f, l in placed if f <= last and first <= l)
+        offset = 0
+        for o, e in busy:
+            if offset + size <= o:
+                break
+            offset = max(offset, _align(e))
+        offsets[name] = offset
+        placed.append((offset, offset + size, first, last))
+    return offsets, max((e for _, e, _, _ in placed), default=0)
+
+
+def pack_constants(arrays: dict[str, "object"]) -> tuple[dict[str, int], bytes]:
+    """Lay constants out back to back (64-byte aligned) in one blob: the weights file."""
+    offsets, chunks, pos = {}, [], 0
+    for name in sorted(arrays):
+        data = arrays[name].tobytes()
+        offsets[name] = pos
+        chunks.append(data + b"\0" * (_align(len(data)) - len(data)))
+        pos += _align(len(data))
+    return offsets, b"".join(chunks)

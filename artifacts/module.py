@@ -1,0 +1,118 @@
+"""Load a bundle and run it: numpy and ctypes only (no llvmlite, no JIT at load time).
+
+A bundle is a folder: model.so (kernels + entry function), manifest.json (inputs,
+outputs, shapes, dtypes, target, Kiln version) and weights.bin (all constants, packed
+weights included, in the layout the entry function expects).
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import json
+import os
+import time
+
+import numpy as np
+
+from ir.errors import KilnError
+
+MANIFEST = "manifest.json"
+
+
+def _aligned_empty(nbytes: int, align: int = 64) -> np.ndarray:
+    raw = np.empty(nbytes + align, np.uint8)
+    start = (-raw.ctypes.data) % align
+    return raw[start:start + nbytes]
+
+
+class Module:
+    def __init__(self, path: str):
+        self.path = path
+        manifest_path = os.path.join(path, MANIFEST)
+        if not os.path.exists(manifest_path):
+            raise KilnError(f"'{path}' is not a Kiln bundle: {MANIFEST} is missing")
+        with open(manifest_path) as f:
+            self.manifest = json.load(f)
+        m = self.manifest
+        if not m.get("runnable", True):
+            raise KilnError(f"bundle '{path}' was built for {m['target']['triple']}, which cannot run on this "
+                            "machine (its objects are in the bundle for cross linking)")
+        self.inputs = m["inputs"]
+        self.outputs = m["outputs"]
+        self._weights = self._load_weights(os.path.join(path, m["weights_file"]), m["weights_bytes"],
+                                           m.get("weights_sha256"))
+        self._arena = _aligned_empty(max(m["arena_bytes"], 1))
+        self._lib = ctypes.CDLL(os.path.abspath(os.path.join(path, m["library"])))
+        self._run = self._lib.kiln_run
+        self._run.restype = ctypes.c_int
+        self._run.argtypes = [ctypes.c_void_p] * 4
+        if self._lib.kiln_arena_bytes() != m["arena_bytes"]:
+            raise KilnError(f"bundle '{path}': model.so and manifest.json disagree on the arena size")
+        self._in_ptrs = (ctypes.c_void_p * max(len(self.inputs), 1))()
+        self._out_ptrs = (ctypes.c_void_p * max(len(self.outputs), 1))()
+
+    @staticmethod
+    def _load_weights(path: str, nbytes: int, sha256: str | None) -> np.ndarray:
+        buf = _aligned_empty(max(nbytes, 1))
+        if nbytes:
+            with open(path, "rb") as f:
+                got = f.readinto(memoryview(buf)[:nbytes])
+            if got != nbytes:
+                raise KilnError(f"weights file '{path}' holds {got} bytes, the manifest says {nbytes}")
+            if sha256 and hashlib.sha256(buf[:nbytes]).hexdigest() != sha256:
+                raise KilnError(f"weights file '{path}' does not match the manifest's checksum")
+        return buf
+
+    def _check_input(self, spec: dict, value) -> np.ndarray:
+        arr = np.asarray(value)
+        want = np.dtype(spec["dtype"])
+        if arr.dtype != want:
+            if not np.can_cast(arr.dtype, want, casting="same_kind") or arr.dtype.kind != want.kind:
+                raise KilnError(f"input '{spec['name']}': expected dtype {want}, got {arr.dtype}")
+            arr = arr.astype(want)
+        if list(arr.shape) != list(spec["shape"]):
+            raise KilnError(f"input '{spec['name']}': expected shape {tuple(spec['shape'])}, got {arr.shape}")
+        return np.ascontiguousarray(arr)
+
+    def run(self, inputs: dict) -> dict:
+        names = [s["name"] for s in self.inputs]
+        missing = [n for n in names if n not in inputs]
+        extra = [n for n in inputs if n not in names]
+        if missing or extra:
+            raise KilnError(f"inputs: missing {missing}, unexpected {extra}; the model takes {names}")
+        arrays = [self._check_input(s, inputs[s["name"]]) for s in self.inputs]
+        outs = {s["name"]: np.empty(s["shape"], s["dtype"]) for s in self.outputs}
+        for i, a in enumerate(arrays):
+            self._in_ptrs[i] = a.ctypes.data
+        for i, s in enumerate(self.outputs):
+            self._out_ptrs[i] = outs[s["name"]].ctypes.data
+        rc = self._run(self._weights.ctypes.data, self._arena.ctypes.data, self._in_ptrs, self._out_ptrs)
+        if rc != 0:
+            raise KilnError(f"model '{self.path}' returned error code {rc}")
+        return outs
+
+    def __call__(self, *args, **kwargs) -> dict:
+        named = dict(zip((s["name"] for s in self.inputs), args))
+        named.update(kwargs)
+        return self.run(named)
+
+    def benchmark(self, warmup: int = 10, repeat: int = 50, inputs: dict | None = None) -> dict:
+        """Latency in ms over `repeat` runs after `warmup` runs, on random (or given) inputs."""
+        rng = np.random.default_rng(0)
+        if inputs is None:
+            inputs = {s["name"]: (rng.standard_normal(s["shape"]).astype(s["dtype"]) if s["dtype"] == "float32"
+                                  else np.zeros(s["shape"], s["dtype"])) for s in self.inputs}
+        for _ in range(warmup):
+            self.run(inputs)
+        times = []
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            self.run(inputs)
+            times.append((time.perf_counter() - t0) * 1e3)
+        times.sort()
+        return {"median_ms": times[len(times) // 2], "mean_ms": sum(times) / len(times), "min_ms": times[0],
+                "p90_ms": times[int(len(times) * 0.9) - 1 if len(times) > 1 else 0], "repeat": repeat}
+
+
+def load(path: str) -> Module:
+    return Module(path)

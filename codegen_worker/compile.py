@@ -1,0 +1,57 @@
+"""One codegen job: kernel bytes + target -> object bytes.
+
+Runs inside a process forked from the zygote (or, in the explicit debug mode, in the
+caller's process). LLVM options are set here, in the job's own process, because they are
+process-global: whatever this job sets dies with the process.
+"""
+from __future__ import annotations
+
+import time
+
+import llvmlite.binding as llvm
+
+from ir.loop import Kernel
+
+from .llvm_emit import kernel_to_llvm_ir
+
+_initialized = False
+
+
+def initialize_llvm() -> None:
+    """Initialize every target llvmlite ships (cross targets emit objects too); sets no option."""
+    global _initialized
+    if not _initialized:
+        llvm.initialize_all_targets()
+        llvm.initialize_all_asmprinters()
+        _initialized = True
+
+
+def compile_kernel(kernel_bytes: bytes, symbol: str, target: dict, llvm_options=(), opt_level: int = 3,
+                   fallback: bool = False, emit_asm: bool = False) -> dict:
+    """Compile one kernel. `target` holds triple, cpu, features. Returns object bytes and timings."""
+    initialize_llvm()
+    t0 = time.perf_counter()
+    kernel = Kernel.from_bytes(kernel_bytes)
+    if fallback:
+        kernel = kernel.with_schedule(vectorize=False)
+    for opt in llvm_options:
+        llvm.set_option("kiln", opt)
+    text = kernel_to_llvm_ir(kernel, symbol, target["triple"], target["cpu"], target["features"])
+    module = llvm.parse_assembly(text)
+    module.verify()
+    t1 = time.perf_counter()
+    tm = llvm.Target.from_triple(target["triple"]).create_target_machine(
+        cpu=target["cpu"], features=target["features"], opt=min(opt_level, 3), reloc="pic", codemodel="default")
+    pto = llvm.create_pipeline_tuning_options(speed_level=min(opt_level, 3))
+    if fallback:  # the safe schedule: nothing that can explode
+        pto.loop_vectorization = False
+        pto.slp_vectorization = False
+        pto.loop_unrolling = False
+    pb = llvm.create_pass_builder(tm, pto)
+    pb.getModulePassManager().run(module, pb)
+    t2 = time.perf_counter()
+    obj = tm.emit_object(module)
+    asm = tm.emit_assembly(module) if emit_asm else None
+    t3 = time.perf_counter()
+    return {"object": obj, "asm": asm, "ir_ms": (t1 - t0) * 1e3, "opt_ms": (t2 - t1) * 1e3,
+            "emit_ms": (t3 - t2) * 1e3}

@@ -1,0 +1,491 @@
+"""Loop-nest kernel -> LLVM IR text.
+
+Loops are emitted bottom-tested (every extent is static and positive), buffers are
+`noalias` pointers, float math carries reassoc/contract flags so reductions vectorize, and
+exp/tanh/erf are inlined polynomials rather than libm calls so loops using them vectorize
+too. The Gemm statement becomes explicit vector code: an mr x nr register tile of
+<vw x float> accumulators fed by FMAs, written to a stack tile, then the epilogue runs over
+the tile as ordinary (vectorizable) loops.
+"""
+from __future__ import annotations
+
+import math
+import struct
+
+from ir.loop import (Assign, Bin, Call, Cast, Cmp, Const, For, Gemm, If, Kernel, Let, Load, Local, Select, Store,
+                     Var)
+
+LL = {"f32": "float", "i64": "i64", "i1": "i1", "i8": "i8"}
+FMF = "reassoc nsz arcp contract afn"
+_FBIN = {"add": "fadd", "sub": "fsub", "mul": "fmul", "div": "fdiv", "rem": "frem"}
+_IBIN = {"add": "add nsw", "sub": "sub nsw", "mul": "mul nsw", "div": "sdiv", "rem": "srem", "and": "and", "or": "or"}
+_FCMP = {"lt": "olt", "le": "ole", "gt": "ogt", "ge": "oge", "eq": "oeq", "ne": "une"}
+_ICMP = {"lt": "slt", "le": "sle", "gt": "sgt", "ge": "sge", "eq": "eq", "ne": "ne"}
+_INTRINSIC = {"log": "llvm.log.f32", "sqrt": "llvm.sqrt.f32", "abs": "llvm.fabs.f32", "floor": "llvm.floor.f32",
+              "ceil": "llvm.ceil.f32", "round": "llvm.roundeven.f32", "pow": "llvm.pow.f32"}
+
+# Vectorizable math, inlined into every use: exp by Cephes' expf scheme (reduction by ln2 in
+# two parts, degree-5 polynomial, scale by 2^n built in the exponent bits; rel. error ~2e-7),
+# tanh from exp, erf by Abramowitz-Stegun 7.1.26 (abs. error 1.5e-7).
+def _poly(acc_name: str, x: str, coeffs, lines: list) -> str:
+    """Horner evaluation of coeffs (highest degree first) at %x; returns the result name."""
+    cur = _fconst(coeffs[0])
+    for i, c in enumerate(coeffs[1:]):
+        lines.append(f"  %{acc_name}m{i} = fmul float {cur}, %{x}")
+        lines.append(f"  %{acc_name}a{i} = fadd float %{acc_name}m{i}, {_fconst(c)}")
+        cur = f"%{acc_name}a{i}"
+    return cur
+
+
+def _math_lib() -> str:
+    exp = ["define internal float @kiln_exp(float %x) #1 {",
+           f"  %lo = call float @llvm.maxnum.f32(float %x, float {_fconst(-87.33)})",
+           f"  %c = call float @llvm.minnum.f32(float %lo, float {_fconst(88.37)})",
+           f"  %t = fmul float %c, {_fconst(1.4426950408889634)}",
+           "  %n = call float @llvm.roundeven.f32(float %t)",
+           f"  %h = fmul float %n, {_fconst(0.693359375)}",
+           "  %r0 = fsub float %c, %h",
+           f"  %l = fmul float %n, {_fconst(-2.12194440e-4)}",
+           "  %r = fsub float %r0, %l"]
+    p = _poly("p", "r", [1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2,
+                         1.6666665459e-1, 5.0000001201e-1], exp)
+    exp += ["  %z = fmul float %r, %r", f"  %pz = fmul float {p}, %z", "  %px = fadd float %pz, %r",
+            f"  %pd = fadd float %px, {_fconst(1.0)}",
+            "  %ni = fptosi float %n to i32", "  %e = add i32 %ni, 127", "  %sh = shl i32 %e, 23",
+            "  %s = bitcast i32 %sh to float", "  %y = fmul float %pd, %s", "  ret float %y", "}"]
+    tanh = ["define internal float @kiln_tanh(float %x) #1 {",
+            "  %a = call float @llvm.fabs.f32(float %x)",
+            f"  %a2 = fmul float %a, {_fconst(2.0)}",
+            "  %e = call float @kiln_exp(float %a2)",
+            f"  %d = fadd float %e, {_fconst(1.0)}",
+            f"  %q = fdiv float {_fconst(2.0)}, %d",
+            f"  %t = fsub float {_fconst(1.0)}, %q",
+            "  %y = call float @llvm.copysign.f32(float %t, float %x)", "  ret float %y", "}"]
+    erf = ["define internal float @kiln_erf(float %x) #1 {",
+           "  %a = call float @llvm.fabs.f32(float %x)",
+           f"  %pa = fmul float %a, {_fconst(0.3275911)}",
+           f"  %d = fadd float %pa, {_fconst(1.0)}",
+           f"  %t = fdiv float {_fconst(1.0)}, %d"]
+    q = _poly("q", "t", [1.061405429, -1.453152027, 1.421413741, -0.284496736, 0.254829592], erf)
+    erf += [f"  %q = fmul float {q}, %t", "  %x2 = fmul float %a, %a", "  %nx2 = fneg float %x2",
+            "  %e = call float @kiln_exp(float %nx2)", "  %pe = fmul float %q, %e",
+            f"  %r = fsub float {_fconst(1.0)}, %pe",
+            "  %y = call float @llvm.copysign.f32(float %r, float %x)", "  ret float %y", "}"]
+    return "\n".join(exp + tanh + erf)
+
+
+_DECLS = """
+declare float @llvm.maxnum.f32(float, float)
+declare float @llvm.minnum.f32(float, float)
+declare float @llvm.roundeven.f32(float)
+declare float @llvm.fabs.f32(float)
+declare float @llvm.copysign.f32(float, float)
+declare float @llvm.log.f32(float)
+declare float @llvm.sqrt.f32(float)
+declare float @llvm.floor.f32(float)
+declare float @llvm.ceil.f32(float)
+declare float @llvm.pow.f32(float, float)
+"""
+
+
+def _fconst(v: float) -> str:
+    """A float constant as LLVM wants it: the f32 value, printed as the bits of a double."""
+    v = float(v)
+    if v == v and abs(v) > 3.4028234663852886e38:
+        v = math.copysign(math.inf, v)
+    f32 = struct.unpack("<f", struct.pack("<f", v))[0]
+    return f"0x{struct.unpack('<Q', struct.pack('<d', f32))[0]:016X}"
+
+
+class FunctionEmitter:
+    def __init__(self, kernel: Kernel, symbol: str, target_attrs: str):
+        self.k = kernel
+        self.symbol = symbol
+        self.vw = int(kernel.option("vector_width", 8))
+        self.vectorize = bool(kernel.option("vectorize", True))
+        self.lines: list[str] = []
+        self.allocas: list[str] = []
+        self.meta: list[str] = []
+        self.n = 0
+        self.block = "entry"
+        self.bufs = {b.name: (f"%b{i}", b.dtype) for i, b in enumerate(kernel.buffers)}
+        self.scopes: list[dict] = [{}]
+        self.target_attrs = target_attrs
+        self.vec_decls: set[str] = set()
+
+    # -- helpers -------------------------------------------------------------------------
+    def tmp(self, hint: str = "t") -> str:
+        self.n += 1
+        return f"%{hint}{self.n}"
+
+    def emit(self, line: str) -> None:
+        self.lines.append("  " + line)
+
+    def label(self, name: str) -> None:
+        self.lines.append(f"{name}:")
+        self.block = name
+
+    def lookup(self, name: str):
+        for scope in reversed(self.scopes):
+            if name in scope:
+                return scope[name]
+        raise KeyError(f"kernel uses variable '{name}' before binding it")
+
+    def bind(self, name: str, value) -> None:
+        self.scopes[-1][name] = value
+
+    # -- expressions ---------------------------------------------------------------------
+    def dtype(self, e) -> str:
+        if isinstance(e, (Const, Var)):
+            if isinstance(e, Var):
+                return self.lookup(e.name)[2]
+            return e.dtype
+        if isinstance(e, Load):
+            dt = self.bufs[e.buf][1]
+            return "i1" if dt == "i8" else dt
+        if isinstance(e, Cmp):
+            return "i1"
+        if isinstance(e, Cast):
+            return e.dtype
+        if isinstance(e, Call):
+            return "i1" if e.fn == "not" else "f32"
+        if isinstance(e, (Bin, Select)):
+            return self.dtype(e.a)
+        raise TypeError(e)
+
+    def expr(self, e) -> str:
+        if isinstance(e, Const):
+            if e.dtype == "f32":
+                return _fconst(e.value)
+            if e.dtype == "i1":
+                return "true" if e.value else "false"
+            return str(int(e.value))
+        if isinstance(e, Var):
+            kind, ref, dt = self.lookup(e.name)
+            if kind == "ssa":
+                return ref
+            v = self.tmp("v")
+            self.emit(f"{v} = load {LL[dt]}, ptr {ref}")
+            return v
+        if isinstance(e, Load):
+            ptr, dt = self.bufs[e.buf]
+            p = self.gep(ptr, dt, self.expr(e.index))
+            v = self.tmp("ld")
+            self.emit(f"{v} = load {LL[dt]}, ptr {p}, align {1 if dt == 'i8' else 4}")
+            if dt == "i8":
+                b = self.tmp("bool")
+                self.emit(f"{b} = icmp ne i8 {v}, 0")
+                return b
+            return v
+        if isinstance(e, Bin):
+            return self.binop(e)
+        if isinstance(e, Cmp):
+            dt = self.dtype(e.a)
+            a, b = self.expr(e.a), self.expr(e.b)
+            v = self.tmp("c")
+            if dt == "f32":
+                self.emit(f"{v} = fcmp {_FCMP[e.op]} float {a}, {b}")
+            else:
+                self.emit(f"{v} = icmp {_ICMP[e.op]} {LL[dt]} {a}, {b}")
+            return v
+        if isinstance(e, Select):
+            c, a, b = self.expr(e.cond), self.expr(e.a), self.expr(e.b)
+            v = self.tmp("s")
+            self.emit(f"{v} = select i1 {c}, {LL[self.dtype(e.a)]} {a}, {LL[self.dtype(e.a)]} {b}")
+            return v
+        if isinstance(e, Cast):
+            return self.cast(e)
+        if isinstance(e, Call):
+            return self.call(e)
+        raise TypeError(f"cannot emit {e!r}")
+
+    def gep(self, ptr: str, dt: str, index: str) -> str:
+        p = self.tmp("p")
+        self.emit(f"{p} = getelementptr inbounds {LL[dt]}, ptr {ptr}, i64 {index}")
+        return p
+
+    def binop(self, e: Bin) -> str:
+        dt = self.dtype(e.a)
+        a, b = self.expr(e.a), self.expr(e.b)
+        v = self.tmp("x")
+        if e.op in ("max", "min"):
+            c = self.tmp("c")
+            pred = ("ogt" if e.op == "max" else "olt") if dt == "f32" else ("sgt" if e.op == "max" else "slt")
+            self.emit(f"{c} = {'fcmp' if dt == 'f32' else 'icmp'} {pred} {LL[dt]} {a}, {b}")
+            self.emit(f"{v} = select i1 {c}, {LL[dt]} {a}, {LL[dt]} {b}")
+        elif dt == "f32" and e.op == "pow":
+            self.emit(f"{v} = call {FMF} float @llvm.pow.f32(float {a}, float {b})")
+        elif dt == "f32":
+            self.emit(f"{v} = {_FBIN[e.op]} {FMF} float {a}, {b}")
+        else:
+            self.emit(f"{v} = {_IBIN[e.op]} {LL[dt]} {a}, {b}")
+        return v
+
+    def cast(self, e: Cast) -> str:
+        src, dst = self.dtype(e.a), e.dtype
+        a = self.expr(e.a)
+        if src == dst:
+            return a
+        v = self.tmp("cv")
+        ops = {("f32", "i64"): "fptosi", ("i64", "f32"): "sitofp", ("i1", "f32"): "uitofp",
+               ("i1", "i64"): "zext"}
+        if (src, dst) in ops:
+            self.emit(f"{v} = {ops[src, dst]} {LL[src]} {a} to {LL[dst]}")
+        elif dst == "i1":
+            zero = "0.0" if src == "f32" else "0"
+            self.emit(f"{v} = {'fcmp une' if src == 'f32' else 'icmp ne'} {LL[src]} {a}, {zero}")
+        else:
+            raise TypeError(f"cast {src} -> {dst}")
+        return v
+
+    def call(self, e: Call) -> str:
+        args = [self.expr(a) for a in e.args]
+        v = self.tmp("f")
+        fn = e.fn
+        if fn == "neg":
+            self.emit(f"{v} = fneg float {args[0]}")
+        elif fn == "not":
+            self.emit(f"{v} = xor i1 {args[0]}, true")
+        elif fn in ("exp", "tanh", "erf"):
+            self.emit(f"{v} = call {FMF} float @kiln_{fn}(float {args[0]})")
+        elif fn == "fmod":
+            self.emit(f"{v} = frem float {args[0]}, {args[1]}")
+        else:
+            params = ", ".join(f"float {a}" for a in args)
+            self.emit(f"{v} = call {FMF} float @{_INTRINSIC[fn]}({params})")
+        return v
+
+    # -- statements ----------------------------------------------------------------------
+    def stmts(self, body) -> None:
+        self.scopes.append({})
+        for s in body:
+            self.stmt(s)
+        self.scopes.pop()
+
+    def stmt(self, s) -> None:
+        if isinstance(s, For):
+            self.loop(s.var, s.extent, lambda: self.stmts(s.body), s.kind)
+        elif isinstance(s, Store):
+            ptr, dt = self.bufs[s.buf]
+            value = self.expr(s.value)
+            if dt == "i8" and self.dtype(s.value) == "i1":
+                z = self.tmp("z")
+                self.emit(f"{z} = zext i1 {value} to i8")
+                value = z
+            p = self.gep(ptr, dt, self.expr(s.index))
+            self.emit(f"store {LL[dt]} {value}, ptr {p}, align {1 if dt == 'i8' else 4}")
+        elif isinstance(s, Let):
+            self.bind(s.var, ("ssa", self.expr(s.value), self.dtype(s.value)))
+        elif isinstance(s, Local):
+            slot = f"%loc{len(self.allocas)}"
+            self.allocas.append(f"{slot} = alloca {LL[s.dtype]}")
+            self.emit(f"store {LL[s.dtype]} {self.expr(s.init)}, ptr {slot}")
+            self.bind(s.var, ("slot", slot, s.dtype))
+        elif isinstance(s, Assign):
+            kind, slot, dt = self.lookup(s.var)
+            self.emit(f"store {LL[dt]} {self.expr(s.value)}, ptr {slot}")
+        elif isinstance(s, If):
+            self.if_(s)
+        elif isinstance(s, Gemm):
+            self.gemm(s)
+        else:
+            raise TypeError(f"cannot emit {s!r}")
+
+    def loop_metadata(self, kind: str) -> str:
+        props = []
+        if not self.vectorize:
+            props += ['!{!"llvm.loop.vectorize.enable", i1 false}', '!{!"llvm.loop.unroll.disable"}']
+        elif kind == "vectorize":
+            props.append('!{!"llvm.loop.vectorize.enable", i1 true}')
+        elif kind == "unroll":
+            props.append('!{!"llvm.loop.unroll.full"}')
+        if not props:
+            return ""
+        ids = []
+        for p in props:
+            ids.append(f"!{len(self.meta) + 1000}")
+            self.meta.append(f"{ids[-1]} = {p}")
+        self.n += 1
+        loop_id = f"!{len(self.meta) + 1000}"
+        self.meta.append(f"{loop_id} = distinct !{{{loop_id}, {', '.join(ids)}}}")
+        return f", !llvm.loop {loop_id}"
+
+    def loop(self, var: str, extent: int, body, kind: str = "serial", carried=()) -> None:
+        if extent <= 0:
+            return
+        self.n += 1
+        head, latch, exit_ = f"L{self.n}.body", f"L{self.n}.latch", f"L{self.n}.exit"
+        pred = self.block
+        self.emit(f"br label %{head}")
+        self.label(head)
+        iv = self.tmp(var.replace(".", "_") + "_")
+        nxt = self.tmp("next")
+        self.emit(f"{iv} = phi i64 [0, %{pred}], [{nxt}, %{latch}]")
+        self.scopes.append({var: ("ssa", iv, "i64")})
+        body()
+        self.scopes.pop()
+        self.emit(f"br label %{latch}")
+        self.label(latch)
+        self.emit(f"{nxt} = add nuw nsw i64 {iv}, 1")
+        c = self.tmp("cond")
+        self.emit(f"{c} = icmp ult i64 {nxt}, {extent}")
+        self.emit(f"br i1 {c}, label %{head}, label %{exit_}{self.loop_metadata(kind)}")
+        self.label(exit_)
+
+    def if_(self, s: If) -> None:
+        self.n += 1
+        then, else_, end = f"I{self.n}.then", f"I{self.n}.else", f"I{self.n}.end"
+        c = self.expr(s.cond)
+        self.emit(f"br i1 {c}, label %{then}, label %{else_}")
+        self.label(then)
+        self.stmts(s.then)
+        self.emit(f"br label %{end}")
+        self.label(else_)
+        self.stmts(s.orelse)
+        self.emit(f"br label %{end}")
+        self.label(end)
+
+    # -- the GEMM micro-kernel -----------------------------------------------------------
+    def gemm(self, g: Gemm) -> None:
+        vw, nr, mr = self.vw, g.nr, g.mr
+        if nr % vw:
+            raise ValueError(f"gemm panel width {nr} is not a multiple of the vector width {vw}")
+        vt = f"<{vw} x float>"
+        self.vec_decls.add(f"declare {vt} @llvm.fma.v{vw}f32({vt}, {vt}, {vt})")
+        tile = f"%tile{len(self.allocas)}"
+        self.allocas.append(f"{tile} = alloca [{mr * nr} x float], align 64")
+        a_ptr, a_dt = self.bufs[g.a_buf]
+        b_ptr, _ = self.bufs[g.b_buf]
+        a_off, b_off = self.expr(g.a_off), self.expr(g.b_off)
+        full_panels, last_cols = divmod(g.n, nr)
+        full_blocks, last_rows = divmod(g.m, mr)
+
+        # Row blocks outside, panels inside: the block's A rows (k-major in conv) stay in
+        # cache while every panel of B, small and L2-resident, streams past them.
+        def block(m0: str, rows: int) -> None:
+            def panel(p: str, cols: int) -> None:
+                pb = self.mul_const(p, g.k * nr)
+                bp = self.tmp("bp")
+                self.emit(f"{bp} = add nsw i64 {pb}, {b_off}")
+                self.microkernel(g, a_ptr, a_off, b_ptr, bp, m0, rows, vt, tile)
+                self.writeback(g, tile, m0, p, rows, cols)
+
+            if full_panels:
+                self.loop(f"{g.n_var}.pan", full_panels, lambda: panel(self.lookup(f"{g.n_var}.pan")[1], nr))
+            if last_cols:
+                panel(str(full_panels), last_cols)
+
+        if full_blocks:
+            self.loop(f"{g.m_var}.blk", full_blocks,
+                      lambda: block(self.mul_const(self.lookup(f"{g.m_var}.blk")[1], mr), mr))
+        if last_rows:
+            block(str(full_blocks * mr), last_rows)
+
+    def mul_const(self, v: str, c: int) -> str:
+        r = self.tmp("m")
+        self.emit(f"{r} = mul nsw i64 {v}, {c}")
+        return r
+
+    def microkernel(self, g: Gemm, a_ptr, a_off, b_ptr, bp, m0, rows, vt, tile) -> None:
+        vw, nv = self.vw, g.nr // self.vw
+        rowbase = []
+        for r in range(rows):
+            t = self.tmp("row")
+            self.emit(f"{t} = add nsw i64 {m0}, {r}")
+            t2 = self.mul_const(t, g.a_sm)
+            t3 = self.tmp("ra")
+            self.emit(f"{t3} = add nsw i64 {t2}, {a_off}")
+            rowbase.append(t3)
+        self.n += 1
+        pred, head, exit_ = self.block, f"K{self.n}.body", f"K{self.n}.exit"
+        self.emit(f"br label %{head}")
+        self.label(head)
+        k, knext = self.tmp("k"), self.tmp("knext")
+        self.emit(f"{k} = phi i64 [0, %{pred}], [{knext}, %{head}]")
+        accs = [[self.tmp(f"acc{r}_{v}_") for v in range(nv)] for r in range(rows)]
+        nexts = [[self.tmp(f"nacc{r}_{v}_") for v in range(nv)] for r in range(rows)]
+        for r in range(rows):
+            for v in range(nv):
+                self.emit(f"{accs[r][v]} = phi {vt} [zeroinitializer, %{pred}], [{nexts[r][v]}, %{head}]")
+        kb = self.mul_const(k, g.nr)
+        kbp = self.tmp("kb")
+        self.emit(f"{kbp} = add nsw i64 {kb}, {bp}")
+        bvec = []
+        for v in range(nv):
+            idx = self.tmp("bi")
+            self.emit(f"{idx} = add nsw i64 {kbp}, {v * vw}")
+            p = self.gep(b_ptr, "f32", idx)
+            bv = self.tmp("bv")
+            self.emit(f"{bv} = load {vt}, ptr {p}, align 4")
+            bvec.append(bv)
+        ks = k if g.a_sk == 1 else self.mul_const(k, g.a_sk)
+        for r in range(rows):
+            ai = self.tmp("ai")
+            self.emit(f"{ai} = add nsw i64 {rowbase[r]}, {ks}")
+            p = self.gep(a_ptr, "f32", ai)
+            a = self.tmp("a")
+            self.emit(f"{a} = load float, ptr {p}, align 4")
+            ins = self.tmp("ins")
+            self.emit(f"{ins} = insertelement {vt} poison, float {a}, i64 0")
+            splat = self.tmp("splat")
+            self.emit(f"{splat} = shufflevector {vt} {ins}, {vt} poison, <{vw} x i32> zeroinitializer")
+            for v in range(nv):
+                self.emit(f"{nexts[r][v]} = call {vt} @llvm.fma.v{vw}f32({vt} {splat}, {vt} {bvec[v]}, "
+                          f"{vt} {accs[r][v]})")
+        self.emit(f"{knext} = add nuw nsw i64 {k}, 1")
+        c = self.tmp("kc")
+        self.emit(f"{c} = icmp ult i64 {knext}, {g.k}")
+        self.emit(f"br i1 {c}, label %{head}, label %{exit_}")
+        self.label(exit_)
+        for r in range(rows):
+            for v in range(nv):
+                p = self.tmp("tp")
+                self.emit(f"{p} = getelementptr inbounds float, ptr {tile}, i64 {r * g.nr + v * vw}")
+                self.emit(f"store {vt} {nexts[r][v]}, ptr {p}, align 4")
+
+    def writeback(self, g: Gemm, tile: str, m0: str, p: str, rows: int, cols: int) -> None:
+        n0 = self.mul_const(p, g.nr)
+
+        def row():
+            r = self.lookup("__wb_r")[1]
+            m = self.tmp("mm")
+            self.emit(f"{m} = add nsw i64 {m0}, {r}")
+            rbase = self.mul_const(r, g.nr)
+
+            def col():
+                j = self.lookup("__wb_j")[1]
+                n = self.tmp("nn")
+                self.emit(f"{n} = add nsw i64 {n0}, {j}")
+                ti = self.tmp("ti")
+                self.emit(f"{ti} = add nsw i64 {rbase}, {j}")
+                tp = self.gep(tile, "f32", ti)
+                acc = self.tmp("accv")
+                self.emit(f"{acc} = load float, ptr {tp}, align 4")
+                self.bind(g.m_var, ("ssa", m, "i64"))
+                self.bind(g.n_var, ("ssa", n, "i64"))
+                self.bind(g.acc_var, ("ssa", acc, "f32"))
+                self.stmts(g.epilogue)
+
+            self.loop("__wb_j", cols, col, "vectorize")
+
+        self.loop("__wb_r", rows, row)
+
+    # -- the function --------------------------------------------------------------------
+    def function(self) -> str:
+        self.stmts(self.k.body)
+        params = ", ".join(f"ptr noalias {p}" for p, _ in self.bufs.values())
+        head = [f"define void @{self.symbol}({params}) #0 {{", "entry:"]
+        head += ["  " + a for a in self.allocas]
+        return "\n".join(head + self.lines + ["  ret void", "}"])
+
+
+def kernel_to_llvm_ir(kernel: Kernel, symbol: str, triple: str, cpu: str, features: str) -> str:
+    fe = FunctionEmitter(kernel, symbol, "")
+    body = fe.function()
+    width = 512 if fe.vw >= 16 else 256
+    attrs = (f'attributes #0 = {{ nounwind "prefer-vector-width"="{width}" '
+             f'"target-cpu"="{cpu}" "target-features"="{features}" }}')
+    math_attrs = attrs.replace("#0", "#1")
+    parts = [f'target triple = "{triple}"', _DECLS, *sorted(fe.vec_decls), _math_lib(),
+             body, attrs, math_attrs.replace("nounwind", "nounwind alwaysinline"), *fe.meta]
+    return "\n".join(parts) + "\n"

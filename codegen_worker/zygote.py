@@ -1,0 +1,142 @@
+"""The zygote: a pristine process that forks one child per codegen job.
+
+Started as `python -m codegen_worker.zygote`. It imports llvmlite and initializes the
+targets, and never sets an LLVM option, so every child it forks starts from clean LLVM
+state (options are process-global and would otherwise leak from one job into the next).
+Forking is safe: llvmlite starts no threads, and the zygote imports nothing that does.
+
+Protocol (codegen_worker.protocol frames): requests on stdin, results on stdout.
+  request  {"id", "symbol", "target", "llvm_options", "opt_level", "fallback", "deadline_s",
+            "emit_asm", "inject"} + kernel bytes
+  result   {"id", "ok", "pid", "ms", ...timings} + object bytes, or
+           {"id", "ok": false, "kind": "llvm_error"|"crash"|"timeout"|"bad_output", "message", "log"}
+The zygote is the parent of each job's process, so it owns the deadline: a child stuck
+inside LLVM cannot answer a timer of its own, but it can be killed.
+"""
+from __future__ import annotations
+
+import os
+import select
+import signal
+import sys
+import time
+import traceback
+
+from .protocol import decode, encode, read_frame, write_all
+
+
+def _run_child(request: dict, kernel_bytes: bytes, out_fd: int) -> None:
+    """Body of the forked child: compile, write one result frame, exit without cleanup."""
+    try:
+        inject = request.get("inject")
+        if inject == "crash":
+            os.kill(os.getpid(), signal.SIGSEGV)
+        if inject == "exit":
+            os._exit(3)
+        if inject == "hang":
+            while True:
+                time.sleep(60)
+        from .compile import compile_kernel
+        t0 = time.perf_counter()
+        res = compile_kernel(kernel_bytes, request["symbol"], request["target"], request.get("llvm_options", ()),
+                             request.get("opt_level", 3), request.get("fallback", False),
+                             request.get("emit_asm", False))
+        obj = res.pop("object")
+        if inject == "corrupt":
+            obj = b"\x7fELF-not-really" + obj[:16]
+        header = {"id": request["id"], "ok": True, "pid": os.getpid(), "ms": (time.perf_counter() - t0) * 1e3, **res}
+        frame = encode(header, obj)
+    except BaseException as e:  # noqa: BLE001 - every failure becomes a record
+        frame = encode({"id": request["id"], "ok": False, "pid": os.getpid(), "kind": "llvm_error",
+                        "message": f"{type(e).__name__}: {e}", "log": traceback.format_exc()})
+    try:
+        write_all(out_fd, frame)
+    finally:
+        os._exit(0)
+
+
+class _Job:
+    def __init__(self, request: dict, pid: int, fd: int):
+        self.request, self.pid, self.fd = request, pid, fd
+        self.deadline = time.monotonic() + float(request.get("deadline_s", 600))
+        self.chunks: list[bytes] = []
+        self.timed_out = False
+
+
+def _finish(job: _Job) -> bytes:
+    """Reap the child and turn what it wrote (or did not) into a result frame."""
+    _, status = os.waitpid(job.pid, 0)
+    rid = job.request["id"]
+    data = b"".join(job.chunks)
+    if job.timed_out:
+        return encode({"id": rid, "ok": False, "pid": job.pid, "kind": "timeout",
+                       "message": f"no result within {job.request.get('deadline_s')} s; the job was killed"})
+    try:
+        header, blob = decode(data)
+        if header.get("id") == rid:
+            return encode(header, blob)
+    except ValueError:
+        pass
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        why = f"killed by signal {sig} ({signal.Signals(sig).name})"
+    else:
+        why = f"exited with status {os.WEXITSTATUS(status)}"
+    return encode({"id": rid, "ok": False, "pid": job.pid, "kind": "crash",
+                   "message": f"codegen process {why} before returning a result"})
+
+
+def serve(in_fd: int, out_fd: int) -> None:
+    from .compile import initialize_llvm
+    initialize_llvm()
+    running: dict[int, _Job] = {}
+    stdin_open = True
+    while stdin_open or running:
+        now = time.monotonic()
+        timeout = max(0.0, min((j.deadline for j in running.values()), default=now + 3600) - now)
+        fds = ([in_fd] if stdin_open else []) + list(running)
+        ready, _, _ = select.select(fds, [], [], timeout)
+        for fd in ready:
+            if fd == in_fd:
+                msg = read_frame(in_fd)
+                if msg is None:
+                    stdin_open = False
+                    continue
+                request, kernel_bytes = msg
+                r, w = os.pipe()
+                pid = os.fork()
+                if pid == 0:
+                    os.setpgid(0, 0)
+                    os.close(r)
+                    _run_child(request, kernel_bytes, w)
+                os.close(w)
+                running[r] = _Job(request, pid, r)
+            else:
+                job = running[fd]
+                chunk = os.read(fd, 1 << 20)
+                if chunk:
+                    job.chunks.append(chunk)
+                    continue
+                os.close(fd)
+                del running[fd]
+                write_all(out_fd, _finish(job))
+        now = time.monotonic()
+        for job in running.values():
+            if not job.timed_out and now >= job.deadline:
+                job.timed_out = True
+                try:
+                    os.killpg(job.pid, signal.SIGKILL)  # the whole group: LLVM may have spawned helpers
+                except ProcessLookupError:
+                    pass
+    # stdin closed and nothing left: the parent is done with us.
+
+
+def main() -> None:
+    out_fd = os.dup(1)
+    os.dup2(2, 1)  # stray prints from libraries must not corrupt the result stream
+    sys.stdout = sys.stderr
+    serve(0, out_fd)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,50 @@
+"""Reading a node's parameters wherever its opset put them: attribute or constant input.
+
+ONNX moved many attributes to inputs over the opsets (Slice, Squeeze, Clip, Reduce*, Split,
+Pad, Resize). Kiln needs them at compile time, so an input that carries one must be a
+constant by the time shapes are inferred; if it is not, the error names the node.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .graph import Graph, Node, UnsupportedError
+
+
+def const_input(g: Graph, node: Node, index: int, what: str, required: bool = False):
+    """The value of input `index` as a numpy array, or None if it is omitted."""
+    if index >= len(node.inputs) or not node.inputs[index]:
+        if required:
+            raise UnsupportedError(f"{node.describe()}: input {index} ({what}) is required")
+        return None
+    name = node.inputs[index]
+    if name not in g.constants:
+        raise UnsupportedError(
+            f"{node.describe()}: input '{name}' ({what}) must be known at compile time, "
+            "but it is computed at run time; Kiln compiles static shapes only")
+    return g.constants[name]
+
+
+def attr_or_input(g: Graph, node: Node, attr: str, index: int, default=None):
+    """A list-valued parameter that lives in an attribute in old opsets and an input in new ones."""
+    if attr in node.attrs:
+        return list(node.attrs[attr])
+    value = const_input(g, node, index, attr)
+    if value is None:
+        return default
+    return [int(v) if np.issubdtype(value.dtype, np.integer) else float(v) for v in value.reshape(-1)]
+
+
+def normalize_axis(axis: int, rank: int, node: Node) -> int:
+    if not -rank <= axis < max(rank, 1):
+        raise UnsupportedError(f"{node.describe()}: axis {axis} is out of range for rank {rank}")
+    return axis % rank if rank else 0
+
+
+def check_attrs(node: Node, supported: dict) -> None:
+    """Reject attribute values Kiln does not implement: `supported` maps name -> allowed values."""
+    for name, allowed in supported.items():
+        if name in node.attrs and node.attrs[name] not in allowed:
+            raise UnsupportedError(
+                f"{node.describe()}: attribute {name}={node.attrs[name]!r} is not supported "
+                f"(supported: {', '.join(map(repr, allowed))})")

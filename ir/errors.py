@@ -1,0 +1,5 @@
+"""Kiln's error type: imported by every layer, so it imports nothing."""
+
+
+class KilnError(Exception):
+    """An error the user can act on: the message names the thing at fault."""

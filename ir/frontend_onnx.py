@@ -1,0 +1,173 @@
+"""ONNX -> ir.Graph. The only module that knows protobuf.
+
+Input shapes come from the model where they are concrete, or from the user's `shapes`
+where the model's are symbolic, zero or wrong. Output shapes declared in the model are
+ignored: inference computes them.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from .graph import Graph, KilnError, Node, TensorType, UnsupportedError, as_kiln_array
+from .onnx_dtypes import onnx_to_dtype
+from .op_types import OP_KIND
+
+MIN_OPSET, MAX_OPSET = 11, 21
+
+
+def load_model_proto(model):
+    import onnx
+    from google.protobuf.message import DecodeError
+
+    if isinstance(model, onnx.ModelProto):
+        return model
+    if isinstance(model, (bytes, bytearray)):
+        data, where = bytes(model), "model bytes"
+    else:
+        path = os.fspath(model)
+        if not os.path.exists(path):
+            raise KilnError(f"model file '{path}' does not exist")
+        with open(path, "rb") as f:
+            data = f.read()
+        where = f"model file '{path}'"
+    try:
+        proto = onnx.ModelProto.FromString(data)
+    except (DecodeError, ValueError, RuntimeError) as e:
+        raise KilnError(f"{where} is not a valid ONNX model (truncated or corrupt?): {e}") from None
+    if not proto.graph.node and not proto.graph.output:
+        raise KilnError(f"{where} is not a valid ONNX model: it has no graph")
+    return proto
+
+
+def _opset(proto) -> int:
+    version = None
+    for imp in proto.opset_import:
+        if imp.domain in ("", "ai.onnx"):
+            version = imp.version
+    if version is None:
+        raise UnsupportedError("the model imports no ai.onnx opset")
+    if not MIN_OPSET <= version <= MAX_OPSET:
+        raise UnsupportedError(f"opset {version} is not supported (Kiln supports opsets {MIN_OPSET}-{MAX_OPSET})")
+    return version
+
+
+def _attr_value(attr):
+    from onnx import helper, numpy_helper
+
+    if attr.type == attr.TENSOR:
+        return as_kiln_array(numpy_helper.to_array(attr.t))
+    if attr.type in (attr.GRAPH, attr.GRAPHS):
+        raise UnsupportedError(f"attribute {attr.name} holds a subgraph; control flow is not supported")
+    value = helper.get_attribute_value(attr)
+    if isinstance(value, bytes):
+        return value.decode()
+    if isinstance(value, list) and value and isinstance(value[0], bytes):
+        return [v.decode() for v in value]
+    return value
+
+
+def _constant_value(node: Node) -> np.ndarray:
+    a = node.attrs
+    if "value" in a:
+        return a["value"]
+    for key, dtype in (("value_float", np.float32), ("value_floats", np.float32),
+                       ("value_int", np.int64), ("value_ints", np.int64)):
+        if key in a:
+            return np.array(a[key], dtype=dtype)
+    raise UnsupportedError(f"{node.describe()}: Constant without a value/value_float(s)/value_int(s) attribute")
+
+
+def _declared_shape(value_info) -> list | None:
+    t = value_info.type.tensor_type
+    if not t.HasField("shape"):
+        return None
+    return [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None for d in t.shape.dim]
+
+
+def _topological(nodes: list[Node], available: set[str]) -> list[Node]:
+    """Order nodes so every input is produced first; a cycle or a dangling input is an error."""
+    produced_by = {o: n for n in nodes for o in n.outputs if o}
+    for n in nodes:
+        for i in n.inputs:
+            if i and i not in available and i not in produced_by:
+                raise KilnError(f"{n.describe()}: input '{i}' is produced by no node, initializer or graph input")
+    order, state = [], {}  # state: 1 visiting, 2 done
+
+    def visit(n: Node, path: list[Node]):
+        key = id(n)
+        if state.get(key) == 2:
+            return
+        if state.get(key) == 1:
+            cycle = path[path.index(n):] + [n]
+            raise KilnError("the graph has a cycle: " + " -> ".join(m.name or m.outputs[0] for m in cycle))
+        state[key] = 1
+        stack = path + [n]
+        for i in n.inputs:
+            if i in produced_by and i not in available:
+                visit(produced_by[i], stack)
+        state[key] = 2
+        order.append(n)
+
+    for n in nodes:
+        visit(n, [])
+    return order
+
+
+def from_onnx(model, shapes: dict | None = None) -> Graph:
+    """Build a Graph from a path, bytes or ModelProto. `shapes` maps input name -> dims."""
+    from onnx import numpy_helper
+
+    proto = load_model_proto(model)
+    opset = _opset(proto)
+    gp = proto.graph
+    g = Graph(inputs=[], outputs=[o.name for o in gp.output], nodes=[], opset=opset, name=gp.name or "model")
+    for init in gp.initializer:
+        g.add_constant(init.name, as_kiln_array(numpy_helper.to_array(init)))
+
+    shapes = {k: tuple(int(d) for d in v) for k, v in (shapes or {}).items()}
+    real_inputs = [vi for vi in gp.input if vi.name not in g.constants]
+    unknown = set(shapes) - {vi.name for vi in real_inputs}
+    if unknown:
+        raise KilnError(f"--shape names {', '.join(sorted(unknown))}, which is not a model input "
+                        f"(inputs: {', '.join(vi.name for vi in real_inputs)})")
+    for vi in real_inputs:
+        dtype = onnx_to_dtype(vi.type.tensor_type.elem_type, f"input '{vi.name}'")
+        declared = _declared_shape(vi)
+        if vi.name in shapes:
+            shape = shapes[vi.name]
+            if declared is not None and len(declared) != len(shape):
+                raise KilnError(f"--shape {vi.name}={'x'.join(map(str, shape))} has rank {len(shape)}, "
+                                f"but the model declares rank {len(declared)}")
+            if min(shape, default=1) <= 0:
+                raise KilnError(f"--shape {vi.name}: every dimension must be positive, got {shape}")
+        elif declared is None or None in declared:
+            raise KilnError(f"input '{vi.name}' has a symbolic or unknown shape {declared}; "
+                            f"give it with --shape {vi.name}=DIMS (for example 1x3x224x224)")
+        else:
+            shape = tuple(declared)
+        g.inputs.append(vi.name)
+        g.types[vi.name] = TensorType(tuple(shape), dtype)
+
+    nodes = []
+    for i, np_ in enumerate(gp.node):
+        node = Node(np_.op_type, list(np_.input), list(np_.output), {}, np_.name or f"{np_.op_type}_{i}")
+        if np_.domain not in ("", "ai.onnx"):
+            raise UnsupportedError(f"{node.describe()}: domain '{np_.domain}' is not supported (ai.onnx only)")
+        if np_.op_type not in OP_KIND:
+            raise UnsupportedError(f"{node.describe()}: op {np_.op_type} (opset {opset}) is not supported by Kiln")
+        try:
+            node.attrs = {a.name: _attr_value(a) for a in np_.attribute}
+        except UnsupportedError as e:
+            raise UnsupportedError(f"{node.describe()}: {e}") from None
+        if node.op == "Constant":
+            g.add_constant(node.outputs[0], as_kiln_array(_constant_value(node)))
+            continue
+        nodes.append(node)
+    g.nodes = _topological(nodes, set(g.inputs) | set(g.constants))
+    produced = {o for n in g.nodes for o in n.outputs} | set(g.inputs) | set(g.constants)
+    for o in g.outputs:
+        if o not in produced:
+            raise KilnError(f"graph output '{o}' is produced by no node")
+    return g

@@ -1,0 +1,123 @@
+"""The graph IR: typed values, nodes in topological order, weights as constants.
+
+Plain Python data, no ONNX types: every pass reads and writes this, and the frontend is
+the only place that knows protobuf.
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .errors import KilnError
+
+DTYPES = ("float32", "int64", "bool")
+
+
+class UnsupportedError(KilnError):
+    pass
+
+
+class ShapeError(KilnError):
+    pass
+
+
+@dataclass(frozen=True)
+class TensorType:
+    shape: tuple[int, ...]
+    dtype: str
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * np.dtype(self.dtype).itemsize
+
+    def __str__(self) -> str:
+        return f"{self.dtype}[{'x'.join(map(str, self.shape))}]"
+
+
+@dataclass
+class Node:
+    op: str
+    inputs: list[str]  # "" marks an omitted optional input
+    outputs: list[str]
+    attrs: dict = field(default_factory=dict)
+    name: str = ""
+
+    def describe(self) -> str:
+        return f"node '{self.name or self.outputs[0]}' ({self.op})"
+
+
+@dataclass
+class Graph:
+    inputs: list[str]
+    outputs: list[str]
+    nodes: list[Node]
+    types: dict[str, TensorType] = field(default_factory=dict)
+    constants: dict[str, np.ndarray] = field(default_factory=dict)
+    opset: int = 17
+    name: str = "model"
+
+    def copy(self) -> "Graph":
+        # Constants are never mutated in place, so sharing the arrays is safe.
+        g = copy.copy(self)
+        g.inputs, g.outputs = list(self.inputs), list(self.outputs)
+        g.nodes = [Node(n.op, list(n.inputs), list(n.outputs), dict(n.attrs), n.name) for n in self.nodes]
+        g.types, g.constants = dict(self.types), dict(self.constants)
+        return g
+
+    def producers(self) -> dict[str, Node]:
+        return {o: n for n in self.nodes for o in n.outputs if o}
+
+    def consumers(self) -> dict[str, list[Node]]:
+        uses: dict[str, list[Node]] = {}
+        for n in self.nodes:
+            for i in n.inputs:
+                if i:
+                    uses.setdefault(i, []).append(n)
+        return uses
+
+    def add_constant(self, name: str, value: np.ndarray) -> str:
+        value = np.ascontiguousarray(value)
+        self.constants[name] = value
+        self.types[name] = TensorType(tuple(int(d) for d in value.shape), normalize_dtype(value.dtype))
+        return name
+
+    def fresh_name(self, base: str) -> str:
+        taken = set(self.types) | {o for n in self.nodes for o in n.outputs}
+        i = 0
+        while f"{base}_{i}" in taken:
+            i += 1
+        return f"{base}_{i}"
+
+    def summary(self) -> str:
+        lines = [f"graph {self.name} (opset {self.opset})"]
+        for i in self.inputs:
+            lines.append(f"  input  {i}: {self.types.get(i)}")
+        for n in self.nodes:
+            ins = ", ".join(i if i not in self.constants else f"{i}(const)" for i in n.inputs)
+            outs = ", ".join(f"{o}: {self.types.get(o)}" for o in n.outputs)
+            lines.append(f"  {n.op}({ins}) -> {outs}")
+        for o in self.outputs:
+            lines.append(f"  output {o}: {self.types.get(o)}")
+        return "\n".join(lines)
+
+
+def normalize_dtype(dt) -> str:
+    dt = np.dtype(dt)
+    if dt == np.bool_:
+        return "bool"
+    if dt.kind == "f":
+        return "float32"
+    if dt.kind in "iu":
+        return "int64"
+    raise UnsupportedError(f"dtype {dt} is not supported (Kiln computes in float32, int64 and bool)")
+
+
+def as_kiln_array(value: np.ndarray) -> np.ndarray:
+    """Cast an array to the dtype Kiln stores it as (float32, int64 or bool)."""
+    return np.ascontiguousarray(value, dtype=normalize_dtype(value.dtype))

@@ -1,0 +1,324 @@
+"""The loop-nest kernel IR: the contract between lowering and codegen.
+
+Plain frozen dataclasses with a canonical byte form (`Kernel.to_bytes`), so a kernel can
+cross a process or machine boundary, be hashed into a cache key, and be decoded by a
+codegen worker that knows nothing of graphs. This module imports nothing else of Kiln.
+
+Types: 'f32', 'i64', 'i1' (computed booleans), and 'i8' for stored booleans.
+Every loop runs from 0 to a static extent; all shapes are static.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, fields
+
+FORMAT_VERSION = 1
+
+
+class Expr:
+    def __add__(self, o): return add(self, o)
+    def __radd__(self, o): return add(o, self)
+    def __sub__(self, o): return sub(self, o)
+    def __rsub__(self, o): return sub(o, self)
+    def __mul__(self, o): return mul(self, o)
+    def __rmul__(self, o): return mul(o, self)
+    def __floordiv__(self, o): return div(self, o)
+    def __mod__(self, o): return rem(self, o)
+
+
+@dataclass(frozen=True)
+class Const(Expr):
+    value: float
+    dtype: str = "i64"
+
+
+@dataclass(frozen=True)
+class Var(Expr):
+    name: str
+    dtype: str = "i64"
+
+
+@dataclass(frozen=True)
+class Load(Expr):
+    buf: str
+    index: Expr
+
+
+@dataclass(frozen=True)
+class Bin(Expr):
+    op: str  # add sub mul div rem max min pow and or (div/rem truncate on integers)
+    a: Expr
+    b: Expr
+
+
+@dataclass(frozen=True)
+class Cmp(Expr):
+    op: str  # lt le gt ge eq ne
+    a: Expr
+    b: Expr
+
+
+@dataclass(frozen=True)
+class Call(Expr):
+    fn: str  # exp log sqrt tanh erf abs floor ceil round fmod neg not
+    args: tuple
+
+
+@dataclass(frozen=True)
+class Select(Expr):
+    cond: Expr
+    a: Expr
+    b: Expr
+
+
+@dataclass(frozen=True)
+class Cast(Expr):
+    dtype: str
+    a: Expr
+
+
+class Stmt:
+    pass
+
+
+@dataclass(frozen=True)
+class For(Stmt):
+    var: str
+    extent: int
+    body: tuple
+    kind: str = "serial"  # serial | vectorize | unroll
+
+
+@dataclass(frozen=True)
+class Store(Stmt):
+    buf: str
+    index: Expr
+    value: Expr
+
+
+@dataclass(frozen=True)
+class Let(Stmt):
+    """Bind an immutable value; visible to the statements after it in the same block."""
+    var: str
+    value: Expr
+
+
+@dataclass(frozen=True)
+class Local(Stmt):
+    """Declare a mutable scalar (an accumulator), visible after it in the same block."""
+    var: str
+    dtype: str
+    init: Expr
+
+
+@dataclass(frozen=True)
+class Assign(Stmt):
+    var: str
+    value: Expr
+
+
+@dataclass(frozen=True)
+class If(Stmt):
+    cond: Expr
+    then: tuple
+    orelse: tuple = ()
+
+
+@dataclass(frozen=True)
+class Gemm(Stmt):
+    """C[m, n] = sum_k A[a_off + m*a_sm + k*a_sk] * Bp[b_off + panel(n)][k][n % nr], then `epilogue`.
+
+    B is packed in panels of `nr` columns: Bp[p][k][j] = B[k][p*nr + j], zero past N. The
+    codegen computes register tiles of `mr` x `nr`, then runs `epilogue` once per element of
+    each tile with `m_var`, `n_var` bound to the element's row and column and `acc_var` to
+    its sum; the epilogue stores the result (fused bias, activation, residual).
+    """
+    a_buf: str
+    a_off: Expr
+    a_sm: int
+    a_sk: int
+    b_buf: str
+    b_off: Expr
+    m: int
+    n: int
+    k: int
+    mr: int
+    nr: int
+    m_var: str
+    n_var: str
+    acc_var: str
+    epilogue: tuple
+
+
+@dataclass(frozen=True)
+class Buffer:
+    name: str
+    dtype: str
+    size: int  # elements
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One compiled function: `void name(ptr buf0, ptr buf1, ...)` in `buffers` order."""
+    buffers: tuple
+    body: tuple
+    schedule: tuple = ()  # sorted (key, value) pairs: vector_width, vectorize, unroll
+
+    def to_bytes(self) -> bytes:
+        return json.dumps([FORMAT_VERSION, _encode(self)], separators=(",", ":")).encode()
+
+    @staticmethod
+    def from_bytes(data: bytes) -> "Kernel":
+        version, obj = json.loads(data)
+        if version != FORMAT_VERSION:
+            raise ValueError(f"kernel format {version}, expected {FORMAT_VERSION}")
+        return _decode(obj)
+
+    @property
+    def digest(self) -> str:
+        return hashlib.sha256(self.to_bytes()).hexdigest()
+
+    @property
+    def symbol(self) -> str:
+        """The function name: derived from content, so equal kernels share one symbol."""
+        return "kiln_" + self.digest[:20]
+
+    def option(self, key: str, default=None):
+        return dict(self.schedule).get(key, default)
+
+    def with_schedule(self, **updates) -> "Kernel":
+        merged = dict(self.schedule)
+        merged.update(updates)
+        return Kernel(self.buffers, self.body, tuple(sorted(merged.items())))
+
+
+_CLASSES = {c.__name__: c for c in (Const, Var, Load, Bin, Cmp, Call, Select, Cast, For, Store, Let, Local,
+                                     Assign, If, Gemm, Buffer, Kernel)}
+
+
+def _encode(x):
+    if isinstance(x, (Expr, Stmt, Buffer, Kernel)):
+        return [type(x).__name__] + [_encode(getattr(x, f.name)) for f in fields(x)]
+    if isinstance(x, tuple):
+        return {"t": [_encode(v) for v in x]}
+    return x
+
+
+def _decode(x):
+    if isinstance(x, dict):
+        return tuple(_decode(v) for v in x["t"])
+    if isinstance(x, list):
+        return _CLASSES[x[0]](*(_decode(v) for v in x[1:]))
+    return x
+
+
+# ---- builders that fold integer constants, so index math stays small ---------------------
+
+def _c(x) -> Expr:
+    if isinstance(x, Expr):
+        return x
+    if isinstance(x, bool):
+        return Const(int(x), "i1")
+    if isinstance(x, int):
+        return Const(x, "i64")
+    return Const(float(x), "f32")
+
+
+def _ival(x):
+    return x.value if isinstance(x, Const) and x.dtype == "i64" else None
+
+
+def add(a, b) -> Expr:
+    a, b = _c(a), _c(b)
+    va, vb = _ival(a), _ival(b)
+    if va is not None and vb is not None:
+        return Const(va + vb)
+    if va == 0:
+        return b
+    if vb == 0:
+        return a
+    return Bin("add", a, b)
+
+
+def sub(a, b) -> Expr:
+    a, b = _c(a), _c(b)
+    va, vb = _ival(a), _ival(b)
+    if va is not None and vb is not None:
+        return Const(va - vb)
+    if vb == 0:
+        return a
+    return Bin("sub", a, b)
+
+
+def mul(a, b) -> Expr:
+    a, b = _c(a), _c(b)
+    va, vb = _ival(a), _ival(b)
+    if va is not None and vb is not None:
+        return Const(va * vb)
+    if va == 0 or vb == 0:
+        return Const(0)
+    if va == 1:
+        return b
+    if vb == 1:
+        return a
+    return Bin("mul", a, b)
+
+
+def div(a, b) -> Expr:
+    """Integer division of non-negative index values."""
+    a, b = _c(a), _c(b)
+    va, vb = _ival(a), _ival(b)
+    if va is not None and vb is not None:
+        return Const(va // vb)
+    if vb == 1:
+        return a
+    return Bin("div", a, b)
+
+
+def rem(a, b) -> Expr:
+    a, b = _c(a), _c(b)
+    va, vb = _ival(a), _ival(b)
+    if va is not None and vb is not None:
+        return Const(va % vb)
+    if vb == 1:
+        return Const(0)
+    return Bin("rem", a, b)
+
+
+def fbin(op: str, a, b) -> Expr:
+    return Bin(op, _c(a), _c(b))
+
+
+def cmp(op: str, a, b) -> Expr:
+    return Cmp(op, _c(a), _c(b))
+
+
+def call(fn: str, *args) -> Expr:
+    return Call(fn, tuple(_c(a) for a in args))
+
+
+def select(c, a, b) -> Expr:
+    return Select(_c(c), _c(a), _c(b))
+
+
+def const(value, dtype: str) -> Const:
+    return Const(int(value) if dtype in ("i64", "i1", "i8") else float(value), dtype)
+
+
+def flat_index(idx, shape) -> Expr:
+    """Row-major offset of a multi-index into a buffer of `shape`."""
+    out: Expr = Const(0)
+    for i, d in zip(idx, shape):
+        out = add(mul(out, d), i)
+    return out
+
+
+def unflatten(flat, shape) -> list:
+    """The multi-index of row-major offset `flat` within `shape`."""
+    idx = []
+    for pos in range(len(shape) - 1, -1, -1):
+        d = shape[pos]
+        idx.append(rem(flat, d) if pos else flat)
+        flat = div(flat, d)
+    return idx[::-1]

@@ -1,0 +1,125 @@
+"""KernelBuilder: the state of lowering one fused group into one Kernel.
+
+A *reader* is a function from a multi-index (a list of loop-IR expressions, one per dim
+of a tensor) to the expression of that tensor's element. Tensors from outside the group
+read from kernel parameters; tensors produced inside the group are computed inline by
+composing their op's reader with its inputs' readers. Anchor ops (conv, matmul,
+reductions) write loop nests of their own and apply the rest of the group as an epilogue.
+
+Parameter names are positional ('o0', 'i0', 'w0'), never tensor names, so two groups that
+compute the same thing produce byte-identical kernels (and share one compiled object).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..graph import Graph, TensorType
+from ..loop import Buffer, Const, Kernel, Load, Var, flat_index
+
+DT = {"float32": "f32", "int64": "i64", "bool": "i8"}
+COMPUTE_DT = {"float32": "f32", "int64": "i64", "bool": "i1"}
+
+
+@dataclass
+class ScheduleConfig:
+    """Target-dependent choices lowering makes: vector width and GEMM register tile."""
+    vector_width: int = 16
+    mr: int = 14
+    nr: int = 32
+    vectorize: bool = True
+
+    @classmethod
+    def for_vector_width(cls, vw: int) -> "ScheduleConfig":
+        if vw >= 16:
+            return cls(16, 14, 32)
+        if vw == 8:
+            return cls(8, 6, 16)
+        return cls(4, 6, 8)
+
+
+@dataclass
+class KernelBuilder:
+    g: Graph
+    config: ScheduleConfig
+    outputs: list = field(default_factory=list)   # tensor names
+    inputs: list = field(default_factory=list)    # tensor names (incl. packed constants)
+    workspaces: list = field(default_factory=list)  # element counts (float32)
+    new_constants: dict = field(default_factory=dict)  # packed weights this kernel introduced
+    readers: dict = field(default_factory=dict)   # tensor name -> reader, for in-group tensors
+    shapes: dict = field(default_factory=dict)    # tensor name -> shape override (collapsed dims)
+    current_root: str = ""       # the group's output tensor, for anchors that accumulate in it
+    conv_collapsed: bool = False  # the conv epilogue indexes (batch, channel, pixel)
+    _n: int = 0
+
+    def fresh(self, base: str) -> str:
+        self._n += 1
+        return f"{base}{self._n}"
+
+    def shape(self, name: str) -> tuple:
+        return self.shapes.get(name, self.g.types[name].shape)
+
+    def type(self, name: str) -> TensorType:
+        return self.g.types[name]
+
+    def out_param(self, name: str) -> str:
+        if name not in self.outputs:
+            self.outputs.append(name)
+        return f"o{self.outputs.index(name)}"
+
+    def in_param(self, name: str) -> str:
+        if name not in self.inputs:
+            self.inputs.append(name)
+        return f"i{self.inputs.index(name)}"
+
+    def workspace(self, elements: int) -> str:
+        self.workspaces.append(int(elements))
+        return f"w{len(self.workspaces) - 1}"
+
+    def constant_param(self, base: str, value: np.ndarray) -> str:
+        """Add a compile-time array (e.g. packed weights) as an input of this kernel."""
+        name = self.g.fresh_name(base)
+        self.g.add_constant(name, value)
+        self.new_constants[name] = self.g.constants[name]
+        return self.in_param(name)
+
+    def reader(self, name: str):
+        """Reader of tensor `name`: inline if computed in this group, else a parameter load."""
+        if name in self.readers:
+            return self.readers[name]
+        param = self.in_param(name)
+        shape = self.shape(name)
+        return lambda idx: Load(param, flat_index(idx, shape))
+
+    def loops(self, shape, body_fn, inner_kind="vectorize"):
+        """A loop nest over `shape`; body_fn(idx) returns the statements of one point."""
+        from ..loop import For
+        vars_ = [self.fresh("i") for _ in shape]
+        idx = [Var(v) if d > 1 else Const(0) for v, d in zip(vars_, shape)]
+        body = tuple(body_fn(idx))
+        for pos in range(len(shape) - 1, -1, -1):
+            if shape[pos] > 1:
+                kind = inner_kind if pos == _last_real_dim(shape) else "serial"
+                body = (For(vars_[pos], shape[pos], body, kind),)
+        return body
+
+    def kernel(self, body) -> Kernel:
+        bufs = [Buffer(f"o{i}", DT[self.g.types[n].dtype], self.g.types[n].size) for i, n in enumerate(self.outputs)]
+        bufs += [Buffer(f"i{i}", DT[self.g.types[n].dtype], self.g.types[n].size) for i, n in enumerate(self.inputs)]
+        bufs += [Buffer(f"w{i}", "f32", n) for i, n in enumerate(self.workspaces)]
+        schedule = (("vector_width", self.config.vector_width), ("vectorize", self.config.vectorize))
+        return Kernel(tuple(bufs), tuple(body), tuple(sorted(schedule)))
+
+
+def _last_real_dim(shape) -> int:
+    for pos in range(len(shape) - 1, -1, -1):
+        if shape[pos] > 1:
+            return pos
+    return -1
+
+
+def broadcast_index(idx, out_shape, in_shape) -> list:
+    """Index into a tensor of in_shape broadcast (numpy rules) to out_shape."""
+    offset = len(out_shape) - len(in_shape)
+    return [Const(0) if d == 1 else idx[offset + i] for i, d in enumerate(in_shape)]

@@ -1,0 +1,306 @@
+"""Conv, MatMul and Gemm as register-blocked GEMMs; depthwise and transposed conv directly.
+
+Convolution (NCHW) computes C[pixel][cout] = col[pixel][k] x W[k][cout]: the weights are
+the B operand, packed at compile time into panels of nr columns ([panel][k][nr], zero
+padded), and the A operand is the im2col matrix stored k-major (col[k][pixel]), so the mr
+pixels a micro-kernel row block needs for one k are contiguous. A 1x1 stride-1 conv needs
+no im2col: the input already is col. The epilogue writes C transposed into NCHW.
+
+MatMul/Gemm read A in place (row-major or transposed) and pack B: at compile time when it
+is a constant (weights), at run time into a workspace otherwise (attention).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..graph import Node
+from ..loop import (Const, For, Gemm, Let, Load, Store, Var, add, cmp, div, fbin, flat_index, mul, rem, select,
+                    unflatten)
+from .builder import KernelBuilder, broadcast_index
+
+
+def pack_panels(bmat: np.ndarray, nr: int) -> np.ndarray:
+    """[K, N] -> [ceil(N/nr), K, nr], zero past N: the layout the micro-kernel streams."""
+    k, n = bmat.shape
+    panels = -(-n // nr)
+    padded = np.zeros((k, panels * nr), np.float32)
+    padded[:, :n] = bmat
+    return np.ascontiguousarray(padded.reshape(k, panels, nr).transpose(1, 0, 2))
+
+
+def _gemm(b: KernelBuilder, a_buf, a_off, a_sm, a_sk, b_buf, b_off, m, n, k, epilogue_fn) -> Gemm:
+    """A Gemm statement; epilogue_fn(m_expr, n_expr, acc_expr) returns the epilogue statements."""
+    mv, nv, av = b.fresh("gm"), b.fresh("gn"), b.fresh("gacc")
+    epi = tuple(epilogue_fn(Var(mv), Var(nv), Var(av, "f32")))
+    return Gemm(a_buf, a_off, a_sm, a_sk, b_buf, b_off, m, n, k, b.config.mr, b.config.nr, mv, nv, av, epi)
+
+
+def _runtime_pack(b: KernelBuilder, src: str, off, k: int, n: int, s_k: int, s_n: int, ws: str) -> tuple:
+    """Statements packing B (element (kk, nn) at off + kk*s_k + nn*s_n) into panels in `ws`."""
+    nr = b.config.nr
+    panels = -(-n // nr)
+    p, kk, j = b.fresh("pp"), b.fresh("pk"), b.fresh("pj")
+    col = add(mul(Var(p), nr), Var(j))
+    if n % nr:
+        value = select(cmp("lt", col, Const(n)),
+                       Load(src, add(off, add(mul(Var(kk), s_k), mul(fbin("min", col, Const(n - 1)), s_n)))),
+                       Const(0.0, "f32"))
+    else:
+        value = Load(src, add(off, add(mul(Var(kk), s_k), mul(col, s_n))))
+    dest = add(mul(add(mul(Var(p), k), Var(kk)), nr), Var(j))
+    return (For(p, panels, (For(kk, k, (For(j, nr, (Store(ws, dest, value),), "vectorize"),)),)),)
+
+
+# ---- convolution -------------------------------------------------------------------------
+
+def lower_conv(b: KernelBuilder, node: Node, store) -> tuple:
+    x_name, w_name = node.inputs[0], node.inputs[1]
+    xs, ws_ = b.type(x_name).shape, b.type(w_name).shape
+    a = node.attrs
+    groups = a.get("group", 1)
+    batch, cin = xs[0], xs[1]
+    cout, cg = ws_[0], ws_[1]
+    kernel, strides, dil, pads = a["kernel_shape"], a["strides"], a["dilations"], a["pads"]
+    nsp = len(kernel)
+    out_sp = b.type(node.outputs[0]).shape[2:]
+    if groups == cin and cg == 1 and groups > 1 and nsp == 2 and w_name in b.g.constants:
+        return _lower_depthwise(b, node, store)
+    if w_name not in b.g.constants:
+        from ..graph import UnsupportedError
+        raise UnsupportedError(f"{node.describe()}: Conv weights must be constants")
+    cog = cout // groups
+    kk = cg * math.prod(kernel)
+    m = math.prod(out_sp)
+    w = b.g.constants[w_name].reshape(groups, cog, kk)
+    packed = np.stack([pack_panels(w[gi].T, b.config.nr) for gi in range(groups)])
+    wparam = b.constant_param(f"{w_name}_packed", packed)
+    panel_stride = packed[0].size
+    bias = b.reader(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] else None
+    pointwise = all(k == 1 for k in kernel) and all(s == 1 for s in strides) and not any(pads)
+    xparam = b.in_param(x_name)
+    spatial = list(xs[2:])
+    padded = [spatial[i] + pads[i] + pads[nsp + i] for i in range(nsp)]
+    xp_ws = b.workspace(cg * math.prod(padded)) if any(pads) and not pointwise else None
+    col_ws = None if pointwise else b.workspace(kk * m)
+
+    bv, gv = b.fresh("b"), b.fresh("g")
+    body = []
+    chan0 = lambda: add(mul(Var(bv), cin), mul(Var(gv), cg))  # first input channel of this group
+    src_buf, src_shape = xparam, spatial
+    if xp_ws:
+        # Copy the group's input into a zero-bordered workspace: im2col then needs no checks.
+        ci = b.fresh("ci")
+        pv = [b.fresh("pd") for _ in range(nsp)]
+        inside, src = None, []
+        for i in range(nsp):
+            pos = sub_(Var(pv[i]), pads[i])
+            ok = fbin("and", cmp("ge", pos, Const(0)), cmp("lt", pos, Const(spatial[i])))
+            inside = ok if inside is None else fbin("and", inside, ok)
+            src.append(fbin("min", fbin("max", pos, Const(0)), Const(spatial[i] - 1)))
+        value = select(inside, Load(xparam, flat_index([add(chan0(), Var(ci))] + src, [batch * cin] + spatial)),
+                       Const(0.0, "f32"))
+        inner = (Store(xp_ws, flat_index([Var(ci)] + [Var(v) for v in pv], [cg] + padded), value),)
+        for i in range(nsp - 1, -1, -1):
+            inner = (For(pv[i], padded[i], inner, "vectorize" if i == nsp - 1 else "serial"),)
+        body.append(For(ci, cg, inner))
+        src_buf, src_shape = xp_ws, padded
+    if col_ws:
+        # col[(ci, kpos)][pixel] = src[ci][pixel*stride + kpos*dilation]
+        ci = b.fresh("ci")
+        kv = [b.fresh("kp") for _ in range(nsp)]
+        ov = [b.fresh("op") for _ in range(nsp)]
+        chan = Var(ci) if xp_ws else add(chan0(), Var(ci))
+        lead = [cg] if xp_ws else [batch * cin]
+        pos = [add(mul(Var(ov[i]), strides[i]), mul(Var(kv[i]), dil[i])) for i in range(nsp)]
+        krow = flat_index([Var(ci)] + [Var(v) for v in kv], [cg] + list(kernel))
+        dest = add(mul(krow, m), flat_index([Var(v) for v in ov], out_sp))
+        inner = (Store(col_ws, dest, Load(src_buf, flat_index([chan] + pos, lead + src_shape))),)
+        for i in range(nsp - 1, -1, -1):
+            inner = (For(ov[i], out_sp[i], inner, "vectorize" if i == nsp - 1 else "serial"),)
+        for i in range(nsp - 1, -1, -1):
+            inner = (For(kv[i], kernel[i], inner),)
+        body.append(For(ci, cg, inner))
+
+    def epilogue(mm, nn, acc):
+        co = add(mul(Var(gv), cog), nn)
+        value = acc if bias is None else fbin("add", acc, bias([co]))
+        spatial_idx = [mm] if b.conv_collapsed else unflatten(mm, out_sp)
+        return store([Var(bv), co] + spatial_idx, value)
+
+    if pointwise:
+        a_buf, a_off = xparam, mul(chan0(), m)
+    else:
+        a_buf, a_off = col_ws, Const(0)
+    body.append(_gemm(b, a_buf, a_off, 1, m, wparam, mul(Var(gv), panel_stride), m, cog, kk, epilogue))
+    return (For(bv, batch, (For(gv, groups, tuple(body)),)),)
+
+
+def sub_(a, c):
+    from ..loop import sub
+    return sub(a, c)
+
+
+def _lower_depthwise(b: KernelBuilder, node: Node, store) -> tuple:
+    """Direct depthwise conv: accumulate each output row from kh*kw shifted input rows
+    (vectorized along the row), reading a zero-bordered copy of the input."""
+    x_name, w_name = node.inputs[0], node.inputs[1]
+    batch, cin, h, w_ = b.type(x_name).shape
+    cout = b.type(w_name).shape[0]
+    mult = cout // cin
+    a = node.attrs
+    (kh, kw), (sh, sw), (dh, dw) = a["kernel_shape"], a["strides"], a["dilations"]
+    pt, pl, pb, pr = a["pads"]
+    oh, ow = b.type(node.outputs[0]).shape[2:]
+    hp, wp = h + pt + pb, w_ + pl + pr
+    xparam, wparam = b.in_param(x_name), b.in_param(w_name)
+    bias = b.reader(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] else None
+    out = b.out_param(b.current_root)
+    xp = b.workspace(cin * hp * wp)
+    bv, c, i, j = b.fresh("b"), b.fresh("c"), b.fresh("y"), b.fresh("x")
+    pi, pj = sub_(Var(i), pt), sub_(Var(j), pl)
+    inside = fbin("and", fbin("and", cmp("ge", pi, Const(0)), cmp("lt", pi, Const(h))),
+                  fbin("and", cmp("ge", pj, Const(0)), cmp("lt", pj, Const(w_))))
+    src = flat_index([add(mul(Var(bv), cin), Var(c)), fbin("min", fbin("max", pi, Const(0)), Const(h - 1)),
+                      fbin("min", fbin("max", pj, Const(0)), Const(w_ - 1))], [batch * cin, h, w_])
+    pad_copy = For(c, cin, (For(i, hp, (For(j, wp, (Store(xp, flat_index([Var(c), Var(i), Var(j)], [cin, hp, wp]),
+                                                             select(inside, Load(xparam, src), Const(0.0, "f32"))),),
+                                            "vectorize"),)),))
+    co, r, u, v, q = b.fresh("co"), b.fresh("r"), b.fresh("ky"), b.fresh("kx"), b.fresh("q")
+    row = flat_index([Var(bv), Var(co), Var(r)], [batch, cout, oh]) * ow
+    at = add(row, Var(q))
+    ch = div(Var(co), mult)
+    wv = b.fresh("wv")
+    taps = For(u, kh, (For(v, kw, (
+        Let(wv, Load(wparam, flat_index([Var(co), Var(u), Var(v)], [cout, kh, kw]))),
+        For(q, ow, (Store(out, at, fbin("add", Load(out, at), fbin("mul", Var(wv, "f32"), Load(
+            xp, flat_index([ch, add(mul(Var(r), sh), mul(Var(u), dh)), add(mul(Var(q), sw), mul(Var(v), dw))],
+                           [cin, hp, wp]))))),), "vectorize"),)),))
+    zero = For(q, ow, (Store(out, at, Const(0.0, "f32")),), "vectorize")
+    q2 = b.fresh("q")
+    at2 = add(row, Var(q2))
+    value = Load(out, at2)
+    if bias is not None:
+        value = fbin("add", value, bias([Var(co)]))
+    finish = For(q2, ow, tuple(store([Var(bv), Var(co), Var(r), Var(q2)], value)), "vectorize")
+    per_row = For(r, oh, (zero, taps, finish))
+    return (For(bv, batch, (pad_copy, For(co, cout, (per_row,)))),)
+
+
+def lower_conv_transpose(b: KernelBuilder, node: Node, store) -> tuple:
+    """Gather form: each output point sums the input points whose window covers it."""
+    x_name, w_name = node.inputs[0], node.inputs[1]
+    xs, wsh = b.type(x_name).shape, b.type(w_name).shape
+    a = node.attrs
+    groups = a.get("group", 1)
+    kernel, strides, dil, pads = a["kernel_shape"], a["strides"], a["dilations"], a["pads"]
+    nsp = len(kernel)
+    cin, cog = xs[1], wsh[1]
+    cig = cin // groups
+    x, w = b.reader(x_name), b.reader(w_name)
+    bias = b.reader(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] else None
+    oshape = b.type(node.outputs[0]).shape
+
+    def point(oidx):
+        from ..loop import Assign, Local
+        acc = b.fresh("acc")
+        g = div(oidx[1], cog)
+        col = rem(oidx[1], cog)
+        body = [Local(acc, "f32", Const(0.0, "f32"))]
+
+        def tap(iidx):
+            ci, kidx = iidx[0], iidx[1:]
+            src, ok = [oidx[0], add(mul(g, cig), ci)], None
+            for i in range(nsp):
+                num = sub_(add(oidx[2 + i], pads[i]), mul(kidx[i], dil[i]))
+                q = div(fbin("max", num, Const(0)), strides[i])
+                valid = fbin("and", cmp("ge", num, Const(0)),
+                             fbin("and", cmp("eq", rem(fbin("max", num, Const(0)), strides[i]), Const(0)),
+                                  cmp("lt", q, Const(xs[2 + i]))))
+                ok = valid if ok is None else fbin("and", ok, valid)
+                src.append(fbin("min", q, Const(xs[2 + i] - 1)))
+            prod = fbin("mul", x(src), w([add(mul(g, cig), ci), col] + list(kidx)))
+            return [Assign(acc, fbin("add", Var(acc, "f32"), select(ok, prod, Const(0.0, "f32"))))]
+
+        body += b.loops([cig] + list(kernel), tap, inner_kind="serial")
+        value = Var(acc, "f32")
+        if bias is not None:
+            value = fbin("add", value, bias([oidx[1]]))
+        return body + list(store(oidx, value))
+
+    return b.loops(oshape, point, inner_kind="serial")
+
+
+# ---- matmul and gemm ---------------------------------------------------------------------
+
+def lower_matmul(b: KernelBuilder, node: Node, store) -> tuple:
+    a_name, b_name = node.inputs[0], node.inputs[1]
+    sa, sb = list(b.type(a_name).shape), list(b.type(b_name).shape)
+    va, vb = len(sa) == 1, len(sb) == 1
+    sa = [1] + sa if va else sa
+    sb = sb + [1] if vb else sb
+    m, k, n = sa[-2], sa[-1], sb[-1]
+    oshape = b.type(node.outputs[0]).shape
+    batch = list(np.broadcast_shapes(tuple(sa[:-2]), tuple(sb[:-2])))
+    a_param = b.in_param(a_name)
+    const_b = b_name in b.g.constants
+    nr = b.config.nr
+    panels = -(-n // nr)
+    if const_b:
+        bm = b.g.constants[b_name].reshape(sb)
+        flat = bm.reshape(-1, k, n)
+        packed = np.stack([pack_panels(mat, nr) for mat in flat]) if flat.shape[0] > 1 else pack_panels(flat[0], nr)
+        b_param = b.constant_param(f"{b_name}_packed", packed)
+    else:
+        b_src = b.in_param(b_name)
+        b_param = b.workspace(panels * k * nr)
+
+    def body(bidx):
+        a_off = mul(flat_index(broadcast_index(bidx, batch, sa[:-2]), sa[:-2] or [1]), m * k)
+        b_mat = flat_index(broadcast_index(bidx, batch, sb[:-2]), sb[:-2] or [1])
+        stmts = []
+        if const_b:
+            b_off = mul(b_mat, panels * k * nr)
+        else:
+            stmts += _runtime_pack(b, b_src, mul(b_mat, k * n), k, n, n, 1, b_param)
+            b_off = Const(0)
+
+        def epilogue(mm, nn, acc):
+            idx = list(bidx) + ([] if va else [mm]) + ([] if vb else [nn])
+            return store(idx[-len(oshape):] if oshape else [], acc)
+        stmts.append(_gemm(b, a_param, a_off, k, 1, b_param, b_off, m, n, k, epilogue))
+        return stmts
+
+    return b.loops(batch, body, inner_kind="serial") if batch else tuple(body([]))
+
+
+def lower_gemm(b: KernelBuilder, node: Node, store) -> tuple:
+    a_name, b_name = node.inputs[0], node.inputs[1]
+    at = node.attrs
+    ta, tb = at.get("transA", 0), at.get("transB", 0)
+    alpha, beta = float(at.get("alpha", 1.0)), float(at.get("beta", 1.0))
+    sa, sb = b.type(a_name).shape, b.type(b_name).shape
+    m, k = (sa[1], sa[0]) if ta else sa
+    n = sb[0] if tb else sb[1]
+    nr = b.config.nr
+    a_param = b.in_param(a_name)
+    stmts = []
+    if b_name in b.g.constants:
+        mat = b.g.constants[b_name]
+        b_param = b.constant_param(f"{b_name}_packed", pack_panels(mat.T if tb else mat, nr))
+    else:
+        b_param = b.workspace(-(-n // nr) * k * nr)
+        stmts += _runtime_pack(b, b.in_param(b_name), Const(0), k, n, 1 if tb else n, k if tb else 1, b_param)
+    c = b.reader(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] and beta != 0 else None
+    cshape = b.shape(node.inputs[2]) if c else None
+
+    def epilogue(mm, nn, acc):
+        value = acc if alpha == 1 else fbin("mul", acc, Const(alpha, "f32"))
+        if c is not None:
+            cv = c(broadcast_index([mm, nn], (m, n), cshape))
+            value = fbin("add", value, cv if beta == 1 else fbin("mul", cv, Const(beta, "f32")))
+        return store([mm, nn], value)
+
+    stmts.append(_gemm(b, a_param, Const(0), 1 if ta else k, m if ta else 1, b_param, Const(0), m, n, k, epilogue))
+    return tuple(stmts)

@@ -1,0 +1,17 @@
+"""Graph passes and the default pipeline."""
+from ..transform import Sequential
+from .eliminate_common_subexpr import eliminate_common_subexpr
+from .eliminate_dead_code import eliminate_dead_code
+from .fuse_ops import fuse_ops, groups_of
+from .infer_types import fold_constants, infer_types
+from .simplify_inference import simplify_inference
+
+
+def default_pipeline(extra=()) -> Sequential:
+    """The passes `build` runs, in order; `extra` passes run before fusion."""
+    return Sequential([infer_types, fold_constants, simplify_inference, eliminate_common_subexpr,
+                       eliminate_dead_code, *extra, fuse_ops], name="default_pipeline")
+
+
+__all__ = ["default_pipeline", "infer_types", "fold_constants", "simplify_inference",
+           "eliminate_common_subexpr", "eliminate_dead_code", "fuse_ops", "groups_of"]

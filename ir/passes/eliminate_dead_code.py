@@ -1,0 +1,21 @@
+"""eliminate_dead_code: drop nodes and constants no graph output depends on."""
+from __future__ import annotations
+
+from ..graph import Graph
+from ..transform import graph_pass
+
+
+@graph_pass(opt_level=0)
+def eliminate_dead_code(g: Graph, ctx) -> Graph:
+    live = set(g.outputs)
+    kept = []
+    for node in reversed(g.nodes):
+        if any(o in live for o in node.outputs if o):
+            kept.append(node)
+            live.update(i for i in node.inputs if i)
+    g.nodes = kept[::-1]
+    for name in [c for c in g.constants if c not in live]:
+        del g.constants[name]
+    for name in [t for t in g.types if t not in live and t not in g.inputs]:
+        del g.types[name]
+    return g

@@ -1,0 +1,88 @@
+"""fuse_ops: group nodes into kernels by op pattern kind, with TVM-like rules.
+
+Walking in topological order, a node joins the group of the producer of one of its inputs
+when that producer's output feeds this node only (and is not a graph output), and:
+  - an elementwise/broadcast node joins any group whose anchor leaves the domain alone:
+    injective chains, and as an epilogue a conv/matmul or reduction whose output has the
+    node's shape (bias, BatchNorm scale, relu/clip, residual add);
+  - an injective node joins only injective/elementwise groups (index maps compose);
+  - a reduction (pooling, softmax, layernorm, reduce) absorbs an injective/elementwise group
+    that feeds it (its reads are inlined);
+  - conv/matmul start their own group: their operands are read from buffers.
+Views (Reshape, Flatten, Squeeze, Unsqueeze, Identity) never fuse: they become aliases of
+a buffer, no kernel at all. Split (several outputs) stands alone.
+
+The result is written on the nodes: attrs["_group"] = group id, members in node order.
+"""
+from __future__ import annotations
+
+from ..graph import Graph, Node
+from ..op_types import BROADCAST, INJECTIVE, OP_KIND, OPAQUE, OUT_EWISE_FUSABLE, REDUCTION, RESHAPES
+from ..transform import graph_pass
+
+MAX_GROUP_SIZE = 24
+VIEWS = RESHAPES | {"Identity"}
+
+
+def kind_of(node: Node) -> int:
+    if node.op in VIEWS or node.op == "Split":
+        return OPAQUE
+    return OP_KIND[node.op]
+
+
+def _can_join(g: Graph, node: Node, via: str, group: list[Node]) -> bool:
+    k = kind_of(node)
+    anchor = max(kind_of(m) for m in group)
+    if anchor == OPAQUE or len(group) >= MAX_GROUP_SIZE:
+        return False
+    if k <= BROADCAST:
+        if anchor <= INJECTIVE:
+            return True
+        # As an epilogue: computed at the anchor's output points, so the domain must match.
+        return g.types[via].shape == g.types[node.outputs[0]].shape
+    if k == INJECTIVE:
+        return anchor <= INJECTIVE
+    if k == REDUCTION:
+        return anchor <= INJECTIVE
+    return False
+
+
+@graph_pass(opt_level=1)
+def fuse_ops(g: Graph, ctx) -> Graph:
+    uses = g.consumers()
+    producer_group: dict[str, int] = {}
+    groups: list[list[Node]] = []
+    for node in g.nodes:
+        target = None
+        if kind_of(node) != OPAQUE and kind_of(node) != OUT_EWISE_FUSABLE:
+            # Prefer the group with the heaviest anchor: a residual add joins its conv.
+            candidates = []
+            for i in dict.fromkeys(node.inputs):
+                feeds_only_this = {id(u) for u in uses.get(i, [])} == {id(node)}
+                if i in producer_group and feeds_only_this and i not in g.outputs:
+                    gid = producer_group[i]
+                    if _can_join(g, node, i, groups[gid]):
+                        candidates.append((max(kind_of(m) for m in groups[gid]), gid))
+            if candidates:
+                target = max(candidates)[1]
+        if target is None:
+            target = len(groups)
+            groups.append([])
+        groups[target].append(node)
+        for o in node.outputs:
+            if o:
+                producer_group[o] = target
+    for gid, members in enumerate(groups):
+        for m in members:
+            m.attrs["_group"] = gid
+    return g
+
+
+def groups_of(g: Graph) -> list[list[Node]]:
+    """The fused groups, each run where its last member stands (all its inputs exist by
+    then); without fusion, one node per group."""
+    by_id: dict = {}
+    for i, node in enumerate(g.nodes):
+        by_id.setdefault(node.attrs.get("_group", ("solo", i)), []).append((i, node))
+    ordered = sorted(by_id.values(), key=lambda members: members[-1][0])
+    return [[n for _, n in members] for members in ordered]

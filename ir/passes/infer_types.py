@@ -1,0 +1,55 @@
+"""infer_types and fold_constants: one walk in topological order.
+
+Both evaluate nodes whose inputs are all constants. infer_types folds only what shapes
+depend on (int64/bool results, Shape, Range, ConstantOfShape), which is what makes the
+Shape->Gather->Concat->Reshape chains of PyTorch's exporter static; fold_constants folds
+float math on weights too.
+"""
+from __future__ import annotations
+
+from ..graph import Graph, KilnError
+from ..op_reference import fold
+from ..op_types import OPAQUE, OP_KIND, infer
+from ..transform import graph_pass
+
+# Do not materialize folded tensors larger than this (e.g. an Expand of a constant).
+MAX_FOLDED_ELEMENTS = 1 << 24
+
+
+def resolve(g: Graph, fold_floats: bool) -> Graph:
+    kept = []
+    for node in g.nodes:
+        try:
+            types = infer(g, node)
+        except KilnError as e:
+            msg = str(e)
+            raise type(e)(msg if node.describe() in msg else f"{node.describe()}: {msg}") from None
+        inputs_const = all(i in g.constants for i in node.inputs if i)
+        wanted = node.op == "Shape" or OP_KIND[node.op] == OPAQUE or (inputs_const and (
+            fold_floats or all(t.dtype != "float32" for t in types)))
+        if wanted and (inputs_const or node.op == "Shape") and sum(t.size for t in types) <= MAX_FOLDED_ELEMENTS:
+            values = [g.constants.get(i) if i else None for i in node.inputs]
+            outs = fold(g, node, values)
+            if outs is not None:
+                for name, value in zip(node.outputs, outs):
+                    if name:
+                        g.add_constant(name, value)
+                continue
+        if OP_KIND[node.op] == OPAQUE:
+            raise KilnError(f"{node.describe()}: its inputs must be known at compile time")
+        for name, t in zip(node.outputs, types):
+            if name:
+                g.types[name] = t
+        kept.append(node)
+    g.nodes = kept
+    return g
+
+
+@graph_pass(opt_level=0)
+def infer_types(g: Graph, ctx) -> Graph:
+    return resolve(g, fold_floats=False)
+
+
+@graph_pass(opt_level=1)
+def fold_constants(g: Graph, ctx) -> Graph:
+    return resolve(g, fold_floats=True)

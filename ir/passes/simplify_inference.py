@@ -1,0 +1,94 @@
+"""simplify_inference: fold BatchNormalization into the Conv or Gemm before it.
+
+y = (x - mean) / sqrt(var + eps) * gamma + beta is one per-channel scale and shift. Where
+the producer is a Conv or Gemm with constant weights and no other consumer, the scale
+goes into its weights and the shift into its bias, and the BatchNorm disappears. A
+BatchNorm with no such producer becomes a Mul and an Add with constant operands, which
+fusion then folds into whatever kernel comes before. Identity nodes are bypassed.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..graph import Graph, Node
+from ..transform import graph_pass
+
+
+def _scale_shift(g: Graph, bn: Node):
+    gamma, beta, mean, var = (g.constants[i].astype(np.float64) for i in bn.inputs[1:5])
+    scale = gamma / np.sqrt(var + bn.attrs.get("epsilon", 1e-5))
+    return scale, beta - mean * scale
+
+
+def _fold_into_conv(g: Graph, conv: Node, scale, shift) -> None:
+    w = g.constants[conv.inputs[1]].astype(np.float64)
+    bias = g.constants[conv.inputs[2]].astype(np.float64) if len(conv.inputs) > 2 and conv.inputs[2] else 0.0
+    if conv.op == "Conv":
+        new_w = w * scale.reshape((-1,) + (1,) * (w.ndim - 1))
+    else:  # ConvTranspose weights are [Cin, Cout/group, ...]; the output channel is dim 1 per group
+        group = conv.attrs.get("group", 1)
+        per = w.shape[1]
+        s = scale.reshape(group, 1, per, *([1] * (w.ndim - 2)))
+        new_w = (w.reshape(group, -1, per, *w.shape[2:]) * s).reshape(w.shape)
+    new_b = bias * scale + shift
+    conv.inputs = conv.inputs[:1] + [
+        g.add_constant(g.fresh_name(f"{conv.name}_w_bn"), new_w.astype(np.float32)),
+        g.add_constant(g.fresh_name(f"{conv.name}_b_bn"), new_b.astype(np.float32))]
+
+
+def _fold_into_gemm(g: Graph, gemm: Node, scale, shift) -> None:
+    b = g.constants[gemm.inputs[1]].astype(np.float64)
+    b = b * (scale[:, None] if gemm.attrs.get("transB", 0) else scale[None, :])
+    beta = gemm.attrs.get("beta", 1.0)
+    c = g.constants[gemm.inputs[2]].astype(np.float64) * beta if len(gemm.inputs) > 2 and gemm.inputs[2] else 0.0
+    new_c = np.asarray(c * scale + shift)
+    gemm.attrs["beta"] = 1.0
+    gemm.inputs = gemm.inputs[:1] + [
+        g.add_constant(g.fresh_name(f"{gemm.name}_b_bn"), b.astype(np.float32)),
+        g.add_constant(g.fresh_name(f"{gemm.name}_c_bn"), new_c.astype(np.float32))]
+
+
+def _foldable_producer(g: Graph, bn: Node, producers, uses) -> Node | None:
+    p = producers.get(bn.inputs[0])
+    if p is None or len(uses.get(bn.inputs[0], [])) != 1 or bn.inputs[0] in g.outputs:
+        return None
+    if p.op in ("Conv", "ConvTranspose") and p.inputs[1] in g.constants and \
+            (len(p.inputs) < 3 or not p.inputs[2] or p.inputs[2] in g.constants):
+        return p
+    if p.op == "Gemm" and p.inputs[1] in g.constants and \
+            (len(p.inputs) < 3 or not p.inputs[2] or p.inputs[2] in g.constants) and len(g.types[bn.inputs[0]].shape) == 2:
+        return p
+    return None
+
+
+@graph_pass(opt_level=1)
+def simplify_inference(g: Graph, ctx) -> Graph:
+    rename: dict[str, str] = {}
+    producers, uses = g.producers(), g.consumers()
+    kept = []
+    for node in g.nodes:
+        node.inputs = [rename.get(i, i) for i in node.inputs]
+        if node.op == "Identity" and node.outputs[0] not in g.outputs:
+            rename[node.outputs[0]] = node.inputs[0]
+            continue
+        if node.op == "BatchNormalization" and all(i in g.constants for i in node.inputs[1:5]):
+            scale, shift = _scale_shift(g, node)
+            p = _foldable_producer(g, node, producers, uses)
+            if p is not None:
+                (_fold_into_gemm if p.op == "Gemm" else _fold_into_conv)(g, p, scale, shift)
+                p.outputs = [node.outputs[0]]
+                g.types[node.outputs[0]] = g.types[node.inputs[0]]
+                producers[node.outputs[0]] = p
+                continue
+            rank = len(g.types[node.inputs[0]].shape)
+            bshape = (-1,) + (1,) * (rank - 2)
+            s = g.add_constant(g.fresh_name(f"{node.name}_scale"), scale.astype(np.float32).reshape(bshape))
+            b = g.add_constant(g.fresh_name(f"{node.name}_shift"), shift.astype(np.float32).reshape(bshape))
+            mid = g.fresh_name(f"{node.name}_scaled")
+            g.types[mid] = g.types[node.inputs[0]]
+            kept.append(Node("Mul", [node.inputs[0], s], [mid], {}, f"{node.name}_mul"))
+            kept.append(Node("Add", [mid, b], list(node.outputs[:1]), {}, f"{node.name}_add"))
+            continue
+        kept.append(node)
+    g.nodes = kept
+    return g

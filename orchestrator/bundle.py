@@ -1,0 +1,118 @@
+"""Assemble a bundle from compiled kernels: plan memory, generate the entry, link, manifest."""
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tempfile
+
+import numpy as np
+
+from artifacts.link import entry_source, link_shared
+from artifacts.memory_plan import pack_constants, plan_arena
+from artifacts.module import MANIFEST
+
+
+def _locations(lowered, weight_offsets, arena_offsets):
+    g = lowered.graph
+
+    def loc(tensor: str) -> tuple:
+        t = lowered.storage(tensor)
+        if t in g.inputs:
+            return ("input", g.inputs.index(t))
+        if t in weight_offsets:
+            return ("weights", weight_offsets[t])
+        return ("arena", arena_offsets[t])
+
+    calls = []
+    for step, call in enumerate(lowered.calls):
+        args = [loc(t) for t in call.outputs] + [loc(t) for t in call.inputs]
+        args += [("arena", arena_offsets[f"ws:{step}:{j}"]) for j in range(len(call.workspaces))]
+        calls.append((call.kernel.symbol, args))
+    outputs = [(loc(o), g.types[o].nbytes) for o in g.outputs]
+    return calls, outputs
+
+
+def plan_memory(lowered):
+    """Offsets of every intermediate tensor and workspace, and the arena size."""
+    g = lowered.graph
+    lifetimes: dict[str, list[int]] = {}
+    sizes: dict[str, int] = {}
+    external = set(g.inputs) | set(g.constants)
+    end = len(lowered.calls)
+    for step, call in enumerate(lowered.calls):
+        for t in call.outputs + call.inputs:
+            s = lowered.storage(t)
+            if s in external:
+                continue
+            span = lifetimes.setdefault(s, [step, step])
+            span[0], span[1] = min(span[0], step), max(span[1], step)
+            sizes[s] = g.types[s].nbytes
+        for j, n in enumerate(call.workspaces):
+            lifetimes[f"ws:{step}:{j}"] = [step, step]
+            sizes[f"ws:{step}:{j}"] = 4 * n
+    for o in g.outputs:
+        s = lowered.storage(o)
+        if s in lifetimes:
+            lifetimes[s][1] = end
+    offsets, total = plan_arena({k: tuple(v) for k, v in lifetimes.items()}, sizes)
+    return offsets, total
+
+
+def assemble(lowered, objects: dict[str, bytes], target, manifest_extra: dict) -> dict:
+    """Return the bundle's files as {filename: bytes}; links model.so when the target runs here."""
+    g = lowered.graph
+    weight_offsets, weights = pack_constants({k: np.ascontiguousarray(v) for k, v in g.constants.items()})
+    offsets, arena_bytes = plan_memory(lowered)
+    calls, outputs = _locations(lowered, weight_offsets, offsets)
+    entry = entry_source(calls, outputs, arena_bytes)
+    manifest = {
+        **manifest_extra,
+        "inputs": [{"name": n, "shape": list(g.types[n].shape), "dtype": g.types[n].dtype} for n in g.inputs],
+        "outputs": [{"name": n, "shape": list(g.types[n].shape), "dtype": g.types[n].dtype} for n in g.outputs],
+        "arena_bytes": arena_bytes,
+        "weights_file": "weights.bin",
+        "weights_bytes": len(weights),
+        "weights_sha256": hashlib.sha256(weights).hexdigest(),
+        "library": "model.so",
+        "runnable": target.runnable,
+        "kernels": len(lowered.calls),
+    }
+    files = {"weights.bin": weights, "kiln_entry.c": entry.encode()}
+    if target.runnable:
+        with tempfile.TemporaryDirectory(prefix="kiln-bundle-") as tmp:
+            so = os.path.join(tmp, "model.so")
+            link_shared(objects, entry, so)
+            with open(so, "rb") as f:
+                files["model.so"] = f.read()
+    else:
+        for sym, obj in objects.items():
+            files[f"objects/{sym}.o"] = obj
+    import json
+    files[MANIFEST] = json.dumps(manifest, indent=2, sort_keys=True).encode()
+    return files
+
+
+def write_bundle(files: dict[str, bytes], path: str) -> str:
+    """Write a bundle folder atomically: build it beside `path`, then swap it in."""
+    path = os.path.abspath(path)
+    parent = os.path.dirname(path)
+    os.makedirs(parent, exist_ok=True)
+    staging = tempfile.mkdtemp(prefix=".kiln-export-", dir=parent)
+    try:
+        for name, data in files.items():
+            full = os.path.join(staging, name)
+            os.makedirs(os.path.dirname(full), exist_ok=True)
+            with open(full, "wb") as f:
+                f.write(data)
+        if os.path.isdir(path):
+            old = path + ".old-" + os.path.basename(staging)
+            os.replace(path, old)
+            os.replace(staging, path)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(staging, path)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return path

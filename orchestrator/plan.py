@@ -1,0 +1,58 @@
+"""From lowered kernels to compile jobs: one job per unique cache key."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .cache_key import key_of, key_parts
+
+
+@dataclass
+class CompileJob:
+    key: str
+    parts: dict
+    symbol: str
+    kernel_bytes: bytes
+    target: object  # orchestrator.target.Target
+    opt_level: int
+    name: str
+    ops: list
+    inject: str | None = None  # fault injection for tests: crash | hang | exit | corrupt
+
+    @property
+    def estimated_cost(self) -> int:
+        """Rough compile cost for longest-first scheduling: GEMM kernels are the slow ones."""
+        return len(self.kernel_bytes) * (8 if b'"Gemm"' in self.kernel_bytes else 1)
+
+    def request(self, job_id: int, fallback: bool, deadline_s: float) -> dict:
+        return {"id": job_id, "symbol": self.symbol, "target": self.target.to_dict(),
+                "llvm_options": list(self.target.llvm_options), "opt_level": self.opt_level,
+                "fallback": fallback, "deadline_s": deadline_s, "inject": self.inject}
+
+
+@dataclass
+class JobResult:
+    key: str
+    ok: bool
+    object: bytes | None = None
+    kind: str = ""
+    message: str = ""
+    log: str = ""
+    attempts: list = field(default_factory=list)  # one record per attempt: kind, worker, ms
+    worker: str = ""
+    compile_ms: float = 0.0
+    fallback: bool = False
+    cached: bool = False
+
+
+def make_job(call, target, opt_level: int, salt: str = "") -> CompileJob:
+    data = call.kernel.to_bytes()
+    parts = key_parts(data, target, opt_level, salt=salt)
+    return CompileJob(key_of(parts), parts, call.kernel.symbol, data, target, opt_level, call.name, call.ops)
+
+
+def unique_jobs(jobs: list[CompileJob]) -> list[CompileJob]:
+    """Dedupe by key, then longest estimated compile first (keeps every worker busy to the end)."""
+    seen: dict[str, CompileJob] = {}
+    for j in jobs:
+        seen.setdefault(j.key, j)
+    return sorted(seen.values(), key=lambda j: -j.estimated_cost)

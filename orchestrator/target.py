@@ -1,0 +1,108 @@
+"""Targets: TVM-style strings (`llvm -mcpu=cascadelake -mattr=+avx512f`) and named presets.
+
+A Target is plain data (triple, cpu, features, LLVM options) that crosses into codegen
+workers as JSON. Resolving "llvm" to the host asks llvmlite for the host CPU; that sets
+no LLVM option, so it is safe in the driver process.
+"""
+from __future__ import annotations
+
+import platform
+import shlex
+from dataclasses import asdict, dataclass
+
+from configs import load_preset, preset_names
+from ir.graph import KilnError
+
+# CPUs whose vectors are 512 bits wide (LLVM CPU names), and those with 256-bit AVX2.
+_AVX512_CPUS = {"skylake-avx512", "cascadelake", "cooperlake", "icelake-client", "icelake-server", "tigerlake",
+                "sapphirerapids", "emeraldrapids", "graniterapids", "znver4", "znver5", "x86-64-v4", "rocketlake"}
+_AVX2_CPUS = {"haswell", "broadwell", "skylake", "alderlake", "raptorlake", "znver1", "znver2", "znver3",
+              "x86-64-v3", "cannonlake"}
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    triple: str
+    cpu: str
+    features: str
+    llvm_options: tuple = ()
+
+    @property
+    def arch(self) -> str:
+        return self.triple.split("-")[0]
+
+    @property
+    def vector_width(self) -> int:
+        """float32 lanes the GEMM micro-kernel and vectorized loops are shaped for."""
+        if self.arch != "x86_64":
+            return 4
+        feats = set(self.features.split(","))
+        if "-avx512f" in feats:
+            return 8 if "+avx2" in feats or self.cpu in _AVX2_CPUS | _AVX512_CPUS else 4
+        if "+avx512f" in feats or self.cpu in _AVX512_CPUS:
+            return 16
+        if "+avx2" in feats or self.cpu in _AVX2_CPUS:
+            return 8
+        return 4
+
+    @property
+    def runnable(self) -> bool:
+        """Can a module for this target be linked and run on this machine?"""
+        host = {"x86_64": "x86_64", "amd64": "x86_64", "aarch64": "aarch64", "arm64": "aarch64"}
+        return host.get(platform.machine().lower()) == self.arch
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "llvm_options": list(self.llvm_options)}
+
+    def describe(self) -> str:
+        opts = " ".join(f"-cl-opt={o}" for o in self.llvm_options)
+        return f"{self.name}: {self.triple} cpu={self.cpu} ({self.vector_width} lanes) {opts}".strip()
+
+
+def _host():
+    import llvmlite.binding as llvm
+    llvm.initialize_native_target()
+    return llvm.get_process_triple(), llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten()
+
+
+def parse_target(spec: "str | Target") -> Target:
+    """'llvm', 'host', a preset name from configs/, or 'llvm -mtriple=.. -mcpu=.. -mattr=.. -cl-opt=..'."""
+    if isinstance(spec, Target):
+        return spec
+    spec = (spec or "llvm").strip()
+    preset = load_preset(spec) if " " not in spec else None
+    name, options = spec, []
+    if preset is not None:
+        name, options = preset["name"], list(preset.get("llvm_options", []))
+        spec = preset["target"]
+    words = shlex.split(spec)
+    if not words or words[0] not in ("llvm", "host"):
+        raise KilnError(f"unknown target '{spec}': use 'llvm [-mcpu=..] [-mattr=..] [-mtriple=..]' "
+                        f"or a preset ({', '.join(preset_names())})")
+    triple = cpu = None
+    attrs: list[str] = []
+    for w in words[1:]:
+        key, _, value = w.partition("=")
+        if key == "-mtriple":
+            triple = value
+        elif key == "-mcpu":
+            cpu = value
+        elif key == "-mattr":
+            attrs += [a for a in value.split(",") if a]
+        elif key == "-cl-opt":
+            options.append(value)
+        else:
+            raise KilnError(f"target '{spec}': unknown flag '{w}' (known: -mtriple, -mcpu, -mattr, -cl-opt)")
+    host_triple, host_cpu, host_features = _host()
+    if triple is None and cpu is None:
+        triple, cpu, features = host_triple, host_cpu, ",".join([host_features] + attrs if host_features else attrs)
+    else:
+        triple = triple or host_triple
+        cpu = cpu or "generic"
+        features = ",".join(attrs)
+    for a in attrs:
+        if a[:1] not in "+-":
+            raise KilnError(f"target '{spec}': -mattr entries start with + or -, got '{a}'")
+    return Target(name if preset is not None else ("host" if len(words) == 1 else spec), triple, cpu, features,
+                  tuple(options))
