@@ -295,8 +295,6 @@ class FunctionEmitter:
         props = []
         if not self.vectorize:
             props += ['!{!"llvm.loop.vectorize.enable", i1 false}', '!{!"llvm.loop.unroll.disable"}']
-        elif kind == "vectorize":
-            props.append('!{!"llvm.loop.vectorize.enable", i1 true}')
         elif kind == "unroll":
             props.append('!{!"llvm.loop.unroll.full"}')
         if not props:

@@ -82,7 +82,7 @@ class Graph:
         return uses
 
     def add_constant(self, name: str, value: np.ndarray) -> str:
-        value = np.ascontiguousarray(value)
+        value = _contiguous(value)
         self.constants[name] = value
         self.types[name] = TensorType(tuple(int(d) for d in value.shape), normalize_dtype(value.dtype))
         return name
@@ -120,4 +120,10 @@ def normalize_dtype(dt) -> str:
 
 def as_kiln_array(value: np.ndarray) -> np.ndarray:
     """Cast an array to the dtype Kiln stores it as (float32, int64 or bool)."""
-    return np.ascontiguousarray(value, dtype=normalize_dtype(value.dtype))
+    return _contiguous(np.asarray(value, dtype=normalize_dtype(value.dtype)))
+
+
+def _contiguous(value) -> np.ndarray:
+    """Like np.ascontiguousarray, but a 0-d array stays 0-d (a scalar is not a 1-vector)."""
+    value = np.asarray(value)
+    return value if value.flags.c_contiguous else value.copy(order="C")

@@ -17,7 +17,7 @@ from ..op_types import BROADCAST, OUT_EWISE_FUSABLE, REDUCTION
 from ..passes.fuse_ops import VIEWS, groups_of, kind_of
 from .builder import KernelBuilder, ScheduleConfig
 from .elementwise import compute
-from .gemm import lower_conv, lower_conv_transpose, lower_gemm, lower_matmul
+from .gemm import is_depthwise, lower_conv, lower_conv_transpose, lower_gemm, lower_matmul
 from .reduce import lower_layernorm, lower_pool, lower_reduce, lower_softmax
 
 __all__ = ["lower", "LoweredModel", "KernelCall", "ScheduleConfig"]
@@ -129,7 +129,7 @@ def _lower_anchored(b: KernelBuilder, members: list[Node], anchor: Node) -> tupl
     aout, rout = anchor.outputs[0], root.outputs[0]
     b.current_root = rout
     epilogue = members[pos + 1:]
-    if anchor.op == "Conv":
+    if anchor.op == "Conv" and not is_depthwise(b, anchor):
         names = {i for m in epilogue for i in m.inputs if i} | {rout, aout}
         b.conv_collapsed = collapse_shapes(b, names, b.type(aout).shape, fixed=2)
     acc = b.fresh("anchor")

@@ -65,7 +65,7 @@ def lower_conv(b: KernelBuilder, node: Node, store) -> tuple:
     kernel, strides, dil, pads = a["kernel_shape"], a["strides"], a["dilations"], a["pads"]
     nsp = len(kernel)
     out_sp = b.type(node.outputs[0]).shape[2:]
-    if groups == cin and cg == 1 and groups > 1 and nsp == 2 and w_name in b.g.constants:
+    if is_depthwise(b, node):
         return _lower_depthwise(b, node, store)
     if w_name not in b.g.constants:
         from ..graph import UnsupportedError
@@ -135,6 +135,13 @@ def lower_conv(b: KernelBuilder, node: Node, store) -> tuple:
         a_buf, a_off = col_ws, Const(0)
     body.append(_gemm(b, a_buf, a_off, 1, m, wparam, mul(Var(gv), panel_stride), m, cog, kk, epilogue))
     return (For(bv, batch, (For(gv, groups, tuple(body)),)),)
+
+
+def is_depthwise(b: KernelBuilder, node: Node) -> bool:
+    """Depthwise 2-D convs run direct; every other conv is a GEMM."""
+    xs, ws_ = b.type(node.inputs[0]).shape, b.type(node.inputs[1]).shape
+    groups = node.attrs.get("group", 1)
+    return groups > 1 and groups == xs[1] and ws_[1] == 1 and len(xs) == 4 and node.inputs[1] in b.g.constants
 
 
 def sub_(a, c):

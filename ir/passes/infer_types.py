@@ -24,12 +24,14 @@ def resolve(g: Graph, fold_floats: bool) -> Graph:
         except KilnError as e:
             msg = str(e)
             raise type(e)(msg if node.describe() in msg else f"{node.describe()}: {msg}") from None
+        for name, t in zip(node.outputs, types):
+            if name:
+                g.types[name] = t
         inputs_const = all(i in g.constants for i in node.inputs if i)
         wanted = node.op == "Shape" or OP_KIND[node.op] == OPAQUE or (inputs_const and (
             fold_floats or all(t.dtype != "float32" for t in types)))
         if wanted and (inputs_const or node.op == "Shape") and sum(t.size for t in types) <= MAX_FOLDED_ELEMENTS:
-            values = [g.constants.get(i) if i else None for i in node.inputs]
-            outs = fold(g, node, values)
+            outs = fold(g, node, [g.constants.get(i) if i else None for i in node.inputs])
             if outs is not None:
                 for name, value in zip(node.outputs, outs):
                     if name:
@@ -37,9 +39,6 @@ def resolve(g: Graph, fold_floats: bool) -> Graph:
                 continue
         if OP_KIND[node.op] == OPAQUE:
             raise KilnError(f"{node.describe()}: its inputs must be known at compile time")
-        for name, t in zip(node.outputs, types):
-            if name:
-                g.types[name] = t
         kept.append(node)
     g.nodes = kept
     return g
