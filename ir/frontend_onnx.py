@@ -14,7 +14,26 @@ from .graph import Graph, KilnError, Node, TensorType, UnsupportedError, as_kiln
 from .onnx_dtypes import onnx_to_dtype
 from .op_types import OP_KIND
 
-MIN_OPSET, MAX_OPSET = 11, 21
+MIN_OPSET, FULL_OPSET = 11, 21
+
+
+def _max_opset() -> int:
+    import onnx.defs
+    return onnx.defs.onnx_opset_version()
+
+
+def _check_newer_opset(node: Node, opset: int) -> None:
+    """Opsets past 21 are accepted per node where the op's interface is unchanged since 21
+    (opsets 22-28 mostly widened type lists); a node using anything newer is rejected."""
+    import onnx.defs
+    new, old = onnx.defs.get_schema(node.op, opset), onnx.defs.get_schema(node.op, FULL_OPSET)
+    if new.since_version <= FULL_OPSET:
+        return
+    added = sorted(set(node.attrs) & (set(new.attributes) - set(old.attributes)))
+    if added or [i.name for i in new.inputs] != [i.name for i in old.inputs]:
+        what = f"attribute(s) {', '.join(added)}" if added else "its changed inputs"
+        raise UnsupportedError(f"{node.describe()}: op {node.op} at opset {opset} uses {what}, "
+                               f"which Kiln does not support (it implements {node.op} as of opset {FULL_OPSET})")
 
 
 def load_model_proto(model):
@@ -48,8 +67,9 @@ def _opset(proto) -> int:
             version = imp.version
     if version is None:
         raise UnsupportedError("the model imports no ai.onnx opset")
-    if not MIN_OPSET <= version <= MAX_OPSET:
-        raise UnsupportedError(f"opset {version} is not supported (Kiln supports opsets {MIN_OPSET}-{MAX_OPSET})")
+    if not MIN_OPSET <= version <= _max_opset():
+        raise UnsupportedError(f"opset {version} is not supported (Kiln supports opsets {MIN_OPSET}-{FULL_OPSET}, "
+                               f"and {FULL_OPSET + 1}-{_max_opset()} where an op is unchanged since {FULL_OPSET})")
     return version
 
 
@@ -161,6 +181,8 @@ def from_onnx(model, shapes: dict | None = None) -> Graph:
             node.attrs = {a.name: _attr_value(a) for a in np_.attribute}
         except UnsupportedError as e:
             raise UnsupportedError(f"{node.describe()}: {e}") from None
+        if opset > FULL_OPSET:
+            _check_newer_opset(node, opset)
         if node.op == "Constant":
             g.add_constant(node.outputs[0], as_kiln_array(_constant_value(node)))
             continue

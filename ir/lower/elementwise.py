@@ -111,6 +111,9 @@ def _pow(b: KernelBuilder, node: Node, x, y):
             return call("sqrt", x)
     if b.type(node.inputs[1]).dtype != "float32":
         y = Cast("f32", y)
+    if b.type(node.inputs[0]).dtype != "float32":
+        # Integer powers through float32: exact while results stay below 2**24.
+        return Cast("i64", call("round", fbin("pow", Cast("f32", x), y)))
     return fbin("pow", x, y)
 
 
