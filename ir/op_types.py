@@ -69,10 +69,14 @@ def _unary(g, node):
     if node.op == "Gelu":
         check_attrs(node, {"approximate": ("none", "tanh")})
     if node.op == "Clip":
-        lo = const_input(g, node, 1, "min")
-        hi = const_input(g, node, 2, "max")
-        node.attrs["_min"] = float(lo) if lo is not None else float(node.attrs.get("min", -math.inf))
-        node.attrs["_max"] = float(hi) if hi is not None else float(node.attrs.get("max", math.inf))
+        for index, key, default in ((1, "min", -math.inf), (2, "max", math.inf)):
+            name = node.inputs[index] if index < len(node.inputs) else ""
+            if name and name not in g.constants:
+                node.attrs[f"_{key}"] = None  # a run-time bound: read from the input
+            else:
+                value = const_input(g, node, index, key)
+                node.attrs[f"_{key}"] = float(value.reshape(-1)[0]) if value is not None else float(
+                    node.attrs.get(key, default))
     if node.op == "Not":
         return TensorType(x.shape, "bool")
     return x

@@ -41,7 +41,7 @@ def _sigmoid(x):
     return fbin("div", _f(1), fbin("add", _f(1), call("exp", call("neg", x))))
 
 
-def _unary_fn(node: Node, dtype: str):
+def _unary_fn(node: Node, dtype: str, b: KernelBuilder | None = None):
     a = node.attrs
     is_f = dtype == "float32"
     table = {
@@ -66,11 +66,15 @@ def _unary_fn(node: Node, dtype: str):
         lo, hi = a["_min"], a["_max"]
         mk = _f if is_f else (lambda v: Const(int(max(min(v, 2**62), -2**62))))
 
+        def bound(value, index):
+            # A run-time bound is a scalar input: its only element is at index [].
+            return b.reader(node.inputs[index])([]) if value is None else mk(value)
+
         def clip(x):
             if lo != -math.inf:
-                x = fbin("max", x, mk(lo))
+                x = fbin("max", x, bound(lo, 1))
             if hi != math.inf:
-                x = fbin("min", x, mk(hi))
+                x = fbin("min", x, bound(hi, 2))
             return x
         return clip
     if node.op == "Gelu":
@@ -144,7 +148,7 @@ def compute(b: KernelBuilder, node: Node) -> dict:
         return {out: lambda idx: fn(x(idx))}
     if op in ("Relu", "LeakyRelu", "Clip", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh", "Erf", "Gelu", "Exp",
               "Log", "Sqrt", "Reciprocal", "Neg", "Abs", "Not"):
-        x, fn = _bcast(b, node.inputs[0], oshape), _unary_fn(node, b.type(node.inputs[0]).dtype)
+        x, fn = _bcast(b, node.inputs[0], oshape), _unary_fn(node, b.type(node.inputs[0]).dtype, b)
         return {out: lambda idx: fn(x(idx))}
     if op in _BIN or op in _CMP or op in ("Pow", "Mod"):
         readers = [_bcast(b, i, oshape) for i in node.inputs]

@@ -37,8 +37,9 @@ def _gemm(b: KernelBuilder, a_buf, a_off, a_sm, a_sk, b_buf, b_off, m, n, k, epi
     return Gemm(a_buf, a_off, a_sm, a_sk, b_buf, b_off, m, n, k, b.config.mr, b.config.nr, mv, nv, av, epi)
 
 
-def _runtime_pack(b: KernelBuilder, src: str, off, k: int, n: int, s_k: int, s_n: int, ws: str) -> tuple:
-    """Statements packing B (element (kk, nn) at off + kk*s_k + nn*s_n) into panels in `ws`."""
+def _runtime_pack(b: KernelBuilder, src: str, off, k: int, n: int, s_k: int, s_n: int, ws: str,
+                  dest_off=Const(0)) -> tuple:
+    """Statements packing B (element (kk, nn) at off + kk*s_k + nn*s_n) into panels at ws[dest_off:]."""
     nr = b.config.nr
     panels = -(-n // nr)
     p, kk, j = b.fresh("pp"), b.fresh("pk"), b.fresh("pj")
@@ -49,7 +50,7 @@ def _runtime_pack(b: KernelBuilder, src: str, off, k: int, n: int, s_k: int, s_n
                        Const(0.0, "f32"))
     else:
         value = Load(src, add(off, add(mul(Var(kk), s_k), mul(col, s_n))))
-    dest = add(mul(add(mul(Var(p), k), Var(kk)), nr), Var(j))
+    dest = add(dest_off, add(mul(add(mul(Var(p), k), Var(kk)), nr), Var(j)))
     return (For(p, panels, (For(kk, k, (For(j, nr, (Store(ws, dest, value),), "vectorize"),)),)),)
 
 
@@ -67,16 +68,19 @@ def lower_conv(b: KernelBuilder, node: Node, store) -> tuple:
     out_sp = b.type(node.outputs[0]).shape[2:]
     if is_depthwise(b, node):
         return _lower_depthwise(b, node, store)
-    if w_name not in b.g.constants:
-        from ..graph import UnsupportedError
-        raise UnsupportedError(f"{node.describe()}: Conv weights must be constants")
     cog = cout // groups
     kk = cg * math.prod(kernel)
     m = math.prod(out_sp)
-    w = b.g.constants[w_name].reshape(groups, cog, kk)
-    packed = np.stack([pack_panels(w[gi].T, b.config.nr) for gi in range(groups)])
-    wparam = b.constant_param(f"{w_name}_packed", packed)
-    panel_stride = packed[0].size
+    nr = b.config.nr
+    panel_stride = -(-cog // nr) * kk * nr
+    runtime_w = w_name not in b.g.constants
+    if runtime_w:  # weights computed at run time: pack them in the kernel, once per call
+        w_src = b.in_param(w_name)
+        wparam = b.workspace(groups * panel_stride)
+    else:
+        w = b.g.constants[w_name].reshape(groups, cog, kk)
+        packed = np.stack([pack_panels(w[gi].T, nr) for gi in range(groups)])
+        wparam = b.constant_param(f"{w_name}_packed", packed)
     bias = b.reader(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] else None
     pointwise = all(k == 1 for k in kernel) and all(s == 1 for s in strides) and not any(pads)
     xparam = b.in_param(x_name)
@@ -86,6 +90,11 @@ def lower_conv(b: KernelBuilder, node: Node, store) -> tuple:
     col_ws = None if pointwise else b.workspace(kk * m)
 
     bv, gv = b.fresh("b"), b.fresh("g")
+    prologue = []
+    if runtime_w:
+        gp = b.fresh("wg")
+        packs = _runtime_pack(b, w_src, mul(Var(gp), cog * kk), kk, cog, 1, kk, wparam, mul(Var(gp), panel_stride))
+        prologue = [For(gp, groups, packs)]
     body = []
     chan0 = lambda: add(mul(Var(bv), cin), mul(Var(gv), cg))  # first input channel of this group
     src_buf, src_shape = xparam, spatial
@@ -134,7 +143,7 @@ def lower_conv(b: KernelBuilder, node: Node, store) -> tuple:
     else:
         a_buf, a_off = col_ws, Const(0)
     body.append(_gemm(b, a_buf, a_off, 1, m, wparam, mul(Var(gv), panel_stride), m, cog, kk, epilogue))
-    return (For(bv, batch, (For(gv, groups, tuple(body)),)),)
+    return tuple(prologue) + (For(bv, batch, (For(gv, groups, tuple(body)),)),)
 
 
 def is_depthwise(b: KernelBuilder, node: Node) -> bool:
