@@ -16,7 +16,8 @@ from ir.loop import (Assign, Bin, Call, Cast, Cmp, Const, For, Gemm, If, Kernel,
                      Var)
 
 LL = {"f32": "float", "i64": "i64", "i1": "i1", "i8": "i8"}
-FMF = "reassoc nsz arcp contract afn"
+# No arcp: x / c must stay exact (Resize coordinates land on .5 boundaries by design).
+FMF = "reassoc nsz contract afn"
 _FBIN = {"add": "fadd", "sub": "fsub", "mul": "fmul", "div": "fdiv", "rem": "frem"}
 _IBIN = {"add": "add nsw", "sub": "sub nsw", "mul": "mul nsw", "div": "sdiv", "rem": "srem", "and": "and", "or": "or"}
 _FCMP = {"lt": "olt", "le": "ole", "gt": "ogt", "ge": "oge", "eq": "oeq", "ne": "une"}

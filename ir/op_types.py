@@ -320,9 +320,8 @@ def _layernorm(g, node):
     rank = len(x.shape)
     axis = normalize_axis(node.attrs.get("axis", -1), rank, node)
     node.attrs["_axes"] = list(range(axis, rank))
-    if len(node.outputs) > 1 and any(node.outputs[1:]):
-        raise UnsupportedError(f"{node.describe()}: the Mean and InvStdDev outputs are not supported")
-    return x
+    stats = TensorType(x.shape[:axis] + (1,) * (rank - axis), "float32")  # Mean, InvStdDev
+    return [x] + [stats] * (len(node.outputs) - 1)
 
 
 def _window(node, spatial, kernel, is_transpose=False, out_padding=None):

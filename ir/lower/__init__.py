@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from ..graph import Graph, Node, UnsupportedError
 from ..loop import Kernel, Let, Store, Var, flat_index
-from ..op_types import BROADCAST, OUT_EWISE_FUSABLE, REDUCTION
+from ..op_types import BROADCAST, OP_KIND, OUT_EWISE_FUSABLE, REDUCTION
 from ..passes.fuse_ops import VIEWS, groups_of, kind_of
 from .builder import KernelBuilder, ScheduleConfig
 from .elementwise import compute
@@ -148,7 +148,7 @@ def _lower_anchored(b: KernelBuilder, members: list[Node], anchor: Node) -> tupl
 
 def lower_group(g: Graph, members: list[Node], config: ScheduleConfig) -> KernelCall:
     b = KernelBuilder(g, config)
-    anchors = [m for m in members if kind_of(m) in (REDUCTION, OUT_EWISE_FUSABLE)]
+    anchors = [m for m in members if OP_KIND[m.op] in (REDUCTION, OUT_EWISE_FUSABLE)]
     try:
         body = _lower_anchored(b, members, anchors[0]) if anchors else _lower_plain(b, members)
     except UnsupportedError:

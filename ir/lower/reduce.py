@@ -99,6 +99,8 @@ def lower_layernorm(b: KernelBuilder, node: Node, store) -> tuple:
     scale, sshape = b.reader(node.inputs[1]), b.shape(node.inputs[1])
     has_bias = len(node.inputs) > 2 and node.inputs[2]
     bias, bshape = (b.reader(node.inputs[2]), b.shape(node.inputs[2])) if has_bias else (None, None)
+    # Optional outputs 1 and 2: the mean and 1/std of each normalized row.
+    stats = [(b.out_param(o), b.shape(o)) if o else None for o in (node.outputs[1:3] + ["", ""])[:2]]
 
     def row(oidx):
         s, mean, v, rstd = b.fresh("s"), b.fresh("mean"), b.fresh("var"), b.fresh("rstd")
@@ -112,6 +114,10 @@ def lower_layernorm(b: KernelBuilder, node: Node, store) -> tuple:
             return [Assign(v, fbin("add", Var(v, "f32"), fbin("mul", d, d)))]
         body += _accumulate(b, xshape, axes, sq)
         body.append(Let(rstd, fbin("div", _f(1), call("sqrt", fbin("add", fbin("mul", Var(v, "f32"), _f(1 / n)), eps)))))
+        for stat, var in zip(stats, (mean, rstd)):
+            if stat is not None:
+                param, shape = stat
+                body.append(Store(param, flat_index(full([Const(0)] * len(axes)), shape), Var(var, "f32")))
 
         def write(iidx):
             f = full(iidx)

@@ -10,7 +10,8 @@ when that producer's output feeds this node only (and is not a graph output), an
     that feeds it (its reads are inlined);
   - conv/matmul start their own group: their operands are read from buffers.
 Views (Reshape, Flatten, Squeeze, Unsqueeze, Identity) never fuse: they become aliases of
-a buffer, no kernel at all. Split (several outputs) stands alone.
+a buffer, no kernel at all. Nodes with several outputs (Split, LayerNorm with its
+statistics) stand alone.
 
 The result is written on the nodes: attrs["_group"] = group id, members in node order.
 """
@@ -25,8 +26,8 @@ VIEWS = RESHAPES | {"Identity"}
 
 
 def kind_of(node: Node) -> int:
-    if node.op in VIEWS or node.op == "Split":
-        return OPAQUE
+    if node.op in VIEWS or sum(1 for o in node.outputs if o) > 1:
+        return OPAQUE  # views alias; multi-output nodes (Split, LayerNorm stats) stand alone
     return OP_KIND[node.op]
 
 

@@ -1,0 +1,47 @@
+"""Shared fixtures: one local executor (one zygote) for the session, a private cache dir,
+and the oracle comparison every model test uses. Ray is started only by tests that ask
+for the `ray_session` fixture."""
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+from tests import model_zoo  # noqa: E402
+
+RTOL, ATOL = 1e-3, 1e-4
+
+
+@pytest.fixture(scope="session")
+def executor():
+    from orchestrator.executor_local import LocalExecutor
+    ex = LocalExecutor(workers=2)
+    yield ex
+    ex.close()
+
+
+@pytest.fixture(autouse=True)
+def _private_cache(tmp_path_factory, monkeypatch):
+    """No test touches the user's real cache."""
+    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "kiln-cache"))
+
+
+def build_and_compare(model, executor, seed: int = 0, **build_kwargs):
+    """Build `model`, run it on random inputs, and compare every output with onnxruntime."""
+    from orchestrator.build import build
+    result = build(model, executor=executor, cache=None, progress=False, **build_kwargs)
+    module = result.load()
+    inputs = model_zoo.random_inputs(model, seed)
+    got = module.run(inputs)
+    want = model_zoo.onnxruntime_outputs(model, inputs)
+    assert set(got) == set(want)
+    for name in want:
+        assert got[name].shape == want[name].shape, name
+        np.testing.assert_allclose(got[name], want[name], rtol=RTOL, atol=ATOL, err_msg=name)
+    return result, module

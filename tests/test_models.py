@@ -1,0 +1,41 @@
+"""Whole models, built and run, against onnxruntime as the oracle."""
+import pytest
+
+from tests import model_zoo
+from tests.conftest import build_and_compare
+
+
+@pytest.mark.parametrize("name", sorted(model_zoo.ALL))
+def test_model_matches_onnxruntime(name, executor):
+    result, _ = build_and_compare(model_zoo.ALL[name](), executor)
+    assert result.report["totals"]["failed"] == 0
+    assert result.report["totals"]["compiled"] == result.report["totals"]["kernels"]
+
+
+def test_resnet18_fuses_conv_epilogues(executor):
+    """BatchNorm folds into the convs, and relu / residual adds run as conv epilogues."""
+    result, _ = build_and_compare(model_zoo.resnet18(), executor)
+    ops = [tuple(k["ops"]) for k in result.report["kernels"]]
+    assert not any("BatchNormalization" in o for o in ops)
+    assert ("Conv", "Relu") in ops
+    assert ("Conv", "Add", "Relu") in ops
+    assert sum(o[0] == "Conv" for o in ops) == 20  # every conv of ResNet-18, none split or dropped
+
+
+def test_pytorch_shape_chain_folds_away(executor):
+    result, _ = build_and_compare(model_zoo.pytorch_reshape_chain(), executor)
+    remaining = {n.op for n in result.graph.nodes}
+    assert not remaining & {"Shape", "Gather", "Unsqueeze", "Concat"}
+
+
+def test_batch_size_from_shape_override(executor):
+    """A model declared at batch 1 built for batch 4 with shapes=..."""
+    import numpy as np
+    from orchestrator.build import build
+    model = model_zoo.cnn()
+    module = build(model, shapes={"x": [4, 3, 32, 32]}, executor=executor, cache=None).load()
+    x = np.random.default_rng(0).standard_normal((4, 3, 32, 32)).astype(np.float32)
+    got = module.run({"x": x})["logits"]
+    for i in range(4):  # each row must equal the batch-1 model on that image (oracle: onnxruntime)
+        want = model_zoo.onnxruntime_outputs(model, {"x": x[i:i + 1]})["logits"]
+        np.testing.assert_allclose(got[i:i + 1], want, rtol=1e-3, atol=1e-4)
