@@ -22,10 +22,18 @@ def _max_opset() -> int:
     return onnx.defs.onnx_opset_version()
 
 
-def _check_newer_opset(node: Node, opset: int) -> None:
-    """Opsets past 21 are accepted per node where the op's interface is unchanged since 21
-    (opsets 22-28 mostly widened type lists); a node using anything newer is rejected."""
+def _check_node_opset(node: Node, opset: int) -> None:
+    """Outside opsets 11-21, a node is accepted where its op means what it means there:
+    below 11 the op must be unchanged up to opset 11; past 21 its interface must be
+    unchanged since 21 (opsets 22-28 mostly widened type lists)."""
     import onnx.defs
+    if opset < MIN_OPSET:
+        then, now = onnx.defs.get_schema(node.op, opset), onnx.defs.get_schema(node.op, MIN_OPSET)
+        if then.since_version != now.since_version:
+            raise UnsupportedError(f"{node.describe()}: op {node.op} at opset {opset} is version "
+                                   f"{then.since_version}, older than Kiln supports (version {now.since_version}, "
+                                   f"opset {MIN_OPSET}+)")
+        return
     new, old = onnx.defs.get_schema(node.op, opset), onnx.defs.get_schema(node.op, FULL_OPSET)
     if new.since_version <= FULL_OPSET:
         return
@@ -67,7 +75,7 @@ def _opset(proto) -> int:
             version = imp.version
     if version is None:
         raise UnsupportedError("the model imports no ai.onnx opset")
-    if not MIN_OPSET <= version <= _max_opset():
+    if not 1 <= version <= _max_opset():
         raise UnsupportedError(f"opset {version} is not supported (Kiln supports opsets {MIN_OPSET}-{FULL_OPSET}, "
                                f"and {FULL_OPSET + 1}-{_max_opset()} where an op is unchanged since {FULL_OPSET})")
     return version
@@ -181,8 +189,8 @@ def from_onnx(model, shapes: dict | None = None) -> Graph:
             node.attrs = {a.name: _attr_value(a) for a in np_.attribute}
         except UnsupportedError as e:
             raise UnsupportedError(f"{node.describe()}: {e}") from None
-        if opset > FULL_OPSET:
-            _check_newer_opset(node, opset)
+        if not MIN_OPSET <= opset <= FULL_OPSET:
+            _check_node_opset(node, opset)
         if node.op == "Constant":
             g.add_constant(node.outputs[0], as_kiln_array(_constant_value(node)))
             continue

@@ -455,7 +455,12 @@ def _shape(g, node):
 
 
 def _from_folding(g, node):
-    raise UnsupportedError(f"{node.describe()}: inputs must be constants at compile time")
+    """Compile-time-only ops: their type is the type of their folded value."""
+    if not all(i in g.constants for i in node.inputs if i):
+        raise UnsupportedError(f"{node.describe()}: inputs must be known at compile time")
+    from .op_reference import fold
+    values = fold(g, node, [g.constants.get(i) if i else None for i in node.inputs])
+    return [TensorType(tuple(v.shape), str(v.dtype)) for v in values]
 
 
 _INFER = {

@@ -20,6 +20,7 @@ from ir.lower import ScheduleConfig, lower
 from ir.passes import default_pipeline
 from ir.transform import PassContext, PassTimingInstrument
 
+from . import build_log
 from .bundle import assemble, write_bundle
 from .executor_local import Executor, make_executor
 from .plan import JobResult, make_job, unique_jobs
@@ -144,6 +145,13 @@ def build(model, target="llvm", opt_level: int = 3, shapes: dict | None = None, 
                  for j in failed]
         raise BuildError(f"{len(failed)} of {len(jobs)} kernels failed to compile after "
                          f"{len(results[failed[0].key].attempts)} attempts:\n" + "\n".join(lines), report)
+    if store is not None and not store.readonly:
+        from .explain import kernel_id
+        by_key = {j.key: j for j in all_jobs}
+        build_log.append(store.root, g.name,
+                         [{"id": kernel_id(c), "key": by_symbol[c.kernel.symbol].key,
+                           "parts": by_key[by_symbol[c.kernel.symbol].key].parts} for c in lowered.calls],
+                         hits=totals["cached"], lookups=len(jobs))
     objects = {j.symbol: results[j.key].object for j in jobs}
     manifest = {"kiln_version": KILN_VERSION, "model": g.name, "target": tgt.to_dict(), "opt_level": opt_level}
     files = assemble(lowered, objects, tgt, manifest)

@@ -49,14 +49,16 @@ def _array(value) -> np.ndarray:
 
 
 def _freeze_integer_inputs(model, values: dict):
-    """A copy of `model` whose non-float inputs are initializers holding `values`."""
+    """A copy of `model` whose integer inputs, and the inputs of compile-time-only ops
+    (Range, ConstantOfShape), are initializers holding `values`."""
     import onnx
     from onnx import numpy_helper
     frozen = onnx.ModelProto()
     frozen.CopyFrom(model)
+    compile_time = {i for n in frozen.graph.node if n.op_type in ("Range", "ConstantOfShape") for i in n.input}
     keep = []
     for vi in frozen.graph.input:
-        if vi.type.tensor_type.elem_type in (6, 7, 9) and vi.name in values:
+        if (vi.type.tensor_type.elem_type in (6, 7, 9) or vi.name in compile_time) and vi.name in values:
             frozen.graph.initializer.append(numpy_helper.from_array(values[vi.name], vi.name))
         else:
             keep.append(vi)

@@ -1,0 +1,234 @@
+"""The `kiln` command line.
+
+    kiln build MODEL -o OUT [--target T] [--opt-level N] [--shape NAME=DIMS ...] [--workers N]
+    kiln build-many MODEL... -o OUTDIR
+    kiln run OUT [--inputs in.npz] [--outputs out.npz]
+    kiln bench OUT [--warmup N] [--repeat N]
+    kiln explain MODEL [--target T]
+    kiln cache stats|gc|verify
+    kiln targets
+
+Errors the user can act on print one line (`kiln: error: ...`) and exit 2; no traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from ir.errors import KilnError
+
+
+def _parse_shapes(items) -> dict:
+    shapes = {}
+    for item in items or []:
+        name, sep, dims = item.rpartition("=")
+        try:
+            if not sep or not name:
+                raise ValueError
+            shapes[name] = [int(d) for d in dims.lower().replace(",", "x").split("x")]
+        except ValueError:
+            raise KilnError(f"--shape {item!r}: expected NAME=DIMS, for example x=1x3x224x224") from None
+    return shapes
+
+
+def _parse_size(text: str) -> int:
+    units = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+    t = text.strip().upper().rstrip("B").rstrip("I")
+    unit = t[-1] if t and t[-1] in units else ""
+    try:
+        return int(float(t[:-1] if unit else t) * units[unit])
+    except ValueError:
+        raise KilnError(f"--max-size {text!r}: expected a size such as 500M or 2G") from None
+
+
+def _cache_arg(args):
+    from .store_policy import DEFAULT_CACHE
+    if getattr(args, "no_cache", False):
+        return None
+    return args.cache or DEFAULT_CACHE
+
+
+def _add_build_flags(p):
+    p.add_argument("--target", default="llvm", help="'llvm', a preset (host, x86-64-v3, cascadelake, aarch64) "
+                                                   "or 'llvm -mcpu=.. -mattr=.. -cl-opt=..'")
+    p.add_argument("--opt-level", type=int, default=3, choices=range(0, 4))
+    p.add_argument("--shape", action="append", metavar="NAME=DIMS", help="static input shape, e.g. x=1x3x224x224")
+    p.add_argument("--workers", type=int, default=None, help="codegen processes (default: usable cores)")
+    p.add_argument("--executor", default="local", choices=("local", "ray", "inprocess"))
+    p.add_argument("--ray-address", default=None, help="join this Ray cluster (default: RAY_ADDRESS or a local one)")
+    p.add_argument("--cache", default=None, help="store folder (default: KILN_CACHE_DIR or ~/.cache/kiln)")
+    p.add_argument("--no-cache", action="store_true", help="neither read nor write the store")
+    p.add_argument("--cache-readonly", action="store_true", help="read hits, write nothing (pull-request CI)")
+    p.add_argument("--kernel-timeout", type=float, default=300.0, help="seconds per codegen job before it is killed")
+    p.add_argument("--report", default=None, help="write the build report (JSON) here")
+    p.add_argument("--quiet", action="store_true")
+
+
+def _build_kwargs(args) -> dict:
+    from .executor_local import make_executor
+    from .store_policy import open_store
+    cache = _cache_arg(args)
+    store = open_store(cache, readonly=args.cache_readonly) if cache is not None else None
+    executor = make_executor(args.executor, args.workers, args.kernel_timeout, args.ray_address)
+    return {"target": args.target, "opt_level": args.opt_level, "shapes": _parse_shapes(args.shape),
+            "executor": executor, "cache": store, "kernel_timeout": args.kernel_timeout,
+            "progress": False if args.quiet else None}
+
+
+def _write_report(path, report) -> None:
+    if path:
+        with open(path, "w") as f:
+            json.dump(report, f, indent=2)
+
+
+def _summary(report) -> str:
+    t = report["totals"]
+    return (f"{t['kernels']} kernels: {t['compiled']} compiled, {t['cached']} cached, {t['failed']} failed, "
+            f"{t['retried']} retried, {t['fallback']} fallback; {report['timing']['total_s']:.2f}s "
+            f"({report['executor']}, {report['workers']} workers)")
+
+
+def cmd_build(args) -> int:
+    from .build import BuildError, build
+    kwargs = _build_kwargs(args)
+    try:
+        result = build(args.model, **kwargs)
+    except BuildError as e:
+        _write_report(args.report, e.report)
+        raise
+    finally:
+        kwargs["executor"].close()
+    path = result.export(args.output)
+    _write_report(args.report, result.report)
+    if not args.quiet:
+        print(f"built {path}: {_summary(result.report)}")
+    return 0
+
+
+def cmd_run(args) -> int:
+    import numpy as np
+
+    from artifacts.module import Module
+    module = Module(args.bundle)
+    if args.inputs:
+        with np.load(args.inputs) as data:
+            inputs = {k: data[k] for k in data.files}
+    else:
+        rng = np.random.default_rng(args.seed)
+        inputs = {s["name"]: rng.standard_normal(s["shape"]).astype(s["dtype"]) for s in module.inputs}
+        print(f"no --inputs: using random inputs (seed {args.seed})")
+    outputs = module.run(inputs)
+    if args.outputs:
+        np.savez(args.outputs, **outputs)
+    for name, value in outputs.items():
+        flat = value.reshape(-1)
+        print(f"{name}: {value.dtype}{list(value.shape)} first values {np.array2string(flat[:6], precision=5)}")
+    return 0
+
+
+def cmd_bench(args) -> int:
+    from artifacts.module import Module
+    stats = Module(args.bundle).benchmark(warmup=args.warmup, repeat=args.repeat)
+    print(f"{args.bundle}: median {stats['median_ms']:.3f} ms, min {stats['min_ms']:.3f} ms, "
+          f"p90 {stats['p90_ms']:.3f} ms over {stats['repeat']} runs")
+    return 0
+
+
+def cmd_explain(args) -> int:
+    from .explain import explain
+    print(explain(args.model, target=args.target, opt_level=args.opt_level, shapes=_parse_shapes(args.shape),
+                  cache=_cache_arg(args)))
+    return 0
+
+
+def cmd_cache(args) -> int:
+    from .store_policy import open_store
+    store = open_store(_cache_arg(args))
+    if args.action == "stats":
+        s = store.stats()
+        print(f"{s['root']}: {s['entries']} entries, {s['bytes'] / 1e6:.1f} MB")
+        from .build_log import recent_hit_rate
+        rate = recent_hit_rate(store.root)
+        if rate:
+            print(f"last {rate['builds']} builds: {rate['hits']} hits / {rate['lookups']} lookups "
+                  f"({100 * rate['hit_rate']:.0f}% hit rate)")
+    elif args.action == "gc":
+        r = store.gc(_parse_size(args.max_size))
+        print(f"removed {r['removed']} entries ({r['freed_bytes'] / 1e6:.1f} MB); store now {r['bytes'] / 1e6:.1f} MB")
+    else:
+        bad = store.verify()
+        for path, why in bad:
+            print(f"bad entry {path}: {why} (removed)")
+        print(f"verified {store.stats()['entries']} entries; {len(bad)} bad")
+        return 1 if bad else 0
+    return 0
+
+
+def cmd_targets(args) -> int:
+    from configs import load_preset, preset_names
+
+    from .target import parse_target
+    for name in preset_names():
+        preset = load_preset(name)
+        print(f"{name:14s} {parse_target(name).describe()}\n{'':14s} {preset.get('description', '')}")
+    return 0
+
+
+def make_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kiln", description="Build ONNX models into native modules.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("build", help="build one model into a bundle folder")
+    p.add_argument("model")
+    p.add_argument("-o", "--output", required=True, help="bundle folder to write")
+    _add_build_flags(p)
+    p.set_defaults(fn=cmd_build)
+
+    p = sub.add_parser("run", help="run a bundle on inputs from an .npz file")
+    p.add_argument("bundle")
+    p.add_argument("--inputs", help=".npz with one array per model input (random if omitted)")
+    p.add_argument("--outputs", help="write the outputs to this .npz")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(fn=cmd_run)
+
+    p = sub.add_parser("bench", help="measure a bundle's latency")
+    p.add_argument("bundle")
+    p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--repeat", type=int, default=50)
+    p.set_defaults(fn=cmd_bench)
+
+    p = sub.add_parser("explain", help="passes, fused kernels and cache key parts of a model")
+    p.add_argument("model")
+    p.add_argument("--target", default="llvm")
+    p.add_argument("--opt-level", type=int, default=3)
+    p.add_argument("--shape", action="append", metavar="NAME=DIMS")
+    p.add_argument("--cache", default=None)
+    p.add_argument("--no-cache", action="store_true")
+    p.set_defaults(fn=cmd_explain)
+
+    p = sub.add_parser("cache", help="inspect or clean the store")
+    p.add_argument("action", choices=("stats", "gc", "verify"))
+    p.add_argument("--cache", default=None)
+    p.add_argument("--max-size", default="2G", help="gc: keep at most this much (e.g. 500M, 2G)")
+    p.set_defaults(fn=cmd_cache)
+
+    p = sub.add_parser("targets", help="list the target presets")
+    p.set_defaults(fn=cmd_targets)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = make_parser().parse_args(argv)
+    try:
+        return args.fn(args)
+    except KilnError as e:
+        print(f"kiln: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("kiln: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

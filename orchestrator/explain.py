@@ -1,0 +1,42 @@
+"""`kiln explain`: the passes run, the fused kernels, and each kernel's cache key parts,
+with, for a kernel that would miss, the parts that changed since the last build."""
+from __future__ import annotations
+
+from ir.lower import ScheduleConfig, lower
+
+from .build import optimize
+from .build_log import previous_parts
+from .cache_key import explain_difference
+from .plan import make_job
+from .store_policy import open_store
+from .target import parse_target
+
+
+def kernel_id(call) -> str:
+    """Stable identity of a kernel across builds of one model: the nodes it computes."""
+    return "+".join(call.nodes)
+
+
+def explain(model, target="llvm", opt_level: int = 3, shapes=None, cache=None) -> str:
+    tgt = parse_target(target)
+    g, timings = optimize(model, shapes, opt_level)
+    lowered = lower(g, ScheduleConfig.for_vector_width(tgt.vector_width))
+    store = open_store(cache, readonly=True) if cache is not None else None
+    before = previous_parts(store.root, g.name) if store else {}
+    lines = [f"model {g.name}: {len(g.nodes)} nodes after passes; target {tgt.describe()}", "", "passes:"]
+    lines += [f"  {name:28s} {ms:8.2f} ms" for name, ms in timings]
+    lines += ["", f"kernels ({len(lowered.calls)} calls):"]
+    for call in lowered.calls:
+        job = make_job(call, tgt, opt_level)
+        hit = store is not None and store.get(job.key) is not None
+        state = "cached" if hit else ("miss" if store else "no cache")
+        lines.append(f"  {call.name}  [{' -> '.join(call.ops)}]  {call.kernel.symbol}  {state}")
+        lines.append(f"    key {job.key}")
+        for part, value in job.parts.items():
+            lines.append(f"      {part:18s} {value}")
+        old = before.get(kernel_id(call))
+        if not hit and old:
+            for change in explain_difference(old, job.parts) or ["no key part changed: the entry was evicted "
+                                                                 "or never written"]:
+                lines.append(f"    changed since the last build: {change}")
+    return "\n".join(lines)
