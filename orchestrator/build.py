@@ -84,16 +84,17 @@ def _kernel_rows(lowered, jobs_by_symbol, results: dict[str, JobResult]) -> list
 def build(model, target="llvm", opt_level: int = 3, shapes: dict | None = None, executor: "str | Executor" = "local",
           workers: int | None = None, cache=DEFAULT_CACHE, pass_context: PassContext | None = None,
           kernel_timeout: float = 300.0, progress: bool | None = None, inject: dict | None = None,
-          salt: str = "") -> BuildResult:
+          salt: str = "", extra_passes=()) -> BuildResult:
     """Build an ONNX model (path, bytes or ModelProto) into a bundle for `target`.
 
     cache: a folder for the content-addressed store (default: KILN_CACHE_DIR or the user
     cache dir), an artifacts.store.Store, or None for no cache. inject maps a kernel-name
     substring to a fault (crash, hang, exit, corrupt): for tests of fault handling.
+    extra_passes run after the built-in graph passes and before fusion.
     """
     t_start = time.perf_counter()
     tgt = parse_target(target)
-    g, timings = optimize(model, shapes, opt_level, pass_context)
+    g, timings = optimize(model, shapes, opt_level, pass_context, extra_passes)
     lowered = lower(g, ScheduleConfig.for_vector_width(tgt.vector_width))
     all_jobs = [make_job(c, tgt, opt_level, salt) for c in lowered.calls]
     for job in all_jobs:

@@ -1,0 +1,53 @@
+"""The README's commands, run the way a user runs them."""
+import json
+import os
+
+import numpy as np
+import onnx
+
+from tests import model_zoo
+from tests.test_bad_input import kiln
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_build_run_bench_on_the_bundled_example(tmp_path):
+    example = os.path.join(ROOT, "configs", "examples", "cnn.onnx")
+    out = tmp_path / "cnn"
+    r = kiln("build", example, "-o", str(out), "--report", str(tmp_path / "report.json"),
+             "--cache", str(tmp_path / "store"))
+    assert r.returncode == 0, r.stderr
+    assert {"model.so", "manifest.json", "weights.bin"} <= set(os.listdir(out))
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["totals"]["compiled"] == report["totals"]["kernels"] > 0
+    assert {"name", "key", "ops", "cache_hit", "worker", "attempts", "compile_ms"} <= set(report["kernels"][0])
+
+    x = np.random.default_rng(0).standard_normal((1, 3, 32, 32)).astype(np.float32)
+    np.savez(tmp_path / "in.npz", x=x)
+    r = kiln("run", str(out), "--inputs", str(tmp_path / "in.npz"), "--outputs", str(tmp_path / "out.npz"))
+    assert r.returncode == 0, r.stderr
+    want = model_zoo.onnxruntime_outputs(onnx.load(example), {"x": x})["logits"]
+    with np.load(tmp_path / "out.npz") as got:
+        np.testing.assert_allclose(got["logits"], want, rtol=1e-3, atol=1e-4)
+
+    r = kiln("bench", str(out), "--warmup", "1", "--repeat", "5")
+    assert r.returncode == 0 and "median" in r.stdout
+
+    # a second build of the unchanged model compiles nothing
+    r = kiln("build", example, "-o", str(out), "--report", str(tmp_path / "report2.json"),
+             "--cache", str(tmp_path / "store"))
+    again = json.loads((tmp_path / "report2.json").read_text())["totals"]
+    assert again["compiled"] == 0 and again["cached"] == again["kernels"]
+
+
+def test_explain_lists_passes_kernels_and_key_parts(tmp_path):
+    example = os.path.join(ROOT, "configs", "examples", "cnn.onnx")
+    r = kiln("explain", example, "--no-cache")
+    assert r.returncode == 0, r.stderr
+    for expected in ("fuse_ops", "fused_conv_relu", "llvm_options", "kiln_codegen", "opt_level"):
+        assert expected in r.stdout
+
+
+def test_targets_lists_presets():
+    r = kiln("targets")
+    assert r.returncode == 0 and all(p in r.stdout for p in ("host", "x86-64-v3", "cascadelake", "aarch64"))
