@@ -74,7 +74,8 @@ class Module:
             raise KilnError(f"input '{spec['name']}': expected shape {tuple(spec['shape'])}, got {arr.shape}")
         return np.ascontiguousarray(arr)
 
-    def run(self, inputs: dict) -> dict:
+    def _bind(self, inputs: dict) -> dict:
+        """Validate inputs, point the call's argument arrays at them; return fresh outputs."""
         names = [s["name"] for s in self.inputs]
         missing = [n for n in names if n not in inputs]
         extra = [n for n in inputs if n not in names]
@@ -86,10 +87,37 @@ class Module:
             self._in_ptrs[i] = a.ctypes.data
         for i, s in enumerate(self.outputs):
             self._out_ptrs[i] = outs[s["name"]].ctypes.data
+        self._keep = arrays  # the pointers above must outlive the call
+        return outs
+
+    def run(self, inputs: dict) -> dict:
+        outs = self._bind(inputs)
         rc = self._run(self._weights.ctypes.data, self._arena.ctypes.data, self._in_ptrs, self._out_ptrs)
         if rc != 0:
             raise KilnError(f"model '{self.path}' returned error code {rc}")
         return outs
+
+    def profile(self, inputs: dict | None = None, repeat: int = 20) -> list[dict]:
+        """Median wall time of each kernel call, in call order."""
+        calls = self.manifest.get("calls", [])
+        fn = self._lib.kiln_run_profiled
+        fn.argtypes = [ctypes.c_void_p] * 5
+        times = np.zeros((repeat, len(calls)))
+        inputs = inputs if inputs is not None else self._random_inputs()
+        for r in range(repeat + 1):
+            outs = self._bind(inputs)
+            row = np.zeros(max(len(calls), 1))
+            fn(self._weights.ctypes.data, self._arena.ctypes.data, self._in_ptrs, self._out_ptrs, row.ctypes.data)
+            if r:  # the first run warms caches
+                times[r - 1] = row[:len(calls)]
+        del outs
+        med = np.median(times, axis=0)
+        return [{**c, "ms": float(ms)} for c, ms in zip(calls, med)]
+
+    def _random_inputs(self) -> dict:
+        rng = np.random.default_rng(0)
+        return {s["name"]: (rng.standard_normal(s["shape"]).astype(s["dtype"]) if s["dtype"] == "float32"
+                            else np.zeros(s["shape"], s["dtype"])) for s in self.inputs}
 
     def __call__(self, *args, **kwargs) -> dict:
         named = dict(zip((s["name"] for s in self.inputs), args))
@@ -98,10 +126,8 @@ class Module:
 
     def benchmark(self, warmup: int = 10, repeat: int = 50, inputs: dict | None = None) -> dict:
         """Latency in ms over `repeat` runs after `warmup` runs, on random (or given) inputs."""
-        rng = np.random.default_rng(0)
         if inputs is None:
-            inputs = {s["name"]: (rng.standard_normal(s["shape"]).astype(s["dtype"]) if s["dtype"] == "float32"
-                                  else np.zeros(s["shape"], s["dtype"])) for s in self.inputs}
+            inputs = self._random_inputs()
         for _ in range(warmup):
             self.run(inputs)
         times = []

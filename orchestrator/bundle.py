@@ -76,7 +76,7 @@ def assemble(lowered, objects: dict[str, bytes], target, manifest_extra: dict) -
         "weights_sha256": hashlib.sha256(weights).hexdigest(),
         "library": "model.so",
         "runnable": target.runnable,
-        "kernels": len(lowered.calls),
+        "calls": [{"name": c.name, "symbol": c.kernel.symbol, "ops": c.ops} for c in lowered.calls],
     }
     files = {"weights.bin": weights, "kiln_entry.c": entry.encode()}
     if target.runnable:

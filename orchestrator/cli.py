@@ -130,9 +130,15 @@ def cmd_run(args) -> int:
 
 def cmd_bench(args) -> int:
     from artifacts.module import Module
-    stats = Module(args.bundle).benchmark(warmup=args.warmup, repeat=args.repeat)
+    module = Module(args.bundle)
+    stats = module.benchmark(warmup=args.warmup, repeat=args.repeat)
     print(f"{args.bundle}: median {stats['median_ms']:.3f} ms, min {stats['min_ms']:.3f} ms, "
           f"p90 {stats['p90_ms']:.3f} ms over {stats['repeat']} runs")
+    if args.profile:
+        rows = module.profile(repeat=args.repeat)
+        total = sum(r["ms"] for r in rows) or 1.0
+        for r in sorted(rows, key=lambda r: -r["ms"]):
+            print(f"  {r['ms']:9.3f} ms {100 * r['ms'] / total:5.1f}%  {r['name']}  ({' -> '.join(r['ops'])})")
     return 0
 
 
@@ -196,6 +202,7 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("bundle")
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--repeat", type=int, default=50)
+    p.add_argument("--profile", action="store_true", help="also print each kernel's time")
     p.set_defaults(fn=cmd_bench)
 
     p = sub.add_parser("explain", help="passes, fused kernels and cache key parts of a model")

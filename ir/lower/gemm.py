@@ -159,8 +159,10 @@ def sub_(a, c):
 
 
 def _lower_depthwise(b: KernelBuilder, node: Node, store) -> tuple:
-    """Direct depthwise conv: accumulate each output row from kh*kw shifted input rows
-    (vectorized along the row), reading a zero-bordered copy of the input."""
+    """Direct depthwise conv over a zero-bordered copy of the input. Per output row, one loop
+    along the row whose body is the whole (fully unrolled) kernel window: LLVM vectorizes it
+    along the row, keeping the sum in registers and the window's weights hoisted."""
+    from ..loop import Assign, Local
     x_name, w_name = node.inputs[0], node.inputs[1]
     batch, cin, h, w_ = b.type(x_name).shape
     cout = b.type(w_name).shape[0]
@@ -172,7 +174,6 @@ def _lower_depthwise(b: KernelBuilder, node: Node, store) -> tuple:
     hp, wp = h + pt + pb, w_ + pl + pr
     xparam, wparam = b.in_param(x_name), b.in_param(w_name)
     bias = b.reader(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] else None
-    out = b.out_param(b.current_root)
     xp = b.workspace(cin * hp * wp)
     bv, c, i, j = b.fresh("b"), b.fresh("c"), b.fresh("y"), b.fresh("x")
     pi, pj = sub_(Var(i), pt), sub_(Var(j), pl)
@@ -183,69 +184,81 @@ def _lower_depthwise(b: KernelBuilder, node: Node, store) -> tuple:
     pad_copy = For(c, cin, (For(i, hp, (For(j, wp, (Store(xp, flat_index([Var(c), Var(i), Var(j)], [cin, hp, wp]),
                                                              select(inside, Load(xparam, src), Const(0.0, "f32"))),),
                                             "vectorize"),)),))
-    co, r, u, v, q = b.fresh("co"), b.fresh("r"), b.fresh("ky"), b.fresh("kx"), b.fresh("q")
-    row = flat_index([Var(bv), Var(co), Var(r)], [batch, cout, oh]) * ow
-    at = add(row, Var(q))
+    co, r, u, v, q, acc = b.fresh("co"), b.fresh("r"), b.fresh("ky"), b.fresh("kx"), b.fresh("q"), b.fresh("acc")
     ch = div(Var(co), mult)
-    wv = b.fresh("wv")
-    taps = For(u, kh, (For(v, kw, (
-        Let(wv, Load(wparam, flat_index([Var(co), Var(u), Var(v)], [cout, kh, kw]))),
-        For(q, ow, (Store(out, at, fbin("add", Load(out, at), fbin("mul", Var(wv, "f32"), Load(
-            xp, flat_index([ch, add(mul(Var(r), sh), mul(Var(u), dh)), add(mul(Var(q), sw), mul(Var(v), dw))],
-                           [cin, hp, wp]))))),), "vectorize"),)),))
-    zero = For(q, ow, (Store(out, at, Const(0.0, "f32")),), "vectorize")
-    q2 = b.fresh("q")
-    at2 = add(row, Var(q2))
-    value = Load(out, at2)
-    if bias is not None:
-        value = fbin("add", value, bias([Var(co)]))
-    finish = For(q2, ow, tuple(store([Var(bv), Var(co), Var(r), Var(q2)], value)), "vectorize")
-    per_row = For(r, oh, (zero, taps, finish))
-    return (For(bv, batch, (pad_copy, For(co, cout, (per_row,)))),)
+    tap = Assign(acc, fbin("add", Var(acc, "f32"), fbin("mul", Load(wparam, flat_index([Var(co), Var(u), Var(v)],
+                                                                                       [cout, kh, kw])),
+        Load(xp, flat_index([ch, add(mul(Var(r), sh), mul(Var(u), dh)), add(mul(Var(q), sw), mul(Var(v), dw))],
+                            [cin, hp, wp])))))
+    value = Var(acc, "f32") if bias is None else fbin("add", Var(acc, "f32"), bias([Var(co)]))
+    point = (Local(acc, "f32", Const(0.0, "f32")), For(u, kh, (For(v, kw, (tap,), "unroll"),), "unroll"),
+             *store([Var(bv), Var(co), Var(r), Var(q)], value))
+    rows = For(co, cout, (For(r, oh, (For(q, ow, point, "vectorize"),)),))
+    return (For(bv, batch, (pad_copy, rows)),)
 
 
 def lower_conv_transpose(b: KernelBuilder, node: Node, store) -> tuple:
-    """Gather form: each output point sums the input points whose window covers it."""
+    """GEMM then col2im: cols[(co, kpos)][pixel] = sum_ci W[ci][co, kpos] * X[ci][pixel], then
+    each output point gathers the (at most kernel-size) columns whose window covers it. The
+    GEMM does the Cin-deep work at full speed; the gather is Cin times cheaper than direct."""
     x_name, w_name = node.inputs[0], node.inputs[1]
     xs, wsh = b.type(x_name).shape, b.type(w_name).shape
     a = node.attrs
     groups = a.get("group", 1)
     kernel, strides, dil, pads = a["kernel_shape"], a["strides"], a["dilations"], a["pads"]
     nsp = len(kernel)
-    cin, cog = xs[1], wsh[1]
+    batch, cin, cog = xs[0], xs[1], wsh[1]
     cig = cin // groups
-    x, w = b.reader(x_name), b.reader(w_name)
-    bias = b.reader(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] else None
+    in_sp = list(xs[2:])
+    m = math.prod(in_sp)
+    kpos = math.prod(kernel)
+    n = cog * kpos
     oshape = b.type(node.outputs[0]).shape
+    bias = b.reader(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] else None
+    xparam = b.in_param(x_name)
+    nr = b.config.nr
+    panel_stride = -(-n // nr) * cig * nr
+    if w_name in b.g.constants:
+        w = b.g.constants[w_name].reshape(groups, cig, n)
+        wparam = b.constant_param(f"{w_name}_packed", np.stack([pack_panels(w[gi], nr) for gi in range(groups)]))
+        prologue = ()
+    else:
+        wparam = b.workspace(groups * panel_stride)
+        gp = b.fresh("wg")
+        prologue = (For(gp, groups, _runtime_pack(b, b.in_param(w_name), mul(Var(gp), cig * n), cig, n, n, 1,
+                                                  wparam, mul(Var(gp), panel_stride))),)
+    cols = b.workspace(n * m)
+    bv, gv = b.fresh("b"), b.fresh("g")
+    gemm = _gemm(b, xparam, mul(add(mul(Var(bv), cin), mul(Var(gv), cig)), m), 1, m, wparam,
+                 mul(Var(gv), panel_stride), m, n, cig, lambda mm, nn, acc: [Store(cols, add(mul(nn, m), mm), acc)])
 
     def point(oidx):
         from ..loop import Assign, Local
         acc = b.fresh("acc")
-        g = div(oidx[1], cog)
-        col = rem(oidx[1], cog)
+        co = oidx[0]
         body = [Local(acc, "f32", Const(0.0, "f32"))]
 
-        def tap(iidx):
-            ci, kidx = iidx[0], iidx[1:]
-            src, ok = [oidx[0], add(mul(g, cig), ci)], None
+        def tap(kidx):
+            ok, src = None, []
             for i in range(nsp):
-                num = sub_(add(oidx[2 + i], pads[i]), mul(kidx[i], dil[i]))
-                q = div(fbin("max", num, Const(0)), strides[i])
+                num = sub_(add(oidx[1 + i], pads[i]), mul(kidx[i], dil[i]))
+                safe = fbin("max", num, Const(0))
+                q = div(safe, strides[i])
                 valid = fbin("and", cmp("ge", num, Const(0)),
-                             fbin("and", cmp("eq", rem(fbin("max", num, Const(0)), strides[i]), Const(0)),
-                                  cmp("lt", q, Const(xs[2 + i]))))
+                             fbin("and", cmp("eq", rem(safe, strides[i]), Const(0)), cmp("lt", q, Const(in_sp[i]))))
                 ok = valid if ok is None else fbin("and", ok, valid)
-                src.append(fbin("min", q, Const(xs[2 + i] - 1)))
-            prod = fbin("mul", x(src), w([add(mul(g, cig), ci), col] + list(kidx)))
-            return [Assign(acc, fbin("add", Var(acc, "f32"), select(ok, prod, Const(0.0, "f32"))))]
+                src.append(fbin("min", q, Const(in_sp[i] - 1)))
+            col = add(mul(co, kpos), flat_index(list(kidx), kernel))
+            value = Load(cols, add(mul(col, m), flat_index(src, in_sp)))
+            return [Assign(acc, fbin("add", Var(acc, "f32"), select(ok, value, Const(0.0, "f32"))))]
 
-        body += b.loops([cig] + list(kernel), tap, inner_kind="serial")
-        value = Var(acc, "f32")
-        if bias is not None:
-            value = fbin("add", value, bias([oidx[1]]))
-        return body + list(store(oidx, value))
+        body += b.loops(kernel, tap, inner_kind="unroll")
+        oc = add(mul(Var(gv), cog), co)
+        value = Var(acc, "f32") if bias is None else fbin("add", Var(acc, "f32"), bias([oc]))
+        return body + list(store([Var(bv), oc] + list(oidx[1:]), value))
 
-    return b.loops(oshape, point, inner_kind="serial")
+    col2im = b.loops([cog] + list(oshape[2:]), point, inner_kind="serial")
+    return prologue + (For(bv, batch, (For(gv, groups, (gemm,) + tuple(col2im)),)),)
 
 
 # ---- matmul and gemm ---------------------------------------------------------------------
