@@ -25,10 +25,22 @@ import traceback
 from .protocol import decode, encode, read_frame, write_all
 
 
+def injected_fault(request: dict) -> str | None:
+    """The fault a test asked for on this attempt: 'KIND' hits the first attempt only,
+    'KIND:always' every attempt, 'KIND:nofallback' every attempt but the fallback one."""
+    spec = request.get("inject")
+    if not spec:
+        return None
+    kind, _, when = spec.partition(":")
+    if when == "always" or (when == "nofallback" and not request.get("fallback")):
+        return kind
+    return kind if not when and request.get("attempt", 1) == 1 else None
+
+
 def _run_child(request: dict, kernel_bytes: bytes, out_fd: int) -> None:
     """Body of the forked child: compile, write one result frame, exit without cleanup."""
     try:
-        inject = request.get("inject")
+        inject = injected_fault(request)
         if inject == "crash":
             os.kill(os.getpid(), signal.SIGSEGV)
         if inject == "exit":

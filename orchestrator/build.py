@@ -1,19 +1,24 @@
-"""The build API: ONNX model in, BuildResult (a deployable bundle) out.
+"""The build API: ONNX models in, deployable bundles out.
 
     result = build("model.onnx", target="llvm", opt_level=3)
     result.export("out/")            # model.so + manifest.json + weights.bin
     module = artifacts.load("out/")  # or result.load()
 
+    batch = build_many(["a.onnx", ("b.onnx", "x86-64-v3")])   # kernels shared across models compile once
+
 Stages: frontend -> passes (under a PassContext) -> lowering -> one compile job per unique
-kernel -> store lookup -> executor (fresh process per job) -> store write -> link.
+(kernel, target, options) key across the whole batch -> store lookup -> executor (a fresh
+process per job) -> store write -> link each model.
 """
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 import time
 from dataclasses import dataclass, field
 
+from codegen_worker.llvm_options import check_options
 from ir.errors import KilnError
 from ir.frontend_onnx import from_onnx
 from ir.lower import ScheduleConfig, lower
@@ -50,11 +55,17 @@ class BuildResult:
         return write_bundle(self.files, path)
 
     def load(self):
-        """Export to a temporary folder and load it (kept alive with the module)."""
+        """Export to a temporary folder and load it."""
         from artifacts.module import Module
         tmp = tempfile.mkdtemp(prefix="kiln-module-")
         self.export(os.path.join(tmp, "bundle"))
         return Module(os.path.join(tmp, "bundle"))
+
+
+@dataclass
+class BatchResult:
+    results: list
+    report: dict
 
 
 def optimize(model, shapes=None, opt_level: int = 3, pass_context: PassContext | None = None, extra_passes=()):
@@ -63,16 +74,37 @@ def optimize(model, shapes=None, opt_level: int = 3, pass_context: PassContext |
     ctx = pass_context or PassContext(opt_level=opt_level)
     timing = PassTimingInstrument()
     ctx.instruments = list(ctx.instruments) + [timing]
-    with ctx:
-        g = default_pipeline(extra_passes)(g, ctx)
-    ctx.instruments.remove(timing)
+    try:
+        with ctx:
+            g = default_pipeline(extra_passes)(g, ctx)
+    finally:
+        ctx.instruments.remove(timing)
     return g, timing.timings
 
 
-def _kernel_rows(lowered, jobs_by_symbol, results: dict[str, JobResult]) -> list[dict]:
+@dataclass
+class _Planned:
+    target: Target
+    graph: object
+    lowered: object
+    jobs: list
+    timings: list
+
+
+def _plan(model, target, opt_level, shapes, pass_context, extra_passes, salt, inject) -> _Planned:
+    g, timings = optimize(model, shapes, opt_level, pass_context, extra_passes)
+    lowered = lower(g, ScheduleConfig.for_vector_width(target.vector_width))
+    jobs = [make_job(c, target, opt_level, salt) for c in lowered.calls]
+    for job in jobs:
+        for pattern, fault in (inject or {}).items():
+            if pattern in job.name or pattern == job.symbol:
+                job.inject = fault
+    return _Planned(target, g, lowered, jobs, timings)
+
+
+def _kernel_rows(planned: _Planned, results: dict[str, JobResult]) -> list[dict]:
     rows = []
-    for call in lowered.calls:
-        job = jobs_by_symbol[call.kernel.symbol]
+    for call, job in zip(planned.lowered.calls, planned.jobs):
         r = results[job.key]
         rows.append({"name": call.name, "symbol": call.kernel.symbol, "key": job.key, "ops": call.ops,
                      "nodes": call.nodes, "cache_hit": r.cached, "worker": r.worker,
@@ -81,80 +113,138 @@ def _kernel_rows(lowered, jobs_by_symbol, results: dict[str, JobResult]) -> list
     return rows
 
 
-def build(model, target="llvm", opt_level: int = 3, shapes: dict | None = None, executor: "str | Executor" = "local",
-          workers: int | None = None, cache=DEFAULT_CACHE, pass_context: PassContext | None = None,
-          kernel_timeout: float = 300.0, progress: bool | None = None, inject: dict | None = None,
-          salt: str = "", extra_passes=()) -> BuildResult:
-    """Build an ONNX model (path, bytes or ModelProto) into a bundle for `target`.
+def _totals(results: list[JobResult], calls: int) -> dict:
+    return {"kernels": len(results), "kernel_calls": calls,
+            "compiled": sum(1 for r in results if r.ok and not r.cached),
+            "cached": sum(1 for r in results if r.cached),
+            "failed": sum(1 for r in results if not r.ok),
+            "retried": sum(1 for r in results if len(r.attempts) > 1),
+            "fallback": sum(1 for r in results if r.fallback)}
 
+
+def _trace_events(results: dict[str, JobResult], names: dict[str, str], t0: float) -> list[dict]:
+    """Chrome trace-event format: one complete event per attempt, one row per worker."""
+    events = []
+    for key, r in results.items():
+        for a in r.attempts:
+            if "t_start" in a:
+                events.append({"name": names.get(key, key[:12]), "cat": "fallback" if a["fallback"] else "compile",
+                               "ph": "X", "ts": round((a["t_start"] - t0) * 1e6), "pid": "kiln",
+                               "dur": max(1, round((a["t_end"] - a["t_start"]) * 1e6)), "tid": a["worker"],
+                               "args": {"key": key, "attempt": a["attempt"], "ok": a["ok"], "kind": a["kind"]}})
+    return sorted(events, key=lambda e: e["ts"])
+
+
+def build_many(models, target="llvm", opt_level: int = 3, shapes: dict | None = None,
+               executor: "str | Executor" = "local", workers: int | None = None, cache=DEFAULT_CACHE,
+               pass_context: PassContext | None = None, kernel_timeout: float = 300.0, progress: bool | None = None,
+               inject: dict | None = None, salt: str = "", extra_passes=(), verify_cache: bool = False,
+               cache_readonly: bool = False, trace: str | None = None, ray_address: str | None = None) -> BatchResult:
+    """Build several models in one batch: every kernel they share (same key) compiles once.
+
+    Each entry of `models` is a model (path, bytes, ModelProto) or a (model, target) pair.
     cache: a folder for the content-addressed store (default: KILN_CACHE_DIR or the user
     cache dir), an artifacts.store.Store, or None for no cache. inject maps a kernel-name
     substring to a fault (crash, hang, exit, corrupt): for tests of fault handling.
-    extra_passes run after the built-in graph passes and before fusion.
+    verify_cache recompiles every hit and fails on a byte difference (non-determinism).
     """
-    t_start = time.perf_counter()
-    tgt = parse_target(target)
-    g, timings = optimize(model, shapes, opt_level, pass_context, extra_passes)
-    lowered = lower(g, ScheduleConfig.for_vector_width(tgt.vector_width))
-    all_jobs = [make_job(c, tgt, opt_level, salt) for c in lowered.calls]
-    for job in all_jobs:
-        for pattern, fault in (inject or {}).items():
-            if pattern in job.name:
-                job.inject = fault
+    t_start = time.time()
+    entries = [m if isinstance(m, tuple) else (m, target) for m in models]
+    targets: dict = {}
+    for _, spec in entries:
+        if spec not in targets:
+            targets[spec] = parse_target(spec)
+            check_options(targets[spec].llvm_options, f"target {targets[spec].name}")  # before any job runs
+    planned = [_plan(m, targets[spec], opt_level, shapes, pass_context, extra_passes, salt, inject)
+               for m, spec in entries]
+    all_jobs = [j for p in planned for j in p.jobs]
     jobs = unique_jobs(all_jobs)
-    store = open_store(cache)
+    store = open_store(cache, readonly=cache_readonly)
     results: dict[str, JobResult] = {}
-    misses = []
+    to_compile = []
     for job in jobs:
         obj = store.get(job.key) if store else None
         if obj is not None:
             results[job.key] = JobResult(job.key, True, obj, cached=True, worker="cache")
-        else:
-            misses.append(job)
+        if obj is None or verify_cache:
+            to_compile.append(job)
     owned = isinstance(executor, str)
-    ex = make_executor(executor, workers, kernel_timeout) if owned else executor
+    ex = make_executor(executor, workers, kernel_timeout, ray_address) if owned else executor
     bar = Progress(len(jobs), ex.workers, enabled=progress)
-    bar.update(cached=len(jobs) - len(misses))
+    bar.update(cached=len(jobs) - sum(1 for j in to_compile if j.key not in results))
+    mismatched = []
     t_compile = time.perf_counter()
     try:
         def done(r: JobResult):
+            hit = results.get(r.key)
+            if hit is not None and hit.cached:  # --verify-cache: a recompiled hit
+                if r.ok and r.object != hit.object:
+                    mismatched.append(r.key)
+                hit.attempts = r.attempts
+                return
+            results[r.key] = r
             if r.ok and store:
                 store.put(r.key, r.object)
             bar.update(compiled=int(r.ok), failed=int(not r.ok))
-        results.update(ex.run(misses, done) if misses else {})
+        if to_compile:
+            ex.run(to_compile, done)
     finally:
         if owned:
             ex.close()
         bar.close()
     compile_s = time.perf_counter() - t_compile
-    by_symbol = {j.symbol: j for j in all_jobs}
-    rows = _kernel_rows(lowered, by_symbol, results)
-    unique_rows = {j.key: results[j.key] for j in jobs}
-    totals = {"kernels": len(jobs), "kernel_calls": len(lowered.calls),
-              "compiled": sum(1 for r in unique_rows.values() if r.ok and not r.cached),
-              "cached": sum(1 for r in unique_rows.values() if r.cached),
-              "failed": sum(1 for r in unique_rows.values() if not r.ok),
-              "retried": sum(1 for r in unique_rows.values() if len(r.attempts) > 1),
-              "fallback": sum(1 for r in unique_rows.values() if r.fallback)}
-    report = {"model": g.name, "target": tgt.to_dict(), "opt_level": opt_level, "executor": ex.name,
-              "workers": ex.workers, "totals": totals, "kernels": rows,
-              "passes": [{"name": n, "ms": round(ms, 3)} for n, ms in timings]}
+    names = {j.key: j.name for j in jobs}
+    unique_results = [results[j.key] for j in jobs]
+    report = {"target": [p.target.to_dict() for p in planned], "opt_level": opt_level, "executor": ex.name,
+              "workers": ex.workers, "totals": _totals(unique_results, len(all_jobs)),
+              "models": [], "timing": {"compile_s": round(compile_s, 3)}}
+    report["totals"]["verify_mismatches"] = len(mismatched)
+    if trace:
+        with open(trace, "w") as f:
+            json.dump({"traceEvents": _trace_events(results, names, t_start), "displayTimeUnit": "ms"}, f)
     failed = [j for j in jobs if not results[j.key].ok]
-    if failed:
+    if failed or mismatched:
         lines = [f"  kernel {j.name} ({j.symbol}; ops {', '.join(j.ops)}): {results[j.key].kind}: "
-                 f"{results[j.key].message.strip().splitlines()[-1] if results[j.key].message else ''}"
-                 for j in failed]
-        raise BuildError(f"{len(failed)} of {len(jobs)} kernels failed to compile after "
-                         f"{len(results[failed[0].key].attempts)} attempts:\n" + "\n".join(lines), report)
-    if store is not None and not store.readonly:
-        from .explain import kernel_id
-        by_key = {j.key: j for j in all_jobs}
-        build_log.append(store.root, g.name,
-                         [{"id": kernel_id(c), "key": by_symbol[c.kernel.symbol].key,
-                           "parts": by_key[by_symbol[c.kernel.symbol].key].parts} for c in lowered.calls],
-                         hits=totals["cached"], lookups=len(jobs))
-    objects = {j.symbol: results[j.key].object for j in jobs}
-    manifest = {"kiln_version": KILN_VERSION, "model": g.name, "target": tgt.to_dict(), "opt_level": opt_level}
-    files = assemble(lowered, objects, tgt, manifest)
-    report["timing"] = {"total_s": round(time.perf_counter() - t_start, 3), "compile_s": round(compile_s, 3)}
-    return BuildResult(tgt, g, lowered, files, report, timings)
+                 f"{(results[j.key].message.strip().splitlines() or [''])[-1]}" for j in failed]
+        lines += [f"  kernel {names[k]}: recompiling gave different bytes than the cached object "
+                  "(non-deterministic codegen, or a stale entry)" for k in mismatched]
+        head = (f"{len(failed)} of {len(jobs)} kernels failed to compile after all attempts (a retry in a fresh "
+                f"process, then the safe fallback schedule)" if failed else "cache verification failed")
+        report["kernels"] = [row for p in planned for row in _kernel_rows(p, results)]
+        raise BuildError(head + ":\n" + "\n".join(lines), report)
+    out = []
+    for p in planned:
+        rows = _kernel_rows(p, results)
+        model_results = [results[k] for k in dict.fromkeys(j.key for j in p.jobs)]
+        if store is not None and not store.readonly:
+            from .explain import kernel_id
+            build_log.append(store.root, p.graph.name,
+                             [{"id": kernel_id(c), "key": j.key, "parts": j.parts}
+                              for c, j in zip(p.lowered.calls, p.jobs)],
+                             hits=sum(r.cached for r in model_results), lookups=len(model_results))
+        manifest = {"kiln_version": KILN_VERSION, "model": p.graph.name, "target": p.target.to_dict(),
+                    "opt_level": opt_level}
+        files = assemble(p.lowered, {j.symbol: results[j.key].object for j in p.jobs}, p.target, manifest)
+        model_report = {"model": p.graph.name, "target": p.target.to_dict(), "opt_level": opt_level,
+                        "executor": ex.name, "workers": ex.workers, "totals": _totals(model_results, len(p.jobs)),
+                        "kernels": rows, "passes": [{"name": n, "ms": round(ms, 3)} for n, ms in p.timings],
+                        "timing": {"total_s": round(time.time() - t_start, 3), "compile_s": round(compile_s, 3)}}
+        report["models"].append({"model": p.graph.name, "target": p.target.name, "totals": model_report["totals"]})
+        out.append(BuildResult(p.target, p.graph, p.lowered, files, model_report, p.timings))
+    report["timing"]["total_s"] = round(time.time() - t_start, 3)
+    return BatchResult(out, report)
+
+
+def build(model, target="llvm", opt_level: int = 3, shapes: dict | None = None, executor: "str | Executor" = "local",
+          workers: int | None = None, cache=DEFAULT_CACHE, pass_context: PassContext | None = None,
+          kernel_timeout: float = 300.0, progress: bool | None = None, inject: dict | None = None,
+          salt: str = "", extra_passes=(), verify_cache: bool = False, cache_readonly: bool = False,
+          trace: str | None = None, ray_address: str | None = None) -> BuildResult:
+    """Build one ONNX model (path, bytes or ModelProto) into a bundle for `target`.
+    extra_passes run after the built-in graph passes and before fusion. See build_many
+    for the other options."""
+    batch = build_many([(model, target)], opt_level=opt_level, shapes=shapes, executor=executor, workers=workers,
+                       cache=cache, pass_context=pass_context, kernel_timeout=kernel_timeout, progress=progress,
+                       inject=inject, salt=salt, extra_passes=extra_passes, verify_cache=verify_cache,
+                       cache_readonly=cache_readonly, trace=trace, ray_address=ray_address)
+    return batch.results[0]

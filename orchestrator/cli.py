@@ -62,7 +62,9 @@ def _add_build_flags(p):
     p.add_argument("--no-cache", action="store_true", help="neither read nor write the store")
     p.add_argument("--cache-readonly", action="store_true", help="read hits, write nothing (pull-request CI)")
     p.add_argument("--kernel-timeout", type=float, default=300.0, help="seconds per codegen job before it is killed")
+    p.add_argument("--verify-cache", action="store_true", help="recompile cache hits and compare bytes")
     p.add_argument("--report", default=None, help="write the build report (JSON) here")
+    p.add_argument("--trace", default=None, help="write a Chrome trace (chrome://tracing, Perfetto) of the compile")
     p.add_argument("--quiet", action="store_true")
 
 
@@ -72,9 +74,9 @@ def _build_kwargs(args) -> dict:
     cache = _cache_arg(args)
     store = open_store(cache, readonly=args.cache_readonly) if cache is not None else None
     executor = make_executor(args.executor, args.workers, args.kernel_timeout, args.ray_address)
-    return {"target": args.target, "opt_level": args.opt_level, "shapes": _parse_shapes(args.shape),
-            "executor": executor, "cache": store, "kernel_timeout": args.kernel_timeout,
-            "progress": False if args.quiet else None}
+    return {"opt_level": args.opt_level, "shapes": _parse_shapes(args.shape), "executor": executor, "cache": store,
+            "kernel_timeout": args.kernel_timeout, "progress": False if args.quiet else None,
+            "verify_cache": args.verify_cache, "trace": args.trace}
 
 
 def _write_report(path, report) -> None:
@@ -94,7 +96,7 @@ def cmd_build(args) -> int:
     from .build import BuildError, build
     kwargs = _build_kwargs(args)
     try:
-        result = build(args.model, **kwargs)
+        result = build(args.model, target=args.target, **kwargs)
     except BuildError as e:
         _write_report(args.report, e.report)
         raise
@@ -104,6 +106,31 @@ def cmd_build(args) -> int:
     _write_report(args.report, result.report)
     if not args.quiet:
         print(f"built {path}: {_summary(result.report)}")
+    return 0
+
+
+def cmd_build_many(args) -> int:
+    from .build import BuildError, build_many
+    kwargs = _build_kwargs(args)
+    try:
+        batch = build_many(args.models, target=args.target, **kwargs)
+    except BuildError as e:
+        _write_report(args.report, e.report)
+        raise
+    finally:
+        kwargs["executor"].close()
+    os.makedirs(args.output, exist_ok=True)
+    names = [os.path.splitext(os.path.basename(m))[0] for m in args.models]
+    if len(set(names)) != len(names):
+        names = [f"{i:02d}_{n}" for i, n in enumerate(names)]
+    for name, result in zip(names, batch.results):
+        result.export(os.path.join(args.output, name))
+    _write_report(args.report, batch.report)
+    if not args.quiet:
+        t = batch.report["totals"]
+        print(f"built {len(batch.results)} models into {args.output}: {t['kernel_calls']} kernel calls, "
+              f"{t['kernels']} unique kernels: {t['compiled']} compiled, {t['cached']} cached, {t['failed']} failed; "
+              f"{batch.report['timing']['total_s']:.2f}s")
     return 0
 
 
@@ -190,6 +217,12 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", required=True, help="bundle folder to write")
     _add_build_flags(p)
     p.set_defaults(fn=cmd_build)
+
+    p = sub.add_parser("build-many", help="build several models in one batch (shared kernels compile once)")
+    p.add_argument("models", nargs="+")
+    p.add_argument("-o", "--output", required=True, help="folder for one bundle per model")
+    _add_build_flags(p)
+    p.set_defaults(fn=cmd_build_many)
 
     p = sub.add_parser("run", help="run a bundle on inputs from an .npz file")
     p.add_argument("bundle")

@@ -78,8 +78,10 @@ class Executor:
         self.close()
 
 
-def _settle(job: CompileJob, result: JobResult, header: dict, blob: bytes, attempt: int, worker: str) -> bool:
-    """Record one attempt on `result`; True if the job is done (success or out of attempts)."""
+def settle(job: CompileJob, result: JobResult, header: dict, blob: bytes, attempt: int, worker: str,
+           t_start: float, t_end: float) -> bool:
+    """Record one attempt on `result`; True if the job is done (success or out of attempts).
+    Times are wall-clock (time.time()), for the build trace."""
     ok = bool(header.get("ok"))
     kind = "" if ok else header.get("kind", "crash")
     if ok and not looks_like_object(blob, job.symbol):
@@ -88,7 +90,7 @@ def _settle(job: CompileJob, result: JobResult, header: dict, blob: bytes, attem
                                        f"{job.symbol}"}
     result.attempts.append({"attempt": attempt + 1, "ok": ok, "kind": kind, "worker": worker,
                             "fallback": ATTEMPTS[attempt], "ms": round(header.get("ms", 0.0), 2),
-                            "message": header.get("message", "")})
+                            "message": header.get("message", ""), "t_start": t_start, "t_end": t_end})
     if ok:
         result.ok, result.object, result.worker = True, blob, worker
         result.compile_ms, result.fallback = header.get("ms", 0.0), ATTEMPTS[attempt]
@@ -115,29 +117,31 @@ class LocalExecutor(Executor):
     def run(self, jobs, on_result=None):
         results = {j.key: JobResult(j.key, False) for j in jobs}
         pending = deque((j, 0) for j in jobs)
-        inflight: dict[int, tuple[CompileJob, int]] = {}
+        inflight: dict[int, tuple[CompileJob, int, float]] = {}
         while pending or inflight:
             while pending and len(inflight) < self.workers:
                 job, attempt = pending.popleft()
                 jid = next(self._ids)
-                inflight[jid] = (job, attempt)
-                self.zygote.send(job.request(jid, ATTEMPTS[attempt], self.kernel_timeout), job.kernel_bytes)
+                inflight[jid] = (job, attempt, time.time())
+                self.zygote.send(job.request(jid, ATTEMPTS[attempt], self.kernel_timeout, attempt + 1),
+                                 job.kernel_bytes)
             msg = self.zygote.receive()
             if msg is None:  # the zygote itself died: every job in flight failed this attempt
                 self._zygote.close()
                 self._zygote = None
                 lost = list(inflight.values())
                 inflight.clear()
-                for job, attempt in lost:
+                for job, attempt, t_sent in lost:
                     header = {"ok": False, "kind": "crash", "message": "the zygote process died"}
-                    if not _settle(job, results[job.key], header, b"", attempt, "zygote"):
+                    if not settle(job, results[job.key], header, b"", attempt, "zygote", t_sent, time.time()):
                         pending.append((job, attempt + 1))
                     elif on_result:
                         on_result(results[job.key])
                 continue
             header, blob = msg
-            job, attempt = inflight.pop(header["id"])
-            if _settle(job, results[job.key], header, blob, attempt, f"local:{header.get('pid', '?')}"):
+            job, attempt, t_sent = inflight.pop(header["id"])
+            if settle(job, results[job.key], header, blob, attempt, f"local:{header.get('pid', '?')}", t_sent,
+                      time.time()):
                 if on_result:
                     on_result(results[job.key])
             else:
@@ -162,7 +166,7 @@ class InProcessExecutor(Executor):
         for job in jobs:
             result = JobResult(job.key, False)
             for attempt, fallback in enumerate(ATTEMPTS):
-                t0 = time.perf_counter()
+                t0, wall = time.perf_counter(), time.time()
                 try:
                     res = compile_kernel(job.kernel_bytes, job.symbol, job.target.to_dict(),
                                          job.target.llvm_options, job.opt_level, fallback)
@@ -170,7 +174,7 @@ class InProcessExecutor(Executor):
                 except Exception as e:  # noqa: BLE001
                     header, blob = {"ok": False, "kind": "llvm_error", "message": str(e),
                                     "log": traceback.format_exc()}, b""
-                if _settle(job, result, header, blob, attempt, f"inprocess:{os.getpid()}"):
+                if settle(job, result, header, blob, attempt, f"inprocess:{os.getpid()}", wall, time.time()):
                     break
             results[job.key] = result
             if on_result:

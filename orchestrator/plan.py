@@ -16,17 +16,19 @@ class CompileJob:
     opt_level: int
     name: str
     ops: list
-    inject: str | None = None  # fault injection for tests: crash | hang | exit | corrupt
+    # Fault injection for tests: crash | hang | exit | corrupt | kill_actor, on the first attempt;
+    # "KIND:always" on every attempt; "KIND:nofallback" on every attempt but the fallback one.
+    inject: str | None = None
 
     @property
     def estimated_cost(self) -> int:
         """Rough compile cost for longest-first scheduling: GEMM kernels are the slow ones."""
         return len(self.kernel_bytes) * (8 if b'"Gemm"' in self.kernel_bytes else 1)
 
-    def request(self, job_id: int, fallback: bool, deadline_s: float) -> dict:
+    def request(self, job_id: int, fallback: bool, deadline_s: float, attempt: int) -> dict:
         return {"id": job_id, "symbol": self.symbol, "target": self.target.to_dict(),
                 "llvm_options": list(self.target.llvm_options), "opt_level": self.opt_level,
-                "fallback": fallback, "deadline_s": deadline_s, "inject": self.inject}
+                "fallback": fallback, "deadline_s": deadline_s, "inject": self.inject, "attempt": attempt}
 
 
 @dataclass

@@ -45,3 +45,21 @@ def build_and_compare(model, executor, seed: int = 0, **build_kwargs):
         assert got[name].shape == want[name].shape, name
         np.testing.assert_allclose(got[name], want[name], rtol=RTOL, atol=ATOL, err_msg=name)
     return result, module
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    """One Ray for the whole session (it takes ~6 s and ~700 MiB to start), 2 CPUs."""
+    import ray
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"PYTHONPATH": ROOT}})
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def ray_executor(ray_session):
+    from orchestrator.executor_ray import RayExecutor
+    ex = RayExecutor(workers=2, kernel_timeout=20)
+    yield ex
+    ex.close()

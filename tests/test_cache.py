@@ -1,0 +1,192 @@
+"""The content-addressed store: hits, partial rebuilds, damaged entries, concurrency, CLI."""
+import os
+import subprocess
+import sys
+import warnings
+
+import numpy as np
+import onnx
+import pytest
+
+from artifacts.store import Store
+from ir.errors import KilnError
+from orchestrator.build import BuildError, build
+from orchestrator.cache_key import key_of, key_parts
+from orchestrator.target import parse_target
+from tests import model_zoo
+from tests.test_bad_input import ROOT, kiln
+
+
+def _build(model, store, executor, **kw):
+    return build(model, cache=store, executor=executor, progress=False, **kw)
+
+
+def _assert_matches_oracle(result, model):
+    x = model_zoo.random_inputs(model)
+    want = model_zoo.onnxruntime_outputs(model, x)
+    got = result.load().run(x)
+    for k in want:
+        np.testing.assert_allclose(got[k], want[k], rtol=1e-3, atol=1e-4)
+
+
+def _entries(store):
+    return {key for key, *_ in store.entries()}
+
+
+def test_unchanged_model_compiles_nothing(tmp_path, executor):
+    store = Store(str(tmp_path))
+    first = _build(model_zoo.resnet18(), store, executor)
+    second = _build(model_zoo.resnet18(), store, executor)
+    t1, t2 = first.report["totals"], second.report["totals"]
+    assert t1["compiled"] == t1["kernels"] and t2["compiled"] == 0 and t2["cached"] == t2["kernels"]
+    assert first.files["model.so"] == second.files["model.so"]  # deterministic output
+
+
+def test_new_weights_compile_nothing(tmp_path, executor):
+    """Weights are data, not code: a retrained model reuses every kernel."""
+    store = Store(str(tmp_path))
+    _build(model_zoo.cnn(), store, executor)
+    retrained = model_zoo.cnn()
+    for init in retrained.graph.initializer:
+        arr = onnx.numpy_helper.to_array(init)
+        if arr.dtype == np.float32:
+            init.CopyFrom(onnx.numpy_helper.from_array(arr * 1.5 + 0.1, init.name))
+    result = _build(retrained, store, executor)
+    assert result.report["totals"]["compiled"] == 0
+    _assert_matches_oracle(result, retrained)
+
+
+def test_changing_one_layer_recompiles_only_its_kernels(tmp_path, executor):
+    store = Store(str(tmp_path))
+    before = _build(model_zoo.cnn(), store, executor)
+    changed = model_zoo.cnn()
+    for node in changed.graph.node:  # the average pool: 3x3 -> 2x2 window
+        if node.op_type == "AveragePool":
+            for a in node.attribute:
+                if a.name == "kernel_shape":
+                    a.ints[:] = [2, 2]
+    after = _build(changed, store, executor)
+    recompiled = [k for k in after.report["kernels"] if not k["cache_hit"]]
+    assert [k["ops"] for k in recompiled] == [["AveragePool"], ["GlobalAveragePool"]]  # the pool and its consumer
+    assert len(after.report["kernels"]) == len(before.report["kernels"])
+    _assert_matches_oracle(after, changed)
+
+
+@pytest.mark.parametrize("damage", ["corrupt", "truncate", "foreign", "other_key"])
+def test_damaged_entry_is_rebuilt_not_trusted(tmp_path, executor, damage):
+    store = Store(str(tmp_path))
+    model = model_zoo.cnn()
+    _build(model, store, executor)
+    key, path, size, _ = next(iter(store.entries()))
+    data = open(path, "rb").read()
+    if damage == "corrupt":
+        data = data[:-40] + bytes(b ^ 0xFF for b in data[-40:])
+    elif damage == "truncate":
+        data = data[: size // 2]
+    elif damage == "foreign":
+        data = b"\x7fELF this is not a kiln entry" * 10
+    else:  # a valid entry, but for another key: must not be served under this one
+        other = next(k for k in _entries(store) if k != key)
+        data = open(store.path(other), "rb").read()
+    with open(path, "wb") as f:
+        f.write(data)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = _build(model, store, executor)
+    assert result.report["totals"]["compiled"] == 1
+    assert any("invalid" in str(w.message) for w in caught)
+    assert store.verify() == []  # the rebuilt entry is valid again
+    _assert_matches_oracle(result, model)
+
+
+def test_concurrent_builds_share_one_store(tmp_path):
+    path = tmp_path / "m.onnx"
+    onnx.save(model_zoo.mobilenet_v2(), path)
+    store = str(tmp_path / "store")
+    procs = [subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "build", str(path), "-o",
+                               str(tmp_path / f"out{i}"), "--cache", store, "--quiet", "--workers", "1"],
+                              cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT}, stderr=subprocess.PIPE)
+             for i in range(2)]
+    for p in procs:
+        assert p.wait(timeout=300) == 0, p.stderr.read().decode()
+    s = Store(store)
+    assert s.verify() == [] and s.stats()["entries"] > 0
+    assert not [n for d in os.listdir(s.objects) for n in os.listdir(os.path.join(s.objects, d)) if n.startswith(".tmp")]
+    a, b = (open(tmp_path / f"out{i}" / "model.so", "rb").read() for i in range(2))
+    assert a == b
+
+
+def test_readonly_store_reads_but_never_writes(tmp_path, executor):
+    store_dir = str(tmp_path / "s")
+    _build(model_zoo.cnn(), Store(store_dir), executor)
+    before = _entries(Store(store_dir))
+    ro = Store(store_dir, readonly=True)
+    hit = _build(model_zoo.cnn(), ro, executor)
+    assert hit.report["totals"]["cached"] == hit.report["totals"]["kernels"]
+    miss = _build(model_zoo.mlp(1), ro, executor)
+    assert miss.report["totals"]["compiled"] == miss.report["totals"]["kernels"]
+    assert _entries(Store(store_dir)) == before
+
+
+def test_verify_cache_catches_a_stale_object(tmp_path, executor):
+    store = Store(str(tmp_path))
+    _build(model_zoo.cnn(), store, executor)
+    ok = _build(model_zoo.cnn(), store, executor, verify_cache=True)  # deterministic: passes
+    assert ok.report["totals"]["cached"] == ok.report["totals"]["kernels"]
+    key = next(iter(_entries(store)))
+    other = store.get(next(k for k in _entries(store) if k != key))
+    store.put(key, other)  # a well-formed entry holding the wrong object
+    with pytest.raises(BuildError, match="different bytes than the cached object"):
+        _build(model_zoo.cnn(), store, executor, verify_cache=True)
+
+
+def test_key_parts_contract():
+    host = parse_target("llvm")
+    base = key_parts(b"kernel", host, 3)
+    assert key_of(base) == key_of(key_parts(b"kernel", host, 3))
+    for changed in (key_parts(b"kernel2", host, 3), key_parts(b"kernel", host, 2),
+                    key_parts(b"kernel", parse_target("llvm -cl-opt=-unroll-threshold=100"), 3),
+                    key_parts(b"kernel", parse_target("x86-64-v3"), 3), key_parts(b"kernel", host, 3, salt="x"),
+                    key_parts(b"kernel", host, 3, fallback=True)):
+        assert key_of(changed) != key_of(base)
+    assert {"llvmlite", "llvm", "kiln_codegen", "artifact_format"} <= set(base)
+
+
+def test_unknown_llvm_option_rejected_before_any_job(tmp_path, executor):
+    store = Store(str(tmp_path))
+    with pytest.raises(KilnError, match="unknown LLVM option '-unrol-threshold=50'"):
+        _build(model_zoo.cnn(), store, executor, target="llvm -cl-opt=-unrol-threshold=50")
+    assert store.stats()["entries"] == 0
+
+
+def test_gc_removes_least_recently_used(tmp_path, executor):
+    store = Store(str(tmp_path))
+    _build(model_zoo.mlp(1), store, executor)
+    old = _entries(store)
+    for _, path, _, _ in store.entries():
+        os.utime(path, (1, 1))  # long ago
+    _build(model_zoo.cnn(), store, executor)
+    new = _entries(store) - old
+    keep = sum(size for key, _, size, _ in store.entries() if key in new)
+    store.gc(keep)
+    assert _entries(store) == new
+
+
+def test_cache_cli_stats_verify_gc_and_explain(tmp_path):
+    store = str(tmp_path / "store")
+    example = os.path.join(ROOT, "configs", "examples", "cnn.onnx")
+    assert kiln("build", example, "-o", str(tmp_path / "b"), "--cache", store, "--quiet").returncode == 0
+    r = kiln("cache", "stats", "--cache", store)
+    assert r.returncode == 0 and "6 entries" in r.stdout and "hit rate" in r.stdout
+    assert kiln("cache", "verify", "--cache", store).returncode == 0
+    some = Store(store).path(next(iter(_entries(Store(store)))))
+    with open(some, "r+b") as f:
+        f.seek(60)
+        f.write(b"\0\0\0\0")
+    r = kiln("cache", "verify", "--cache", store)
+    assert r.returncode == 1 and "bad entry" in r.stdout and not os.path.exists(some)
+    # explain says which key part changed for a kernel that would miss
+    r = kiln("explain", example, "--cache", store, "--target", "llvm -cl-opt=-unroll-threshold=100")
+    assert r.returncode == 0 and "changed since the last build: llvm_options: [] -> ['-unroll-threshold=100']" in r.stdout
+    r = kiln("cache", "gc", "--cache", store, "--max-size", "0")
+    assert r.returncode == 0 and Store(store).stats()["entries"] == 0

@@ -1,0 +1,66 @@
+"""Failures are data: a crashed, hung, dying or lying worker is retried in a fresh process,
+then with the safe fallback schedule; only then does the build fail, naming the kernel.
+The same scenarios run on the local executor here and on Ray in test_ray.py."""
+import numpy as np
+import pytest
+
+from artifacts.store import Store
+from orchestrator.build import BuildError, build
+from orchestrator.executor_local import LocalExecutor
+from tests import model_zoo
+
+
+def check_module(result, model):
+    x = model_zoo.random_inputs(model)
+    want = model_zoo.onnxruntime_outputs(model, x)
+    got = result.load().run(x)
+    for k in want:
+        np.testing.assert_allclose(got[k], want[k], rtol=1e-3, atol=1e-4)
+
+
+def faulty_build(executor, fault, store=None, model=None):
+    model = model or model_zoo.cnn()
+    result = build(model, executor=executor, cache=store, progress=False, inject={"fused_gemm": fault})
+    return result, model, next(k for k in result.report["kernels"] if k["name"] == "fused_gemm")
+
+
+@pytest.mark.parametrize("fault,kind", [("crash", "crash"), ("exit", "crash"), ("corrupt", "bad_output"),
+                                        ("hang", "timeout")])
+def test_first_attempt_fault_is_retried_in_a_fresh_process(fault, kind):
+    with LocalExecutor(workers=2, kernel_timeout=3) as ex:
+        result, model, row = faulty_build(ex, fault)
+    check_module(result, model)
+    assert row["attempts"] == 2 and row["attempt_log"][0]["kind"] == kind and row["attempt_log"][1]["ok"]
+    assert row["attempt_log"][0]["worker"] != row["attempt_log"][1]["worker"]  # another process
+    assert result.report["totals"]["retried"] == 1 and result.report["totals"]["fallback"] == 0
+
+
+def test_fault_until_fallback_uses_the_safe_schedule(executor):
+    result, model, row = faulty_build(executor, "crash:nofallback")
+    check_module(result, model)
+    assert row["attempts"] == 3 and row["fallback"] and [a["fallback"] for a in row["attempt_log"]] == [0, 0, 1]
+    assert result.report["totals"]["fallback"] == 1
+
+
+def test_kernel_failing_every_attempt_fails_the_build_clearly(tmp_path, executor):
+    store = Store(str(tmp_path))
+    with pytest.raises(BuildError) as e:
+        faulty_build(executor, "crash:always", store)
+    msg = str(e.value)
+    assert "1 of 6 kernels failed" in msg and "fused_gemm" in msg and "Gemm" in msg and "crash" in msg
+    assert e.value.report["totals"]["failed"] == 1
+    assert store.verify() == [] and store.stats()["entries"] == 5  # the others are kept, all valid
+    again = build(model_zoo.cnn(), executor=executor, cache=store, progress=False)
+    assert again.report["totals"]["compiled"] == 1  # nothing already built was lost
+
+
+def test_trace_records_every_attempt(tmp_path, executor):
+    import json
+    trace = tmp_path / "trace.json"
+    build(model_zoo.cnn(), executor=executor, cache=None, progress=False, inject={"fused_gemm": "crash"},
+          trace=str(trace))
+    events = json.loads(trace.read_text())["traceEvents"]
+    assert len(events) == 7 and all(e["ph"] == "X" and e["dur"] > 0 for e in events)
+    gemm = [e for e in events if e["name"] == "fused_gemm"]
+    assert [e["args"]["ok"] for e in gemm] == [False, True]
+    assert len({e["tid"] for e in events}) >= 2  # one row per worker process

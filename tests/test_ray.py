@@ -1,0 +1,57 @@
+"""The Ray executor, on one shared Ray session (num_cpus=2): same bytes as local, the same
+fault handling, and an actor killed mid-build replaced without losing the build."""
+import pytest
+
+from orchestrator.build import BuildError, build, build_many
+from tests import model_zoo
+from tests.test_faults import check_module, faulty_build
+
+
+def test_ray_and_local_builds_are_byte_identical(ray_executor, executor):
+    for model in (model_zoo.resnet18(), model_zoo.transformer_encoder()):
+        on_ray = build(model, executor=ray_executor, cache=None, progress=False)
+        local = build(model, executor=executor, cache=None, progress=False)
+        assert on_ray.files["model.so"] == local.files["model.so"]
+        assert all(k["worker"].startswith("ray:") for k in on_ray.report["kernels"])
+    check_module(on_ray, model)
+
+
+@pytest.mark.parametrize("fault,kind", [("crash", "crash"), ("hang", "timeout"), ("corrupt", "bad_output")])
+def test_faults_on_ray_are_retried(ray_executor, fault, kind):
+    result, model, row = faulty_build(ray_executor, fault)
+    check_module(result, model)
+    assert row["attempts"] == 2 and row["attempt_log"][0]["kind"] == kind
+
+
+def test_fallback_on_ray(ray_executor):
+    result, model, row = faulty_build(ray_executor, "crash:nofallback")
+    check_module(result, model)
+    assert row["fallback"] and result.report["totals"]["fallback"] == 1
+
+
+def test_actor_killed_mid_build_is_replaced(ray_executor):
+    replaced = ray_executor.replaced
+    result, model, row = faulty_build(ray_executor, "kill_actor")
+    check_module(result, model)
+    assert ray_executor.replaced == replaced + 1
+    assert row["attempts"] == 2 and row["attempt_log"][0]["worker"] == "ray:dead-actor"
+    assert result.report["totals"]["retried"] >= 1
+
+
+def test_failing_kernel_fails_the_build_on_ray(ray_executor):
+    with pytest.raises(BuildError, match="fused_gemm"):
+        faulty_build(ray_executor, "crash:always")
+
+
+@pytest.mark.parametrize("which", ["local", "ray"])
+def test_conflicting_target_options_do_not_leak(which, ray_executor, executor):
+    """One batch, two targets whose LLVM options conflict: each target's module is byte-equal
+    to a build of that target alone."""
+    ex = ray_executor if which == "ray" else executor
+    model = model_zoo.transformer_encoder(seq=16, d=32, heads=2, ffn=64)
+    targets = ["llvm -cl-opt=-force-vector-width=4", "llvm -cl-opt=-unroll-threshold=0", "llvm"]
+    batch = build_many([(model, t) for t in targets], executor=ex, cache=None, progress=False)
+    alone = [build(model, target=t, executor=ex, cache=None, progress=False) for t in targets]
+    for together, single in zip(batch.results, alone):
+        assert together.files["model.so"] == single.files["model.so"]
+    assert batch.results[0].files["model.so"] != alone[2].files["model.so"]  # the options do change code
