@@ -7,6 +7,8 @@ step needs nothing but `cc`.
 """
 from __future__ import annotations
 
+import functools
+import hashlib
 import os
 import shutil
 import subprocess
@@ -53,6 +55,25 @@ def entry_source(calls: list[tuple[str, list[tuple]]], outputs: list[tuple[tuple
     return "\n".join(lines)
 
 
+LINK_FLAGS = ("-shared", "-fPIC", "-O2")
+
+
+@functools.lru_cache(maxsize=1)
+def compiler_identity() -> str:
+    """What the link cache key needs to know about the C compiler: its path and version."""
+    cc = find_cc()
+    proc = subprocess.run([cc, "--version"], capture_output=True, text=True)
+    return f"{cc}|{proc.stdout.splitlines()[0] if proc.stdout else ''}"
+
+
+def link_key(object_keys: list[str], entry_c: str) -> str:
+    """The store key of a linked module: its objects' keys, the entry source, the linker."""
+    h = hashlib.sha256(b"kiln-link-v1\0")
+    for part in (*sorted(object_keys), entry_c, compiler_identity(), " ".join(LINK_FLAGS)):
+        h.update(part.encode() + b"\0")
+    return h.hexdigest()
+
+
 def find_cc() -> str:
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
     if not cc:
@@ -73,7 +94,7 @@ def link_shared(objects: dict[str, bytes], entry_c: str, out_path: str) -> None:
         with open(entry, "w") as f:
             f.write(entry_c)
         tmp_out = os.path.join(tmp, "model.so")
-        cmd = [find_cc(), "-shared", "-fPIC", "-O2", "-o", tmp_out, entry, *paths, "-lm"]
+        cmd = [find_cc(), *LINK_FLAGS, "-o", tmp_out, entry, *paths, "-lm"]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             raise KilnError(f"linking the module failed ({' '.join(cmd[:4])} ...):\n{proc.stderr[-4000:]}")

@@ -35,10 +35,13 @@ def plan_arena(lifetimes: dict[str, tuple[int, int]], sizes: dict[str, int]) -> 
 
 def pack_constants(arrays: dict[str, "object"]) -> tuple[dict[str, int], bytes]:
     """Lay constants out back to back (64-byte aligned) in one blob: the weights file."""
-    offsets, chunks, pos = {}, [], 0
+    offsets, pos = {}, 0
     for name in sorted(arrays):
-        data = arrays[name].tobytes()
         offsets[name] = pos
-        chunks.append(data + b"\0" * (_align(len(data)) - len(data)))
-        pos += _align(len(data))
-    return offsets, b"".join(chunks)
+        pos += _align(arrays[name].nbytes)
+    blob = bytearray(pos)  # zero padding between arrays; one copy per array, no joins
+    view = memoryview(blob)
+    for name, off in offsets.items():
+        data = memoryview(arrays[name]).cast("B") if arrays[name].nbytes else b""
+        view[off:off + len(data)] = data
+    return offsets, bytes(blob)

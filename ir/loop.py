@@ -9,6 +9,7 @@ Every loop runs from 0 to a static extent; all shapes are static.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from dataclasses import dataclass, fields
@@ -166,6 +167,10 @@ class Kernel:
     schedule: tuple = ()  # sorted (key, value) pairs: vector_width, vectorize, unroll
 
     def to_bytes(self) -> bytes:
+        return self._bytes
+
+    @functools.cached_property
+    def _bytes(self) -> bytes:  # kernels are immutable: encode once
         return json.dumps([FORMAT_VERSION, _encode(self)], separators=(",", ":")).encode()
 
     @staticmethod
@@ -175,7 +180,7 @@ class Kernel:
             raise ValueError(f"kernel format {version}, expected {FORMAT_VERSION}")
         return _decode(obj)
 
-    @property
+    @functools.cached_property
     def digest(self) -> str:
         return hashlib.sha256(self.to_bytes()).hexdigest()
 

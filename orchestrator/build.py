@@ -155,26 +155,28 @@ def build_many(models, target="llvm", opt_level: int = 3, shapes: dict | None = 
         if spec not in targets:
             targets[spec] = parse_target(spec)
             check_options(targets[spec].llvm_options, f"target {targets[spec].name}")  # before any job runs
-    planned = [_plan(m, targets[spec], opt_level, shapes, pass_context, extra_passes, salt, inject)
-               for m, spec in entries]
-    all_jobs = [j for p in planned for j in p.jobs]
-    jobs = unique_jobs(all_jobs)
-    store = open_store(cache, readonly=cache_readonly)
-    results: dict[str, JobResult] = {}
-    to_compile = []
-    for job in jobs:
-        obj = store.get(job.key) if store else None
-        if obj is not None:
-            results[job.key] = JobResult(job.key, True, obj, cached=True, worker="cache")
-        if obj is None or verify_cache:
-            to_compile.append(job)
     owned = isinstance(executor, str)
+    # An executor we own is made now: Ray actors (slow to boot) start while we plan.
     ex = make_executor(executor, workers, kernel_timeout, ray_address) if owned else executor
-    bar = Progress(len(jobs), ex.workers, enabled=progress)
-    bar.update(cached=len(jobs) - sum(1 for j in to_compile if j.key not in results))
-    mismatched = []
-    t_compile = time.perf_counter()
     try:
+        planned = [_plan(m, targets[spec], opt_level, shapes, pass_context, extra_passes, salt, inject)
+                   for m, spec in entries]
+        all_jobs = [j for p in planned for j in p.jobs]
+        jobs = unique_jobs(all_jobs)
+        store = open_store(cache, readonly=cache_readonly)
+        results: dict[str, JobResult] = {}
+        to_compile = []
+        for job in jobs:
+            obj = store.get(job.key) if store else None
+            if obj is not None:
+                results[job.key] = JobResult(job.key, True, obj, cached=True, worker="cache")
+            if obj is None or verify_cache:
+                to_compile.append(job)
+        bar = Progress(len(jobs), ex.workers, enabled=progress)
+        bar.update(cached=len(jobs) - sum(1 for j in to_compile if j.key not in results))
+        mismatched = []
+        t_compile = time.perf_counter()
+
         def done(r: JobResult):
             hit = results.get(r.key)
             if hit is not None and hit.cached:  # --verify-cache: a recompiled hit
@@ -186,12 +188,15 @@ def build_many(models, target="llvm", opt_level: int = 3, shapes: dict | None = 
             if r.ok and store:
                 store.put(r.key, r.object)
             bar.update(compiled=int(r.ok), failed=int(not r.ok))
-        if to_compile:
-            ex.run(to_compile, done)
+
+        try:
+            if to_compile:
+                ex.run(to_compile, done)
+        finally:
+            bar.close()
     finally:
         if owned:
             ex.close()
-        bar.close()
     compile_s = time.perf_counter() - t_compile
     names = {j.key: j.name for j in jobs}
     unique_results = [results[j.key] for j in jobs]
@@ -224,7 +229,8 @@ def build_many(models, target="llvm", opt_level: int = 3, shapes: dict | None = 
                              hits=sum(r.cached for r in model_results), lookups=len(model_results))
         manifest = {"kiln_version": KILN_VERSION, "model": p.graph.name, "target": p.target.to_dict(),
                     "opt_level": opt_level}
-        files = assemble(p.lowered, {j.symbol: results[j.key].object for j in p.jobs}, p.target, manifest)
+        files = assemble(p.lowered, {j.symbol: results[j.key].object for j in p.jobs}, p.target, manifest,
+                         store, [j.key for j in p.jobs])
         model_report = {"model": p.graph.name, "target": p.target.to_dict(), "opt_level": opt_level,
                         "executor": ex.name, "workers": ex.workers, "totals": _totals(model_results, len(p.jobs)),
                         "kernels": rows, "passes": [{"name": n, "ms": round(ms, 3)} for n, ms in p.timings],

@@ -8,7 +8,7 @@ import tempfile
 
 import numpy as np
 
-from artifacts.link import entry_source, link_shared
+from artifacts.link import entry_source, link_key, link_shared
 from artifacts.memory_plan import pack_constants, plan_arena
 from artifacts.module import MANIFEST
 
@@ -59,8 +59,10 @@ def plan_memory(lowered):
     return offsets, total
 
 
-def assemble(lowered, objects: dict[str, bytes], target, manifest_extra: dict) -> dict:
-    """Return the bundle's files as {filename: bytes}; links model.so when the target runs here."""
+def assemble(lowered, objects: dict[str, bytes], target, manifest_extra: dict, store=None,
+             object_keys=()) -> dict:
+    """Return the bundle's files as {filename: bytes}; links model.so when the target runs here.
+    With a store, the linked library is cached too: a warm build does not run the linker."""
     g = lowered.graph
     weight_offsets, weights = pack_constants({k: np.ascontiguousarray(v) for k, v in g.constants.items()})
     offsets, arena_bytes = plan_memory(lowered)
@@ -80,11 +82,17 @@ def assemble(lowered, objects: dict[str, bytes], target, manifest_extra: dict) -
     }
     files = {"weights.bin": weights, "kiln_entry.c": entry.encode()}
     if target.runnable:
-        with tempfile.TemporaryDirectory(prefix="kiln-bundle-") as tmp:
-            so = os.path.join(tmp, "model.so")
-            link_shared(objects, entry, so)
-            with open(so, "rb") as f:
-                files["model.so"] = f.read()
+        key = link_key(list(object_keys), entry) if store is not None else None
+        library = store.get(key) if key else None
+        if library is None:
+            with tempfile.TemporaryDirectory(prefix="kiln-bundle-") as tmp:
+                so = os.path.join(tmp, "model.so")
+                link_shared(objects, entry, so)
+                with open(so, "rb") as f:
+                    library = f.read()
+            if key:
+                store.put(key, library)
+        files["model.so"] = library
     else:
         for sym, obj in objects.items():
             files[f"objects/{sym}.o"] = obj

@@ -105,6 +105,7 @@ class LocalExecutor(Executor):
     def __init__(self, workers: int | None = None, kernel_timeout: float = 300.0):
         self.workers = workers or default_workers()
         self.kernel_timeout = kernel_timeout
+        # Started on the first job: a build whose kernels are all cached never pays for it.
         self._zygote: ZygoteClient | None = None
         self._ids = itertools.count()
 

@@ -82,6 +82,7 @@ class RayExecutor(Executor):
         self._actors: list = []
         self._ids = itertools.count()
         self.replaced = 0
+        self._pool()  # actor creation is asynchronous: they boot while the caller plans
 
     def _spawn(self):
         return self._remote.options(scheduling_strategy="SPREAD").remote()

@@ -17,16 +17,26 @@ def _stable(value):
     return value
 
 
+def _cheap_key(value: np.ndarray) -> tuple:
+    """A prefilter: arrays that differ here cannot be equal, so most weights are never hashed."""
+    flat = value.reshape(-1)
+    return value.dtype.str, value.shape, flat[:16].tobytes(), flat[-16:].tobytes()
+
+
 @graph_pass(opt_level=2)
 def eliminate_common_subexpr(g: Graph, ctx) -> Graph:
     rename: dict[str, str] = {}
-    by_content: dict[tuple, str] = {}
+    buckets: dict[tuple, list[str]] = {}
     for name, value in g.constants.items():
-        key = _stable(value)
-        if key in by_content and name not in g.outputs:
-            rename[name] = by_content[key]
-        else:
-            by_content.setdefault(key, name)
+        buckets.setdefault(_cheap_key(value), []).append(name)
+    for names in buckets.values():
+        by_content: dict[tuple, str] = {}
+        for name in names if len(names) > 1 else ():
+            key = _stable(g.constants[name])
+            if key in by_content and name not in g.outputs:
+                rename[name] = by_content[key]
+            else:
+                by_content.setdefault(key, name)
     seen: dict[tuple, list[str]] = {}
     kept = []
     for node in g.nodes:

@@ -15,20 +15,22 @@ from ..transform import graph_pass
 
 
 def _scale_shift(g: Graph, bn: Node):
+    # float64 for the per-channel factors (tiny); the weights themselves are scaled in float32.
     gamma, beta, mean, var = (g.constants[i].astype(np.float64) for i in bn.inputs[1:5])
     scale = gamma / np.sqrt(var + bn.attrs.get("epsilon", 1e-5))
     return scale, beta - mean * scale
 
 
 def _fold_into_conv(g: Graph, conv: Node, scale, shift) -> None:
-    w = g.constants[conv.inputs[1]].astype(np.float64)
+    w = g.constants[conv.inputs[1]]
+    scale32 = scale.astype(np.float32)
     bias = g.constants[conv.inputs[2]].astype(np.float64) if len(conv.inputs) > 2 and conv.inputs[2] else 0.0
     if conv.op == "Conv":
-        new_w = w * scale.reshape((-1,) + (1,) * (w.ndim - 1))
+        new_w = w * scale32.reshape((-1,) + (1,) * (w.ndim - 1))
     else:  # ConvTranspose weights are [Cin, Cout/group, ...]; the output channel is dim 1 per group
         group = conv.attrs.get("group", 1)
         per = w.shape[1]
-        s = scale.reshape(group, 1, per, *([1] * (w.ndim - 2)))
+        s = scale32.reshape(group, 1, per, *([1] * (w.ndim - 2)))
         new_w = (w.reshape(group, -1, per, *w.shape[2:]) * s).reshape(w.shape)
     new_b = bias * scale + shift
     conv.inputs = conv.inputs[:1] + [

@@ -1,0 +1,115 @@
+"""Build times: cold and warm, 1 and 2 workers, local and Ray, and the cost of isolation.
+
+    python bench/bench_build.py [--repeat 3] [--no-ray]
+
+Workloads: ResNet-18 alone, and a batch of every test model (build_many). For each:
+  - cold builds (no cache) with the local executor and with Ray, 1 and 2 workers; Ray is
+    started once beforehand (its ~3-6 s start is printed, not counted), but each Ray build
+    starts its own actors, as a fresh `kiln build --executor ray` would;
+  - the same on Ray with its actors already up (one RayExecutor reused across builds, as a
+    long-running service or build_many over many models uses it);
+  - a warm build (every kernel a cache hit): the CI case of an unchanged model;
+  - per-job isolation: the same unique kernels compiled one after another in this process
+    (in-process debug mode) and through the zygote (a fresh forked process per job), one
+    worker each; the difference per job is what isolation costs.
+Each number is the median of --repeat runs. Prints Markdown tables (the ones in the README).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from ir.lower import ScheduleConfig, lower  # noqa: E402
+from orchestrator.build import build_many, optimize  # noqa: E402
+from orchestrator.executor_local import InProcessExecutor, LocalExecutor  # noqa: E402
+from orchestrator.plan import make_job, unique_jobs  # noqa: E402
+from orchestrator.target import parse_target  # noqa: E402
+from tests import model_zoo  # noqa: E402
+
+
+def timed(fn, repeat: int) -> float:
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def unique_kernel_jobs(models) -> list:
+    target = parse_target("llvm")
+    jobs = []
+    for m in models:
+        g, _ = optimize(m)
+        jobs += [make_job(c, target, 3) for c in lower(g, ScheduleConfig.for_vector_width(target.vector_width)).calls]
+    return unique_jobs(jobs)
+
+
+def isolation_cost(jobs, repeat: int) -> tuple[float, float]:
+    """(in-process s, zygote s) to compile `jobs` one at a time."""
+    inproc = timed(lambda: InProcessExecutor().run(jobs), repeat)
+    with LocalExecutor(workers=1) as ex:
+        ex.run(jobs[:1])  # start the zygote outside the measurement
+        forked = timed(lambda: ex.run(jobs), repeat)
+    return inproc, forked
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--no-ray", action="store_true")
+    args = ap.parse_args()
+    workloads = {"resnet18": [model_zoo.resnet18()], "all test models": [f() for f in model_zoo.ALL.values()]}
+    ray_mod = None
+    if not args.no_ray:
+        import ray
+        t0 = time.perf_counter()
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+                 runtime_env={"env_vars": {"PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}})
+        print(f"(Ray started in {time.perf_counter() - t0:.1f} s, not counted below)\n")
+        ray_mod = ray
+    print(f"# {time.strftime('%Y-%m-%d')}, {len(os.sched_getaffinity(0))} usable cores, median of {args.repeat}\n")
+    print("| workload | kernels | local 1w (s) | local 2w (s) | ray 1w (s) | ray 2w (s) | ray 2w, actors up (s) "
+          "| warm (s) | warm/cold |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for name, models in workloads.items():
+        cols = {}
+        for kind in ("local", "ray"):
+            for w in (1, 2):
+                if kind == "ray" and ray_mod is None:
+                    cols[kind, w] = float("nan")
+                    continue
+                cols[kind, w] = timed(lambda: build_many(models, executor=kind, workers=w, cache=None,
+                                                         progress=False), args.repeat)
+        actors_up = float("nan")
+        if ray_mod is not None:
+            from orchestrator.executor_ray import RayExecutor
+            with RayExecutor(workers=2) as ex:
+                build_many(models, executor=ex, cache=None, progress=False)  # actors boot here
+                actors_up = timed(lambda: build_many(models, executor=ex, cache=None, progress=False), args.repeat)
+        with tempfile.TemporaryDirectory() as store:
+            batch = build_many(models, cache=store, progress=False)
+            warm = timed(lambda: build_many(models, cache=store, progress=False), args.repeat)
+        n = batch.report["totals"]["kernels"]
+        print(f"| {name} | {n} | {cols['local', 1]:.2f} | {cols['local', 2]:.2f} | {cols['ray', 1]:.2f} | "
+              f"{cols['ray', 2]:.2f} | {actors_up:.2f} | {warm:.2f} | {100 * warm / cols['local', 2]:.0f}% |",
+              flush=True)
+    print("\n| workload | jobs | in-process (s) | forked from zygote (s) | isolation per job (ms) |")
+    print("|---|---:|---:|---:|---:|")
+    for name, models in workloads.items():
+        jobs = unique_kernel_jobs(models)
+        inproc, forked = isolation_cost(jobs, args.repeat)
+        print(f"| {name} | {len(jobs)} | {inproc:.2f} | {forked:.2f} | {1000 * (forked - inproc) / len(jobs):.1f} |",
+              flush=True)
+    if ray_mod is not None:
+        ray_mod.shutdown()
+
+
+if __name__ == "__main__":
+    main()
