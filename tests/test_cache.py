@@ -134,12 +134,11 @@ def test_readonly_store_reads_but_never_writes(tmp_path, executor):
 
 def test_verify_cache_catches_a_stale_object(tmp_path, executor):
     store = Store(str(tmp_path))
-    _build(model_zoo.cnn(), store, executor)
+    first = _build(model_zoo.cnn(), store, executor)
     ok = _build(model_zoo.cnn(), store, executor, verify_cache=True)  # deterministic: passes
     assert ok.report["totals"]["cached"] == ok.report["totals"]["kernels"]
-    key = next(iter(_entries(store)))
-    other = store.get(next(k for k in _entries(store) if k != key))
-    store.put(key, other)  # a well-formed entry holding the wrong object
+    key, other = (k["key"] for k in first.report["kernels"][:2])
+    store.put(key, store.get(other))  # a well-formed entry holding the wrong object
     with pytest.raises(BuildError, match="different bytes than the cached object"):
         _build(model_zoo.cnn(), store, executor, verify_cache=True)
 
