@@ -51,3 +51,29 @@ def test_explain_lists_passes_kernels_and_key_parts(tmp_path):
 def test_targets_lists_presets():
     r = kiln("targets")
     assert r.returncode == 0 and all(p in r.stdout for p in ("host", "x86-64-v3", "cascadelake", "aarch64"))
+
+
+def test_bench_profile_times_every_kernel(tmp_path):
+    example = os.path.join(ROOT, "configs", "examples", "cnn.onnx")
+    assert kiln("build", example, "-o", str(tmp_path / "b"), "--no-cache", "--quiet").returncode == 0
+    r = kiln("bench", str(tmp_path / "b"), "--repeat", "5", "--warmup", "1", "--profile")
+    assert r.returncode == 0, r.stderr
+    lines = [line for line in r.stdout.splitlines() if line.strip().endswith(")") and " ms " in line]
+    assert len(lines) == 6 and any("fused_conv_relu" in line for line in lines)
+
+
+def test_progress_line_counts_compiled_cached_failed():
+    import io
+
+    from orchestrator.progress import Progress
+    out = io.StringIO()
+    bar = Progress(5, 2, enabled=True, stream=out)
+    bar.update(cached=2)
+    bar.update(compiled=1)
+    bar.update(failed=1)
+    bar.close()
+    last = out.getvalue().strip().split("\r")[-1]
+    assert "4/5 kernels: 1 compiled, 2 cached, 1 failed | 2 workers" in last
+    quiet = io.StringIO()  # not a terminal: nothing at all
+    Progress(5, 2, stream=quiet).update(compiled=1)
+    assert quiet.getvalue() == ""
