@@ -68,10 +68,11 @@ def _freeze_integer_inputs(model, values: dict):
 
 
 def _build(model, executor):
+    from ir.errors import InternalError
     from orchestrator.build import BuildError, build
     try:
         return build(model, cache=None, executor=executor, progress=False).load(), None
-    except BuildError as e:  # a kernel Kiln lowered but could not compile is a bug, not a rejection
+    except (BuildError, InternalError) as e:  # Kiln's own failures are bugs, not rejections
         return None, ("fail", str(e))
     except KilnError as e:
         return None, ("rejected", str(e).splitlines()[0])

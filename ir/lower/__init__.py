@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from ..errors import InternalError
 from ..graph import Graph, Node, UnsupportedError
 from ..loop import Kernel, Let, Store, Var, flat_index
 from ..op_types import BROADCAST, OP_KIND, OUT_EWISE_FUSABLE, REDUCTION
@@ -154,7 +155,8 @@ def lower_group(g: Graph, members: list[Node], config: ScheduleConfig) -> Kernel
     except UnsupportedError:
         raise
     except Exception as e:  # a lowering bug: name the group so it can be reported
-        raise UnsupportedError(f"cannot lower fused group {[m.describe() for m in members]}: {e!r}") from e
+        raise InternalError(f"Kiln bug: cannot lower the fused group {', '.join(m.describe() for m in members)}: "
+                            f"{e!r}") from e
     ops = [m.op for m in members]
     name = "fused_" + "_".join(dict.fromkeys(o.lower() for o in ops))
     return KernelCall(b.kernel(body), list(b.outputs), list(b.inputs), list(b.workspaces), name[:60], ops,

@@ -30,6 +30,14 @@ class ScheduleConfig:
     nr: int = 32
     vectorize: bool = True
 
+    def tile(self, n: int) -> tuple[int, int]:
+        """(mr, nr) for a GEMM with n columns: a narrow GEMM (n within one vector) would waste
+        half of a two-vector panel on zero padding, so it uses one-vector panels and twice the
+        rows, which keeps the register count the same."""
+        if n <= self.vector_width < self.nr:
+            return 2 * self.mr, self.vector_width
+        return self.mr, self.nr
+
     @classmethod
     def for_vector_width(cls, vw: int) -> "ScheduleConfig":
         if vw >= 16:

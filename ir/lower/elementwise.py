@@ -10,7 +10,7 @@ import math
 import numpy as np
 
 from ..graph import Node, UnsupportedError
-from ..loop import Cast, Const, Var, add, call, cmp, const, fbin, mul, select, sub
+from ..loop import Cast, Const, Load, add, call, cmp, const, fbin, mul, select, sub
 from .builder import COMPUTE_DT, KernelBuilder, broadcast_index
 
 
@@ -292,69 +292,75 @@ def _pad(b: KernelBuilder, node: Node):
     return pad
 
 
+def resize_source_coords(n_in: int, n_out: int, scale: float, ctm: str) -> np.ndarray:
+    """Source coordinate of every output index along one axis, in float64 as ONNX defines it."""
+    x = np.arange(n_out, dtype=np.float64)
+    if ctm == "align_corners":
+        return np.zeros(n_out) if n_out == 1 else x * (n_in - 1) / (n_out - 1)
+    if ctm == "asymmetric":
+        return x / scale
+    if ctm == "tf_half_pixel_for_nearest":
+        return (x + 0.5) / scale
+    if ctm == "pytorch_half_pixel" and n_out == 1:
+        return np.zeros(1)
+    return (x + 0.5) / scale - 0.5
+
+
+def _nearest(coords: np.ndarray, mode: str) -> np.ndarray:
+    if mode == "floor":
+        return np.floor(coords)
+    if mode == "ceil":
+        return np.ceil(coords)
+    half = coords - np.floor(coords) == 0.5
+    return np.where(half, np.floor(coords) if mode == "round_prefer_floor" else np.ceil(coords), np.round(coords))
+
+
 def _resize(b: KernelBuilder, node: Node):
+    """Resize through per-axis index (and weight) tables computed at compile time in float64:
+    exact where ONNX's coordinates land on .5, and a gather per element at run time."""
     x, ishape = b.reader(node.inputs[0]), b.shape(node.inputs[0])
     oshape = b.shape(node.outputs[0])
     a = node.attrs
     mode = a.get("mode", "nearest")
     ctm = a.get("coordinate_transformation_mode", "half_pixel")
-    nearest = a.get("nearest_mode", "round_prefer_floor")
     scales = a["_scales"]
-
-    def original(i, axis):
-        """The source coordinate of output index i on `axis`, as a float expression."""
-        fi = Cast("f32", i)
-        s, n_in, n_out = scales[axis], ishape[axis], oshape[axis]
-        if ctm == "align_corners":
-            return _f(0) if n_out == 1 else fbin("mul", fi, _f((n_in - 1) / (n_out - 1)))
-        if ctm == "asymmetric":
-            return fbin("div", fi, _f(s))
-        if ctm == "tf_half_pixel_for_nearest":
-            return fbin("div", fbin("add", fi, _f(0.5)), _f(s))
-        if ctm == "pytorch_half_pixel" and n_out == 1:
-            return _f(0)
-        return fbin("sub", fbin("div", fbin("add", fi, _f(0.5)), _f(s)), _f(0.5))
-
     resized = [ax for ax in range(len(ishape)) if ishape[ax] != oshape[ax] or scales[ax] != 1]
+    tables = {}
+    for ax in resized:
+        coords = resize_source_coords(ishape[ax], oshape[ax], scales[ax], ctm)
+        if mode == "nearest":
+            idx = np.clip(_nearest(coords, a.get("nearest_mode", "round_prefer_floor")), 0, ishape[ax] - 1)
+            tables[ax] = b.constant_param("resize_index", idx.astype(np.int64))
+        else:
+            lo = np.floor(coords)
+            tables[ax] = (b.constant_param("resize_lo", np.clip(lo, 0, ishape[ax] - 1).astype(np.int64)),
+                          b.constant_param("resize_hi", np.clip(lo + 1, 0, ishape[ax] - 1).astype(np.int64)),
+                          b.constant_param("resize_w", (coords - lo).astype(np.float32)))
 
     if mode == "nearest":
-        def rounding(c):
-            if nearest == "floor":
-                return call("floor", c)
-            if nearest == "ceil":
-                return call("ceil", c)
-            if nearest == "round_prefer_ceil":
-                return call("floor", fbin("add", c, _f(0.5)))
-            return call("ceil", fbin("sub", c, _f(0.5)))
-
         def near(idx):
             src = list(idx)
             for ax in resized:
-                src[ax] = _iclamp(Cast("i64", rounding(original(idx[ax], ax))), 0, ishape[ax] - 1)
+                src[ax] = Load(tables[ax], idx[ax])
             return x(src)
         return near
 
     def linear(idx):
         corners = [(list(idx), None)]
         for ax in resized:
-            c = original(idx[ax], ax)
-            c = fbin("max", c, _f(0)) if ctm != "align_corners" else c
-            f = call("floor", c)
-            w1 = fbin("sub", c, f)
+            lo_t, hi_t, w_t = tables[ax]
+            w1 = Load(w_t, idx[ax])
             w0 = fbin("sub", _f(1), w1)
-            i0 = Cast("i64", f)
-            lo = _iclamp(i0, 0, ishape[ax] - 1)
-            hi = _iclamp(add(i0, Const(1)), 0, ishape[ax] - 1)
             nxt = []
             for src, w in corners:
-                for pos, wt in ((lo, w0), (hi, w1)):
+                for pos, wt in ((Load(lo_t, idx[ax]), w0), (Load(hi_t, idx[ax]), w1)):
                     s2 = list(src)
                     s2[ax] = pos
                     nxt.append((s2, wt if w is None else fbin("mul", w, wt)))
             corners = nxt
         value = None
         for src, w in corners:
-            term = x(src) if w is None else fbin("mul", x(src), w)
+            term = fbin("mul", x(src), w)
             value = term if value is None else fbin("add", value, term)
         return value
     return linear

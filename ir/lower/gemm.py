@@ -21,6 +21,9 @@ from ..loop import (Const, For, Gemm, Let, Load, Store, Var, add, cmp, div, fbin
 from .builder import KernelBuilder, broadcast_index
 
 
+COL_CHUNK_FLOATS = 96 * 1024  # 384 KiB of im2col per GEMM: L2-resident on current x86 cores
+
+
 def pack_panels(bmat: np.ndarray, nr: int) -> np.ndarray:
     """[K, N] -> [ceil(N/nr), K, nr], zero past N: the layout the micro-kernel streams."""
     k, n = bmat.shape
@@ -31,16 +34,18 @@ def pack_panels(bmat: np.ndarray, nr: int) -> np.ndarray:
 
 
 def _gemm(b: KernelBuilder, a_buf, a_off, a_sm, a_sk, b_buf, b_off, m, n, k, epilogue_fn) -> Gemm:
-    """A Gemm statement; epilogue_fn(m_expr, n_expr, acc_expr) returns the epilogue statements."""
+    """A Gemm statement; epilogue_fn(m_expr, n_expr, acc_expr) returns the epilogue statements.
+    B must have been packed with the panel width b.config.tile(n) gives."""
     mv, nv, av = b.fresh("gm"), b.fresh("gn"), b.fresh("gacc")
     epi = tuple(epilogue_fn(Var(mv), Var(nv), Var(av, "f32")))
-    return Gemm(a_buf, a_off, a_sm, a_sk, b_buf, b_off, m, n, k, b.config.mr, b.config.nr, mv, nv, av, epi)
+    mr, nr = b.config.tile(n)
+    return Gemm(a_buf, a_off, a_sm, a_sk, b_buf, b_off, m, n, k, mr, nr, mv, nv, av, epi)
 
 
 def _runtime_pack(b: KernelBuilder, src: str, off, k: int, n: int, s_k: int, s_n: int, ws: str,
                   dest_off=Const(0)) -> tuple:
     """Statements packing B (element (kk, nn) at off + kk*s_k + nn*s_n) into panels at ws[dest_off:]."""
-    nr = b.config.nr
+    nr = b.config.tile(n)[1]
     panels = -(-n // nr)
     p, kk, j = b.fresh("pp"), b.fresh("pk"), b.fresh("pj")
     col = add(mul(Var(p), nr), Var(j))
@@ -71,7 +76,7 @@ def lower_conv(b: KernelBuilder, node: Node, store) -> tuple:
     cog = cout // groups
     kk = cg * math.prod(kernel)
     m = math.prod(out_sp)
-    nr = b.config.nr
+    nr = b.config.tile(cog)[1]
     panel_stride = -(-cog // nr) * kk * nr
     runtime_w = w_name not in b.g.constants
     if runtime_w:  # weights computed at run time: pack them in the kernel, once per call
@@ -87,7 +92,10 @@ def lower_conv(b: KernelBuilder, node: Node, store) -> tuple:
     spatial = list(xs[2:])
     padded = [spatial[i] + pads[i] + pads[nsp + i] for i in range(nsp)]
     xp_ws = b.workspace(cg * math.prod(padded)) if any(pads) and not pointwise else None
-    col_ws = None if pointwise else b.workspace(kk * m)
+    # im2col in chunks of whole output rows, each small enough to stay in L2 for its GEMM.
+    lead_rows, row_size = out_sp[0], math.prod(out_sp[1:])
+    rows_per_chunk = lead_rows if pointwise else max(1, min(lead_rows, COL_CHUNK_FLOATS // max(kk * row_size, 1)))
+    col_ws = None if pointwise else b.workspace(kk * rows_per_chunk * row_size)
 
     bv, gv = b.fresh("b"), b.fresh("g")
     prologue = []
@@ -115,34 +123,52 @@ def lower_conv(b: KernelBuilder, node: Node, store) -> tuple:
             inner = (For(pv[i], padded[i], inner, "vectorize" if i == nsp - 1 else "serial"),)
         body.append(For(ci, cg, inner))
         src_buf, src_shape = xp_ws, padded
-    if col_ws:
-        # col[(ci, kpos)][pixel] = src[ci][pixel*stride + kpos*dilation]
-        ci = b.fresh("ci")
-        kv = [b.fresh("kp") for _ in range(nsp)]
-        ov = [b.fresh("op") for _ in range(nsp)]
-        chan = Var(ci) if xp_ws else add(chan0(), Var(ci))
-        lead = [cg] if xp_ws else [batch * cin]
-        pos = [add(mul(Var(ov[i]), strides[i]), mul(Var(kv[i]), dil[i])) for i in range(nsp)]
-        krow = flat_index([Var(ci)] + [Var(v) for v in kv], [cg] + list(kernel))
-        dest = add(mul(krow, m), flat_index([Var(v) for v in ov], out_sp))
-        inner = (Store(col_ws, dest, Load(src_buf, flat_index([chan] + pos, lead + src_shape))),)
-        for i in range(nsp - 1, -1, -1):
-            inner = (For(ov[i], out_sp[i], inner, "vectorize" if i == nsp - 1 else "serial"),)
-        for i in range(nsp - 1, -1, -1):
-            inner = (For(kv[i], kernel[i], inner),)
-        body.append(For(ci, cg, inner))
+    def chunk(row0, rows: int) -> list:
+        """im2col for output rows [row0, row0 + rows) of the leading spatial dim, then its GEMM."""
+        mc = rows * row_size
+        stmts = []
+        if not pointwise:
+            # col[(ci, kpos)][pixel] = src[ci][pixel*stride + kpos*dilation]
+            ci = b.fresh("ci")
+            kv = [b.fresh("kp") for _ in range(nsp)]
+            ov = [b.fresh("op") for _ in range(nsp)]
+            chan = Var(ci) if xp_ws else add(chan0(), Var(ci))
+            lead = [cg] if xp_ws else [batch * cin]
+            out_pos = [add(row0, Var(ov[0]))] + [Var(v) for v in ov[1:]]
+            pos = [add(mul(out_pos[i], strides[i]), mul(Var(kv[i]), dil[i])) for i in range(nsp)]
+            krow = flat_index([Var(ci)] + [Var(v) for v in kv], [cg] + list(kernel))
+            dest = add(mul(krow, mc), flat_index([Var(v) for v in ov], [rows] + list(out_sp[1:])))
+            inner_stmt = (Store(col_ws, dest, Load(src_buf, flat_index([chan] + pos, lead + src_shape))),)
+            extents = [rows] + list(out_sp[1:])
+            for i in range(nsp - 1, -1, -1):
+                inner_stmt = (For(ov[i], extents[i], inner_stmt, "vectorize" if i == nsp - 1 else "serial"),)
+            for i in range(nsp - 1, -1, -1):
+                inner_stmt = (For(kv[i], kernel[i], inner_stmt),)
+            stmts.append(For(ci, cg, inner_stmt))
 
-    def epilogue(mm, nn, acc):
-        co = add(mul(Var(gv), cog), nn)
-        value = acc if bias is None else fbin("add", acc, bias([co]))
-        spatial_idx = [mm] if b.conv_collapsed else unflatten(mm, out_sp)
-        return store([Var(bv), co] + spatial_idx, value)
+        def epilogue(mm, nn, acc):
+            co = add(mul(Var(gv), cog), nn)
+            value = acc if bias is None else fbin("add", acc, bias([co]))
+            pixel = add(mul(row0, row_size), mm)
+            spatial_idx = [pixel] if b.conv_collapsed else unflatten(pixel, out_sp)
+            return store([Var(bv), co] + spatial_idx, value)
 
-    if pointwise:
-        a_buf, a_off = xparam, mul(chan0(), m)
-    else:
-        a_buf, a_off = col_ws, Const(0)
-    body.append(_gemm(b, a_buf, a_off, 1, m, wparam, mul(Var(gv), panel_stride), m, cog, kk, epilogue))
+        if pointwise:
+            a_buf, a_off = xparam, add(mul(chan0(), m), mul(row0, row_size))
+            a_sk = m
+        else:
+            a_buf, a_off, a_sk = col_ws, Const(0), mc
+        stmts.append(_gemm(b, a_buf, a_off, 1, a_sk, wparam, mul(Var(gv), panel_stride), mc, cog, kk, epilogue))
+        return stmts
+
+    full, last = divmod(lead_rows, rows_per_chunk)
+    if full == 1:
+        body += chunk(Const(0), rows_per_chunk)
+    elif full:
+        ch = b.fresh("ch")
+        body.append(For(ch, full, tuple(chunk(mul(Var(ch), rows_per_chunk), rows_per_chunk))))
+    if last:
+        body += chunk(Const(full * rows_per_chunk), last)
     return tuple(prologue) + (For(bv, batch, (For(gv, groups, tuple(body)),)),)
 
 
@@ -216,7 +242,7 @@ def lower_conv_transpose(b: KernelBuilder, node: Node, store) -> tuple:
     oshape = b.type(node.outputs[0]).shape
     bias = b.reader(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] else None
     xparam = b.in_param(x_name)
-    nr = b.config.nr
+    nr = b.config.tile(n)[1]
     panel_stride = -(-n // nr) * cig * nr
     if w_name in b.g.constants:
         w = b.g.constants[w_name].reshape(groups, cig, n)
@@ -274,7 +300,7 @@ def lower_matmul(b: KernelBuilder, node: Node, store) -> tuple:
     batch = list(np.broadcast_shapes(tuple(sa[:-2]), tuple(sb[:-2])))
     a_param = b.in_param(a_name)
     const_b = b_name in b.g.constants
-    nr = b.config.nr
+    nr = b.config.tile(n)[1]
     panels = -(-n // nr)
     if const_b:
         bm = b.g.constants[b_name].reshape(sb)
@@ -312,7 +338,7 @@ def lower_gemm(b: KernelBuilder, node: Node, store) -> tuple:
     sa, sb = b.type(a_name).shape, b.type(b_name).shape
     m, k = (sa[1], sa[0]) if ta else sa
     n = sb[0] if tb else sb[1]
-    nr = b.config.nr
+    nr = b.config.tile(n)[1]
     a_param = b.in_param(a_name)
     stmts = []
     if b_name in b.g.constants:
