@@ -77,3 +77,42 @@ def test_progress_line_counts_compiled_cached_failed():
     quiet = io.StringIO()  # not a terminal: nothing at all
     Progress(5, 2, stream=quiet).update(compiled=1)
     assert quiet.getvalue() == ""
+
+
+def test_loading_needs_numpy_and_ctypes_only(tmp_path):
+    """A bundle loads and runs without llvmlite or onnx in the process: no JIT at load time."""
+    import subprocess
+    import sys
+    example = os.path.join(ROOT, "configs", "examples", "cnn.onnx")
+    assert kiln("build", example, "-o", str(tmp_path / "b"), "--no-cache", "--quiet").returncode == 0
+    code = ("import sys, numpy as np, artifacts\n"
+            f"m = artifacts.load({str(tmp_path / 'b')!r})\n"
+            "out = m.run({'x': np.zeros((1, 3, 32, 32), np.float32)})\n"
+            "assert out['logits'].shape == (1, 10)\n"
+            "bad = [k for k in ('llvmlite', 'onnx', 'orchestrator', 'codegen_worker') if k in sys.modules]\n"
+            "assert not bad, bad\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                       env={**os.environ, "PYTHONPATH": ROOT})
+    assert r.returncode == 0, r.stderr
+
+
+def test_declared_output_shape_is_not_trusted(executor):
+    """A model that declares a wrong output shape gets the inferred one, with onnxruntime's
+    values (the oracle runs the same model without the wrong declaration, which it rejects)."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper
+
+    from orchestrator.build import build
+    from tests import model_zoo
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [7, 7, 7])  # wrong on purpose
+    wrong = helper.make_model(helper.make_graph([helper.make_node("Transpose", ["x"], ["y"], perm=[1, 0])], "g",
+                                                [x], [y]), opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    clean = onnx.ModelProto()
+    clean.CopyFrom(wrong)
+    clean.graph.output[0].type.tensor_type.shape.Clear()
+    module = build(wrong, executor=executor, cache=None).load()
+    assert module.outputs[0]["shape"] == [3, 2]
+    inputs = model_zoo.random_inputs(clean)
+    np.testing.assert_array_equal(module.run(inputs)["y"], model_zoo.onnxruntime_outputs(clean, inputs)["y"])

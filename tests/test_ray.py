@@ -55,3 +55,18 @@ def test_conflicting_target_options_do_not_leak(which, ray_executor, executor):
     for together, single in zip(batch.results, alone):
         assert together.files["model.so"] == single.files["model.so"]
     assert batch.results[0].files["model.so"] != alone[2].files["model.so"]  # the options do change code
+
+
+def test_cli_executor_ray_starts_its_own_ray(tmp_path):
+    """`kiln build --executor ray` with no address starts a local Ray with num_cpus = workers."""
+    import json
+    import os
+
+    from tests.test_bad_input import ROOT, kiln
+    example = os.path.join(ROOT, "configs", "examples", "cnn.onnx")
+    r = kiln("build", example, "-o", str(tmp_path / "b"), "--executor", "ray", "--workers", "1", "--no-cache",
+             "--report", str(tmp_path / "r.json"), "--quiet")
+    assert r.returncode == 0, r.stderr[-2000:]
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["executor"] == "ray" and report["workers"] == 1
+    assert all(k["worker"].startswith("ray:") for k in report["kernels"])
