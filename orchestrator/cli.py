@@ -92,16 +92,22 @@ def _summary(report) -> str:
             f"({report['executor']}, {report['workers']} workers)")
 
 
-def cmd_build(args) -> int:
-    from .build import BuildError, build
+def _run_build(args, fn, models):
+    """Run build/build_many with the CLI's flags; a failed build still writes its report."""
+    from .build import BuildError
     kwargs = _build_kwargs(args)
     try:
-        result = build(args.model, target=args.target, **kwargs)
+        return fn(models, target=args.target, **kwargs)
     except BuildError as e:
         _write_report(args.report, e.report)
         raise
     finally:
         kwargs["executor"].close()
+
+
+def cmd_build(args) -> int:
+    from .build import build
+    result = _run_build(args, build, args.model)
     path = result.export(args.output)
     _write_report(args.report, result.report)
     if not args.quiet:
@@ -110,15 +116,8 @@ def cmd_build(args) -> int:
 
 
 def cmd_build_many(args) -> int:
-    from .build import BuildError, build_many
-    kwargs = _build_kwargs(args)
-    try:
-        batch = build_many(args.models, target=args.target, **kwargs)
-    except BuildError as e:
-        _write_report(args.report, e.report)
-        raise
-    finally:
-        kwargs["executor"].close()
+    from .build import build_many
+    batch = _run_build(args, build_many, args.models)
     os.makedirs(args.output, exist_ok=True)
     names = [os.path.splitext(os.path.basename(m))[0] for m in args.models]
     if len(set(names)) != len(names):

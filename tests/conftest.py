@@ -32,10 +32,8 @@ def _private_cache(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "kiln-cache"))
 
 
-def build_and_compare(model, executor, seed: int = 0, **build_kwargs):
-    """Build `model`, run it on random inputs, and compare every output with onnxruntime."""
-    from orchestrator.build import build
-    result = build(model, executor=executor, cache=None, progress=False, **build_kwargs)
+def assert_matches_oracle(result, model, seed: int = 0):
+    """Run a BuildResult's module on random inputs; compare every output with onnxruntime."""
     module = result.load()
     inputs = model_zoo.random_inputs(model, seed)
     got = module.run(inputs)
@@ -44,7 +42,14 @@ def build_and_compare(model, executor, seed: int = 0, **build_kwargs):
     for name in want:
         assert got[name].shape == want[name].shape, name
         np.testing.assert_allclose(got[name], want[name], rtol=RTOL, atol=ATOL, err_msg=name)
-    return result, module
+    return module
+
+
+def build_and_compare(model, executor, seed: int = 0, **build_kwargs):
+    """Build `model`, run it on random inputs, and compare every output with onnxruntime."""
+    from orchestrator.build import build
+    result = build(model, executor=executor, cache=None, progress=False, **build_kwargs)
+    return result, assert_matches_oracle(result, model, seed)
 
 
 @pytest.fixture(scope="session")

@@ -7,7 +7,7 @@ import onnx
 from orchestrator.build import build, build_many
 from tests import model_zoo
 from tests.test_bad_input import kiln
-from tests.test_faults import check_module
+from tests.conftest import assert_matches_oracle
 
 
 def test_shared_kernels_compile_once(executor):
@@ -19,7 +19,7 @@ def test_shared_kernels_compile_once(executor):
     assert t["kernel_calls"] == sum(len(s.report["kernels"]) for s in singles)
     for result, single, model in zip(batch.results, singles, models):
         assert result.files["model.so"] == single.files["model.so"]
-        check_module(result, model)
+        assert_matches_oracle(result, model)
 
 
 def test_resnet_repeats_its_blocks_kernels(executor):

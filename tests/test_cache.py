@@ -14,19 +14,12 @@ from orchestrator.build import BuildError, build
 from orchestrator.cache_key import key_of, key_parts
 from orchestrator.target import parse_target
 from tests import model_zoo
+from tests.conftest import assert_matches_oracle
 from tests.test_bad_input import ROOT, kiln
 
 
 def _build(model, store, executor, **kw):
     return build(model, cache=store, executor=executor, progress=False, **kw)
-
-
-def _assert_matches_oracle(result, model):
-    x = model_zoo.random_inputs(model)
-    want = model_zoo.onnxruntime_outputs(model, x)
-    got = result.load().run(x)
-    for k in want:
-        np.testing.assert_allclose(got[k], want[k], rtol=1e-3, atol=1e-4)
 
 
 def _entries(store):
@@ -57,7 +50,7 @@ def test_new_weights_compile_nothing(tmp_path, executor):
             init.CopyFrom(onnx.numpy_helper.from_array(arr * 1.5 + 0.1, init.name))
     result = _build(retrained, store, executor)
     assert result.report["totals"]["compiled"] == 0
-    _assert_matches_oracle(result, retrained)
+    assert_matches_oracle(result, retrained)
 
 
 def test_changing_one_layer_recompiles_only_its_kernels(tmp_path, executor):
@@ -73,7 +66,7 @@ def test_changing_one_layer_recompiles_only_its_kernels(tmp_path, executor):
     recompiled = [k for k in after.report["kernels"] if not k["cache_hit"]]
     assert [k["ops"] for k in recompiled] == [["AveragePool"], ["GlobalAveragePool"]]  # the pool and its consumer
     assert len(after.report["kernels"]) == len(before.report["kernels"])
-    _assert_matches_oracle(after, changed)
+    assert_matches_oracle(after, changed)
 
 
 @pytest.mark.parametrize("damage", ["corrupt", "truncate", "foreign", "other_key"])
@@ -100,7 +93,7 @@ def test_damaged_entry_is_rebuilt_not_trusted(tmp_path, executor, damage):
     assert result.report["totals"]["compiled"] == 1
     assert any("invalid" in str(w.message) for w in caught)
     assert store.verify() == []  # the rebuilt entry is valid again
-    _assert_matches_oracle(result, model)
+    assert_matches_oracle(result, model)
 
 
 def test_concurrent_builds_share_one_store(tmp_path):

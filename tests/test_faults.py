@@ -1,21 +1,13 @@
 """Failures are data: a crashed, hung, dying or lying worker is retried in a fresh process,
 then with the safe fallback schedule; only then does the build fail, naming the kernel.
 The same scenarios run on the local executor here and on Ray in test_ray.py."""
-import numpy as np
 import pytest
 
 from artifacts.store import Store
 from orchestrator.build import BuildError, build
 from orchestrator.executor_local import LocalExecutor
 from tests import model_zoo
-
-
-def check_module(result, model):
-    x = model_zoo.random_inputs(model)
-    want = model_zoo.onnxruntime_outputs(model, x)
-    got = result.load().run(x)
-    for k in want:
-        np.testing.assert_allclose(got[k], want[k], rtol=1e-3, atol=1e-4)
+from tests.conftest import assert_matches_oracle
 
 
 def faulty_build(executor, fault, store=None, model=None):
@@ -29,7 +21,7 @@ def faulty_build(executor, fault, store=None, model=None):
 def test_first_attempt_fault_is_retried_in_a_fresh_process(fault, kind):
     with LocalExecutor(workers=2, kernel_timeout=3) as ex:
         result, model, row = faulty_build(ex, fault)
-    check_module(result, model)
+    assert_matches_oracle(result, model)
     assert row["attempts"] == 2 and row["attempt_log"][0]["kind"] == kind and row["attempt_log"][1]["ok"]
     assert row["attempt_log"][0]["worker"] != row["attempt_log"][1]["worker"]  # another process
     assert result.report["totals"]["retried"] == 1 and result.report["totals"]["fallback"] == 0
@@ -37,7 +29,7 @@ def test_first_attempt_fault_is_retried_in_a_fresh_process(fault, kind):
 
 def test_fault_until_fallback_uses_the_safe_schedule(executor):
     result, model, row = faulty_build(executor, "crash:nofallback")
-    check_module(result, model)
+    assert_matches_oracle(result, model)
     assert row["attempts"] == 3 and row["fallback"] and [a["fallback"] for a in row["attempt_log"]] == [0, 0, 1]
     assert result.report["totals"]["fallback"] == 1
 

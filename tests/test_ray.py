@@ -4,7 +4,8 @@ import pytest
 
 from orchestrator.build import BuildError, build, build_many
 from tests import model_zoo
-from tests.test_faults import check_module, faulty_build
+from tests.conftest import assert_matches_oracle
+from tests.test_faults import faulty_build
 
 
 def test_ray_and_local_builds_are_byte_identical(ray_executor, executor):
@@ -13,26 +14,26 @@ def test_ray_and_local_builds_are_byte_identical(ray_executor, executor):
         local = build(model, executor=executor, cache=None, progress=False)
         assert on_ray.files["model.so"] == local.files["model.so"]
         assert all(k["worker"].startswith("ray:") for k in on_ray.report["kernels"])
-    check_module(on_ray, model)
+    assert_matches_oracle(on_ray, model)
 
 
 @pytest.mark.parametrize("fault,kind", [("crash", "crash"), ("hang", "timeout"), ("corrupt", "bad_output")])
 def test_faults_on_ray_are_retried(ray_executor, fault, kind):
     result, model, row = faulty_build(ray_executor, fault)
-    check_module(result, model)
+    assert_matches_oracle(result, model)
     assert row["attempts"] == 2 and row["attempt_log"][0]["kind"] == kind
 
 
 def test_fallback_on_ray(ray_executor):
     result, model, row = faulty_build(ray_executor, "crash:nofallback")
-    check_module(result, model)
+    assert_matches_oracle(result, model)
     assert row["fallback"] and result.report["totals"]["fallback"] == 1
 
 
 def test_actor_killed_mid_build_is_replaced(ray_executor):
     replaced = ray_executor.replaced
     result, model, row = faulty_build(ray_executor, "kill_actor")
-    check_module(result, model)
+    assert_matches_oracle(result, model)
     assert ray_executor.replaced == replaced + 1
     assert row["attempts"] == 2 and row["attempt_log"][0]["worker"] == "ray:dead-actor"
     assert result.report["totals"]["retried"] >= 1
