@@ -74,7 +74,7 @@ def test_damaged_entry_is_rebuilt_not_trusted(tmp_path, executor, damage):
     store = Store(str(tmp_path))
     model = model_zoo.cnn()
     kernels = [k["key"] for k in _build(model, store, executor).report["kernels"]]
-    key, path = kernels[0], store.path(kernels[0])
+    path = store.path(kernels[0])
     data = open(path, "rb").read()
     size = len(data)
     if damage == "corrupt":

@@ -1,12 +1,10 @@
 """Each graph pass: the graph it produces, and the model's outputs unchanged (onnxruntime)."""
 import numpy as np
-import onnx
 import pytest
-from onnx import TensorProto, helper
 
 from ir.frontend_onnx import from_onnx
-from ir.passes import (default_pipeline, eliminate_common_subexpr, eliminate_dead_code, fold_constants, fuse_ops,
-                       groups_of, infer_types, simplify_inference)
+from ir.passes import (default_pipeline, eliminate_common_subexpr, eliminate_dead_code, fold_constants, groups_of,
+                       infer_types, simplify_inference)
 from ir.transform import DumpIR, PassContext, PassTimingInstrument, Sequential, graph_pass
 from tests import model_zoo
 from tests.conftest import build_and_compare

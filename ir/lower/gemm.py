@@ -16,8 +16,8 @@ import math
 import numpy as np
 
 from ..graph import Node
-from ..loop import (Const, For, Gemm, Let, Load, Store, Var, add, cmp, div, fbin, flat_index, mul, rem, select,
-                    unflatten)
+from ..loop import (Assign, Const, For, Gemm, Load, Local, Store, Var, add, cmp, div, fbin, flat_index, mul, rem,
+                    select, sub, unflatten)
 from .builder import KernelBuilder, broadcast_index
 
 
@@ -112,7 +112,7 @@ def lower_conv(b: KernelBuilder, node: Node, store) -> tuple:
         pv = [b.fresh("pd") for _ in range(nsp)]
         inside, src = None, []
         for i in range(nsp):
-            pos = sub_(Var(pv[i]), pads[i])
+            pos = sub(Var(pv[i]), pads[i])
             ok = fbin("and", cmp("ge", pos, Const(0)), cmp("lt", pos, Const(spatial[i])))
             inside = ok if inside is None else fbin("and", inside, ok)
             src.append(fbin("min", fbin("max", pos, Const(0)), Const(spatial[i] - 1)))
@@ -179,16 +179,10 @@ def is_depthwise(b: KernelBuilder, node: Node) -> bool:
     return groups > 1 and groups == xs[1] and ws_[1] == 1 and len(xs) == 4 and node.inputs[1] in b.g.constants
 
 
-def sub_(a, c):
-    from ..loop import sub
-    return sub(a, c)
-
-
 def _lower_depthwise(b: KernelBuilder, node: Node, store) -> tuple:
     """Direct depthwise conv over a zero-bordered copy of the input. Per output row, one loop
     along the row whose body is the whole (fully unrolled) kernel window: LLVM vectorizes it
     along the row, keeping the sum in registers and the window's weights hoisted."""
-    from ..loop import Assign, Local
     x_name, w_name = node.inputs[0], node.inputs[1]
     batch, cin, h, w_ = b.type(x_name).shape
     cout = b.type(w_name).shape[0]
@@ -202,7 +196,7 @@ def _lower_depthwise(b: KernelBuilder, node: Node, store) -> tuple:
     bias = b.reader(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] else None
     xp = b.workspace(cin * hp * wp)
     bv, c, i, j = b.fresh("b"), b.fresh("c"), b.fresh("y"), b.fresh("x")
-    pi, pj = sub_(Var(i), pt), sub_(Var(j), pl)
+    pi, pj = sub(Var(i), pt), sub(Var(j), pl)
     inside = fbin("and", fbin("and", cmp("ge", pi, Const(0)), cmp("lt", pi, Const(h))),
                   fbin("and", cmp("ge", pj, Const(0)), cmp("lt", pj, Const(w_))))
     src = flat_index([add(mul(Var(bv), cin), Var(c)), fbin("min", fbin("max", pi, Const(0)), Const(h - 1)),
@@ -259,7 +253,6 @@ def lower_conv_transpose(b: KernelBuilder, node: Node, store) -> tuple:
                  mul(Var(gv), panel_stride), m, n, cig, lambda mm, nn, acc: [Store(cols, add(mul(nn, m), mm), acc)])
 
     def point(oidx):
-        from ..loop import Assign, Local
         acc = b.fresh("acc")
         co = oidx[0]
         body = [Local(acc, "f32", Const(0.0, "f32"))]
@@ -267,7 +260,7 @@ def lower_conv_transpose(b: KernelBuilder, node: Node, store) -> tuple:
         def tap(kidx):
             ok, src = None, []
             for i in range(nsp):
-                num = sub_(add(oidx[1 + i], pads[i]), mul(kidx[i], dil[i]))
+                num = sub(add(oidx[1 + i], pads[i]), mul(kidx[i], dil[i]))
                 safe = fbin("max", num, Const(0))
                 q = div(safe, strides[i])
                 valid = fbin("and", cmp("ge", num, Const(0)),
