@@ -417,7 +417,12 @@ class FunctionEmitter:
             bv = self.tmp("bv")
             self.emit(f"{bv} = load {vt}, ptr {p}, align 4")
             bvec.append(bv)
-        ks = k if g.a_sk == 1 else self.mul_const(k, g.a_sk)
+        if g.a_ktab:  # implicit GEMM: A's k offset comes from a table
+            tp = self.gep(self.bufs[g.a_ktab][0], "i64", k)
+            ks = self.tmp("koff")
+            self.emit(f"{ks} = load i64, ptr {tp}, align 8")
+        else:
+            ks = k if g.a_sk == 1 else self.mul_const(k, g.a_sk)
         for r in range(rows):
             ai = self.tmp("ai")
             self.emit(f"{ai} = add nsw i64 {rowbase[r]}, {ks}")

@@ -130,6 +130,9 @@ class If(Stmt):
 class Gemm(Stmt):
     """C[m, n] = sum_k A[a_off + m*a_sm + k*a_sk] * Bp[b_off + panel(n)][k][n % nr], then `epilogue`.
 
+    With `a_ktab` (an i64 buffer of k offsets), A's k term is a_ktab[k] instead of k*a_sk:
+    the implicit-GEMM convolution reads its A operand straight from the (padded) input.
+
     B is packed in panels of `nr` columns: Bp[p][k][j] = B[k][p*nr + j], zero past N. The
     codegen computes register tiles of `mr` x `nr`, then runs `epilogue` once per element of
     each tile with `m_var`, `n_var` bound to the element's row and column and `acc_var` to
@@ -150,6 +153,7 @@ class Gemm(Stmt):
     n_var: str
     acc_var: str
     epilogue: tuple
+    a_ktab: str = ""
 
 
 @dataclass(frozen=True)

@@ -33,13 +33,13 @@ def pack_panels(bmat: np.ndarray, nr: int) -> np.ndarray:
     return np.ascontiguousarray(padded.reshape(k, panels, nr).transpose(1, 0, 2))
 
 
-def _gemm(b: KernelBuilder, a_buf, a_off, a_sm, a_sk, b_buf, b_off, m, n, k, epilogue_fn) -> Gemm:
+def _gemm(b: KernelBuilder, a_buf, a_off, a_sm, a_sk, b_buf, b_off, m, n, k, epilogue_fn, a_ktab: str = "") -> Gemm:
     """A Gemm statement; epilogue_fn(m_expr, n_expr, acc_expr) returns the epilogue statements.
     B must have been packed with the panel width b.config.tile(n) gives."""
     mv, nv, av = b.fresh("gm"), b.fresh("gn"), b.fresh("gacc")
     epi = tuple(epilogue_fn(Var(mv), Var(nv), Var(av, "f32")))
     mr, nr = b.config.tile(n)
-    return Gemm(a_buf, a_off, a_sm, a_sk, b_buf, b_off, m, n, k, mr, nr, mv, nv, av, epi)
+    return Gemm(a_buf, a_off, a_sm, a_sk, b_buf, b_off, m, n, k, mr, nr, mv, nv, av, epi, a_ktab)
 
 
 def _runtime_pack(b: KernelBuilder, src: str, off, k: int, n: int, s_k: int, s_n: int, ws: str,
@@ -92,10 +92,14 @@ def lower_conv(b: KernelBuilder, node: Node, store) -> tuple:
     spatial = list(xs[2:])
     padded = [spatial[i] + pads[i] + pads[nsp + i] for i in range(nsp)]
     xp_ws = b.workspace(cg * math.prod(padded)) if any(pads) and not pointwise else None
+    # Implicit GEMM when an output row fills at least one micro-kernel row block: the mr
+    # pixels of a block are then mr input positions `stride` apart in one input row, so A is
+    # read in place and im2col disappears. Narrower outputs use im2col (their M is small).
+    implicit = not pointwise and out_sp[-1] >= b.config.tile(cog)[0]
     # im2col in chunks of whole output rows, each small enough to stay in L2 for its GEMM.
     lead_rows, row_size = out_sp[0], math.prod(out_sp[1:])
     rows_per_chunk = lead_rows if pointwise else max(1, min(lead_rows, COL_CHUNK_FLOATS // max(kk * row_size, 1)))
-    col_ws = None if pointwise else b.workspace(kk * rows_per_chunk * row_size)
+    col_ws = None if pointwise or implicit else b.workspace(kk * rows_per_chunk * row_size)
 
     bv, gv = b.fresh("b"), b.fresh("g")
     prologue = []
@@ -123,6 +127,32 @@ def lower_conv(b: KernelBuilder, node: Node, store) -> tuple:
             inner = (For(pv[i], padded[i], inner, "vectorize" if i == nsp - 1 else "serial"),)
         body.append(For(ci, cg, inner))
         src_buf, src_shape = xp_ws, padded
+    def implicit_rows() -> list:
+        """One GEMM per output row, A read from the (padded) input through a k-offset table."""
+        src_sp = src_shape
+        chan_base = Const(0) if xp_ws else mul(chan0(), math.prod(spatial))
+        ktab = np.zeros(kk, np.int64)
+        for i, idx in enumerate(np.ndindex(cg, *kernel)):
+            ktab[i] = np.ravel_multi_index((idx[0],) + tuple(k * d for k, d in zip(idx[1:], dil)), [cg] + src_sp)
+        ktab_param = b.constant_param("conv_koffsets", ktab)
+        rv = [b.fresh("orow") for _ in range(nsp - 1)]
+        row_start = flat_index([mul(Var(v), st) for v, st in zip(rv, strides)] + [Const(0)], src_sp)
+        row_index = flat_index([Var(v) for v in rv], out_sp[:-1])
+
+        def epilogue(mm, nn, acc):
+            co = add(mul(Var(gv), cog), nn)
+            value = acc if bias is None else fbin("add", acc, bias([co]))
+            pixel = add(mul(row_index, out_sp[-1]), mm)
+            spatial_idx = [pixel] if b.conv_collapsed else unflatten(pixel, out_sp)
+            return store([Var(bv), co] + spatial_idx, value)
+
+        stmt = _gemm(b, src_buf, add(chan_base, row_start), strides[-1], 0, wparam, mul(Var(gv), panel_stride),
+                     out_sp[-1], cog, kk, epilogue, a_ktab=ktab_param)
+        body_ = (stmt,)
+        for i in range(nsp - 2, -1, -1):
+            body_ = (For(rv[i], out_sp[i], body_),)
+        return list(body_)
+
     def chunk(row0, rows: int) -> list:
         """im2col for output rows [row0, row0 + rows) of the leading spatial dim, then its GEMM."""
         mc = rows * row_size
@@ -162,6 +192,9 @@ def lower_conv(b: KernelBuilder, node: Node, store) -> tuple:
         return stmts
 
     full, last = divmod(lead_rows, rows_per_chunk)
+    if implicit:
+        body += implicit_rows()
+        full = last = 0
     if full == 1:
         body += chunk(Const(0), rows_per_chunk)
     elif full:

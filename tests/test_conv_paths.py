@@ -1,0 +1,62 @@
+"""Every code path convolution can take, against onnxruntime: implicit GEMM (wide rows),
+chunked im2col (narrow rows, big K), pointwise in place, grouped, depthwise, transposed,
+run-time weights, 1-D / 3-D, dilation, stride, asymmetric and auto padding."""
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from tests.conftest import build_and_compare
+
+CASES = {
+    # name: (input shape, weight shape, attrs)
+    "implicit_3x3_pad": ((1, 8, 40, 40), (16, 8, 3, 3), {"pads": [1, 1, 1, 1]}),
+    "implicit_stride2_dilated": ((1, 4, 64, 64), (8, 4, 3, 3), {"strides": [2, 2], "dilations": [2, 2],
+                                                                 "pads": [2, 1, 0, 2]}),
+    "implicit_same_upper": ((2, 3, 33, 47), (40, 3, 5, 3), {"auto_pad": "SAME_UPPER"}),
+    "implicit_no_pad_7x7_s2": ((1, 3, 70, 70), (64, 3, 7, 7), {"strides": [2, 2]}),
+    "im2col_narrow_big_k": ((1, 64, 9, 9), (48, 64, 3, 3), {"pads": [1, 1, 1, 1]}),
+    "im2col_chunked_rows": ((1, 96, 20, 12), (20, 96, 3, 3), {"pads": [0, 1, 0, 1]}),
+    "pointwise": ((2, 24, 17, 19), (36, 24, 1, 1), {}),
+    "grouped": ((1, 12, 30, 30), (18, 4, 3, 3), {"group": 3, "pads": [1, 1, 1, 1]}),
+    "depthwise_multiplier": ((1, 6, 31, 29), (12, 1, 3, 3), {"group": 6, "strides": [2, 1], "pads": [1, 0, 1, 2]}),
+    "conv1d_wide": ((1, 5, 100), (7, 5, 5), {"pads": [2, 2], "dilations": [2]}),
+    "conv3d": ((1, 2, 6, 20, 20), (4, 2, 3, 3, 3), {"pads": [1, 1, 1, 1, 1, 1]}),
+}
+
+
+def _conv_model(op, xshape, wshape, attrs, runtime_weights=False, bias=True):
+    rng = np.random.default_rng(0)
+    w = (rng.standard_normal(wshape) / np.sqrt(np.prod(wshape[1:]))).astype(np.float32)
+    cout = wshape[1] * attrs.get("group", 1) if op == "ConvTranspose" else wshape[0]
+    inits = [numpy_helper.from_array((rng.standard_normal(cout) * 0.1).astype(np.float32), "b")] if bias else []
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(xshape))]
+    if runtime_weights:
+        inputs.append(helper.make_tensor_value_info("w", TensorProto.FLOAT, list(wshape)))
+    else:
+        inits.append(numpy_helper.from_array(w, "w"))
+    node = helper.make_node(op, ["x", "w"] + (["b"] if bias else []), ["c"], **attrs)
+    relu = helper.make_node("Relu", ["c"], ["y"])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    return helper.make_model(helper.make_graph([node, relu], "conv", inputs, [y], inits),
+                             opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_conv_path(name, executor):
+    xshape, wshape, attrs = CASES[name]
+    build_and_compare(_conv_model("Conv", xshape, wshape, attrs), executor)
+
+
+@pytest.mark.parametrize("name", ["implicit_3x3_pad", "grouped", "pointwise", "im2col_narrow_big_k"])
+def test_conv_with_runtime_weights(name, executor):
+    xshape, wshape, attrs = CASES[name]
+    build_and_compare(_conv_model("Conv", xshape, wshape, attrs, runtime_weights=True), executor)
+
+
+@pytest.mark.parametrize("xshape,wshape,attrs", [
+    ((1, 8, 10, 12), (8, 4, 2, 2), {"strides": [2, 2]}),
+    ((1, 6, 9, 9), (6, 2, 3, 3), {"strides": [2, 2], "pads": [1, 1, 1, 1], "output_padding": [1, 1], "group": 3}),
+    ((1, 4, 7, 5), (4, 3, 3, 3), {"dilations": [2, 1], "pads": [0, 1, 2, 0]}),
+])
+def test_conv_transpose(xshape, wshape, attrs, executor):
+    build_and_compare(_conv_model("ConvTranspose", xshape, wshape, attrs), executor)
