@@ -16,7 +16,7 @@ import math
 import numpy as np
 
 from ..graph import Node
-from ..loop import (Assign, Const, For, Gemm, Load, Local, Store, Var, add, cmp, div, fbin, flat_index, mul, rem,
+from ..loop import (Assign, Const, For, Gemm, If, Load, Local, Store, Var, add, cmp, div, fbin, flat_index, mul, rem,
                     select, sub, unflatten)
 from .builder import KernelBuilder, broadcast_index
 
@@ -40,6 +40,37 @@ def _gemm(b: KernelBuilder, a_buf, a_off, a_sm, a_sk, b_buf, b_off, m, n, k, epi
     epi = tuple(epilogue_fn(Var(mv), Var(nv), Var(av, "f32")))
     mr, nr = b.config.tile(n)
     return Gemm(a_buf, a_off, a_sm, a_sk, b_buf, b_off, m, n, k, mr, nr, mv, nv, av, epi, a_ktab)
+
+
+def padded_copy(b: KernelBuilder, src: str, src_off, channels: int, spatial: list, pads: list, dest: str) -> For:
+    """Copy `channels` planes of `spatial` from src[src_off:] into dest with zero borders.
+    Rows inside the input copy contiguously (vectorized) between two zero runs; rows in the
+    padding are zero-filled: no per-element bounds checks or clamped loads."""
+    nsp = len(spatial)
+    padded = [spatial[i] + pads[i] + pads[nsp + i] for i in range(nsp)]
+    ci = b.fresh("ci")
+    rv = [b.fresh("pr") for _ in range(nsp - 1)]
+    j = b.fresh("pj")
+    row = [Var(ci)] + [Var(v) for v in rv]
+    dest_row = flat_index(row + [Const(0)], [channels] + padded)
+    src_row = add(src_off, flat_index([Var(ci)] + [sub(Var(v), pads[i]) for i, v in enumerate(rv)] + [Const(0)],
+                                      [channels] + list(spatial)))
+    zero = Const(0.0, "f32")
+    left, width, right = pads[nsp - 1], spatial[-1], pads[2 * nsp - 1]
+    fill = (For(j, left, (Store(dest, add(dest_row, Var(j)), zero),), "vectorize"),
+            For(j, width, (Store(dest, add(dest_row, add(Var(j), left)), Load(src, add(src_row, Var(j)))),),
+                "vectorize"),
+            For(j, right, (Store(dest, add(dest_row, add(Var(j), left + width)), zero),), "vectorize"))
+    inside = None
+    for i, v in enumerate(rv):
+        pos = sub(Var(v), pads[i])
+        ok = fbin("and", cmp("ge", pos, Const(0)), cmp("lt", pos, Const(spatial[i])))
+        inside = ok if inside is None else fbin("and", inside, ok)
+    body = fill if inside is None else (If(inside, fill, (For(j, padded[-1], (Store(dest, add(dest_row, Var(j)),
+                                                                                      zero),), "vectorize"),)),)
+    for i in range(nsp - 2, -1, -1):
+        body = (For(rv[i], padded[i], body),)
+    return For(ci, channels, body)
 
 
 def _runtime_pack(b: KernelBuilder, src: str, off, k: int, n: int, s_k: int, s_n: int, ws: str,
@@ -111,22 +142,10 @@ def lower_conv(b: KernelBuilder, node: Node, store) -> tuple:
     chan0 = lambda: add(mul(Var(bv), cin), mul(Var(gv), cg))  # first input channel of this group
     src_buf, src_shape = xparam, spatial
     if xp_ws:
-        # Copy the group's input into a zero-bordered workspace: im2col then needs no checks.
-        ci = b.fresh("ci")
-        pv = [b.fresh("pd") for _ in range(nsp)]
-        inside, src = None, []
-        for i in range(nsp):
-            pos = sub(Var(pv[i]), pads[i])
-            ok = fbin("and", cmp("ge", pos, Const(0)), cmp("lt", pos, Const(spatial[i])))
-            inside = ok if inside is None else fbin("and", inside, ok)
-            src.append(fbin("min", fbin("max", pos, Const(0)), Const(spatial[i] - 1)))
-        value = select(inside, Load(xparam, flat_index([add(chan0(), Var(ci))] + src, [batch * cin] + spatial)),
-                       Const(0.0, "f32"))
-        inner = (Store(xp_ws, flat_index([Var(ci)] + [Var(v) for v in pv], [cg] + padded), value),)
-        for i in range(nsp - 1, -1, -1):
-            inner = (For(pv[i], padded[i], inner, "vectorize" if i == nsp - 1 else "serial"),)
-        body.append(For(ci, cg, inner))
+        # Copy the group's input into a zero-bordered workspace: the GEMM then reads it unchecked.
+        body.append(padded_copy(b, xparam, mul(chan0(), math.prod(spatial)), cg, spatial, pads, xp_ws))
         src_buf, src_shape = xp_ws, padded
+
     def implicit_rows() -> list:
         """One GEMM per output row, A read from the (padded) input through a k-offset table."""
         src_sp = src_shape
@@ -228,15 +247,8 @@ def _lower_depthwise(b: KernelBuilder, node: Node, store) -> tuple:
     xparam, wparam = b.in_param(x_name), b.in_param(w_name)
     bias = b.reader(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] else None
     xp = b.workspace(cin * hp * wp)
-    bv, c, i, j = b.fresh("b"), b.fresh("c"), b.fresh("y"), b.fresh("x")
-    pi, pj = sub(Var(i), pt), sub(Var(j), pl)
-    inside = fbin("and", fbin("and", cmp("ge", pi, Const(0)), cmp("lt", pi, Const(h))),
-                  fbin("and", cmp("ge", pj, Const(0)), cmp("lt", pj, Const(w_))))
-    src = flat_index([add(mul(Var(bv), cin), Var(c)), fbin("min", fbin("max", pi, Const(0)), Const(h - 1)),
-                      fbin("min", fbin("max", pj, Const(0)), Const(w_ - 1))], [batch * cin, h, w_])
-    pad_copy = For(c, cin, (For(i, hp, (For(j, wp, (Store(xp, flat_index([Var(c), Var(i), Var(j)], [cin, hp, wp]),
-                                                             select(inside, Load(xparam, src), Const(0.0, "f32"))),),
-                                            "vectorize"),)),))
+    bv = b.fresh("b")
+    pad_copy = padded_copy(b, xparam, mul(Var(bv), cin * h * w_), cin, [h, w_], [pt, pl, pb, pr], xp)
     co, r, u, v, q, acc = b.fresh("co"), b.fresh("r"), b.fresh("ky"), b.fresh("kx"), b.fresh("q"), b.fresh("acc")
     ch = div(Var(co), mult)
     tap = Assign(acc, fbin("add", Var(acc, "f32"), fbin("mul", Load(wparam, flat_index([Var(co), Var(u), Var(v)],
