@@ -10,6 +10,7 @@ import ctypes
 import hashlib
 import json
 import os
+import threading
 import time
 
 import numpy as np
@@ -50,6 +51,8 @@ class Module:
             raise KilnError(f"bundle '{path}': model.so and manifest.json disagree on the arena size")
         self._in_ptrs = (ctypes.c_void_p * max(len(self.inputs), 1))()
         self._out_ptrs = (ctypes.c_void_p * max(len(self.outputs), 1))()
+        # One arena per module: calls from several threads take turns (ctypes drops the GIL).
+        self._lock = threading.Lock()
 
     @staticmethod
     def _load_weights(path: str, nbytes: int, sha256: str | None) -> np.ndarray:
@@ -91,8 +94,9 @@ class Module:
         return outs
 
     def run(self, inputs: dict) -> dict:
-        outs = self._bind(inputs)
-        rc = self._run(self._weights.ctypes.data, self._arena.ctypes.data, self._in_ptrs, self._out_ptrs)
+        with self._lock:
+            outs = self._bind(inputs)
+            rc = self._run(self._weights.ctypes.data, self._arena.ctypes.data, self._in_ptrs, self._out_ptrs)
         if rc != 0:
             raise KilnError(f"model '{self.path}' returned error code {rc}")
         return outs
@@ -105,9 +109,11 @@ class Module:
         times = np.zeros((repeat, len(calls)))
         inputs = inputs if inputs is not None else self._random_inputs()
         for r in range(repeat + 1):
-            outs = self._bind(inputs)
             row = np.zeros(max(len(calls), 1))
-            fn(self._weights.ctypes.data, self._arena.ctypes.data, self._in_ptrs, self._out_ptrs, row.ctypes.data)
+            with self._lock:
+                outs = self._bind(inputs)
+                fn(self._weights.ctypes.data, self._arena.ctypes.data, self._in_ptrs, self._out_ptrs,
+                   row.ctypes.data)
             if r:  # the first run warms caches
                 times[r - 1] = row[:len(calls)]
         del outs

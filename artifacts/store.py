@@ -46,12 +46,12 @@ class Store:
             return None, f"format {fmt}, expected {FORMAT}"
         if key is not None and k != bytes.fromhex(key):
             return None, "entry holds another key"
-        payload = data[_HEADER.size:]
+        payload = memoryview(data)[_HEADER.size:]  # no copy until the entry is known good
         if len(payload) != n:
             return None, f"truncated: {len(payload)} of {n} payload bytes"
         if hashlib.sha256(payload).digest() != digest:
             return None, "payload checksum mismatch"
-        return payload, ""
+        return payload.tobytes(), ""
 
     def get(self, key: str) -> bytes | None:
         path = self.path(key)

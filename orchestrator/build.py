@@ -25,7 +25,7 @@ from ir.lower import ScheduleConfig, lower
 from ir.passes import default_pipeline
 from ir.transform import PassContext, PassTimingInstrument
 
-from . import build_log
+from . import build_log, model_cache
 from .bundle import assemble, write_bundle
 from .executor_local import Executor, make_executor
 from .plan import JobResult, make_job, unique_jobs
@@ -135,6 +135,16 @@ def _trace_events(results: dict[str, JobResult], names: dict[str, str], t0: floa
     return sorted(events, key=lambda e: e["ts"])
 
 
+def _as_whole_hit(report: dict, elapsed: float) -> dict:
+    """The stored report of a bundle, restated for a build that reused it whole."""
+    kernels = [{**k, "cache_hit": True, "worker": "cache", "attempts": 0, "attempt_log": [], "compile_ms": 0.0,
+                "fallback": False} for k in report["kernels"]]
+    totals = {**report["totals"], "compiled": 0, "cached": report["totals"]["kernels"], "failed": 0, "retried": 0,
+              "fallback": 0}
+    return {**report, "kernels": kernels, "totals": totals, "whole_model_hit": True,
+            "timing": {"total_s": round(elapsed, 3), "compile_s": 0.0}, "executor": "cache"}
+
+
 def build_many(models, target="llvm", opt_level: int = 3, shapes: dict | None = None,
                executor: "str | Executor" = "local", workers: int | None = None, cache=DEFAULT_CACHE,
                pass_context: PassContext | None = None, kernel_timeout: float = 300.0, progress: bool | None = None,
@@ -150,20 +160,34 @@ def build_many(models, target="llvm", opt_level: int = 3, shapes: dict | None = 
     """
     t_start = time.time()
     entries = [m if isinstance(m, tuple) else (m, target) for m in models]
+    if not entries:
+        raise KilnError("build_many: no models given")
     targets: dict = {}
     for _, spec in entries:
         if spec not in targets:
             targets[spec] = parse_target(spec)
             check_options(targets[spec].llvm_options, f"target {targets[spec].name}")  # before any job runs
+    store = open_store(cache, readonly=cache_readonly)
+    use_model_cache = store is not None and not (pass_context or extra_passes or inject or verify_cache)
+    model_keys = [model_cache.model_key(m, targets[spec], opt_level, shapes, salt) if use_model_cache else None
+                  for m, spec in entries]
+    whole_hits = {}
+    for i, key in enumerate(model_keys):
+        payload = store.get(key) if key else None
+        if payload is not None:
+            try:
+                whole_hits[i] = model_cache.unpack(payload)
+            except (ValueError, KeyError):
+                pass  # a damaged bundle entry is a miss like any other
+    todo = [i for i in range(len(entries)) if i not in whole_hits]
     owned = isinstance(executor, str)
     # An executor we own is made now: Ray actors (slow to boot) start while we plan.
-    ex = make_executor(executor, workers, kernel_timeout, ray_address) if owned else executor
+    ex = make_executor(executor, workers, kernel_timeout, ray_address) if owned and todo else executor
     try:
-        planned = [_plan(m, targets[spec], opt_level, shapes, pass_context, extra_passes, salt, inject)
-                   for m, spec in entries]
-        all_jobs = [j for p in planned for j in p.jobs]
+        planned = {i: _plan(entries[i][0], targets[entries[i][1]], opt_level, shapes, pass_context, extra_passes,
+                            salt, inject) for i in todo}
+        all_jobs = [j for p in planned.values() for j in p.jobs]
         jobs = unique_jobs(all_jobs)
-        store = open_store(cache, readonly=cache_readonly)
         results: dict[str, JobResult] = {}
         to_compile = []
         for job in jobs:
@@ -172,7 +196,8 @@ def build_many(models, target="llvm", opt_level: int = 3, shapes: dict | None = 
                 results[job.key] = JobResult(job.key, True, obj, cached=True, worker="cache")
             if obj is None or verify_cache:
                 to_compile.append(job)
-        bar = Progress(len(jobs), ex.workers, enabled=progress)
+        workers_n = ex.workers if not isinstance(ex, str) else 0
+        bar = Progress(len(jobs), workers_n, enabled=progress if todo else False)
         bar.update(cached=len(jobs) - sum(1 for j in to_compile if j.key not in results))
         mismatched = []
         t_compile = time.perf_counter()
@@ -195,13 +220,14 @@ def build_many(models, target="llvm", opt_level: int = 3, shapes: dict | None = 
         finally:
             bar.close()
     finally:
-        if owned:
+        if owned and not isinstance(ex, str):
             ex.close()
     compile_s = time.perf_counter() - t_compile
     names = {j.key: j.name for j in jobs}
     unique_results = [results[j.key] for j in jobs]
-    report = {"target": [p.target.to_dict() for p in planned], "opt_level": opt_level, "executor": ex.name,
-              "workers": ex.workers, "totals": _totals(unique_results, len(all_jobs)),
+    ex_name = ex if isinstance(ex, str) else ex.name
+    report = {"target": [targets[spec].to_dict() for _, spec in entries], "opt_level": opt_level,
+              "executor": ex_name, "workers": workers_n, "totals": _totals(unique_results, len(all_jobs)),
               "models": [], "timing": {"compile_s": round(compile_s, 3)}}
     report["totals"]["verify_mismatches"] = len(mismatched)
     if trace:
@@ -215,10 +241,23 @@ def build_many(models, target="llvm", opt_level: int = 3, shapes: dict | None = 
                   "(non-deterministic codegen, or a stale entry)" for k in mismatched]
         head = (f"{len(failed)} of {len(jobs)} kernels failed to compile after all attempts (a retry in a fresh "
                 f"process, then the safe fallback schedule)" if failed else "cache verification failed")
-        report["kernels"] = [row for p in planned for row in _kernel_rows(p, results)]
+        report["kernels"] = [row for p in planned.values() for row in _kernel_rows(p, results)]
         raise BuildError(head + ":\n" + "\n".join(lines), report)
     out = []
-    for p in planned:
+    for i in range(len(entries)):
+        if i in whole_hits:
+            files, model_report = whole_hits[i]
+            model_report = _as_whole_hit(model_report, time.time() - t_start)
+            out.append(BuildResult(targets[entries[i][1]], None, None, files, model_report))
+            report["models"].append({"model": model_report["model"], "target": model_report["target"]["name"],
+                                     "totals": model_report["totals"], "whole_model_hit": True})
+            for key in ("kernels", "kernel_calls", "cached"):  # a hit's kernels count as cached
+                report["totals"][key] += model_report["totals"][key]
+            if not store.readonly:
+                n = model_report["totals"]["kernels"]
+                build_log.append(store.root, model_report["model"], [], hits=n, lookups=n)
+            continue
+        p = planned[i]
         rows = _kernel_rows(p, results)
         model_results = [results[k] for k in dict.fromkeys(j.key for j in p.jobs)]
         if store is not None and not store.readonly:
@@ -232,9 +271,11 @@ def build_many(models, target="llvm", opt_level: int = 3, shapes: dict | None = 
         files = assemble(p.lowered, {j.symbol: results[j.key].object for j in p.jobs}, p.target, manifest,
                          store, [j.key for j in p.jobs])
         model_report = {"model": p.graph.name, "target": p.target.to_dict(), "opt_level": opt_level,
-                        "executor": ex.name, "workers": ex.workers, "totals": _totals(model_results, len(p.jobs)),
+                        "executor": ex_name, "workers": workers_n, "totals": _totals(model_results, len(p.jobs)),
                         "kernels": rows, "passes": [{"name": n, "ms": round(ms, 3)} for n, ms in p.timings],
                         "timing": {"total_s": round(time.time() - t_start, 3), "compile_s": round(compile_s, 3)}}
+        if model_keys[i] and not store.readonly:
+            store.put(model_keys[i], model_cache.pack(files, model_report))
         report["models"].append({"model": p.graph.name, "target": p.target.name, "totals": model_report["totals"]})
         out.append(BuildResult(p.target, p.graph, p.lowered, files, model_report, p.timings))
     report["timing"]["total_s"] = round(time.time() - t_start, 3)

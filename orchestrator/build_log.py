@@ -61,6 +61,6 @@ def recent_hit_rate(store_root: str, last: int = 10) -> dict | None:
 def previous_parts(store_root: str, model: str) -> dict[str, dict]:
     """Key parts of each kernel (by its node names) in the last logged build of `model`."""
     for entry in reversed(read(store_root)):
-        if entry.get("model") == model:
+        if entry.get("model") == model and entry.get("kernels"):  # whole-model hits log no parts
             return {k["id"]: k["parts"] for k in entry.get("kernels", [])}
     return {}

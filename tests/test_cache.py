@@ -22,6 +22,14 @@ def _build(model, store, executor, **kw):
     return build(model, cache=store, executor=executor, progress=False, **kw)
 
 
+def _same_kernels(model):
+    """The same graph under different model bytes: a whole-model miss whose kernels all hit."""
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    copy.doc_string = "rebuilt"
+    return copy
+
+
 def _entries(store):
     return {key for key, *_ in store.entries()}
 
@@ -36,7 +44,11 @@ def test_unchanged_model_compiles_nothing(tmp_path, executor, monkeypatch):
     second = _build(model_zoo.resnet18(), store, executor)
     t1, t2 = first.report["totals"], second.report["totals"]
     assert t1["compiled"] == t1["kernels"] and t2["compiled"] == 0 and t2["cached"] == t2["kernels"]
-    assert first.files["model.so"] == second.files["model.so"]  # deterministic output
+    assert second.report["whole_model_hit"]  # an unchanged model is one lookup
+    assert first.files == second.files
+    third = _build(_same_kernels(model_zoo.resnet18()), store, executor)  # kernels and module hit, no link
+    assert third.report["totals"]["compiled"] == 0 and not third.report.get("whole_model_hit")
+    assert third.files["model.so"] == first.files["model.so"]  # deterministic output
 
 
 def test_new_weights_compile_nothing(tmp_path, executor):
@@ -89,7 +101,7 @@ def test_damaged_entry_is_rebuilt_not_trusted(tmp_path, executor, damage):
         f.write(data)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        result = _build(model, store, executor)
+        result = _build(_same_kernels(model), store, executor)
     assert result.report["totals"]["compiled"] == 1
     assert any("invalid" in str(w.message) for w in caught)
     assert store.verify() == []  # the rebuilt entry is valid again
@@ -173,7 +185,8 @@ def test_cache_cli_stats_verify_gc_and_explain(tmp_path):
     example = os.path.join(ROOT, "configs", "examples", "cnn.onnx")
     assert kiln("build", example, "-o", str(tmp_path / "b"), "--cache", store, "--quiet").returncode == 0
     r = kiln("cache", "stats", "--cache", store)
-    assert r.returncode == 0 and "7 entries" in r.stdout and "hit rate" in r.stdout  # 6 kernels + the module
+    # 6 kernels, the linked module, the finished bundle
+    assert r.returncode == 0 and "8 entries" in r.stdout and "hit rate" in r.stdout
     assert kiln("cache", "verify", "--cache", store).returncode == 0
     some = Store(store).path(next(iter(_entries(Store(store)))))
     with open(some, "r+b") as f:
@@ -186,3 +199,21 @@ def test_cache_cli_stats_verify_gc_and_explain(tmp_path):
     assert r.returncode == 0 and "changed since the last build: llvm_options: [] -> ['-unroll-threshold=100']" in r.stdout
     r = kiln("cache", "gc", "--cache", store, "--max-size", "0")
     assert r.returncode == 0 and Store(store).stats()["entries"] == 0
+
+
+def test_whole_model_key_contract(tmp_path):
+    from orchestrator.model_cache import model_key, pack, unpack
+    m = model_zoo.cnn()
+    host = parse_target("llvm")
+    base = model_key(m, host, 3, None, "")
+    path = tmp_path / "m.onnx"
+    onnx.save(m, path)
+    assert base == model_key(m, host, 3, None, "") == model_key(str(path), host, 3, None, "")
+    for other in (model_key(_same_kernels(m), host, 3, None, ""), model_key(m, parse_target("x86-64-v3"), 3, None, ""),
+                  model_key(m, host, 2, None, ""), model_key(m, host, 3, {"x": [2, 3, 32, 32]}, ""),
+                  model_key(m, host, 3, None, "salt")):
+        assert other != base
+    files = {"a": b"1", "model.so": b"\x7fELF", "empty": b""}
+    assert unpack(pack(files, {"r": 1})) == (files, {"r": 1})
+    with pytest.raises(ValueError):
+        unpack(pack(files, {})[:-1])

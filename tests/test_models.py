@@ -39,3 +39,29 @@ def test_batch_size_from_shape_override(executor):
     for i in range(4):  # each row must equal the batch-1 model on that image (oracle: onnxruntime)
         want = model_zoo.onnxruntime_outputs(model, {"x": x[i:i + 1]})["logits"]
         np.testing.assert_allclose(got[i:i + 1], want, rtol=1e-3, atol=1e-4)
+
+
+def test_module_is_safe_across_threads(executor):
+    """One module, four threads, different inputs: every result equals onnxruntime's."""
+    import threading
+
+    import numpy as np
+    from orchestrator.build import build
+    model = model_zoo.mobilenet_v2(size=64)
+    module = build(model, executor=executor, cache=None).load()
+    inputs = [model_zoo.random_inputs(model, seed) for seed in range(4)]
+    want = [model_zoo.onnxruntime_outputs(model, x)["logits"] for x in inputs]
+    errors = []
+
+    def worker(i):
+        for _ in range(10):
+            got = module.run(inputs[i])["logits"]
+            if not np.allclose(got, want[i], rtol=1e-3, atol=1e-4):
+                errors.append(i)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors

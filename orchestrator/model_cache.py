@@ -1,0 +1,80 @@
+"""Whole-model hits: an unchanged model (same bytes, target, options, Kiln) skips everything.
+
+The store already makes a rebuild compile nothing; this goes further for CI, where most
+commits leave most models untouched: the finished bundle is a store entry too, keyed by the
+model's bytes and every build setting, so a hit costs one hash of the model file and one
+read. Builds with custom passes, pass contexts, fault injection or --verify-cache bypass it
+(their settings cannot be hashed faithfully, or they must compile).
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import struct
+
+from artifacts.link import compiler_identity
+
+from .cache_key import _llvm_versions
+
+_SOURCES = ("ir", "orchestrator", "codegen_worker", "artifacts", "configs")
+
+
+@functools.lru_cache(maxsize=1)
+def kiln_source_hash() -> str:
+    """Every Kiln source file: a frontend or pass change must invalidate whole-model hits."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    h = hashlib.sha256()
+    for pkg in _SOURCES:
+        for folder, _, files in sorted(os.walk(os.path.join(root, pkg))):
+            for name in sorted(f for f in files if f.endswith((".py", ".json"))):
+                path = os.path.join(folder, name)
+                h.update(os.path.relpath(path, root).encode())
+                with open(path, "rb") as f:
+                    h.update(hashlib.sha256(f.read()).digest())
+    return h.hexdigest()
+
+
+def model_bytes(model) -> bytes:
+    if isinstance(model, (bytes, bytearray)):
+        return bytes(model)
+    if hasattr(model, "SerializeToString"):
+        return model.SerializeToString(deterministic=True)
+    with open(os.fspath(model), "rb") as f:
+        return f.read()
+
+
+def model_key(model, target, opt_level: int, shapes, salt: str) -> str | None:
+    """The store key of a finished bundle, or None if the model cannot be read (the normal
+    path then reports the problem)."""
+    try:
+        data = model_bytes(model)
+    except OSError:
+        return None
+    settings = {"target": target.to_dict(), "opt_level": opt_level, "salt": salt,
+                "shapes": {k: list(v) for k, v in (shapes or {}).items()}, "kiln": kiln_source_hash(),
+                "llvm": list(_llvm_versions()), "cc": compiler_identity()}
+    h = hashlib.sha256(b"kiln-model-v1\0")
+    h.update(hashlib.sha256(data).digest())
+    h.update(json.dumps(settings, sort_keys=True).encode())
+    return h.hexdigest()
+
+
+def pack(files: dict[str, bytes], report: dict) -> bytes:
+    """A bundle and its build report as one payload: a JSON index, then the files' bytes."""
+    names = sorted(files)
+    index = json.dumps({"files": [[n, len(files[n])] for n in names], "report": report}).encode()
+    return struct.pack("<Q", len(index)) + index + b"".join(files[n] for n in names)
+
+
+def unpack(payload: bytes) -> tuple[dict[str, bytes], dict]:
+    (n,) = struct.unpack_from("<Q", payload)
+    index = json.loads(payload[8:8 + n])
+    files, pos = {}, 8 + n
+    for name, size in index["files"]:
+        files[name] = payload[pos:pos + size]
+        pos += size
+    if pos != len(payload):
+        raise ValueError("bundle entry size mismatch")
+    return files, index["report"]
