@@ -76,57 +76,58 @@ def main() -> None:
         onnx.save(make(), os.path.join(model_dir, f"{name}.onnx"))
     paths = {name: os.path.join(model_dir, f"{name}.onnx") for name in model_zoo.ALL}
     workloads = {"resnet18": [paths["resnet18"]], "all test models": list(paths.values())}
-    ray_mod = None
+    rows = {}
+    # Local builds, warm builds and isolation first, with no Ray running: its background
+    # processes would take CPU from the measurements on a 2-core machine.
+    for name, models in workloads.items():
+        row = rows[name] = {}
+        for w in (1, 2):
+            row["local", w] = timed(lambda: build_many(models, executor="local", workers=w, cache=None,
+                                                       progress=False), args.repeat)
+        with tempfile.TemporaryDirectory() as store:
+            batch = build_many(models, cache=store, progress=False)
+            row["kernels"] = batch.report["totals"]["kernels"]
+            row["warm"] = timed(lambda: build_many(models, cache=store, progress=False), args.repeat)
+            touched = []
+            for p in models:  # same graphs, different bytes: a whole-model miss, all kernels hit
+                m = onnx.load(p)
+                m.doc_string = "touched"
+                touched.append(p + ".touched.onnx")
+                onnx.save(m, touched[-1])
+            build_many(touched, cache=store, progress=False)
+            row["kernels_warm"] = timed(lambda: build_many(touched, cache=store, progress=False), args.repeat)
+        row["isolation"] = (unique_kernel_jobs(models),) + isolation_cost(unique_kernel_jobs(models), args.repeat)
     if not args.no_ray:
         import ray
         t0 = time.perf_counter()
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
                  runtime_env={"env_vars": {"PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}})
         print(f"(Ray started in {time.perf_counter() - t0:.1f} s, not counted below)\n")
-        ray_mod = ray
+        from orchestrator.executor_ray import RayExecutor
+        for name, models in workloads.items():
+            row = rows[name]
+            for w in (1, 2):  # each build starts its own actors, as `kiln build --executor ray` does
+                row["ray", w] = timed(lambda: build_many(models, executor="ray", workers=w, cache=None,
+                                                         progress=False), args.repeat)
+            with RayExecutor(workers=2) as ex:
+                build_many(models, executor=ex, cache=None, progress=False)  # actors boot here
+                row["actors_up"] = timed(lambda: build_many(models, executor=ex, cache=None, progress=False),
+                                         args.repeat)
+        ray.shutdown()
+    nan = float("nan")
     print(f"# {time.strftime('%Y-%m-%d')}, {len(os.sched_getaffinity(0))} usable cores, median of {args.repeat}\n")
     print("| workload | kernels | local 1w (s) | local 2w (s) | ray 1w (s) | ray 2w (s) | ray 2w, actors up (s) "
           "| warm: unchanged (s) | warm/cold | warm: kernels hit (s) |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for name, models in workloads.items():
-        cols = {}
-        for kind in ("local", "ray"):
-            for w in (1, 2):
-                if kind == "ray" and ray_mod is None:
-                    cols[kind, w] = float("nan")
-                    continue
-                cols[kind, w] = timed(lambda: build_many(models, executor=kind, workers=w, cache=None,
-                                                         progress=False), args.repeat)
-        actors_up = float("nan")
-        if ray_mod is not None:
-            from orchestrator.executor_ray import RayExecutor
-            with RayExecutor(workers=2) as ex:
-                build_many(models, executor=ex, cache=None, progress=False)  # actors boot here
-                actors_up = timed(lambda: build_many(models, executor=ex, cache=None, progress=False), args.repeat)
-        with tempfile.TemporaryDirectory() as store:
-            batch = build_many(models, cache=store, progress=False)
-            warm = timed(lambda: build_many(models, cache=store, progress=False), args.repeat)
-            renamed = []
-            for p in models:  # same graphs, different bytes: a whole-model miss, all kernels hit
-                m = onnx.load(p)
-                m.doc_string = "touched"
-                renamed.append(p + ".touched.onnx")
-                onnx.save(m, renamed[-1])
-            build_many(renamed, cache=store, progress=False)
-            kernels_warm = timed(lambda: build_many(renamed, cache=store, progress=False), args.repeat)
-        n = batch.report["totals"]["kernels"]
-        print(f"| {name} | {n} | {cols['local', 1]:.2f} | {cols['local', 2]:.2f} | {cols['ray', 1]:.2f} | "
-              f"{cols['ray', 2]:.2f} | {actors_up:.2f} | {warm:.2f} | {100 * warm / cols['local', 2]:.0f}% | "
-              f"{kernels_warm:.2f} |", flush=True)
+    for name, r in rows.items():
+        print(f"| {name} | {r['kernels']} | {r['local', 1]:.2f} | {r['local', 2]:.2f} | {r.get(('ray', 1), nan):.2f} | "
+              f"{r.get(('ray', 2), nan):.2f} | {r.get('actors_up', nan):.2f} | {r['warm']:.2f} | "
+              f"{100 * r['warm'] / r['local', 2]:.0f}% | {r['kernels_warm']:.2f} |")
     print("\n| workload | jobs | in-process (s) | forked from zygote (s) | isolation per job (ms) |")
     print("|---|---:|---:|---:|---:|")
-    for name, models in workloads.items():
-        jobs = unique_kernel_jobs(models)
-        inproc, forked = isolation_cost(jobs, args.repeat)
-        print(f"| {name} | {len(jobs)} | {inproc:.2f} | {forked:.2f} | {1000 * (forked - inproc) / len(jobs):.1f} |",
-              flush=True)
-    if ray_mod is not None:
-        ray_mod.shutdown()
+    for name, r in rows.items():
+        jobs, inproc, forked = r["isolation"]
+        print(f"| {name} | {len(jobs)} | {inproc:.2f} | {forked:.2f} | {1000 * (forked - inproc) / len(jobs):.1f} |")
     shutil.rmtree(model_dir, ignore_errors=True)
 
 

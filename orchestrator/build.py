@@ -44,6 +44,8 @@ class BuildError(KilnError):
 
 @dataclass
 class BuildResult:
+    """A built bundle. `graph` and `lowered` are None when the bundle came whole from the
+    store (report["whole_model_hit"]): nothing was optimized or lowered."""
     target: Target
     graph: object
     lowered: object
