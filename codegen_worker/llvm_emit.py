@@ -99,7 +99,7 @@ def _fconst(v: float) -> str:
 
 
 class FunctionEmitter:
-    def __init__(self, kernel: Kernel, symbol: str, target_attrs: str):
+    def __init__(self, kernel: Kernel, symbol: str):
         self.k = kernel
         self.symbol = symbol
         self.vw = int(kernel.option("vector_width", 8))
@@ -111,7 +111,6 @@ class FunctionEmitter:
         self.block = "entry"
         self.bufs = {b.name: (f"%b{i}", b.dtype) for i, b in enumerate(kernel.buffers)}
         self.scopes: list[dict] = [{}]
-        self.target_attrs = target_attrs
         self.vec_decls: set[str] = set()
 
     # -- helpers -------------------------------------------------------------------------
@@ -484,7 +483,7 @@ class FunctionEmitter:
 
 
 def kernel_to_llvm_ir(kernel: Kernel, symbol: str, triple: str, cpu: str, features: str) -> str:
-    fe = FunctionEmitter(kernel, symbol, "")
+    fe = FunctionEmitter(kernel, symbol)
     body = fe.function()
     width = 512 if fe.vw >= 16 else 256
     attrs = (f'attributes #0 = {{ nounwind "prefer-vector-width"="{width}" '

@@ -7,9 +7,10 @@ Forking is safe: llvmlite starts no threads, and the zygote imports nothing that
 
 Protocol (codegen_worker.protocol frames): requests on stdin, results on stdout.
   request  {"id", "symbol", "target", "llvm_options", "opt_level", "fallback", "deadline_s",
-            "emit_asm", "inject"} + kernel bytes
+            "attempt", "inject", "emit_asm"} + kernel bytes
   result   {"id", "ok", "pid", "ms", ...timings} + object bytes, or
-           {"id", "ok": false, "kind": "llvm_error"|"crash"|"timeout"|"bad_output", "message", "log"}
+           {"id", "ok": false, "kind": "llvm_error"|"crash"|"timeout", "message", "log"}
+           (the executor adds "bad_output" when the bytes are not an object defining the symbol)
 The zygote is the parent of each job's process, so it owns the deadline: a child stuck
 inside LLVM cannot answer a timer of its own, but it can be killed.
 """

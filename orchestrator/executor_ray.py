@@ -24,6 +24,7 @@ from .executor_local import ATTEMPTS, Executor, default_workers, settle
 from .plan import JobResult
 
 SMALL_BATCH = 4  # non-GEMM jobs per round trip
+ACTOR_START_TIMEOUT = 120.0  # seconds for at least one actor to come up (an autoscaler may add nodes)
 
 
 class _Actor:
@@ -58,7 +59,8 @@ class _Actor:
 class RayExecutor(Executor):
     name = "ray"
 
-    def __init__(self, workers: int | None = None, kernel_timeout: float = 300.0, address: str | None = None):
+    def __init__(self, workers: int | None = None, kernel_timeout: float = 300.0, address: str | None = None,
+                 start_timeout: float = ACTOR_START_TIMEOUT):
         try:
             import ray
         except ImportError:
@@ -78,6 +80,8 @@ class RayExecutor(Executor):
         cluster_cpus = int(ray.cluster_resources().get("CPU", 1))
         self.workers = workers or cluster_cpus
         self.kernel_timeout = kernel_timeout
+        self.start_timeout = start_timeout
+        self._checked = False
         self._remote = ray.remote(num_cpus=1, max_restarts=0, max_concurrency=1)(_Actor)
         self._actors: list = []
         self._ids = itertools.count()
@@ -90,6 +94,29 @@ class RayExecutor(Executor):
     def _pool(self) -> list:
         while len(self._actors) < self.workers:
             self._actors.append(self._spawn())
+        return self._actors
+
+    def _ready_pool(self) -> list:
+        """The actors, once at least one is known to be up. Actors that cannot be placed (the
+        cluster's CPUs are taken) would otherwise leave a build waiting forever."""
+        actors = self._pool()
+        if self._checked:
+            return actors
+        ray = self.ray
+        pings = {a.ping.remote(): a for a in actors}
+        ready, waiting = ray.wait(list(pings), num_returns=len(pings), timeout=self.start_timeout)
+        if not ready:
+            for a in actors:
+                ray.kill(a)
+            self._actors = []
+            raise KilnError(f"no Kiln codegen actor started on the Ray cluster within {self.start_timeout:.0f} s "
+                            f"(each needs 1 CPU; available now: {ray.available_resources().get('CPU', 0)} of "
+                            f"{ray.cluster_resources().get('CPU', 0)})")
+        for ref in waiting:  # run with the ones that came up; do not hold CPUs we cannot use
+            ray.kill(pings[ref])
+            self._actors.remove(pings[ref])
+        self.workers = len(self._actors)
+        self._checked = True
         return self._actors
 
     @staticmethod
@@ -107,7 +134,7 @@ class RayExecutor(Executor):
         results = {j.key: JobResult(j.key, False) for j in jobs}
         pending = deque((j, 0) for j in jobs)
         busy: dict = {}  # future -> (actor, [(job, attempt, t_sent)])
-        idle = list(self._pool())
+        idle = list(self._ready_pool())
 
         def finish(job, attempt, header, blob, worker, t0, t1):
             if settle(job, results[job.key], header, blob, attempt, worker, t0, t1):
@@ -133,6 +160,7 @@ class RayExecutor(Executor):
                 # The actor is gone: replace it, never use it again; its batch failed this attempt.
                 self._actors.remove(actor)
                 self.replaced += 1
+                self._checked = False  # the replacement must come up like the first ones
                 fresh = self._spawn()
                 self._actors.append(fresh)
                 idle.append(fresh)
@@ -153,6 +181,7 @@ class RayExecutor(Executor):
             except Exception:  # noqa: BLE001 - already dead is fine
                 pass
         self._actors = []
+        self._checked = False
         if self._started_ray:
             self.ray.shutdown()
             self._started_ray = False

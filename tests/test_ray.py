@@ -71,3 +71,30 @@ def test_cli_executor_ray_starts_its_own_ray(tmp_path):
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["executor"] == "ray" and report["workers"] == 1
     assert all(k["worker"].startswith("ray:") for k in report["kernels"])
+
+
+def test_cli_joins_an_existing_cluster(ray_session, ray_executor, tmp_path):
+    """--ray-address joins a running cluster (here: this session's) instead of starting one."""
+    import json
+    import os
+
+    from tests.test_bad_input import ROOT, kiln
+    ray_executor.close()  # free the cluster's 2 CPUs (its actors come back on its next build)
+    address = ray_session.get_runtime_context().gcs_address
+    example = os.path.join(ROOT, "configs", "examples", "cnn.onnx")
+    r = kiln("build", example, "-o", str(tmp_path / "b"), "--executor", "ray", "--ray-address", address,
+             "--no-cache", "--report", str(tmp_path / "r.json"), "--quiet")
+    assert r.returncode == 0, r.stderr[-2000:]
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["executor"] == "ray" and report["workers"] == 2  # the cluster's CPUs, not a new Ray's
+
+
+def test_actors_that_cannot_start_are_an_error_not_a_hang(ray_session, ray_executor):
+    """A cluster with no free CPU: the build fails clearly instead of waiting forever."""
+    from ir.errors import KilnError
+    from orchestrator.executor_ray import RayExecutor
+    ray_executor.run([])  # make sure the session executor's actors hold both CPUs
+    ex = RayExecutor(workers=1, start_timeout=3)
+    with pytest.raises(KilnError, match="no Kiln codegen actor started"):
+        build(model_zoo.cnn(), executor=ex, cache=None, progress=False)
+    ex.close()
