@@ -44,6 +44,8 @@ def _run_child(request: dict, kernel_bytes: bytes, out_fd: int) -> None:
         inject = injected_fault(request)
         if inject == "crash":
             os.kill(os.getpid(), signal.SIGSEGV)
+        if inject == "oom":  # what the OOM killer does: SIGKILL, no chance to clean up
+            os.kill(os.getpid(), signal.SIGKILL)
         if inject == "exit":
             os._exit(3)
         if inject == "hang":

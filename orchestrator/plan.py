@@ -16,7 +16,7 @@ class CompileJob:
     opt_level: int
     name: str
     ops: list
-    # Fault injection for tests: crash | hang | exit | corrupt | kill_actor, on the first attempt;
+    # Fault injection for tests: crash | oom | hang | exit | corrupt | kill_actor, on the first attempt;
     # "KIND:always" on every attempt; "KIND:nofallback" on every attempt but the fallback one.
     inject: str | None = None
 

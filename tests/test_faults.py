@@ -16,8 +16,8 @@ def faulty_build(executor, fault, store=None, model=None):
     return result, model, next(k for k in result.report["kernels"] if k["name"] == "fused_gemm")
 
 
-@pytest.mark.parametrize("fault,kind", [("crash", "crash"), ("exit", "crash"), ("corrupt", "bad_output"),
-                                        ("hang", "timeout")])
+@pytest.mark.parametrize("fault,kind", [("crash", "crash"), ("oom", "crash"), ("exit", "crash"),
+                                        ("corrupt", "bad_output"), ("hang", "timeout")])
 def test_first_attempt_fault_is_retried_in_a_fresh_process(fault, kind):
     with LocalExecutor(workers=2, kernel_timeout=3) as ex:
         result, model, row = faulty_build(ex, fault)
