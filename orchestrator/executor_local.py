@@ -120,13 +120,17 @@ class LocalExecutor(Executor):
         pending = deque((j, 0) for j in jobs)
         inflight: dict[int, tuple[CompileJob, int, float]] = {}
         while pending or inflight:
-            while pending and len(inflight) < self.workers:
-                job, attempt = pending.popleft()
-                jid = next(self._ids)
-                inflight[jid] = (job, attempt, time.time())
-                self.zygote.send(job.request(jid, ATTEMPTS[attempt], self.kernel_timeout, attempt + 1),
-                                 job.kernel_bytes)
-            msg = self.zygote.receive()
+            msg = None
+            try:
+                while pending and len(inflight) < self.workers:
+                    job, attempt = pending.popleft()
+                    jid = next(self._ids)
+                    inflight[jid] = (job, attempt, time.time())
+                    self.zygote.send(job.request(jid, ATTEMPTS[attempt], self.kernel_timeout, attempt + 1),
+                                     job.kernel_bytes)
+                msg = self.zygote.receive()
+            except OSError:  # a broken pipe: the zygote is gone (handled below)
+                pass
             if msg is None:  # the zygote itself died: every job in flight failed this attempt
                 self._zygote.close()
                 self._zygote = None

@@ -56,3 +56,24 @@ def test_trace_records_every_attempt(tmp_path, executor):
     gemm = [e for e in events if e["name"] == "fused_gemm"]
     assert [e["args"]["ok"] for e in gemm] == [False, True]
     assert len({e["tid"] for e in events}) >= 2  # one row per worker process
+
+
+def test_a_killed_zygote_is_replaced(executor):
+    """Even the zygote (the parent of every job) dying mid-build costs one attempt, not the build."""
+    import os
+    import signal
+    import threading
+
+    model = model_zoo.resnet18()
+    ex = LocalExecutor(workers=2)
+    zygote_pid = ex.zygote.pid  # started now; killed while ResNet-18's kernels compile
+    killer = threading.Timer(0.8, lambda: os.kill(zygote_pid, signal.SIGKILL))
+    killer.start()
+    try:
+        result = build(model, executor=ex, cache=None, progress=False)
+    finally:
+        killer.cancel()
+        ex.close()
+    assert_matches_oracle(result, model)
+    assert result.report["totals"]["retried"] >= 1
+    assert any(a["worker"] == "zygote" for k in result.report["kernels"] for a in k["attempt_log"])
