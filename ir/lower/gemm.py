@@ -246,15 +246,30 @@ def _lower_depthwise(b: KernelBuilder, node: Node, store) -> tuple:
     hp, wp = h + pt + pb, w_ + pl + pr
     xparam, wparam = b.in_param(x_name), b.in_param(w_name)
     bias = b.reader(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] else None
-    xp = b.workspace(cin * hp * wp)
+    # With a column stride, the copy is split by column phase ([c][row][phase][col // stride]),
+    # so a tap's inputs along an output row are contiguous instead of a strided gather.
+    wq = -(-wp // sw)
+    xp = b.workspace(cin * hp * sw * wq)
     bv = b.fresh("b")
-    pad_copy = padded_copy(b, xparam, mul(Var(bv), cin * h * w_), cin, [h, w_], [pt, pl, pb, pr], xp)
+    if sw == 1:
+        pad_copy = padded_copy(b, xparam, mul(Var(bv), cin * h * w_), cin, [h, w_], [pt, pl, pb, pr], xp)
+    else:
+        c, i, ph, t = b.fresh("c"), b.fresh("y"), b.fresh("ph"), b.fresh("t")
+        row, col = sub(Var(i), pt), sub(add(mul(Var(t), sw), Var(ph)), pl)
+        inside = fbin("and", fbin("and", cmp("ge", row, Const(0)), cmp("lt", row, Const(h))),
+                      fbin("and", cmp("ge", col, Const(0)), cmp("lt", col, Const(w_))))
+        src = flat_index([add(mul(Var(bv), cin), Var(c)), fbin("min", fbin("max", row, Const(0)), Const(h - 1)),
+                          fbin("min", fbin("max", col, Const(0)), Const(w_ - 1))], [batch * cin, h, w_])
+        dest = flat_index([Var(c), Var(i), Var(ph), Var(t)], [cin, hp, sw, wq])
+        pad_copy = For(c, cin, (For(i, hp, (For(ph, sw, (For(t, wq, (Store(
+            xp, dest, select(inside, Load(xparam, src), Const(0.0, "f32"))),), "vectorize"),)),)),))
     co, r, u, v, q, acc = b.fresh("co"), b.fresh("r"), b.fresh("ky"), b.fresh("kx"), b.fresh("q"), b.fresh("acc")
     ch = div(Var(co), mult)
-    tap = Assign(acc, fbin("add", Var(acc, "f32"), fbin("mul", Load(wparam, flat_index([Var(co), Var(u), Var(v)],
-                                                                                       [cout, kh, kw])),
-        Load(xp, flat_index([ch, add(mul(Var(r), sh), mul(Var(u), dh)), add(mul(Var(q), sw), mul(Var(v), dw))],
-                            [cin, hp, wp])))))
+    kx = mul(Var(v), dw)  # a constant once the window loop is unrolled
+    at = flat_index([ch, add(mul(Var(r), sh), mul(Var(u), dh)), rem(kx, sw), add(Var(q), div(kx, sw))],
+                    [cin, hp, sw, wq])
+    tap = Assign(acc, fbin("add", Var(acc, "f32"), fbin(
+        "mul", Load(wparam, flat_index([Var(co), Var(u), Var(v)], [cout, kh, kw])), Load(xp, at))))
     value = Var(acc, "f32") if bias is None else fbin("add", Var(acc, "f32"), bias([Var(co)]))
     point = (Local(acc, "f32", Const(0.0, "f32")), For(u, kh, (For(v, kw, (tap,), "unroll"),), "unroll"),
              *store([Var(bv), Var(co), Var(r), Var(q)], value))
