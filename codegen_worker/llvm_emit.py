@@ -308,7 +308,7 @@ class FunctionEmitter:
         self.meta.append(f"{loop_id} = distinct !{{{loop_id}, {', '.join(ids)}}}")
         return f", !llvm.loop {loop_id}"
 
-    def loop(self, var: str, extent: int, body, kind: str = "serial", carried=()) -> None:
+    def loop(self, var: str, extent: int, body, kind: str = "serial") -> None:
         if extent <= 0:
             return
         self.n += 1
@@ -352,7 +352,7 @@ class FunctionEmitter:
         self.vec_decls.add(f"declare {vt} @llvm.fma.v{vw}f32({vt}, {vt}, {vt})")
         tile = f"%tile{len(self.allocas)}"
         self.allocas.append(f"{tile} = alloca [{mr * nr} x float], align 64")
-        a_ptr, a_dt = self.bufs[g.a_buf]
+        a_ptr = self.bufs[g.a_buf][0]
         b_ptr, _ = self.bufs[g.b_buf]
         a_off, b_off = self.expr(g.a_off), self.expr(g.b_off)
         full_panels, last_cols = divmod(g.n, nr)

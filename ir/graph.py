@@ -12,15 +12,13 @@ import numpy as np
 
 from .errors import KilnError
 
-DTYPES = ("float32", "int64", "bool")
-
 
 class UnsupportedError(KilnError):
-    pass
+    """Kiln does not implement this op, attribute, dtype or opset (the message names it)."""
 
 
 class ShapeError(KilnError):
-    pass
+    """Shapes that do not fit: a wrong --shape, incompatible operands (the message names the node)."""
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,6 @@ from .graph import Graph, Node, ShapeError, TensorType, UnsupportedError
 
 # Op pattern kinds, ordered as in TVM: a lower kind is easier to fuse.
 ELEMWISE, BROADCAST, INJECTIVE, REDUCTION, OUT_EWISE_FUSABLE, OPAQUE = 0, 1, 2, 3, 4, 8
-KIND_NAMES = {0: "elemwise", 1: "broadcast", 2: "injective", 3: "reduction", 4: "out-elemwise-fusable", 8: "opaque"}
 
 UNARY = {"Relu", "LeakyRelu", "Clip", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh", "Erf", "Gelu", "Exp",
          "Log", "Sqrt", "Reciprocal", "Neg", "Abs", "Not", "Identity", "Cast"}

@@ -128,7 +128,6 @@ def _lower_anchored(b: KernelBuilder, members: list[Node], anchor: Node) -> tupl
     for m in members[:pos]:
         b.readers.update(compute(b, m))
     aout, rout = anchor.outputs[0], root.outputs[0]
-    b.current_root = rout
     epilogue = members[pos + 1:]
     if anchor.op == "Conv" and not is_depthwise(b, anchor):
         names = {i for m in epilogue for i in m.inputs if i} | {rout, aout}

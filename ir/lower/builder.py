@@ -57,7 +57,6 @@ class KernelBuilder:
     new_constants: dict = field(default_factory=dict)  # packed weights this kernel introduced
     readers: dict = field(default_factory=dict)   # tensor name -> reader, for in-group tensors
     shapes: dict = field(default_factory=dict)    # tensor name -> shape override (collapsed dims)
-    current_root: str = ""       # the group's output tensor, for anchors that accumulate in it
     conv_collapsed: bool = False  # the conv epilogue indexes (batch, channel, pixel)
     _n: int = 0
 
