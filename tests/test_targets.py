@@ -50,3 +50,23 @@ def test_unroll_option_changes_code_but_not_results(executor):
     assert plain.files["model.so"] != tuned.files["model.so"]
     x = model_zoo.random_inputs(model_zoo.cnn())
     np.testing.assert_allclose(plain.load().run(x)["logits"], tuned.load().run(x)["logits"], rtol=1e-5, atol=1e-6)
+
+
+def test_preset_carries_its_own_llvm_options(monkeypatch, executor):
+    import configs
+    real = configs.load_preset
+
+    def with_custom(name):
+        if name == "tuned-host":
+            return {"name": "tuned-host", "target": "llvm", "llvm_options": ["-unroll-threshold=0"]}
+        return real(name)
+    monkeypatch.setattr("orchestrator.target.load_preset", with_custom)
+    t = parse_target("tuned-host")
+    assert t.name == "tuned-host" and t.llvm_options == ("-unroll-threshold=0",)
+    tuned = build(model_zoo.cnn(), target="tuned-host", executor=executor, cache=None)
+    plain = build(model_zoo.cnn(), executor=executor, cache=None)
+    assert tuned.files["model.so"] != plain.files["model.so"]
+    assert tuned.report["kernels"][0]["attempts"] == 1
+    x = model_zoo.random_inputs(model_zoo.cnn())
+    np.testing.assert_allclose(tuned.load().run(x)["logits"], model_zoo.onnxruntime_outputs(model_zoo.cnn(), x)["logits"],
+                               rtol=1e-3, atol=1e-4)
