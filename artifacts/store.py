@@ -35,7 +35,7 @@ class Store:
         return _HEADER.pack(MAGIC, FORMAT, bytes.fromhex(key), hashlib.sha256(payload).digest(), len(payload)) + payload
 
     @staticmethod
-    def check(key: str | None, data: bytes) -> tuple[bytes | None, str]:
+    def check(key: str | None, data: bytes) -> tuple[memoryview | None, str]:
         """(payload, "") if `data` is a valid entry (for `key`, if given), else (None, reason)."""
         if len(data) < _HEADER.size:
             return None, "shorter than the header"
@@ -46,14 +46,19 @@ class Store:
             return None, f"format {fmt}, expected {FORMAT}"
         if key is not None and k != bytes.fromhex(key):
             return None, "entry holds another key"
-        payload = memoryview(data)[_HEADER.size:]  # no copy until the entry is known good
+        payload = memoryview(data)[_HEADER.size:]  # a view: large entries are never copied
         if len(payload) != n:
             return None, f"truncated: {len(payload)} of {n} payload bytes"
         if hashlib.sha256(payload).digest() != digest:
             return None, "payload checksum mismatch"
-        return payload.tobytes(), ""
+        return payload, ""
 
     def get(self, key: str) -> bytes | None:
+        view = self.get_view(key)
+        return None if view is None else view.tobytes()
+
+    def get_view(self, key: str) -> memoryview | None:
+        """Like get, but a read-only view of the payload: no copy (for large entries)."""
         path = self.path(key)
         try:
             with open(path, "rb") as f:

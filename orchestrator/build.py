@@ -44,8 +44,9 @@ class BuildError(KilnError):
 
 @dataclass
 class BuildResult:
-    """A built bundle. `graph` and `lowered` are None when the bundle came whole from the
-    store (report["whole_model_hit"]): nothing was optimized or lowered."""
+    """A built bundle: `files` maps file names to bytes (large ones may be read-only
+    memoryviews into the store's entry). `graph` and `lowered` are None when the bundle came
+    whole from the store (report["whole_model_hit"]): nothing was optimized or lowered."""
     target: Target
     graph: object
     lowered: object
@@ -175,7 +176,7 @@ def build_many(models, target="llvm", opt_level: int = 3, shapes: dict | None = 
                   for m, spec in entries]
     whole_hits = {}
     for i, key in enumerate(model_keys):
-        payload = store.get(key) if key else None
+        payload = store.get_view(key) if key else None
         if payload is not None:
             try:
                 whole_hits[i] = model_cache.unpack(payload)

@@ -19,6 +19,7 @@ from artifacts.link import compiler_identity
 from .cache_key import _llvm_versions
 
 _SOURCES = ("ir", "orchestrator", "codegen_worker", "artifacts", "configs")
+LARGE = 1 << 20  # bundle files above this size are handed out as views, not copies
 
 
 @functools.lru_cache(maxsize=1)
@@ -68,12 +69,16 @@ def pack(files: dict[str, bytes], report: dict) -> bytes:
     return struct.pack("<Q", len(index)) + index + b"".join(files[n] for n in names)
 
 
-def unpack(payload: bytes) -> tuple[dict[str, bytes], dict]:
+def unpack(payload) -> tuple[dict, dict]:
+    """Inverse of pack. Given a memoryview, the files are views into it: a 45 MB weights file
+    is not copied again on its way from the store to the bundle folder."""
+    payload = memoryview(payload)
     (n,) = struct.unpack_from("<Q", payload)
-    index = json.loads(payload[8:8 + n])
+    index = json.loads(bytes(payload[8:8 + n]))
     files, pos = {}, 8 + n
     for name, size in index["files"]:
-        files[name] = payload[pos:pos + size]
+        view = payload[pos:pos + size]
+        files[name] = view if size > LARGE else view.tobytes()  # only big files stay views
         pos += size
     if pos != len(payload):
         raise ValueError("bundle entry size mismatch")
