@@ -67,7 +67,7 @@ def test_a_killed_zygote_is_replaced(executor):
     model = model_zoo.resnet18()
     ex = LocalExecutor(workers=2)
     zygote_pid = ex.zygote.pid  # started now; killed while ResNet-18's kernels compile
-    killer = threading.Timer(0.8, lambda: os.kill(zygote_pid, signal.SIGKILL))
+    killer = threading.Timer(0.2, lambda: os.kill(zygote_pid, signal.SIGKILL))  # early: never after the build
     killer.start()
     try:
         result = build(model, executor=ex, cache=None, progress=False)
