@@ -107,7 +107,7 @@ class Module:
         fn = self._lib.kiln_run_profiled
         fn.argtypes = [ctypes.c_void_p] * 5
         times = np.zeros((repeat, len(calls)))
-        inputs = inputs if inputs is not None else self._random_inputs()
+        inputs = inputs if inputs is not None else self.random_inputs()
         for r in range(repeat + 1):
             row = np.zeros(max(len(calls), 1))
             with self._lock:
@@ -120,8 +120,9 @@ class Module:
         med = np.median(times, axis=0)
         return [{**c, "ms": float(ms)} for c, ms in zip(calls, med)]
 
-    def _random_inputs(self) -> dict:
-        rng = np.random.default_rng(0)
+    def random_inputs(self, seed: int = 0) -> dict:
+        """Inputs of the right shapes and dtypes: standard normal floats, zero integers."""
+        rng = np.random.default_rng(seed)
         return {s["name"]: (rng.standard_normal(s["shape"]).astype(s["dtype"]) if s["dtype"] == "float32"
                             else np.zeros(s["shape"], s["dtype"])) for s in self.inputs}
 
@@ -133,7 +134,7 @@ class Module:
     def benchmark(self, warmup: int = 10, repeat: int = 50, inputs: dict | None = None) -> dict:
         """Latency in ms over `repeat` runs after `warmup` runs, on random (or given) inputs."""
         if inputs is None:
-            inputs = self._random_inputs()
+            inputs = self.random_inputs()
         for _ in range(warmup):
             self.run(inputs)
         times = []

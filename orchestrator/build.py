@@ -28,7 +28,7 @@ from ir.transform import PassContext, PassTimingInstrument
 from . import build_log, model_cache
 from .bundle import assemble, write_bundle
 from .executor_local import Executor, make_executor
-from .plan import JobResult, make_job, unique_jobs
+from .plan import JobResult, kernel_id, make_job, unique_jobs
 from .progress import Progress
 from .store_policy import DEFAULT_CACHE, open_store
 from .target import Target, parse_target
@@ -184,8 +184,10 @@ def build_many(models, target="llvm", opt_level: int = 3, shapes: dict | None = 
                 pass  # a damaged bundle entry is a miss like any other
     todo = [i for i in range(len(entries)) if i not in whole_hits]
     owned = isinstance(executor, str)
-    # An executor we own is made now: Ray actors (slow to boot) start while we plan.
-    ex = make_executor(executor, workers, kernel_timeout, ray_address) if owned and todo else executor
+    ex = None  # a build served whole from the store needs no executor at all
+    if todo:
+        # An executor we own is made now: Ray actors (slow to boot) start while we plan.
+        ex = make_executor(executor, workers, kernel_timeout, ray_address) if owned else executor
     try:
         planned = {i: _plan(entries[i][0], targets[entries[i][1]], opt_level, shapes, pass_context, extra_passes,
                             salt, inject) for i in todo}
@@ -199,7 +201,7 @@ def build_many(models, target="llvm", opt_level: int = 3, shapes: dict | None = 
                 results[job.key] = JobResult(job.key, True, obj, cached=True, worker="cache")
             if obj is None or verify_cache:
                 to_compile.append(job)
-        workers_n = ex.workers if not isinstance(ex, str) else 0
+        workers_n = ex.workers if ex else 0
         bar = Progress(len(jobs), workers_n, enabled=progress if todo else False)
         bar.update(cached=len(jobs) - sum(1 for j in to_compile if j.key not in results))
         mismatched = []
@@ -223,12 +225,12 @@ def build_many(models, target="llvm", opt_level: int = 3, shapes: dict | None = 
         finally:
             bar.close()
     finally:
-        if owned and not isinstance(ex, str):
+        if owned and ex:
             ex.close()
     compile_s = time.perf_counter() - t_compile
     names = {j.key: j.name for j in jobs}
     unique_results = [results[j.key] for j in jobs]
-    ex_name = ex if isinstance(ex, str) else ex.name
+    ex_name = ex.name if ex else "cache"
     report = {"target": [targets[spec].to_dict() for _, spec in entries], "opt_level": opt_level,
               "executor": ex_name, "workers": workers_n, "totals": _totals(unique_results, len(all_jobs)),
               "models": [], "timing": {"compile_s": round(compile_s, 3)}}
@@ -264,7 +266,6 @@ def build_many(models, target="llvm", opt_level: int = 3, shapes: dict | None = 
         rows = _kernel_rows(p, results)
         model_results = [results[k] for k in dict.fromkeys(j.key for j in p.jobs)]
         if store is not None and not store.readonly:
-            from .explain import kernel_id
             build_log.append(store.root, p.graph.name,
                              [{"id": kernel_id(c), "key": j.key, "parts": j.parts}
                               for c, j in zip(p.lowered.calls, p.jobs)],

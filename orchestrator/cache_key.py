@@ -16,30 +16,38 @@ ARTIFACT_FORMAT = 1
 _CODEGEN_SOURCES = ("codegen_worker", os.path.join("ir", "lower"), os.path.join("ir", "loop.py"))
 
 
-@functools.lru_cache(maxsize=1)
-def codegen_source_hash() -> str:
+def hash_sources(entries, suffixes=(".py",)) -> str:
+    """sha256 over Kiln's own source files (name and content) below `entries`."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    h = hashlib.sha256()
-    for entry in _CODEGEN_SOURCES:
+    files = []
+    for entry in entries:
         path = os.path.join(root, entry)
-        files = [path] if path.endswith(".py") else sorted(
-            os.path.join(d, f) for d, _, fs in os.walk(path) for f in fs if f.endswith(".py"))
-        for f in files:
-            h.update(os.path.relpath(f, root).encode())
-            with open(f, "rb") as fh:
-                h.update(hashlib.sha256(fh.read()).digest())
+        if os.path.isfile(path):
+            files.append(path)
+        else:
+            files += [os.path.join(d, f) for d, _, fs in os.walk(path) for f in fs if f.endswith(suffixes)]
+    h = hashlib.sha256()
+    for f in sorted(files):
+        h.update(os.path.relpath(f, root).encode())
+        with open(f, "rb") as fh:
+            h.update(hashlib.sha256(fh.read()).digest())
     return h.hexdigest()
 
 
 @functools.lru_cache(maxsize=1)
-def _llvm_versions() -> tuple[str, str]:
+def codegen_source_hash() -> str:
+    return hash_sources(_CODEGEN_SOURCES)
+
+
+@functools.lru_cache(maxsize=1)
+def llvm_versions() -> tuple[str, str]:
     import llvmlite
     import llvmlite.binding as llvm
     return llvmlite.__version__, ".".join(map(str, llvm.llvm_version_info))
 
 
 def key_parts(kernel_bytes: bytes, target, opt_level: int, fallback: bool = False, salt: str = "") -> dict:
-    llvmlite_version, llvm_version = _llvm_versions()
+    llvmlite_version, llvm_version = llvm_versions()
     return {
         "kernel": hashlib.sha256(kernel_bytes).hexdigest(),
         "triple": target.triple,

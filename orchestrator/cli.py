@@ -142,8 +142,7 @@ def cmd_run(args) -> int:
         with np.load(args.inputs) as data:
             inputs = {k: data[k] for k in data.files}
     else:
-        rng = np.random.default_rng(args.seed)
-        inputs = {s["name"]: rng.standard_normal(s["shape"]).astype(s["dtype"]) for s in module.inputs}
+        inputs = module.random_inputs(args.seed)
         print(f"no --inputs: using random inputs (seed {args.seed})")
     outputs = module.run(inputs)
     if args.outputs:

@@ -7,14 +7,9 @@ from ir.lower import ScheduleConfig, lower
 from .build import optimize
 from .build_log import previous_parts
 from .cache_key import explain_difference
-from .plan import make_job
+from .plan import kernel_id, make_job
 from .store_policy import open_store
 from .target import parse_target
-
-
-def kernel_id(call) -> str:
-    """Stable identity of a kernel across builds of one model: the nodes it computes."""
-    return "+".join(call.nodes)
 
 
 def explain(model, target="llvm", opt_level: int = 3, shapes=None, cache=None) -> str:

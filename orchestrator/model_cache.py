@@ -16,7 +16,7 @@ import struct
 
 from artifacts.link import compiler_identity
 
-from .cache_key import _llvm_versions
+from .cache_key import hash_sources, llvm_versions
 
 _SOURCES = ("ir", "orchestrator", "codegen_worker", "artifacts", "configs")
 LARGE = 1 << 20  # bundle files above this size are handed out as views, not copies
@@ -25,16 +25,7 @@ LARGE = 1 << 20  # bundle files above this size are handed out as views, not cop
 @functools.lru_cache(maxsize=1)
 def kiln_source_hash() -> str:
     """Every Kiln source file: a frontend or pass change must invalidate whole-model hits."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    h = hashlib.sha256()
-    for pkg in _SOURCES:
-        for folder, _, files in sorted(os.walk(os.path.join(root, pkg))):
-            for name in sorted(f for f in files if f.endswith((".py", ".json"))):
-                path = os.path.join(folder, name)
-                h.update(os.path.relpath(path, root).encode())
-                with open(path, "rb") as f:
-                    h.update(hashlib.sha256(f.read()).digest())
-    return h.hexdigest()
+    return hash_sources(_SOURCES, (".py", ".json"))
 
 
 def model_bytes(model) -> bytes:
@@ -55,7 +46,7 @@ def model_key(model, target, opt_level: int, shapes, salt: str) -> str | None:
         return None
     settings = {"target": target.to_dict(), "opt_level": opt_level, "salt": salt,
                 "shapes": {k: list(v) for k, v in (shapes or {}).items()}, "kiln": kiln_source_hash(),
-                "llvm": list(_llvm_versions()), "cc": compiler_identity()}
+                "llvm": list(llvm_versions()), "cc": compiler_identity()}
     h = hashlib.sha256(b"kiln-model-v1\0")
     h.update(hashlib.sha256(data).digest())
     h.update(json.dumps(settings, sort_keys=True).encode())

@@ -46,6 +46,11 @@ class JobResult:
     cached: bool = False
 
 
+def kernel_id(call) -> str:
+    """Stable identity of a kernel across builds of one model: the nodes it computes."""
+    return "+".join(call.nodes)
+
+
 def make_job(call, target, opt_level: int, salt: str = "") -> CompileJob:
     data = call.kernel.to_bytes()
     parts = key_parts(data, target, opt_level, salt=salt)
