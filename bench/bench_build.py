@@ -31,7 +31,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import onnx  # noqa: E402
 
 from ir.lower import ScheduleConfig, lower  # noqa: E402
-from orchestrator.build import build_many, optimize  # noqa: E402
+from orchestrator.api import build_many, optimize  # noqa: E402
 from orchestrator.executor_local import InProcessExecutor, LocalExecutor  # noqa: E402
 from orchestrator.plan import make_job, unique_jobs  # noqa: E402
 from orchestrator.target import parse_target  # noqa: E402

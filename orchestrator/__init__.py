@@ -1,7 +1,18 @@
-"""Kiln's driver: targets, compile jobs, executors, the build API and the CLI."""
+"""Kiln's driver: targets, compile jobs, executors, the build API and the CLI.
+
+The build API lives in `orchestrator.api`; its public names are re-exported here lazily
+(importing the package must stay cheap for the CLI). No public name here is also the name
+of a submodule: importing the submodule would replace the function on the package.
+"""
+_API = ("build", "build_many", "optimize", "BuildResult", "BatchResult", "BuildError")
 
 
-def build(*args, **kwargs):
-    """See orchestrator.build.build."""
-    from .build import build as _build
-    return _build(*args, **kwargs)
+def __getattr__(name):
+    if name in _API:
+        from . import api
+        return getattr(api, name)
+    raise AttributeError(f"module 'orchestrator' has no attribute '{name}'")
+
+
+def __dir__():
+    return sorted(list(globals()) + list(_API))

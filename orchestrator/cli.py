@@ -94,7 +94,7 @@ def _summary(report) -> str:
 
 def _run_build(args, fn, models):
     """Run build/build_many with the CLI's flags; a failed build still writes its report."""
-    from .build import BuildError
+    from .api import BuildError
     kwargs = _build_kwargs(args)
     try:
         return fn(models, target=args.target, **kwargs)
@@ -106,7 +106,7 @@ def _run_build(args, fn, models):
 
 
 def cmd_build(args) -> int:
-    from .build import build
+    from .api import build
     result = _run_build(args, build, args.model)
     path = result.export(args.output)
     _write_report(args.report, result.report)
@@ -116,7 +116,7 @@ def cmd_build(args) -> int:
 
 
 def cmd_build_many(args) -> int:
-    from .build import build_many
+    from .api import build_many
     batch = _run_build(args, build_many, args.models)
     os.makedirs(args.output, exist_ok=True)
     names = [os.path.splitext(os.path.basename(m))[0] for m in args.models]

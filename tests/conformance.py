@@ -69,7 +69,7 @@ def _freeze_integer_inputs(model, values: dict):
 
 def _build(model, executor):
     from ir.errors import InternalError
-    from orchestrator.build import BuildError, build
+    from orchestrator.api import BuildError, build
     try:
         return build(model, cache=None, executor=executor, progress=False).load(), None
     except (BuildError, InternalError) as e:  # Kiln's own failures are bugs, not rejections

@@ -47,7 +47,7 @@ def assert_matches_oracle(result, model, seed: int = 0):
 
 def build_and_compare(model, executor, seed: int = 0, **build_kwargs):
     """Build `model`, run it on random inputs, and compare every output with onnxruntime."""
-    from orchestrator.build import build
+    from orchestrator.api import build
     result = build(model, executor=executor, cache=None, progress=False, **build_kwargs)
     return result, assert_matches_oracle(result, model, seed)
 

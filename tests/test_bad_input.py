@@ -10,7 +10,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from ir.errors import KilnError
-from orchestrator.build import build
+from orchestrator.api import build
 from tests import model_zoo
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

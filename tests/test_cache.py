@@ -10,7 +10,7 @@ import pytest
 
 from artifacts.store import Store
 from ir.errors import KilnError
-from orchestrator.build import BuildError, build
+from orchestrator.api import BuildError, build
 from orchestrator.cache_key import key_of, key_parts
 from orchestrator.target import parse_target
 from tests import model_zoo

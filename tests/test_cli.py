@@ -103,7 +103,7 @@ def test_declared_output_shape_is_not_trusted(executor):
     import onnx
     from onnx import TensorProto, helper
 
-    from orchestrator.build import build
+    from orchestrator.api import build
     from tests import model_zoo
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [7, 7, 7])  # wrong on purpose

@@ -4,7 +4,7 @@ The same scenarios run on the local executor here and on Ray in test_ray.py."""
 import pytest
 
 from artifacts.store import Store
-from orchestrator.build import BuildError, build
+from orchestrator.api import BuildError, build
 from orchestrator.executor_local import LocalExecutor
 from tests import model_zoo
 from tests.conftest import assert_matches_oracle

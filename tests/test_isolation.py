@@ -12,7 +12,7 @@ import sys
 import numpy as np
 
 from ir.lower import ScheduleConfig, lower
-from orchestrator.build import optimize
+from orchestrator.api import optimize
 from orchestrator.executor_local import LocalExecutor
 from orchestrator.plan import make_job
 from orchestrator.target import parse_target

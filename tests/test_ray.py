@@ -2,7 +2,7 @@
 fault handling, and an actor killed mid-build replaced without losing the build."""
 import pytest
 
-from orchestrator.build import BuildError, build, build_many
+from orchestrator.api import BuildError, build, build_many
 from tests import model_zoo
 from tests.conftest import assert_matches_oracle
 from tests.test_faults import faulty_build

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from ir.errors import KilnError
-from orchestrator.build import build
+from orchestrator.api import build
 from orchestrator.target import parse_target
 from tests import model_zoo
 from tests.conftest import build_and_compare
