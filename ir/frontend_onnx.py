@@ -10,6 +10,7 @@ import os
 
 import numpy as np
 
+from . import external_data
 from .graph import Graph, KilnError, Node, TensorType, UnsupportedError, as_kiln_array
 from .onnx_dtypes import onnx_to_dtype
 from .op_types import OP_KIND
@@ -49,7 +50,9 @@ def load_model_proto(model):
     from google.protobuf.message import DecodeError
 
     if isinstance(model, onnx.ModelProto):
+        _load_external_data(model, None, "the model")
         return model
+    model_dir = None
     if isinstance(model, (bytes, bytearray)):
         data, where = bytes(model), "model bytes"
     else:
@@ -59,13 +62,34 @@ def load_model_proto(model):
         with open(path, "rb") as f:
             data = f.read()
         where = f"model file '{path}'"
+        model_dir = os.path.dirname(os.path.abspath(path))
     try:
         proto = onnx.ModelProto.FromString(data)
     except (DecodeError, ValueError, RuntimeError) as e:
         raise KilnError(f"{where} is not a valid ONNX model (truncated or corrupt?): {e}") from None
     if not proto.graph.node and not proto.graph.output:
         raise KilnError(f"{where} is not a valid ONNX model: it has no graph")
+    _load_external_data(proto, model_dir, where)
     return proto
+
+
+def _load_external_data(proto, model_dir: str | None, where: str) -> None:
+    """Read every external tensor's bytes from the model's folder (never the current one)."""
+    from onnx.external_data_helper import _get_all_tensors, load_external_data_for_tensor, uses_external_data
+
+    for tensor in _get_all_tensors(proto):
+        if not uses_external_data(tensor):
+            continue
+        location = next((e.value for e in tensor.external_data if e.key == "location"), "")
+        if model_dir is None:
+            raise KilnError(f"{where}: tensor '{tensor.name}' keeps its data in external file '{location}'; "
+                            "give Kiln the model's path so the file is found beside it")
+        external_data.resolve(model_dir, tensor.name, location)
+        try:
+            load_external_data_for_tensor(tensor, model_dir)
+        except (OSError, ValueError) as e:
+            raise KilnError(f"{where}: cannot read tensor '{tensor.name}' from external file '{location}': {e}") \
+                from None
 
 
 def _opset(proto) -> int:

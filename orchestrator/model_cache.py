@@ -15,6 +15,8 @@ import os
 import struct
 
 from artifacts.link import compiler_identity
+from ir import external_data
+from ir.errors import KilnError
 
 from .cache_key import hash_sources, llvm_versions
 
@@ -37,18 +39,48 @@ def model_bytes(model) -> bytes:
         return f.read()
 
 
+def _file_digest(path: str) -> bytes:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.digest()
+
+
+def content_digest(model) -> bytes | None:
+    """sha256 over every byte the model reads: the model itself and each external data file
+    (by its location). None where that cannot be known (an unreadable file, external data
+    without a folder to find it in): such a model is not looked up whole."""
+    try:
+        data = model_bytes(model)
+        locations = sorted({loc for _, loc in external_data.external_locations(data)})
+    except (OSError, ValueError):
+        return None
+    h = hashlib.sha256(hashlib.sha256(data).digest())
+    if locations:
+        if isinstance(model, (bytes, bytearray)) or hasattr(model, "SerializeToString"):
+            return None
+        model_dir = os.path.dirname(os.path.abspath(os.fspath(model)))
+        for loc in locations:
+            try:
+                path = external_data.resolve(model_dir, "", loc)
+                h.update(loc.encode() + b"\0" + _file_digest(path))
+            except (KilnError, OSError):
+                return None
+    return h.digest()
+
+
 def model_key(model, target, opt_level: int, shapes, salt: str) -> str | None:
     """The store key of a finished bundle, or None if the model cannot be read (the normal
     path then reports the problem)."""
-    try:
-        data = model_bytes(model)
-    except OSError:
+    digest = content_digest(model)
+    if digest is None:
         return None
     settings = {"target": target.to_dict(), "opt_level": opt_level, "salt": salt,
                 "shapes": {k: list(v) for k, v in (shapes or {}).items()}, "kiln": kiln_source_hash(),
                 "llvm": list(llvm_versions()), "cc": compiler_identity()}
-    h = hashlib.sha256(b"kiln-model-v1\0")
-    h.update(hashlib.sha256(data).digest())
+    h = hashlib.sha256(b"kiln-model-v2\0")
+    h.update(digest)
     h.update(json.dumps(settings, sort_keys=True).encode())
     return h.hexdigest()
 
