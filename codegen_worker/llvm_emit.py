@@ -39,9 +39,13 @@ def _poly(acc_name: str, x: str, coeffs, lines: list) -> str:
 
 
 def _math_lib() -> str:
+    # The scale is 2^(n-1) times 2: exp(89) and +inf overflow to +inf as they should, while
+    # 2^(n-1) itself stays a normal float up to n = 128. Below -87.33 the result flushes to
+    # +0 (the clamp makes the exponent field 0). The clamp would turn NaN into a number, so
+    # NaN is passed through at the end.
     exp = ["define internal float @kiln_exp(float %x) #1 {",
            f"  %lo = call float @llvm.maxnum.f32(float %x, float {_fconst(-87.33)})",
-           f"  %c = call float @llvm.minnum.f32(float %lo, float {_fconst(88.37)})",
+           f"  %c = call float @llvm.minnum.f32(float %lo, float {_fconst(89.0)})",
            f"  %t = fmul float %c, {_fconst(1.4426950408889634)}",
            "  %n = call float @llvm.roundeven.f32(float %t)",
            f"  %h = fmul float %n, {_fconst(0.693359375)}",
@@ -52,8 +56,10 @@ def _math_lib() -> str:
                          1.6666665459e-1, 5.0000001201e-1], exp)
     exp += ["  %z = fmul float %r, %r", f"  %pz = fmul float {p}, %z", "  %px = fadd float %pz, %r",
             f"  %pd = fadd float %px, {_fconst(1.0)}",
-            "  %ni = fptosi float %n to i32", "  %e = add i32 %ni, 127", "  %sh = shl i32 %e, 23",
-            "  %s = bitcast i32 %sh to float", "  %y = fmul float %pd, %s", "  ret float %y", "}"]
+            "  %ni = fptosi float %n to i32", "  %e = add i32 %ni, 126", "  %sh = shl i32 %e, 23",
+            "  %s = bitcast i32 %sh to float", "  %y0 = fmul float %pd, %s", f"  %y1 = fmul float %y0, {_fconst(2.0)}",
+            "  %isnan = fcmp uno float %x, 0.0", "  %y = select i1 %isnan, float %x, float %y1",
+            "  ret float %y", "}"]
     tanh = ["define internal float @kiln_tanh(float %x) #1 {",
             "  %a = call float @llvm.fabs.f32(float %x)",
             f"  %a2 = fmul float %a, {_fconst(2.0)}",
@@ -208,10 +214,11 @@ class FunctionEmitter:
         dt = self.dtype(e.a)
         a, b = self.expr(e.a), self.expr(e.b)
         v = self.tmp("x")
-        if e.op in ("max", "min"):
+        if e.op in ("max", "min") and dt == "f32":
+            self.float_max_min(e, a, b, v)
+        elif e.op in ("max", "min"):
             c = self.tmp("c")
-            pred = ("ogt" if e.op == "max" else "olt") if dt == "f32" else ("sgt" if e.op == "max" else "slt")
-            self.emit(f"{c} = {'fcmp' if dt == 'f32' else 'icmp'} {pred} {LL[dt]} {a}, {b}")
+            self.emit(f"{c} = icmp {'sgt' if e.op == 'max' else 'slt'} {LL[dt]} {a}, {b}")
             self.emit(f"{v} = select i1 {c}, {LL[dt]} {a}, {LL[dt]} {b}")
         elif dt == "f32" and e.op == "pow":
             self.emit(f"{v} = call {FMF} float @llvm.pow.f32(float {a}, float {b})")
@@ -220,6 +227,23 @@ class FunctionEmitter:
         else:
             self.emit(f"{v} = {_IBIN[e.op]} {LL[dt]} {a}, {b}")
         return v
+
+    def float_max_min(self, e: Bin, a: str, b: str, v: str) -> None:
+        """IEEE max/min that propagate NaN from either side, as onnxruntime does.
+        `select (x > y), x, y` yields y when either is NaN: one vmaxps/vminps. With a constant
+        (never NaN) operand that is all it takes, the constant in the first place; otherwise
+        a NaN in the first operand is caught by one more compare."""
+        pred = "ogt" if e.op == "max" else "olt"
+        if isinstance(e.b, Const):
+            a, b = b, a
+        c = self.tmp("c")
+        self.emit(f"{c} = fcmp {pred} float {a}, {b}")
+        if not isinstance(e.a, Const) and not isinstance(e.b, Const):
+            nan, c0 = self.tmp("c"), c
+            c = self.tmp("c")
+            self.emit(f"{nan} = fcmp uno float {a}, 0.0")
+            self.emit(f"{c} = or i1 {c0}, {nan}")
+        self.emit(f"{v} = select i1 {c}, float {a}, float {b}")
 
     def cast(self, e: Cast) -> str:
         src, dst = self.dtype(e.a), e.dtype

@@ -62,6 +62,10 @@ def lower_reduce(b: KernelBuilder, node: Node, store) -> tuple:
     return b.loops(oshape, point, inner_kind="serial")
 
 
+def _select_max(acc, x):
+    return select(cmp("gt", acc, x), acc, x)
+
+
 def lower_softmax(b: KernelBuilder, node: Node, store, out_param: str) -> tuple:
     x, xshape = b.reader(node.inputs[0]), b.shape(node.inputs[0])
     axes = node.attrs["_axes"]
@@ -72,7 +76,10 @@ def lower_softmax(b: KernelBuilder, node: Node, store, out_param: str) -> tuple:
         mx, sm, inv = b.fresh("max"), b.fresh("sum"), b.fresh("inv")
         full = lambda iidx: _merge(rank, outer_axes, oidx, axes, iidx)
         body = [Local(mx, "f32", _f(-math.inf))]
-        body += _accumulate(b, xshape, axes, lambda iidx: [Assign(mx, fbin("max", Var(mx, "f32"), x(full(iidx))))])
+        # The row maximum only keeps exp() in range: a NaN in the row makes every output NaN
+        # through exp and the sum whatever the maximum is, so a plain select reduction will
+        # do (it vectorizes; the NaN-propagating max does not).
+        body += _accumulate(b, xshape, axes, lambda iidx: [Assign(mx, _select_max(Var(mx, "f32"), x(full(iidx))))])
         body.append(Local(sm, "f32", _f(0)))
 
         def exp_pass(iidx):
