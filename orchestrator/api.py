@@ -215,7 +215,9 @@ def build_many(models, target="llvm", opt_level: int = 3, shapes: dict | None = 
                 hit.attempts = r.attempts
                 return
             results[r.key] = r
-            if r.ok and store:
+            # A fallback object (no vectorize, no unroll) is correct but slow: it must never
+            # answer a normal lookup, so it is not stored and the next build tries again.
+            if r.ok and store and not r.fallback:
                 store.put(r.key, r.object)
             bar.update(compiled=int(r.ok), failed=int(not r.ok))
 
@@ -272,13 +274,14 @@ def build_many(models, target="llvm", opt_level: int = 3, shapes: dict | None = 
                              hits=sum(r.cached for r in model_results), lookups=len(model_results))
         manifest = {"kiln_version": KILN_VERSION, "model": p.graph.name, "target": p.target.to_dict(),
                     "opt_level": opt_level}
+        degraded = any(r.fallback for r in model_results)  # nothing built from a fallback is stored
         files = assemble(p.lowered, {j.symbol: results[j.key].object for j in p.jobs}, p.target, manifest,
-                         store, [j.key for j in p.jobs])
+                         None if degraded else store, [j.key for j in p.jobs])
         model_report = {"model": p.graph.name, "target": p.target.to_dict(), "opt_level": opt_level,
                         "executor": ex_name, "workers": workers_n, "totals": _totals(model_results, len(p.jobs)),
                         "kernels": rows, "passes": [{"name": n, "ms": round(ms, 3)} for n, ms in p.timings],
                         "timing": {"total_s": round(time.time() - t_start, 3), "compile_s": round(compile_s, 3)}}
-        if model_keys[i] and not store.readonly:
+        if model_keys[i] and not store.readonly and not degraded:
             store.put(model_keys[i], model_cache.pack(files, model_report))
         report["models"].append({"model": p.graph.name, "target": p.target.name, "totals": model_report["totals"]})
         out.append(BuildResult(p.target, p.graph, p.lowered, files, model_report, p.timings))

@@ -77,3 +77,26 @@ def test_a_killed_zygote_is_replaced(executor):
     assert_matches_oracle(result, model)
     assert result.report["totals"]["retried"] >= 1
     assert any(a["worker"] == "zygote" for k in result.report["kernels"] for a in k["attempt_log"])
+
+
+def fallback_never_answers_a_normal_lookup(executor, tmp_path):
+    """A build whose kernels only compiled with the fallback schedule stores none of them (nor
+    the module linked from them): a clean build over the same store compiles every kernel
+    with the normal schedule, and its module is byte-equal to a clean build's."""
+    model = model_zoo.cnn()
+    store = Store(str(tmp_path / "store"))
+    degraded = build(model, executor=executor, cache=store, progress=False, inject={"": "crash:nofallback"})
+    assert degraded.report["totals"]["fallback"] == degraded.report["totals"]["kernels"]
+    assert_matches_oracle(degraded, model)  # slow, but correct
+    after = build(model, executor=executor, cache=store, progress=False)
+    assert not after.report.get("whole_model_hit")
+    assert after.report["totals"]["compiled"] == after.report["totals"]["kernels"]
+    assert after.report["totals"]["fallback"] == 0
+    clean = build(model, executor=executor, cache=None, progress=False)
+    assert after.files["model.so"] == clean.files["model.so"]
+    # --verify-cache recompiles every hit: a stored fallback object would be a BuildError here
+    build(model, executor=executor, cache=store, progress=False, verify_cache=True)
+
+
+def test_fallback_objects_never_poison_the_store(executor, tmp_path):
+    fallback_never_answers_a_normal_lookup(executor, tmp_path)

@@ -5,7 +5,7 @@ import pytest
 from orchestrator.api import BuildError, build, build_many
 from tests import model_zoo
 from tests.conftest import assert_matches_oracle
-from tests.test_faults import faulty_build
+from tests.test_faults import fallback_never_answers_a_normal_lookup, faulty_build
 
 
 def test_ray_and_local_builds_are_byte_identical(ray_executor, executor):
@@ -28,6 +28,10 @@ def test_fallback_on_ray(ray_executor):
     result, model, row = faulty_build(ray_executor, "crash:nofallback")
     assert_matches_oracle(result, model)
     assert row["fallback"] and result.report["totals"]["fallback"] == 1
+
+
+def test_fallback_never_poisons_the_store_on_ray(ray_executor, tmp_path):
+    fallback_never_answers_a_normal_lookup(ray_executor, tmp_path)
 
 
 def test_actor_killed_mid_build_is_replaced(ray_executor):
