@@ -23,7 +23,7 @@ import sys
 import time
 import traceback
 
-from .protocol import decode, encode, read_frame, write_all
+from .protocol import FrameReader, OutBuffer, decode, encode, write_all
 
 
 def injected_fault(request: dict) -> str | None:
@@ -105,27 +105,26 @@ def serve(in_fd: int, out_fd: int) -> None:
     from .compile import initialize_llvm
     initialize_llvm()
     running: dict[int, _Job] = {}
+    requests, results = FrameReader(), OutBuffer(out_fd)
     stdin_open = True
-    while stdin_open or running:
+    while stdin_open or running or results:
         now = time.monotonic()
         timeout = max(0.0, min((j.deadline for j in running.values()), default=now + 3600) - now)
-        fds = ([in_fd] if stdin_open else []) + list(running)
-        ready, _, _ = select.select(fds, [], [], timeout)
+        readable = ([in_fd] if stdin_open else []) + list(running)
+        ready, writable, _ = select.select(readable, [out_fd] if results else [], [], timeout)
+        if writable:
+            try:
+                results.flush()
+            except OSError:  # the driver is gone: nobody wants these results
+                return
         for fd in ready:
             if fd == in_fd:
-                msg = read_frame(in_fd)
-                if msg is None:
+                data = os.read(in_fd, 1 << 20)
+                if not data:
                     stdin_open = False
                     continue
-                request, kernel_bytes = msg
-                r, w = os.pipe()
-                pid = os.fork()
-                if pid == 0:
-                    os.setpgid(0, 0)
-                    os.close(r)
-                    _run_child(request, kernel_bytes, w)
-                os.close(w)
-                running[r] = _Job(request, pid, r)
+                for request, kernel_bytes in requests.feed(data):
+                    running.update(_start(request, kernel_bytes))
             else:
                 job = running[fd]
                 chunk = os.read(fd, 1 << 20)
@@ -134,7 +133,7 @@ def serve(in_fd: int, out_fd: int) -> None:
                     continue
                 os.close(fd)
                 del running[fd]
-                write_all(out_fd, _finish(job))
+                results.push(_finish(job))
         now = time.monotonic()
         for job in running.values():
             if not job.timed_out and now >= job.deadline:
@@ -143,7 +142,19 @@ def serve(in_fd: int, out_fd: int) -> None:
                     os.killpg(job.pid, signal.SIGKILL)  # the whole group: LLVM may have spawned helpers
                 except ProcessLookupError:
                     pass
-    # stdin closed and nothing left: the parent is done with us.
+    # stdin closed, nothing running, every result written: the parent is done with us.
+
+
+def _start(request: dict, kernel_bytes: bytes) -> dict:
+    """Fork the child that runs one job; {read end of its result pipe: the job}."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.setpgid(0, 0)
+        os.close(r)
+        _run_child(request, kernel_bytes, w)
+    os.close(w)
+    return {r: _Job(request, pid, r)}
 
 
 def main() -> None:

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import itertools
 import os
+import select
 import subprocess
 import sys
 import time
 from collections import deque
 
-from codegen_worker.protocol import encode, read_frame, write_all
+from codegen_worker.protocol import FrameReader, OutBuffer, encode
 
 from .plan import CompileJob, JobResult
 
@@ -36,7 +37,9 @@ def looks_like_object(blob: bytes, symbol: str) -> bool:
 
 
 class ZygoteClient:
-    """One zygote subprocess and the pipes to it."""
+    """One zygote subprocess and the pipes to it. Requests are queued and written only as
+    fast as the zygote reads them, while its results are read: neither side ever blocks on
+    a full pipe (a large request and a large result in flight at once would deadlock)."""
 
     def __init__(self):
         env = dict(os.environ)
@@ -45,12 +48,29 @@ class ZygoteClient:
         self.proc = subprocess.Popen([sys.executable, "-m", "codegen_worker.zygote"], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, env=env, close_fds=True)
         self.pid = self.proc.pid
+        self._out = OutBuffer(self.proc.stdin.fileno())
+        self._in = FrameReader()
+        self._frames: deque = deque()
 
     def send(self, header: dict, blob: bytes) -> None:
-        write_all(self.proc.stdin.fileno(), encode(header, blob))
+        """Queue a request; it is written while waiting in receive()."""
+        self._out.push(encode(header, blob))
+        self._out.flush()
 
     def receive(self):
-        return read_frame(self.proc.stdout.fileno())
+        """The next result frame, or None once the zygote has died. Raises OSError (a broken
+        pipe) if the zygote is gone while requests are still unsent."""
+        out_fd, in_fd = self._out.fd, self.proc.stdout.fileno()
+        while not self._frames:
+            readable, writable, _ = select.select([in_fd], [out_fd] if self._out else [], [])
+            if writable:
+                self._out.flush()
+            if readable:
+                data = os.read(in_fd, 1 << 20)
+                if not data:
+                    return None
+                self._frames.extend(self._in.feed(data))
+        return self._frames.popleft()
 
     def close(self) -> None:
         try:
