@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import itertools
 import os
+import shutil
 import socket
+import tempfile
 import time
 from collections import deque
 
@@ -42,8 +44,11 @@ class _Actor:
             if header.get("inject") == "kill_actor" and header.get("attempt") == 1:
                 os._exit(1)  # fault injection: this actor dies mid-build
             t0 = time.time()
-            self.zygote.send(header, blob)
-            msg = self.zygote.receive()
+            try:
+                self.zygote.send(header, blob)
+                msg = self.zygote.receive()
+            except OSError:  # a broken pipe: the zygote died
+                msg = None
             if msg is None:
                 from .executor_local import ZygoteClient
                 self.zygote.close()
@@ -68,6 +73,7 @@ class RayExecutor(Executor):
         self.ray = ray
         address = address or os.environ.get("RAY_ADDRESS")
         self._started_ray = False
+        self._ray_tmp = None
         if not ray.is_initialized():
             root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
             kwargs = {"include_dashboard": False, "log_to_driver": False,
@@ -75,7 +81,10 @@ class RayExecutor(Executor):
             if address:
                 ray.init(address=address, **kwargs)
             else:
-                ray.init(num_cpus=workers or default_workers(), **kwargs)
+                # Ray keeps a session folder (logs, sockets) after shutdown; one Kiln started
+                # is Kiln's to remove.
+                self._ray_tmp = tempfile.mkdtemp(prefix="kiln-ray-")
+                ray.init(num_cpus=workers or default_workers(), _temp_dir=self._ray_tmp, **kwargs)
             self._started_ray = True
         cluster_cpus = int(ray.cluster_resources().get("CPU", 1))
         self.workers = workers or cluster_cpus
@@ -185,3 +194,6 @@ class RayExecutor(Executor):
         if self._started_ray:
             self.ray.shutdown()
             self._started_ray = False
+        if self._ray_tmp:
+            shutil.rmtree(self._ray_tmp, ignore_errors=True)
+            self._ray_tmp = None
