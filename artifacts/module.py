@@ -17,7 +17,7 @@ import numpy as np
 
 from ir.errors import KilnError
 
-MANIFEST = "manifest.json"
+from . import MANIFEST
 
 
 def _aligned_empty(nbytes: int, align: int = 64) -> np.ndarray:

@@ -20,18 +20,20 @@ from dataclasses import dataclass, field
 
 from codegen_worker.llvm_options import check_options
 from ir.errors import KilnError
-from ir.frontend_onnx import from_onnx
-from ir.lower import ScheduleConfig, lower
-from ir.passes import default_pipeline
-from ir.transform import PassContext, PassTimingInstrument
 
 from . import build_log, model_cache
-from .bundle import assemble, write_bundle
+from .bundle import write_bundle
 from .executor_local import Executor, make_executor
-from .plan import JobResult, kernel_id, make_job, unique_jobs
+from .plan import JobResult, kernel_id, unique_jobs
 from .progress import Progress
 from .store_policy import DEFAULT_CACHE, open_store
 from .target import Target, parse_target
+
+
+def optimize(*args, **kwargs):
+    """Frontend + graph passes: see orchestrator.pipeline.optimize."""
+    from .pipeline import optimize as _optimize
+    return _optimize(*args, **kwargs)
 
 KILN_VERSION = "0.1.0"
 
@@ -58,11 +60,12 @@ class BuildResult:
         return write_bundle(self.files, path)
 
     def load(self):
-        """Export to a temporary folder and load it."""
+        """Load the bundle without keeping it on disk: it is exported to a temporary folder
+        that is gone again when this returns (the loaded library and weights live on in
+        memory)."""
         from artifacts.module import Module
-        tmp = tempfile.mkdtemp(prefix="kiln-module-")
-        self.export(os.path.join(tmp, "bundle"))
-        return Module(os.path.join(tmp, "bundle"))
+        with tempfile.TemporaryDirectory(prefix="kiln-module-") as tmp:
+            return Module(self.export(os.path.join(tmp, "bundle")))
 
 
 @dataclass
@@ -71,41 +74,7 @@ class BatchResult:
     report: dict
 
 
-def optimize(model, shapes=None, opt_level: int = 3, pass_context: PassContext | None = None, extra_passes=()):
-    """Frontend + graph passes: the graph that lowering sees, and per-pass timings."""
-    g = from_onnx(model, shapes)
-    ctx = pass_context or PassContext(opt_level=opt_level)
-    timing = PassTimingInstrument()
-    ctx.instruments = list(ctx.instruments) + [timing]
-    try:
-        with ctx:
-            g = default_pipeline(extra_passes)(g, ctx)
-    finally:
-        ctx.instruments.remove(timing)
-    return g, timing.timings
-
-
-@dataclass
-class _Planned:
-    target: Target
-    graph: object
-    lowered: object
-    jobs: list
-    timings: list
-
-
-def _plan(model, target, opt_level, shapes, pass_context, extra_passes, salt, inject) -> _Planned:
-    g, timings = optimize(model, shapes, opt_level, pass_context, extra_passes)
-    lowered = lower(g, ScheduleConfig.for_vector_width(target.vector_width))
-    jobs = [make_job(c, target, opt_level, salt) for c in lowered.calls]
-    for job in jobs:
-        for pattern, fault in (inject or {}).items():
-            if pattern in job.name or pattern == job.symbol:
-                job.inject = fault
-    return _Planned(target, g, lowered, jobs, timings)
-
-
-def _kernel_rows(planned: _Planned, results: dict[str, JobResult]) -> list[dict]:
+def _kernel_rows(planned, results: dict[str, JobResult]) -> list[dict]:
     rows = []
     for call, job in zip(planned.lowered.calls, planned.jobs):
         r = results[job.key]
@@ -150,7 +119,7 @@ def _as_whole_hit(report: dict, elapsed: float) -> dict:
 
 def build_many(models, target="llvm", opt_level: int = 3, shapes: dict | None = None,
                executor: "str | Executor" = "local", workers: int | None = None, cache=DEFAULT_CACHE,
-               pass_context: PassContext | None = None, kernel_timeout: float = 300.0, progress: bool | None = None,
+               pass_context=None, kernel_timeout: float = 300.0, progress: bool | None = None,
                inject: dict | None = None, salt: str = "", extra_passes=(), verify_cache: bool = False,
                cache_readonly: bool = False, trace: str | None = None, ray_address: str | None = None) -> BatchResult:
     """Build several models in one batch: every kernel they share (same key) compiles once.
@@ -189,7 +158,9 @@ def build_many(models, target="llvm", opt_level: int = 3, shapes: dict | None = 
         # An executor we own is made now: Ray actors (slow to boot) start while we plan.
         ex = make_executor(executor, workers, kernel_timeout, ray_address) if owned else executor
     try:
-        planned = {i: _plan(entries[i][0], targets[entries[i][1]], opt_level, shapes, pass_context, extra_passes,
+        if todo:
+            from .pipeline import plan_model  # the heavy imports: only when something is not cached whole
+        planned = {i: plan_model(entries[i][0], targets[entries[i][1]], opt_level, shapes, pass_context, extra_passes,
                             salt, inject) for i in todo}
         all_jobs = [j for p in planned.values() for j in p.jobs]
         jobs = unique_jobs(all_jobs)
@@ -275,6 +246,7 @@ def build_many(models, target="llvm", opt_level: int = 3, shapes: dict | None = 
         manifest = {"kiln_version": KILN_VERSION, "model": p.graph.name, "target": p.target.to_dict(),
                     "opt_level": opt_level}
         degraded = any(r.fallback for r in model_results)  # nothing built from a fallback is stored
+        from .bundle import assemble
         files = assemble(p.lowered, {j.symbol: results[j.key].object for j in p.jobs}, p.target, manifest,
                          None if degraded else store, [j.key for j in p.jobs])
         model_report = {"model": p.graph.name, "target": p.target.to_dict(), "opt_level": opt_level,
@@ -290,7 +262,7 @@ def build_many(models, target="llvm", opt_level: int = 3, shapes: dict | None = 
 
 
 def build(model, target="llvm", opt_level: int = 3, shapes: dict | None = None, executor: "str | Executor" = "local",
-          workers: int | None = None, cache=DEFAULT_CACHE, pass_context: PassContext | None = None,
+          workers: int | None = None, cache=DEFAULT_CACHE, pass_context=None,
           kernel_timeout: float = 300.0, progress: bool | None = None, inject: dict | None = None,
           salt: str = "", extra_passes=(), verify_cache: bool = False, cache_readonly: bool = False,
           trace: str | None = None, ray_address: str | None = None) -> BuildResult:

@@ -2,15 +2,14 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import tempfile
 
-import numpy as np
-
 from artifacts.link import entry_source, link_key, link_shared
+from artifacts import MANIFEST
 from artifacts.memory_plan import pack_constants, plan_arena
-from artifacts.module import MANIFEST
 
 
 def _locations(lowered, weight_offsets, arena_offsets):
@@ -63,6 +62,7 @@ def assemble(lowered, objects: dict[str, bytes], target, manifest_extra: dict, s
              object_keys=()) -> dict:
     """Return the bundle's files as {filename: bytes}; links model.so when the target runs here.
     With a store, the linked library is cached too: a warm build does not run the linker."""
+    import numpy as np
     g = lowered.graph
     weight_offsets, weights = pack_constants({k: np.ascontiguousarray(v) for k, v in g.constants.items()})
     offsets, arena_bytes = plan_memory(lowered)
@@ -96,7 +96,6 @@ def assemble(lowered, objects: dict[str, bytes], target, manifest_extra: dict, s
     else:
         for sym, obj in objects.items():
             files[f"objects/{sym}.o"] = obj
-    import json
     files[MANIFEST] = json.dumps(manifest, indent=2, sort_keys=True).encode()
     return files
 

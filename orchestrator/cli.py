@@ -69,14 +69,12 @@ def _add_build_flags(p):
 
 
 def _build_kwargs(args) -> dict:
-    from .executor_local import make_executor
-    from .store_policy import open_store
-    cache = _cache_arg(args)
-    store = open_store(cache, readonly=args.cache_readonly) if cache is not None else None
-    executor = make_executor(args.executor, args.workers, args.kernel_timeout, args.ray_address)
-    return {"opt_level": args.opt_level, "shapes": _parse_shapes(args.shape), "executor": executor, "cache": store,
-            "kernel_timeout": args.kernel_timeout, "progress": False if args.quiet else None,
-            "verify_cache": args.verify_cache, "trace": args.trace}
+    # The executor goes by name: the build creates it only if a job needs compiling (a build
+    # served whole from the store must not start Ray).
+    return {"opt_level": args.opt_level, "shapes": _parse_shapes(args.shape), "executor": args.executor,
+            "workers": args.workers, "ray_address": args.ray_address, "cache": _cache_arg(args),
+            "cache_readonly": args.cache_readonly, "kernel_timeout": args.kernel_timeout,
+            "progress": False if args.quiet else None, "verify_cache": args.verify_cache, "trace": args.trace}
 
 
 def _write_report(path, report) -> None:
@@ -95,14 +93,11 @@ def _summary(report) -> str:
 def _run_build(args, fn, models):
     """Run build/build_many with the CLI's flags; a failed build still writes its report."""
     from .api import BuildError
-    kwargs = _build_kwargs(args)
     try:
-        return fn(models, target=args.target, **kwargs)
+        return fn(models, target=args.target, **_build_kwargs(args))
     except BuildError as e:
         _write_report(args.report, e.report)
         raise
-    finally:
-        kwargs["executor"].close()
 
 
 def cmd_build(args) -> int:

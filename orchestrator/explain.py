@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ir.lower import ScheduleConfig, lower
 
-from .api import optimize
+from .pipeline import optimize
 from .build_log import previous_parts
 from .cache_key import explain_difference
 from .plan import kernel_id, make_job

@@ -11,7 +11,7 @@ import shlex
 from dataclasses import asdict, dataclass
 
 from configs import load_preset, preset_names
-from ir.graph import KilnError
+from ir.errors import KilnError
 
 # CPUs whose vectors are 512 bits wide (LLVM CPU names), and those with 256-bit AVX2.
 _AVX512_CPUS = {"skylake-avx512", "cascadelake", "cooperlake", "icelake-client", "icelake-server", "tigerlake",

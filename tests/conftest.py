@@ -3,8 +3,11 @@ and the oracle comparison every model test uses. Ray is started only by tests th
 for the `ray_session` fixture."""
 from __future__ import annotations
 
+import getpass
 import os
+import shutil
 import sys
+import tempfile
 
 import numpy as np
 import pytest
@@ -52,14 +55,28 @@ def build_and_compare(model, executor, seed: int = 0, **build_kwargs):
     return result, assert_matches_oracle(result, model, seed)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _temp_dir_left_as_found():
+    """A full test run leaves the temp dir as it found it: nothing Kiln (or a test) creates
+    there may outlive its owner. pytest's own folder is pytest's to manage."""
+    tmp = tempfile.gettempdir()
+    before = set(os.listdir(tmp))
+    yield
+    left = sorted(set(os.listdir(tmp)) - before - {f"pytest-of-{getpass.getuser()}"})
+    assert not left, f"the test run left these in {tmp}: {left}"
+
+
 @pytest.fixture(scope="session")
 def ray_session():
-    """One Ray for the whole session (it takes ~6 s and ~700 MiB to start), 2 CPUs."""
+    """One Ray for the whole session (it takes ~6 s and ~700 MiB to start), 2 CPUs, with its
+    session folder in a temp dir removed at the end."""
     import ray
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+    ray_tmp = tempfile.mkdtemp(prefix="kiln-ray-")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _temp_dir=ray_tmp,
              runtime_env={"env_vars": {"PYTHONPATH": ROOT}})
     yield ray
     ray.shutdown()
+    shutil.rmtree(ray_tmp, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

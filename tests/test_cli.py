@@ -129,3 +129,19 @@ def test_every_package_is_installed():
             if "__init__.py" in files:
                 pkg = os.path.relpath(folder, ROOT).replace(os.sep, ".")
                 assert any(fnmatch.fnmatch(pkg, pat) for pat in include), pkg
+
+
+def test_a_build_served_whole_from_the_store_starts_no_executor(tmp_path, monkeypatch):
+    """`--executor ray` on an unchanged model: nothing to compile, so Ray is never started."""
+    from orchestrator import cli, executor_ray
+    example = os.path.join(ROOT, "configs", "examples", "cnn.onnx")
+    store = str(tmp_path / "store")
+    assert cli.main(["build", example, "-o", str(tmp_path / "a"), "--cache", store, "--quiet"]) == 0
+
+    def no_ray(*args, **kwargs):
+        raise AssertionError("an executor was started for a build that compiles nothing")
+    monkeypatch.setattr(executor_ray.RayExecutor, "__init__", no_ray)
+    for command in (["build", example, "-o", str(tmp_path / "b")], ["build-many", example, "-o", str(tmp_path / "c")]):
+        report = tmp_path / "report.json"
+        assert cli.main([*command, "--cache", store, "--executor", "ray", "--report", str(report), "--quiet"]) == 0
+        assert json.loads(report.read_text())["totals"]["compiled"] == 0

@@ -1,0 +1,50 @@
+"""Model -> compile jobs: the frontend, the graph passes and lowering.
+
+Kept apart from the build API because it is the heavy part to import (numpy, onnx, the
+lowering): a build that the store answers whole never imports this module.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ir.frontend_onnx import from_onnx
+from ir.lower import ScheduleConfig, lower
+from ir.passes import default_pipeline
+from ir.transform import PassContext, PassTimingInstrument
+
+from .plan import make_job
+from .target import Target
+
+
+def optimize(model, shapes=None, opt_level: int = 3, pass_context: PassContext | None = None, extra_passes=()):
+    """Frontend + graph passes: the graph that lowering sees, and per-pass timings."""
+    g = from_onnx(model, shapes)
+    ctx = pass_context or PassContext(opt_level=opt_level)
+    timing = PassTimingInstrument()
+    ctx.instruments = list(ctx.instruments) + [timing]
+    try:
+        with ctx:
+            g = default_pipeline(extra_passes)(g, ctx)
+    finally:
+        ctx.instruments.remove(timing)
+    return g, timing.timings
+
+
+@dataclass
+class PlannedModel:
+    target: Target
+    graph: object
+    lowered: object
+    jobs: list
+    timings: list
+
+
+def plan_model(model, target, opt_level, shapes, pass_context, extra_passes, salt, inject) -> PlannedModel:
+    g, timings = optimize(model, shapes, opt_level, pass_context, extra_passes)
+    lowered = lower(g, ScheduleConfig.for_vector_width(target.vector_width))
+    jobs = [make_job(c, target, opt_level, salt) for c in lowered.calls]
+    for job in jobs:
+        for pattern, fault in (inject or {}).items():
+            if pattern in job.name or pattern == job.symbol:
+                job.inject = fault
+    return PlannedModel(target, g, lowered, jobs, timings)
