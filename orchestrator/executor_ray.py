@@ -27,6 +27,7 @@ from .plan import JobResult
 
 SMALL_BATCH = 4  # non-GEMM jobs per round trip
 ACTOR_START_TIMEOUT = 120.0  # seconds for at least one actor to come up (an autoscaler may add nodes)
+ANSWER_MARGIN = 15.0  # seconds an actor may take beyond its jobs' deadlines before it counts as dead
 
 
 class _Actor:
@@ -43,6 +44,8 @@ class _Actor:
         for header, blob in requests:
             if header.get("inject") == "kill_actor" and header.get("attempt") == 1:
                 os._exit(1)  # fault injection: this actor dies mid-build
+            if header.get("inject") == "silent_actor" and header.get("attempt") == 1:
+                time.sleep(10 ** 6)  # fault injection: alive, but never answers
             t0 = time.time()
             try:
                 self.zygote.send(header, blob)
@@ -93,6 +96,7 @@ class RayExecutor(Executor):
         self._checked = False
         self._remote = ray.remote(num_cpus=1, max_restarts=0, max_concurrency=1)(_Actor)
         self._actors: list = []
+        self._booting: dict = {}
         self._ids = itertools.count()
         self.replaced = 0
         self._pool()  # actor creation is asynchronous: they boot while the caller plans
@@ -138,12 +142,19 @@ class RayExecutor(Executor):
             batch.append(items.popleft())
         return batch
 
+    def _answer_deadline(self, batch: list) -> float:
+        """When a batch's answer is overdue: its jobs' own deadlines (the zygote enforces
+        those) plus a margin for the round trip. An actor silent past it is taken for dead."""
+        return time.monotonic() + self.kernel_timeout * len(batch) + ANSWER_MARGIN
+
     def run(self, jobs, on_result=None):
         ray = self.ray
         results = {j.key: JobResult(j.key, False) for j in jobs}
         pending = deque((j, 0) for j in jobs)
-        busy: dict = {}  # future -> (actor, [(job, attempt, t_sent)])
-        idle = list(self._ready_pool())
+        busy: dict = {}  # future -> (actor, [(job, attempt, t_sent)], answer deadline)
+        booting = self._booting  # ping future -> (replacement actor, start deadline); kept across runs
+        starting = {id(a) for a, _ in booting.values()}
+        idle = [a for a in self._ready_pool() if id(a) not in starting]
 
         def finish(job, attempt, header, blob, worker, t0, t1):
             if settle(job, results[job.key], header, blob, attempt, worker, t0, t1):
@@ -151,6 +162,19 @@ class RayExecutor(Executor):
                     on_result(results[job.key])
             else:
                 pending.appendleft((job, attempt + 1))
+
+        def lose(actor, batch, why: str, kind: str):
+            """The actor is dead or silent: never use it again, start a replacement (which must
+            answer a ping before it gets work), and fail its batch's attempt."""
+            self._actors.remove(actor)
+            self._kill(actor)
+            self.replaced += 1
+            fresh = self._spawn()
+            self._actors.append(fresh)
+            booting[fresh.ping.remote()] = (fresh, time.monotonic() + self.start_timeout)
+            worker = "ray:dead-actor" if kind == "crash" else "ray:silent-actor"
+            for job, attempt, t_sent in batch:
+                finish(job, attempt, {"ok": False, "kind": kind, "message": why}, b"", worker, t_sent, time.time())
 
         while pending or busy:
             while pending and idle:
@@ -160,36 +184,55 @@ class RayExecutor(Executor):
                 for job, attempt, _ in batch:
                     req = job.request(next(self._ids), ATTEMPTS[attempt], self.kernel_timeout, attempt + 1)
                     requests.append((req, job.kernel_bytes))
-                busy[actor.compile.remote(requests)] = (actor, batch)
-            ready, _ = ray.wait(list(busy), num_returns=1)
-            actor, batch = busy.pop(ready[0])
-            try:
-                outs = ray.get(ready[0])
-            except (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError) as e:
-                # The actor is gone: replace it, never use it again; its batch failed this attempt.
-                self._actors.remove(actor)
-                self.replaced += 1
-                self._checked = False  # the replacement must come up like the first ones
-                fresh = self._spawn()
-                self._actors.append(fresh)
-                idle.append(fresh)
-                for job, attempt, t_sent in batch:
-                    finish(job, attempt, {"ok": False, "kind": "crash",
-                                          "message": f"Ray actor died: {type(e).__name__}"}, b"", "ray:dead-actor",
-                           t_sent, time.time())
-                continue
-            idle.append(actor)
-            for (job, attempt, _), (header, blob, t0, t1, worker) in zip(batch, outs):
-                finish(job, attempt, header, blob, f"{worker}:{header.get('pid', '?')}", t0, t1)
+                busy[actor.compile.remote(requests)] = (actor, batch, self._answer_deadline(batch))
+            if not busy and not booting:
+                raise KilnError(f"no Kiln codegen actor is left on the Ray cluster ({self.replaced} replaced; "
+                                f"replacements did not start within {self.start_timeout:.0f} s); "
+                                f"{len(pending)} jobs were not compiled")
+            deadlines = [d for _, _, d in busy.values()] + [d for _, d in booting.values()]
+            wait = max(0.0, min(deadlines) - time.monotonic())
+            ready, _ = ray.wait(list(busy) + list(booting), num_returns=1, timeout=wait)
+            now = time.monotonic()
+            for ref, (actor, deadline) in list(booting.items()):
+                if ref in ready:
+                    del booting[ref]
+                    try:
+                        ray.get(ref)
+                        idle.append(actor)
+                    except ray.exceptions.RayError:
+                        self._actors.remove(actor)  # died while starting: not replaced again
+                elif now >= deadline:
+                    del booting[ref]
+                    self._actors.remove(actor)
+                    self._kill(actor)
+            for ref, (actor, batch, deadline) in list(busy.items()):
+                if ref in ready:
+                    del busy[ref]
+                    try:
+                        outs = ray.get(ref)
+                    except (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError) as e:
+                        lose(actor, batch, f"Ray actor died: {type(e).__name__}", "crash")
+                        continue
+                    idle.append(actor)
+                    for (job, attempt, _), (header, blob, t0, t1, worker) in zip(batch, outs):
+                        finish(job, attempt, header, blob, f"{worker}:{header.get('pid', '?')}", t0, t1)
+                elif now >= deadline:
+                    del busy[ref]
+                    waited = self.kernel_timeout * len(batch) + ANSWER_MARGIN
+                    lose(actor, batch, f"Ray actor did not answer within {waited:.0f} s (taken for dead)", "timeout")
         return results
+
+    def _kill(self, actor) -> None:
+        try:
+            self.ray.kill(actor)
+        except Exception:  # noqa: BLE001 - already dead is fine
+            pass
 
     def close(self):
         for actor in self._actors:
-            try:
-                self.ray.kill(actor)
-            except Exception:  # noqa: BLE001 - already dead is fine
-                pass
+            self._kill(actor)
         self._actors = []
+        self._booting = {}
         self._checked = False
         if self._started_ray:
             self.ray.shutdown()

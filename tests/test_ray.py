@@ -102,3 +102,38 @@ def test_actors_that_cannot_start_are_an_error_not_a_hang(ray_session, ray_execu
     with pytest.raises(KilnError, match="no Kiln codegen actor started"):
         build(model_zoo.cnn(), executor=ex, cache=None, progress=False)
     ex.close()
+
+
+def test_a_silent_actor_is_taken_for_dead_in_bounded_time(ray_session, ray_executor, monkeypatch):
+    """An actor that is alive but never answers: its batch fails after the kernel deadline
+    plus a margin, a replacement finishes the build, and the report shows the retry."""
+    import time
+
+    from orchestrator import executor_ray
+    from orchestrator.executor_ray import RayExecutor
+    monkeypatch.setattr(executor_ray, "ANSWER_MARGIN", 2.0)
+    ray_executor.close()  # free the session's 2 CPUs for this executor's actors
+    with RayExecutor(workers=2, kernel_timeout=3) as ex:
+        t0 = time.monotonic()
+        result, model, row = faulty_build(ex, "silent_actor")
+        elapsed = time.monotonic() - t0
+    assert_matches_oracle(result, model)
+    assert row["attempts"] == 2 and row["attempt_log"][0]["kind"] == "timeout"
+    assert "did not answer" in row["attempt_log"][0]["message"]
+    assert elapsed < 60
+
+
+def test_a_replacement_that_cannot_be_placed_fails_in_bounded_time(ray_session, ray_executor, monkeypatch):
+    """The lost actor's replacement needs a resource no node has (its node is gone): the build
+    fails with a clear error after the start timeout instead of waiting forever."""
+    from ir.errors import KilnError
+    from orchestrator.executor_ray import RayExecutor
+    ray_executor.close()
+    ex = RayExecutor(workers=1, kernel_timeout=5, start_timeout=3)
+    ex.run([])  # the first actor starts normally
+    monkeypatch.setattr(ex, "_spawn", lambda: ex._remote.options(resources={"gone_node": 1}).remote())
+    try:
+        with pytest.raises(KilnError, match="no Kiln codegen actor is left"):
+            build(model_zoo.cnn(), executor=ex, cache=None, progress=False, inject={"fused_gemm": "kill_actor"})
+    finally:
+        ex.close()
