@@ -18,6 +18,7 @@ import numpy as np
 from ir.errors import KilnError
 
 from . import MANIFEST
+from .cpu_features import missing_on_host
 
 
 def _aligned_empty(nbytes: int, align: int = 64) -> np.ndarray:
@@ -38,6 +39,11 @@ class Module:
         if not m.get("runnable", True):
             raise KilnError(f"bundle '{path}' was built for {m['target']['triple']}, which cannot run on this "
                             "machine (its objects are in the bundle for cross linking)")
+        missing = missing_on_host(m.get("cpu_features", ()))
+        if missing:
+            raise KilnError(f"bundle '{path}' was compiled for {m['target'].get('name', 'another CPU')} and uses CPU "
+                            f"features this machine lacks: {', '.join(missing)} (running it could crash with an "
+                            "illegal instruction; build it for this machine, e.g. --target llvm)")
         self.inputs = m["inputs"]
         self.outputs = m["outputs"]
         self._weights = self._load_weights(os.path.join(path, m["weights_file"]), m["weights_bytes"],

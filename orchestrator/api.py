@@ -244,7 +244,7 @@ def build_many(models, target="llvm", opt_level: int = 3, shapes: dict | None = 
                               for c, j in zip(p.lowered.calls, p.jobs)],
                              hits=sum(r.cached for r in model_results), lookups=len(model_results))
         manifest = {"kiln_version": KILN_VERSION, "model": p.graph.name, "target": p.target.to_dict(),
-                    "opt_level": opt_level}
+                    "opt_level": opt_level, "cpu_features": p.target.cpu_flags()}
         degraded = any(r.fallback for r in model_results)  # nothing built from a fallback is stored
         from .bundle import assemble
         files = assemble(p.lowered, {j.symbol: results[j.key].object for j in p.jobs}, p.target, manifest,

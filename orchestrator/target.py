@@ -6,10 +6,13 @@ no LLVM option, so it is safe in the driver process.
 """
 from __future__ import annotations
 
+import functools
 import platform
 import shlex
+import subprocess
 from dataclasses import asdict, dataclass
 
+from artifacts.cpu_features import FLAG_OF_LLVM, FLAG_OF_MACRO
 from configs import load_preset, preset_names
 from ir.errors import KilnError
 
@@ -52,12 +55,36 @@ class Target:
         host = {"x86_64": "x86_64", "amd64": "x86_64", "aarch64": "aarch64", "arm64": "aarch64"}
         return host.get(platform.machine().lower()) == self.arch
 
+    def cpu_flags(self) -> list[str]:
+        """The CPU features (as /proc/cpuinfo names them) that code for this target may use:
+        its explicit +features, and for a named CPU what the C compiler says `-march=CPU`
+        implies (a CPU name the compiler does not know contributes its explicit ones only)."""
+        if self.arch != "x86_64":
+            return []
+        flags = {FLAG_OF_LLVM[f[1:]] for f in self.features.split(",") if f[:1] == "+" and f[1:] in FLAG_OF_LLVM}
+        off = {FLAG_OF_LLVM[f[1:]] for f in self.features.split(",") if f[:1] == "-" and f[1:] in FLAG_OF_LLVM}
+        if self.cpu and self.cpu not in ("generic", "x86-64"):
+            flags |= _implied_by_cpu(self.cpu)
+        return sorted(flags - off)
+
     def to_dict(self) -> dict:
         return {**asdict(self), "llvm_options": list(self.llvm_options)}
 
     def describe(self) -> str:
         opts = " ".join(f"-cl-opt={o}" for o in self.llvm_options)
         return f"{self.name}: {self.triple} cpu={self.cpu} ({self.vector_width} lanes) {opts}".strip()
+
+
+@functools.lru_cache(maxsize=None)
+def _implied_by_cpu(cpu: str) -> frozenset:
+    from artifacts.link import find_cc
+    try:
+        proc = subprocess.run([find_cc(), f"-march={cpu}", "-dM", "-E", "-x", "c", "-"], input="",
+                              capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired, KilnError):
+        return frozenset()
+    macros = {line.split()[1] for line in proc.stdout.splitlines() if line.startswith("#define ")}
+    return frozenset(flag for macro, flag in FLAG_OF_MACRO.items() if macro in macros)
 
 
 def _host():
