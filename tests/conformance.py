@@ -14,6 +14,9 @@ from __future__ import annotations
 
 import collections
 import functools
+import json
+import os
+import sys
 import warnings
 
 import numpy as np
@@ -123,14 +126,27 @@ def run_case(case, executor) -> tuple[str, str]:
             return "fail", problem
     return outcome, ""
 
+EXPECTED_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "conformance_expected.json")
+
+
+def expected_outcomes() -> dict:
+    """The committed outcome of every case: a change of outcome fails the suite until this
+    table is updated in the same commit (`python -m tests.conformance --write-expected`)."""
+    with open(EXPECTED_FILE) as f:
+        return json.load(f)
+
+
 def main() -> None:
-    """Print pass / rejected / fail counts, overall and per op."""
+    """Print pass / rejected / fail counts, overall and per op; --write-expected rewrites
+    the committed table of outcomes."""
     from orchestrator.executor_local import LocalExecutor
     per_op = collections.defaultdict(collections.Counter)
     totals = collections.Counter()
+    outcomes = {}
     with LocalExecutor() as ex:
         for name, case in claimed_cases().items():
             outcome, detail = run_case(case, ex)
+            outcomes[name] = outcome
             totals[outcome] += 1
             op = case.model.graph.node[0].op_type if len(case.model.graph.node) == 1 else "(multi-node)"
             per_op[op][outcome] += 1
@@ -141,6 +157,11 @@ def main() -> None:
     for op in sorted(per_op):
         c = per_op[op]
         print(f"  {op:20s} {c['pass']:4d} pass {c['frozen']:4d} frozen {c['rejected']:4d} rejected {c['fail']:4d} fail")
+    if "--write-expected" in sys.argv[1:]:
+        with open(EXPECTED_FILE, "w") as f:
+            json.dump(outcomes, f, indent=1, sort_keys=True)
+            f.write("\n")
+        print(f"wrote {EXPECTED_FILE}")
 
 
 if __name__ == "__main__":

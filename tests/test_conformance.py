@@ -1,19 +1,28 @@
-"""onnx's own node test cases for every op Kiln claims: each must pass or be rejected
-cleanly (a KilnError naming the unsupported dtype/attribute/dynamic input) - never a wrong
-result or a crash. Run `python -m tests.conformance` for the counts quoted in the README."""
+"""onnx's own node test cases for every op Kiln claims: each ends exactly as
+tests/conformance_expected.json says (pass, frozen, or rejected with a KilnError naming the
+unsupported dtype/attribute/dynamic input) - never a wrong result or a crash. Run
+`python -m tests.conformance` for the counts quoted in the README."""
 import collections
 
 import pytest
 
-from tests.conformance import claimed_cases, run_case
+from tests.conformance import claimed_cases, expected_outcomes, run_case
 
 CASES = claimed_cases()
+EXPECTED = expected_outcomes()
+
+
+def test_the_table_covers_exactly_the_claimed_cases():
+    assert sorted(EXPECTED) == sorted(CASES)
+    assert "fail" not in EXPECTED.values()
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_node_case(name, executor):
+    """Each case ends exactly as the committed table says: a case that regresses from pass
+    to rejected (or from rejected to a wrong result) is a failure."""
     outcome, detail = run_case(CASES[name], executor)
-    assert outcome in ("pass", "frozen", "rejected"), detail
+    assert outcome == EXPECTED.get(name), f"{name}: {outcome} (expected {EXPECTED.get(name)}): {detail}"
 
 
 def test_every_claimed_op_passes_some_case(executor):
