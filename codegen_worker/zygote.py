@@ -8,8 +8,8 @@ Forking is safe: llvmlite starts no threads, and the zygote imports nothing that
 Protocol (codegen_worker.protocol frames): requests on stdin, results on stdout.
   request  {"id", "symbol", "target", "llvm_options", "opt_level", "fallback", "deadline_s",
             "attempt", "inject", "emit_asm"} + kernel bytes
-  result   {"id", "ok", "pid", "ms", ...timings} + object bytes, or
-           {"id", "ok": false, "kind": "llvm_error"|"crash"|"timeout", "message", "log"}
+  result   {"id", "ok", "pid", "ms", "peak_rss_mb", ...timings} + object bytes, or
+           {"id", "ok": false, "kind": "llvm_error"|"crash"|"timeout", "message", "log", "peak_rss_mb"}
            (the executor adds "bad_output" when the bytes are not an object defining the symbol)
 The zygote is the parent of each job's process, so it owns the deadline: a child stuck
 inside LLVM cannot answer a timer of its own, but it can be killed.
@@ -80,16 +80,17 @@ class _Job:
 
 def _finish(job: _Job) -> bytes:
     """Reap the child and turn what it wrote (or did not) into a result frame."""
-    _, status = os.waitpid(job.pid, 0)
+    _, status, usage = os.wait4(job.pid, 0)
+    peak_mb = round(usage.ru_maxrss / 1024, 1)  # Linux reports KiB: the child's own peak, exactly
     rid = job.request["id"]
     data = b"".join(job.chunks)
     if job.timed_out:
-        return encode({"id": rid, "ok": False, "pid": job.pid, "kind": "timeout",
+        return encode({"id": rid, "ok": False, "pid": job.pid, "kind": "timeout", "peak_rss_mb": peak_mb,
                        "message": f"no result within {job.request.get('deadline_s')} s; the job was killed"})
     try:
         header, blob = decode(data)
         if header.get("id") == rid:
-            return encode(header, blob)
+            return encode({**header, "peak_rss_mb": peak_mb}, blob)
     except ValueError:
         pass
     if os.WIFSIGNALED(status):
@@ -97,7 +98,7 @@ def _finish(job: _Job) -> bytes:
         why = f"killed by signal {sig} ({signal.Signals(sig).name})"
     else:
         why = f"exited with status {os.WEXITSTATUS(status)}"
-    return encode({"id": rid, "ok": False, "pid": job.pid, "kind": "crash",
+    return encode({"id": rid, "ok": False, "pid": job.pid, "kind": "crash", "peak_rss_mb": peak_mb,
                    "message": f"codegen process {why} before returning a result"})
 
 
@@ -120,8 +121,10 @@ def serve(in_fd: int, out_fd: int) -> None:
         for fd in ready:
             if fd == in_fd:
                 data = os.read(in_fd, 1 << 20)
-                if not data:
+                if not data:  # the driver is done with us: jobs still running are unwanted
                     stdin_open = False
+                    for job in running.values():
+                        _kill_group(job.pid)
                     continue
                 for request, kernel_bytes in requests.feed(data):
                     running.update(_start(request, kernel_bytes))
@@ -138,11 +141,15 @@ def serve(in_fd: int, out_fd: int) -> None:
         for job in running.values():
             if not job.timed_out and now >= job.deadline:
                 job.timed_out = True
-                try:
-                    os.killpg(job.pid, signal.SIGKILL)  # the whole group: LLVM may have spawned helpers
-                except ProcessLookupError:
-                    pass
+                _kill_group(job.pid)
     # stdin closed, nothing running, every result written: the parent is done with us.
+
+
+def _kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)  # the whole group: LLVM may have spawned helpers
+    except ProcessLookupError:
+        pass
 
 
 def _start(request: dict, kernel_bytes: bytes) -> dict:

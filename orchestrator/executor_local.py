@@ -19,6 +19,8 @@ import sys
 import time
 from collections import deque
 
+import psutil
+
 from codegen_worker.protocol import FrameReader, OutBuffer, encode
 
 from .plan import CompileJob, JobResult
@@ -73,12 +75,23 @@ class ZygoteClient:
         return self._frames.popleft()
 
     def close(self) -> None:
+        # Each job runs in its own process group, so a job still running (a hung one, or
+        # the jobs of a build being torn down) would outlive its zygote: reap them too.
+        try:
+            jobs = psutil.Process(self.pid).children(recursive=True)
+        except psutil.Error:
+            jobs = []
         try:
             self.proc.stdin.close()
             self.proc.wait(timeout=10)
         except Exception:  # noqa: BLE001 - a zygote that will not go quietly is killed
             self.proc.kill()
             self.proc.wait()
+        for job in jobs:
+            try:
+                job.kill()
+            except psutil.Error:
+                pass
 
 
 class Executor:
@@ -110,6 +123,7 @@ def settle(job: CompileJob, result: JobResult, header: dict, blob: bytes, attemp
                                        f"{job.symbol}"}
     result.attempts.append({"attempt": attempt + 1, "ok": ok, "kind": kind, "worker": worker,
                             "fallback": ATTEMPTS[attempt], "ms": round(header.get("ms", 0.0), 2),
+                            "peak_rss_mb": header.get("peak_rss_mb"),
                             "message": header.get("message", ""), "t_start": t_start, "t_end": t_end})
     if ok:
         result.ok, result.object, result.worker = True, blob, worker

@@ -16,9 +16,9 @@ class _Call:
         self.kernel, self.name, self.ops = kernel, f"big_{i}", ["Store"]
 
 
-def _big_job(i: int) -> CompileJob:
-    body = tuple(Store("o0", Const(j), Const(float(i * STORES + j) * 0.5, "f32")) for j in range(STORES))
-    kernel = Kernel((Buffer("o0", "f32", STORES),), body, (("vector_width", 16), ("vectorize", False)))
+def _big_job(i: int, stores: int = STORES) -> CompileJob:
+    body = tuple(Store("o0", Const(j), Const(float(i * stores + j) * 0.5, "f32")) for j in range(stores))
+    kernel = Kernel((Buffer("o0", "f32", stores),), body, (("vector_width", 16), ("vectorize", False)))
     return make_job(_Call(kernel, i), parse_target("llvm"), 0)
 
 
@@ -43,3 +43,33 @@ def test_frame_reader_reassembles_frames_split_anywhere():
         for pos in range(0, len(stream), step):
             got += reader.feed(stream[pos:pos + step])
         assert got == frames
+
+
+def test_closing_the_zygote_leaves_no_job_running():
+    """A job still running when its executor closes (here: one that hangs) dies with it,
+    although each job runs in a process group of its own."""
+    import time
+
+    import psutil
+
+    from orchestrator.executor_local import ZygoteClient
+    job = _big_job(0, stores=4)  # small: the request fits the pipe, sent without waiting
+    zygote = ZygoteClient()
+    zygote.send({**job.request(0, False, 600, 1), "inject": "hang"}, job.kernel_bytes)
+    deadline = time.monotonic() + 30
+    while not psutil.Process(zygote.pid).children() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    children = psutil.Process(zygote.pid).children(recursive=True)
+    assert children
+    t0 = time.monotonic()
+    zygote.close()
+    gone, alive = psutil.wait_procs(children, timeout=10)
+    assert not alive and time.monotonic() - t0 < 10
+
+
+def test_every_attempt_reports_its_peak_memory(executor):
+    from orchestrator.api import build
+    from tests import model_zoo
+    report = build(model_zoo.cnn(), executor=executor, cache=None, progress=False).report
+    attempts = [a for k in report["kernels"] for a in k["attempt_log"]]
+    assert attempts and all(a["peak_rss_mb"] > 10 for a in attempts)  # an LLVM process: tens of MB at least
