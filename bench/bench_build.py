@@ -74,6 +74,20 @@ def isolation_cost(jobs, repeat: int) -> tuple[float, float]:
     return inproc, forked
 
 
+def cli_warm_cold(model: str, repeat: int) -> tuple[float, float]:
+    """(cold s, warm s) of `kiln build MODEL -o OUT` as a user runs it: a fresh process each
+    time, the cold one with an empty store, the warm one an unchanged model (a whole-model hit)."""
+    import subprocess
+    kiln = [sys.executable, "-m", "orchestrator.cli", "build", model, "--quiet"]
+    with tempfile.TemporaryDirectory() as tmp:
+        def run(store: str, out: str):
+            subprocess.run(kiln + ["-o", os.path.join(tmp, out), "--cache", os.path.join(tmp, store)], check=True)
+        cold = timed(lambda: run(f"cold-{time.perf_counter()}", "cold"), repeat)
+        run("warm", "warm")
+        warm = timed(lambda: run("warm", "warm"), repeat)
+    return cold, warm
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeat", type=int, default=3)
@@ -102,6 +116,7 @@ def main() -> None:
             copies = iter([[_touched(p, f"{n}-{run}") for p in models] for run in range(args.repeat)])
             row["kernels_warm"] = timed(lambda: build_many(next(copies), cache=store, progress=False), args.repeat)
         row["isolation"] = (unique_kernel_jobs(models),) + isolation_cost(unique_kernel_jobs(models), args.repeat)
+    cli = cli_warm_cold(paths["resnet18"], args.repeat)
     if not args.no_ray:
         import ray
         t0 = time.perf_counter()
@@ -133,6 +148,9 @@ def main() -> None:
     for name, r in rows.items():
         jobs, inproc, forked = r["isolation"]
         print(f"| {name} | {len(jobs)} | {inproc:.2f} | {forked:.2f} | {1000 * (forked - inproc) / len(jobs):.1f} |")
+    cold, warm = cli
+    print(f"\n| kiln build resnet18 (CLI, new process) | cold (s) | warm: unchanged (s) | warm/cold |\n|---|---:|---:|---:|\n"
+          f"| 2 workers, local | {cold:.2f} | {warm:.3f} | {100 * warm / cold:.1f}% |")
     shutil.rmtree(model_dir, ignore_errors=True)
 
 
