@@ -80,11 +80,11 @@ def cli_warm_cold(model: str, repeat: int) -> tuple[float, float]:
     import subprocess
     kiln = [sys.executable, "-m", "orchestrator.cli", "build", model, "--quiet"]
     with tempfile.TemporaryDirectory() as tmp:
-        def run(store: str, out: str):
-            subprocess.run(kiln + ["-o", os.path.join(tmp, out), "--cache", os.path.join(tmp, store)], check=True)
-        cold = timed(lambda: run(f"cold-{time.perf_counter()}", "cold"), repeat)
-        run("warm", "warm")
-        warm = timed(lambda: run("warm", "warm"), repeat)
+        def run(store: str):
+            subprocess.run(kiln + ["-o", os.path.join(tmp, "out"), "--cache", os.path.join(tmp, store)], check=True)
+        cold = timed(lambda: run(f"store-{time.perf_counter()}"), repeat)
+        run("store-warm")
+        warm = timed(lambda: run("store-warm"), repeat)
     return cold, warm
 
 
