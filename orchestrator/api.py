@@ -46,8 +46,8 @@ class BuildError(KilnError):
 
 @dataclass
 class BuildResult:
-    """A built bundle: `files` maps file names to bytes (large ones may be read-only
-    memoryviews into the store's entry). `graph` and `lowered` are None when the bundle came
+    """A built bundle: `files` maps file names to bytes (on a whole-model hit, large ones are
+    artifacts.store.StoredFile: blobs in the store, compared and read like bytes). `graph` and `lowered` are None when the bundle came
     whole from the store (report["whole_model_hit"]): nothing was optimized or lowered."""
     target: Target
     graph: object
@@ -145,10 +145,10 @@ def build_many(models, target="llvm", opt_level: int = 3, shapes: dict | None = 
                   for m, spec in entries]
     whole_hits = {}
     for i, key in enumerate(model_keys):
-        payload = store.get_view(key) if key else None
+        payload = store.get(key) if key else None
         if payload is not None:
             try:
-                whole_hits[i] = model_cache.unpack(payload)
+                whole_hits[i] = model_cache.unpack(payload, store)
             except (ValueError, KeyError):
                 pass  # a damaged bundle entry is a miss like any other
     todo = [i for i in range(len(entries)) if i not in whole_hits]
@@ -254,7 +254,7 @@ def build_many(models, target="llvm", opt_level: int = 3, shapes: dict | None = 
                         "kernels": rows, "passes": [{"name": n, "ms": round(ms, 3)} for n, ms in p.timings],
                         "timing": {"total_s": round(time.time() - t_start, 3), "compile_s": round(compile_s, 3)}}
         if model_keys[i] and not store.readonly and not degraded:
-            store.put(model_keys[i], model_cache.pack(files, model_report))
+            store.put(model_keys[i], model_cache.pack(files, model_report, store))
         report["models"].append({"model": p.graph.name, "target": p.target.name, "totals": model_report["totals"]})
         out.append(BuildResult(p.target, p.graph, p.lowered, files, model_report, p.timings))
     report["timing"]["total_s"] = round(time.time() - t_start, 3)

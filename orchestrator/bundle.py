@@ -110,6 +110,9 @@ def write_bundle(files: dict[str, bytes], path: str) -> str:
         for name, data in files.items():
             full = os.path.join(staging, name)
             os.makedirs(os.path.dirname(full), exist_ok=True)
+            if hasattr(data, "write_to"):  # a blob in the store: hard-linked, not rewritten
+                data.write_to(full)
+                continue
             with open(full, "wb") as f:
                 f.write(data)
         if os.path.isdir(path):

@@ -39,11 +39,10 @@ def codegen_source_hash() -> str:
     return hash_sources(_CODEGEN_SOURCES)
 
 
-@functools.lru_cache(maxsize=1)
 def llvm_versions() -> tuple[str, str]:
-    import llvmlite
-    import llvmlite.binding as llvm
-    return llvmlite.__version__, ".".join(map(str, llvm.llvm_version_info))
+    from .toolchain import host_toolchain
+    t = host_toolchain()
+    return t["llvmlite"], t["llvm"]
 
 
 def key_parts(kernel_bytes: bytes, target, opt_level: int, fallback: bool = False, salt: str = "") -> dict:

@@ -19,8 +19,6 @@ import sys
 import time
 from collections import deque
 
-import psutil
-
 from codegen_worker.protocol import FrameReader, OutBuffer, encode
 
 from .plan import CompileJob, JobResult
@@ -77,6 +75,7 @@ class ZygoteClient:
     def close(self) -> None:
         # Each job runs in its own process group, so a job still running (a hung one, or
         # the jobs of a build being torn down) would outlive its zygote: reap them too.
+        import psutil  # here, not at the top: a build served from the store never needs it
         try:
             jobs = psutil.Process(self.pid).children(recursive=True)
         except psutil.Error:

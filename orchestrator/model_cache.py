@@ -14,14 +14,15 @@ import json
 import os
 import struct
 
-from artifacts.link import compiler_identity
+from artifacts.store import StoredFile, file_sha256, mapped
 from ir import external_data
 from ir.errors import KilnError
 
 from .cache_key import hash_sources, llvm_versions
+from .toolchain import host_toolchain
 
 _SOURCES = ("ir", "orchestrator", "codegen_worker", "artifacts", "configs")
-LARGE = 1 << 20  # bundle files above this size are handed out as views, not copies
+LARGE = 1 << 20  # bundle files above this size are stored as blobs and exported by hard link
 
 
 @functools.lru_cache(maxsize=1)
@@ -30,21 +31,13 @@ def kiln_source_hash() -> str:
     return hash_sources(_SOURCES, (".py", ".json"))
 
 
-def model_bytes(model) -> bytes:
+def _model_data(model):
+    """The model's serialized bytes: given, serialized, or the file mapped read-only."""
     if isinstance(model, (bytes, bytearray)):
         return bytes(model)
     if hasattr(model, "SerializeToString"):
         return model.SerializeToString(deterministic=True)
-    with open(os.fspath(model), "rb") as f:
-        return f.read()
-
-
-def _file_digest(path: str) -> bytes:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.digest()
+    return mapped(os.fspath(model))
 
 
 def content_digest(model) -> bytes | None:
@@ -52,11 +45,11 @@ def content_digest(model) -> bytes | None:
     (by its location). None where that cannot be known (an unreadable file, external data
     without a folder to find it in): such a model is not looked up whole."""
     try:
-        data = model_bytes(model)
+        data = _model_data(model)
+        h = hashlib.sha256(hashlib.sha256(data).digest())
         locations = sorted({loc for _, loc in external_data.external_locations(data)})
     except (OSError, ValueError):
         return None
-    h = hashlib.sha256(hashlib.sha256(data).digest())
     if locations:
         if isinstance(model, (bytes, bytearray)) or hasattr(model, "SerializeToString"):
             return None
@@ -64,7 +57,7 @@ def content_digest(model) -> bytes | None:
         for loc in locations:
             try:
                 path = external_data.resolve(model_dir, "", loc)
-                h.update(loc.encode() + b"\0" + _file_digest(path))
+                h.update(loc.encode() + b"\0" + bytes.fromhex(file_sha256(path)))
             except (KilnError, OSError):
                 return None
     return h.digest()
@@ -78,30 +71,45 @@ def model_key(model, target, opt_level: int, shapes, salt: str) -> str | None:
         return None
     settings = {"target": target.to_dict(), "opt_level": opt_level, "salt": salt,
                 "shapes": {k: list(v) for k, v in (shapes or {}).items()}, "kiln": kiln_source_hash(),
-                "llvm": list(llvm_versions()), "cc": compiler_identity()}
+                "llvm": list(llvm_versions()), "cc": host_toolchain()["cc"]}
     h = hashlib.sha256(b"kiln-model-v2\0")
     h.update(digest)
     h.update(json.dumps(settings, sort_keys=True).encode())
     return h.hexdigest()
 
 
-def pack(files: dict[str, bytes], report: dict) -> bytes:
-    """A bundle and its build report as one payload: a JSON index, then the files' bytes."""
+def pack(files: dict[str, bytes], report: dict, store=None) -> bytes:
+    """A bundle and its build report as one payload: a JSON index, then the small files'
+    bytes. Files above LARGE go to the store as blobs (named by their sha256 in the index),
+    so a hit can hard-link them instead of writing them again."""
     names = sorted(files)
-    index = json.dumps({"files": [[n, len(files[n])] for n in names], "report": report}).encode()
-    return struct.pack("<Q", len(index)) + index + b"".join(files[n] for n in names)
+    index, inline = [], []
+    for n in names:
+        data = files[n]
+        if store is not None and len(data) > LARGE:
+            index.append([n, len(data), store.put_blob(data)])
+        else:
+            index.append([n, len(data)])
+            inline.append(bytes(data))
+    head = json.dumps({"files": index, "report": report}).encode()
+    return struct.pack("<Q", len(head)) + head + b"".join(inline)
 
 
-def unpack(payload) -> tuple[dict, dict]:
-    """Inverse of pack. Given a memoryview, the files are views into it: a 45 MB weights file
-    is not copied again on its way from the store to the bundle folder."""
+def unpack(payload, store=None) -> tuple[dict, dict]:
+    """Inverse of pack: small files as bytes, blobs as StoredFile (verified). Raises
+    ValueError when the entry is inconsistent or a blob is missing or damaged."""
     payload = memoryview(payload)
     (n,) = struct.unpack_from("<Q", payload)
     index = json.loads(bytes(payload[8:8 + n]))
     files, pos = {}, 8 + n
-    for name, size in index["files"]:
-        view = payload[pos:pos + size]
-        files[name] = view if size > LARGE else view.tobytes()  # only big files stay views
+    for name, size, *blob in index["files"]:
+        if blob:
+            path = store.blob(blob[0]) if store is not None else None
+            if path is None:
+                raise ValueError(f"bundle file {name}: blob {blob[0][:12]} is missing or damaged")
+            files[name] = StoredFile(path, size)
+            continue
+        files[name] = payload[pos:pos + size].tobytes()
         pos += size
     if pos != len(payload):
         raise ValueError("bundle entry size mismatch")

@@ -88,9 +88,9 @@ def _implied_by_cpu(cpu: str) -> frozenset:
 
 
 def _host():
-    import llvmlite.binding as llvm
-    llvm.initialize_native_target()
-    return llvm.get_process_triple(), llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten()
+    from .toolchain import host_toolchain
+    t = host_toolchain()
+    return t["triple"], t["cpu"], t["features"]
 
 
 def parse_target(spec: "str | Target") -> Target:

@@ -217,3 +217,38 @@ def test_whole_model_key_contract(tmp_path):
     assert unpack(pack(files, {"r": 1})) == (files, {"r": 1})
     with pytest.raises(ValueError):
         unpack(pack(files, {})[:-1])
+
+
+def test_whole_model_hit_hard_links_large_files_from_verified_blobs(tmp_path, executor):
+    """The weights of a bundle found whole are a read-only blob in the store, exported by hard
+    link; a blob changed in place is noticed (its stamp no longer matches), hashed, found
+    damaged, and the model rebuilt; `cache verify` hashes every blob regardless of stamps."""
+    model = model_zoo.resnet18()
+    store = Store(str(tmp_path / "store"))
+    _build(model, store, executor)
+    hit = _build(model, store, executor)
+    assert hit.report["whole_model_hit"]
+    out = hit.export(str(tmp_path / "out"))
+    weights = os.path.join(out, "weights.bin")
+    blob = hit.files["weights.bin"].path
+    assert os.stat(weights).st_ino == os.stat(blob).st_ino  # a hard link: nothing was written
+    assert os.stat(blob).st_mode & 0o777 == 0o444  # read-only: not to be edited in place
+    assert_matches_oracle(hit, model)
+
+    os.chmod(blob, 0o644)
+    with open(blob, "r+b") as f:  # someone edits the exported file in place
+        f.seek(1000)
+        f.write(b"\xff" * 16)
+    with pytest.warns(UserWarning, match="does not match its name"):
+        again = _build(model, store, executor)
+    assert not again.report.get("whole_model_hit") and again.report["totals"]["compiled"] == 0
+    assert_matches_oracle(again, model)
+
+    blob = _build(model, store, executor).files["weights.bin"].path
+    st = os.stat(blob)
+    os.chmod(blob, 0o644)
+    with open(blob, "r+b") as f:  # bit rot: content changes, mtime does not
+        f.write(b"\0" * 8)
+    os.utime(blob, ns=(st.st_atime_ns, st.st_mtime_ns))
+    bad = store.verify()
+    assert [path for path, _ in bad] == [blob] and not os.path.exists(blob)

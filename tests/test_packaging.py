@@ -1,6 +1,7 @@
 """The wheel is what users install: build it, install it into a fresh venv, and run the
 README's example from there, away from the checkout."""
 import os
+import shutil
 import site
 import subprocess
 import sys
@@ -19,8 +20,11 @@ def _run(cmd, **kwargs):
 
 
 def test_wheel_installs_into_a_fresh_venv_and_builds_the_example(tmp_path):
-    _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path),
-          ROOT])
+    # Built from a copy: setuptools writes build/ and *.egg-info beside the sources.
+    src = tmp_path / "src"
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(".git", ".ci-venv", "build", "*.egg-info", "__pycache__",
+                                                             "out"))
+    _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(src)])
     wheel = next(p for p in os.listdir(tmp_path) if p.endswith(".whl"))
     with zipfile.ZipFile(tmp_path / wheel) as z:
         shipped = {os.path.dirname(n) for n in z.namelist() if n.endswith("__init__.py")}
