@@ -1,6 +1,8 @@
 """Artifacts: the content-addressed store, linking, bundles, and loading a built module."""
 
-MANIFEST = "manifest.json"  # the bundle file that names every other one
+from .manifest import MANIFEST  # the bundle file that names every other one
+
+__all__ = ["MANIFEST", "load"]
 
 
 def load(path: str):

@@ -14,9 +14,8 @@ import shutil
 import subprocess
 import tempfile
 
-from ir.errors import KilnError
-
-ENTRY_ABI_VERSION = 1
+from .errors import KilnError
+from .manifest import ENTRY_ABI_VERSION
 
 
 def _pointer(loc: tuple) -> str:

@@ -8,16 +8,15 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
-import json
 import os
 import threading
 import time
 
 import numpy as np
 
-from ir.errors import KilnError
+from .errors import KilnError
 
-from . import MANIFEST
+from .manifest import ENTRY_ABI_VERSION, KILN_VERSION, Manifest
 from .cpu_features import missing_on_host
 
 
@@ -30,30 +29,28 @@ def _aligned_empty(nbytes: int, align: int = 64) -> np.ndarray:
 class Module:
     def __init__(self, path: str):
         self.path = path
-        manifest_path = os.path.join(path, MANIFEST)
-        if not os.path.exists(manifest_path):
-            raise KilnError(f"'{path}' is not a Kiln bundle: {MANIFEST} is missing")
-        with open(manifest_path) as f:
-            self.manifest = json.load(f)
-        m = self.manifest
-        if not m.get("runnable", True):
-            raise KilnError(f"bundle '{path}' was built for {m['target']['triple']}, which cannot run on this "
+        m = self.manifest = Manifest.read(path)
+        if not m.runnable:
+            raise KilnError(f"bundle '{path}' was built for {m.target['triple']}, which cannot run on this "
                             "machine (its objects are in the bundle for cross linking)")
-        missing = missing_on_host(m.get("cpu_features", ()))
+        missing = missing_on_host(m.cpu_features)
         if missing:
-            raise KilnError(f"bundle '{path}' was compiled for {m['target'].get('name', 'another CPU')} and uses CPU "
+            raise KilnError(f"bundle '{path}' was compiled for {m.target.get('name', 'another CPU')} and uses CPU "
                             f"features this machine lacks: {', '.join(missing)} (running it could crash with an "
                             "illegal instruction; build it for this machine, e.g. --target llvm)")
-        self.inputs = m["inputs"]
-        self.outputs = m["outputs"]
-        self._weights = self._load_weights(os.path.join(path, m["weights_file"]), m["weights_bytes"],
-                                           m.get("weights_sha256"))
-        self._arena = _aligned_empty(max(m["arena_bytes"], 1))
-        self._lib = ctypes.CDLL(os.path.abspath(os.path.join(path, m["library"])))
+        self.inputs = m.inputs
+        self.outputs = m.outputs
+        self._weights = self._load_weights(os.path.join(path, m.weights_file), m.weights_bytes, m.weights_sha256)
+        self._arena = _aligned_empty(max(m.arena_bytes, 1))
+        self._lib = ctypes.CDLL(os.path.abspath(os.path.join(path, m.library)))
+        abi = self._lib.kiln_abi_version()
+        if abi != m.abi_version or abi != ENTRY_ABI_VERSION:
+            raise KilnError(f"bundle '{path}': its library has entry ABI {abi}, the manifest says {m.abi_version}, "
+                            f"and this Kiln {KILN_VERSION} calls ABI {ENTRY_ABI_VERSION}: rebuild the bundle")
         self._run = self._lib.kiln_run
         self._run.restype = ctypes.c_int
         self._run.argtypes = [ctypes.c_void_p] * 4
-        if self._lib.kiln_arena_bytes() != m["arena_bytes"]:
+        if self._lib.kiln_arena_bytes() != m.arena_bytes:
             raise KilnError(f"bundle '{path}': model.so and manifest.json disagree on the arena size")
         self._in_ptrs = (ctypes.c_void_p * max(len(self.inputs), 1))()
         self._out_ptrs = (ctypes.c_void_p * max(len(self.outputs), 1))()
@@ -109,7 +106,7 @@ class Module:
 
     def profile(self, inputs: dict | None = None, repeat: int = 20) -> list[dict]:
         """Median wall time of each kernel call, in call order."""
-        calls = self.manifest.get("calls", [])
+        calls = self.manifest.calls
         fn = self._lib.kiln_run_profiled
         fn.argtypes = [ctypes.c_void_p] * 5
         times = np.zeros((repeat, len(calls)))

@@ -1,8 +1,8 @@
-"""Kiln's error type: imported by every layer, so it imports nothing."""
+"""Kiln's errors as the compiler raises them. KilnError itself lives with the artifacts, so a
+deployed module's loader has it without the compiler."""
+from artifacts.errors import KilnError
 
-
-class KilnError(Exception):
-    """An error the user can act on: the message names the thing at fault."""
+__all__ = ["KilnError", "InternalError"]
 
 
 class InternalError(KilnError):

@@ -193,6 +193,18 @@ class Kernel:
         """The function name: derived from content, so equal kernels share one symbol."""
         return "kiln_" + self.digest[:20]
 
+    def has_gemm(self) -> bool:
+        """Does the kernel hold a Gemm statement (the slow kind to compile)?"""
+        stack = list(self.body)
+        while stack:
+            s = stack.pop()
+            if isinstance(s, Gemm):
+                return True
+            stack.extend(getattr(s, "body", ()) or ())
+            stack.extend(getattr(s, "then", ()) or ())
+            stack.extend(getattr(s, "orelse", ()) or ())
+        return False
+
     def option(self, key: str, default=None):
         return dict(self.schedule).get(key, default)
 

@@ -23,7 +23,8 @@ from ir.errors import KilnError
 
 from . import build_log, model_cache
 from .bundle import write_bundle
-from .executor_local import Executor, make_executor
+from .executor import Executor
+from .executors import make_executor
 from .plan import JobResult, kernel_id, unique_jobs
 from .progress import Progress
 from .store_policy import DEFAULT_CACHE, open_store
@@ -35,7 +36,6 @@ def optimize(*args, **kwargs):
     from .pipeline import optimize as _optimize
     return _optimize(*args, **kwargs)
 
-KILN_VERSION = "0.1.0"
 
 
 class BuildError(KilnError):
@@ -243,8 +243,8 @@ def build_many(models, target="llvm", opt_level: int = 3, shapes: dict | None = 
                              [{"id": kernel_id(c), "key": j.key, "parts": j.parts}
                               for c, j in zip(p.lowered.calls, p.jobs)],
                              hits=sum(r.cached for r in model_results), lookups=len(model_results))
-        manifest = {"kiln_version": KILN_VERSION, "model": p.graph.name, "target": p.target.to_dict(),
-                    "opt_level": opt_level, "cpu_features": p.target.cpu_flags()}
+        manifest = {"model": p.graph.name, "target": p.target.to_dict(), "opt_level": opt_level,
+                    "cpu_features": p.target.cpu_flags()}
         degraded = any(r.fallback for r in model_results)  # nothing built from a fallback is stored
         from .bundle import assemble
         files = assemble(p.lowered, {j.symbol: results[j.key].object for j in p.jobs}, p.target, manifest,

@@ -2,13 +2,12 @@
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import shutil
 import tempfile
 
 from artifacts.link import entry_source, link_key, link_shared
-from artifacts import MANIFEST
+from artifacts.manifest import MANIFEST, Manifest
 from artifacts.memory_plan import pack_constants, plan_arena
 
 
@@ -68,19 +67,14 @@ def assemble(lowered, objects: dict[str, bytes], target, manifest_extra: dict, s
     offsets, arena_bytes = plan_memory(lowered)
     calls, outputs = _locations(lowered, weight_offsets, offsets)
     entry = entry_source(calls, outputs, arena_bytes)
-    manifest = {
+    manifest = Manifest(
         **manifest_extra,
-        "inputs": [{"name": n, "shape": list(g.types[n].shape), "dtype": g.types[n].dtype} for n in g.inputs],
-        "outputs": [{"name": n, "shape": list(g.types[n].shape), "dtype": g.types[n].dtype} for n in g.outputs],
-        "arena_bytes": arena_bytes,
-        "weights_file": "weights.bin",
-        "weights_bytes": len(weights),
-        "weights_sha256": hashlib.sha256(weights).hexdigest(),
-        "library": "model.so",
-        "runnable": target.runnable,
-        "calls": [{"name": c.name, "symbol": c.kernel.symbol, "ops": c.ops} for c in lowered.calls],
-    }
-    files = {"weights.bin": weights, "kiln_entry.c": entry.encode()}
+        inputs=[{"name": n, "shape": list(g.types[n].shape), "dtype": g.types[n].dtype} for n in g.inputs],
+        outputs=[{"name": n, "shape": list(g.types[n].shape), "dtype": g.types[n].dtype} for n in g.outputs],
+        arena_bytes=arena_bytes, weights_bytes=len(weights), weights_sha256=hashlib.sha256(weights).hexdigest(),
+        runnable=target.runnable,
+        calls=[{"name": c.name, "symbol": c.kernel.symbol, "ops": c.ops} for c in lowered.calls])
+    files = {manifest.weights_file: weights, "kiln_entry.c": entry.encode()}
     if target.runnable:
         key = link_key(list(object_keys), entry) if store is not None else None
         library = store.get(key) if key else None
@@ -92,11 +86,11 @@ def assemble(lowered, objects: dict[str, bytes], target, manifest_extra: dict, s
                     library = f.read()
             if key:
                 store.put(key, library)
-        files["model.so"] = library
+        files[manifest.library] = library
     else:
         for sym, obj in objects.items():
             files[f"objects/{sym}.o"] = obj
-    files[MANIFEST] = json.dumps(manifest, indent=2, sort_keys=True).encode()
+    files[MANIFEST] = manifest.to_bytes()
     return files
 
 

@@ -1,135 +1,21 @@
-"""Executors: where codegen jobs run. All share one retry policy and one result type.
+"""Local executors.
 
 - LocalExecutor: a zygote process (codegen_worker.zygote) forks a fresh child per job;
   up to `workers` children at a time. The default.
 - InProcessExecutor: compiles in the caller's process. A debug mode only: LLVM options set
   by one job leak into every later job in the process (the isolation test shows it).
-
-Every job ends as a JobResult. A failed attempt (LLVM error, crash, timeout, an object that
-is not one) is retried once in a fresh process, then once with the safe fallback schedule
-(no vectorize, no unroll); only then is it a failure.
 """
 from __future__ import annotations
 
 import itertools
 import os
-import select
-import subprocess
-import sys
 import time
 from collections import deque
 
-from codegen_worker.protocol import FrameReader, OutBuffer, encode
+from codegen_worker.zygote_client import ZygoteClient
 
+from .executor import ATTEMPTS, Executor, default_workers, settle
 from .plan import CompileJob, JobResult
-
-# attempt number -> use the fallback schedule?
-ATTEMPTS = (False, False, True)
-
-
-def default_workers() -> int:
-    return max(1, len(os.sched_getaffinity(0)))
-
-
-def looks_like_object(blob: bytes, symbol: str) -> bool:
-    """A cheap check that a worker's output is an object file defining the kernel."""
-    return len(blob) > 64 and (blob[:4] == b"\x7fELF") and symbol.encode() in blob
-
-
-class ZygoteClient:
-    """One zygote subprocess and the pipes to it. Requests are queued and written only as
-    fast as the zygote reads them, while its results are read: neither side ever blocks on
-    a full pipe (a large request and a large result in flight at once would deadlock)."""
-
-    def __init__(self):
-        env = dict(os.environ)
-        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
-        self.proc = subprocess.Popen([sys.executable, "-m", "codegen_worker.zygote"], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, env=env, close_fds=True)
-        self.pid = self.proc.pid
-        self._out = OutBuffer(self.proc.stdin.fileno())
-        self._in = FrameReader()
-        self._frames: deque = deque()
-
-    def send(self, header: dict, blob: bytes) -> None:
-        """Queue a request; it is written while waiting in receive()."""
-        self._out.push(encode(header, blob))
-        self._out.flush()
-
-    def receive(self):
-        """The next result frame, or None once the zygote has died. Raises OSError (a broken
-        pipe) if the zygote is gone while requests are still unsent."""
-        out_fd, in_fd = self._out.fd, self.proc.stdout.fileno()
-        while not self._frames:
-            readable, writable, _ = select.select([in_fd], [out_fd] if self._out else [], [])
-            if writable:
-                self._out.flush()
-            if readable:
-                data = os.read(in_fd, 1 << 20)
-                if not data:
-                    return None
-                self._frames.extend(self._in.feed(data))
-        return self._frames.popleft()
-
-    def close(self) -> None:
-        # Each job runs in its own process group, so a job still running (a hung one, or
-        # the jobs of a build being torn down) would outlive its zygote: reap them too.
-        import psutil  # here, not at the top: a build served from the store never needs it
-        try:
-            jobs = psutil.Process(self.pid).children(recursive=True)
-        except psutil.Error:
-            jobs = []
-        try:
-            self.proc.stdin.close()
-            self.proc.wait(timeout=10)
-        except Exception:  # noqa: BLE001 - a zygote that will not go quietly is killed
-            self.proc.kill()
-            self.proc.wait()
-        for job in jobs:
-            try:
-                job.kill()
-            except psutil.Error:
-                pass
-
-
-class Executor:
-    name = "executor"
-    workers = 1
-
-    def run(self, jobs: list[CompileJob], on_result=None) -> dict[str, JobResult]:
-        raise NotImplementedError
-
-    def close(self) -> None:
-        pass
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-
-def settle(job: CompileJob, result: JobResult, header: dict, blob: bytes, attempt: int, worker: str,
-           t_start: float, t_end: float) -> bool:
-    """Record one attempt on `result`; True if the job is done (success or out of attempts).
-    Times are wall-clock (time.time()), for the build trace."""
-    ok = bool(header.get("ok"))
-    kind = "" if ok else header.get("kind", "crash")
-    if ok and not looks_like_object(blob, job.symbol):
-        ok, kind = False, "bad_output"
-        header = {**header, "message": f"worker returned {len(blob)} bytes that are not an object defining "
-                                       f"{job.symbol}"}
-    result.attempts.append({"attempt": attempt + 1, "ok": ok, "kind": kind, "worker": worker,
-                            "fallback": ATTEMPTS[attempt], "ms": round(header.get("ms", 0.0), 2),
-                            "peak_rss_mb": header.get("peak_rss_mb"),
-                            "message": header.get("message", ""), "t_start": t_start, "t_end": t_end})
-    if ok:
-        result.ok, result.object, result.worker = True, blob, worker
-        result.compile_ms, result.fallback = header.get("ms", 0.0), ATTEMPTS[attempt]
-        return True
-    result.kind, result.message, result.log = kind, header.get("message", ""), header.get("log", "")
-    return attempt + 1 >= len(ATTEMPTS)
 
 
 class LocalExecutor(Executor):
@@ -218,16 +104,3 @@ class InProcessExecutor(Executor):
             if on_result:
                 on_result(result)
         return results
-
-
-def make_executor(kind: str = "local", workers: int | None = None, kernel_timeout: float = 300.0,
-                  ray_address: str | None = None) -> Executor:
-    if kind == "local":
-        return LocalExecutor(workers, kernel_timeout)
-    if kind == "inprocess":
-        return InProcessExecutor()
-    if kind == "ray":
-        from .executor_ray import RayExecutor
-        return RayExecutor(workers, kernel_timeout, ray_address)
-    from ir.graph import KilnError
-    raise KilnError(f"unknown executor '{kind}' (local, ray, inprocess)")

@@ -22,7 +22,7 @@ from collections import deque
 
 from ir.errors import KilnError
 
-from .executor_local import ATTEMPTS, Executor, default_workers, settle
+from .executor import ATTEMPTS, Executor, default_workers, settle
 from .plan import JobResult
 
 SMALL_BATCH = 4  # non-GEMM jobs per round trip
@@ -35,7 +35,7 @@ class _Actor:
     does not import Ray)."""
 
     def __init__(self):
-        from .executor_local import ZygoteClient
+        from codegen_worker.zygote_client import ZygoteClient
         self.zygote = ZygoteClient()
         self.name = f"ray:{socket.gethostname()}:{os.getpid()}"
 
@@ -53,7 +53,7 @@ class _Actor:
             except OSError:  # a broken pipe: the zygote died
                 msg = None
             if msg is None:
-                from .executor_local import ZygoteClient
+                from codegen_worker.zygote_client import ZygoteClient
                 self.zygote.close()
                 self.zygote = ZygoteClient()
                 msg = ({"id": header["id"], "ok": False, "kind": "crash", "message": "the zygote process died"}, b"")
@@ -136,9 +136,9 @@ class RayExecutor(Executor):
     def _take_batch(items: deque) -> list:
         """Take one batch off the queue: a GEMM job alone, else up to SMALL_BATCH small jobs."""
         batch = [items.popleft()]
-        if b'"Gemm"' in batch[0][0].kernel_bytes:
+        if batch[0][0].travels_alone:
             return batch
-        while items and len(batch) < SMALL_BATCH and b'"Gemm"' not in items[0][0].kernel_bytes:
+        while items and len(batch) < SMALL_BATCH and not items[0][0].travels_alone:
             batch.append(items.popleft())
         return batch
 

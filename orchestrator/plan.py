@@ -16,14 +16,13 @@ class CompileJob:
     opt_level: int
     name: str
     ops: list
-    # Fault injection for tests: crash | oom | hang | exit | corrupt | kill_actor, on the first attempt;
-    # "KIND:always" on every attempt; "KIND:nofallback" on every attempt but the fallback one.
+    # Rough compile cost for longest-first scheduling, and whether the job travels alone
+    # (GEMM kernels: the slow ones) or batched with other small jobs: from the kernel's IR.
+    estimated_cost: int = 0
+    travels_alone: bool = False
+    # Fault injection for tests: crash | oom | hang | exit | corrupt | kill_actor | silent_actor, on the
+    # first attempt; "KIND:always" on every attempt; "KIND:nofallback" on every attempt but the fallback one.
     inject: str | None = None
-
-    @property
-    def estimated_cost(self) -> int:
-        """Rough compile cost for longest-first scheduling: GEMM kernels are the slow ones."""
-        return len(self.kernel_bytes) * (8 if b'"Gemm"' in self.kernel_bytes else 1)
 
     def request(self, job_id: int, fallback: bool, deadline_s: float, attempt: int) -> dict:
         return {"id": job_id, "symbol": self.symbol, "target": self.target.to_dict(),
@@ -54,7 +53,9 @@ def kernel_id(call) -> str:
 def make_job(call, target, opt_level: int, salt: str = "") -> CompileJob:
     data = call.kernel.to_bytes()
     parts = key_parts(data, target, opt_level, salt=salt)
-    return CompileJob(key_of(parts), parts, call.kernel.symbol, data, target, opt_level, call.name, call.ops)
+    gemm = call.kernel.has_gemm()
+    return CompileJob(key_of(parts), parts, call.kernel.symbol, data, target, opt_level, call.name, call.ops,
+                      estimated_cost=len(data) * (8 if gemm else 1), travels_alone=gemm)
 
 
 def unique_jobs(jobs: list[CompileJob]) -> list[CompileJob]:

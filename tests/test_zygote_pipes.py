@@ -52,7 +52,7 @@ def test_closing_the_zygote_leaves_no_job_running():
 
     import psutil
 
-    from orchestrator.executor_local import ZygoteClient
+    from codegen_worker.zygote_client import ZygoteClient
     job = _big_job(0, stores=4)  # small: the request fits the pipe, sent without waiting
     zygote = ZygoteClient()
     zygote.send({**job.request(0, False, 600, 1), "inject": "hang"}, job.kernel_bytes)

@@ -1,0 +1,77 @@
+"""The bundle's manifest: one type that writes it (at build time) and reads it (at load time).
+
+A bundle is a folder: the manifest names every other file in it and says what the library
+expects (inputs, outputs, arena, weights and their checksum, CPU features, versions).
+Reading checks the format and ABI versions this Kiln understands before anything is mapped.
+Plain JSON; imports nothing from the compiler, so a deployment needs numpy and ctypes only.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import MISSING, asdict, dataclass, field, fields
+
+from .errors import KilnError
+
+KILN_VERSION = "0.1.0"  # the one place: pyproject.toml reads it from here
+FORMAT_VERSION = 1  # of this file; bump when a field changes meaning
+ENTRY_ABI_VERSION = 1  # of kiln_run & co. in the library; the library reports its own
+MANIFEST = "manifest.json"
+
+
+@dataclass
+class Manifest:
+    model: str
+    target: dict
+    opt_level: int
+    inputs: list  # [{"name", "shape", "dtype"}]
+    outputs: list
+    arena_bytes: int
+    weights_bytes: int
+    weights_sha256: str
+    calls: list  # [{"name", "symbol", "ops"}]: what kiln bench --profile names
+    runnable: bool = True  # False: a cross target's objects, not a library
+    cpu_features: list = field(default_factory=list)  # as /proc/cpuinfo names them
+    weights_file: str = "weights.bin"
+    library: str = "model.so"
+    kiln_version: str = KILN_VERSION
+    format_version: int = FORMAT_VERSION
+    abi_version: int = ENTRY_ABI_VERSION
+
+    def to_bytes(self) -> bytes:
+        return json.dumps(asdict(self), indent=2, sort_keys=True).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes, where: str) -> "Manifest":
+        try:
+            raw = json.loads(data)
+        except (ValueError, UnicodeDecodeError) as e:
+            raise KilnError(f"{where}: not valid JSON ({e})") from None
+        if not isinstance(raw, dict):
+            raise KilnError(f"{where}: not a Kiln manifest (a JSON object is expected)")
+        version = raw.get("format_version")
+        if version != FORMAT_VERSION:
+            raise KilnError(f"{where}: bundle format {version} (written by Kiln {raw.get('kiln_version', '?')}); "
+                            f"this Kiln {KILN_VERSION} reads format {FORMAT_VERSION}: rebuild the bundle")
+        known = {f.name for f in fields(cls)}
+        missing = sorted(f.name for f in fields(cls)
+                         if f.name not in raw and f.default is MISSING and f.default_factory is MISSING)
+        if missing:
+            raise KilnError(f"{where}: missing {', '.join(missing)}")
+        manifest = cls(**{k: v for k, v in raw.items() if k in known})
+        for name in (manifest.weights_file, manifest.library):
+            if not isinstance(name, str) or os.path.basename(name) != name or name in ("", ".", ".."):
+                raise KilnError(f"{where}: file name {name!r} is not a plain name inside the bundle folder")
+        return manifest
+
+    @classmethod
+    def read(cls, folder: str) -> "Manifest":
+        path = os.path.join(folder, MANIFEST)
+        try:
+            with open(path, "rb") as f:
+                data = f.read(1 << 24)
+        except FileNotFoundError:
+            raise KilnError(f"'{folder}' is not a Kiln bundle: {MANIFEST} is missing") from None
+        except OSError as e:
+            raise KilnError(f"cannot read '{path}': {e}") from None
+        return cls.from_bytes(data, f"manifest '{path}'")

@@ -1,0 +1,70 @@
+"""The driver's side of a zygote: start `python -m codegen_worker.zygote`, send requests,
+read results (codegen_worker.protocol frames), and leave no process behind on close."""
+from __future__ import annotations
+
+import os
+import select
+import subprocess
+import sys
+from collections import deque
+
+from .protocol import FrameReader, OutBuffer, encode
+
+# The folder that holds Kiln's packages: the zygote imports them from the same place.
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class ZygoteClient:
+    """One zygote subprocess and the pipes to it. Requests are queued and written only as
+    fast as the zygote reads them, while its results are read: neither side ever blocks on
+    a full pipe (a large request and a large result in flight at once would deadlock)."""
+
+    def __init__(self):
+        env = dict(os.environ)
+        env["PYTHONPATH"] = _ROOT + os.pathsep + env.get("PYTHONPATH", "")
+        self.proc = subprocess.Popen([sys.executable, "-m", "codegen_worker.zygote"], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, env=env, close_fds=True)
+        self.pid = self.proc.pid
+        self._out = OutBuffer(self.proc.stdin.fileno())
+        self._in = FrameReader()
+        self._frames: deque = deque()
+
+    def send(self, header: dict, blob: bytes) -> None:
+        """Queue a request; it is written while waiting in receive()."""
+        self._out.push(encode(header, blob))
+        self._out.flush()
+
+    def receive(self):
+        """The next result frame, or None once the zygote has died. Raises OSError (a broken
+        pipe) if the zygote is gone while requests are still unsent."""
+        out_fd, in_fd = self._out.fd, self.proc.stdout.fileno()
+        while not self._frames:
+            readable, writable, _ = select.select([in_fd], [out_fd] if self._out else [], [])
+            if writable:
+                self._out.flush()
+            if readable:
+                data = os.read(in_fd, 1 << 20)
+                if not data:
+                    return None
+                self._frames.extend(self._in.feed(data))
+        return self._frames.popleft()
+
+    def close(self) -> None:
+        # Each job runs in its own process group, so a job still running (a hung one, or
+        # the jobs of a build being torn down) would outlive its zygote: reap them too.
+        import psutil  # here, not at the top: a build served from the store never needs it
+        try:
+            jobs = psutil.Process(self.pid).children(recursive=True)
+        except psutil.Error:
+            jobs = []
+        try:
+            self.proc.stdin.close()
+            self.proc.wait(timeout=10)
+        except Exception:  # noqa: BLE001 - a zygote that will not go quietly is killed
+            self.proc.kill()
+            self.proc.wait()
+        for job in jobs:
+            try:
+                job.kill()
+            except psutil.Error:
+                pass

@@ -1,0 +1,65 @@
+"""What every executor is: the interface, the one retry policy, and how an attempt's answer
+becomes part of a JobResult. Executors: executor_local (a zygote, the default; and the
+in-process debug mode), executor_ray (actors on a Ray cluster); `executors.make_executor`
+picks one by name.
+
+Every job ends as a JobResult. A failed attempt (LLVM error, crash, timeout, an object that
+is not one) is retried once in a fresh process, then once with the safe fallback schedule
+(no vectorize, no unroll); only then is it a failure.
+"""
+from __future__ import annotations
+
+import os
+
+from .plan import CompileJob, JobResult
+
+# attempt number -> use the fallback schedule?
+ATTEMPTS = (False, False, True)
+
+
+def default_workers() -> int:
+    return max(1, len(os.sched_getaffinity(0)))
+
+
+def looks_like_object(blob: bytes, symbol: str) -> bool:
+    """A cheap check that a worker's output is an object file defining the kernel."""
+    return len(blob) > 64 and (blob[:4] == b"\x7fELF") and symbol.encode() in blob
+
+
+class Executor:
+    name = "executor"
+    workers = 1
+
+    def run(self, jobs: list[CompileJob], on_result=None) -> dict[str, JobResult]:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def settle(job: CompileJob, result: JobResult, header: dict, blob: bytes, attempt: int, worker: str,
+           t_start: float, t_end: float) -> bool:
+    """Record one attempt on `result`; True if the job is done (success or out of attempts).
+    Times are wall-clock (time.time()), for the build trace."""
+    ok = bool(header.get("ok"))
+    kind = "" if ok else header.get("kind", "crash")
+    if ok and not looks_like_object(blob, job.symbol):
+        ok, kind = False, "bad_output"
+        header = {**header, "message": f"worker returned {len(blob)} bytes that are not an object defining "
+                                       f"{job.symbol}"}
+    result.attempts.append({"attempt": attempt + 1, "ok": ok, "kind": kind, "worker": worker,
+                            "fallback": ATTEMPTS[attempt], "ms": round(header.get("ms", 0.0), 2),
+                            "peak_rss_mb": header.get("peak_rss_mb"),
+                            "message": header.get("message", ""), "t_start": t_start, "t_end": t_end})
+    if ok:
+        result.ok, result.object, result.worker = True, blob, worker
+        result.compile_ms, result.fallback = header.get("ms", 0.0), ATTEMPTS[attempt]
+        return True
+    result.kind, result.message, result.log = kind, header.get("message", ""), header.get("log", "")
+    return attempt + 1 >= len(ATTEMPTS)
