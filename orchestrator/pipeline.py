@@ -11,6 +11,7 @@ from ir.frontend_onnx import from_onnx
 from ir.lower import ScheduleConfig, lower
 from ir.passes import default_pipeline
 from ir.transform import PassContext, PassTimingInstrument
+from ir.verify import verify_kernel
 
 from .plan import make_job
 from .target import Target
@@ -42,6 +43,8 @@ class PlannedModel:
 def plan_model(model, target, opt_level, shapes, pass_context, extra_passes, salt, inject) -> PlannedModel:
     g, timings = optimize(model, shapes, opt_level, pass_context, extra_passes)
     lowered = lower(g, ScheduleConfig.for_vector_width(target.vector_width))
+    for call in lowered.calls:  # a malformed kernel is a clear error here, not an LLVM error in a child
+        verify_kernel(call.kernel, call.name, call.ops)
     jobs = [make_job(c, target, opt_level, salt) for c in lowered.calls]
     for job in jobs:
         for pattern, fault in (inject or {}).items():

@@ -1,0 +1,64 @@
+"""The kernel verifier: every kernel lowering produces passes it (the whole suite builds
+through it); these are the malformed ones it must name before any codegen job starts."""
+import pytest
+
+from ir.errors import InternalError
+from ir.loop import Assign, Bin, Buffer, Cast, Const, For, Kernel, Let, Load, Local, Store, Var
+from ir.verify import verify_kernel
+
+BUFS = (Buffer("o0", "f32", 16), Buffer("i0", "f32", 16), Buffer("w0", "i64", 4))
+
+
+def _kernel(*body):
+    return Kernel(BUFS, tuple(body))
+
+
+def good():
+    return _kernel(For("i", 16, (Local("acc", "f32", Const(0.0, "f32")),
+                                 Assign("acc", Bin("add", Var("acc", "f32"), Load("i0", Var("i")))),
+                                 Store("o0", Var("i"), Var("acc", "f32")))))
+
+
+@pytest.mark.parametrize("kernel,message", [
+    (_kernel(Store("o0", Var("i"), Const(1.0, "f32"))), "variable i is used outside"),
+    (_kernel(Store("o0", Const(0), Bin("add", Load("i0", Const(0)), Const(1)))), "add of f32 and i64"),
+    (_kernel(Store("o0", Const(0), Load("w0", Const(0)))), "store of i64 into o0"),
+    (_kernel(Store("o1", Const(0), Const(1.0, "f32"))), "buffer o1 does not exist"),
+    (_kernel(Store("o0", Const(16), Const(1.0, "f32"))), "constant index 16 outside o0"),
+    (_kernel(Let("x", Const(1.0, "f32")), Assign("x", Const(2.0, "f32"))), "not an accumulator"),
+    (_kernel(Store("o0", Const(0), Var("i", "f32"))), "variable i is used outside"),
+    (_kernel(For("i", 4, (Store("o0", Var("i"), Var("i", "f32")),))), "used as f32 but bound as i64"),
+    (_kernel(Store("o0", Const(0), Cast("i8", Const(1.0, "f32")))), "cast from f32 to i8"),
+])
+def test_malformed_kernel_is_named_with_its_ops(kernel, message):
+    with pytest.raises(InternalError, match=message) as e:
+        verify_kernel(kernel, "fused_broken", ["Add", "Relu"])
+    assert "fused_broken (ops Add, Relu)" in str(e.value)
+
+
+def test_well_formed_kernel_passes():
+    verify_kernel(good(), "fused_ok", ["ReduceSum"])
+
+
+def test_a_malformed_kernel_stops_the_build_before_any_job(monkeypatch):
+    from ir import lower as lower_pkg
+    from orchestrator import pipeline
+    from orchestrator.api import build
+    from orchestrator.executor import Executor
+    from tests import model_zoo
+
+    real = lower_pkg.lower
+
+    def broken_lower(graph, config):
+        lowered = real(graph, config)
+        call = lowered.calls[0]
+        call.kernel = Kernel(call.kernel.buffers, call.kernel.body + (Store("o9", Const(0), Const(0.0, "f32")),),
+                             call.kernel.schedule)
+        return lowered
+
+    class NoJobs(Executor):
+        def run(self, jobs, on_result=None):
+            raise AssertionError("a job was dispatched")
+    monkeypatch.setattr(pipeline, "lower", broken_lower)
+    with pytest.raises(InternalError, match="buffer o9 does not exist"):
+        build(model_zoo.cnn(), executor=NoJobs(), cache=None, progress=False)
