@@ -49,6 +49,11 @@ class Node:
     def describe(self) -> str:
         return f"node '{self.name or self.outputs[0]}' ({self.op})"
 
+    @property
+    def key(self) -> str:
+        """What stages key their per-node results by: the first output (unique in a graph)."""
+        return next(o for o in self.outputs if o)
+
 
 @dataclass
 class Graph:
@@ -59,14 +64,24 @@ class Graph:
     constants: dict[str, np.ndarray] = field(default_factory=dict)
     opset: int = 17
     name: str = "model"
+    # What the passes found, kept apart from the nodes they describe: type inference's
+    # canonical parameters of each node (axes normalized, pads resolved, ...) by node key,
+    # and fusion's partition (lists of node keys, in run order; None before fusion).
+    params: dict[str, dict] = field(default_factory=dict)
+    groups: list[list[str]] | None = None
 
     def copy(self) -> "Graph":
-        # Constants are never mutated in place, so sharing the arrays is safe.
+        # Constants and params are never mutated in place, so sharing them is safe.
         g = copy.copy(self)
         g.inputs, g.outputs = list(self.inputs), list(self.outputs)
         g.nodes = [Node(n.op, list(n.inputs), list(n.outputs), dict(n.attrs), n.name) for n in self.nodes]
-        g.types, g.constants = dict(self.types), dict(self.constants)
+        g.types, g.constants, g.params = dict(self.types), dict(self.constants), dict(self.params)
+        g.groups = None if self.groups is None else [list(m) for m in self.groups]
         return g
+
+    def params_of(self, node: Node) -> dict:
+        """The canonical parameters type inference found for `node`."""
+        return self.params[node.key]
 
     def producers(self) -> dict[str, Node]:
         return {o: n for n in self.nodes for o in n.outputs if o}

@@ -19,7 +19,7 @@ _UNARY = {
     "Not": lambda x, a: np.logical_not(x), "Identity": lambda x, a: x,
     "Erf": lambda x, a: np.vectorize(math.erf, otypes=[np.float32])(x) if x.size else x,
     "LeakyRelu": lambda x, a: np.where(x < 0, x * a.get("alpha", 0.01), x),
-    "Clip": lambda x, a: np.clip(x, a["_min"], a["_max"]),
+    "Clip": lambda x, a: np.clip(x, a["min"], a["max"]),
     "HardSigmoid": lambda x, a: np.clip(x * a.get("alpha", 0.2) + a.get("beta", 0.5), 0, 1),
     "HardSwish": lambda x, a: x * np.clip(x / 6 + 0.5, 0, 1),
 }
@@ -46,8 +46,9 @@ def _slice(x, begin, step, shape):
 
 
 def evaluate(g: Graph, node: Node, values: list):
-    """Outputs of `node` given its input arrays, or None if Kiln does not fold this op."""
-    a, op = node.attrs, node.op
+    """Outputs of `node` given its input arrays, or None if Kiln does not fold this op.
+    Reads the node's attributes with inference's canonical parameters over them."""
+    a, op = {**node.attrs, **g.params.get(node.key, {})}, node.op
     if op in _UNARY:
         return [_UNARY[op](values[0], a)]
     if op in _BINARY:
@@ -76,21 +77,21 @@ def evaluate(g: Graph, node: Node, values: list):
     if op == "Transpose":
         return [np.transpose(values[0], a["perm"])]
     if op == "Concat":
-        return [np.concatenate([v for v in values if v is not None], axis=a["_axis"])]
+        return [np.concatenate([v for v in values if v is not None], axis=a["axis"])]
     if op == "Gather":
         idx = values[1]
-        dim = values[0].shape[a["_axis"]]
-        return [np.take(values[0], np.where(idx < 0, idx + dim, idx), axis=a["_axis"])]
+        dim = values[0].shape[a["axis"]]
+        return [np.take(values[0], np.where(idx < 0, idx + dim, idx), axis=a["axis"])]
     if op == "Slice":
-        return [_slice(values[0], a["_begin"], a["_step"], g.types[node.outputs[0]].shape)]
+        return [_slice(values[0], a["begin"], a["step"], g.types[node.outputs[0]].shape)]
     if op == "Split":
-        bounds = np.cumsum(a["_sizes"])[:-1]
-        return list(np.split(values[0], bounds, axis=a["_axis"]))
+        bounds = np.cumsum(a["sizes"])[:-1]
+        return list(np.split(values[0], bounds, axis=a["axis"]))
     if op in ("ReduceSum", "ReduceMean", "ReduceMax"):
         fn = {"ReduceSum": np.sum, "ReduceMean": np.mean, "ReduceMax": np.max}[op]
-        if not a["_axes"]:
+        if not a["axes"]:
             return [values[0]]
-        return [fn(values[0], axis=tuple(a["_axes"]), keepdims=bool(a["_keepdims"]))]
+        return [fn(values[0], axis=tuple(a["axes"]), keepdims=bool(a["keepdims"]))]
     if op == "Range":
         start, limit, delta = (v.reshape(()) for v in values)
         return [np.arange(start, limit, delta).astype(start.dtype)]

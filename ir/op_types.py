@@ -1,10 +1,10 @@
 """Per-op type inference, op pattern kinds, and attribute normalization.
 
 `infer(g, node)` returns the output TensorTypes of one node from its input types (and the
-values of constant inputs). It never trusts shapes declared in the model. Where an op's
-parameters can be spelled several ways (auto_pad, attributes moved to inputs, old Softmax
-semantics), inference writes one canonical form into attrs under keys starting with '_',
-so lowering reads one spelling only.
+values of constant inputs), and the node's canonical parameters. It never trusts shapes
+declared in the model. Where an op's parameters can be spelled several ways (auto_pad,
+attributes moved to inputs, old Softmax semantics), the parameters hold one canonical form,
+so lowering and folding read one spelling only. Nothing is written into the node.
 """
 from __future__ import annotations
 
@@ -50,17 +50,19 @@ def _t(g: Graph, name: str) -> TensorType:
     return g.types[name]
 
 
-def infer(g: Graph, node: Node) -> list[TensorType]:
+def infer(g: Graph, node: Node) -> tuple[list[TensorType], dict]:
+    """(output types, canonical parameters) of one node."""
     fn = _INFER.get(node.op)
     if fn is None:
         raise UnsupportedError(f"{node.describe()}: op {node.op} is not supported")
-    out = fn(g, node)
-    return out if isinstance(out, list) else [out]
+    params: dict = {}
+    out = fn(g, node, params)
+    return (out if isinstance(out, list) else [out]), params
 
 
 # ---- elementwise -------------------------------------------------------------------------
 
-def _unary(g, node):
+def _unary(g, node, p):
     x = _t(g, node.inputs[0])
     if node.op == "Cast":
         from .onnx_dtypes import onnx_to_dtype
@@ -71,17 +73,17 @@ def _unary(g, node):
         for index, key, default in ((1, "min", -math.inf), (2, "max", math.inf)):
             name = node.inputs[index] if index < len(node.inputs) else ""
             if name and name not in g.constants:
-                node.attrs[f"_{key}"] = None  # a run-time bound: read from the input
+                p[key] = None  # a run-time bound: read from the input
             else:
                 value = const_input(g, node, index, key)
-                node.attrs[f"_{key}"] = float(value.reshape(-1)[0]) if value is not None else float(
+                p[key] = float(value.reshape(-1)[0]) if value is not None else float(
                     node.attrs.get(key, default))
     if node.op == "Not":
         return TensorType(x.shape, "bool")
     return x
 
 
-def _binary(g, node):
+def _binary(g, node, p):
     a, b = _t(g, node.inputs[0]), _t(g, node.inputs[1])
     shape = broadcast([a.shape, b.shape], node)
     if node.op in COMPARE:
@@ -95,17 +97,17 @@ def _binary(g, node):
     return TensorType(shape, a.dtype)
 
 
-def _variadic(g, node):
+def _variadic(g, node, p):
     types = [_t(g, i) for i in node.inputs]
     return TensorType(broadcast([t.shape for t in types], node), types[0].dtype)
 
 
-def _where(g, node):
+def _where(g, node, p):
     c, a, b = (_t(g, i) for i in node.inputs)
     return TensorType(broadcast([c.shape, a.shape, b.shape], node), a.dtype)
 
 
-def _batchnorm(g, node):
+def _batchnorm(g, node, p):
     if node.attrs.get("training_mode", 0):
         raise UnsupportedError(f"{node.describe()}: training_mode=1 is not supported (inference only)")
     return _t(g, node.inputs[0])
@@ -113,7 +115,7 @@ def _batchnorm(g, node):
 
 # ---- injective ---------------------------------------------------------------------------
 
-def _reshape(g, node):
+def _reshape(g, node, p):
     x = _t(g, node.inputs[0])
     target = [int(v) for v in const_input(g, node, 1, "shape", required=True).reshape(-1)]
     allowzero = node.attrs.get("allowzero", 0)
@@ -130,14 +132,14 @@ def _reshape(g, node):
     return TensorType(tuple(out), x.dtype)
 
 
-def _flatten(g, node):
+def _flatten(g, node, p):
     x = _t(g, node.inputs[0])
     axis = node.attrs.get("axis", 1)
     axis = axis + len(x.shape) if axis < 0 else axis
     return TensorType((int(np.prod(x.shape[:axis])), int(np.prod(x.shape[axis:]))), x.dtype)
 
 
-def _squeeze(g, node):
+def _squeeze(g, node, p):
     x = _t(g, node.inputs[0])
     axes = attr_or_input(g, node, "axes", 1)
     rank = len(x.shape)
@@ -150,7 +152,7 @@ def _squeeze(g, node):
     return TensorType(tuple(d for i, d in enumerate(x.shape) if i not in axes), x.dtype)
 
 
-def _unsqueeze(g, node):
+def _unsqueeze(g, node, p):
     x = _t(g, node.inputs[0])
     axes = attr_or_input(g, node, "axes", 1)
     rank = len(x.shape) + len(axes)
@@ -161,18 +163,18 @@ def _unsqueeze(g, node):
     return TensorType(tuple(out), x.dtype)
 
 
-def _transpose(g, node):
+def _transpose(g, node, p):
     x = _t(g, node.inputs[0])
     perm = node.attrs.get("perm", list(range(len(x.shape)))[::-1])
-    node.attrs["perm"] = list(perm)
+    p["perm"] = list(perm)
     return TensorType(tuple(x.shape[p] for p in perm), x.dtype)
 
 
-def _concat(g, node):
+def _concat(g, node, p):
     types = [_t(g, i) for i in node.inputs if i]
     rank = len(types[0].shape)
     axis = normalize_axis(node.attrs["axis"], rank, node)
-    node.attrs["_axis"] = axis
+    p["axis"] = axis
     for t in types:
         if len(t.shape) != rank or any(t.shape[i] != types[0].shape[i] for i in range(rank) if i != axis):
             raise ShapeError(f"{node.describe()}: inputs {', '.join(map(str, types))} do not concatenate on axis {axis}")
@@ -181,7 +183,7 @@ def _concat(g, node):
     return TensorType(tuple(out), types[0].dtype)
 
 
-def _split(g, node):
+def _split(g, node, p):
     x = _t(g, node.inputs[0])
     axis = normalize_axis(node.attrs.get("axis", 0), len(x.shape), node)
     sizes = attr_or_input(g, node, "split", 1)
@@ -192,7 +194,7 @@ def _split(g, node):
         sizes = [min(chunk, x.shape[axis] - i * chunk) for i in range(n)]
     if sum(sizes) != x.shape[axis] or len(sizes) != len(node.outputs):
         raise ShapeError(f"{node.describe()}: split sizes {sizes} do not fit axis {axis} of {x}")
-    node.attrs["_axis"], node.attrs["_sizes"] = axis, [int(s) for s in sizes]
+    p["axis"], p["sizes"] = axis, [int(s) for s in sizes]
     outs = []
     for s in sizes:
         shape = list(x.shape)
@@ -201,7 +203,7 @@ def _split(g, node):
     return outs
 
 
-def _slice(g, node):
+def _slice(g, node, p):
     x = _t(g, node.inputs[0])
     rank = len(x.shape)
     starts = attr_or_input(g, node, "starts", 1)
@@ -215,24 +217,24 @@ def _slice(g, node):
             raise ShapeError(f"{node.describe()}: step 0 on axis {a}")
         r = range(x.shape[a])[slice(int(s), int(e), int(st))]
         begin[a], step[a], shape[a] = r.start, r.step, len(r)
-    node.attrs["_begin"], node.attrs["_step"] = begin, step
+    p["begin"], p["step"] = begin, step
     return TensorType(tuple(shape), x.dtype)
 
 
-def _expand(g, node):
+def _expand(g, node, p):
     x = _t(g, node.inputs[0])
     shape = [int(v) for v in const_input(g, node, 1, "shape", required=True).reshape(-1)]
     return TensorType(broadcast([x.shape, tuple(shape)], node), x.dtype)
 
 
-def _gather(g, node):
+def _gather(g, node, p):
     x, idx = _t(g, node.inputs[0]), _t(g, node.inputs[1])
     axis = normalize_axis(node.attrs.get("axis", 0), len(x.shape), node)
-    node.attrs["_axis"] = axis
+    p["axis"] = axis
     return TensorType(x.shape[:axis] + idx.shape + x.shape[axis + 1:], x.dtype)
 
 
-def _pad(g, node):
+def _pad(g, node, p):
     x = _t(g, node.inputs[0])
     rank = len(x.shape)
     check_attrs(node, {"mode": ("constant", "reflect", "edge")})
@@ -243,15 +245,15 @@ def _pad(g, node):
     for i, a in enumerate(axes):
         full[a], full[a + rank] = int(pads[i]), int(pads[i + len(axes)])
     value = const_input(g, node, 2, "constant_value")
-    node.attrs["_pads"] = full
-    node.attrs["_value"] = float(value.reshape(-1)[0]) if value is not None and value.size else float(node.attrs.get("value", 0.0))
+    p["pads"], p["mode"] = full, node.attrs.get("mode", "constant")
+    p["value"] = float(value.reshape(-1)[0]) if value is not None and value.size else float(node.attrs.get("value", 0.0))
     shape = tuple(x.shape[i] + full[i] + full[i + rank] for i in range(rank))
     if min(shape) < 0:
         raise ShapeError(f"{node.describe()}: pads {full} make a negative dimension of {x}")
     return TensorType(shape, x.dtype)
 
 
-def _resize(g, node):
+def _resize(g, node, p):
     x = _t(g, node.inputs[0])
     rank = len(x.shape)
     check_attrs(node, {
@@ -277,13 +279,13 @@ def _resize(g, node):
             out_scale[a] = float(s)
     else:
         raise UnsupportedError(f"{node.describe()}: Resize needs constant scales or sizes")
-    node.attrs["_scales"] = out_scale
+    p["scales"] = out_scale
     return TensorType(tuple(shape), x.dtype)
 
 
 # ---- reductions and windows --------------------------------------------------------------
 
-def _reduce(g, node):
+def _reduce(g, node, p):
     x = _t(g, node.inputs[0])
     rank = len(x.shape)
     axes = attr_or_input(g, node, "axes", 1)
@@ -291,45 +293,45 @@ def _reduce(g, node):
         axes = [] if node.attrs.get("noop_with_empty_axes", 0) else list(range(rank))
     axes = sorted({normalize_axis(a, rank, node) for a in axes})
     keep = node.attrs.get("keepdims", 1)
-    node.attrs["_axes"], node.attrs["_keepdims"] = axes, keep
+    p["axes"], p["keepdims"] = axes, keep
     shape = tuple(1 if i in axes else d for i, d in enumerate(x.shape)) if keep else \
         tuple(d for i, d in enumerate(x.shape) if i not in axes)
     return TensorType(shape, x.dtype)
 
 
-def _global_pool(g, node):
+def _global_pool(g, node, p):
     x = _t(g, node.inputs[0])
-    node.attrs["_axes"], node.attrs["_keepdims"] = list(range(2, len(x.shape))), 1
+    p["axes"], p["keepdims"] = list(range(2, len(x.shape))), 1
     return TensorType(x.shape[:2] + (1,) * (len(x.shape) - 2), x.dtype)
 
 
-def _softmax(g, node):
+def _softmax(g, node, p):
     x = _t(g, node.inputs[0])
     rank = len(x.shape)
     if g.opset < 13:  # old semantics: coerce to 2-D at axis, normalize over everything after it
         axis = normalize_axis(node.attrs.get("axis", 1), rank, node)
-        node.attrs["_axes"] = list(range(axis, rank))
+        p["axes"] = list(range(axis, rank))
     else:
-        node.attrs["_axes"] = [normalize_axis(node.attrs.get("axis", -1), rank, node)]
+        p["axes"] = [normalize_axis(node.attrs.get("axis", -1), rank, node)]
     return x
 
 
-def _layernorm(g, node):
+def _layernorm(g, node, p):
     x = _t(g, node.inputs[0])
     rank = len(x.shape)
     axis = normalize_axis(node.attrs.get("axis", -1), rank, node)
-    node.attrs["_axes"] = list(range(axis, rank))
+    p["axes"] = list(range(axis, rank))
     stats = TensorType(x.shape[:axis] + (1,) * (rank - axis), "float32")  # Mean, InvStdDev
     return [x] + [stats] * (len(node.outputs) - 1)
 
 
-def _window(node, spatial, kernel, is_transpose=False, out_padding=None):
-    """Resolve auto_pad/pads/strides/dilations into explicit lists stored on the node."""
+def _window(node, p, spatial, kernel, is_transpose=False, out_padding=None, auto=None):
+    """Resolve auto_pad/pads/strides/dilations into explicit lists in the parameters."""
     n = len(spatial)
     strides = list(node.attrs.get("strides", [1] * n))
     dil = list(node.attrs.get("dilations", [1] * n))
-    pads = list(node.attrs.get("pads", [0] * (2 * n)))
-    auto = node.attrs.get("auto_pad", "NOTSET")
+    pads = list(p.get("pads", node.attrs.get("pads", [0] * (2 * n))))
+    auto = auto or node.attrs.get("auto_pad", "NOTSET")
     if isinstance(auto, bytes):
         auto = auto.decode()
     check_attrs(node, {"auto_pad": ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID",
@@ -347,17 +349,17 @@ def _window(node, spatial, kernel, is_transpose=False, out_padding=None):
                 total = max((out - 1) * strides[i] + ext - spatial[i], 0)
             small, big = total // 2, total - total // 2
             pads[i], pads[i + n] = (small, big) if auto == "SAME_UPPER" else (big, small)
-    node.attrs.update(strides=strides, dilations=dil, pads=pads, auto_pad="NOTSET", kernel_shape=list(kernel))
+    p.update(strides=strides, dilations=dil, pads=pads, kernel_shape=list(kernel))
     return strides, dil, pads
 
 
-def _pool(g, node):
+def _pool(g, node, p):
     x = _t(g, node.inputs[0])
     spatial = x.shape[2:]
     kernel = node.attrs["kernel_shape"]
     if len(node.outputs) > 1 and any(node.outputs[1:]):
         raise UnsupportedError(f"{node.describe()}: the Indices output of MaxPool is not supported")
-    strides, dil, pads = _window(node, spatial, kernel)
+    strides, dil, pads = _window(node, p, spatial, kernel)
     n, ceil_mode = len(spatial), node.attrs.get("ceil_mode", 0)
     out = []
     for i in range(n):
@@ -371,14 +373,14 @@ def _pool(g, node):
     return TensorType(x.shape[:2] + tuple(out), x.dtype)
 
 
-def _conv(g, node):
+def _conv(g, node, p):
     x, w = _t(g, node.inputs[0]), _t(g, node.inputs[1])
     spatial = x.shape[2:]
     kernel = node.attrs.get("kernel_shape", list(w.shape[2:]))
     group = node.attrs.get("group", 1)
     if len(x.shape) != len(w.shape) or x.shape[1] != w.shape[1] * group:
         raise ShapeError(f"{node.describe()}: input {x} does not match weight {w} with group={group}")
-    strides, dil, pads = _window(node, spatial, kernel)
+    strides, dil, pads = _window(node, p, spatial, kernel)
     n = len(spatial)
     out = [(spatial[i] + pads[i] + pads[i + n] - ((kernel[i] - 1) * dil[i] + 1)) // strides[i] + 1 for i in range(n)]
     if min(out) <= 0:
@@ -386,7 +388,7 @@ def _conv(g, node):
     return TensorType((x.shape[0], w.shape[0]) + tuple(out), x.dtype)
 
 
-def _conv_transpose(g, node):
+def _conv_transpose(g, node, p):
     x, w = _t(g, node.inputs[0]), _t(g, node.inputs[1])
     spatial = x.shape[2:]
     n = len(spatial)
@@ -407,16 +409,16 @@ def _conv_transpose(g, node):
                 pads[i], pads[i + n] = total // 2, total - total // 2
             else:
                 pads[i], pads[i + n] = total - total // 2, total // 2
-        node.attrs["pads"] = pads
-        node.attrs["auto_pad"] = "NOTSET"
-    strides, dil, pads = _window(node, spatial, kernel, is_transpose=True, out_padding=out_pad)
-    node.attrs["output_padding"] = out_pad
+        p["pads"] = pads
+    explicit = "NOTSET" if "output_shape" in node.attrs else None  # pads just came from output_shape
+    strides, dil, pads = _window(node, p, spatial, kernel, is_transpose=True, out_padding=out_pad, auto=explicit)
+    p["output_padding"] = out_pad
     out = [strides[i] * (spatial[i] - 1) + out_pad[i] + (kernel[i] - 1) * dil[i] + 1 - pads[i] - pads[i + n]
            for i in range(n)]
     return TensorType((x.shape[0], w.shape[1] * group) + tuple(out), x.dtype)
 
 
-def _matmul(g, node):
+def _matmul(g, node, p):
     a, b = _t(g, node.inputs[0]), _t(g, node.inputs[1])
     sa, sb = list(a.shape), list(b.shape)
     if not sa or not sb:
@@ -431,7 +433,7 @@ def _matmul(g, node):
     return TensorType(tuple(out), a.dtype)
 
 
-def _gemm(g, node):
+def _gemm(g, node, p):
     a, b = _t(g, node.inputs[0]), _t(g, node.inputs[1])
     m = a.shape[1] if node.attrs.get("transA", 0) else a.shape[0]
     ka = a.shape[0] if node.attrs.get("transA", 0) else a.shape[1]
@@ -445,7 +447,7 @@ def _gemm(g, node):
 
 # ---- compile-time only -------------------------------------------------------------------
 
-def _shape(g, node):
+def _shape(g, node, p):
     x = _t(g, node.inputs[0])
     rank = len(x.shape)
     start = node.attrs.get("start", 0)
@@ -453,7 +455,7 @@ def _shape(g, node):
     return TensorType((len(range(rank)[slice(start, end)]),), "int64")
 
 
-def _from_folding(g, node):
+def _from_folding(g, node, p):
     """Compile-time-only ops: their type is the type of their folded value."""
     if not all(i in g.constants for i in node.inputs if i):
         raise UnsupportedError(f"{node.describe()}: inputs must be known at compile time")

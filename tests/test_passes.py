@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 
 from ir.frontend_onnx import from_onnx
+from ir.graph import Node
 from ir.passes import (default_pipeline, eliminate_common_subexpr, eliminate_dead_code, fold_constants, groups_of,
                        infer_types, simplify_inference)
 from ir.transform import DumpIR, PassContext, PassTimingInstrument, Sequential, graph_pass
@@ -135,10 +136,15 @@ def test_custom_pass_by_decorator(executor):
 
     @graph_pass(opt_level=1, name="relu_to_clip")
     def relu_to_clip(g, ctx):
+        # An ordinary ONNX-style node and a constant: nothing Kiln-internal to fill in.
+        zero = g.add_constant(g.fresh_name("zero"), np.array(0.0, np.float32))
+        nodes = []
         for n in g.nodes:
             if n.op == "Relu":
-                n.op, n.attrs = "Clip", {"_min": 0.0, "_max": float("inf")}
+                n = Node("Clip", [n.inputs[0], zero], list(n.outputs), {}, f"{n.name}_as_clip")
                 seen.append(n.name)
+            nodes.append(n)
+        g.nodes = nodes
         return g
 
     result, _ = build_and_compare(model_zoo.cnn(), executor, extra_passes=[relu_to_clip])
@@ -152,9 +158,9 @@ def test_instruments_time_and_dump(tmp_path):
     with ctx:
         default_pipeline()(from_onnx(model_zoo.cnn()))
     names = [n for n, _ in timing.timings]
-    assert names[:6] == ["infer_types", "fold_constants", "simplify_inference", "eliminate_common_subexpr",
-                         "eliminate_dead_code", "fuse_ops"]
+    assert names[:7] == ["infer_types", "fold_constants", "simplify_inference", "eliminate_common_subexpr",
+                         "eliminate_dead_code", "infer_types", "fuse_ops"]
     dumps = sorted(p.name for p in tmp_path.iterdir())
-    assert dumps[0] == "00_infer_types.txt" and dumps[-1] == "05_fuse_ops.txt"
+    assert dumps[0] == "00_infer_types.txt" and dumps[-1] == "06_fuse_ops.txt"
     assert "BatchNormalization" in (tmp_path / "01_fold_constants.txt").read_text()
     assert "BatchNormalization" not in (tmp_path / "02_simplify_inference.txt").read_text()

@@ -97,7 +97,7 @@ def _lower_plain(b: KernelBuilder, members: list[Node]) -> tuple:
 
 def _lower_concat(b: KernelBuilder, node: Node) -> tuple:
     """One loop nest per input, each writing its slab: no selects, no wasted loads."""
-    out, axis = node.outputs[0], node.attrs["_axis"]
+    out, axis = node.outputs[0], b.attrs(node)["axis"]
     oshape, param = b.shape(out), b.out_param(out)
     body, off = [], 0
     for name in node.inputs:

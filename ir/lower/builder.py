@@ -70,6 +70,11 @@ class KernelBuilder:
     def type(self, name: str) -> TensorType:
         return self.g.types[name]
 
+    def attrs(self, node) -> dict:
+        """The node's attributes as written, with inference's canonical parameters over them
+        (explicit pads for auto_pad, normalized axes, Clip's bounds, ...)."""
+        return {**node.attrs, **self.g.params_of(node)}
+
     def out_param(self, name: str) -> str:
         if name not in self.outputs:
             self.outputs.append(name)

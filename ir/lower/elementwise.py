@@ -63,7 +63,7 @@ def _unary_fn(node: Node, dtype: str, b: KernelBuilder | None = None):
         "Identity": lambda x: x,
     }
     if node.op == "Clip":
-        lo, hi = a["_min"], a["_max"]
+        lo, hi = b.attrs(node)["min"], b.attrs(node)["max"]
         mk = _f if is_f else (lambda v: Const(int(max(min(v, 2**62), -2**62))))
 
         def bound(value, index):
@@ -172,7 +172,7 @@ def compute(b: KernelBuilder, node: Node) -> dict:
     if op == "BatchNormalization":
         return {out: _batchnorm(b, node, oshape)}
     if op == "Transpose":
-        x, perm = b.reader(node.inputs[0]), node.attrs["perm"]
+        x, perm = b.reader(node.inputs[0]), b.attrs(node)["perm"]
 
         def transpose(idx):
             src = [None] * len(perm)
@@ -183,7 +183,7 @@ def compute(b: KernelBuilder, node: Node) -> dict:
     if op == "Expand":
         return {out: _bcast(b, node.inputs[0], oshape)}
     if op == "Slice":
-        x, begin, step = b.reader(node.inputs[0]), node.attrs["_begin"], node.attrs["_step"]
+        x, begin, step = b.reader(node.inputs[0]), b.attrs(node)["begin"], b.attrs(node)["step"]
         return {out: lambda idx: x([add(bg, mul(st, i)) for i, bg, st in zip(idx, begin, step)])}
     if op == "Concat":
         return {out: _concat(b, node)}
@@ -220,7 +220,7 @@ def _batchnorm(b: KernelBuilder, node: Node, oshape):
 
 
 def _concat(b: KernelBuilder, node: Node):
-    axis = node.attrs["_axis"]
+    axis = b.attrs(node)["axis"]
     parts, off = [], 0
     for name in node.inputs:
         if name:
@@ -240,9 +240,9 @@ def _concat(b: KernelBuilder, node: Node):
 
 
 def _split(b: KernelBuilder, node: Node) -> dict:
-    axis, x = node.attrs["_axis"], b.reader(node.inputs[0])
+    axis, x = b.attrs(node)["axis"], b.reader(node.inputs[0])
     out, off = {}, 0
-    for name, size in zip(node.outputs, node.attrs["_sizes"]):
+    for name, size in zip(node.outputs, b.attrs(node)["sizes"]):
         if name:
             out[name] = (lambda start: lambda idx: x([add(i, start) if a == axis else i
                                                       for a, i in enumerate(idx)]))(off)
@@ -251,7 +251,7 @@ def _split(b: KernelBuilder, node: Node) -> dict:
 
 
 def _gather(b: KernelBuilder, node: Node):
-    axis = node.attrs["_axis"]
+    axis = b.attrs(node)["axis"]
     x, ind = b.reader(node.inputs[0]), b.reader(node.inputs[1])
     r = len(b.shape(node.inputs[1]))
     dim = b.shape(node.inputs[0])[axis]
@@ -265,9 +265,9 @@ def _gather(b: KernelBuilder, node: Node):
 
 def _pad(b: KernelBuilder, node: Node):
     x, shape = b.reader(node.inputs[0]), b.shape(node.inputs[0])
-    pads, rank, mode = node.attrs["_pads"], len(shape), node.attrs.get("mode", "constant")
+    pads, rank, mode = b.attrs(node)["pads"], len(shape), b.attrs(node)["mode"]
     dtype = b.type(node.inputs[0]).dtype
-    value = const(node.attrs["_value"], COMPUTE_DT[dtype])
+    value = const(b.attrs(node)["value"], COMPUTE_DT[dtype])
 
     def pad(idx):
         src, inside = [], None
@@ -320,10 +320,10 @@ def _resize(b: KernelBuilder, node: Node):
     exact where ONNX's coordinates land on .5, and a gather per element at run time."""
     x, ishape = b.reader(node.inputs[0]), b.shape(node.inputs[0])
     oshape = b.shape(node.outputs[0])
-    a = node.attrs
+    a = b.attrs(node)
     mode = a.get("mode", "nearest")
     ctm = a.get("coordinate_transformation_mode", "half_pixel")
-    scales = a["_scales"]
+    scales = a["scales"]
     resized = [ax for ax in range(len(ishape)) if ishape[ax] != oshape[ax] or scales[ax] != 1]
     tables = {}
     for ax in resized:

@@ -95,7 +95,7 @@ def _runtime_pack(b: KernelBuilder, src: str, off, k: int, n: int, s_k: int, s_n
 def lower_conv(b: KernelBuilder, node: Node, store) -> tuple:
     x_name, w_name = node.inputs[0], node.inputs[1]
     xs, ws_ = b.type(x_name).shape, b.type(w_name).shape
-    a = node.attrs
+    a = b.attrs(node)
     groups = a.get("group", 1)
     batch, cin = xs[0], xs[1]
     cout, cg = ws_[0], ws_[1]
@@ -239,7 +239,7 @@ def _lower_depthwise(b: KernelBuilder, node: Node, store) -> tuple:
     batch, cin, h, w_ = b.type(x_name).shape
     cout = b.type(w_name).shape[0]
     mult = cout // cin
-    a = node.attrs
+    a = b.attrs(node)
     (kh, kw), (sh, sw), (dh, dw) = a["kernel_shape"], a["strides"], a["dilations"]
     pt, pl, pb, pr = a["pads"]
     oh, ow = b.type(node.outputs[0]).shape[2:]
@@ -283,7 +283,7 @@ def lower_conv_transpose(b: KernelBuilder, node: Node, store) -> tuple:
     GEMM does the Cin-deep work at full speed; the gather is Cin times cheaper than direct."""
     x_name, w_name = node.inputs[0], node.inputs[1]
     xs, wsh = b.type(x_name).shape, b.type(w_name).shape
-    a = node.attrs
+    a = b.attrs(node)
     groups = a.get("group", 1)
     kernel, strides, dil, pads = a["kernel_shape"], a["strides"], a["dilations"], a["pads"]
     nsp = len(kernel)
@@ -385,7 +385,7 @@ def lower_matmul(b: KernelBuilder, node: Node, store) -> tuple:
 
 def lower_gemm(b: KernelBuilder, node: Node, store) -> tuple:
     a_name, b_name = node.inputs[0], node.inputs[1]
-    at = node.attrs
+    at = b.attrs(node)
     ta, tb = at.get("transA", 0), at.get("transB", 0)
     alpha, beta = float(at.get("alpha", 1.0)), float(at.get("beta", 1.0))
     sa, sb = b.type(a_name).shape, b.type(b_name).shape

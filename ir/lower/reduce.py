@@ -38,7 +38,7 @@ def _accumulate(b: KernelBuilder, shape, axes, body_fn) -> tuple:
 
 def lower_reduce(b: KernelBuilder, node: Node, store) -> tuple:
     x, xshape = b.reader(node.inputs[0]), b.shape(node.inputs[0])
-    axes, keep = node.attrs["_axes"], node.attrs["_keepdims"]
+    axes, keep = b.attrs(node)["axes"], b.attrs(node)["keepdims"]
     kind = REDUCE_KIND[node.op]
     rank = len(xshape)
     kept = [a for a in range(rank) if a not in axes]
@@ -68,7 +68,7 @@ def _select_max(acc, x):
 
 def lower_softmax(b: KernelBuilder, node: Node, store, out_param: str) -> tuple:
     x, xshape = b.reader(node.inputs[0]), b.shape(node.inputs[0])
-    axes = node.attrs["_axes"]
+    axes = b.attrs(node)["axes"]
     rank = len(xshape)
     outer_axes = [a for a in range(rank) if a not in axes]
 
@@ -98,7 +98,7 @@ def lower_softmax(b: KernelBuilder, node: Node, store, out_param: str) -> tuple:
 
 def lower_layernorm(b: KernelBuilder, node: Node, store) -> tuple:
     x, xshape = b.reader(node.inputs[0]), b.shape(node.inputs[0])
-    axes = node.attrs["_axes"]
+    axes = b.attrs(node)["axes"]
     rank = len(xshape)
     outer_axes = [a for a in range(rank) if a not in axes]
     n = math.prod(xshape[a] for a in axes)
@@ -142,7 +142,7 @@ def lower_layernorm(b: KernelBuilder, node: Node, store) -> tuple:
 def lower_pool(b: KernelBuilder, node: Node, store) -> tuple:
     x, xshape = b.reader(node.inputs[0]), b.shape(node.inputs[0])
     oshape = b.shape(node.outputs[0])
-    a = node.attrs
+    a = b.attrs(node)
     kernel, strides, dil, pads = a["kernel_shape"], a["strides"], a["dilations"], a["pads"]
     nsp = len(kernel)
     spatial = xshape[2:]

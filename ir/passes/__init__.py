@@ -8,9 +8,11 @@ from .simplify_inference import simplify_inference
 
 
 def default_pipeline(extra=()) -> Sequential:
-    """The passes `build` runs, in order; `extra` passes run before fusion."""
+    """The passes `build` runs, in order; `extra` passes run before fusion. Types and
+    parameters are inferred again right before fusion, for whatever the passes between
+    rewrote or added (a custom pass adds plain ONNX-style nodes and nothing else)."""
     return Sequential([infer_types, fold_constants, simplify_inference, eliminate_common_subexpr,
-                       eliminate_dead_code, *extra, fuse_ops], name="default_pipeline")
+                       eliminate_dead_code, *extra, infer_types, fuse_ops], name="default_pipeline")
 
 
 __all__ = ["default_pipeline", "infer_types", "fold_constants", "simplify_inference",

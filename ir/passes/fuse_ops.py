@@ -13,7 +13,8 @@ Views (Reshape, Flatten, Squeeze, Unsqueeze, Identity) never fuse: they become a
 a buffer, no kernel at all. Nodes with several outputs (Split, LayerNorm with its
 statistics) stand alone.
 
-The result is written on the nodes: attrs["_group"] = group id, members in node order.
+The result is the graph's partition, `g.groups`: lists of node keys, each group in node
+order, the groups in the order they run.
 """
 from __future__ import annotations
 
@@ -73,17 +74,17 @@ def fuse_ops(g: Graph, ctx) -> Graph:
         for o in node.outputs:
             if o:
                 producer_group[o] = target
-    for gid, members in enumerate(groups):
-        for m in members:
-            m.attrs["_group"] = gid
+    # Each group runs where its last member stands: all its inputs exist by then.
+    position = {id(n): i for i, n in enumerate(g.nodes)}
+    groups.sort(key=lambda members: position[id(members[-1])])
+    g.groups = [[m.key for m in members] for members in groups]
     return g
 
 
 def groups_of(g: Graph) -> list[list[Node]]:
-    """The fused groups, each run where its last member stands (all its inputs exist by
-    then); without fusion, one node per group."""
-    by_id: dict = {}
-    for i, node in enumerate(g.nodes):
-        by_id.setdefault(node.attrs.get("_group", ("solo", i)), []).append((i, node))
-    ordered = sorted(by_id.values(), key=lambda members: members[-1][0])
-    return [[n for _, n in members] for members in ordered]
+    """The fused groups as nodes, in run order; without fusion, one node per group. A
+    partition that no longer covers the graph (a pass ran after fusion) is not used."""
+    by_key = {n.key: n for n in g.nodes}
+    if g.groups is not None and sorted(k for grp in g.groups for k in grp) == sorted(by_key):
+        return [[by_key[k] for k in grp] for grp in g.groups]
+    return [[n] for n in g.nodes]

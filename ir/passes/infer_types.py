@@ -17,10 +17,13 @@ MAX_FOLDED_ELEMENTS = 1 << 24
 
 
 def resolve(g: Graph, fold_floats: bool) -> Graph:
+    """Types and canonical parameters of every node (anew: passes before may have rewritten
+    nodes), folding what it may."""
+    g.params = {}
     kept = []
     for node in g.nodes:
         try:
-            types = infer(g, node)
+            types, g.params[node.key] = infer(g, node)
         except KilnError as e:
             msg = str(e)
             raise type(e)(msg if node.describe() in msg else f"{node.describe()}: {msg}") from None

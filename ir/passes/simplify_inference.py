@@ -21,7 +21,7 @@ def _scale_shift(g: Graph, bn: Node):
     return scale, beta - mean * scale
 
 
-def _fold_into_conv(g: Graph, conv: Node, scale, shift) -> None:
+def _fold_into_conv(g: Graph, conv: Node, scale, shift) -> tuple[list, dict]:
     w = g.constants[conv.inputs[1]]
     scale32 = scale.astype(np.float32)
     bias = g.constants[conv.inputs[2]].astype(np.float64) if len(conv.inputs) > 2 and conv.inputs[2] else 0.0
@@ -33,21 +33,19 @@ def _fold_into_conv(g: Graph, conv: Node, scale, shift) -> None:
         s = scale32.reshape(group, 1, per, *([1] * (w.ndim - 2)))
         new_w = (w.reshape(group, -1, per, *w.shape[2:]) * s).reshape(w.shape)
     new_b = bias * scale + shift
-    conv.inputs = conv.inputs[:1] + [
-        g.add_constant(g.fresh_name(f"{conv.name}_w_bn"), new_w.astype(np.float32)),
-        g.add_constant(g.fresh_name(f"{conv.name}_b_bn"), new_b.astype(np.float32))]
+    return conv.inputs[:1] + [g.add_constant(g.fresh_name(f"{conv.name}_w_bn"), new_w.astype(np.float32)),
+                              g.add_constant(g.fresh_name(f"{conv.name}_b_bn"), new_b.astype(np.float32))], conv.attrs
 
 
-def _fold_into_gemm(g: Graph, gemm: Node, scale, shift) -> None:
+def _fold_into_gemm(g: Graph, gemm: Node, scale, shift) -> tuple[list, dict]:
     b = g.constants[gemm.inputs[1]].astype(np.float64)
     b = b * (scale[:, None] if gemm.attrs.get("transB", 0) else scale[None, :])
     beta = gemm.attrs.get("beta", 1.0)
     c = g.constants[gemm.inputs[2]].astype(np.float64) * beta if len(gemm.inputs) > 2 and gemm.inputs[2] else 0.0
     new_c = np.asarray(c * scale + shift)
-    gemm.attrs["beta"] = 1.0
-    gemm.inputs = gemm.inputs[:1] + [
-        g.add_constant(g.fresh_name(f"{gemm.name}_b_bn"), b.astype(np.float32)),
-        g.add_constant(g.fresh_name(f"{gemm.name}_c_bn"), new_c.astype(np.float32))]
+    return gemm.inputs[:1] + [g.add_constant(g.fresh_name(f"{gemm.name}_b_bn"), b.astype(np.float32)),
+                              g.add_constant(g.fresh_name(f"{gemm.name}_c_bn"), new_c.astype(np.float32))], \
+        {**gemm.attrs, "beta": 1.0}  # beta is folded into the new bias
 
 
 def _foldable_producer(g: Graph, bn: Node, producers, uses) -> Node | None:
@@ -76,11 +74,12 @@ def simplify_inference(g: Graph, ctx) -> Graph:
         if node.op == "BatchNormalization" and all(i in g.constants for i in node.inputs[1:5]):
             scale, shift = _scale_shift(g, node)
             p = _foldable_producer(g, node, producers, uses)
-            if p is not None:
-                (_fold_into_gemm if p.op == "Gemm" else _fold_into_conv)(g, p, scale, shift)
-                p.outputs = [node.outputs[0]]
+            if p is not None:  # the producer is replaced by one computing the BatchNorm's output
+                inputs, attrs = (_fold_into_gemm if p.op == "Gemm" else _fold_into_conv)(g, p, scale, shift)
+                folded = Node(p.op, inputs, [node.outputs[0]], attrs, p.name)
+                kept[next(i for i, k in enumerate(kept) if k is p)] = folded
                 g.types[node.outputs[0]] = g.types[node.inputs[0]]
-                producers[node.outputs[0]] = p
+                producers[node.outputs[0]] = folded
                 continue
             rank = len(g.types[node.inputs[0]].shape)
             bshape = (-1,) + (1,) * (rank - 2)
