@@ -13,7 +13,8 @@ import numpy as np
 from . import external_data
 from .graph import Graph, KilnError, Node, TensorType, UnsupportedError, as_kiln_array
 from .onnx_dtypes import onnx_to_dtype
-from .op_types import OP_KIND
+from .ops import op_def
+from .ops.compile_time import CONSTANT
 
 MIN_OPSET, FULL_OPSET = 11, 21
 
@@ -207,7 +208,7 @@ def from_onnx(model, shapes: dict | None = None) -> Graph:
         node = Node(np_.op_type, list(np_.input), list(np_.output), {}, np_.name or f"{np_.op_type}_{i}")
         if np_.domain not in ("", "ai.onnx"):
             raise UnsupportedError(f"{node.describe()}: domain '{np_.domain}' is not supported (ai.onnx only)")
-        if np_.op_type not in OP_KIND:
+        if op_def(np_.op_type) is None:
             raise UnsupportedError(f"{node.describe()}: op {np_.op_type} (opset {opset}) is not supported by Kiln")
         try:
             node.attrs = {a.name: _attr_value(a) for a in np_.attribute}
@@ -215,7 +216,7 @@ def from_onnx(model, shapes: dict | None = None) -> Graph:
             raise UnsupportedError(f"{node.describe()}: {e}") from None
         if not MIN_OPSET <= opset <= FULL_OPSET:
             _check_node_opset(node, opset)
-        if node.op == "Constant":
+        if node.op == CONSTANT:
             g.add_constant(node.outputs[0], as_kiln_array(_constant_value(node)))
             continue
         nodes.append(node)

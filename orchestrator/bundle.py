@@ -12,12 +12,11 @@ from artifacts.memory_plan import pack_constants, plan_arena
 
 
 def _locations(lowered, weight_offsets, arena_offsets):
-    g = lowered.graph
 
     def loc(tensor: str) -> tuple:
         t = lowered.storage(tensor)
-        if t in g.inputs:
-            return ("input", g.inputs.index(t))
+        if t in lowered.inputs:
+            return ("input", lowered.inputs.index(t))
         if t in weight_offsets:
             return ("weights", weight_offsets[t])
         return ("arena", arena_offsets[t])
@@ -27,16 +26,15 @@ def _locations(lowered, weight_offsets, arena_offsets):
         args = [loc(t) for t in call.outputs] + [loc(t) for t in call.inputs]
         args += [("arena", arena_offsets[f"ws:{step}:{j}"]) for j in range(len(call.workspaces))]
         calls.append((call.kernel.symbol, args))
-    outputs = [(loc(o), g.types[o].nbytes) for o in g.outputs]
+    outputs = [(loc(o), lowered.types[o].nbytes) for o in lowered.outputs]
     return calls, outputs
 
 
 def plan_memory(lowered):
     """Offsets of every intermediate tensor and workspace, and the arena size."""
-    g = lowered.graph
     lifetimes: dict[str, list[int]] = {}
     sizes: dict[str, int] = {}
-    external = set(g.inputs) | set(g.constants)
+    external = set(lowered.inputs) | set(lowered.constants)
     end = len(lowered.calls)
     for step, call in enumerate(lowered.calls):
         for t in call.outputs + call.inputs:
@@ -45,11 +43,11 @@ def plan_memory(lowered):
                 continue
             span = lifetimes.setdefault(s, [step, step])
             span[0], span[1] = min(span[0], step), max(span[1], step)
-            sizes[s] = g.types[s].nbytes
+            sizes[s] = lowered.types[s].nbytes
         for j, n in enumerate(call.workspaces):
             lifetimes[f"ws:{step}:{j}"] = [step, step]
             sizes[f"ws:{step}:{j}"] = 4 * n
-    for o in g.outputs:
+    for o in lowered.outputs:
         s = lowered.storage(o)
         if s in lifetimes:
             lifetimes[s][1] = end
@@ -62,15 +60,15 @@ def assemble(lowered, objects: dict[str, bytes], target, manifest_extra: dict, s
     """Return the bundle's files as {filename: bytes}; links model.so when the target runs here.
     With a store, the linked library is cached too: a warm build does not run the linker."""
     import numpy as np
-    g = lowered.graph
-    weight_offsets, weights = pack_constants({k: np.ascontiguousarray(v) for k, v in g.constants.items()})
+    types = lowered.types
+    weight_offsets, weights = pack_constants({k: np.ascontiguousarray(v) for k, v in lowered.constants.items()})
     offsets, arena_bytes = plan_memory(lowered)
     calls, outputs = _locations(lowered, weight_offsets, offsets)
     entry = entry_source(calls, outputs, arena_bytes)
     manifest = Manifest(
         **manifest_extra,
-        inputs=[{"name": n, "shape": list(g.types[n].shape), "dtype": g.types[n].dtype} for n in g.inputs],
-        outputs=[{"name": n, "shape": list(g.types[n].shape), "dtype": g.types[n].dtype} for n in g.outputs],
+        inputs=[{"name": n, "shape": list(types[n].shape), "dtype": types[n].dtype} for n in lowered.inputs],
+        outputs=[{"name": n, "shape": list(types[n].shape), "dtype": types[n].dtype} for n in lowered.outputs],
         arena_bytes=arena_bytes, weights_bytes=len(weights), weights_sha256=hashlib.sha256(weights).hexdigest(),
         runnable=target.runnable,
         calls=[{"name": c.name, "symbol": c.kernel.symbol, "ops": c.ops} for c in lowered.calls])

@@ -22,7 +22,7 @@ import warnings
 import numpy as np
 
 from ir.errors import KilnError
-from ir.op_types import SUPPORTED_OPS
+from ir.ops import SUPPORTED_OPS
 
 # Expected outputs are compared with the case's own tolerances, loosened to Kiln's
 # float32 contract (exp/erf are polynomial approximations, reductions reassociate).

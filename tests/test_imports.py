@@ -71,3 +71,17 @@ def test_no_import_cycle():
         if m not in state:
             visit(m)
     assert not cycles, "\n".join(" -> ".join(c) for c in cycles)
+
+
+def test_each_op_is_named_in_one_source_file():
+    """One definition per operator: its ONNX name (as a string) stands in its family module
+    only, so adding or changing an op is one place, not five."""
+    from ir.ops import SUPPORTED_OPS
+    sources = {}
+    for top in PACKAGES:
+        for folder, _, files in os.walk(os.path.join(ROOT, top)):
+            sources.update({os.path.join(folder, f): open(os.path.join(folder, f)).read()
+                            for f in files if f.endswith(".py")})
+    spread = {op: sorted(os.path.relpath(p, ROOT) for p, text in sources.items() if f'"{op}"' in text)
+              for op in SUPPORTED_OPS}
+    assert {op: files for op, files in spread.items() if len(files) != 1} == {}

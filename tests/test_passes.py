@@ -164,3 +164,20 @@ def test_instruments_time_and_dump(tmp_path):
     assert dumps[0] == "00_infer_types.txt" and dumps[-1] == "06_fuse_ops.txt"
     assert "BatchNormalization" in (tmp_path / "01_fold_constants.txt").read_text()
     assert "BatchNormalization" not in (tmp_path / "02_simplify_inference.txt").read_text()
+
+
+def test_lowering_leaves_the_graph_it_reads_as_it_was():
+    """Lowering packs weights and plans kernels into what it returns, never into the graph."""
+    from ir.lower import ScheduleConfig, lower
+    from orchestrator.api import optimize
+    g, _ = optimize(model_zoo.resnet18(size=64))
+
+    def snapshot():
+        return (sorted(g.constants), dict(g.types), dict(g.params), [list(grp) for grp in g.groups],
+                [(n.op, list(n.inputs), list(n.outputs), repr(sorted(n.attrs.items()))) for n in g.nodes])
+    before = snapshot()
+    lowered = lower(g, ScheduleConfig())
+    assert snapshot() == before
+    assert not hasattr(lowered, "graph")
+    packed = set(lowered.constants) - set(g.constants)
+    assert packed and all(any(c in call.inputs for call in lowered.calls) for c in packed)

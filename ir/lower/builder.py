@@ -11,6 +11,7 @@ compute the same thing produce byte-identical kernels (and share one compiled ob
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -135,3 +136,33 @@ def broadcast_index(idx, out_shape, in_shape) -> list:
     """Index into a tensor of in_shape broadcast (numpy rules) to out_shape."""
     offset = len(out_shape) - len(in_shape)
     return [Const(0) if d == 1 else idx[offset + i] for i, d in enumerate(in_shape)]
+
+
+def _aligned(shape, rank):
+    return (1,) * (rank - len(shape)) + tuple(shape)
+
+
+def collapse_shapes(b: KernelBuilder, names, out_shape, fixed: int = 0) -> bool:
+    """Merge adjacent dims of out_shape over which every tensor in `names` is uniformly
+    full or broadcast, and give each tensor the merged shape: fewer loops, longer inner
+    loops, no div/mod. The first `fixed` dims are kept as they are. Returns success."""
+    rank = len(out_shape)
+    aligned = {n: _aligned(b.shape(n), rank) for n in names}
+    if any(len(s) != rank for s in aligned.values()):
+        return False
+    groups: list[list[int]] = [[d] for d in range(fixed)]
+    last_pattern = None
+    for d in range(fixed, rank):
+        if out_shape[d] == 1 and d >= fixed:
+            continue
+        pattern = tuple(s[d] == out_shape[d] for s in aligned.values())
+        if any(s[d] not in (1, out_shape[d]) for s in aligned.values()):
+            return False
+        if groups and len(groups) > fixed and pattern == last_pattern:
+            groups[-1].append(d)
+        else:
+            groups.append([d])
+        last_pattern = pattern
+    for n, s in aligned.items():
+        b.shapes[n] = tuple(math.prod(s[d] for d in grp) for grp in groups)
+    return True

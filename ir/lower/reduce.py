@@ -14,8 +14,6 @@ from ..loop import Assign, Const, Let, Load, Local, Store, Var, add, call, cmp, 
 from .builder import KernelBuilder, broadcast_index
 
 _INIT = {"sum": 0.0, "mean": 0.0, "max": -math.inf}
-REDUCE_KIND = {"ReduceSum": "sum", "ReduceMean": "mean", "ReduceMax": "max",
-               "GlobalAveragePool": "mean", "GlobalMaxPool": "max"}
 
 
 def _f(v) -> Const:
@@ -36,10 +34,10 @@ def _accumulate(b: KernelBuilder, shape, axes, body_fn) -> tuple:
     return b.loops([shape[a] for a in axes], body_fn)
 
 
-def lower_reduce(b: KernelBuilder, node: Node, store) -> tuple:
+def lower_reduce(b: KernelBuilder, node: Node, store, kind: str) -> tuple:
+    """kind: sum, mean or max over the node's parameter axes."""
     x, xshape = b.reader(node.inputs[0]), b.shape(node.inputs[0])
     axes, keep = b.attrs(node)["axes"], b.attrs(node)["keepdims"]
-    kind = REDUCE_KIND[node.op]
     rank = len(xshape)
     kept = [a for a in range(rank) if a not in axes]
     oshape = b.shape(node.outputs[0])
@@ -139,14 +137,13 @@ def lower_layernorm(b: KernelBuilder, node: Node, store) -> tuple:
     return b.loops([xshape[a] for a in outer_axes], row, inner_kind="serial")
 
 
-def lower_pool(b: KernelBuilder, node: Node, store) -> tuple:
+def lower_pool(b: KernelBuilder, node: Node, store, is_max: bool) -> tuple:
     x, xshape = b.reader(node.inputs[0]), b.shape(node.inputs[0])
     oshape = b.shape(node.outputs[0])
     a = b.attrs(node)
     kernel, strides, dil, pads = a["kernel_shape"], a["strides"], a["dilations"], a["pads"]
     nsp = len(kernel)
     spatial = xshape[2:]
-    is_max = node.op == "MaxPool"
     include_pad = a.get("count_include_pad", 0)
     # Windows that can never leave the input need no bounds checks.
     checked = any(pads) or any((oshape[2 + i] - 1) * strides[i] + (kernel[i] - 1) * dil[i] >= spatial[i]

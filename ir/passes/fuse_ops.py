@@ -19,17 +19,17 @@ order, the groups in the order they run.
 from __future__ import annotations
 
 from ..graph import Graph, Node
-from ..op_types import BROADCAST, INJECTIVE, OP_KIND, OPAQUE, OUT_EWISE_FUSABLE, REDUCTION, RESHAPES
+from ..ops import BROADCAST, INJECTIVE, OPAQUE, OUT_EWISE_FUSABLE, REDUCTION, op_def
 from ..transform import graph_pass
 
 MAX_GROUP_SIZE = 24
-VIEWS = RESHAPES | {"Identity"}
 
 
 def kind_of(node: Node) -> int:
-    if node.op in VIEWS or sum(1 for o in node.outputs if o) > 1:
+    definition = op_def(node.op)
+    if definition.view or sum(1 for o in node.outputs if o) > 1:
         return OPAQUE  # views alias; multi-output nodes (Split, LayerNorm stats) stand alone
-    return OP_KIND[node.op]
+    return definition.kind
 
 
 def _can_join(g: Graph, node: Node, via: str, group: list[Node]) -> bool:

@@ -7,13 +7,33 @@ float math on weights too.
 """
 from __future__ import annotations
 
-from ..graph import Graph, KilnError
-from ..op_reference import fold
-from ..op_types import OPAQUE, OP_KIND, infer
+import numpy as np
+
+from ..graph import Graph, KilnError, Node, UnsupportedError, as_kiln_array
+from ..ops import op_def
 from ..transform import graph_pass
 
 # Do not materialize folded tensors larger than this (e.g. an Expand of a constant).
 MAX_FOLDED_ELEMENTS = 1 << 24
+
+
+def infer(g: Graph, node: Node) -> tuple[list, dict]:
+    """(output types, canonical parameters) of one node, from its op's definition."""
+    definition = op_def(node.op)
+    if definition is None:
+        raise UnsupportedError(f"{node.describe()}: op {node.op} is not supported")
+    params: dict = {}
+    out = definition.infer(g, node, params)
+    return (out if isinstance(out, list) else [out]), params
+
+
+def fold(g: Graph, node: Node, values: list) -> list | None:
+    """The node's outputs evaluated on constant inputs, or None where its op does not fold."""
+    evaluate = op_def(node.op).evaluate
+    if evaluate is None:
+        return None
+    out = evaluate({**node.attrs, **g.params.get(node.key, {})}, values, g, node)
+    return [as_kiln_array(np.asarray(v)) for v in out]
 
 
 def resolve(g: Graph, fold_floats: bool) -> Graph:
@@ -30,17 +50,18 @@ def resolve(g: Graph, fold_floats: bool) -> Graph:
         for name, t in zip(node.outputs, types):
             if name:
                 g.types[name] = t
-        inputs_const = all(i in g.constants for i in node.inputs if i)
-        wanted = node.op == "Shape" or OP_KIND[node.op] == OPAQUE or (inputs_const and (
+        definition = op_def(node.op)
+        inputs_const = all(i in g.constants for i in node.inputs if i) or definition.shape_only
+        wanted = definition.compile_time or (inputs_const and (
             fold_floats or all(t.dtype != "float32" for t in types)))
-        if wanted and (inputs_const or node.op == "Shape") and sum(t.size for t in types) <= MAX_FOLDED_ELEMENTS:
+        if wanted and inputs_const and sum(t.size for t in types) <= MAX_FOLDED_ELEMENTS:
             outs = fold(g, node, [g.constants.get(i) if i else None for i in node.inputs])
             if outs is not None:
                 for name, value in zip(node.outputs, outs):
                     if name:
                         g.add_constant(name, value)
                 continue
-        if OP_KIND[node.op] == OPAQUE:
+        if definition.compile_time:
             raise KilnError(f"{node.describe()}: its inputs must be known at compile time")
         kept.append(node)
     g.nodes = kept

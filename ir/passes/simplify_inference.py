@@ -11,6 +11,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..graph import Graph, Node
+from ..ops.conv_gemm import CONV, CONV_TRANSPOSE, GEMM
+from ..ops.elementwise import ADD, BATCH_NORMALIZATION, MUL
+from ..ops.shape import IDENTITY
 from ..transform import graph_pass
 
 
@@ -25,7 +28,7 @@ def _fold_into_conv(g: Graph, conv: Node, scale, shift) -> tuple[list, dict]:
     w = g.constants[conv.inputs[1]]
     scale32 = scale.astype(np.float32)
     bias = g.constants[conv.inputs[2]].astype(np.float64) if len(conv.inputs) > 2 and conv.inputs[2] else 0.0
-    if conv.op == "Conv":
+    if conv.op == CONV:
         new_w = w * scale32.reshape((-1,) + (1,) * (w.ndim - 1))
     else:  # ConvTranspose weights are [Cin, Cout/group, ...]; the output channel is dim 1 per group
         group = conv.attrs.get("group", 1)
@@ -52,10 +55,10 @@ def _foldable_producer(g: Graph, bn: Node, producers, uses) -> Node | None:
     p = producers.get(bn.inputs[0])
     if p is None or len(uses.get(bn.inputs[0], [])) != 1 or bn.inputs[0] in g.outputs:
         return None
-    if p.op in ("Conv", "ConvTranspose") and p.inputs[1] in g.constants and \
+    if p.op in (CONV, CONV_TRANSPOSE) and p.inputs[1] in g.constants and \
             (len(p.inputs) < 3 or not p.inputs[2] or p.inputs[2] in g.constants):
         return p
-    if p.op == "Gemm" and p.inputs[1] in g.constants and \
+    if p.op == GEMM and p.inputs[1] in g.constants and \
             (len(p.inputs) < 3 or not p.inputs[2] or p.inputs[2] in g.constants) and len(g.types[bn.inputs[0]].shape) == 2:
         return p
     return None
@@ -68,14 +71,14 @@ def simplify_inference(g: Graph, ctx) -> Graph:
     kept = []
     for node in g.nodes:
         node.inputs = [rename.get(i, i) for i in node.inputs]
-        if node.op == "Identity" and node.outputs[0] not in g.outputs:
+        if node.op == IDENTITY and node.outputs[0] not in g.outputs:
             rename[node.outputs[0]] = node.inputs[0]
             continue
-        if node.op == "BatchNormalization" and all(i in g.constants for i in node.inputs[1:5]):
+        if node.op == BATCH_NORMALIZATION and all(i in g.constants for i in node.inputs[1:5]):
             scale, shift = _scale_shift(g, node)
             p = _foldable_producer(g, node, producers, uses)
             if p is not None:  # the producer is replaced by one computing the BatchNorm's output
-                inputs, attrs = (_fold_into_gemm if p.op == "Gemm" else _fold_into_conv)(g, p, scale, shift)
+                inputs, attrs = (_fold_into_gemm if p.op == GEMM else _fold_into_conv)(g, p, scale, shift)
                 folded = Node(p.op, inputs, [node.outputs[0]], attrs, p.name)
                 kept[next(i for i, k in enumerate(kept) if k is p)] = folded
                 g.types[node.outputs[0]] = g.types[node.inputs[0]]
@@ -87,8 +90,8 @@ def simplify_inference(g: Graph, ctx) -> Graph:
             b = g.add_constant(g.fresh_name(f"{node.name}_shift"), shift.astype(np.float32).reshape(bshape))
             mid = g.fresh_name(f"{node.name}_scaled")
             g.types[mid] = g.types[node.inputs[0]]
-            kept.append(Node("Mul", [node.inputs[0], s], [mid], {}, f"{node.name}_mul"))
-            kept.append(Node("Add", [mid, b], list(node.outputs[:1]), {}, f"{node.name}_add"))
+            kept.append(Node(MUL, [node.inputs[0], s], [mid], {}, f"{node.name}_mul"))
+            kept.append(Node(ADD, [mid, b], list(node.outputs[:1]), {}, f"{node.name}_add"))
             continue
         kept.append(node)
     g.nodes = kept

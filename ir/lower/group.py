@@ -1,0 +1,129 @@
+"""Lowering a fused group to one Kernel.
+
+A group without an anchor (elementwise, broadcast, injective ops) is one loop nest over
+its output with every op inlined (each op's reader, from its definition in ir/ops). A
+group with an anchor (conv, matmul, gemm, reduction, pooling, softmax, layernorm) is the
+anchor's own loop nest; the ops before it inline into its reads and the ops after it
+become its epilogue, applied to each value it produces. Views alone in a group become
+aliases: no kernel, no copy.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..errors import InternalError
+from ..graph import Graph, Node, UnsupportedError
+from ..loop import Kernel, Let, Store, Var, flat_index
+from ..ops import BROADCAST, OUT_EWISE_FUSABLE, REDUCTION, op_def
+from ..passes.fuse_ops import groups_of, kind_of
+from .builder import KernelBuilder, ScheduleConfig, collapse_shapes
+
+
+@dataclass
+class KernelCall:
+    kernel: Kernel
+    outputs: list[str]
+    inputs: list[str]
+    workspaces: list[int]  # float32 elements each
+    name: str
+    ops: list[str]
+    nodes: list[str]
+
+
+@dataclass
+class LoweredModel:
+    """What lowering hands on: the calls in order, and what the linker and the memory plan
+    need to know about the tensors they use. No graph: nothing downstream reads one."""
+    calls: list[KernelCall]
+    inputs: list[str]  # the model's, in order
+    outputs: list[str]
+    types: dict  # tensor name -> TensorType, every tensor a call or the model's I/O names
+    constants: dict  # name -> array: the weights the calls read (packed forms included)
+    aliases: dict[str, str] = field(default_factory=dict)  # view -> tensor that holds its data
+
+    def storage(self, name: str) -> str:
+        while name in self.aliases:
+            name = self.aliases[name]
+        return name
+
+
+def _inline(b: KernelBuilder, node: Node) -> None:
+    reader = op_def(node.op).reader
+    if reader is None:
+        raise UnsupportedError(f"{node.describe()}: {node.op} cannot be computed inside a fused group")
+    b.readers.update(reader(b, node))
+
+
+def _lower_plain(b: KernelBuilder, members: list[Node]) -> tuple:
+    root = members[-1]
+    if all(kind_of(m) <= BROADCAST for m in members) and len(root.outputs) == 1:
+        names = {i for m in members for i in m.inputs if i} | {root.outputs[0]}
+        collapse_shapes(b, names, b.type(root.outputs[0]).shape)
+    for m in members:
+        _inline(b, m)
+    alone = op_def(root.op).alone
+    if alone is not None and len(members) == 1:
+        return alone(b, root)
+    body = []
+    for out in root.outputs:
+        if not out:
+            continue
+        reader, shape, param = b.readers[out], b.shape(out), b.out_param(out)
+        body += b.loops(shape, lambda idx, r=reader, s=shape, p=param: [Store(p, flat_index(idx, s), r(idx))])
+    return tuple(body)
+
+
+def _lower_anchored(b: KernelBuilder, members: list[Node], anchor: Node) -> tuple:
+    root = members[-1]
+    pos = members.index(anchor)
+    for m in members[:pos]:
+        _inline(b, m)
+    aout, rout = anchor.outputs[0], root.outputs[0]
+    epilogue = members[pos + 1:]
+    definition = op_def(anchor.op)
+    if definition.prepare_epilogue is not None:
+        definition.prepare_epilogue(b, anchor, {i for m in epilogue for i in m.inputs if i} | {rout, aout})
+    acc = b.fresh("anchor")
+    b.readers[aout] = lambda idx: Var(acc, "f32")
+    for m in epilogue:
+        _inline(b, m)
+    root_reader, rshape, param = b.readers[rout], b.shape(rout), b.out_param(rout)
+
+    def store(idx, value):
+        return [Let(acc, value), Store(param, flat_index(idx, rshape), root_reader(idx))]
+
+    return definition.anchor(b, anchor, store, param)
+
+
+def lower_group(g: Graph, members: list[Node], config: ScheduleConfig) -> KernelCall:
+    b = KernelBuilder(g, config)
+    anchors = [m for m in members if op_def(m.op).kind in (REDUCTION, OUT_EWISE_FUSABLE)]
+    try:
+        body = _lower_anchored(b, members, anchors[0]) if anchors else _lower_plain(b, members)
+    except UnsupportedError:
+        raise
+    except Exception as e:  # a lowering bug: name the group so it can be reported
+        raise InternalError(f"Kiln bug: cannot lower the fused group {', '.join(m.describe() for m in members)}: "
+                            f"{e!r}") from e
+    ops = [m.op for m in members]
+    name = "fused_" + "_".join(dict.fromkeys(o.lower() for o in ops))
+    return KernelCall(b.kernel(body), list(b.outputs), list(b.inputs), list(b.workspaces), name[:60], ops,
+                      [m.name for m in members])
+
+
+def lower(graph: Graph, config: ScheduleConfig | None = None) -> LoweredModel:
+    """The graph's fused groups as kernel calls. The graph itself is left as it was: packed
+    weights go into a working copy, and out through the LoweredModel."""
+    config = config or ScheduleConfig()
+    g = graph.copy()
+    calls, aliases = [], {}
+    for members in groups_of(g):
+        root = members[-1]
+        if len(members) == 1 and op_def(root.op).view:
+            aliases[root.outputs[0]] = root.inputs[0]
+            continue
+        calls.append(lower_group(g, members, config))
+    model = LoweredModel(calls, list(g.inputs), list(g.outputs), g.types, {}, aliases)
+    used = {model.storage(t) for c in calls for t in c.inputs} | {model.storage(o) for o in g.outputs}
+    model.constants = {name: value for name, value in g.constants.items() if name in used}
+    return model

@@ -1,0 +1,251 @@
+"""Shape and layout ops: views (Reshape, Flatten, Squeeze, Unsqueeze, Identity), Transpose,
+Concat, Split, Slice, Expand, Gather, Pad, Resize.
+
+Views alone in a group are aliases of their input's buffer; inside a group, like the rest,
+they lower to readers that map each output index to the input element it comes from.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..attrs import attr_or_input, check_attrs, const_input, normalize_axis
+from ..graph import ShapeError, TensorType, UnsupportedError
+from ..loop import add, mul
+from ..lower.elementwise import (bcast_reader, concat_by_slabs, concat_reader, gather_reader, pad_reader,
+                                 resize_reader, split_readers, view_reader)
+from .broadcast import broadcast
+from .registry import ELEMWISE, INJECTIVE, OpDef, register
+
+
+def _view_def(name, infer, kind=INJECTIVE):
+    def reader(b, node):
+        return {node.outputs[0]: view_reader(b, node.inputs[0], b.shape(node.outputs[0]))}
+    return OpDef(name, kind, infer, lambda a, v, g, node: [v[0].reshape(g.types[node.outputs[0]].shape)], reader,
+                 view=True)
+
+
+def _reshape(g, node, p):
+    x = g.types[node.inputs[0]]
+    target = [int(v) for v in const_input(g, node, 1, "shape", required=True).reshape(-1)]
+    allowzero = node.attrs.get("allowzero", 0)
+    out = [x.shape[i] if d == 0 and not allowzero else d for i, d in enumerate(target)]
+    if out.count(-1) > 1:
+        raise ShapeError(f"{node.describe()}: more than one -1 in shape {target}")
+    if -1 in out:
+        known = int(np.prod([d for d in out if d != -1]))
+        if known == 0 or x.size % known:
+            raise ShapeError(f"{node.describe()}: cannot reshape {x} to {target}")
+        out[out.index(-1)] = x.size // known
+    if int(np.prod(out)) != x.size:
+        raise ShapeError(f"{node.describe()}: cannot reshape {x} to {target}")
+    return TensorType(tuple(out), x.dtype)
+
+
+def _flatten(g, node, p):
+    x = g.types[node.inputs[0]]
+    axis = node.attrs.get("axis", 1)
+    axis = axis + len(x.shape) if axis < 0 else axis
+    return TensorType((int(np.prod(x.shape[:axis])), int(np.prod(x.shape[axis:]))), x.dtype)
+
+
+def _squeeze(g, node, p):
+    x = g.types[node.inputs[0]]
+    axes = attr_or_input(g, node, "axes", 1)
+    rank = len(x.shape)
+    if axes is None:
+        axes = [i for i, d in enumerate(x.shape) if d == 1]
+    axes = {normalize_axis(a, rank, node) for a in axes}
+    for a in axes:
+        if x.shape[a] != 1:
+            raise ShapeError(f"{node.describe()}: cannot squeeze axis {a} of size {x.shape[a]}")
+    return TensorType(tuple(d for i, d in enumerate(x.shape) if i not in axes), x.dtype)
+
+
+def _unsqueeze(g, node, p):
+    x = g.types[node.inputs[0]]
+    axes = attr_or_input(g, node, "axes", 1)
+    rank = len(x.shape) + len(axes)
+    axes = sorted(normalize_axis(a, rank, node) for a in axes)
+    out = list(x.shape)
+    for a in axes:
+        out.insert(a, 1)
+    return TensorType(tuple(out), x.dtype)
+
+
+IDENTITY = "Identity"
+register(_view_def("Reshape", _reshape), _view_def("Flatten", _flatten), _view_def("Squeeze", _squeeze),
+         _view_def("Unsqueeze", _unsqueeze), _view_def(IDENTITY, lambda g, node, p: g.types[node.inputs[0]], ELEMWISE))
+
+
+# ---- data movement -----------------------------------------------------------------------
+
+def _transpose(g, node, p):
+    x = g.types[node.inputs[0]]
+    perm = node.attrs.get("perm", list(range(len(x.shape)))[::-1])
+    p["perm"] = list(perm)
+    return TensorType(tuple(x.shape[i] for i in perm), x.dtype)
+
+
+def _transpose_reader(b, node):
+    x, perm = b.reader(node.inputs[0]), b.attrs(node)["perm"]
+
+    def transpose(idx):
+        src = [None] * len(perm)
+        for i, p in enumerate(perm):
+            src[p] = idx[i]
+        return x(src)
+    return {node.outputs[0]: transpose}
+
+
+def _concat(g, node, p):
+    types = [g.types[i] for i in node.inputs if i]
+    rank = len(types[0].shape)
+    axis = normalize_axis(node.attrs["axis"], rank, node)
+    p["axis"] = axis
+    for t in types:
+        if len(t.shape) != rank or any(t.shape[i] != types[0].shape[i] for i in range(rank) if i != axis):
+            raise ShapeError(f"{node.describe()}: inputs {', '.join(map(str, types))} do not concatenate on axis {axis}")
+    out = list(types[0].shape)
+    out[axis] = sum(t.shape[axis] for t in types)
+    return TensorType(tuple(out), types[0].dtype)
+
+
+def _split(g, node, p):
+    x = g.types[node.inputs[0]]
+    axis = normalize_axis(node.attrs.get("axis", 0), len(x.shape), node)
+    sizes = attr_or_input(g, node, "split", 1)
+    n = len(node.outputs)
+    if sizes is None:
+        n = node.attrs.get("num_outputs", n)
+        chunk = -(-x.shape[axis] // n)
+        sizes = [min(chunk, x.shape[axis] - i * chunk) for i in range(n)]
+    if sum(sizes) != x.shape[axis] or len(sizes) != len(node.outputs):
+        raise ShapeError(f"{node.describe()}: split sizes {sizes} do not fit axis {axis} of {x}")
+    p["axis"], p["sizes"] = axis, [int(s) for s in sizes]
+    outs = []
+    for s in sizes:
+        shape = list(x.shape)
+        shape[axis] = int(s)
+        outs.append(TensorType(tuple(shape), x.dtype))
+    return outs
+
+
+def _slice(g, node, p):
+    x = g.types[node.inputs[0]]
+    rank = len(x.shape)
+    starts = attr_or_input(g, node, "starts", 1)
+    ends = attr_or_input(g, node, "ends", 2)
+    axes = attr_or_input(g, node, "axes", 3, list(range(len(starts))))
+    steps = attr_or_input(g, node, "steps", 4, [1] * len(starts))
+    begin, step, shape = [0] * rank, [1] * rank, list(x.shape)
+    for s, e, a, st in zip(starts, ends, axes, steps):
+        a = normalize_axis(a, rank, node)
+        if st == 0:
+            raise ShapeError(f"{node.describe()}: step 0 on axis {a}")
+        r = range(x.shape[a])[slice(int(s), int(e), int(st))]
+        begin[a], step[a], shape[a] = r.start, r.step, len(r)
+    p["begin"], p["step"] = begin, step
+    return TensorType(tuple(shape), x.dtype)
+
+
+def _slice_reader(b, node):
+    x, a = b.reader(node.inputs[0]), b.attrs(node)
+    return {node.outputs[0]: lambda idx: x([add(bg, mul(st, i)) for i, bg, st in zip(idx, a["begin"], a["step"])])}
+
+
+def _slice_fold(a, values, g, node):
+    x = values[0]
+    for axis, (b, s, n) in enumerate(zip(a["begin"], a["step"], g.types[node.outputs[0]].shape)):
+        x = np.take(x, b + s * np.arange(n), axis=axis)
+    return [x]
+
+
+def _expand(g, node, p):
+    x = g.types[node.inputs[0]]
+    shape = [int(v) for v in const_input(g, node, 1, "shape", required=True).reshape(-1)]
+    return TensorType(broadcast([x.shape, tuple(shape)], node), x.dtype)
+
+
+def _gather(g, node, p):
+    x, idx = g.types[node.inputs[0]], g.types[node.inputs[1]]
+    axis = normalize_axis(node.attrs.get("axis", 0), len(x.shape), node)
+    p["axis"] = axis
+    return TensorType(x.shape[:axis] + idx.shape + x.shape[axis + 1:], x.dtype)
+
+
+def _gather_fold(a, values, g, node):
+    idx, dim = values[1], values[0].shape[a["axis"]]
+    return [np.take(values[0], np.where(idx < 0, idx + dim, idx), axis=a["axis"])]
+
+
+def _pad(g, node, p):
+    x = g.types[node.inputs[0]]
+    rank = len(x.shape)
+    check_attrs(node, {"mode": ("constant", "reflect", "edge")})
+    pads = attr_or_input(g, node, "pads", 1)
+    axes = attr_or_input(g, node, "axes", 3, list(range(rank)))
+    axes = [normalize_axis(a, rank, node) for a in axes]
+    full = [0] * (2 * rank)
+    for i, a in enumerate(axes):
+        full[a], full[a + rank] = int(pads[i]), int(pads[i + len(axes)])
+    value = const_input(g, node, 2, "constant_value")
+    p["pads"], p["mode"] = full, node.attrs.get("mode", "constant")
+    p["value"] = float(value.reshape(-1)[0]) if value is not None and value.size else float(node.attrs.get("value", 0.0))
+    shape = tuple(x.shape[i] + full[i] + full[i + rank] for i in range(rank))
+    if min(shape) < 0:
+        raise ShapeError(f"{node.describe()}: pads {full} make a negative dimension of {x}")
+    return TensorType(shape, x.dtype)
+
+
+def _resize(g, node, p):
+    x = g.types[node.inputs[0]]
+    rank = len(x.shape)
+    check_attrs(node, {
+        "mode": ("nearest", "linear"),
+        "coordinate_transformation_mode": ("half_pixel", "asymmetric", "align_corners", "pytorch_half_pixel",
+                                           "tf_half_pixel_for_nearest"),
+        "nearest_mode": ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil"),
+        "antialias": (0,),
+        "keep_aspect_ratio_policy": ("stretch",),
+    })
+    axes = [normalize_axis(a, rank, node) for a in node.attrs.get("axes", range(rank))]
+    scales = const_input(g, node, 2, "scales")
+    sizes = const_input(g, node, 3, "sizes")
+    out_scale = [1.0] * rank
+    shape = list(x.shape)
+    if sizes is not None and sizes.size:
+        for a, s in zip(axes, sizes.reshape(-1)):
+            shape[a] = int(s)
+            out_scale[a] = int(s) / x.shape[a]
+    elif scales is not None and scales.size:
+        for a, s in zip(axes, scales.reshape(-1)):
+            shape[a] = int(math.floor(x.shape[a] * float(s)))
+            out_scale[a] = float(s)
+    else:
+        raise UnsupportedError(f"{node.describe()}: Resize needs constant scales or sizes")
+    p["scales"] = out_scale
+    return TensorType(tuple(shape), x.dtype)
+
+
+def _one(reader):
+    return lambda b, node: {node.outputs[0]: reader(b, node)}
+
+
+register(
+    OpDef("Transpose", INJECTIVE, _transpose, lambda a, v, g, node: [np.transpose(v[0], a["perm"])], _transpose_reader),
+    OpDef("Concat", INJECTIVE, _concat,
+          lambda a, v, g, node: [np.concatenate([x for x in v if x is not None], axis=a["axis"])],
+          _one(concat_reader), alone=concat_by_slabs),
+    OpDef("Split", INJECTIVE, _split,
+          lambda a, v, g, node: list(np.split(v[0], np.cumsum(a["sizes"])[:-1], axis=a["axis"])), split_readers),
+    OpDef("Slice", INJECTIVE, _slice, _slice_fold, _slice_reader),
+    OpDef("Expand", INJECTIVE, _expand,
+          lambda a, v, g, node: [np.broadcast_to(v[0].reshape(g.types[node.inputs[0]].shape),
+                                                 g.types[node.outputs[0]].shape)],
+          lambda b, node: {node.outputs[0]: bcast_reader(b, node.inputs[0], b.shape(node.outputs[0]))}),
+    OpDef("Gather", INJECTIVE, _gather, _gather_fold, _one(gather_reader)),
+    OpDef("Pad", INJECTIVE, _pad, None, _one(pad_reader)),
+    OpDef("Resize", INJECTIVE, _resize, None, _one(resize_reader)),
+)
