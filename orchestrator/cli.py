@@ -44,7 +44,7 @@ def _parse_size(text: str) -> int:
 
 
 def _cache_arg(args):
-    from .store_policy import DEFAULT_CACHE
+    from .options import DEFAULT_CACHE
     if getattr(args, "no_cache", False):
         return None
     return args.cache or DEFAULT_CACHE
@@ -68,13 +68,15 @@ def _add_build_flags(p):
     p.add_argument("--quiet", action="store_true")
 
 
-def _build_kwargs(args) -> dict:
-    # The executor goes by name: the build creates it only if a job needs compiling (a build
-    # served whole from the store must not start Ray).
-    return {"opt_level": args.opt_level, "shapes": _parse_shapes(args.shape), "executor": args.executor,
-            "workers": args.workers, "ray_address": args.ray_address, "cache": _cache_arg(args),
-            "cache_readonly": args.cache_readonly, "kernel_timeout": args.kernel_timeout,
-            "progress": False if args.quiet else None, "verify_cache": args.verify_cache, "trace": args.trace}
+def _build_options(args):
+    """The build's settings from the flags. The executor goes by name: the build creates it
+    only if a job needs compiling (a build served whole from the store must not start Ray)."""
+    from .options import BuildOptions
+    return BuildOptions(target=args.target, opt_level=args.opt_level, shapes=_parse_shapes(args.shape),
+                        executor=args.executor, workers=args.workers, ray_address=args.ray_address,
+                        cache=_cache_arg(args), cache_readonly=args.cache_readonly,
+                        kernel_timeout=args.kernel_timeout, progress=False if args.quiet else None,
+                        verify_cache=args.verify_cache, trace=args.trace)
 
 
 def _write_report(path, report) -> None:
@@ -94,7 +96,7 @@ def _run_build(args, fn, models):
     """Run build/build_many with the CLI's flags; a failed build still writes its report."""
     from .api import BuildError
     try:
-        return fn(models, target=args.target, **_build_kwargs(args))
+        return fn(models, options=_build_options(args))
     except BuildError as e:
         _write_report(args.report, e.report)
         raise
@@ -170,7 +172,7 @@ def cmd_explain(args) -> int:
 
 
 def cmd_cache(args) -> int:
-    from .store_policy import open_store
+    from .cache_policy import open_store
     store = open_store(_cache_arg(args))
     if args.action == "stats":
         s = store.stats()

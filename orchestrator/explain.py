@@ -8,7 +8,7 @@ from .pipeline import optimize
 from .build_log import previous_parts
 from .cache_key import explain_difference
 from .plan import kernel_id, make_job
-from .store_policy import open_store
+from .cache_policy import open_store
 from .target import parse_target
 
 

@@ -67,7 +67,7 @@ def _ask() -> dict:
 
 
 def _record_dir() -> str:
-    from .store_policy import default_cache_dir
+    from .options import default_cache_dir
     return os.path.join(default_cache_dir(), "toolchain")
 
 

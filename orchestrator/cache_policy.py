@@ -1,0 +1,72 @@
+"""What a build looks up in the store and what it writes back: policy, apart from the store
+(artifacts.store, the mechanism).
+
+- A build uses the user's default store, a given folder or Store, or none.
+- A model is looked up whole (model_cache) unless its settings cannot be hashed faithfully
+  or it must compile (custom passes, a pass context, fault injection, --verify-cache).
+- Objects are stored as they compile, except those built with the fallback schedule: a
+  slow object must never answer a normal lookup. A module or bundle built from one is not
+  stored either.
+- A read-only store reads and writes nothing back (pull-request CI).
+"""
+from __future__ import annotations
+
+import os
+
+from artifacts.store import Store
+
+from . import build_log, model_cache
+from .options import DEFAULT_CACHE, BuildOptions, default_cache_dir
+
+
+def open_store(cache, readonly: bool = False) -> Store | None:
+    if cache is None or cache is False:
+        return None
+    if isinstance(cache, Store):
+        return cache
+    if cache == DEFAULT_CACHE:
+        cache = default_cache_dir()
+    return Store(os.fspath(cache), readonly=readonly)
+
+
+class CachePolicy:
+    def __init__(self, options: BuildOptions):
+        self.options = options
+        self.store = open_store(options.cache, readonly=options.cache_readonly)
+        self.writable = self.store is not None and not self.store.readonly
+
+    def model_key(self, model, target) -> str | None:
+        """The whole-model key, or None where the model is not looked up whole."""
+        o = self.options
+        if self.store is None or o.bypasses_model_cache:
+            return None
+        return model_cache.model_key(model, target, o.opt_level, o.shapes, o.salt)
+
+    def find_bundle(self, key: str | None):
+        """(files, report) of a bundle found whole, or None (a damaged entry is a miss)."""
+        payload = self.store.get(key) if key else None
+        if payload is None:
+            return None
+        try:
+            return model_cache.unpack(payload, self.store)
+        except (ValueError, KeyError):
+            return None
+
+    def find_object(self, key: str) -> bytes | None:
+        return self.store.get(key) if self.store is not None else None
+
+    def keep_object(self, result) -> None:
+        if result.ok and self.writable and not result.fallback:
+            self.store.put(result.key, result.object)
+
+    def link_store(self, degraded: bool) -> Store | None:
+        """The store the linked module may be cached in (none for one built from fallbacks)."""
+        return None if degraded else self.store
+
+    def keep_bundle(self, key: str | None, files: dict, report: dict, degraded: bool) -> None:
+        if key and self.writable and not degraded:
+            self.store.put(key, model_cache.pack(files, report, self.store))
+
+    def log(self, model: str, kernels: list, hits: int, lookups: int) -> None:
+        if self.writable:
+            build_log.append(self.store.root, model, kernels, hits=hits, lookups=lookups)

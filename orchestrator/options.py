@@ -1,0 +1,47 @@
+"""BuildOptions: every setting of a build, in one place, for build(), build_many() and the CLI."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, fields, replace
+
+DEFAULT_CACHE = "__kiln_default_cache__"  # KILN_CACHE_DIR, else the user's cache folder
+
+
+def default_cache_dir() -> str:
+    if os.environ.get("KILN_CACHE_DIR"):
+        return os.environ["KILN_CACHE_DIR"]
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "kiln")
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    target: object = "llvm"  # a target string, a preset name or a Target; a model may bring its own
+    opt_level: int = 3  # 0-3: graph passes and LLVM
+    shapes: dict | None = None  # input name -> dims, where the model's are symbolic, zero or wrong
+    executor: object = "local"  # "local", "ray", "inprocess", or an Executor to reuse across builds
+    workers: int | None = None  # codegen processes or actors (default: usable cores)
+    ray_address: str | None = None  # join this Ray cluster (default: RAY_ADDRESS, else a local Ray)
+    kernel_timeout: float = 300.0  # seconds per codegen job before it is killed
+    cache: object = DEFAULT_CACHE  # a folder, an artifacts.store.Store, or None for no store
+    cache_readonly: bool = False  # read hits, write nothing (untrusted builds)
+    verify_cache: bool = False  # recompile hits and fail on a byte difference
+    progress: bool | None = None  # a progress line (default: on a terminal, not under CI)
+    trace: str | None = None  # write a Chrome trace of the compile here
+    pass_context: object = None  # an ir.PassContext (opt level, disabled passes, instruments)
+    extra_passes: tuple = ()  # graph passes run after the built-in ones, before fusion
+    salt: str = ""  # mixed into every cache key
+    inject: dict | None = None  # tests only: kernel-name substring -> fault (see orchestrator.plan)
+
+    @classmethod
+    def of(cls, options: "BuildOptions | None", overrides: dict) -> "BuildOptions":
+        """`options` (or the defaults) with keyword overrides; an unknown keyword is an error."""
+        unknown = sorted(set(overrides) - {f.name for f in fields(cls)})
+        if unknown:
+            raise TypeError(f"unknown build option(s): {', '.join(unknown)}")
+        return replace(options or cls(), **overrides)
+
+    @property
+    def bypasses_model_cache(self) -> bool:
+        """Settings the whole-model key cannot hash faithfully, or that must compile."""
+        return bool(self.pass_context or self.extra_passes or self.inject or self.verify_cache)

@@ -1,0 +1,57 @@
+"""The build report: per-kernel rows, totals, the Chrome trace of the compile."""
+from __future__ import annotations
+
+from .plan import JobResult
+
+
+def kernel_rows(planned, results: dict[str, JobResult]) -> list[dict]:
+    rows = []
+    for call, job in zip(planned.lowered.calls, planned.jobs):
+        r = results[job.key]
+        rows.append({"name": call.name, "symbol": call.kernel.symbol, "key": job.key, "ops": call.ops,
+                     "nodes": call.nodes, "cache_hit": r.cached, "worker": r.worker,
+                     "attempts": len(r.attempts), "attempt_log": r.attempts,
+                     "compile_ms": round(r.compile_ms, 2), "fallback": r.fallback, "ok": r.ok})
+    return rows
+
+
+def totals(results: list[JobResult], calls: int) -> dict:
+    return {"kernels": len(results), "kernel_calls": calls,
+            "compiled": sum(1 for r in results if r.ok and not r.cached),
+            "cached": sum(1 for r in results if r.cached),
+            "failed": sum(1 for r in results if not r.ok),
+            "retried": sum(1 for r in results if len(r.attempts) > 1),
+            "fallback": sum(1 for r in results if r.fallback)}
+
+
+def trace_events(results: dict[str, JobResult], names: dict[str, str], t0: float) -> list[dict]:
+    """Chrome trace-event format: one complete event per attempt, one row per worker."""
+    events = []
+    for key, r in results.items():
+        for a in r.attempts:
+            if "t_start" in a:
+                events.append({"name": names.get(key, key[:12]), "cat": "fallback" if a["fallback"] else "compile",
+                               "ph": "X", "ts": round((a["t_start"] - t0) * 1e6), "pid": "kiln",
+                               "dur": max(1, round((a["t_end"] - a["t_start"]) * 1e6)), "tid": a["worker"],
+                               "args": {"key": key, "attempt": a["attempt"], "ok": a["ok"], "kind": a["kind"]}})
+    return sorted(events, key=lambda e: e["ts"])
+
+
+def as_whole_hit(report: dict, elapsed: float) -> dict:
+    """The stored report of a bundle, restated for a build that reused it whole."""
+    kernels = [{**k, "cache_hit": True, "worker": "cache", "attempts": 0, "attempt_log": [], "compile_ms": 0.0,
+                "fallback": False} for k in report["kernels"]]
+    sums = {**report["totals"], "compiled": 0, "cached": report["totals"]["kernels"], "failed": 0, "retried": 0,
+            "fallback": 0}
+    return {**report, "kernels": kernels, "totals": sums, "whole_model_hit": True,
+            "timing": {"total_s": round(elapsed, 3), "compile_s": 0.0}, "executor": "cache"}
+
+
+def failure_message(failed: list, mismatched: list, results: dict, names: dict, n_jobs: int) -> str:
+    lines = [f"  kernel {j.name} ({j.symbol}; ops {', '.join(j.ops)}): {results[j.key].kind}: "
+             f"{(results[j.key].message.strip().splitlines() or [''])[-1]}" for j in failed]
+    lines += [f"  kernel {names[k]}: recompiling gave different bytes than the cached object "
+              "(non-deterministic codegen, or a stale entry)" for k in mismatched]
+    head = (f"{len(failed)} of {n_jobs} kernels failed to compile after all attempts (a retry in a fresh "
+            f"process, then the safe fallback schedule)" if failed else "cache verification failed")
+    return head + ":\n" + "\n".join(lines)
