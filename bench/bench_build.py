@@ -30,11 +30,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import onnx  # noqa: E402
 
-from ir.lower import ScheduleConfig, lower  # noqa: E402
-from orchestrator.api import build_many, optimize  # noqa: E402
-from orchestrator.executor_local import InProcessExecutor, LocalExecutor  # noqa: E402
-from orchestrator.plan import make_job, unique_jobs  # noqa: E402
-from orchestrator.target import parse_target  # noqa: E402
+from modelkiln.ir.lower import ScheduleConfig, lower  # noqa: E402
+from modelkiln.orchestrator.api import build_many, optimize  # noqa: E402
+from modelkiln.orchestrator.executor_local import InProcessExecutor, LocalExecutor  # noqa: E402
+from modelkiln.orchestrator.plan import make_job, unique_jobs  # noqa: E402
+from modelkiln.orchestrator.target import parse_target  # noqa: E402
 from tests import model_zoo  # noqa: E402
 
 
@@ -78,7 +78,7 @@ def cli_warm_cold(model: str, repeat: int) -> tuple[float, float]:
     """(cold s, warm s) of `kiln build MODEL -o OUT` as a user runs it: a fresh process each
     time, the cold one with an empty store, the warm one an unchanged model (a whole-model hit)."""
     import subprocess
-    kiln = [sys.executable, "-m", "orchestrator.cli", "build", model, "--quiet"]
+    kiln = [sys.executable, "-m", "modelkiln.orchestrator.cli", "build", model, "--quiet"]
     # As on a user's machine, Python keeps its bytecode (some sandboxes set
     # PYTHONDONTWRITEBYTECODE, which makes every start compile Kiln's modules again).
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
@@ -127,7 +127,7 @@ def main() -> None:
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
                  runtime_env={"env_vars": {"PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}})
         print(f"(Ray started in {time.perf_counter() - t0:.1f} s, not counted below)\n")
-        from orchestrator.executor_ray import RayExecutor
+        from modelkiln.orchestrator.executor_ray import RayExecutor
         for name, models in workloads.items():
             row = rows[name]
             for w in (1, 2):  # each build starts its own actors, as `kiln build --executor ray` does

@@ -18,7 +18,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from orchestrator.api import build  # noqa: E402
+from modelkiln.orchestrator.api import build  # noqa: E402
 from tests import model_zoo  # noqa: E402
 
 

@@ -10,7 +10,7 @@ import time
 
 import llvmlite.binding as llvm
 
-from ir.loop import Kernel
+from ..ir.loop import Kernel
 
 from .llvm_emit import kernel_to_llvm_ir
 

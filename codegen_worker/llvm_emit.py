@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import struct
 
-from ir.loop import (Assign, Bin, Call, Cast, Cmp, Const, For, Gemm, If, Kernel, Let, Load, Local, Select, Store,
+from ..ir.loop import (Assign, Bin, Call, Cast, Cmp, Const, For, Gemm, If, Kernel, Let, Load, Local, Select, Store,
                      Var)
 
 LL = {"f32": "float", "i64": "i64", "i1": "i1", "i8": "i8"}

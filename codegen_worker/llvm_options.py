@@ -11,7 +11,7 @@ import re
 import subprocess
 import sys
 
-from ir.errors import KilnError
+from ..ir.errors import KilnError
 
 _LIST = ("import llvmlite.binding as l; l.initialize_all_targets(); l.initialize_all_asmprinters(); "
          "l.set_option('kiln', '-help-list-hidden')")

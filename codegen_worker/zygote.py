@@ -1,6 +1,6 @@
 """The zygote: a pristine process that forks one child per codegen job.
 
-Started as `python -m codegen_worker.zygote`. It imports llvmlite and initializes the
+Started as `python -m modelkiln.codegen_worker.zygote`. It imports llvmlite and initializes the
 targets, and never sets an LLVM option, so every child it forks starts from clean LLVM
 state (options are process-global and would otherwise leak from one job into the next).
 Forking is safe: llvmlite starts no threads, and the zygote imports nothing that does.

@@ -1,4 +1,4 @@
-"""The driver's side of a zygote: start `python -m codegen_worker.zygote`, send requests,
+"""The driver's side of a zygote: start `python -m modelkiln.codegen_worker.zygote`, send requests,
 read results (codegen_worker.protocol frames), and leave no process behind on close."""
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import subprocess
 import sys
 from collections import deque
 
+from .. import IMPORT_ROOT  # the zygote imports Kiln from where this process did
 from .protocol import FrameReader, OutBuffer, encode
 
-# The folder that holds Kiln's packages: the zygote imports them from the same place.
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_PACKAGE = __name__.rpartition(".")[0]  # modelkiln.codegen_worker
 
 
 class ZygoteClient:
@@ -21,8 +21,8 @@ class ZygoteClient:
 
     def __init__(self):
         env = dict(os.environ)
-        env["PYTHONPATH"] = _ROOT + os.pathsep + env.get("PYTHONPATH", "")
-        self.proc = subprocess.Popen([sys.executable, "-m", "codegen_worker.zygote"], stdin=subprocess.PIPE,
+        env["PYTHONPATH"] = IMPORT_ROOT + os.pathsep + env.get("PYTHONPATH", "")
+        self.proc = subprocess.Popen([sys.executable, "-m", f"{_PACKAGE}.zygote"], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, env=env, close_fds=True)
         self.pid = self.proc.pid
         self._out = OutBuffer(self.proc.stdin.fileno())

@@ -1,6 +1,6 @@
 """Kiln's errors as the compiler raises them. KilnError itself lives with the artifacts, so a
 deployed module's loader has it without the compiler."""
-from artifacts.errors import KilnError
+from ..artifacts.errors import KilnError
 
 __all__ = ["KilnError", "InternalError"]
 

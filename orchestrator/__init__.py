@@ -11,7 +11,7 @@ def __getattr__(name):
     if name in _API:
         from . import api
         return getattr(api, name)
-    raise AttributeError(f"module 'orchestrator' has no attribute '{name}'")
+    raise AttributeError(f"module '{__name__}' has no attribute '{name}'")
 
 
 def __dir__():

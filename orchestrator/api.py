@@ -19,8 +19,8 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 
-from codegen_worker.llvm_options import check_options
-from ir.errors import KilnError
+from ..codegen_worker.llvm_options import check_options
+from ..ir.errors import KilnError
 
 from . import report
 from .bundle import write_bundle
@@ -64,7 +64,7 @@ class BuildResult:
         """Load the bundle without keeping it on disk: it is exported to a temporary folder
         that is gone again when this returns (the loaded library and weights live on in
         memory)."""
-        from artifacts.module import Module
+        from ..artifacts.module import Module
         with tempfile.TemporaryDirectory(prefix="kiln-module-") as tmp:
             return Module(self.export(os.path.join(tmp, "bundle")))
 

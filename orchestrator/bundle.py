@@ -6,9 +6,9 @@ import os
 import shutil
 import tempfile
 
-from artifacts.link import entry_source, link_key, link_shared
-from artifacts.manifest import MANIFEST, Manifest
-from artifacts.memory_plan import pack_constants, plan_arena
+from ..artifacts.link import entry_source, link_key, link_shared
+from ..artifacts.manifest import MANIFEST, Manifest
+from ..artifacts.memory_plan import pack_constants, plan_arena
 
 
 def _locations(lowered, weight_offsets, arena_offsets):

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 
-from artifacts.store import Store
+from ..artifacts.store import Store
 
 from . import build_log, model_cache
 from .options import DEFAULT_CACHE, BuildOptions, default_cache_dir

@@ -17,7 +17,7 @@ import json
 import os
 import sys
 
-from ir.errors import KilnError
+from ..ir.errors import KilnError
 
 
 def _parse_shapes(items) -> dict:
@@ -133,7 +133,7 @@ def cmd_build_many(args) -> int:
 def cmd_run(args) -> int:
     import numpy as np
 
-    from artifacts.module import Module
+    from ..artifacts.module import Module
     module = Module(args.bundle)
     if args.inputs:
         with np.load(args.inputs) as data:
@@ -151,7 +151,7 @@ def cmd_run(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    from artifacts.module import Module
+    from ..artifacts.module import Module
     module = Module(args.bundle)
     stats = module.benchmark(warmup=args.warmup, repeat=args.repeat)
     print(f"{args.bundle}: median {stats['median_ms']:.3f} ms, min {stats['min_ms']:.3f} ms, "
@@ -195,7 +195,7 @@ def cmd_cache(args) -> int:
 
 
 def cmd_targets(args) -> int:
-    from configs import load_preset, preset_names
+    from ..configs import load_preset, preset_names
 
     from .target import parse_target
     for name in preset_names():

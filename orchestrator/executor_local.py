@@ -12,7 +12,7 @@ import os
 import time
 from collections import deque
 
-from codegen_worker.zygote_client import ZygoteClient
+from ..codegen_worker.zygote_client import ZygoteClient
 
 from .executor import ATTEMPTS, Executor, default_workers, settle
 from .plan import CompileJob, JobResult
@@ -85,7 +85,7 @@ class InProcessExecutor(Executor):
     def run(self, jobs, on_result=None):
         import traceback
 
-        from codegen_worker.compile import compile_kernel
+        from ..codegen_worker.compile import compile_kernel
         results = {}
         for job in jobs:
             result = JobResult(job.key, False)

@@ -20,7 +20,7 @@ import tempfile
 import time
 from collections import deque
 
-from ir.errors import KilnError
+from ..ir.errors import KilnError
 
 from .executor import ATTEMPTS, Executor, default_workers, settle
 from .plan import JobResult
@@ -35,7 +35,7 @@ class _Actor:
     does not import Ray)."""
 
     def __init__(self):
-        from codegen_worker.zygote_client import ZygoteClient
+        from ..codegen_worker.zygote_client import ZygoteClient
         self.zygote = ZygoteClient()
         self.name = f"ray:{socket.gethostname()}:{os.getpid()}"
 
@@ -53,7 +53,7 @@ class _Actor:
             except OSError:  # a broken pipe: the zygote died
                 msg = None
             if msg is None:
-                from codegen_worker.zygote_client import ZygoteClient
+                from ..codegen_worker.zygote_client import ZygoteClient
                 self.zygote.close()
                 self.zygote = ZygoteClient()
                 msg = ({"id": header["id"], "ok": False, "kind": "crash", "message": "the zygote process died"}, b"")
@@ -78,9 +78,9 @@ class RayExecutor(Executor):
         self._started_ray = False
         self._ray_tmp = None
         if not ray.is_initialized():
-            root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+            from .. import IMPORT_ROOT  # workers import Kiln from where this process did
             kwargs = {"include_dashboard": False, "log_to_driver": False,
-                      "runtime_env": {"env_vars": {"PYTHONPATH": root}}}
+                      "runtime_env": {"env_vars": {"PYTHONPATH": IMPORT_ROOT}}}
             if address:
                 ray.init(address=address, **kwargs)
             else:

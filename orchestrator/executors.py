@@ -1,7 +1,7 @@
 """Executors by name: what `build(executor="local" | "ray" | "inprocess")` and the CLI use."""
 from __future__ import annotations
 
-from ir.errors import KilnError
+from ..ir.errors import KilnError
 
 from .executor import Executor
 

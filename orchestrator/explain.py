@@ -2,7 +2,7 @@
 with, for a kernel that would miss, the parts that changed since the last build."""
 from __future__ import annotations
 
-from ir.lower import ScheduleConfig, lower
+from ..ir.lower import ScheduleConfig, lower
 
 from .pipeline import optimize
 from .build_log import previous_parts

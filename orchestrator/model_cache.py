@@ -14,9 +14,9 @@ import json
 import os
 import struct
 
-from artifacts.store import StoredFile, file_sha256, mapped
-from ir import external_data
-from ir.errors import KilnError
+from ..artifacts.store import StoredFile, file_sha256, mapped
+from ..ir import external_data
+from ..ir.errors import KilnError
 
 from .cache_key import hash_sources, llvm_versions
 from .toolchain import host_toolchain

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ir.frontend_onnx import from_onnx
-from ir.lower import ScheduleConfig, lower
-from ir.passes import default_pipeline
-from ir.transform import PassContext, PassTimingInstrument
-from ir.verify import verify_kernel
+from ..ir.frontend_onnx import from_onnx
+from ..ir.lower import ScheduleConfig, lower
+from ..ir.passes import default_pipeline
+from ..ir.transform import PassContext, PassTimingInstrument
+from ..ir.verify import verify_kernel
 
 from .plan import make_job
 from .target import Target

@@ -12,9 +12,9 @@ import shlex
 import subprocess
 from dataclasses import asdict, dataclass
 
-from artifacts.cpu_features import FLAG_OF_LLVM, FLAG_OF_MACRO
-from configs import load_preset, preset_names
-from ir.errors import KilnError
+from ..artifacts.cpu_features import FLAG_OF_LLVM, FLAG_OF_MACRO
+from ..configs import load_preset, preset_names
+from ..ir.errors import KilnError
 
 # CPUs whose vectors are 512 bits wide (LLVM CPU names), and those with 256-bit AVX2.
 _AVX512_CPUS = {"skylake-avx512", "cascadelake", "cooperlake", "icelake-client", "icelake-server", "tigerlake",
@@ -77,7 +77,7 @@ class Target:
 
 @functools.lru_cache(maxsize=None)
 def _implied_by_cpu(cpu: str) -> frozenset:
-    from artifacts.link import find_cc
+    from ..artifacts.link import find_cc
     try:
         proc = subprocess.run([find_cc(), f"-march={cpu}", "-dM", "-E", "-x", "c", "-"], input="",
                               capture_output=True, text=True, timeout=30)

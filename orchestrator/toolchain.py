@@ -40,7 +40,7 @@ def _file_fingerprint(path: str | None) -> str:
 
 
 def fingerprint() -> str:
-    from artifacts.link import find_cc
+    from ..artifacts.link import find_cc
     spec = importlib.util.find_spec("llvmlite")
     llvmlite_dir = os.path.dirname(spec.origin) if spec and spec.origin else ""
     binding = [os.path.join(llvmlite_dir, "binding", f) for f in sorted(os.listdir(os.path.join(llvmlite_dir, "binding")))
@@ -59,7 +59,7 @@ def _ask() -> dict:
     import llvmlite
     import llvmlite.binding as llvm
 
-    from artifacts.link import compiler_identity
+    from ..artifacts.link import compiler_identity
     llvm.initialize_native_target()
     return {"triple": llvm.get_process_triple(), "cpu": llvm.get_host_cpu_name(),
             "features": llvm.get_host_cpu_features().flatten(), "llvmlite": llvmlite.__version__,

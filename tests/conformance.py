@@ -21,8 +21,8 @@ import warnings
 
 import numpy as np
 
-from ir.errors import KilnError
-from ir.ops import SUPPORTED_OPS
+from modelkiln.ir.errors import KilnError
+from modelkiln.ir.ops import SUPPORTED_OPS
 
 # Expected outputs are compared with the case's own tolerances, loosened to Kiln's
 # float32 contract (exp/erf are polynomial approximations, reductions reassociate).
@@ -71,8 +71,8 @@ def _freeze_integer_inputs(model, values: dict):
 
 
 def _build(model, executor):
-    from ir.errors import InternalError
-    from orchestrator.api import BuildError, build
+    from modelkiln.ir.errors import InternalError
+    from modelkiln.orchestrator.api import BuildError, build
     try:
         return build(model, cache=None, executor=executor, progress=False).load(), None
     except (BuildError, InternalError) as e:  # Kiln's own failures are bugs, not rejections
@@ -139,7 +139,7 @@ def expected_outcomes() -> dict:
 def main() -> None:
     """Print pass / rejected / fail counts, overall and per op; --write-expected rewrites
     the committed table of outcomes."""
-    from orchestrator.executor_local import LocalExecutor
+    from modelkiln.orchestrator.executor_local import LocalExecutor
     per_op = collections.defaultdict(collections.Counter)
     totals = collections.Counter()
     outcomes = {}

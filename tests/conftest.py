@@ -23,7 +23,7 @@ RTOL, ATOL = 1e-3, 1e-4
 
 @pytest.fixture(scope="session")
 def executor():
-    from orchestrator.executor_local import LocalExecutor
+    from modelkiln.orchestrator.executor_local import LocalExecutor
     ex = LocalExecutor(workers=2)
     yield ex
     ex.close()
@@ -50,7 +50,7 @@ def assert_matches_oracle(result, model, seed: int = 0):
 
 def build_and_compare(model, executor, seed: int = 0, **build_kwargs):
     """Build `model`, run it on random inputs, and compare every output with onnxruntime."""
-    from orchestrator.api import build
+    from modelkiln.orchestrator.api import build
     result = build(model, executor=executor, cache=None, progress=False, **build_kwargs)
     return result, assert_matches_oracle(result, model, seed)
 
@@ -81,7 +81,7 @@ def ray_session():
 
 @pytest.fixture(scope="session")
 def ray_executor(ray_session):
-    from orchestrator.executor_ray import RayExecutor
+    from modelkiln.orchestrator.executor_ray import RayExecutor
     ex = RayExecutor(workers=2, kernel_timeout=20)
     yield ex
     ex.close()

@@ -9,15 +9,15 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from ir.errors import KilnError
-from orchestrator.api import build
+from modelkiln.ir.errors import KilnError
+from modelkiln.orchestrator.api import build
 from tests import model_zoo
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def kiln(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "modelkiln.orchestrator.cli", *args], capture_output=True, text=True,
                           cwd=cwd or ROOT, env={**os.environ, "PYTHONPATH": ROOT})
 
 
@@ -147,6 +147,6 @@ def test_corrupt_bundle_weights(tmp_path):
     path = result.export(str(tmp_path / "b"))
     with open(os.path.join(path, "weights.bin"), "r+b") as f:
         f.write(b"\xff" * 16)
-    from artifacts import load
+    from modelkiln.artifacts import load
     with pytest.raises(KilnError, match="checksum"):
         load(path)

@@ -4,7 +4,7 @@ import os
 
 import onnx
 
-from orchestrator.api import build, build_many
+from modelkiln.orchestrator.api import build, build_many
 from tests import model_zoo
 from tests.test_bad_input import kiln
 from tests.conftest import assert_matches_oracle

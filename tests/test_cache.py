@@ -8,11 +8,11 @@ import numpy as np
 import onnx
 import pytest
 
-from artifacts.store import Store
-from ir.errors import KilnError
-from orchestrator.api import BuildError, build
-from orchestrator.cache_key import key_of, key_parts
-from orchestrator.target import parse_target
+from modelkiln.artifacts.store import Store
+from modelkiln.ir.errors import KilnError
+from modelkiln.orchestrator.api import BuildError, build
+from modelkiln.orchestrator.cache_key import key_of, key_parts
+from modelkiln.orchestrator.target import parse_target
 from tests import model_zoo
 from tests.conftest import assert_matches_oracle
 from tests.test_bad_input import ROOT, kiln
@@ -40,7 +40,7 @@ def test_unchanged_model_compiles_nothing(tmp_path, executor, monkeypatch):
 
     def no_link(*args):
         raise AssertionError("a warm build must not run the linker")
-    monkeypatch.setattr("orchestrator.bundle.link_shared", no_link)
+    monkeypatch.setattr("modelkiln.orchestrator.bundle.link_shared", no_link)
     second = _build(model_zoo.resnet18(), store, executor)
     t1, t2 = first.report["totals"], second.report["totals"]
     assert t1["compiled"] == t1["kernels"] and t2["compiled"] == 0 and t2["cached"] == t2["kernels"]
@@ -112,7 +112,7 @@ def test_concurrent_builds_share_one_store(tmp_path):
     path = tmp_path / "m.onnx"
     onnx.save(model_zoo.mobilenet_v2(), path)
     store = str(tmp_path / "store")
-    procs = [subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "build", str(path), "-o",
+    procs = [subprocess.Popen([sys.executable, "-m", "modelkiln.orchestrator.cli", "build", str(path), "-o",
                                str(tmp_path / f"out{i}"), "--cache", store, "--quiet", "--workers", "1"],
                               cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT}, stderr=subprocess.PIPE)
              for i in range(2)]
@@ -202,7 +202,7 @@ def test_cache_cli_stats_verify_gc_and_explain(tmp_path):
 
 
 def test_whole_model_key_contract(tmp_path):
-    from orchestrator.model_cache import model_key, pack, unpack
+    from modelkiln.orchestrator.model_cache import model_key, pack, unpack
     m = model_zoo.cnn()
     host = parse_target("llvm")
     base = model_key(m, host, 3, None, "")

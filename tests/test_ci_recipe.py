@@ -4,7 +4,7 @@ import json
 
 import onnx
 
-from artifacts.store import Store
+from modelkiln.artifacts.store import Store
 from tests import model_zoo
 from tests.test_bad_input import kiln
 

@@ -65,7 +65,7 @@ def test_bench_profile_times_every_kernel(tmp_path):
 def test_progress_line_counts_compiled_cached_failed():
     import io
 
-    from orchestrator.progress import Progress
+    from modelkiln.orchestrator.progress import Progress
     out = io.StringIO()
     bar = Progress(5, 2, enabled=True, stream=out)
     bar.update(cached=2)
@@ -85,11 +85,11 @@ def test_loading_needs_numpy_and_ctypes_only(tmp_path):
     import sys
     example = os.path.join(ROOT, "configs", "examples", "cnn.onnx")
     assert kiln("build", example, "-o", str(tmp_path / "b"), "--no-cache", "--quiet").returncode == 0
-    code = ("import sys, numpy as np, artifacts\n"
+    code = ("import sys, numpy as np\nfrom modelkiln import artifacts\n"
             f"m = artifacts.load({str(tmp_path / 'b')!r})\n"
             "out = m.run({'x': np.zeros((1, 3, 32, 32), np.float32)})\n"
             "assert out['logits'].shape == (1, 10)\n"
-            "bad = [k for k in ('llvmlite', 'onnx', 'orchestrator', 'codegen_worker') if k in sys.modules]\n"
+            "bad = [k for k in ('llvmlite', 'onnx', 'modelkiln.orchestrator', 'modelkiln.codegen_worker', 'modelkiln.ir') if k in sys.modules]\n"
             "assert not bad, bad\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
                        env={**os.environ, "PYTHONPATH": ROOT})
@@ -103,7 +103,7 @@ def test_declared_output_shape_is_not_trusted(executor):
     import onnx
     from onnx import TensorProto, helper
 
-    from orchestrator.api import build
+    from modelkiln.orchestrator.api import build
     from tests import model_zoo
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [7, 7, 7])  # wrong on purpose
@@ -120,7 +120,7 @@ def test_declared_output_shape_is_not_trusted(executor):
 
 def test_a_build_served_whole_from_the_store_starts_no_executor(tmp_path, monkeypatch):
     """`--executor ray` on an unchanged model: nothing to compile, so Ray is never started."""
-    from orchestrator import cli, executor_ray
+    from modelkiln.orchestrator import cli, executor_ray
     example = os.path.join(ROOT, "configs", "examples", "cnn.onnx")
     store = str(tmp_path / "store")
     assert cli.main(["build", example, "-o", str(tmp_path / "a"), "--cache", store, "--quiet"]) == 0

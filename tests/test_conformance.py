@@ -26,7 +26,7 @@ def test_node_case(name, executor):
 
 
 def test_every_claimed_op_passes_some_case(executor):
-    from ir.ops import SUPPORTED_OPS
+    from modelkiln.ir.ops import SUPPORTED_OPS
     passing = collections.defaultdict(int)
     with_cases = set()
     for name, case in CASES.items():

@@ -5,10 +5,10 @@ import shutil
 
 import pytest
 
-from artifacts import load
-from artifacts.cpu_features import host_flags
-from ir.errors import KilnError
-from orchestrator.api import build
+from modelkiln.artifacts import load
+from modelkiln.artifacts.cpu_features import host_flags
+from modelkiln.ir.errors import KilnError
+from modelkiln.orchestrator.api import build
 from tests import model_zoo
 from tests.conftest import assert_matches_oracle
 from tests.test_bad_input import kiln

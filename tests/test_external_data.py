@@ -7,8 +7,8 @@ import onnx
 import pytest
 from onnx import external_data_helper
 
-from ir.errors import KilnError
-from orchestrator.api import build
+from modelkiln.ir.errors import KilnError
+from modelkiln.orchestrator.api import build
 from tests import model_zoo
 from tests.test_bad_input import kiln
 

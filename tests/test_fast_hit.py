@@ -9,9 +9,9 @@ from tests.conftest import ROOT
 
 _HIT = """
 import sys
-from orchestrator import cli
+from modelkiln.orchestrator import cli
 rc = cli.main(sys.argv[1:])
-heavy = sorted(m for m in ("numpy", "onnx", "llvmlite.binding", "ir.frontend_onnx", "ir.lower") if m in sys.modules)
+heavy = sorted(m for m in ("numpy", "onnx", "llvmlite.binding", "modelkiln.ir.frontend_onnx", "modelkiln.ir.lower.group") if m in sys.modules)
 print("HEAVY", ",".join(heavy))
 sys.exit(rc)
 """
@@ -37,8 +37,8 @@ def test_toolchain_record_says_what_llvm_says(tmp_path, monkeypatch):
     import llvmlite
     import llvmlite.binding as llvm
 
-    from artifacts.link import compiler_identity
-    from orchestrator import toolchain
+    from modelkiln.artifacts.link import compiler_identity
+    from modelkiln.orchestrator import toolchain
     monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path))
     toolchain.host_toolchain.cache_clear()
     try:

@@ -3,9 +3,9 @@ then with the safe fallback schedule; only then does the build fail, naming the 
 The same scenarios run on the local executor here and on Ray in test_ray.py."""
 import pytest
 
-from artifacts.store import Store
-from orchestrator.api import BuildError, build
-from orchestrator.executor_local import LocalExecutor
+from modelkiln.artifacts.store import Store
+from modelkiln.orchestrator.api import BuildError, build
+from modelkiln.orchestrator.executor_local import LocalExecutor
 from tests import model_zoo
 from tests.conftest import assert_matches_oracle
 

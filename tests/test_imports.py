@@ -76,7 +76,7 @@ def test_no_import_cycle():
 def test_each_op_is_named_in_one_source_file():
     """One definition per operator: its ONNX name (as a string) stands in its family module
     only, so adding or changing an op is one place, not five."""
-    from ir.ops import SUPPORTED_OPS
+    from modelkiln.ir.ops import SUPPORTED_OPS
     sources = {}
     for top in PACKAGES:
         for folder, _, files in os.walk(os.path.join(ROOT, top)):

@@ -11,11 +11,11 @@ import sys
 
 import numpy as np
 
-from ir.lower import ScheduleConfig, lower
-from orchestrator.api import optimize
-from orchestrator.executor_local import LocalExecutor
-from orchestrator.plan import make_job
-from orchestrator.target import parse_target
+from modelkiln.ir.lower import ScheduleConfig, lower
+from modelkiln.orchestrator.api import optimize
+from modelkiln.orchestrator.executor_local import LocalExecutor
+from modelkiln.orchestrator.plan import make_job
+from modelkiln.orchestrator.target import parse_target
 from tests.model_zoo import GraphMaker
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -51,7 +51,7 @@ INPROCESS = r"""
 import sys
 sys.path.insert(0, {root!r})
 from tests.test_isolation import _elementwise_job
-from orchestrator.executor_local import InProcessExecutor
+from modelkiln.orchestrator.executor_local import InProcessExecutor
 ex = InProcessExecutor()
 jobs = [_elementwise_job("llvm -cl-opt=-force-vector-width=4"), _elementwise_job("llvm")]
 results = ex.run(jobs)

@@ -5,16 +5,16 @@ import shutil
 
 import pytest
 
-from artifacts import load
-from artifacts.manifest import FORMAT_VERSION, KILN_VERSION, Manifest
-from ir.errors import KilnError
-from orchestrator.api import build
+from modelkiln.artifacts import load
+from modelkiln.artifacts.manifest import FORMAT_VERSION, KILN_VERSION, Manifest
+from modelkiln.ir.errors import KilnError
+from modelkiln.orchestrator.api import build
 from tests import model_zoo
 
 
 @pytest.fixture(scope="module")
 def bundle(tmp_path_factory):
-    from orchestrator.executor_local import LocalExecutor
+    from modelkiln.orchestrator.executor_local import LocalExecutor
     with LocalExecutor(workers=2) as ex:
         result = build(model_zoo.cnn(), executor=ex, cache=None, progress=False)
     return result.export(str(tmp_path_factory.mktemp("manifest") / "cnn"))

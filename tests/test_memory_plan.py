@@ -1,7 +1,7 @@
 """The arena planner never lets two live buffers share bytes, and does reuse dead ones."""
 import numpy as np
 
-from artifacts.memory_plan import plan_arena
+from modelkiln.artifacts.memory_plan import plan_arena
 
 
 def test_live_buffers_never_overlap_and_dead_ones_are_reused():

@@ -31,7 +31,7 @@ def test_pytorch_shape_chain_folds_away(executor):
 def test_batch_size_from_shape_override(executor):
     """A model declared at batch 1 built for batch 4 with shapes=..."""
     import numpy as np
-    from orchestrator.api import build
+    from modelkiln.orchestrator.api import build
     model = model_zoo.cnn()
     module = build(model, shapes={"x": [4, 3, 32, 32]}, executor=executor, cache=None).load()
     x = np.random.default_rng(0).standard_normal((4, 3, 32, 32)).astype(np.float32)
@@ -46,7 +46,7 @@ def test_module_is_safe_across_threads(executor):
     import threading
 
     import numpy as np
-    from orchestrator.api import build
+    from modelkiln.orchestrator.api import build
     model = model_zoo.mobilenet_v2(size=64)
     module = build(model, executor=executor, cache=None).load()
     inputs = [model_zoo.random_inputs(model, seed) for seed in range(4)]

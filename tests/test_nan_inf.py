@@ -5,10 +5,10 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper
 
-from codegen_worker.compile import compile_kernel
-from ir.lower import ScheduleConfig, lower
-from orchestrator.api import build, optimize
-from orchestrator.target import parse_target
+from modelkiln.codegen_worker.compile import compile_kernel
+from modelkiln.ir.lower import ScheduleConfig, lower
+from modelkiln.orchestrator.api import build, optimize
+from modelkiln.orchestrator.target import parse_target
 from tests import model_zoo
 
 SPECIALS = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 1.0, -1.0, 3.5, -3.5, 88.5, -88.5, 89.0, -89.0, 100.0,

@@ -1,5 +1,6 @@
 """The wheel is what users install: build it, install it into a fresh venv, and run the
 README's example from there, away from the checkout."""
+import json
 import os
 import shutil
 import site
@@ -27,12 +28,15 @@ def test_wheel_installs_into_a_fresh_venv_and_builds_the_example(tmp_path):
     _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(src)])
     wheel = next(p for p in os.listdir(tmp_path) if p.endswith(".whl"))
     with zipfile.ZipFile(tmp_path / wheel) as z:
-        shipped = {os.path.dirname(n) for n in z.namelist() if n.endswith("__init__.py")}
+        names = z.namelist()
+    tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
+    assert tops == {"modelkiln"}, tops  # nothing else lands at the top of site-packages
+    shipped = {os.path.dirname(n) for n in names if n.endswith("__init__.py")}
     for top in TOP_LEVEL:  # every package of the source tree is in the wheel (ir.lower once was not)
         for folder, _, files in os.walk(os.path.join(ROOT, top)):
             if "__init__.py" in files:
-                assert os.path.relpath(folder, ROOT) in shipped, folder
-    assert "configs/examples/cnn.onnx" in z.namelist()
+                assert "modelkiln/" + os.path.relpath(folder, ROOT) in shipped, folder
+    assert "modelkiln/configs/examples/cnn.onnx" in names
 
     venv = tmp_path / "venv"
     _run([sys.executable, "-m", "venv", str(venv)])
@@ -48,12 +52,25 @@ def test_wheel_installs_into_a_fresh_venv_and_builds_the_example(tmp_path):
 
     work = tmp_path / "elsewhere"
     work.mkdir()
-    where = _run([str(py), "-c", "import orchestrator, artifacts; print(orchestrator.__file__, artifacts.__file__)"],
-                 cwd=work).stdout
-    assert all(p.startswith(str(venv)) for p in where.split()), where
-    example = _run([str(py), "-c", "import configs, os; print(os.path.join(os.path.dirname(configs.__file__), "
-                                   "'examples', 'cnn.onnx'))"], cwd=work).stdout.strip()
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    where = _run([str(py), "-c", "import modelkiln as kiln, modelkiln.orchestrator.api as api; "
+                                 "print(kiln.__file__, api.__file__, kiln.IMPORT_ROOT)"], cwd=work, env=env).stdout
+    assert all(p.startswith(str(venv)) for p in where.split()), where
+    example = _run([str(py), "-c", "import modelkiln.configs as c, os; print(os.path.join(os.path.dirname(c.__file__), "
+                                   "'examples', 'cnn.onnx'))"], cwd=work, env=env).stdout.strip()
     _run([str(venv / "bin" / "kiln"), "build", example, "-o", "out", "--no-cache", "--quiet"], cwd=work, env=env)
     r = _run([str(venv / "bin" / "kiln"), "run", "out"], cwd=work, env=env)
     assert "logits" in r.stdout
+    # The Python API from the wheel, its codegen in the zygote it starts (imported from the wheel too)
+    api = ("import modelkiln as kiln, numpy as np, sys\n"
+           f"r = kiln.build({example!r}, cache=None, progress=False)\n"
+           "m = r.load()\n"
+           "out = m.run({'x': np.zeros((1, 3, 32, 32), np.float32)})\n"
+           "assert out['logits'].shape == (1, 10) and r.report['totals']['compiled'] > 0\n"
+           "assert not [n for n in sys.modules if n.split('.')[0] in ('orchestrator', 'ir', 'artifacts')]\n")
+    _run([str(py), "-c", api], cwd=work, env=env)
+    # Ray workers import Kiln from the wheel as well (the actor's class and its zygote)
+    r = _run([str(venv / "bin" / "kiln"), "build", example, "-o", "out-ray", "--no-cache", "--executor", "ray",
+              "--workers", "1", "--report", "ray.json"], cwd=work, env=env)
+    kernels = json.loads((work / "ray.json").read_text())["kernels"]
+    assert kernels and all(k["worker"].startswith("ray:") for k in kernels)

@@ -2,11 +2,11 @@
 import numpy as np
 import pytest
 
-from ir.frontend_onnx import from_onnx
-from ir.graph import Node
-from ir.passes import (default_pipeline, eliminate_common_subexpr, eliminate_dead_code, fold_constants, groups_of,
+from modelkiln.ir.frontend_onnx import from_onnx
+from modelkiln.ir.graph import Node
+from modelkiln.ir.passes import (default_pipeline, eliminate_common_subexpr, eliminate_dead_code, fold_constants, groups_of,
                        infer_types, simplify_inference)
-from ir.transform import DumpIR, PassContext, PassTimingInstrument, Sequential, graph_pass
+from modelkiln.ir.transform import DumpIR, PassContext, PassTimingInstrument, Sequential, graph_pass
 from tests import model_zoo
 from tests.conftest import build_and_compare
 from tests.model_zoo import GraphMaker
@@ -168,8 +168,8 @@ def test_instruments_time_and_dump(tmp_path):
 
 def test_lowering_leaves_the_graph_it_reads_as_it_was():
     """Lowering packs weights and plans kernels into what it returns, never into the graph."""
-    from ir.lower import ScheduleConfig, lower
-    from orchestrator.api import optimize
+    from modelkiln.ir.lower import ScheduleConfig, lower
+    from modelkiln.orchestrator.api import optimize
     g, _ = optimize(model_zoo.resnet18(size=64))
 
     def snapshot():

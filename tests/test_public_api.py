@@ -4,13 +4,14 @@ import sys
 
 from tests.conftest import ROOT
 
-PACKAGES = ("orchestrator", "artifacts", "ir", "codegen_worker", "configs")
+PACKAGES = ("modelkiln", "modelkiln.orchestrator", "modelkiln.artifacts", "modelkiln.ir", "modelkiln.codegen_worker",
+            "modelkiln.configs")
 
 
 def test_orchestrator_build_can_be_called_twice():
     # The first call imports the build machinery; before the fix that import replaced the
     # function `orchestrator.build` with a module, and the second call was a TypeError.
-    code = ("import orchestrator\n"
+    code = ("from modelkiln import orchestrator\n"
             "for path in ('configs/examples/cnn.onnx', 'configs/examples/cnn.onnx'):\n"
             "    r = orchestrator.build(path, cache=None, progress=False)\n"
             "    assert r.report['totals']['failed'] == 0\n"

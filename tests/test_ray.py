@@ -2,7 +2,7 @@
 fault handling, and an actor killed mid-build replaced without losing the build."""
 import pytest
 
-from orchestrator.api import BuildError, build, build_many
+from modelkiln.orchestrator.api import BuildError, build, build_many
 from tests import model_zoo
 from tests.conftest import assert_matches_oracle
 from tests.test_faults import fallback_never_answers_a_normal_lookup, faulty_build
@@ -95,8 +95,8 @@ def test_cli_joins_an_existing_cluster(ray_session, ray_executor, tmp_path):
 
 def test_actors_that_cannot_start_are_an_error_not_a_hang(ray_session, ray_executor):
     """A cluster with no free CPU: the build fails clearly instead of waiting forever."""
-    from ir.errors import KilnError
-    from orchestrator.executor_ray import RayExecutor
+    from modelkiln.ir.errors import KilnError
+    from modelkiln.orchestrator.executor_ray import RayExecutor
     ray_executor.run([])  # make sure the session executor's actors hold both CPUs
     ex = RayExecutor(workers=1, start_timeout=3)
     with pytest.raises(KilnError, match="no Kiln codegen actor started"):
@@ -109,8 +109,8 @@ def test_a_silent_actor_is_taken_for_dead_in_bounded_time(ray_session, ray_execu
     plus a margin, a replacement finishes the build, and the report shows the retry."""
     import time
 
-    from orchestrator import executor_ray
-    from orchestrator.executor_ray import RayExecutor
+    from modelkiln.orchestrator import executor_ray
+    from modelkiln.orchestrator.executor_ray import RayExecutor
     monkeypatch.setattr(executor_ray, "ANSWER_MARGIN", 2.0)
     ray_executor.close()  # free the session's 2 CPUs for this executor's actors
     with RayExecutor(workers=2, kernel_timeout=3) as ex:
@@ -126,8 +126,8 @@ def test_a_silent_actor_is_taken_for_dead_in_bounded_time(ray_session, ray_execu
 def test_a_replacement_that_cannot_be_placed_fails_in_bounded_time(ray_session, ray_executor, monkeypatch):
     """The lost actor's replacement needs a resource no node has (its node is gone): the build
     fails with a clear error after the start timeout instead of waiting forever."""
-    from ir.errors import KilnError
-    from orchestrator.executor_ray import RayExecutor
+    from modelkiln.ir.errors import KilnError
+    from modelkiln.orchestrator.executor_ray import RayExecutor
     ray_executor.close()
     ex = RayExecutor(workers=1, kernel_timeout=5, start_timeout=3)
     ex.run([])  # the first actor starts normally

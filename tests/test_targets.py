@@ -4,9 +4,9 @@ import os
 import numpy as np
 import pytest
 
-from ir.errors import KilnError
-from orchestrator.api import build
-from orchestrator.target import parse_target
+from modelkiln.ir.errors import KilnError
+from modelkiln.orchestrator.api import build
+from modelkiln.orchestrator.target import parse_target
 from tests import model_zoo
 from tests.conftest import build_and_compare
 
@@ -39,7 +39,7 @@ def test_cross_target_emits_objects_but_does_not_run(tmp_path, executor):
     with open(os.path.join(path, "objects", objects[0]), "rb") as f:
         head = f.read(20)
     assert head[:4] == b"\x7fELF" and int.from_bytes(head[18:20], "little") == 183  # EM_AARCH64
-    from artifacts import load
+    from modelkiln.artifacts import load
     with pytest.raises(KilnError, match="cannot run on this machine"):
         load(path)
 
@@ -53,14 +53,14 @@ def test_unroll_option_changes_code_but_not_results(executor):
 
 
 def test_preset_carries_its_own_llvm_options(monkeypatch, executor):
-    import configs
+    from modelkiln import configs
     real = configs.load_preset
 
     def with_custom(name):
         if name == "tuned-host":
             return {"name": "tuned-host", "target": "llvm", "llvm_options": ["-unroll-threshold=0"]}
         return real(name)
-    monkeypatch.setattr("orchestrator.target.load_preset", with_custom)
+    monkeypatch.setattr("modelkiln.orchestrator.target.load_preset", with_custom)
     t = parse_target("tuned-host")
     assert t.name == "tuned-host" and t.llvm_options == ("-unroll-threshold=0",)
     tuned = build(model_zoo.cnn(), target="tuned-host", executor=executor, cache=None)

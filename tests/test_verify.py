@@ -2,9 +2,9 @@
 through it); these are the malformed ones it must name before any codegen job starts."""
 import pytest
 
-from ir.errors import InternalError
-from ir.loop import Assign, Bin, Buffer, Cast, Const, For, Kernel, Let, Load, Local, Store, Var
-from ir.verify import verify_kernel
+from modelkiln.ir.errors import InternalError
+from modelkiln.ir.loop import Assign, Bin, Buffer, Cast, Const, For, Kernel, Let, Load, Local, Store, Var
+from modelkiln.ir.verify import verify_kernel
 
 BUFS = (Buffer("o0", "f32", 16), Buffer("i0", "f32", 16), Buffer("w0", "i64", 4))
 
@@ -41,10 +41,10 @@ def test_well_formed_kernel_passes():
 
 
 def test_a_malformed_kernel_stops_the_build_before_any_job(monkeypatch):
-    from ir import lower as lower_pkg
-    from orchestrator import pipeline
-    from orchestrator.api import build
-    from orchestrator.executor import Executor
+    from modelkiln.ir import lower as lower_pkg
+    from modelkiln.orchestrator import pipeline
+    from modelkiln.orchestrator.api import build
+    from modelkiln.orchestrator.executor import Executor
     from tests import model_zoo
 
     real = lower_pkg.lower

@@ -2,11 +2,11 @@
 larger than a pipe's buffer go through one zygote, four at a time."""
 import threading
 
-from codegen_worker.protocol import FrameReader, encode
-from ir.loop import Buffer, Const, Kernel, Store
-from orchestrator.executor_local import LocalExecutor
-from orchestrator.plan import CompileJob, make_job
-from orchestrator.target import parse_target
+from modelkiln.codegen_worker.protocol import FrameReader, encode
+from modelkiln.ir.loop import Buffer, Const, Kernel, Store
+from modelkiln.orchestrator.executor_local import LocalExecutor
+from modelkiln.orchestrator.plan import CompileJob, make_job
+from modelkiln.orchestrator.target import parse_target
 
 STORES = 12000  # ~1 MB of kernel bytes and ~100 KB of object per job: pipes hold 64 KB
 
@@ -52,7 +52,7 @@ def test_closing_the_zygote_leaves_no_job_running():
 
     import psutil
 
-    from codegen_worker.zygote_client import ZygoteClient
+    from modelkiln.codegen_worker.zygote_client import ZygoteClient
     job = _big_job(0, stores=4)  # small: the request fits the pipe, sent without waiting
     zygote = ZygoteClient()
     zygote.send({**job.request(0, False, 600, 1), "inject": "hang"}, job.kernel_bytes)
@@ -68,7 +68,7 @@ def test_closing_the_zygote_leaves_no_job_running():
 
 
 def test_every_attempt_reports_its_peak_memory(executor):
-    from orchestrator.api import build
+    from modelkiln.orchestrator.api import build
     from tests import model_zoo
     report = build(model_zoo.cnn(), executor=executor, cache=None, progress=False).report
     attempts = [a for k in report["kernels"] for a in k["attempt_log"]]
