@@ -23,42 +23,20 @@ import sys
 import time
 import traceback
 
+from . import faults
 from .protocol import FrameReader, OutBuffer, decode, encode, write_all
-
-
-def injected_fault(request: dict) -> str | None:
-    """The fault a test asked for on this attempt: 'KIND' hits the first attempt only,
-    'KIND:always' every attempt, 'KIND:nofallback' every attempt but the fallback one."""
-    spec = request.get("inject")
-    if not spec:
-        return None
-    kind, _, when = spec.partition(":")
-    if when == "always" or (when == "nofallback" and not request.get("fallback")):
-        return kind
-    return kind if not when and request.get("attempt", 1) == 1 else None
 
 
 def _run_child(request: dict, kernel_bytes: bytes, out_fd: int) -> None:
     """Body of the forked child: compile, write one result frame, exit without cleanup."""
     try:
-        inject = injected_fault(request)
-        if inject == "crash":
-            os.kill(os.getpid(), signal.SIGSEGV)
-        if inject == "oom":  # what the OOM killer does: SIGKILL, no chance to clean up
-            os.kill(os.getpid(), signal.SIGKILL)
-        if inject == "exit":
-            os._exit(3)
-        if inject == "hang":
-            while True:
-                time.sleep(60)
+        faults.before_compile(request)
         from .compile import compile_kernel
         t0 = time.perf_counter()
         res = compile_kernel(kernel_bytes, request["symbol"], request["target"], request.get("llvm_options", ()),
                              request.get("opt_level", 3), request.get("fallback", False),
                              request.get("emit_asm", False))
-        obj = res.pop("object")
-        if inject == "corrupt":
-            obj = b"\x7fELF-not-really" + obj[:16]
+        obj = faults.after_compile(request, res.pop("object"))
         header = {"id": request["id"], "ok": True, "pid": os.getpid(), "ms": (time.perf_counter() - t0) * 1e3, **res}
         frame = encode(header, obj)
     except BaseException as e:  # noqa: BLE001 - every failure becomes a record

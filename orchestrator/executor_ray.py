@@ -20,6 +20,7 @@ import tempfile
 import time
 from collections import deque
 
+from ..codegen_worker import faults
 from ..ir.errors import KilnError
 
 from .executor import ATTEMPTS, Executor, default_workers, settle
@@ -42,10 +43,7 @@ class _Actor:
     def compile(self, requests: list) -> list:
         out = []
         for header, blob in requests:
-            if header.get("inject") == "kill_actor" and header.get("attempt") == 1:
-                os._exit(1)  # fault injection: this actor dies mid-build
-            if header.get("inject") == "silent_actor" and header.get("attempt") == 1:
-                time.sleep(10 ** 6)  # fault injection: alive, but never answers
+            faults.in_actor(header)
             t0 = time.time()
             try:
                 self.zygote.send(header, blob)

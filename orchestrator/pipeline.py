@@ -45,9 +45,5 @@ def plan_model(model, target, opt_level, shapes, pass_context, extra_passes, sal
     lowered = lower(g, ScheduleConfig.for_vector_width(target.vector_width))
     for call in lowered.calls:  # a malformed kernel is a clear error here, not an LLVM error in a child
         verify_kernel(call.kernel, call.name, call.ops)
-    jobs = [make_job(c, target, opt_level, salt) for c in lowered.calls]
-    for job in jobs:
-        for pattern, fault in (inject or {}).items():
-            if pattern in job.name or pattern == job.symbol:
-                job.inject = fault
+    jobs = [make_job(c, target, opt_level, salt, inject) for c in lowered.calls]
     return PlannedModel(target, g, lowered, jobs, timings)

@@ -20,9 +20,7 @@ class CompileJob:
     # (GEMM kernels: the slow ones) or batched with other small jobs: from the kernel's IR.
     estimated_cost: int = 0
     travels_alone: bool = False
-    # Fault injection for tests: crash | oom | hang | exit | corrupt | kill_actor | silent_actor, on the
-    # first attempt; "KIND:always" on every attempt; "KIND:nofallback" on every attempt but the fallback one.
-    inject: str | None = None
+    inject: str | None = None  # a fault for tests, carried in every request (codegen_worker/faults.py)
 
     def request(self, job_id: int, fallback: bool, deadline_s: float, attempt: int) -> dict:
         return {"id": job_id, "symbol": self.symbol, "target": self.target.to_dict(),
@@ -50,12 +48,15 @@ def kernel_id(call) -> str:
     return "+".join(call.nodes)
 
 
-def make_job(call, target, opt_level: int, salt: str = "") -> CompileJob:
+def make_job(call, target, opt_level: int, salt: str = "", inject: dict | None = None) -> CompileJob:
+    """inject (tests only): kernel-name substring or symbol -> fault spec."""
     data = call.kernel.to_bytes()
     parts = key_parts(data, target, opt_level, salt=salt)
     gemm = call.kernel.has_gemm()
     return CompileJob(key_of(parts), parts, call.kernel.symbol, data, target, opt_level, call.name, call.ops,
-                      estimated_cost=len(data) * (8 if gemm else 1), travels_alone=gemm)
+                      estimated_cost=len(data) * (8 if gemm else 1), travels_alone=gemm,
+                      inject=next((f for p, f in (inject or {}).items() if p in call.name or p == call.kernel.symbol),
+                                  None))
 
 
 def unique_jobs(jobs: list[CompileJob]) -> list[CompileJob]:
