@@ -9,32 +9,86 @@ payloads are object bytes.
 Blobs (`blobs/`) are raw files named by the sha256 of their content: the large files of a
 finished bundle (weights). An export hard-links them instead of writing 45 MB again; they
 are read-only, and verified against their name before they are handed out.
+
+Nothing on disk is trusted (a restored or shared CI cache can hold anything): files are
+opened without following links and without blocking, only regular files are read, and no
+more than their header declares; the walk never enters a linked folder, and nothing
+outside the store's root is ever deleted. Orphaned temp files (a build killed mid-write)
+are counted by stats and swept by gc.
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import mmap
 import os
 import shutil
+import stat
 import struct
 import tempfile
+import time
 import warnings
 
 MAGIC = b"KILNOBJ\0"
 FORMAT = 1
 _HEADER = struct.Struct("<8sI32s32sQ")  # magic, format, key, payload sha256, payload length
+ORPHAN_AGE_S = 3600.0  # a temp file older than this belongs to no running write: a killed build's
 
 
-def mapped(path: str):
+class NotAnEntry(Exception):
+    """A path in the store holds something that is not a readable regular file."""
+
+
+def read_regular(path: str, limit: int | None = None) -> bytes:
+    """A regular file's bytes: opened without following a link and without blocking (a FIFO
+    would hang a plain open), refusing anything that is not a regular file or is larger than
+    `limit`. FileNotFoundError passes through; every other refusal is NotAnEntry."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        raise
+    except OSError as e:
+        raise NotAnEntry("a symbolic link" if e.errno == errno.ELOOP else str(e)) from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise NotAnEntry("not a regular file")
+        if limit is not None and st.st_size > limit:
+            raise NotAnEntry(f"{st.st_size} bytes, more than the {limit} it may hold")
+        chunks, left = [], st.st_size
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 24))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def mapped(path: str, regular_only: bool = False):
     """A read-only mapping of a whole file (empty bytes for an empty file): hashing or parsing
-    a 45 MB model this way copies nothing into Python."""
-    with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
+    a 45 MB model this way copies nothing into Python. With regular_only, a link or anything
+    but a regular file is NotAnEntry (store files)."""
+    flags = os.O_RDONLY | (os.O_NOFOLLOW | os.O_NONBLOCK if regular_only else 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError as e:
+        if regular_only and e.errno == errno.ELOOP:
+            raise NotAnEntry("a symbolic link") from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if regular_only and not stat.S_ISREG(st.st_mode):
+            raise NotAnEntry("not a regular file")
+        return mmap.mmap(fd, 0, access=mmap.ACCESS_READ) if st.st_size else b""
+    finally:
+        os.close(fd)
 
 
-def file_sha256(path: str) -> str:
-    data = mapped(path)
+def file_sha256(path: str, regular_only: bool = False) -> str:
+    data = mapped(path, regular_only)
     try:
         return hashlib.sha256(data).hexdigest()
     finally:
@@ -84,7 +138,7 @@ class Store:
         a bundle's weights checks them against the manifest's sha256 as well.)"""
         path = self.blob_path(digest)
         try:
-            st = os.stat(path)
+            st = os.lstat(path)
         except FileNotFoundError:
             return None
         except OSError as e:
@@ -98,7 +152,9 @@ class Store:
             trusted = False
         if not trusted:
             try:
-                actual = file_sha256(path)
+                actual = file_sha256(path, regular_only=True)
+            except NotAnEntry as e:
+                actual = f"({e})"
             except OSError as e:
                 warnings.warn(f"kiln cache: cannot read {path}: {e}")
                 return None
@@ -149,14 +205,15 @@ class Store:
         """Like get, but a read-only view of the payload: no copy (for large entries)."""
         path = self.path(key)
         try:
-            with open(path, "rb") as f:
-                data = f.read()
+            data = read_regular(path)
+            payload, why = self.check(key, data)
         except FileNotFoundError:
             return None
+        except NotAnEntry as e:
+            payload, why = None, str(e)
         except OSError as e:
             warnings.warn(f"kiln cache: cannot read {path}: {e}; compiling instead")
             return None
-        payload, why = self.check(key, data)
         if payload is None:
             warnings.warn(f"kiln cache: entry {path} is invalid ({why}); it will be rebuilt")
             if not self.readonly:
@@ -187,70 +244,116 @@ class Store:
         except OSError as e:  # a full disk or a read-only mount must not fail the build
             warnings.warn(f"kiln cache: cannot write {path}: {e}")
 
-    @staticmethod
-    def _remove(path: str) -> None:
-        """Remove a file and the stamp a blob may have beside it."""
+    def _remove(self, path: str) -> None:
+        """Remove what stands at `path` (a file, a link itself, a FIFO, a folder that took an
+        entry's place) and the stamp a blob may have beside it; never anything outside the
+        store's root, and never through a link."""
+        if os.path.commonpath([self.root, os.path.abspath(path)]) != self.root:
+            return
         for p in (path, path + ".ok"):
             try:
-                os.remove(p)
+                if stat.S_ISDIR(os.lstat(p).st_mode):
+                    shutil.rmtree(p, ignore_errors=True)  # rmtree does not follow links inside
+                else:
+                    os.remove(p)
             except OSError:
                 pass
+
+    def _walk(self):
+        """(kind, key, path, lstat) of everything in the entry folders, links never followed:
+        kind is "entry", "blob", "temp", or "foreign" (a link, FIFO or folder where an entry
+        belongs, a linked or non-folder shard)."""
+        for top, kind in ((self.objects, "entry"), (os.path.join(self.root, "blobs"), "blob")):
+            try:
+                if not stat.S_ISDIR(os.lstat(top).st_mode):
+                    yield "foreign", "", top, None
+                    continue
+                shards = sorted(os.listdir(top))
+            except OSError:
+                continue
+            for sub in shards:
+                folder = os.path.join(top, sub)
+                try:
+                    st = os.lstat(folder)
+                except OSError:
+                    continue
+                if not stat.S_ISDIR(st.st_mode):  # a linked shard folder is never entered
+                    yield "foreign", "", folder, st
+                    continue
+                for name in sorted(os.listdir(folder)):
+                    path = os.path.join(folder, name)
+                    try:
+                        st = os.lstat(path)
+                    except OSError:
+                        continue
+                    if name.endswith(".ok") and kind == "blob":
+                        continue
+                    if name.startswith(".tmp-"):
+                        yield "temp", "", path, st
+                    elif stat.S_ISREG(st.st_mode):
+                        yield kind, sub + name, path, st
+                    else:
+                        yield "foreign", sub + name, path, st
 
     def entries(self):
         """(key, path, size, mtime) of every entry and blob file, temp files excluded
         (a blob's key is its digest)."""
-        for top in (self.objects, os.path.join(self.root, "blobs")):
-            if not os.path.isdir(top):
+        for kind, key, path, st in self._walk():
+            if kind not in ("entry", "blob"):
                 continue
-            for sub in sorted(os.listdir(top)):
-                folder = os.path.join(top, sub)
-                if not os.path.isdir(folder):
-                    continue
-                for name in sorted(os.listdir(folder)):
-                    if name.startswith(".tmp-") or name.endswith(".ok"):
-                        continue
-                    path = os.path.join(folder, name)
-                    try:
-                        st = os.stat(path)
-                    except FileNotFoundError:
-                        continue
-                    mtime = st.st_mtime
-                    if os.path.exists(path + ".ok"):  # a blob: its stamp says when it was last used
-                        mtime = max(mtime, os.stat(path + ".ok").st_mtime)
-                    yield sub + name, path, st.st_size, mtime
+            mtime = st.st_mtime
+            try:  # a blob: its stamp says when it was last used
+                mtime = max(mtime, os.lstat(path + ".ok").st_mtime)
+            except OSError:
+                pass
+            yield key, path, st.st_size, mtime
+
+    def _orphans(self) -> list:
+        now = time.time()
+        return [(path, st.st_size) for kind, _, path, st in self._walk()
+                if kind == "temp" and now - st.st_mtime > ORPHAN_AGE_S]
 
     def stats(self) -> dict:
         sizes = [size for _, _, size, _ in self.entries()]
-        return {"root": self.root, "entries": len(sizes), "bytes": sum(sizes)}
+        orphans = self._orphans()
+        return {"root": self.root, "entries": len(sizes), "bytes": sum(sizes), "orphaned_temp_files": len(orphans),
+                "orphaned_bytes": sum(size for _, size in orphans)}
 
     def verify(self) -> list[tuple[str, str]]:
-        """Re-hash every entry; delete (unless read-only) and return the bad ones with reasons."""
+        """Re-hash every entry and blob; delete (unless read-only) and return the bad ones,
+        with reasons: damaged entries, and whatever is not an entry where one belongs."""
         bad = []
-        for key, path, _, _ in list(self.entries()):
-            try:
-                with open(path, "rb") as f:
-                    data = f.read()
-            except OSError as e:
-                bad.append((path, str(e)))
+        for kind, key, path, _ in list(self._walk()):
+            if kind == "temp":
                 continue
-            valid_key = len(key) == 64 and all(c in "0123456789abcdef" for c in key)
-            if os.path.dirname(os.path.dirname(path)).endswith("blobs"):
-                payload, why = (data, "") if hashlib.sha256(data).hexdigest() == key else (None, "content does not "
-                                                                                         "match its name")
+            if kind == "foreign":
+                bad.append((path, "not a regular file (a link, FIFO or folder)"))
             else:
-                payload, why = self.check(key if valid_key else None, data)
-            if payload is None or not valid_key:
+                valid_key = len(key) == 64 and all(c in "0123456789abcdef" for c in key)
+                try:
+                    if kind == "blob":
+                        ok = file_sha256(path, regular_only=True) == key
+                        why = "" if ok else "content does not match its name"
+                    else:
+                        why = self.check(key if valid_key else None, read_regular(path))[1]
+                except (NotAnEntry, OSError) as e:
+                    why = str(e)
+                if valid_key and not why:
+                    continue
                 bad.append((path, why or "file name is not a key"))
-                if not self.readonly:
-                    self._remove(path)
+            if not self.readonly:
+                self._remove(path)
         return bad
 
     def gc(self, max_bytes: int) -> dict:
         """Delete least recently used entries until the store holds at most max_bytes.
         Safe while builds run: an entry deleted under a reader is just a miss."""
+        removed = freed = 0
+        for path, size in self._orphans():  # temp files no write will ever finish
+            self._remove(path)
+            removed, freed = removed + 1, freed + size
         items = sorted(self.entries(), key=lambda e: e[3])
         total = sum(e[2] for e in items)
-        removed = freed = 0
         for key, path, size, _ in items:
             if total <= max_bytes:
                 break

@@ -38,12 +38,15 @@ def read(store_root: str) -> list[dict]:
     path = os.path.join(store_root, LOG_NAME)
     out = []
     try:
-        with open(path) as f:
+        with open(path, encoding="utf-8", errors="replace") as f:  # garbage bytes must not stop stats
             for line in f:
                 try:
-                    out.append(json.loads(line))
+                    entry = json.loads(line)
                 except ValueError:
                     continue  # a torn line from a crash: skip it
+                if isinstance(entry, dict) and isinstance(entry.get("hits"), int) and \
+                        isinstance(entry.get("lookups"), int):
+                    out.append(entry)
     except OSError:
         pass
     return out

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 
 from ..artifacts.store import Store
 
@@ -26,7 +27,11 @@ def open_store(cache, readonly: bool = False) -> Store | None:
         return cache
     if cache == DEFAULT_CACHE:
         cache = default_cache_dir()
-    return Store(os.fspath(cache), readonly=readonly)
+    try:
+        return Store(os.fspath(cache), readonly=readonly)
+    except OSError as e:  # a read-only place, a file where the folder should be: build without
+        warnings.warn(f"kiln cache: cannot use '{cache}' as a store ({e.strerror or e}); building without a cache")
+        return None
 
 
 class CachePolicy:

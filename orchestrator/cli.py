@@ -174,9 +174,14 @@ def cmd_explain(args) -> int:
 def cmd_cache(args) -> int:
     from .cache_policy import open_store
     store = open_store(_cache_arg(args))
+    if store is None:
+        raise KilnError("there is no usable store to inspect (see the warning above, or drop --no-cache)")
     if args.action == "stats":
         s = store.stats()
         print(f"{s['root']}: {s['entries']} entries, {s['bytes'] / 1e6:.1f} MB")
+        if s["orphaned_temp_files"]:
+            print(f"{s['orphaned_temp_files']} orphaned temp files ({s['orphaned_bytes'] / 1e6:.1f} MB) from "
+                  "interrupted writes: `kiln cache gc` removes them")
         from .build_log import recent_hit_rate
         rate = recent_hit_rate(store.root)
         if rate:
