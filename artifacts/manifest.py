@@ -19,6 +19,15 @@ ENTRY_ABI_VERSION = 1  # of kiln_run & co. in the library; the library reports i
 MANIFEST = "manifest.json"
 
 
+def io_signature(inputs: list, outputs: list, arena_bytes: int) -> str:
+    """What the library was built to read and write: compiled into it (kiln_signature) and
+    compared with the manifest at load, so a manifest edited to promise other shapes (a
+    smaller output buffer: a heap overrun) is refused before the first call."""
+    def spec(kind, s):
+        return f"{kind}:{s['name']}:{s['dtype']}:{'x'.join(map(str, s['shape']))}"
+    return ";".join([spec("in", s) for s in inputs] + [spec("out", s) for s in outputs] + [f"arena:{arena_bytes}"])
+
+
 @dataclass
 class Manifest:
     model: str
@@ -34,6 +43,8 @@ class Manifest:
     cpu_features: list = field(default_factory=list)  # as /proc/cpuinfo names them
     weights_file: str = "weights.bin"
     library: str = "model.so"
+    library_bytes: int = 0  # size and sha256 of the library, checked before it is mapped
+    library_sha256: str = ""
     kiln_version: str = KILN_VERSION
     format_version: int = FORMAT_VERSION
     abi_version: int = ENTRY_ABI_VERSION
@@ -62,7 +73,14 @@ class Manifest:
         for name in (manifest.weights_file, manifest.library):
             if not isinstance(name, str) or os.path.basename(name) != name or name in ("", ".", ".."):
                 raise KilnError(f"{where}: file name {name!r} is not a plain name inside the bundle folder")
+        if not isinstance(manifest.weights_sha256, str) or len(manifest.weights_sha256) != 64 or \
+                (manifest.runnable and (not isinstance(manifest.library_sha256, str) or
+                                        len(manifest.library_sha256) != 64)):
+            raise KilnError(f"{where}: the checksums of the weights and the library are missing")
         return manifest
+
+    def signature(self) -> str:
+        return io_signature(self.inputs, self.outputs, self.arena_bytes)
 
     @classmethod
     def read(cls, folder: str) -> "Manifest":

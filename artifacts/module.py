@@ -9,6 +9,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
+import stat
 import threading
 import time
 
@@ -24,6 +25,36 @@ def _aligned_empty(nbytes: int, align: int = 64) -> np.ndarray:
     raw = np.empty(nbytes + align, np.uint8)
     start = (-raw.ctypes.data) % align
     return raw[start:start + nbytes]
+
+
+def _read_bundle_file(path: str, nbytes: int, into: memoryview | None = None) -> bytes | None:
+    """A bundle file's bytes (or read into `into`), if it is a regular file of exactly
+    `nbytes` (opened without blocking: a FIFO in its place would hang a plain open)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as e:
+        raise KilnError(f"cannot open '{path}': {e.strerror or e}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise KilnError(f"'{path}' is not a regular file")
+        if st.st_size != nbytes:
+            raise KilnError(f"'{path}' holds {st.st_size} bytes, the manifest says {nbytes}")
+        if into is not None:
+            with os.fdopen(os.dup(fd), "rb") as f:
+                if f.readinto(into) != nbytes:
+                    raise KilnError(f"'{path}' ended early")
+            return None
+        chunks, left = [], nbytes
+        while left:
+            chunk = os.read(fd, min(left, 1 << 24))
+            if not chunk:
+                raise KilnError(f"'{path}' ended early")
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
 
 
 class Module:
@@ -42,31 +73,42 @@ class Module:
         self.outputs = m.outputs
         self._weights = self._load_weights(os.path.join(path, m.weights_file), m.weights_bytes, m.weights_sha256)
         self._arena = _aligned_empty(max(m.arena_bytes, 1))
-        self._lib = ctypes.CDLL(os.path.abspath(os.path.join(path, m.library)))
-        abi = self._lib.kiln_abi_version()
-        if abi != m.abi_version or abi != ENTRY_ABI_VERSION:
-            raise KilnError(f"bundle '{path}': its library has entry ABI {abi}, the manifest says {m.abi_version}, "
-                            f"and this Kiln {KILN_VERSION} calls ABI {ENTRY_ABI_VERSION}: rebuild the bundle")
+        self._lib = self._load_library(path, m)
         self._run = self._lib.kiln_run
         self._run.restype = ctypes.c_int
         self._run.argtypes = [ctypes.c_void_p] * 4
-        if self._lib.kiln_arena_bytes() != m.arena_bytes:
-            raise KilnError(f"bundle '{path}': model.so and manifest.json disagree on the arena size")
         self._in_ptrs = (ctypes.c_void_p * max(len(self.inputs), 1))()
         self._out_ptrs = (ctypes.c_void_p * max(len(self.outputs), 1))()
         # One arena per module: calls from several threads take turns (ctypes drops the GIL).
         self._lock = threading.Lock()
 
     @staticmethod
-    def _load_weights(path: str, nbytes: int, sha256: str | None) -> np.ndarray:
+    def _load_library(path: str, m: Manifest):
+        """Map the library only once its bytes are the ones the manifest names (a truncated
+        library dies with SIGBUS when mapped), then check that it was built for what the
+        manifest promises: entry ABI, inputs, outputs and arena."""
+        lib_path = os.path.abspath(os.path.join(path, m.library))
+        data = _read_bundle_file(lib_path, m.library_bytes)
+        if hashlib.sha256(data).hexdigest() != m.library_sha256:
+            raise KilnError(f"library '{lib_path}' does not match the manifest's checksum (damaged or replaced)")
+        lib = ctypes.CDLL(lib_path)
+        abi = lib.kiln_abi_version()
+        if abi != m.abi_version or abi != ENTRY_ABI_VERSION:
+            raise KilnError(f"bundle '{path}': its library has entry ABI {abi}, the manifest says {m.abi_version}, "
+                            f"and this Kiln {KILN_VERSION} calls ABI {ENTRY_ABI_VERSION}: rebuild the bundle")
+        lib.kiln_signature.restype = ctypes.c_char_p
+        built_for = lib.kiln_signature().decode()
+        if built_for != m.signature():
+            raise KilnError(f"bundle '{path}': manifest.json describes inputs, outputs or arena other than the "
+                            f"library was built for ({built_for!r})")
+        return lib
+
+    @staticmethod
+    def _load_weights(path: str, nbytes: int, sha256: str) -> np.ndarray:
         buf = _aligned_empty(max(nbytes, 1))
-        if nbytes:
-            with open(path, "rb") as f:
-                got = f.readinto(memoryview(buf)[:nbytes])
-            if got != nbytes:
-                raise KilnError(f"weights file '{path}' holds {got} bytes, the manifest says {nbytes}")
-            if sha256 and hashlib.sha256(buf[:nbytes]).hexdigest() != sha256:
-                raise KilnError(f"weights file '{path}' does not match the manifest's checksum")
+        _read_bundle_file(path, nbytes, into=memoryview(buf)[:nbytes])
+        if hashlib.sha256(buf[:nbytes]).hexdigest() != sha256:
+            raise KilnError(f"weights file '{path}' does not match the manifest's checksum")
         return buf
 
     def _check_input(self, spec: dict, value) -> np.ndarray:

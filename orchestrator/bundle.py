@@ -64,7 +64,6 @@ def assemble(lowered, objects: dict[str, bytes], target, manifest_extra: dict, s
     weight_offsets, weights = pack_constants({k: np.ascontiguousarray(v) for k, v in lowered.constants.items()})
     offsets, arena_bytes = plan_memory(lowered)
     calls, outputs = _locations(lowered, weight_offsets, offsets)
-    entry = entry_source(calls, outputs, arena_bytes)
     manifest = Manifest(
         **manifest_extra,
         inputs=[{"name": n, "shape": list(types[n].shape), "dtype": types[n].dtype} for n in lowered.inputs],
@@ -72,6 +71,7 @@ def assemble(lowered, objects: dict[str, bytes], target, manifest_extra: dict, s
         arena_bytes=arena_bytes, weights_bytes=len(weights), weights_sha256=hashlib.sha256(weights).hexdigest(),
         runnable=target.runnable,
         calls=[{"name": c.name, "symbol": c.kernel.symbol, "ops": c.ops} for c in lowered.calls])
+    entry = entry_source(calls, outputs, arena_bytes, manifest.signature())
     files = {manifest.weights_file: weights, "kiln_entry.c": entry.encode()}
     if target.runnable:
         key = link_key(list(object_keys), entry) if store is not None else None
@@ -85,6 +85,7 @@ def assemble(lowered, objects: dict[str, bytes], target, manifest_extra: dict, s
             if key:
                 store.put(key, library)
         files[manifest.library] = library
+        manifest.library_bytes, manifest.library_sha256 = len(library), hashlib.sha256(library).hexdigest()
     else:
         for sym, obj in objects.items():
             files[f"objects/{sym}.o"] = obj
