@@ -1,6 +1,8 @@
 """Assemble a bundle from compiled kernels: plan memory, generate the entry, link, manifest."""
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import os
 import shutil
@@ -108,14 +110,35 @@ def write_bundle(files: dict[str, bytes], path: str) -> str:
                 continue
             with open(full, "wb") as f:
                 f.write(data)
-        if os.path.isdir(path):
-            old = path + ".old-" + os.path.basename(staging)
-            os.replace(path, old)
-            os.replace(staging, path)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(staging, path)
+        with _swap_lock(parent):
+            _swap_in(staging, path)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return path
+
+
+@contextlib.contextmanager
+def _swap_lock(parent: str):
+    """Exports into one folder take turns at the swap (an flock on the folder itself: no
+    lock file is left behind); writing the staging folders runs in parallel."""
+    fd = os.open(parent, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _swap_in(staging: str, path: str) -> None:
+    """Replace `path` by `staging`: move the old bundle aside, the new one in, remove the old
+    one and any an interrupted export left aside before."""
+    prefix = path + ".old-"
+    if os.path.lexists(path):
+        old = prefix + os.path.basename(staging)
+        os.replace(path, old)
+    os.replace(staging, path)
+    parent, name = os.path.split(prefix)
+    for leftover in os.listdir(parent):
+        if leftover.startswith(name):
+            shutil.rmtree(os.path.join(parent, leftover), ignore_errors=True)

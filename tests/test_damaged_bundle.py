@@ -95,3 +95,26 @@ def test_library_path_outside_the_bundle(bundle, tmp_path):
     _write_manifest(b, m)
     with pytest.raises(KilnError, match="not a plain name"):
         load(b)
+
+
+def test_concurrent_exports_to_one_folder_leave_one_complete_bundle(bundle, tmp_path):
+    """Several processes export over the same -o at once: one whole bundle remains, that
+    loads and runs, and nothing else (no staging or old folders)."""
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+    code = ("import sys, os\n"
+            "from modelkiln.orchestrator.bundle import write_bundle\n"
+            "src, dest = sys.argv[1], sys.argv[2]\n"
+            "files = {n: open(os.path.join(src, n), 'rb').read() for n in os.listdir(src)}\n"
+            "for _ in range(15):\n"
+            "    write_bundle(files, dest)\n")
+    dest = tmp_path / "out" / "cnn"
+    procs = [subprocess.Popen([sys.executable, "-c", code, bundle, str(dest)], cwd=ROOT, stderr=subprocess.PIPE,
+                              env={**os.environ, "PYTHONPATH": ROOT}) for _ in range(4)]
+    errors = [p.communicate(timeout=300)[1].decode() for p in procs]
+    assert all(p.returncode == 0 for p in procs), errors
+    assert os.listdir(tmp_path / "out") == ["cnn"]
+    assert sorted(os.listdir(dest)) == sorted(os.listdir(bundle))
+    load(str(dest)).run(load(str(dest)).random_inputs())
