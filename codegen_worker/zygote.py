@@ -27,8 +27,41 @@ from . import faults
 from .protocol import FrameReader, OutBuffer, decode, encode, write_all
 
 
+LOG_LIMIT = 1 << 16  # bytes of a job's own output kept for its log
+
+
+def _die_with_parent(parent: int) -> None:
+    """Linux: the kernel kills this process when its parent (the zygote) dies, so no job
+    outlives a zygote killed with SIGKILL. A job in its own process group would otherwise
+    live on; a hung one forever."""
+    try:
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # the zygote died before the line above ran
+        os._exit(1)
+
+
+def _capture_output() -> int:
+    """Send this process's stderr (where LLVM prints its remarks and warnings) into an
+    anonymous file: it goes into the job's log in the report, not onto the user's terminal."""
+    fd = os.memfd_create("kiln-job-log") if hasattr(os, "memfd_create") else os.open(os.devnull, os.O_RDWR)
+    os.dup2(fd, 2)
+    return fd
+
+
+def _captured(fd: int) -> str:
+    try:
+        os.lseek(fd, 0, os.SEEK_SET)
+        return os.read(fd, LOG_LIMIT).decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
 def _run_child(request: dict, kernel_bytes: bytes, out_fd: int) -> None:
     """Body of the forked child: compile, write one result frame, exit without cleanup."""
+    log_fd = _capture_output()
     try:
         faults.before_compile(request)
         from .compile import compile_kernel
@@ -37,11 +70,12 @@ def _run_child(request: dict, kernel_bytes: bytes, out_fd: int) -> None:
                              request.get("opt_level", 3), request.get("fallback", False),
                              request.get("emit_asm", False))
         obj = faults.after_compile(request, res.pop("object"))
-        header = {"id": request["id"], "ok": True, "pid": os.getpid(), "ms": (time.perf_counter() - t0) * 1e3, **res}
+        header = {"id": request["id"], "ok": True, "pid": os.getpid(), "ms": (time.perf_counter() - t0) * 1e3, **res,
+                  "log": _captured(log_fd)}
         frame = encode(header, obj)
     except BaseException as e:  # noqa: BLE001 - every failure becomes a record
         frame = encode({"id": request["id"], "ok": False, "pid": os.getpid(), "kind": "llvm_error",
-                        "message": f"{type(e).__name__}: {e}", "log": traceback.format_exc()})
+                        "message": f"{type(e).__name__}: {e}", "log": _captured(log_fd) + traceback.format_exc()})
     try:
         write_all(out_fd, frame)
     finally:
@@ -133,9 +167,11 @@ def _kill_group(pid: int) -> None:
 def _start(request: dict, kernel_bytes: bytes) -> dict:
     """Fork the child that runs one job; {read end of its result pipe: the job}."""
     r, w = os.pipe()
+    zygote = os.getpid()
     pid = os.fork()
     if pid == 0:
         os.setpgid(0, 0)
+        _die_with_parent(zygote)
         os.close(r)
         _run_child(request, kernel_bytes, w)
     os.close(w)

@@ -66,6 +66,8 @@ def _add_build_flags(p):
     p.add_argument("--report", default=None, help="write the build report (JSON) here")
     p.add_argument("--trace", default=None, help="write a Chrome trace (chrome://tracing, Perfetto) of the compile")
     p.add_argument("--quiet", action="store_true")
+    p.add_argument("--verbose", action="store_true", help="print what LLVM said in each codegen job (otherwise "
+                                                          "it is only in the --report's attempt logs)")
 
 
 def _build_options(args):
@@ -92,14 +94,30 @@ def _summary(report) -> str:
             f"({report['executor']}, {report['workers']} workers)")
 
 
+def _print_job_logs(report) -> None:
+    """--verbose: each codegen attempt's own output (LLVM remarks, warnings), on stderr."""
+    rows = report.get("kernels") or [k for m in report.get("models", []) for k in m.get("kernels", [])]
+    for row in rows:
+        for attempt in row.get("attempt_log", []):
+            if attempt.get("log", "").strip():
+                print(f"--- {row['name']} ({row['symbol']}), attempt {attempt['attempt']}:\n{attempt['log'].rstrip()}",
+                      file=sys.stderr)
+
+
 def _run_build(args, fn, models):
     """Run build/build_many with the CLI's flags; a failed build still writes its report."""
     from .api import BuildError
     try:
-        return fn(models, options=_build_options(args))
+        result = fn(models, options=_build_options(args))
     except BuildError as e:
         _write_report(args.report, e.report)
+        if args.verbose:
+            _print_job_logs(e.report)
         raise
+    if args.verbose:
+        for r in getattr(result, "results", [result]):
+            _print_job_logs(r.report)
+    return result
 
 
 def cmd_build(args) -> int:

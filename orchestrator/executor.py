@@ -55,7 +55,7 @@ def settle(job: CompileJob, result: JobResult, header: dict, blob: bytes, attemp
                                        f"{job.symbol}"}
     result.attempts.append({"attempt": attempt + 1, "ok": ok, "kind": kind, "worker": worker,
                             "fallback": ATTEMPTS[attempt], "ms": round(header.get("ms", 0.0), 2),
-                            "peak_rss_mb": header.get("peak_rss_mb"),
+                            "peak_rss_mb": header.get("peak_rss_mb"), "log": header.get("log", ""),
                             "message": header.get("message", ""), "t_start": t_start, "t_end": t_end})
     if ok:
         result.ok, result.object, result.worker = True, blob, worker

@@ -1,0 +1,74 @@
+"""No process outlives its build, and what LLVM prints goes into the job's log, not onto
+the user's terminal."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from tests.conftest import ROOT
+from tests.test_bad_input import kiln
+
+EXAMPLE = os.path.join(ROOT, "configs", "examples", "cnn.onnx")
+_HANGING_BUILD = ("from modelkiln.orchestrator.api import build\n"
+                  f"build({EXAMPLE!r}, cache=None, progress=False, kernel_timeout=600, workers=2,\n"
+                  "      inject={'fused': 'hang:always'})\n")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM, signal.SIGINT])
+def test_killing_the_driver_leaves_no_codegen_process(sig):
+    driver = subprocess.Popen([sys.executable, "-c", _HANGING_BUILD], cwd=ROOT, stderr=subprocess.DEVNULL,
+                              env={**os.environ, "PYTHONPATH": ROOT})
+    try:
+        deadline = time.monotonic() + 60
+        family = []
+        while time.monotonic() < deadline:  # the driver, its zygote, and hanging jobs under it
+            family = psutil.Process(driver.pid).children(recursive=True)
+            if len(family) >= 3:
+                break
+            time.sleep(0.1)
+        assert len(family) >= 3, "the jobs never started"
+        os.kill(driver.pid, sig)
+        driver.wait(timeout=30)
+        _, alive = psutil.wait_procs(family, timeout=15)
+        assert not alive, f"left behind after {sig.name}: {[p.pid for p in alive]}"
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+
+
+def test_llvm_output_goes_to_the_job_log(tmp_path):
+    report = tmp_path / "r.json"
+    args = ["build", EXAMPLE, "-o", str(tmp_path / "b"), "--no-cache", "--quiet", "--report", str(report),
+            "--target", "llvm -cl-opt=-force-vector-width=4"]
+    r = kiln(*args)
+    assert r.returncode == 0 and r.stderr.strip() == "", r.stderr  # it used to print dozens of remarks
+    logs = [a["log"] for k in json.loads(report.read_text())["kernels"] for a in k["attempt_log"]]
+    assert any("loop not vectorized" in log for log in logs)
+    r = kiln(*args, "--verbose")
+    assert r.returncode == 0 and "loop not vectorized" in r.stderr
+
+
+def test_jobs_die_with_a_killed_zygote():
+    """A zygote killed with SIGKILL cannot clean up: its jobs (each in a process group of its
+    own) are killed by the kernel when their parent dies."""
+    from modelkiln.codegen_worker.zygote_client import ZygoteClient
+    from tests.test_zygote_pipes import _big_job
+    job = _big_job(0, stores=4)
+    zygote = ZygoteClient()
+    try:
+        zygote.send({**job.request(0, False, 600, 1), "inject": "hang"}, job.kernel_bytes)
+        deadline = time.monotonic() + 30
+        while not psutil.Process(zygote.pid).children() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        jobs = psutil.Process(zygote.pid).children(recursive=True)
+        assert jobs
+        os.kill(zygote.pid, signal.SIGKILL)
+        _, alive = psutil.wait_procs(jobs, timeout=10)
+        assert not alive
+    finally:
+        zygote.close()
