@@ -30,15 +30,26 @@ from .protocol import FrameReader, OutBuffer, decode, encode, write_all
 LOG_LIMIT = 1 << 16  # bytes of a job's own output kept for its log
 
 
+def _prctl():
+    """libc's prctl, looked up once in the zygote: a forked job only calls it."""
+    try:
+        import ctypes
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):  # not Linux
+        return None
+
+
+_PRCTL = _prctl()
+_PR_SET_PDEATHSIG = 1
+
+
 def _die_with_parent(parent: int) -> None:
     """Linux: the kernel kills this process when its parent (the zygote) dies, so no job
     outlives a zygote killed with SIGKILL. A job in its own process group would otherwise
     live on; a hung one forever."""
-    try:
-        import ctypes
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
+    if _PRCTL is None:
         return
+    _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != parent:  # the zygote died before the line above ran
         os._exit(1)
 

@@ -1,10 +1,11 @@
 """The build API: ONNX models in, deployable bundles out.
 
-    result = build("model.onnx", target="llvm", opt_level=3)
+    import modelkiln as kiln
+    result = kiln.build("model.onnx", target="llvm", opt_level=3)
     result.export("out/")            # model.so + manifest.json + weights.bin
-    module = artifacts.load("out/")  # or result.load()
+    module = kiln.load("out/")       # or result.load()
 
-    batch = build_many(["a.onnx", ("b.onnx", "x86-64-v3")])   # kernels shared across models compile once
+    batch = kiln.build_many(["a.onnx", ("b.onnx", "x86-64-v3")])   # kernels shared across models compile once
 
 Stages: frontend -> passes (under a PassContext) -> lowering -> one compile job per unique
 (kernel, target, options) key across the whole batch -> store lookup -> executor (a fresh

@@ -45,7 +45,8 @@ class CachePolicy:
         o = self.options
         if self.store is None or o.bypasses_model_cache:
             return None
-        return model_cache.model_key(model, target, o.opt_level, o.shapes, o.salt)
+        memo = os.path.join(self.store.root, "digests") if self.writable else None
+        return model_cache.model_key(model, target, o.opt_level, o.shapes, o.salt, memo)
 
     def find_bundle(self, key: str | None):
         """(files, report) of a bundle found whole, or None (a damaged entry is a miss)."""

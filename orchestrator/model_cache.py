@@ -19,6 +19,7 @@ from ..ir import external_data
 from ..ir.errors import KilnError
 
 from .cache_key import hash_sources, llvm_versions
+from .file_digests import remembered
 from .toolchain import host_toolchain
 
 _SOURCES = ("ir", "orchestrator", "codegen_worker", "artifacts", "configs")
@@ -40,14 +41,23 @@ def _model_data(model):
     return mapped(os.fspath(model))
 
 
-def content_digest(model) -> bytes | None:
+def _describe(data) -> dict:
+    return {"sha256": hashlib.sha256(data).hexdigest(),
+            "locations": sorted({loc for _, loc in external_data.external_locations(data)})}
+
+
+def content_digest(model, memo: str | None = None) -> bytes | None:
     """sha256 over every byte the model reads: the model itself and each external data file
     (by its location). None where that cannot be known (an unreadable file, external data
-    without a folder to find it in): such a model is not looked up whole."""
+    without a folder to find it in): such a model is not looked up whole. With `memo` (a
+    folder), files unchanged since they were last hashed are not hashed again."""
     try:
-        data = _model_data(model)
-        h = hashlib.sha256(hashlib.sha256(data).digest())
-        locations = sorted({loc for _, loc in external_data.external_locations(data)})
+        if isinstance(model, (bytes, bytearray)) or hasattr(model, "SerializeToString"):
+            info = _describe(_model_data(model))
+        else:
+            info = remembered(memo, os.fspath(model), lambda: _describe(_model_data(model)))
+        h = hashlib.sha256(bytes.fromhex(info["sha256"]))
+        locations = info["locations"]
     except (OSError, ValueError):
         return None
     if locations:
@@ -57,16 +67,17 @@ def content_digest(model) -> bytes | None:
         for loc in locations:
             try:
                 path = external_data.resolve(model_dir, "", loc)
-                h.update(loc.encode() + b"\0" + bytes.fromhex(file_sha256(path)))
+                digest = remembered(memo, path, lambda: {"sha256": file_sha256(path)})["sha256"]
+                h.update(loc.encode() + b"\0" + bytes.fromhex(digest))
             except (KilnError, OSError):
                 return None
     return h.digest()
 
 
-def model_key(model, target, opt_level: int, shapes, salt: str) -> str | None:
+def model_key(model, target, opt_level: int, shapes, salt: str, memo: str | None = None) -> str | None:
     """The store key of a finished bundle, or None if the model cannot be read (the normal
-    path then reports the problem)."""
-    digest = content_digest(model)
+    path then reports the problem). memo: see content_digest."""
+    digest = content_digest(model, memo)
     if digest is None:
         return None
     settings = {"target": target.to_dict(), "opt_level": opt_level, "salt": salt,

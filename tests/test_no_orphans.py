@@ -57,16 +57,10 @@ def test_jobs_die_with_a_killed_zygote():
     """A zygote killed with SIGKILL cannot clean up: its jobs (each in a process group of its
     own) are killed by the kernel when their parent dies."""
     from modelkiln.codegen_worker.zygote_client import ZygoteClient
-    from tests.test_zygote_pipes import _big_job
-    job = _big_job(0, stores=4)
+    from tests.test_zygote_pipes import start_hanging_job
     zygote = ZygoteClient()
     try:
-        zygote.send({**job.request(0, False, 600, 1), "inject": "hang"}, job.kernel_bytes)
-        deadline = time.monotonic() + 30
-        while not psutil.Process(zygote.pid).children() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        jobs = psutil.Process(zygote.pid).children(recursive=True)
-        assert jobs
+        jobs = start_hanging_job(zygote)
         os.kill(zygote.pid, signal.SIGKILL)
         _, alive = psutil.wait_procs(jobs, timeout=10)
         assert not alive

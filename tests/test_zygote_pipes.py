@@ -45,6 +45,21 @@ def test_frame_reader_reassembles_frames_split_anywhere():
         assert got == frames
 
 
+def start_hanging_job(zygote) -> list:
+    """Send a zygote one job that hangs; its processes (psutil), once they run."""
+    import time
+
+    import psutil
+    job = _big_job(0, stores=4)  # small: the request fits the pipe, sent without waiting
+    zygote.send({**job.request(0, False, 600, 1), "inject": "hang"}, job.kernel_bytes)
+    deadline = time.monotonic() + 30
+    while not psutil.Process(zygote.pid).children() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    children = psutil.Process(zygote.pid).children(recursive=True)
+    assert children, "the job never started"
+    return children
+
+
 def test_closing_the_zygote_leaves_no_job_running():
     """A job still running when its executor closes (here: one that hangs) dies with it,
     although each job runs in a process group of its own."""
@@ -53,14 +68,8 @@ def test_closing_the_zygote_leaves_no_job_running():
     import psutil
 
     from modelkiln.codegen_worker.zygote_client import ZygoteClient
-    job = _big_job(0, stores=4)  # small: the request fits the pipe, sent without waiting
     zygote = ZygoteClient()
-    zygote.send({**job.request(0, False, 600, 1), "inject": "hang"}, job.kernel_bytes)
-    deadline = time.monotonic() + 30
-    while not psutil.Process(zygote.pid).children() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    children = psutil.Process(zygote.pid).children(recursive=True)
-    assert children
+    children = start_hanging_job(zygote)
     t0 = time.monotonic()
     zygote.close()
     gone, alive = psutil.wait_procs(children, timeout=10)
