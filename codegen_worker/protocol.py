@@ -32,29 +32,6 @@ def decode(frame: bytes) -> tuple[dict, bytes]:
     return header, frame[_HEAD.size + n_meta:]
 
 
-def _read_exact(fd: int, n: int) -> bytes | None:
-    chunks, got = [], 0
-    while got < n:
-        chunk = os.read(fd, n - got)
-        if not chunk:
-            return None
-        chunks.append(chunk)
-        got += len(chunk)
-    return b"".join(chunks)
-
-
-def read_frame(fd: int) -> tuple[dict, bytes] | None:
-    """Blocking read of one frame from a file descriptor; None at end of stream."""
-    head = _read_exact(fd, _HEAD.size)
-    if head is None:
-        return None
-    n_meta, n_blob = _HEAD.unpack(head)
-    rest = _read_exact(fd, n_meta + n_blob)
-    if rest is None:
-        return None
-    return decode(head + rest)
-
-
 def write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
