@@ -13,6 +13,7 @@ import numpy as np
 from . import external_data
 from .graph import Graph, KilnError, Node, TensorType, UnsupportedError, as_kiln_array
 from .onnx_dtypes import onnx_to_dtype
+from .validate import check_constants_size, check_node, check_outputs_unique, check_tensor_size
 from .ops import op_def
 from .ops.compile_time import CONSTANT
 
@@ -146,25 +147,27 @@ def _topological(nodes: list[Node], available: set[str]) -> list[Node]:
         for i in n.inputs:
             if i and i not in available and i not in produced_by:
                 raise KilnError(f"{n.describe()}: input '{i}' is produced by no node, initializer or graph input")
-    order, state = [], {}  # state: 1 visiting, 2 done
-
-    def visit(n: Node, path: list[Node]):
-        key = id(n)
-        if state.get(key) == 2:
-            return
-        if state.get(key) == 1:
-            cycle = path[path.index(n):] + [n]
-            raise KilnError("the graph has a cycle: " + " -> ".join(m.name or m.outputs[0] for m in cycle))
-        state[key] = 1
-        stack = path + [n]
-        for i in n.inputs:
-            if i in produced_by and i not in available:
-                visit(produced_by[i], stack)
-        state[key] = 2
-        order.append(n)
-
-    for n in nodes:
-        visit(n, [])
+    order, state = [], {}  # state: 1 on the current path, 2 done
+    for root in nodes:  # depth-first with an explicit stack: a graph thousands of nodes deep is fine
+        if state.get(id(root)) == 2:
+            continue
+        path = [root]
+        pending = [iter([produced_by[i] for i in root.inputs if i in produced_by and i not in available])]
+        state[id(root)] = 1
+        while pending:
+            nxt = next(pending[-1], None)
+            if nxt is None:
+                done = path.pop()
+                pending.pop()
+                state[id(done)] = 2
+                order.append(done)
+            elif state.get(id(nxt)) == 1:
+                cycle = path[path.index(nxt):] + [nxt]
+                raise KilnError("the graph has a cycle: " + " -> ".join(m.name or m.outputs[0] for m in cycle))
+            elif state.get(id(nxt)) != 2:
+                state[id(nxt)] = 1
+                path.append(nxt)
+                pending.append(iter([produced_by[i] for i in nxt.inputs if i in produced_by and i not in available]))
     return order
 
 
@@ -176,8 +179,15 @@ def from_onnx(model, shapes: dict | None = None) -> Graph:
     opset = _opset(proto)
     gp = proto.graph
     g = Graph(inputs=[], outputs=[o.name for o in gp.output], nodes=[], opset=opset, name=gp.name or "model")
+    check_constants_size(gp.initializer)
     for init in gp.initializer:
-        g.add_constant(init.name, as_kiln_array(numpy_helper.to_array(init)))
+        check_tensor_size(init.name, init.dims, 1, "initializer")
+        try:
+            value = numpy_helper.to_array(init)
+        except Exception as e:  # noqa: BLE001 - whatever onnx raises on inconsistent protobuf data
+            raise KilnError(f"initializer '{init.name}': its dims {list(init.dims)}, data type and data disagree "
+                            f"({type(e).__name__}: {e})") from None
+        g.add_constant(init.name, as_kiln_array(value))
 
     shapes = {k: tuple(int(d) for d in v) for k, v in (shapes or {}).items()}
     real_inputs = [vi for vi in gp.input if vi.name not in g.constants]
@@ -200,6 +210,7 @@ def from_onnx(model, shapes: dict | None = None) -> Graph:
                             f"give it with --shape {vi.name}=DIMS (for example 1x3x224x224)")
         else:
             shape = tuple(declared)
+        check_tensor_size(vi.name, shape, 4, "input")
         g.inputs.append(vi.name)
         g.types[vi.name] = TensorType(tuple(shape), dtype)
 
@@ -210,6 +221,7 @@ def from_onnx(model, shapes: dict | None = None) -> Graph:
             raise UnsupportedError(f"{node.describe()}: domain '{np_.domain}' is not supported (ai.onnx only)")
         if op_def(np_.op_type) is None:
             raise UnsupportedError(f"{node.describe()}: op {np_.op_type} (opset {opset}) is not supported by Kiln")
+        check_node(np_, opset, node.describe())
         try:
             node.attrs = {a.name: _attr_value(a) for a in np_.attribute}
         except UnsupportedError as e:
@@ -220,6 +232,7 @@ def from_onnx(model, shapes: dict | None = None) -> Graph:
             g.add_constant(node.outputs[0], as_kiln_array(_constant_value(node)))
             continue
         nodes.append(node)
+    check_outputs_unique(nodes)
     g.nodes = _topological(nodes, set(g.inputs) | set(g.constants))
     produced = {o for n in g.nodes for o in n.outputs} | set(g.inputs) | set(g.constants)
     for o in g.outputs:

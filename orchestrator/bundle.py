@@ -53,7 +53,12 @@ def plan_memory(lowered):
         s = lowered.storage(o)
         if s in lifetimes:
             lifetimes[s][1] = end
+    from ..ir.graph import ShapeError  # (here: a whole-model hit imports this module, not numpy)
+    from ..ir.validate import MAX_ARENA_BYTES
     offsets, total = plan_arena({k: tuple(v) for k, v in lifetimes.items()}, sizes)
+    if total > MAX_ARENA_BYTES:
+        raise ShapeError(f"the model needs a {total / 2**30:.1f} GiB arena for its intermediate tensors, more than "
+                         f"the {MAX_ARENA_BYTES / 2**30:.0f} GiB allowed (KILN_MAX_ARENA_BYTES)")
     return offsets, total
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..graph import TensorType, UnsupportedError, as_kiln_array
+from ..validate import check_tensor_size
 from .registry import OPAQUE, OpDef, register
 
 
@@ -29,7 +30,9 @@ def _range_value(a, values, g, node):
 
 def _constant_of_shape_value(a, values, g, node):
     value = a.get("value", np.zeros(1, np.float32))
-    return [np.full([int(d) for d in values[0].reshape(-1)], value.reshape(-1)[0], dtype=value.dtype)]
+    shape = [int(d) for d in values[0].reshape(-1)]
+    check_tensor_size(node.outputs[0], shape, value.dtype.itemsize)  # before np.full allocates it
+    return [np.full(shape, value.reshape(-1)[0], dtype=value.dtype)]
 
 
 def _from_value(evaluate):

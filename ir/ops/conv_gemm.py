@@ -22,6 +22,11 @@ def resolve_window(node, p, spatial, kernel, is_transpose=False, out_padding=Non
         auto = auto.decode()
     check_attrs(node, {"auto_pad": ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID",
                                     b"NOTSET", b"SAME_UPPER", b"SAME_LOWER", b"VALID")})
+    # (A transposed conv's pads may be negative: an output_shape larger than the default one.)
+    negative_pads = min(pads, default=0) < 0 and not is_transpose
+    if len(pads) != 2 * n or negative_pads or min(strides, default=1) < 1 or min(dil, default=1) < 1:
+        raise ShapeError(f"{node.describe()}: pads {pads}, strides {strides} and dilations {dil} do not describe "
+                         f"a {n}-d window (pads must be >= 0, strides and dilations >= 1)")
     if auto == "VALID":
         pads = [0] * (2 * n)
     elif auto in ("SAME_UPPER", "SAME_LOWER"):

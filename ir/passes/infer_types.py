@@ -12,6 +12,7 @@ import numpy as np
 from ..graph import Graph, KilnError, Node, UnsupportedError, as_kiln_array
 from ..ops import op_def
 from ..transform import graph_pass
+from ..validate import check_tensor_size
 
 # Do not materialize folded tensors larger than this (e.g. an Expand of a constant).
 MAX_FOLDED_ELEMENTS = 1 << 24
@@ -49,6 +50,7 @@ def resolve(g: Graph, fold_floats: bool) -> Graph:
             raise type(e)(msg if node.describe() in msg else f"{node.describe()}: {msg}") from None
         for name, t in zip(node.outputs, types):
             if name:
+                check_tensor_size(name, t.shape, np.dtype(t.dtype).itemsize)
                 g.types[name] = t
         definition = op_def(node.op)
         inputs_const = all(i in g.constants for i in node.inputs if i) or definition.shape_only
