@@ -287,3 +287,97 @@ def _batchnorm_reader(b, node):
 
 register(OpDef(WHERE, BROADCAST, _where_infer, lambda a, v, g, node: [np.where(*v)], _where_reader),
          OpDef(BATCH_NORMALIZATION, BROADCAST, _batchnorm_infer, None, _batchnorm_reader))
+
+
+# ---- more comparisons, logic and activations ------------------------------------------------
+
+def _softplus(x):
+    # max(x, 0) + log(1 + exp(-|x|)): exp never overflows, large x gives x.
+    return fbin("add", fbin("max", x, f32(0)), call("log", fbin("add", f32(1), call("exp", call("neg", call("abs", x))))))
+
+
+def _exp_minus_one(x):
+    return fbin("sub", call("exp", x), f32(1))
+
+
+def _is_inf(x, a, is_f, b, node):
+    pos = cmp("eq", x, f32(math.inf)) if a.get("detect_positive", 1) else None
+    neg = cmp("eq", x, f32(-math.inf)) if a.get("detect_negative", 1) else None
+    if pos is not None and neg is not None:
+        return fbin("or", pos, neg)
+    return pos if pos is not None else neg if neg is not None else cmp("lt", f32(0), f32(0))  # never
+
+
+def _sign(x, a, is_f, b, node):
+    one, zero = (f32(1), f32(0)) if is_f else (Const(1), Const(0))
+    minus = f32(-1) if is_f else Const(-1)
+    return select(cmp("gt", x, zero), one, select(cmp("lt", x, zero), minus, x))
+
+
+def _selu(x, a, is_f, b, node):
+    alpha, gamma = a.get("alpha", 1.67326319217681884765625), a.get("gamma", 1.05070102710723876953125)
+    return fbin("mul", f32(gamma), select(cmp("gt", x, f32(0)), x, fbin("mul", f32(alpha), _exp_minus_one(x))))
+
+
+def _shrink(x, a, is_f, b, node):
+    lambd, bias = a.get("lambd", 0.5), a.get("bias", 0.0)
+    return select(cmp("lt", x, f32(-lambd)), fbin("add", x, f32(bias)),
+                  select(cmp("gt", x, f32(lambd)), fbin("sub", x, f32(bias)), f32(0)))
+
+
+def _bool_infer(g, node, p):
+    return TensorType(g.types[node.inputs[0]].shape, "bool")
+
+
+def _logic(name, expr, fold):
+    def reader(b, node):
+        rs = _readers(b, node)
+        return {node.outputs[0]: lambda idx: expr(rs[0](idx), rs[1](idx))}
+    return OpDef(name, BROADCAST, _compare_infer, lambda a, v, g, node: [fold(v[0], v[1])], reader)
+
+
+def _prelu_infer(g, node, p):
+    x, slope = g.types[node.inputs[0]], g.types[node.inputs[1]]
+    if broadcast([x.shape, slope.shape], node) != x.shape:
+        raise ShapeError(f"{node.describe()}: slope {slope} does not broadcast to the input {x}")
+    return x
+
+
+def _prelu_reader(b, node):
+    x, slope = _readers(b, node)
+    return {node.outputs[0]: lambda idx: select(cmp("lt", x(idx), f32(0)), fbin("mul", slope(idx), x(idx)), x(idx))}
+
+
+def _np_softplus(x):
+    return np.maximum(x, 0) + np.log1p(np.exp(-np.abs(x)))
+
+
+register(
+    _compare("GreaterOrEqual", "ge", np.greater_equal), _compare("LessOrEqual", "le", np.less_equal),
+    _logic("And", lambda p, q: fbin("and", p, q), np.logical_and),
+    _logic("Or", lambda p, q: fbin("or", p, q), np.logical_or),
+    _logic("Xor", lambda p, q: cmp("ne", p, q), np.logical_xor),
+    _unary("IsNaN", lambda x, a, is_f, b, n: cmp("ne", x, x), lambda x, a: np.isnan(x), infer=_bool_infer),
+    _unary("IsInf", _is_inf, lambda x, a: (np.isposinf(x) & bool(a.get("detect_positive", 1))) |
+           (np.isneginf(x) & bool(a.get("detect_negative", 1))), infer=_bool_infer),
+    _unary("Floor", lambda x, a, is_f, b, n: call("floor", x), lambda x, a: np.floor(x)),
+    _unary("Ceil", lambda x, a, is_f, b, n: call("ceil", x), lambda x, a: np.ceil(x)),
+    _unary("Round", lambda x, a, is_f, b, n: call("round", x), lambda x, a: np.round(x)),
+    _unary("Sign", _sign, lambda x, a: np.sign(x)),
+    _unary("Softplus", lambda x, a, is_f, b, n: _softplus(x), lambda x, a: _np_softplus(x)),
+    _unary("Softsign", lambda x, a, is_f, b, n: fbin("div", x, fbin("add", f32(1), call("abs", x))),
+           lambda x, a: x / (1 + np.abs(x))),
+    _unary("Elu", lambda x, a, is_f, b, n: select(cmp("lt", x, f32(0)), fbin("mul", f32(a.get("alpha", 1.0)),
+                                                                            _exp_minus_one(x)), x),
+           lambda x, a: np.where(x < 0, a.get("alpha", 1.0) * np.expm1(x), x)),
+    _unary("Selu", _selu, None),
+    _unary("Celu", lambda x, a, is_f, b, n: fbin("add", fbin("max", x, f32(0)), fbin("min", f32(0), fbin(
+        "mul", f32(a.get("alpha", 1.0)), _exp_minus_one(fbin("div", x, f32(a.get("alpha", 1.0))))))), None),
+    _unary("ThresholdedRelu", lambda x, a, is_f, b, n: select(cmp("gt", x, f32(a.get("alpha", 1.0))), x, f32(0)),
+           lambda x, a: np.where(x > a.get("alpha", 1.0), x, 0).astype(x.dtype)),
+    _unary("Shrink", _shrink, None),
+    _unary("Mish", lambda x, a, is_f, b, n: fbin("mul", x, call("tanh", _softplus(x))),
+           lambda x, a: x * np.tanh(_np_softplus(x))),
+    OpDef("PRelu", BROADCAST, _prelu_infer, lambda a, v, g, node: [np.where(v[0] < 0, v[0] * v[1], v[0])],
+          _prelu_reader),
+)
