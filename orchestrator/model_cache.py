@@ -51,8 +51,9 @@ def content_digest(model, memo: str | None = None) -> bytes | None:
     (by its location). None where that cannot be known (an unreadable file, external data
     without a folder to find it in): such a model is not looked up whole. With `memo` (a
     folder), files unchanged since they were last hashed are not hashed again."""
+    in_memory = isinstance(model, (bytes, bytearray)) or hasattr(model, "SerializeToString")
     try:
-        if isinstance(model, (bytes, bytearray)) or hasattr(model, "SerializeToString"):
+        if in_memory:
             info = _describe(_model_data(model))
         else:
             info = remembered(memo, os.fspath(model), lambda: _describe(_model_data(model)))
@@ -61,7 +62,7 @@ def content_digest(model, memo: str | None = None) -> bytes | None:
     except (OSError, ValueError):
         return None
     if locations:
-        if isinstance(model, (bytes, bytearray)) or hasattr(model, "SerializeToString"):
+        if in_memory:  # no folder to find the files in
             return None
         model_dir = os.path.dirname(os.path.abspath(os.fspath(model)))
         for loc in locations:

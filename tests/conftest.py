@@ -85,3 +85,24 @@ def ray_executor(ray_session):
     ex = RayExecutor(workers=2, kernel_timeout=20)
     yield ex
     ex.close()
+
+
+@pytest.fixture(scope="session")
+def cnn_bundle(tmp_path_factory, executor):
+    """The bundled example, built once: tests that damage a bundle damage copies of it."""
+    from modelkiln.orchestrator.api import build
+    result = build(model_zoo.cnn(), executor=executor, cache=None, progress=False)
+    return result.export(str(tmp_path_factory.mktemp("cnn-bundle") / "cnn"))
+
+
+def bundle_copy(bundle: str, tmp_path, edit_manifest=None) -> str:
+    """A copy of `bundle`; edit_manifest(raw dict) may change the manifest in place, or
+    return text to write instead of it."""
+    import json
+    out = tmp_path / "copy"
+    shutil.copytree(bundle, out)
+    if edit_manifest is not None:
+        raw = json.loads((out / "manifest.json").read_text())
+        text = edit_manifest(raw)
+        (out / "manifest.json").write_text(text if isinstance(text, str) else json.dumps(raw))
+    return str(out)

@@ -1,39 +1,18 @@
 """One manifest type writes and reads a bundle's manifest; loading checks its format, the
 library's entry ABI and the file names before anything is mapped."""
-import json
-import shutil
-
 import pytest
 
 from modelkiln.artifacts import load
 from modelkiln.artifacts.manifest import FORMAT_VERSION, KILN_VERSION, Manifest
 from modelkiln.ir.errors import KilnError
-from modelkiln.orchestrator.api import build
-from tests import model_zoo
+from tests.conftest import bundle_copy
 
 
-@pytest.fixture(scope="module")
-def bundle(tmp_path_factory):
-    from modelkiln.orchestrator.executor_local import LocalExecutor
-    with LocalExecutor(workers=2) as ex:
-        result = build(model_zoo.cnn(), executor=ex, cache=None, progress=False)
-    return result.export(str(tmp_path_factory.mktemp("manifest") / "cnn"))
-
-
-def _edited(bundle, tmp_path, edit) -> str:
-    out = tmp_path / "edited"
-    shutil.copytree(bundle, out)
-    raw = json.loads((out / "manifest.json").read_text())
-    text = edit(raw)
-    (out / "manifest.json").write_text(text if isinstance(text, str) else json.dumps(raw))
-    return str(out)
-
-
-def test_manifest_round_trips_and_names_this_kiln(bundle):
-    m = Manifest.read(bundle)
+def test_manifest_round_trips_and_names_this_kiln(cnn_bundle):
+    m = Manifest.read(cnn_bundle)
     assert Manifest.from_bytes(m.to_bytes(), "x") == m
     assert m.kiln_version == KILN_VERSION and m.format_version == FORMAT_VERSION
-    assert load(bundle).manifest == m
+    assert load(cnn_bundle).manifest == m
 
 
 @pytest.mark.parametrize("edit,message", [
@@ -44,6 +23,6 @@ def test_manifest_round_trips_and_names_this_kiln(bundle):
     (lambda m: "{ not json", "not valid JSON"),
     (lambda m: "[1, 2]", "not a Kiln manifest"),
 ])
-def test_a_bad_manifest_is_a_clear_error(bundle, tmp_path, edit, message):
+def test_a_bad_manifest_is_a_clear_error(cnn_bundle, tmp_path, edit, message):
     with pytest.raises(KilnError, match=message):
-        load(_edited(bundle, tmp_path, edit))
+        load(bundle_copy(cnn_bundle, tmp_path, edit))

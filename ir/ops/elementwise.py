@@ -152,8 +152,9 @@ def _readers(b, node):
     return [bcast_reader(b, i, oshape) for i in node.inputs]
 
 
-def _arith(name, op, fold):
-    """Add, Sub, ...; Max and Min take any number of inputs, folded left to right."""
+def _arith(name, op, fold, infer=None):
+    """Add, Sub, ...; Max and Min take any number of inputs (infer=_variadic_infer), folded
+    left to right."""
     def reader(b, node):
         rs = _readers(b, node)
 
@@ -169,7 +170,7 @@ def _arith(name, op, fold):
         for v in values[1:]:
             out = fold(out, v, a)
         return [out]
-    return OpDef(name, BROADCAST, _binary_infer if name not in ("Max", "Min") else _variadic_infer, evaluate, reader)
+    return OpDef(name, BROADCAST, infer or _binary_infer, evaluate, reader)
 
 
 def _variadic_infer(g, node, p):
@@ -247,7 +248,8 @@ def _mod_reader(b, node):
 register(
     _arith(ADD, "add", lambda x, y, a: np.add(x, y)), _arith("Sub", "sub", lambda x, y, a: np.subtract(x, y)),
     _arith(MUL, "mul", lambda x, y, a: np.multiply(x, y)), _arith("Div", "div", _div_fold),
-    _arith("Max", "max", lambda x, y, a: np.maximum(x, y)), _arith("Min", "min", lambda x, y, a: np.minimum(x, y)),
+    _arith("Max", "max", lambda x, y, a: np.maximum(x, y), _variadic_infer),
+    _arith("Min", "min", lambda x, y, a: np.minimum(x, y), _variadic_infer),
     _compare("Equal", "eq", np.equal), _compare("Less", "lt", np.less), _compare("Greater", "gt", np.greater),
     OpDef("Pow", BROADCAST, _pow_infer, lambda a, v, g, node: [np.power(v[0], v[1])], _pow_reader),
     OpDef("Mod", BROADCAST, _mod_infer,
@@ -301,11 +303,11 @@ def _exp_minus_one(x):
 
 
 def _is_inf(x, a, is_f, b, node):
-    pos = cmp("eq", x, f32(math.inf)) if a.get("detect_positive", 1) else None
-    neg = cmp("eq", x, f32(-math.inf)) if a.get("detect_negative", 1) else None
-    if pos is not None and neg is not None:
-        return fbin("or", pos, neg)
-    return pos if pos is not None else neg if neg is not None else cmp("lt", f32(0), f32(0))  # never
+    tests = [cmp("eq", x, f32(inf)) for inf, wanted in ((math.inf, a.get("detect_positive", 1)),
+                                                         (-math.inf, a.get("detect_negative", 1))) if wanted]
+    if not tests:
+        return cmp("ne", f32(0), f32(0))  # detects nothing: always false
+    return tests[0] if len(tests) == 1 else fbin("or", *tests)
 
 
 def _sign(x, a, is_f, b, node):
