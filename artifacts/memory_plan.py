@@ -42,6 +42,7 @@ def pack_constants(arrays: dict[str, "object"]) -> tuple[dict[str, int], bytes]:
     blob = bytearray(pos)  # zero padding between arrays; one copy per array, no joins
     view = memoryview(blob)
     for name, off in offsets.items():
-        data = memoryview(arrays[name]).cast("B") if arrays[name].nbytes else b""
+        # As bytes: a buffer of float16 or bfloat16 elements has no memoryview format.
+        data = memoryview(arrays[name].reshape(-1).view("u1")) if arrays[name].nbytes else b""
         view[off:off + len(data)] = data
     return offsets, bytes(blob)

@@ -15,6 +15,7 @@ import time
 
 import numpy as np
 
+from .element_types import kind, numpy_dtype
 from .errors import KilnError
 
 from .manifest import ENTRY_ABI_VERSION, KILN_VERSION, Manifest
@@ -113,10 +114,12 @@ class Module:
 
     def _check_input(self, spec: dict, value) -> np.ndarray:
         arr = np.asarray(value)
-        want = np.dtype(spec["dtype"])
+        want = numpy_dtype(spec["dtype"])
         if arr.dtype != want:
-            if not np.can_cast(arr.dtype, want, casting="same_kind") or arr.dtype.kind != want.kind:
-                raise KilnError(f"input '{spec['name']}': expected dtype {want}, got {arr.dtype}")
+            # Data of the same kind is converted (float64 arrays for a float32 input); another
+            # kind (floats for an integer input) is the caller's mistake, named.
+            if kind(arr.dtype) != kind(want) or not np.can_cast(arr.dtype, want, casting="same_kind"):
+                raise KilnError(f"input '{spec['name']}': expected dtype {spec['dtype']}, got {arr.dtype}")
             arr = arr.astype(want)
         if list(arr.shape) != list(spec["shape"]):
             raise KilnError(f"input '{spec['name']}': expected shape {tuple(spec['shape'])}, got {arr.shape}")
@@ -130,7 +133,7 @@ class Module:
         if missing or extra:
             raise KilnError(f"inputs: missing {missing}, unexpected {extra}; the model takes {names}")
         arrays = [self._check_input(s, inputs[s["name"]]) for s in self.inputs]
-        outs = {s["name"]: np.empty(s["shape"], s["dtype"]) for s in self.outputs}
+        outs = {s["name"]: np.empty(s["shape"], numpy_dtype(s["dtype"])) for s in self.outputs}
         for i, a in enumerate(arrays):
             self._in_ptrs[i] = a.ctypes.data
         for i, s in enumerate(self.outputs):
@@ -168,8 +171,9 @@ class Module:
     def random_inputs(self, seed: int = 0) -> dict:
         """Inputs of the right shapes and dtypes: standard normal floats, zero integers."""
         rng = np.random.default_rng(seed)
-        return {s["name"]: (rng.standard_normal(s["shape"]).astype(s["dtype"]) if s["dtype"] == "float32"
-                            else np.zeros(s["shape"], s["dtype"])) for s in self.inputs}
+        return {s["name"]: (rng.standard_normal(s["shape"]).astype(numpy_dtype(s["dtype"]))
+                            if s["dtype"].startswith(("float", "bfloat")) else np.zeros(s["shape"], numpy_dtype(s["dtype"])))
+                for s in self.inputs}
 
     def __call__(self, *args, **kwargs) -> dict:
         named = dict(zip((s["name"] for s in self.inputs), args))

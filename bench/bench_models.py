@@ -19,7 +19,14 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from modelkiln.orchestrator.api import build  # noqa: E402
-from tests import model_zoo  # noqa: E402
+from tests import model_zoo, transformer_zoo  # noqa: E402
+
+# name -> () -> (model, inputs): the test zoo's models on random inputs, and a BERT-style
+# encoder (4 layers, d=256, 128 tokens, a padded attention mask) as torch's dynamo exports it.
+MODELS = {name: (lambda make=make: (lambda m: (m, model_zoo.random_inputs(m)))(make()))
+          for name, make in model_zoo.ALL.items()}
+MODELS["bert_encoder"] = lambda: transformer_zoo.bert_encoder("dynamo", seq=128, d=256, heads=4, layers=4,
+                                                              vocab=8000, ffn=1024)
 
 
 def ort_latency(model, inputs, warmup: int, repeat: int) -> float:
@@ -51,7 +58,7 @@ def cpu_name() -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--models", default=",".join(model_zoo.ALL))
+    ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--repeat", type=int, default=50)
     args = ap.parse_args()
@@ -61,8 +68,7 @@ def main() -> None:
     print("| model | kiln build (cold, s) | kernels | kiln ms | onnxruntime ms | kiln / ort |")
     print("|---|---:|---:|---:|---:|---:|")
     for name in args.models.split(","):
-        model = model_zoo.ALL[name]()
-        inputs = model_zoo.random_inputs(model)
+        model, inputs = MODELS[name]()
         t0 = time.perf_counter()
         result = build(model, cache=None, progress=False)
         build_s = time.perf_counter() - t0

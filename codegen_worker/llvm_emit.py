@@ -12,18 +12,44 @@ from __future__ import annotations
 import math
 import struct
 
-from ..ir.loop import (Assign, Bin, Call, Cast, Cmp, Const, For, Gemm, If, Kernel, Let, Load, Local, Select, Store,
-                     Var)
+from ..ir.loop import (FLOAT_TYPES, Assign, Bin, Call, Cast, Cmp, Const, For, Gemm, If, Kernel, Let, Load, Local,
+                      Select, Store, Var, bits, compute_type, is_unsigned, operand_type)
 
-LL = {"f32": "float", "i64": "i64", "i1": "i1", "i8": "i8"}
+# LLVM's type for each loop-IR type. Integers are sign-less in LLVM: signedness picks the
+# instruction. f16 and bf16 are stored as i16 and converted in software (see _math_lib), so
+# no target needs F16C or AVX512-BF16 and no libgcc helper is linked.
+LL = {"f32": "float", "f64": "double", "i1": "i1", "b8": "i8", "f16": "i16", "bf16": "i16",
+      **{f"{s}{w}": f"i{w}" for s in "iu" for w in (8, 16, 32, 64)}}
+_FSUFFIX = {"f32": "f32", "f64": "f64"}
+_PACK = {"f16": "kiln_f2h", "bf16": "kiln_f2bf"}
+_UNPACK = {"f16": "kiln_h2f", "bf16": "kiln_bf2f"}
 # No arcp: x / c must stay exact (Resize coordinates land on .5 boundaries by design).
 FMF = "reassoc nsz contract afn"
 _FBIN = {"add": "fadd", "sub": "fsub", "mul": "fmul", "div": "fdiv", "rem": "frem"}
-_IBIN = {"add": "add nsw", "sub": "sub nsw", "mul": "mul nsw", "div": "sdiv", "rem": "srem", "and": "and", "or": "or"}
+_IBIN = {"add": "add", "sub": "sub", "mul": "mul", "div": "div", "rem": "rem", "and": "and", "or": "or",
+         "xor": "xor", "shl": "shl", "shr": "shr"}
 _FCMP = {"lt": "olt", "le": "ole", "gt": "ogt", "ge": "oge", "eq": "oeq", "ne": "une"}
 _ICMP = {"lt": "slt", "le": "sle", "gt": "sgt", "ge": "sge", "eq": "eq", "ne": "ne"}
-_INTRINSIC = {"log": "llvm.log.f32", "sqrt": "llvm.sqrt.f32", "abs": "llvm.fabs.f32", "floor": "llvm.floor.f32",
-              "ceil": "llvm.ceil.f32", "round": "llvm.roundeven.f32", "pow": "llvm.pow.f32"}
+_INTRINSIC = {"log": "log", "sqrt": "sqrt", "abs": "fabs", "floor": "floor", "ceil": "ceil", "round": "roundeven",
+              "exp": "exp"}
+
+
+def _align(storage: str) -> int:
+    return max(bits(storage) // 8, 1)
+
+
+def _literal(value, t: str) -> str:
+    """A constant of loop-IR type t as LLVM writes it."""
+    if t == "f32":
+        return _fconst(value)
+    if t == "f64":
+        return f"0x{struct.unpack('<Q', struct.pack('<d', float(value)))[0]:016X}"
+    if t == "i1":
+        return "true" if value else "false"
+    w = bits(t)
+    v = int(value) % (1 << w)  # two's complement: LLVM reads integer literals as signed
+    return str(v - (1 << w) if v >= 1 << (w - 1) else v)
+
 
 # Vectorizable math, inlined into every use: exp by Cephes' expf scheme (reduction by ln2 in
 # two parts, degree-5 polynomial, scale by 2^n built in the exponent bits; rel. error ~2e-7),
@@ -78,20 +104,53 @@ def _math_lib() -> str:
             "  %e = call float @kiln_exp(float %nx2)", "  %pe = fmul float %q, %e",
             f"  %r = fsub float {_fconst(1.0)}, %pe",
             "  %y = call float @llvm.copysign.f32(float %r, float %x)", "  ret float %y", "}"]
-    return "\n".join(exp + tanh + erf)
+    return "\n".join(exp + tanh + erf + _half_conversions())
 
 
+# Software conversions between f32 and the 16-bit floats, branch-free so loops using them
+# vectorize. f16 -> f32 is exact: the exponent is rebiased, Inf/NaN get the f32 exponent,
+# and denormals are normalized by one float subtraction. f32 -> f16 rounds to nearest even
+# (F. Giesen's float_to_half_fast3_rtne): overflow to Inf, NaN to a quiet NaN, denormals by
+# one float addition whose hardware rounding is the wanted one. bf16 is the top half of an
+# f32: rounding adds 0x7fff plus the kept part's lowest bit; NaN stays a quiet NaN.
+def _half_conversions() -> list:
+    return [
+        "define internal float @kiln_h2f(i16 %h) #1 {",
+        "  %w = zext i16 %h to i32", "  %s = and i32 %w, 32768", "  %sign = shl i32 %s, 16",
+        "  %em = and i32 %w, 32767", "  %o0 = shl i32 %em, 13", "  %e = and i32 %o0, 260046848",
+        "  %o1 = add i32 %o0, 939524096", "  %o2 = add i32 %o1, 939524096", "  %o3 = add i32 %o1, 8388608",
+        "  %f3 = bitcast i32 %o3 to float", f"  %d = fsub float %f3, {_fconst(2.0 ** -14)}",
+        "  %db = bitcast float %d to i32", "  %special = icmp eq i32 %e, 260046848", "  %den = icmp eq i32 %e, 0",
+        "  %r1 = select i1 %special, i32 %o2, i32 %o1", "  %r2 = select i1 %den, i32 %db, i32 %r1",
+        "  %r = or i32 %r2, %sign", "  %y = bitcast i32 %r to float", "  ret float %y", "}",
+        "define internal i16 @kiln_f2h(float %f) #1 {",
+        "  %u = bitcast float %f to i32", "  %sign = and i32 %u, -2147483648", "  %a = xor i32 %u, %sign",
+        "  %big = icmp uge i32 %a, 1199570944", "  %nan = icmp ugt i32 %a, 2139095040",
+        "  %bigv = select i1 %nan, i32 32256, i32 31744",
+        "  %small = icmp ult i32 %a, 947912704", "  %af = bitcast i32 %a to float",
+        f"  %ds = fadd float %af, {_fconst(0.5)}", "  %dsb = bitcast float %ds to i32",
+        "  %smallv = sub i32 %dsb, 1056964608",
+        "  %m = lshr i32 %a, 13", "  %odd = and i32 %m, 1", "  %n1 = add i32 %a, -939520001", "  %n2 = add i32 %n1, %odd",
+        "  %normv = lshr i32 %n2, 13",
+        "  %v1 = select i1 %small, i32 %smallv, i32 %normv", "  %v2 = select i1 %big, i32 %bigv, i32 %v1",
+        "  %sh = lshr i32 %sign, 16", "  %v3 = or i32 %v2, %sh", "  %r = trunc i32 %v3 to i16", "  ret i16 %r", "}",
+        "define internal float @kiln_bf2f(i16 %h) #1 {",
+        "  %w = zext i16 %h to i32", "  %s = shl i32 %w, 16", "  %y = bitcast i32 %s to float", "  ret float %y", "}",
+        "define internal i16 @kiln_f2bf(float %f) #1 {",
+        "  %u = bitcast float %f to i32", "  %top = lshr i32 %u, 16", "  %lsb = and i32 %top, 1",
+        "  %r0 = add i32 %u, 32767", "  %r1 = add i32 %r0, %lsb", "  %rn = lshr i32 %r1, 16",
+        "  %nan = fcmp uno float %f, 0.0", "  %q = or i32 %top, 64", "  %v = select i1 %nan, i32 %q, i32 %rn",
+        "  %r = trunc i32 %v to i16", "  ret i16 %r", "}",
+    ]
+
+
+# What the math library above calls; a kernel's own calls are declared as it emits them.
 _DECLS = """
 declare float @llvm.maxnum.f32(float, float)
 declare float @llvm.minnum.f32(float, float)
 declare float @llvm.roundeven.f32(float)
 declare float @llvm.fabs.f32(float)
 declare float @llvm.copysign.f32(float, float)
-declare float @llvm.log.f32(float)
-declare float @llvm.sqrt.f32(float)
-declare float @llvm.floor.f32(float)
-declare float @llvm.ceil.f32(float)
-declare float @llvm.pow.f32(float, float)
 """
 
 
@@ -117,7 +176,8 @@ class FunctionEmitter:
         self.block = "entry"
         self.bufs = {b.name: (f"%b{i}", b.dtype) for i, b in enumerate(kernel.buffers)}
         self.scopes: list[dict] = [{}]
-        self.vec_decls: set[str] = set()
+        self.decls: set[str] = set()  # intrinsics and C library functions the body calls
+        self.types: dict[int, tuple] = {}
 
     # -- helpers -------------------------------------------------------------------------
     def tmp(self, hint: str = "t") -> str:
@@ -142,30 +202,42 @@ class FunctionEmitter:
 
     # -- expressions ---------------------------------------------------------------------
     def dtype(self, e) -> str:
+        """The compute type of expression e (remembered: deep fused expressions ask often)."""
         if isinstance(e, (Const, Var)):
-            if isinstance(e, Var):
-                return self.lookup(e.name)[2]
+            return self._dtype(e)  # a variable's type is its binding's, looked up each time
+        key = id(e)
+        if key not in self.types:
+            self.types[key] = (self._dtype(e), e)  # e kept alive: its id stays its own
+        return self.types[key][0]
+
+    def _dtype(self, e) -> str:
+        if isinstance(e, Const):
             return e.dtype
+        if isinstance(e, Var):
+            return self.lookup(e.name)[2]
         if isinstance(e, Load):
-            dt = self.bufs[e.buf][1]
-            return "i1" if dt == "i8" else dt
+            return compute_type(self.bufs[e.buf][1])
         if isinstance(e, Cmp):
             return "i1"
         if isinstance(e, Cast):
             return e.dtype
         if isinstance(e, Call):
-            return "i1" if e.fn == "not" else "f32"
-        if isinstance(e, (Bin, Select)):
-            return self.dtype(e.a)
+            return "i1" if e.fn == "not" else operand_type(e.args, self.dtype)
+        if isinstance(e, Bin):
+            return operand_type((e.a, e.b), self.dtype)
+        if isinstance(e, Select):
+            return operand_type((e.a, e.b), self.dtype)
         raise TypeError(e)
+
+    def value(self, e, want: str | None = None) -> str:
+        """The SSA value of `e`; a literal (Const) is written as a `want` if given."""
+        if isinstance(e, Const):
+            return _literal(e.value, want or e.dtype)
+        return self.expr(e)
 
     def expr(self, e) -> str:
         if isinstance(e, Const):
-            if e.dtype == "f32":
-                return _fconst(e.value)
-            if e.dtype == "i1":
-                return "true" if e.value else "false"
-            return str(int(e.value))
+            return _literal(e.value, e.dtype)
         if isinstance(e, Var):
             kind, ref, dt = self.lookup(e.name)
             if kind == "ssa":
@@ -174,30 +246,25 @@ class FunctionEmitter:
             self.emit(f"{v} = load {LL[dt]}, ptr {ref}")
             return v
         if isinstance(e, Load):
-            ptr, dt = self.bufs[e.buf]
-            p = self.gep(ptr, dt, self.expr(e.index))
-            v = self.tmp("ld")
-            self.emit(f"{v} = load {LL[dt]}, ptr {p}, align {1 if dt == 'i8' else 4}")
-            if dt == "i8":
-                b = self.tmp("bool")
-                self.emit(f"{b} = icmp ne i8 {v}, 0")
-                return b
-            return v
+            ptr, st = self.bufs[e.buf]
+            return self.load(ptr, st, self.expr(e.index))
         if isinstance(e, Bin):
             return self.binop(e)
         if isinstance(e, Cmp):
-            dt = self.dtype(e.a)
-            a, b = self.expr(e.a), self.expr(e.b)
+            dt = operand_type((e.a, e.b), self.dtype)
+            a, b = self.value(e.a, dt), self.value(e.b, dt)
             v = self.tmp("c")
-            if dt == "f32":
-                self.emit(f"{v} = fcmp {_FCMP[e.op]} float {a}, {b}")
+            if dt in FLOAT_TYPES:
+                self.emit(f"{v} = fcmp {_FCMP[e.op]} {LL[dt]} {a}, {b}")
             else:
-                self.emit(f"{v} = icmp {_ICMP[e.op]} {LL[dt]} {a}, {b}")
+                pred = _ICMP[e.op] if e.op in ("eq", "ne") or not is_unsigned(dt) else "u" + _ICMP[e.op][1:]
+                self.emit(f"{v} = icmp {pred} {LL[dt]} {a}, {b}")
             return v
         if isinstance(e, Select):
-            c, a, b = self.expr(e.cond), self.expr(e.a), self.expr(e.b)
+            dt = operand_type((e.a, e.b), self.dtype)
+            c, a, b = self.value(e.cond, "i1"), self.value(e.a, dt), self.value(e.b, dt)
             v = self.tmp("s")
-            self.emit(f"{v} = select i1 {c}, {LL[self.dtype(e.a)]} {a}, {LL[self.dtype(e.a)]} {b}")
+            self.emit(f"{v} = select i1 {c}, {LL[dt]} {a}, {LL[dt]} {b}")
             return v
         if isinstance(e, Cast):
             return self.cast(e)
@@ -210,25 +277,63 @@ class FunctionEmitter:
         self.emit(f"{p} = getelementptr inbounds {LL[dt]}, ptr {ptr}, i64 {index}")
         return p
 
-    def binop(self, e: Bin) -> str:
-        dt = self.dtype(e.a)
-        a, b = self.expr(e.a), self.expr(e.b)
-        v = self.tmp("x")
-        if e.op in ("max", "min") and dt == "f32":
-            self.float_max_min(e, a, b, v)
-        elif e.op in ("max", "min"):
-            c = self.tmp("c")
-            self.emit(f"{c} = icmp {'sgt' if e.op == 'max' else 'slt'} {LL[dt]} {a}, {b}")
-            self.emit(f"{v} = select i1 {c}, {LL[dt]} {a}, {LL[dt]} {b}")
-        elif dt == "f32" and e.op == "pow":
-            self.emit(f"{v} = call {FMF} float @llvm.pow.f32(float {a}, float {b})")
-        elif dt == "f32":
-            self.emit(f"{v} = {_FBIN[e.op]} {FMF} float {a}, {b}")
-        else:
-            self.emit(f"{v} = {_IBIN[e.op]} {LL[dt]} {a}, {b}")
+    def load(self, ptr: str, storage: str, index: str) -> str:
+        """Element `index` of a buffer, converted from its storage type to its compute type."""
+        p = self.gep(ptr, storage, index)
+        v = self.tmp("ld")
+        self.emit(f"{v} = load {LL[storage]}, ptr {p}, align {_align(storage)}")
+        if storage == "b8":
+            b = self.tmp("bool")
+            self.emit(f"{b} = icmp ne i8 {v}, 0")
+            return b
+        if storage in _UNPACK:
+            f = self.tmp("wide")
+            self.emit(f"{f} = call float @{_UNPACK[storage]}(i16 {v})")
+            return f
         return v
 
-    def float_max_min(self, e: Bin, a: str, b: str, v: str) -> None:
+    def store(self, ptr: str, storage: str, index: str, value: str) -> None:
+        """Store a compute-type value into a buffer, converting (rounding) to its storage type."""
+        if storage == "b8":
+            z = self.tmp("z")
+            self.emit(f"{z} = zext i1 {value} to i8")
+            value = z
+        elif storage in _PACK:
+            h = self.tmp("narrow")
+            self.emit(f"{h} = call i16 @{_PACK[storage]}(float {value})")
+            value = h
+        p = self.gep(ptr, storage, index)
+        self.emit(f"store {LL[storage]} {value}, ptr {p}, align {_align(storage)}")
+
+    def binop(self, e: Bin) -> str:
+        dt = operand_type((e.a, e.b), self.dtype)
+        a, b = self.value(e.a, dt), self.value(e.b, dt)
+        v = self.tmp("x")
+        t = LL[dt]
+        if dt in FLOAT_TYPES:
+            if e.op in ("max", "min"):
+                self.float_max_min(e, a, b, v, t)
+            elif e.op == "pow":
+                self.emit(f"{v} = call {FMF} {t} @{self.intrinsic('pow', dt, 2)}({t} {a}, {t} {b})")
+            else:
+                self.emit(f"{v} = {_FBIN[e.op]} {FMF} {t} {a}, {b}")
+        elif e.op in ("max", "min"):
+            c = self.tmp("c")
+            pred = ("u" if is_unsigned(dt) else "s") + ("gt" if e.op == "max" else "lt")
+            self.emit(f"{c} = icmp {pred} {t} {a}, {b}")
+            self.emit(f"{v} = select i1 {c}, {t} {a}, {t} {b}")
+        else:
+            op = _IBIN[e.op]
+            if e.op in ("div", "rem"):
+                op = ("u" if is_unsigned(dt) else "s") + op
+            elif e.op == "shr":
+                op = "lshr" if is_unsigned(dt) else "ashr"
+            elif dt == "i64" and e.op in ("add", "sub", "mul"):
+                op += " nsw"  # i64 is the index type: no-wrap lets LLVM reason about addresses
+            self.emit(f"{v} = {op} {t} {a}, {b}")
+        return v
+
+    def float_max_min(self, e: Bin, a: str, b: str, v: str, t: str) -> None:
         """IEEE max/min that propagate NaN from either side, as onnxruntime does.
         `select (x > y), x, y` yields y when either is NaN: one vmaxps/vminps. With a constant
         (never NaN) operand that is all it takes, the constant in the first place; otherwise
@@ -237,13 +342,13 @@ class FunctionEmitter:
         if isinstance(e.b, Const):
             a, b = b, a
         c = self.tmp("c")
-        self.emit(f"{c} = fcmp {pred} float {a}, {b}")
+        self.emit(f"{c} = fcmp {pred} {t} {a}, {b}")
         if not isinstance(e.a, Const) and not isinstance(e.b, Const):
             nan, c0 = self.tmp("c"), c
             c = self.tmp("c")
-            self.emit(f"{nan} = fcmp uno float {a}, 0.0")
+            self.emit(f"{nan} = fcmp uno {t} {a}, 0.0")
             self.emit(f"{c} = or i1 {c0}, {nan}")
-        self.emit(f"{v} = select i1 {c}, float {a}, float {b}")
+        self.emit(f"{v} = select i1 {c}, {t} {a}, {t} {b}")
 
     def cast(self, e: Cast) -> str:
         src, dst = self.dtype(e.a), e.dtype
@@ -251,32 +356,67 @@ class FunctionEmitter:
         if src == dst:
             return a
         v = self.tmp("cv")
-        ops = {("f32", "i64"): "fptosi", ("i64", "f32"): "sitofp", ("i1", "f32"): "uitofp",
-               ("i1", "i64"): "zext"}
-        if (src, dst) in ops:
-            self.emit(f"{v} = {ops[src, dst]} {LL[src]} {a} to {LL[dst]}")
-        elif dst == "i1":
-            zero = "0.0" if src == "f32" else "0"
-            self.emit(f"{v} = {'fcmp une' if src == 'f32' else 'icmp ne'} {LL[src]} {a}, {zero}")
+        s, d = LL[src], LL[dst]
+        if dst == "i1":
+            zero = "0.0" if src in FLOAT_TYPES else "0"
+            self.emit(f"{v} = {'fcmp une' if src in FLOAT_TYPES else 'icmp ne'} {s} {a}, {zero}")
+        elif src in FLOAT_TYPES and dst in FLOAT_TYPES:
+            self.emit(f"{v} = {'fpext' if bits(dst) > bits(src) else 'fptrunc'} {s} {a} to {d}")
+        elif src in FLOAT_TYPES:
+            # Saturating to i64, then wrapping to the width: NaN gives 0 instead of poison, and
+            # in-range negatives reach unsigned types as numpy and C casts leave them.
+            name = f"llvm.fptosi.sat.i64.{_FSUFFIX[src]}"
+            self.decls.add(f"declare i64 @{name}({s})")
+            wide = v if dst in ("i64", "u64") else self.tmp("cw")
+            self.emit(f"{wide} = call i64 @{name}({s} {a})")
+            if wide != v:
+                self.emit(f"{v} = trunc i64 {wide} to {d}")
+        elif dst in FLOAT_TYPES:
+            op = "uitofp" if src == "i1" or is_unsigned(src) else "sitofp"
+            self.emit(f"{v} = {op} {s} {a} to {d}")
+        elif bits(dst) == bits(src):
+            return a  # the same bits, another signedness
+        elif bits(dst) < bits(src):
+            self.emit(f"{v} = trunc {s} {a} to {d}")
         else:
-            raise TypeError(f"cast {src} -> {dst}")
+            op = "zext" if src == "i1" or is_unsigned(src) else "sext"
+            self.emit(f"{v} = {op} {s} {a} to {d}")
         return v
 
+    def intrinsic(self, fn: str, dt: str, arity: int = 1) -> str:
+        name = f"llvm.{fn}.{_FSUFFIX[dt]}"
+        t = LL[dt]
+        self.decls.add(f"declare {t} @{name}({', '.join([t] * arity)})")
+        return name
+
+    def libm(self, fn: str, dt: str) -> str:
+        name = fn + ("f" if dt == "f32" else "")
+        self.decls.add(f"declare {LL[dt]} @{name}({LL[dt]})")
+        return name
+
     def call(self, e: Call) -> str:
-        args = [self.expr(a) for a in e.args]
+        dt = "i1" if e.fn == "not" else operand_type(e.args, self.dtype)
+        args = [self.value(a, dt) for a in e.args]
         v = self.tmp("f")
-        fn = e.fn
+        fn, t = e.fn, LL[dt]
         if fn == "neg":
-            self.emit(f"{v} = fneg float {args[0]}")
+            self.emit(f"{v} = fneg {t} {args[0]}" if dt in FLOAT_TYPES else f"{v} = sub {t} 0, {args[0]}")
         elif fn == "not":
             self.emit(f"{v} = xor i1 {args[0]}, true")
-        elif fn in ("exp", "tanh", "erf"):
+        elif fn in ("round_f16", "round_bf16"):
+            h = self.tmp("narrow")
+            storage = fn[6:]
+            self.emit(f"{h} = call i16 @{_PACK[storage]}(float {args[0]})")
+            self.emit(f"{v} = call float @{_UNPACK[storage]}(i16 {h})")
+        elif fn in ("exp", "tanh", "erf") and dt == "f32":
             self.emit(f"{v} = call {FMF} float @kiln_{fn}(float {args[0]})")
         elif fn == "fmod":
-            self.emit(f"{v} = frem float {args[0]}, {args[1]}")
-        else:
-            params = ", ".join(f"float {a}" for a in args)
-            self.emit(f"{v} = call {FMF} float @{_INTRINSIC[fn]}({params})")
+            self.emit(f"{v} = frem {t} {args[0]}, {args[1]}")
+        elif fn in _INTRINSIC:
+            params = ", ".join(f"{t} {a}" for a in args)
+            self.emit(f"{v} = call {FMF} {t} @{self.intrinsic(_INTRINSIC[fn], dt, len(args))}({params})")
+        else:  # trigonometry, and exp/tanh/erf of f64: the C library
+            self.emit(f"{v} = call {t} @{self.libm(fn, dt)}({t} {args[0]})")
         return v
 
     # -- statements ----------------------------------------------------------------------
@@ -290,24 +430,19 @@ class FunctionEmitter:
         if isinstance(s, For):
             self.loop(s.var, s.extent, lambda: self.stmts(s.body), s.kind)
         elif isinstance(s, Store):
-            ptr, dt = self.bufs[s.buf]
-            value = self.expr(s.value)
-            if dt == "i8" and self.dtype(s.value) == "i1":
-                z = self.tmp("z")
-                self.emit(f"{z} = zext i1 {value} to i8")
-                value = z
-            p = self.gep(ptr, dt, self.expr(s.index))
-            self.emit(f"store {LL[dt]} {value}, ptr {p}, align {1 if dt == 'i8' else 4}")
+            ptr, st = self.bufs[s.buf]
+            value = self.value(s.value, compute_type(st))
+            self.store(ptr, st, self.expr(s.index), value)
         elif isinstance(s, Let):
             self.bind(s.var, ("ssa", self.expr(s.value), self.dtype(s.value)))
         elif isinstance(s, Local):
             slot = f"%loc{len(self.allocas)}"
             self.allocas.append(f"{slot} = alloca {LL[s.dtype]}")
-            self.emit(f"store {LL[s.dtype]} {self.expr(s.init)}, ptr {slot}")
+            self.emit(f"store {LL[s.dtype]} {self.value(s.init, s.dtype)}, ptr {slot}")
             self.bind(s.var, ("slot", slot, s.dtype))
         elif isinstance(s, Assign):
             kind, slot, dt = self.lookup(s.var)
-            self.emit(f"store {LL[dt]} {self.expr(s.value)}, ptr {slot}")
+            self.emit(f"store {LL[dt]} {self.value(s.value, dt)}, ptr {slot}")
         elif isinstance(s, If):
             self.if_(s)
         elif isinstance(s, Gemm):
@@ -373,7 +508,7 @@ class FunctionEmitter:
         if nr % vw:
             raise ValueError(f"gemm panel width {nr} is not a multiple of the vector width {vw}")
         vt = f"<{vw} x float>"
-        self.vec_decls.add(f"declare {vt} @llvm.fma.v{vw}f32({vt}, {vt}, {vt})")
+        self.decls.add(f"declare {vt} @llvm.fma.v{vw}f32({vt}, {vt}, {vt})")
         tile = f"%tile{len(self.allocas)}"
         self.allocas.append(f"{tile} = alloca [{mr * nr} x float], align 64")
         a_ptr = self.bufs[g.a_buf][0]
@@ -449,9 +584,7 @@ class FunctionEmitter:
         for r in range(rows):
             ai = self.tmp("ai")
             self.emit(f"{ai} = add nsw i64 {rowbase[r]}, {ks}")
-            p = self.gep(a_ptr, "f32", ai)
-            a = self.tmp("a")
-            self.emit(f"{a} = load float, ptr {p}, align 4")
+            a = self.load(a_ptr, self.bufs[g.a_buf][1], ai)
             ins = self.tmp("ins")
             self.emit(f"{ins} = insertelement {vt} poison, float {a}, i64 0")
             splat = self.tmp("splat")
@@ -513,6 +646,7 @@ def kernel_to_llvm_ir(kernel: Kernel, symbol: str, triple: str, cpu: str, featur
     attrs = (f'attributes #0 = {{ nounwind "prefer-vector-width"="{width}" '
              f'"target-cpu"="{cpu}" "target-features"="{features}" }}')
     math_attrs = attrs.replace("#0", "#1")
-    parts = [f'target triple = "{triple}"', _DECLS, *sorted(fe.vec_decls), _math_lib(),
+    decls = sorted(set(_DECLS.strip().splitlines()) | fe.decls)
+    parts = [f'target triple = "{triple}"', *decls, _math_lib(),
              body, attrs, math_attrs.replace("nounwind", "nounwind alwaysinline"), *fe.meta]
     return "\n".join(parts) + "\n"

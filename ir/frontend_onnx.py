@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import os
 
-import numpy as np
 
 from . import external_data
 from .graph import Graph, KilnError, Node, TensorType, UnsupportedError, as_kiln_array
+from .onnx_attrs import attr_value, constant_value
 from .onnx_dtypes import onnx_to_dtype
 from .validate import check_constants_size, check_node, check_outputs_unique, check_tensor_size
 from .ops import op_def
@@ -37,9 +37,16 @@ def _check_node_opset(node: Node, opset: int) -> None:
                                    f"{then.since_version}, older than Kiln supports (version {now.since_version}, "
                                    f"opset {MIN_OPSET}+)")
         return
-    new, old = onnx.defs.get_schema(node.op, opset), onnx.defs.get_schema(node.op, FULL_OPSET)
+    new = onnx.defs.get_schema(node.op, opset)
     if new.since_version <= FULL_OPSET:
         return
+    try:
+        old = onnx.defs.get_schema(node.op, FULL_OPSET)
+    except onnx.defs.SchemaError:  # an op younger than opset 21: Kiln implements its first version
+        try:
+            old = onnx.defs.get_schema(node.op, new.since_version - 1)
+        except onnx.defs.SchemaError:
+            return  # this is its first version
     added = sorted(set(node.attrs) & (set(new.attributes) - set(old.attributes)))
     if added or [i.name for i in new.inputs] != [i.name for i in old.inputs]:
         what = f"attribute(s) {', '.join(added)}" if added else "its changed inputs"
@@ -105,32 +112,6 @@ def _opset(proto) -> int:
         raise UnsupportedError(f"opset {version} is not supported (Kiln supports opsets {MIN_OPSET}-{FULL_OPSET}, "
                                f"and {FULL_OPSET + 1}-{_max_opset()} where an op is unchanged since {FULL_OPSET})")
     return version
-
-
-def _attr_value(attr):
-    from onnx import helper, numpy_helper
-
-    if attr.type == attr.TENSOR:
-        return as_kiln_array(numpy_helper.to_array(attr.t))
-    if attr.type in (attr.GRAPH, attr.GRAPHS):
-        raise UnsupportedError(f"attribute {attr.name} holds a subgraph; control flow is not supported")
-    value = helper.get_attribute_value(attr)
-    if isinstance(value, bytes):
-        return value.decode()
-    if isinstance(value, list) and value and isinstance(value[0], bytes):
-        return [v.decode() for v in value]
-    return value
-
-
-def _constant_value(node: Node) -> np.ndarray:
-    a = node.attrs
-    if "value" in a:
-        return a["value"]
-    for key, dtype in (("value_float", np.float32), ("value_floats", np.float32),
-                       ("value_int", np.int64), ("value_ints", np.int64)):
-        if key in a:
-            return np.array(a[key], dtype=dtype)
-    raise UnsupportedError(f"{node.describe()}: Constant without a value/value_float(s)/value_int(s) attribute")
 
 
 def _declared_shape(value_info) -> list | None:
@@ -223,13 +204,14 @@ def from_onnx(model, shapes: dict | None = None) -> Graph:
             raise UnsupportedError(f"{node.describe()}: op {np_.op_type} (opset {opset}) is not supported by Kiln")
         check_node(np_, opset, node.describe())
         try:
-            node.attrs = {a.name: _attr_value(a) for a in np_.attribute}
+            node.attrs = {a.name: attr_value(a) for a in np_.attribute}
         except UnsupportedError as e:
             raise UnsupportedError(f"{node.describe()}: {e}") from None
-        if not MIN_OPSET <= opset <= FULL_OPSET:
+        # (An op built from its function body is built from the body of its own opset.)
+        if not MIN_OPSET <= opset <= FULL_OPSET and op_def(node.op).expand is None:
             _check_node_opset(node, opset)
         if node.op == CONSTANT:
-            g.add_constant(node.outputs[0], as_kiln_array(_constant_value(node)))
+            g.add_constant(node.outputs[0], as_kiln_array(constant_value(node)))
             continue
         nodes.append(node)
     check_outputs_unique(nodes)

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .dtypes import DTYPES, kiln_name
 from .errors import KilnError
 
 
@@ -32,7 +33,7 @@ class TensorType:
 
     @property
     def nbytes(self) -> int:
-        return self.size * np.dtype(self.dtype).itemsize
+        return self.size * DTYPES[self.dtype].itemsize
 
     def __str__(self) -> str:
         return f"{self.dtype}[{'x'.join(map(str, self.shape))}]"
@@ -121,19 +122,18 @@ class Graph:
 
 
 def normalize_dtype(dt) -> str:
-    dt = np.dtype(dt)
-    if dt == np.bool_:
-        return "bool"
-    if dt.kind == "f":
-        return "float32"
-    if dt.kind in "iu":
-        return "int64"
-    raise UnsupportedError(f"dtype {dt} is not supported (Kiln computes in float32, int64 and bool)")
+    """Kiln's name of a numpy dtype; an error for one Kiln does not compute in."""
+    name = kiln_name(dt)
+    if name is None:
+        raise UnsupportedError(f"dtype {np.dtype(dt)} is not supported (supported: {', '.join(DTYPES)})")
+    return name
 
 
-def as_kiln_array(value: np.ndarray) -> np.ndarray:
-    """Cast an array to the dtype Kiln stores it as (float32, int64 or bool)."""
-    return _contiguous(np.asarray(value, dtype=normalize_dtype(value.dtype)))
+def as_kiln_array(value) -> np.ndarray:
+    """A C-contiguous array of a dtype Kiln computes in (checked, never converted)."""
+    value = np.asarray(value)
+    normalize_dtype(value.dtype)
+    return _contiguous(value)
 
 
 def _contiguous(value) -> np.ndarray:

@@ -4,7 +4,17 @@ Plain frozen dataclasses with a canonical byte form (`Kernel.to_bytes`), so a ke
 cross a process or machine boundary, be hashed into a cache key, and be decoded by a
 codegen worker that knows nothing of graphs. This module imports nothing else of Kiln.
 
-Types: 'f32', 'i64', 'i1' (computed booleans), and 'i8' for stored booleans.
+Types. A value computes as one of COMPUTE_TYPES: f32, f64, i1 (booleans), the signed
+integers i8..i64 and the unsigned u8..u64 (integer arithmetic wraps at the type's width;
+division, comparison, max/min and widening follow its signedness). A buffer stores one of
+STORAGE_TYPES: the compute types except i1, plus b8 (a bool in a byte), f16 and bf16. A Load
+converts the stored element to its compute type (`compute_type`: b8 -> i1, f16/bf16 -> f32)
+and a Store converts back, rounding to nearest even.
+
+A Const is a literal: where it meets a non-constant operand (in a Bin, Cmp, Select, Call,
+Store, Local or Assign) it takes that operand's type, so `x * 0.5` is written once for f32
+and f64 and `max(x, 0)` for every integer type. On its own it has its own `dtype`.
+
 Every loop runs from 0 to a static extent; all shapes are static.
 """
 from __future__ import annotations
@@ -12,9 +22,43 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import math
 from dataclasses import dataclass, fields
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+
+INT_TYPES = ("i8", "i16", "i32", "i64", "u8", "u16", "u32", "u64")
+FLOAT_TYPES = ("f32", "f64")
+COMPUTE_TYPES = frozenset(("i1",) + INT_TYPES + FLOAT_TYPES)
+STORAGE_TYPES = frozenset(INT_TYPES + FLOAT_TYPES + ("b8", "f16", "bf16"))
+_LOADS_AS = {"b8": "i1", "f16": "f32", "bf16": "f32"}
+
+
+def compute_type(storage: str) -> str:
+    """The type a Load of a buffer of `storage` type yields."""
+    return _LOADS_AS.get(storage, storage)
+
+
+def bits(t: str) -> int:
+    return 1 if t == "i1" else 16 if t in ("f16", "bf16") else 8 if t == "b8" else int(t[1:])
+
+
+def is_unsigned(t: str) -> bool:
+    return t[0] == "u"
+
+
+def lowest(t: str) -> float | int:
+    """The least value of compute type t (the identity of max)."""
+    if t in FLOAT_TYPES:
+        return -math.inf
+    return 0 if t == "i1" or is_unsigned(t) else -(1 << (bits(t) - 1))
+
+
+def highest(t: str) -> float | int:
+    """The greatest value of compute type t (the identity of min)."""
+    if t in FLOAT_TYPES:
+        return math.inf
+    return 1 if t == "i1" else (1 << bits(t)) - 1 if is_unsigned(t) else (1 << (bits(t) - 1)) - 1
 
 
 class Expr:
@@ -48,7 +92,7 @@ class Load(Expr):
 
 @dataclass(frozen=True)
 class Bin(Expr):
-    op: str  # add sub mul div rem max min pow and or (div/rem truncate on integers)
+    op: str  # add sub mul div rem max min pow and or xor shl shr (div/rem truncate on integers)
     a: Expr
     b: Expr
 
@@ -62,7 +106,7 @@ class Cmp(Expr):
 
 @dataclass(frozen=True)
 class Call(Expr):
-    fn: str  # exp log sqrt tanh erf abs floor ceil round fmod neg not
+    fn: str  # see FLOAT_CALLS; `not` on i1; round_f16/round_bf16 round an f32 to that precision
     args: tuple
 
 
@@ -77,6 +121,20 @@ class Select(Expr):
 class Cast(Expr):
     dtype: str
     a: Expr
+
+
+FLOAT_CALLS = frozenset(("exp", "log", "sqrt", "tanh", "erf", "abs", "floor", "ceil", "round", "neg", "fmod",
+                         "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh",
+                         "round_f16", "round_bf16"))
+
+
+def operand_type(operands, type_of) -> str:
+    """The type operands meeting in one expression share: that of the first one that is not a
+    literal (a Const), else the first literal's own."""
+    for e in operands:
+        if not isinstance(e, Const):
+            return type_of(e)
+    return operands[0].dtype
 
 
 class Stmt:
@@ -324,7 +382,7 @@ def select(c, a, b) -> Expr:
 
 
 def const(value, dtype: str) -> Const:
-    return Const(int(value) if dtype in ("i64", "i1", "i8") else float(value), dtype)
+    return Const(float(value) if dtype in FLOAT_TYPES else int(value), dtype)
 
 
 def flat_index(idx, shape) -> Expr:

@@ -9,16 +9,16 @@ that is not an accumulator.
 from __future__ import annotations
 
 from .errors import InternalError
-from .loop import (Assign, Bin, Buffer, Call, Cast, Cmp, Const, Expr, For, Gemm, If, Kernel, Let, Load, Local, Select,
-                   Store, Var)
+from .loop import (COMPUTE_TYPES, FLOAT_CALLS, FLOAT_TYPES, INT_TYPES, STORAGE_TYPES, Assign, Bin, Buffer, Call, Cast,
+                   Cmp, Const, Expr, For, Gemm, If, Kernel, Let, Load, Local, Select, Store, Var, compute_type,
+                   operand_type)
 
-DTYPES = {"f32", "i64", "i1", "i8"}
-_BIN_OPS = {"f32": {"add", "sub", "mul", "div", "rem", "max", "min", "pow"},
-            "i64": {"add", "sub", "mul", "div", "rem", "max", "min", "and", "or"},
-            "i1": {"and", "or"}}
+_FLOAT_OPS = {"add", "sub", "mul", "div", "rem", "max", "min", "pow"}
+_INT_OPS = {"add", "sub", "mul", "div", "rem", "max", "min", "and", "or", "xor", "shl", "shr"}
+_BIN_OPS = {**{t: _FLOAT_OPS for t in FLOAT_TYPES}, **{t: _INT_OPS for t in INT_TYPES}, "i1": {"and", "or", "xor"}}
 _CMP_OPS = {"lt", "le", "gt", "ge", "eq", "ne"}
-_F32_CALLS = {"exp", "log", "sqrt", "tanh", "erf", "abs", "floor", "ceil", "round", "neg", "fmod"}
-_CASTS = {("f32", "i64"), ("i64", "f32"), ("i1", "f32"), ("i1", "i64"), ("f32", "i1"), ("i64", "i1")}
+_F32_ONLY_CALLS = {"round_f16", "round_bf16"}
+_GEMM_A_TYPES = {"f32", "f16", "bf16"}
 _LOOP_KINDS = {"serial", "vectorize", "unroll"}
 
 
@@ -32,7 +32,7 @@ class _Checker:
         for b in kernel.buffers:
             if b.name in self.buffers:
                 raise _Problem(f"buffer {b.name} is declared twice")
-            if b.dtype not in DTYPES:
+            if b.dtype not in STORAGE_TYPES:
                 raise _Problem(f"buffer {b.name} has element type {b.dtype!r}")
             self.buffers[b.name] = b
         self.scopes: list[dict[str, tuple[str, bool]]] = [{}]  # name -> (dtype, is an accumulator)
@@ -64,51 +64,67 @@ class _Checker:
         return b
 
     # -- expressions ---------------------------------------------------------------------
+    def operands(self, what: str, *es) -> str:
+        """The type operands share (a literal takes its siblings' type): all the same."""
+        types = [None if isinstance(e, Const) else self.expr(e) for e in es]  # each subtree checked once
+        want = next((t for t in types if t is not None), None) or operand_type(es, self.expr)
+        for e, t in zip(es, types):
+            got = self.literal(e, want) if t is None else t
+            if got != want:
+                raise _Problem(f"{what} of {want} and {got}")
+        return want
+
+    def literal(self, e: Const, want: str) -> str:
+        if e.dtype not in COMPUTE_TYPES:
+            raise _Problem(f"constant {e.value!r} has type {e.dtype!r}")
+        if want not in FLOAT_TYPES and want != e.dtype and float(e.value) != int(e.value):
+            raise _Problem(f"literal {e.value!r} used as {want}")
+        return want
+
     def expr(self, e) -> str:
         if isinstance(e, Const):
-            if e.dtype not in DTYPES - {"i8"}:
-                raise _Problem(f"constant {e.value!r} has type {e.dtype!r}")
-            return e.dtype
+            return self.literal(e, e.dtype)
         if isinstance(e, Var):
             dtype, _ = self.lookup(e.name)
             if e.dtype != dtype:
                 raise _Problem(f"variable {e.name} is used as {e.dtype} but bound as {dtype}")
             return dtype
         if isinstance(e, Load):
-            dtype = self.buffer(e.buf, e.index).dtype
-            return "i1" if dtype == "i8" else dtype
+            return compute_type(self.buffer(e.buf, e.index).dtype)
         if isinstance(e, Bin):
-            a, b = self.expr(e.a), self.expr(e.b)
-            if a != b:
-                raise _Problem(f"{e.op} of {a} and {b}")
-            if e.op not in _BIN_OPS.get(a, ()):
-                raise _Problem(f"{e.op} is not defined on {a}")
-            return a
+            t = self.operands(e.op, e.a, e.b)
+            if e.op not in _BIN_OPS.get(t, ()):
+                raise _Problem(f"{e.op} is not defined on {t}")
+            return t
         if isinstance(e, Cmp):
-            a, b = self.expr(e.a), self.expr(e.b)
-            if a != b or e.op not in _CMP_OPS:
-                raise _Problem(f"comparison {e.op} of {a} and {b}")
+            if e.op not in _CMP_OPS:
+                raise _Problem(f"comparison {e.op}")
+            self.operands(f"comparison {e.op}", e.a, e.b)
             return "i1"
         if isinstance(e, Select):
             if self.expr(e.cond) != "i1":
                 raise _Problem("select on a condition that is not i1")
-            a, b = self.expr(e.a), self.expr(e.b)
-            if a != b:
-                raise _Problem(f"select between {a} and {b}")
-            return a
+            return self.operands("select", e.a, e.b)
         if isinstance(e, Cast):
-            src = self.expr(e.a)
-            if src != e.dtype and (src, e.dtype) not in _CASTS:
-                raise _Problem(f"cast from {src} to {e.dtype}")
+            self.expr(e.a)
+            if e.dtype not in COMPUTE_TYPES:
+                raise _Problem(f"cast to {e.dtype}")
             return e.dtype
         if isinstance(e, Call):
-            want = "i1" if e.fn == "not" else "f32"
-            if e.fn != "not" and e.fn not in _F32_CALLS:
+            if not e.args:
+                raise _Problem(f"{e.fn} of nothing")
+            t = self.operands(e.fn, *e.args)
+            if e.fn == "not":
+                if t != "i1":
+                    raise _Problem(f"not of {t}")
+                return t
+            if e.fn not in FLOAT_CALLS:
                 raise _Problem(f"unknown function {e.fn}")
-            got = [self.expr(a) for a in e.args]
-            if not got or any(g != want for g in got):
-                raise _Problem(f"{e.fn} of {', '.join(got) or 'nothing'}")
-            return want
+            if t not in FLOAT_TYPES and not (e.fn == "neg" and t in INT_TYPES):
+                raise _Problem(f"{e.fn} of {t}")
+            if e.fn in _F32_ONLY_CALLS and t != "f32":
+                raise _Problem(f"{e.fn} of {t}")
+            return t
         raise _Problem(f"{type(e).__name__} is not an expression")
 
     # -- statements ----------------------------------------------------------------------
@@ -118,31 +134,37 @@ class _Checker:
                 raise _Problem(f"loop {s.var}: extent {s.extent!r}, kind {s.kind!r}")
             self.block(s.body, {s.var: ("i64", False)})
         elif isinstance(s, Store):
-            dtype = self.buffer(s.buf, s.index).dtype
-            value = self.expr(s.value)
-            if value != dtype and not (dtype == "i8" and value == "i1"):
-                raise _Problem(f"store of {value} into {s.buf} ({dtype})")
+            storage = self.buffer(s.buf, s.index).dtype
+            want = compute_type(storage)
+            value = self.literal(s.value, want) if isinstance(s.value, Const) else self.expr(s.value)
+            if value != want:
+                raise _Problem(f"store of {value} into {s.buf} ({storage})")
         elif isinstance(s, Let):
             self.bind(s.var, self.expr(s.value))
         elif isinstance(s, Local):
-            if self.expr(s.init) != s.dtype:
-                raise _Problem(f"accumulator {s.var} ({s.dtype}) starts from a {self.expr(s.init)}")
+            if s.dtype not in COMPUTE_TYPES:
+                raise _Problem(f"accumulator {s.var} has type {s.dtype!r}")
+            init = self.literal(s.init, s.dtype) if isinstance(s.init, Const) else self.expr(s.init)
+            if init != s.dtype:
+                raise _Problem(f"accumulator {s.var} ({s.dtype}) starts from a {init}")
             self.bind(s.var, s.dtype, mutable=True)
         elif isinstance(s, Assign):
             dtype, mutable = self.lookup(s.var)
             if not mutable:
                 raise _Problem(f"assignment to {s.var}, which is not an accumulator")
-            if self.expr(s.value) != dtype:
-                raise _Problem(f"assignment of a {self.expr(s.value)} to {s.var} ({dtype})")
+            value = self.literal(s.value, dtype) if isinstance(s.value, Const) else self.expr(s.value)
+            if value != dtype:
+                raise _Problem(f"assignment of a {value} to {s.var} ({dtype})")
         elif isinstance(s, If):
             if self.expr(s.cond) != "i1":
                 raise _Problem("if on a condition that is not i1")
             self.block(s.then)
             self.block(s.orelse)
         elif isinstance(s, Gemm):
-            for name in (s.a_buf, s.b_buf):
-                if self.buffers.get(name, Buffer(name, "", 0)).dtype != "f32":
-                    raise _Problem(f"gemm operand {name} is not an f32 buffer")
+            if self.buffers.get(s.a_buf, Buffer("", "", 0)).dtype not in _GEMM_A_TYPES:
+                raise _Problem(f"gemm operand {s.a_buf} is not a float buffer computing in f32")
+            if self.buffers.get(s.b_buf, Buffer("", "", 0)).dtype != "f32":
+                raise _Problem(f"gemm operand {s.b_buf} is not an f32 buffer")
             if s.a_ktab and self.buffers.get(s.a_ktab, Buffer("", "", 0)).dtype != "i64":
                 raise _Problem(f"gemm k-offset table {s.a_ktab} is not an i64 buffer")
             if self.expr(s.a_off) != "i64" or self.expr(s.b_off) != "i64":

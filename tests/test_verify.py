@@ -21,14 +21,16 @@ def good():
 
 @pytest.mark.parametrize("kernel,message", [
     (_kernel(Store("o0", Var("i"), Const(1.0, "f32"))), "variable i is used outside"),
-    (_kernel(Store("o0", Const(0), Bin("add", Load("i0", Const(0)), Const(1)))), "add of f32 and i64"),
+    (_kernel(Store("o0", Const(0), Bin("add", Load("i0", Const(0)), Load("w0", Const(0))))), "add of f32 and i64"),
+    (_kernel(Store("w0", Const(0), Bin("mul", Load("w0", Const(1)), Const(0.5, "f32")))), "literal 0.5 used as i64"),
+    (_kernel(Store("o0", Const(0), Bin("shl", Load("i0", Const(0)), Const(1)))), "shl is not defined on f32"),
     (_kernel(Store("o0", Const(0), Load("w0", Const(0)))), "store of i64 into o0"),
     (_kernel(Store("o1", Const(0), Const(1.0, "f32"))), "buffer o1 does not exist"),
     (_kernel(Store("o0", Const(16), Const(1.0, "f32"))), "constant index 16 outside o0"),
     (_kernel(Let("x", Const(1.0, "f32")), Assign("x", Const(2.0, "f32"))), "not an accumulator"),
     (_kernel(Store("o0", Const(0), Var("i", "f32"))), "variable i is used outside"),
     (_kernel(For("i", 4, (Store("o0", Var("i"), Var("i", "f32")),))), "used as f32 but bound as i64"),
-    (_kernel(Store("o0", Const(0), Cast("i8", Const(1.0, "f32")))), "cast from f32 to i8"),
+    (_kernel(Store("o0", Const(0), Cast("b8", Const(1.0, "f32")))), "cast to b8"),
 ])
 def test_malformed_kernel_is_named_with_its_ops(kernel, message):
     with pytest.raises(InternalError, match=message) as e:

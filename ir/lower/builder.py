@@ -16,11 +16,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..dtypes import dtype
 from ..graph import Graph, TensorType
 from ..loop import Buffer, Const, Kernel, Load, Var, flat_index
-
-DT = {"float32": "f32", "int64": "i64", "bool": "i8"}
-COMPUTE_DT = {"float32": "f32", "int64": "i64", "bool": "i1"}
 
 
 @dataclass
@@ -71,6 +69,13 @@ class KernelBuilder:
     def type(self, name: str) -> TensorType:
         return self.g.types[name]
 
+    def compute(self, name: str) -> str:
+        """The loop-IR type tensor `name`'s elements compute in."""
+        return dtype(self.g.types[name].dtype).compute
+
+    def is_float(self, name: str) -> bool:
+        return dtype(self.g.types[name].dtype).is_float
+
     def attrs(self, node) -> dict:
         """The node's attributes as written, with inference's canonical parameters over them
         (explicit pads for auto_pad, normalized axes, Clip's bounds, ...)."""
@@ -118,8 +123,11 @@ class KernelBuilder:
         return body
 
     def kernel(self, body) -> Kernel:
-        bufs = [Buffer(f"o{i}", DT[self.g.types[n].dtype], self.g.types[n].size) for i, n in enumerate(self.outputs)]
-        bufs += [Buffer(f"i{i}", DT[self.g.types[n].dtype], self.g.types[n].size) for i, n in enumerate(self.inputs)]
+        def buffer(param, name):
+            t = self.g.types[name]
+            return Buffer(param, dtype(t.dtype).storage, t.size)
+        bufs = [buffer(f"o{i}", n) for i, n in enumerate(self.outputs)]
+        bufs += [buffer(f"i{i}", n) for i, n in enumerate(self.inputs)]
         bufs += [Buffer(f"w{i}", "f32", n) for i, n in enumerate(self.workspaces)]
         schedule = (("vector_width", self.config.vector_width), ("vectorize", self.config.vectorize))
         return Kernel(tuple(bufs), tuple(body), tuple(sorted(schedule)))

@@ -9,7 +9,7 @@ import numpy as np
 
 from ..graph import Node
 from ..loop import Const, Load, Store, add, cmp, const, fbin, flat_index, select, sub, unflatten
-from .builder import COMPUTE_DT, KernelBuilder, broadcast_index
+from .builder import KernelBuilder, broadcast_index
 
 
 def bcast_reader(b: KernelBuilder, name: str, out_shape):
@@ -107,8 +107,10 @@ def gather_reader(b: KernelBuilder, node: Node):
 def pad_reader(b: KernelBuilder, node: Node):
     x, shape = b.reader(node.inputs[0]), b.shape(node.inputs[0])
     pads, rank, mode = b.attrs(node)["pads"], len(shape), b.attrs(node)["mode"]
-    dtype = b.type(node.inputs[0]).dtype
-    value = const(b.attrs(node)["value"], COMPUTE_DT[dtype])
+    if b.attrs(node)["value"] is None:  # a run-time scalar (or one-element) input
+        value = b.reader(node.inputs[2])([Const(0)] * len(b.shape(node.inputs[2])))
+    else:
+        value = const(b.attrs(node)["value"], b.compute(node.inputs[0]))
 
     def pad(idx):
         src, inside = [], None
@@ -133,17 +135,26 @@ def pad_reader(b: KernelBuilder, node: Node):
     return pad
 
 
-def resize_source_coords(n_in: int, n_out: int, scale: float, ctm: str) -> np.ndarray:
-    """Source coordinate of every output index along one axis, in float64 as ONNX defines it."""
+def resize_source_coords(n_in: int, n_out: int, scale: float, ctm: str, roi=(0.0, 1.0)) -> np.ndarray:
+    """Source coordinate of every output index along one axis, in float64 as ONNX defines it:
+    its formulas use the unrounded output length, scale * n_in."""
     x = np.arange(n_out, dtype=np.float64)
+    length = scale * n_in
     if ctm == "align_corners":
-        return np.zeros(n_out) if n_out == 1 else x * (n_in - 1) / (n_out - 1)
+        return np.zeros(n_out) if length == 1 else x * (n_in - 1) / (length - 1)
     if ctm == "asymmetric":
         return x / scale
     if ctm == "tf_half_pixel_for_nearest":
         return (x + 0.5) / scale
-    if ctm == "pytorch_half_pixel" and n_out == 1:
-        return np.zeros(1)
+    if ctm == "tf_crop_and_resize":
+        start, end = roi
+        if length == 1:
+            return np.full(n_out, (end - start) * (n_in - 1) / 2 + start * (n_in - 1))
+        return x * (end - start) * (n_in - 1) / (length - 1) + start * (n_in - 1)
+    if ctm == "pytorch_half_pixel" and length == 1:
+        return np.full(n_out, -0.5)
+    if ctm == "half_pixel_symmetric":  # the crop's centre stays the output's centre
+        return n_in / 2 * (1 - n_out / length) + (x + 0.5) / scale - 0.5
     return (x + 0.5) / scale - 0.5
 
 
@@ -156,52 +167,84 @@ def _nearest(coords: np.ndarray, mode: str) -> np.ndarray:
     return np.where(half, np.floor(coords) if mode == "round_prefer_floor" else np.ceil(coords), np.round(coords))
 
 
+def resize_taps(n_in: int, coords: np.ndarray, mode: str, a: float, exclude_outside: bool):
+    """(source indices, weights), each [taps, n_out]: the 2 (linear) or 4 (cubic, Keys' kernel
+    with coefficient a) neighbours of each coordinate. Neighbours past the edge read the edge
+    element, or with exclude_outside weigh nothing (the rest renormalized), as ONNX defines."""
+    base = np.floor(coords)
+    t = coords - base
+    if mode == "linear":
+        offsets, weights = [0, 1], [1 - t, t]
+    else:
+        def keys(d):  # Keys' cubic convolution kernel at distance d
+            d = np.abs(d)
+            return np.where(d <= 1, ((a + 2) * d - (a + 3)) * d * d + 1,
+                            np.where(d < 2, ((a * d - 5 * a) * d + 8 * a) * d - 4 * a, 0.0))
+        offsets = [-1, 0, 1, 2]
+        weights = [keys(t - o) for o in offsets]
+    idx = np.stack([base + o for o in offsets])
+    w = np.stack(weights)
+    if exclude_outside:
+        w = np.where((idx < 0) | (idx > n_in - 1), 0.0, w)
+        w = w / w.sum(axis=0, keepdims=True)
+    return np.clip(idx, 0, n_in - 1).astype(np.int64), w
+
+
 def resize_reader(b: KernelBuilder, node: Node):
     """Resize through per-axis index (and weight) tables computed at compile time in float64:
-    exact where ONNX's coordinates land on .5, and a gather per element at run time."""
+    exact where ONNX's coordinates land on .5, and a gather per element at run time. With
+    tf_crop_and_resize, an output whose source lies outside the input on any axis is the
+    extrapolation value."""
     x, ishape = b.reader(node.inputs[0]), b.shape(node.inputs[0])
     oshape = b.shape(node.outputs[0])
     a = b.attrs(node)
     mode = a.get("mode", "nearest")
     ctm = a.get("coordinate_transformation_mode", "half_pixel")
-    scales = a["scales"]
-    resized = [ax for ax in range(len(ishape)) if ishape[ax] != oshape[ax] or scales[ax] != 1]
-    tables = {}
+    scales, roi, rank = a["scales"], a.get("roi"), len(ishape)
+    wtype = np.float64 if b.compute(node.inputs[0]) == "f64" else np.float32
+    resized = [ax for ax in range(rank) if ishape[ax] != oshape[ax] or scales[ax] != 1 or roi]
+    tables, outside = {}, {}
     for ax in resized:
-        coords = resize_source_coords(ishape[ax], oshape[ax], scales[ax], ctm)
+        coords = resize_source_coords(ishape[ax], oshape[ax], scales[ax], ctm,
+                                      (roi[ax], roi[ax + rank]) if roi else (0.0, 1.0))
+        if roi is not None and ((coords < 0) | (coords > ishape[ax] - 1)).any():
+            outside[ax] = b.constant_param("resize_outside", (coords < 0) | (coords > ishape[ax] - 1))
         if mode == "nearest":
             idx = np.clip(_nearest(coords, a.get("nearest_mode", "round_prefer_floor")), 0, ishape[ax] - 1)
             tables[ax] = b.constant_param("resize_index", idx.astype(np.int64))
         else:
-            lo = np.floor(coords)
-            tables[ax] = (b.constant_param("resize_lo", np.clip(lo, 0, ishape[ax] - 1).astype(np.int64)),
-                          b.constant_param("resize_hi", np.clip(lo + 1, 0, ishape[ax] - 1).astype(np.int64)),
-                          b.constant_param("resize_w", (coords - lo).astype(np.float32)))
+            idx, w = resize_taps(ishape[ax], coords, mode, a.get("cubic_coeff_a", -0.75),
+                                 bool(a.get("exclude_outside", 0)))
+            tables[ax] = [(b.constant_param("resize_at", i), b.constant_param("resize_w", wk.astype(wtype)))
+                          for i, wk in zip(idx, w)]
+
+    def extrapolated(idx, value):
+        for ax, table in outside.items():
+            value = select(Load(table, idx[ax]), Const(float(a.get("extrapolation_value", 0.0)), "f32"), value)
+        return value
 
     if mode == "nearest":
         def near(idx):
             src = list(idx)
             for ax in resized:
                 src[ax] = Load(tables[ax], idx[ax])
-            return x(src)
+            return extrapolated(idx, x(src))
         return near
 
-    def linear(idx):
-        corners = [(list(idx), None)]
+    def interpolate(idx):
+        terms = [(list(idx), None)]
         for ax in resized:
-            lo_t, hi_t, w_t = tables[ax]
-            w1 = Load(w_t, idx[ax])
-            w0 = fbin("sub", f32(1), w1)
             nxt = []
-            for src, w in corners:
-                for pos, wt in ((Load(lo_t, idx[ax]), w0), (Load(hi_t, idx[ax]), w1)):
+            for src, w in terms:
+                for at, wt in tables[ax]:
                     s2 = list(src)
-                    s2[ax] = pos
-                    nxt.append((s2, wt if w is None else fbin("mul", w, wt)))
-            corners = nxt
+                    s2[ax] = Load(at, idx[ax])
+                    weight = Load(wt, idx[ax])
+                    nxt.append((s2, weight if w is None else fbin("mul", w, weight)))
+            terms = nxt
         value = None
-        for src, w in corners:
-            term = fbin("mul", x(src), w)
+        for src, w in terms:
+            term = x(src) if w is None else fbin("mul", x(src), w)
             value = term if value is None else fbin("add", value, term)
-        return value
-    return linear
+        return extrapolated(idx, value)
+    return interpolate

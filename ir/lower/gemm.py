@@ -342,6 +342,18 @@ def lower_conv_transpose(b: KernelBuilder, node: Node, store) -> tuple:
 
 # ---- matmul and gemm ---------------------------------------------------------------------
 
+def _plain_product(b: KernelBuilder, oshape, k: int, a_at, b_at, store, t: str) -> tuple:
+    """A dot product per output element, accumulated in t: the MatMul and Gemm of types the
+    float32 micro-kernel does not compute (float64, integers, which wrap at their width)."""
+    def point(idx):
+        acc, kv = b.fresh("acc"), b.fresh("k")
+        return [Local(acc, t, Const(0)),
+                For(kv, k, (Assign(acc, fbin("add", Var(acc, t), fbin("mul", a_at(idx, Var(kv)),
+                                                                         b_at(idx, Var(kv))))),)),
+                *store(idx, Var(acc, t))]
+    return b.loops(oshape, point, inner_kind="serial")
+
+
 def lower_matmul(b: KernelBuilder, node: Node, store) -> tuple:
     a_name, b_name = node.inputs[0], node.inputs[1]
     sa, sb = list(b.type(a_name).shape), list(b.type(b_name).shape)
@@ -351,6 +363,21 @@ def lower_matmul(b: KernelBuilder, node: Node, store) -> tuple:
     m, k, n = sa[-2], sa[-1], sb[-1]
     oshape = b.type(node.outputs[0]).shape
     batch = list(np.broadcast_shapes(tuple(sa[:-2]), tuple(sb[:-2])))
+    if b.compute(a_name) != "f32":
+        ra, rb, nb = b.reader(a_name), b.reader(b_name), len(batch)
+
+        def split(idx):  # output index -> (batch index, row, column); a vector operand has none
+            rest = list(idx[nb:])
+            return list(idx[:nb]), (None if va else rest.pop(0)), (None if vb else rest.pop(0))
+
+        def a_at(idx, kk):
+            bi, mi, _ = split(idx)
+            return ra(broadcast_index(bi, batch, sa[:-2]) + ([] if va else [mi]) + [kk])
+
+        def b_at(idx, kk):
+            bi, _, ni = split(idx)
+            return rb([kk] if vb else broadcast_index(bi, batch, sb[:-2]) + [kk, ni])
+        return _plain_product(b, oshape, k, a_at, b_at, store, b.compute(a_name))
     a_param = b.in_param(a_name)
     const_b = b_name in b.g.constants
     nr = b.config.tile(n)[1]
@@ -392,6 +419,20 @@ def lower_gemm(b: KernelBuilder, node: Node, store) -> tuple:
     m, k = (sa[1], sa[0]) if ta else sa
     n = sb[0] if tb else sb[1]
     nr = b.config.tile(n)[1]
+    c = b.reader(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] and beta != 0 else None
+    cshape = b.shape(node.inputs[2]) if c else None
+
+    def finish(idx, acc):  # alpha * AB + beta * C
+        value = acc if alpha == 1 else fbin("mul", acc, Const(alpha, "f32"))
+        if c is not None:
+            cv = c(broadcast_index(idx, (m, n), cshape))
+            value = fbin("add", value, cv if beta == 1 else fbin("mul", cv, Const(beta, "f32")))
+        return store(idx, value)
+
+    if b.compute(a_name) != "f32":
+        ra, rb = b.reader(a_name), b.reader(b_name)
+        return _plain_product(b, (m, n), k, lambda idx, kk: ra([kk, idx[0]] if ta else [idx[0], kk]),
+                              lambda idx, kk: rb([idx[1], kk] if tb else [kk, idx[1]]), finish, b.compute(a_name))
     a_param = b.in_param(a_name)
     stmts = []
     if b_name in b.g.constants:
@@ -400,15 +441,32 @@ def lower_gemm(b: KernelBuilder, node: Node, store) -> tuple:
     else:
         b_param = b.workspace(-(-n // nr) * k * nr)
         stmts += _runtime_pack(b, b.in_param(b_name), Const(0), k, n, 1 if tb else n, k if tb else 1, b_param)
-    c = b.reader(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] and beta != 0 else None
-    cshape = b.shape(node.inputs[2]) if c else None
-
-    def epilogue(mm, nn, acc):
-        value = acc if alpha == 1 else fbin("mul", acc, Const(alpha, "f32"))
-        if c is not None:
-            cv = c(broadcast_index([mm, nn], (m, n), cshape))
-            value = fbin("add", value, cv if beta == 1 else fbin("mul", cv, Const(beta, "f32")))
-        return store([mm, nn], value)
-
-    stmts.append(_gemm(b, a_param, Const(0), 1 if ta else k, m if ta else 1, b_param, Const(0), m, n, k, epilogue))
+    stmts.append(_gemm(b, a_param, Const(0), 1 if ta else k, m if ta else 1, b_param, Const(0), m, n, k,
+                       lambda mm, nn, acc: finish([mm, nn], acc)))
     return tuple(stmts)
+
+
+def lower_einsum(b: KernelBuilder, node: Node, store) -> tuple:
+    """A sum of products per output element over the contracted subscripts, in the inputs'
+    compute type (an operand's dim of 1 broadcasts)."""
+    a = b.attrs(node)
+    subs, out, dims = a["subscripts"], a["output"], a["dims"]
+    contracted = [c for c in dict.fromkeys("".join(subs)) if c not in out]
+    readers = [b.reader(i) for i in node.inputs]
+    shapes = [b.shape(i) for i in node.inputs]
+    t = b.compute(node.inputs[0])
+
+    def point(oidx):
+        where = dict(zip(out, oidx))
+        acc = b.fresh("acc")
+
+        def term(cidx):
+            at = {**where, **dict(zip(contracted, cidx))}
+            value = None
+            for r, s, shape in zip(readers, subs, shapes):
+                v = r([Const(0) if d == 1 else at[c] for c, d in zip(s, shape)])
+                value = v if value is None else fbin("mul", value, v)
+            return [Assign(acc, fbin("add", Var(acc, t), value))]
+        return [Local(acc, t, Const(0)), *b.loops([dims[c] for c in contracted], term, inner_kind="serial"),
+                *store(oidx, Var(acc, t))]
+    return b.loops([dims[c] for c in out], point, inner_kind="serial")

@@ -56,14 +56,14 @@ def _inline(b: KernelBuilder, node: Node) -> None:
 
 def _lower_plain(b: KernelBuilder, members: list[Node]) -> tuple:
     root = members[-1]
+    alone = op_def(root.op).alone
+    if alone is not None and len(members) == 1:
+        return alone(b, root)  # its own loop nest over its inputs' buffers
     if all(kind_of(m) <= BROADCAST for m in members) and len(root.outputs) == 1:
         names = {i for m in members for i in m.inputs if i} | {root.outputs[0]}
         collapse_shapes(b, names, b.type(root.outputs[0]).shape)
     for m in members:
         _inline(b, m)
-    alone = op_def(root.op).alone
-    if alone is not None and len(members) == 1:
-        return alone(b, root)
     body = []
     for out in root.outputs:
         if not out:
@@ -84,7 +84,7 @@ def _lower_anchored(b: KernelBuilder, members: list[Node], anchor: Node) -> tupl
     if definition.prepare_epilogue is not None:
         definition.prepare_epilogue(b, anchor, {i for m in epilogue for i in m.inputs if i} | {rout, aout})
     acc = b.fresh("anchor")
-    b.readers[aout] = lambda idx: Var(acc, "f32")
+    b.readers[aout] = lambda idx: Var(acc, b.compute(aout))
     for m in epilogue:
         _inline(b, m)
     root_reader, rshape, param = b.readers[rout], b.shape(rout), b.out_param(rout)

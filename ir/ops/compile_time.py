@@ -1,4 +1,4 @@
-"""Ops evaluated at compile time only: Shape, Constant, Range, ConstantOfShape. Their
+"""Ops evaluated at compile time only: Shape, Size, Constant, Range, ConstantOfShape. Their
 outputs are always constants (a Shape needs only its input's shape); an input that is not
 known at compile time is an error naming the node."""
 from __future__ import annotations
@@ -21,6 +21,14 @@ def _shape(g, node, p):
 def _shape_value(a, values, g, node):
     shape = g.types[node.inputs[0]].shape
     return [np.array(shape[slice(a.get("start", 0), a.get("end", len(shape)))], dtype=np.int64)]
+
+
+def _size(g, node, p):
+    return TensorType((), "int64")
+
+
+def _size_value(a, values, g, node):
+    return [np.array(g.types[node.inputs[0]].size, dtype=np.int64)]
 
 
 def _range_value(a, values, g, node):
@@ -52,6 +60,7 @@ def _constant_value(a, values, g, node):
 CONSTANT = "Constant"  # the frontend turns these into graph constants directly
 register(
     OpDef("Shape", OPAQUE, _shape, _shape_value, compile_time=True, shape_only=True),
+    OpDef("Size", OPAQUE, _size, _size_value, compile_time=True, shape_only=True),
     OpDef(CONSTANT, OPAQUE, _from_value(_constant_value), _constant_value, compile_time=True),
     OpDef("Range", OPAQUE, _from_value(_range_value), _range_value, compile_time=True),
     OpDef("ConstantOfShape", OPAQUE, _from_value(_constant_of_shape_value), _constant_of_shape_value,

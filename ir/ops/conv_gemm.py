@@ -1,12 +1,15 @@
-"""Convolutions and matrix products: Conv, ConvTranspose, MatMul, Gemm. Anchors that run
+"""Convolutions and matrix products: Conv, ConvTranspose, MatMul, Gemm, Einsum. Anchors that run
 the GEMM micro-kernel (ir/lower/gemm.py), with bias, scale, activation and residual adds
 fused as their epilogue."""
 from __future__ import annotations
 
+import numpy as np
+
 from ..attrs import check_attrs
-from ..graph import ShapeError, TensorType
+from ..dtypes import dtype
+from ..graph import ShapeError, TensorType, UnsupportedError
 from ..lower.builder import collapse_shapes
-from ..lower.gemm import is_depthwise, lower_conv, lower_conv_transpose, lower_gemm, lower_matmul
+from ..lower.gemm import is_depthwise, lower_conv, lower_conv_transpose, lower_einsum, lower_gemm, lower_matmul
 from .broadcast import broadcast
 from .registry import OUT_EWISE_FUSABLE, OpDef, register
 
@@ -44,8 +47,17 @@ def resolve_window(node, p, spatial, kernel, is_transpose=False, out_padding=Non
     return strides, dil, pads
 
 
+def _check_float32_compute(node, t: TensorType) -> None:
+    """Convolutions run on the float32 micro-kernel: float16 and bfloat16 load into it,
+    other types have no convolution kernel."""
+    if dtype(t.dtype).compute != "f32":
+        raise UnsupportedError(f"{node.describe()}: {node.op} of {t.dtype} is not supported "
+                               f"(float32, float16, bfloat16)")
+
+
 def _conv(g, node, p):
     x, w = g.types[node.inputs[0]], g.types[node.inputs[1]]
+    _check_float32_compute(node, x)
     spatial = x.shape[2:]
     kernel = node.attrs.get("kernel_shape", list(w.shape[2:]))
     group = node.attrs.get("group", 1)
@@ -61,6 +73,7 @@ def _conv(g, node, p):
 
 def _conv_transpose(g, node, p):
     x, w = g.types[node.inputs[0]], g.types[node.inputs[1]]
+    _check_float32_compute(node, x)
     spatial = x.shape[2:]
     n = len(spatial)
     group = node.attrs.get("group", 1)
@@ -131,3 +144,56 @@ register(
     OpDef("MatMul", OUT_EWISE_FUSABLE, _matmul, anchor=lambda b, node, store, out: lower_matmul(b, node, store)),
     OpDef(GEMM, OUT_EWISE_FUSABLE, _gemm, anchor=lambda b, node, store, out: lower_gemm(b, node, store)),
 )
+
+
+# ---- Einsum -----------------------------------------------------------------------------------
+
+def parse_einsum(equation: str, ranks: list[int], node) -> tuple[list[str], str]:
+    """Operand subscripts and output subscripts, with '...' expanded to capital letters (the
+    broadcast dims, right-aligned) and an implicit output (letters seen once, sorted) made
+    explicit."""
+    eq = equation.replace(" ", "")
+    lhs, arrow, rhs = eq.partition("->")
+    terms = lhs.split(",")
+    if len(terms) != len(ranks):
+        raise ShapeError(f"{node.describe()}: equation {equation!r} has {len(terms)} operands, the node {len(ranks)}")
+    ell = max((r - len(t.replace("...", "")) for t, r in zip(terms, ranks) if "..." in t), default=0)
+    fill = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"[:ell]
+    subs = []
+    for t, r in zip(terms, ranks):
+        if "..." in t:
+            n = r - len(t.replace("...", ""))
+            t = t.replace("...", fill[ell - n:])
+        if len(t) != r:
+            raise ShapeError(f"{node.describe()}: subscripts {t!r} do not fit an operand of rank {r}")
+        subs.append(t)
+    if arrow:
+        out = rhs.replace("...", fill)
+    else:
+        letters = "".join(subs)
+        out = fill + "".join(sorted(c for c in set(letters) if letters.count(c) == 1 and c not in fill))
+    return subs, out
+
+
+def _einsum(g, node, p):
+    types = [g.types[i] for i in node.inputs]
+    subs, out = parse_einsum(node.attrs["equation"], [len(t.shape) for t in types], node)
+    dims: dict[str, int] = {}
+    for s, t in zip(subs, types):
+        for c, d in zip(s, t.shape):
+            if dims.get(c, 1) not in (1, d) and d != 1:
+                raise ShapeError(f"{node.describe()}: subscript {c} is {dims[c]} in one operand and {d} in another")
+            dims[c] = max(dims.get(c, 1), d)
+    p["subscripts"], p["output"], p["dims"] = subs, out, dims
+    return TensorType(tuple(dims[c] for c in out), types[0].dtype)
+
+
+def _einsum_fold(a, values, g, node):
+    letters = {c: chr(ord("a") + i) for i, c in enumerate(dict.fromkeys("".join(a["subscripts"]) + a["output"]))}
+    eq = ",".join("".join(letters[c] for c in s) for s in a["subscripts"]) + "->" + "".join(letters[c]
+                                                                                         for c in a["output"])
+    return [np.einsum(eq, *values)]
+
+
+register(OpDef("Einsum", OUT_EWISE_FUSABLE, _einsum, _einsum_fold,
+               anchor=lambda b, node, store, out: lower_einsum(b, node, store)))

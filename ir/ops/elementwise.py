@@ -11,9 +11,9 @@ import math
 import numpy as np
 
 from ..attrs import check_attrs, const_input
+from ..dtypes import DTYPES, is_float, is_int, numpy_dtype
 from ..graph import ShapeError, TensorType, UnsupportedError
 from ..loop import Cast, Const, add, call, cmp, fbin, select, sub
-from ..lower.builder import COMPUTE_DT
 from ..lower.elementwise import and_, bcast_reader, clamp, f32
 from ..onnx_dtypes import onnx_to_dtype
 from .broadcast import broadcast
@@ -29,7 +29,7 @@ def _unary(name, expr, fold=None, infer=_same):
     its numpy evaluation."""
     def reader(b, node):
         x = bcast_reader(b, node.inputs[0], b.shape(node.outputs[0]))
-        is_f, a = b.type(node.inputs[0]).dtype == "float32", b.attrs(node)
+        is_f, a = b.is_float(node.inputs[0]), b.attrs(node)
         return {node.outputs[0]: lambda idx: expr(x(idx), a, is_f, b, node)}
     evaluate = (lambda a, v, g, node: [fold(v[0], a)]) if fold else None
     return OpDef(name, ELEMWISE, infer, evaluate, reader)
@@ -80,17 +80,27 @@ def _cast_infer(g, node, p):
     return TensorType(g.types[node.inputs[0]].shape, onnx_to_dtype(node.attrs["to"], node))
 
 
+def _castlike_infer(g, node, p):
+    return TensorType(g.types[node.inputs[0]].shape, g.types[node.inputs[1]].dtype)
+
+
 def _cast_reader(b, node):
+    """A conversion between compute types; a cast to float16 or bfloat16 also rounds to that
+    precision (the value may be used before it is stored)."""
     x = bcast_reader(b, node.inputs[0], b.shape(node.outputs[0]))
-    s, d = COMPUTE_DT[b.type(node.inputs[0]).dtype], COMPUTE_DT[b.type(node.outputs[0]).dtype]
-    if s == d:
-        fn = lambda v: v  # noqa: E731
-    elif d == "i1":
-        zero = f32(0) if s == "f32" else Const(0)
-        fn = lambda v: cmp("ne", v, zero)  # noqa: E731
-    else:
-        fn = lambda v: Cast(d, v)  # noqa: E731
-    return {node.outputs[0]: lambda idx: fn(x(idx))}
+    src, dst = b.type(node.inputs[0]).dtype, b.type(node.outputs[0]).dtype
+    s, d = b.compute(node.inputs[0]), b.compute(node.outputs[0])
+    rounding = {"float16": "round_f16", "bfloat16": "round_bf16"}.get(dst) if dst != src else None
+
+    def value(idx):
+        v = x(idx) if s == d else Cast(d, x(idx))
+        return call(rounding, v) if rounding else v
+    return {node.outputs[0]: value}
+
+
+def _cast_fold(a, values, g, node):
+    with np.errstate(all="ignore"):  # NaN or out of range to an integer: whatever numpy gives
+        return [values[0].astype(numpy_dtype(g.types[node.outputs[0]].dtype))]
 
 
 def _not_infer(g, node, p):
@@ -98,7 +108,7 @@ def _not_infer(g, node, p):
 
 
 def _erf_fold(x, a):
-    return np.vectorize(math.erf, otypes=[np.float32])(x) if x.size else x
+    return np.vectorize(math.erf, otypes=[x.dtype])(x) if x.size else x
 
 
 register(
@@ -124,8 +134,8 @@ register(
            lambda x, a: np.abs(x)),
     _unary("Not", lambda x, a, is_f, b, n: call("not", x), lambda x, a: np.logical_not(x), infer=_not_infer),
     _unary("Clip", _clip, lambda x, a: np.clip(x, a["min"], a["max"]), infer=_clip_infer),
-    OpDef("Cast", ELEMWISE, _cast_infer, lambda a, v, g, node: [v[0].astype(g.types[node.outputs[0]].dtype)],
-          _cast_reader),
+    OpDef("Cast", ELEMWISE, _cast_infer, _cast_fold, _cast_reader),
+    OpDef("CastLike", BROADCAST, _castlike_infer, _cast_fold, _cast_reader),
 )
 
 
@@ -200,7 +210,8 @@ def _pow_reader(b, node):
     rs = _readers(b, node)
     exponent = b.g.constants.get(node.inputs[1])
     e = float(exponent.reshape(-1)[0]) if exponent is not None and exponent.size == 1 else None
-    x_float, y_float = b.type(node.inputs[0]).dtype == "float32", b.type(node.inputs[1]).dtype == "float32"
+    x_float, t = b.is_float(node.inputs[0]), b.compute(node.inputs[0])
+    y_t = b.compute(node.inputs[1])
 
     def value(idx):
         x, y = rs[0](idx), rs[1](idx)
@@ -212,29 +223,28 @@ def _pow_reader(b, node):
             return fbin("mul", x, fbin("mul", x, x))
         if e == 0.5:
             return call("sqrt", x)
-        if not y_float:
-            y = Cast("f32", y)
-        if not x_float:
-            # Integer powers through float32: exact while results stay below 2**24.
-            return Cast("i64", call("round", fbin("pow", Cast("f32", x), y)))
-        return fbin("pow", x, y)
+        if x_float:
+            return fbin("pow", x, y if y_t == t else Cast(t, y))
+        # Integer powers through float64: exact while results stay below 2**53.
+        y = y if y_t == "f64" else Cast("f64", y)
+        return Cast(t, call("round", fbin("pow", Cast("f64", x), y)))
     return {node.outputs[0]: value}
 
 
 def _mod_infer(g, node, p):
     t = _binary_infer(g, node, p)
-    if t.dtype == "float32" and not node.attrs.get("fmod", 0):
+    if is_float(t.dtype) and not node.attrs.get("fmod", 0):
         raise UnsupportedError(f"{node.describe()}: Mod on floats needs fmod=1 (ONNX rule)")
     return t
 
 
 def _mod_reader(b, node):
     rs = _readers(b, node)
-    is_float, fmod = b.type(node.inputs[0]).dtype == "float32", node.attrs.get("fmod", 0)
+    floats, fmod = b.is_float(node.inputs[0]), node.attrs.get("fmod", 0)
 
     def value(idx):
         x, y = rs[0](idx), rs[1](idx)
-        if is_float:
+        if floats:
             return call("fmod", x, y)
         r = fbin("rem", x, y)
         if fmod:
@@ -382,4 +392,86 @@ register(
            lambda x, a: x * np.tanh(_np_softplus(x))),
     OpDef("PRelu", BROADCAST, _prelu_infer, lambda a, v, g, node: [np.where(v[0] < 0, v[0] * v[1], v[0])],
           _prelu_reader),
+)
+
+
+# ---- trigonometry, variadic Sum/Mean, Swish, bitwise ------------------------------------------
+
+_TRIG = {"Sin": np.sin, "Cos": np.cos, "Tan": np.tan, "Asin": np.arcsin, "Acos": np.arccos, "Atan": np.arctan,
+         "Sinh": np.sinh, "Cosh": np.cosh, "Asinh": np.arcsinh, "Acosh": np.arccosh, "Atanh": np.arctanh}
+
+
+def _trig(name, fold):
+    fn = name.lower()
+    return _unary(name, lambda x, a, is_f, b, n: call(fn, x), lambda x, a: fold(x))
+
+
+def _mean_reader(b, node):
+    rs, n = _readers(b, node), len(node.inputs)
+
+    def value(idx):
+        v = rs[0](idx)
+        for r in rs[1:]:
+            v = fbin("add", v, r(idx))
+        return fbin("div", v, Const(float(n), "f32"))
+    return {node.outputs[0]: value}
+
+
+def _int_infer(g, node, p):
+    t = _variadic_infer(g, node, p) if len(node.inputs) > 1 else g.types[node.inputs[0]]
+    if not is_int(t.dtype):
+        raise UnsupportedError(f"{node.describe()}: {node.op} of {t.dtype} (integer types only)")
+    return t
+
+
+def _bitshift(g, node, p):
+    check_attrs(node, {"direction": ("LEFT", "RIGHT")})
+    return _int_infer(g, node, p)
+
+
+def _bitshift_reader(b, node):
+    """Shifts defined for every amount, as opset 28 says: an amount outside 0..width-1 gives
+    0, or the sign fill for a right shift of a signed type (LLVM leaves those undefined,
+    hence the guards)."""
+    x, y = _readers(b, node)
+    width = 8 * DTYPES[b.type(node.inputs[0]).dtype].itemsize
+    signed = DTYPES[b.type(node.inputs[0]).dtype].is_signed
+
+    def value(idx):
+        amount = y(idx)
+        fits = fbin("and", cmp("ge", amount, Const(0)), cmp("lt", amount, Const(width)))
+        if node.attrs["direction"] == "LEFT" or not signed:
+            op = "shl" if node.attrs["direction"] == "LEFT" else "shr"
+            return select(fits, fbin(op, x(idx), amount), Const(0))
+        return fbin("shr", x(idx), select(fits, amount, Const(width - 1)))
+    return {node.outputs[0]: value}
+
+
+def _bitshift_fold(a, values, g, node):
+    x, y = values
+    width = 8 * x.dtype.itemsize
+    fits = (y >= 0) & (y < width)
+    safe = np.where(fits, y, 0).astype(x.dtype)
+    if a["direction"] == "LEFT":
+        return [np.where(fits, np.left_shift(x, safe), 0).astype(x.dtype)]
+    fill = np.right_shift(x, width - 1) if np.issubdtype(x.dtype, np.signedinteger) else np.zeros_like(x)
+    return [np.where(fits, np.right_shift(x, safe), fill).astype(x.dtype)]
+
+
+def _swish(x, a, is_f, b, node):
+    alpha = a.get("alpha", 1.0)
+    return fbin("mul", x, _sigmoid(x if alpha == 1.0 else fbin("mul", x, f32(alpha))))
+
+
+register(
+    *(_trig(name, fold) for name, fold in _TRIG.items()),
+    _arith("Sum", "add", lambda x, y, a: np.add(x, y), _variadic_infer),
+    OpDef("Mean", BROADCAST, _variadic_infer, lambda a, v, g, node: [sum(v[1:], v[0]) / len(v)], _mean_reader),
+    _unary("Swish", _swish, lambda x, a: x / (1 + np.exp(-a.get("alpha", 1.0) * x))),
+    OpDef("BitShift", BROADCAST, _bitshift, _bitshift_fold, _bitshift_reader),
+    _arith("BitwiseAnd", "and", lambda x, y, a: np.bitwise_and(x, y), _int_infer),
+    _arith("BitwiseOr", "or", lambda x, y, a: np.bitwise_or(x, y), _int_infer),
+    _arith("BitwiseXor", "xor", lambda x, y, a: np.bitwise_xor(x, y), _int_infer),
+    _unary("BitwiseNot", lambda x, a, is_f, b, n: fbin("xor", x, Const(-1)), lambda x, a: np.invert(x),
+           infer=_int_infer),
 )

@@ -6,8 +6,11 @@ from __future__ import annotations
 import numpy as np
 
 from ..attrs import attr_or_input, normalize_axis
+from ..loop import add, fbin, mul
+from ..dtypes import is_float
 from ..graph import ShapeError, TensorType, UnsupportedError
-from ..lower.reduce import lower_layernorm, lower_pool, lower_reduce, lower_softmax
+from ..lower.reduce import (lower_hardmax, lower_layernorm, lower_lp_normalize, lower_normalize, lower_pool,
+                            lower_reduce, lower_softmax)
 from .conv_gemm import resolve_window
 from .registry import REDUCTION, OpDef, register
 
@@ -32,11 +35,22 @@ def _global_pool(g, node, p):
     return TensorType(x.shape[:2] + (1,) * (len(x.shape) - 2), x.dtype)
 
 
+def _empty_identity(kind: str, dt: np.dtype):
+    """What max and min of nothing are (ONNX: the identity of the reduction)."""
+    if dt == np.bool_:
+        return kind == "min"
+    if np.issubdtype(dt, np.integer):
+        info = np.iinfo(dt)
+        return info.min if kind == "max" else info.max
+    return -np.inf if kind == "max" else np.inf
+
+
 def _reduction(name, kind, infer, fold=None):
     def evaluate(a, values, g, node):
         if not a["axes"]:
             return [values[0]]
-        return [fold(values[0], axis=tuple(a["axes"]), keepdims=bool(a["keepdims"]))]
+        extra = {"initial": _empty_identity(kind, values[0].dtype)} if kind in ("max", "min") else {}
+        return [fold(values[0], axis=tuple(a["axes"]), keepdims=bool(a["keepdims"]), **extra)]
     return OpDef(name, REDUCTION, infer, evaluate if fold else None,
                  anchor=lambda b, node, store, out: lower_reduce(b, node, store, kind))
 
@@ -81,13 +95,113 @@ def _pool(g, node, p):
     return TensorType(x.shape[:2] + tuple(out), x.dtype)
 
 
+def _float_reduce(g, node, p):
+    t = _reduce(g, node, p)
+    if not is_float(t.dtype):
+        raise UnsupportedError(f"{node.describe()}: {node.op} of {t.dtype} is not supported (float types only)")
+    return t
+
+
+def _logsumexp(x, axis, keepdims):
+    top = np.max(x, axis=axis, keepdims=True, initial=-np.inf)
+    top = np.where(np.isfinite(top), top, 0)
+    out = np.log(np.sum(np.exp(x - top), axis=axis, keepdims=True)) + top
+    return out if keepdims else np.squeeze(out, axis=axis)
+
+
 register(
     _reduction("ReduceSum", "sum", _reduce, np.sum), _reduction("ReduceMean", "mean", _reduce, np.mean),
-    _reduction("ReduceMax", "max", _reduce, np.max),
+    _reduction("ReduceMax", "max", _reduce, np.max), _reduction("ReduceMin", "min", _reduce, np.min),
+    _reduction("ReduceProd", "prod", _reduce, np.prod),
+    _reduction("ReduceL1", "l1", _reduce, lambda x, **k: np.sum(np.abs(x), **k)),
+    _reduction("ReduceL2", "l2", _float_reduce, lambda x, **k: np.sqrt(np.sum(x * x, **k))),
+    _reduction("ReduceSumSquare", "sumsquare", _reduce, lambda x, **k: np.sum(x * x, **k)),
+    _reduction("ReduceLogSum", "logsum", _float_reduce, lambda x, **k: np.log(np.sum(x, **k))),
+    _reduction("ReduceLogSumExp", "logsumexp", _float_reduce, _logsumexp),
     _reduction("GlobalAveragePool", "mean", _global_pool), _reduction("GlobalMaxPool", "max", _global_pool),
     OpDef("Softmax", REDUCTION, _softmax, anchor=lambda b, node, store, out: lower_softmax(b, node, store, out)),
     OpDef("LayerNormalization", REDUCTION, _layernorm,
           anchor=lambda b, node, store, out: lower_layernorm(b, node, store)),
     OpDef("MaxPool", REDUCTION, _pool, anchor=lambda b, node, store, out: lower_pool(b, node, store, True)),
     OpDef("AveragePool", REDUCTION, _pool, anchor=lambda b, node, store, out: lower_pool(b, node, store, False)),
+)
+
+
+# ---- LogSoftmax, Hardmax, normalizations ------------------------------------------------------
+
+def _trailing_axes(g, node, p):
+    """Normalize over [axis, rank): LayerNormalization's and RMSNormalization's rows."""
+    x = g.types[node.inputs[0]]
+    rank = len(x.shape)
+    p["axes"] = list(range(normalize_axis(node.attrs.get("axis", -1), rank, node), rank))
+    return x
+
+
+def _one_axis(g, node, p):
+    x = g.types[node.inputs[0]]
+    p["axes"] = [normalize_axis(node.attrs.get("axis", -1), len(x.shape), node)]
+    if node.attrs.get("p", 2) not in (1, 2):
+        raise UnsupportedError(f"{node.describe()}: p={node.attrs['p']} (1 or 2)")
+    return x
+
+
+def _channels_first(g, node, p):
+    x = g.types[node.inputs[0]]
+    if len(x.shape) < 3:
+        raise ShapeError(f"{node.describe()}: {node.op} needs an input of rank 3 or more, got {x}")
+    if node.op == "GroupNormalization":
+        groups, c = node.attrs["num_groups"], x.shape[1]
+        per = g.types[node.inputs[1]].shape[0]
+        if c % groups or per not in (c, groups):
+            raise ShapeError(f"{node.describe()}: {c} channels, {groups} groups and scale of {per} do not fit")
+    return x
+
+
+def _instance_norm(b, node, store):
+    x, xs = b.reader(node.inputs[0]), b.shape(node.inputs[0])
+    scale, bias = b.reader(node.inputs[1]), b.reader(node.inputs[2])
+    affine = lambda f, y: fbin("add", fbin("mul", y, scale([f[1]])), bias([f[1]]))  # noqa: E731
+    return lower_normalize(b, node, store, xs, list(range(2, len(xs))), x, lambda f: f,
+                           node.attrs.get("epsilon", 1e-5), affine=affine)
+
+
+def _group_norm(b, node, store):
+    """Normalize the view [N, G, C/G, spatial...] over all but its first two dims."""
+    xs = b.shape(node.inputs[0])
+    groups = node.attrs["num_groups"]
+    cg = xs[1] // groups
+    view = (xs[0], groups, cg) + tuple(xs[2:])
+    scale, bias = b.reader(node.inputs[1]), b.reader(node.inputs[2])
+    per_channel = b.shape(node.inputs[1])[0] == xs[1]
+    to_x = lambda f: [f[0], add(mul(f[1], cg), f[2])] + list(f[3:])  # noqa: E731
+    x = b.reader(node.inputs[0])
+
+    def affine(f, y):
+        c = [add(mul(f[1], cg), f[2])] if per_channel else [f[1]]
+        return fbin("add", fbin("mul", y, scale(c)), bias(c))
+    return lower_normalize(b, node, store, view, list(range(2, len(view))), lambda f: x(to_x(f)), to_x,
+                           node.attrs.get("epsilon", 1e-5), affine=affine)
+
+
+def _mvn(g, node, p):
+    x = g.types[node.inputs[0]]
+    p["axes"] = sorted(normalize_axis(a, len(x.shape), node) for a in node.attrs.get("axes", [0, 2, 3]))
+    return x
+
+
+register(
+    OpDef("LogSoftmax", REDUCTION, _softmax,
+          anchor=lambda b, node, store, out: lower_softmax(b, node, store, out, log=True)),
+    OpDef("Hardmax", REDUCTION, _softmax, anchor=lambda b, node, store, out: lower_hardmax(b, node, store)),
+    OpDef("RMSNormalization", REDUCTION, _trailing_axes,
+          anchor=lambda b, node, store, out: lower_layernorm(b, node, store, center=False)),
+    OpDef("InstanceNormalization", REDUCTION, _channels_first, anchor=lambda b, node, store, out: _instance_norm(
+        b, node, store)),
+    OpDef("GroupNormalization", REDUCTION, _channels_first,
+          anchor=lambda b, node, store, out: _group_norm(b, node, store)),
+    OpDef("LpNormalization", REDUCTION, _one_axis, anchor=lambda b, node, store, out: lower_lp_normalize(
+        b, node, store)),
+    OpDef("MeanVarianceNormalization", REDUCTION, _mvn, anchor=lambda b, node, store, out: lower_normalize(
+        b, node, store, b.shape(node.inputs[0]), b.attrs(node)["axes"], b.reader(node.inputs[0]), lambda f: f,
+        1e-9, eps_after_sqrt=True)),
 )

@@ -11,8 +11,9 @@ import math
 import numpy as np
 
 from ..attrs import attr_or_input, check_attrs, const_input, normalize_axis
+from ..dtypes import is_float
 from ..graph import ShapeError, TensorType, UnsupportedError
-from ..loop import add, mul
+from ..loop import Const, add, mul
 from ..lower.elementwise import (bcast_reader, concat_by_slabs, concat_reader, gather_reader, pad_reader,
                                  resize_reader, split_readers, view_reader)
 from .broadcast import broadcast
@@ -190,9 +191,13 @@ def _pad(g, node, p):
     full = [0] * (2 * rank)
     for i, a in enumerate(axes):
         full[a], full[a + rank] = int(pads[i]), int(pads[i + len(axes)])
-    value = const_input(g, node, 2, "constant_value")
     p["pads"], p["mode"] = full, node.attrs.get("mode", "constant")
-    p["value"] = float(value.reshape(-1)[0]) if value is not None and value.size else float(node.attrs.get("value", 0.0))
+    if len(node.inputs) > 2 and node.inputs[2] and node.inputs[2] not in g.constants:
+        p["value"] = None  # computed at run time: the kernel reads it
+    else:
+        value = const_input(g, node, 2, "constant_value")
+        p["value"] = float(value.reshape(-1)[0]) if value is not None and value.size else \
+            float(node.attrs.get("value", 0.0))
     shape = tuple(x.shape[i] + full[i] + full[i + rank] for i in range(rank))
     if min(shape) < 0:
         raise ShapeError(f"{node.describe()}: pads {full} make a negative dimension of {x}")
@@ -203,19 +208,26 @@ def _resize(g, node, p):
     x = g.types[node.inputs[0]]
     rank = len(x.shape)
     check_attrs(node, {
-        "mode": ("nearest", "linear"),
+        "mode": ("nearest", "linear", "cubic"),
         "coordinate_transformation_mode": ("half_pixel", "asymmetric", "align_corners", "pytorch_half_pixel",
-                                           "tf_half_pixel_for_nearest"),
+                                           "tf_half_pixel_for_nearest", "tf_crop_and_resize", "half_pixel_symmetric"),
         "nearest_mode": ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil"),
         "antialias": (0,),
-        "keep_aspect_ratio_policy": ("stretch",),
+        "keep_aspect_ratio_policy": ("stretch", "not_larger", "not_smaller"),
     })
     axes = [normalize_axis(a, rank, node) for a in node.attrs.get("axes", range(rank))]
     scales = const_input(g, node, 2, "scales")
     sizes = const_input(g, node, 3, "sizes")
     out_scale = [1.0] * rank
     shape = list(x.shape)
-    if sizes is not None and sizes.size:
+    policy = node.attrs.get("keep_aspect_ratio_policy", "stretch")
+    if sizes is not None and sizes.size and policy != "stretch":
+        # One scale for every resized axis, the smallest or largest sizes asks for.
+        ratios = [int(s) / x.shape[a] for a, s in zip(axes, sizes.reshape(-1))]
+        scale = min(ratios) if policy == "not_larger" else max(ratios)
+        for a in axes:
+            shape[a], out_scale[a] = int(scale * x.shape[a] + 0.5), scale
+    elif sizes is not None and sizes.size:
         for a, s in zip(axes, sizes.reshape(-1)):
             shape[a] = int(s)
             out_scale[a] = int(s) / x.shape[a]
@@ -226,6 +238,14 @@ def _resize(g, node, p):
     else:
         raise UnsupportedError(f"{node.describe()}: Resize needs constant scales or sizes")
     p["scales"] = out_scale
+    if node.attrs.get("mode", "nearest") != "nearest" and not is_float(x.dtype):
+        raise UnsupportedError(f"{node.describe()}: {node.attrs['mode']} Resize of {x.dtype} (nearest only)")
+    if node.attrs.get("coordinate_transformation_mode") == "tf_crop_and_resize":
+        roi = const_input(g, node, 1, "roi", required=True).astype(np.float64).reshape(-1)
+        full = [0.0] * rank + [1.0] * rank
+        for i, a in enumerate(axes):
+            full[a], full[a + rank] = float(roi[i]), float(roi[i + len(axes)])
+        p["roi"] = full
     return TensorType(tuple(shape), x.dtype)
 
 
@@ -249,3 +269,24 @@ register(
     OpDef("Pad", INJECTIVE, _pad, None, _one(pad_reader)),
     OpDef("Resize", INJECTIVE, _resize, None, _one(resize_reader)),
 )
+
+
+def _dropout(g, node, p):
+    training = const_input(g, node, 2, "training_mode")
+    if node.attrs.get("is_test", 1) == 0 or (training is not None and bool(training.reshape(-1)[0])):
+        raise UnsupportedError(f"{node.describe()}: training mode is not supported (inference only)")
+    x = g.types[node.inputs[0]]
+    return [x, TensorType(x.shape, "bool")][:len(node.outputs)]
+
+
+def _dropout_readers(b, node):
+    """Inference: the data passes through, and the mask keeps everything."""
+    x = b.reader(node.inputs[0])
+    out = {node.outputs[0]: x}
+    if len(node.outputs) > 1 and node.outputs[1]:
+        out[node.outputs[1]] = lambda idx: Const(1, "i1")
+    return out
+
+
+register(OpDef("Dropout", INJECTIVE, _dropout,
+               lambda a, v, g, node: [v[0], np.ones(v[0].shape, bool)][:len(node.outputs)], _dropout_readers))

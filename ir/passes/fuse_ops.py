@@ -9,14 +9,20 @@ when that producer's output feeds this node only (and is not a graph output), an
   - a reduction (pooling, softmax, layernorm, reduce) absorbs an injective/elementwise group
     that feeds it (its reads are inlined);
   - conv/matmul start their own group: their operands are read from buffers.
-Views (Reshape, Flatten, Squeeze, Unsqueeze, Identity) never fuse: they become aliases of
+Views (Reshape, Flatten, Squeeze, Unsqueeze, Identity) do not join groups here: alone, they are aliases of
 a buffer, no kernel at all. Nodes with several outputs (Split, LayerNorm with its
 statistics) stand alone.
+
+Then small producer groups of index maps and elementwise math (views included) are inlined
+into every group that reads them element by element, recomputed there instead of written
+out (see _inline_producer_groups): a node may stand in several groups.
 
 The result is the graph's partition, `g.groups`: lists of node keys, each group in node
 order, the groups in the order they run.
 """
 from __future__ import annotations
+
+import collections
 
 from ..graph import Graph, Node
 from ..ops import BROADCAST, INJECTIVE, OPAQUE, OUT_EWISE_FUSABLE, REDUCTION, op_def
@@ -74,6 +80,7 @@ def fuse_ops(g: Graph, ctx) -> Graph:
         for o in node.outputs:
             if o:
                 producer_group[o] = target
+    groups = _inline_producer_groups(g, groups, uses)
     # Each group runs where its last member stands: all its inputs exist by then.
     position = {id(n): i for i, n in enumerate(g.nodes)}
     groups.sort(key=lambda members: position[id(members[-1])])
@@ -81,10 +88,60 @@ def fuse_ops(g: Graph, ctx) -> Graph:
     return g
 
 
+MAX_INLINED_MEMBERS = 8
+
+
+def _inlinable(group: list[Node]) -> bool:
+    """A small group of index maps and elementwise math (views included), one output each."""
+    return len(group) <= MAX_INLINED_MEMBERS and all(
+        sum(1 for o in m.outputs if o) == 1 and (op_def(m.op).view or op_def(m.op).kind <= INJECTIVE) and
+        op_def(m.op).reader is not None for m in group)
+
+
+def _inline_producer_groups(g: Graph, groups: list[list[Node]], uses) -> list[list[Node]]:
+    """Inline a group of cheap index maps and elementwise math into every group that reads
+    it, where those read it element by element (an epilogue, an elementwise chain, a
+    reduction's input), so it is recomputed there instead of written out and read back. This
+    keeps an attention mask (Equal/Where/Expand over a [batch, seq] mask, broadcast to
+    [batch, heads, seq, seq]) from being materialized: it becomes part of each layer's score
+    epilogue. Conv/MatMul and opaque ops read their operands from buffers, so a group
+    feeding one stays."""
+    homes = {id(m): {i} for i, grp in enumerate(groups) for m in grp}  # a node's groups
+    merged = True
+    while merged:
+        merged = False
+        for i, grp in enumerate(groups):
+            if not grp or not _inlinable(grp):
+                continue
+            inside = {id(m) for m in grp}
+            # (uses lists a node once per input slot that reads the tensor)
+            readers = [u for m in grp for o in m.outputs if o for u in uses.get(o, []) if id(u) not in inside]
+            if not readers or any(o in g.outputs for m in grp for o in m.outputs):
+                continue
+            if any(kind_of(u) == OUT_EWISE_FUSABLE or (kind_of(u) == OPAQUE and not op_def(u.op).view)
+                   for u in readers):
+                continue  # operands read from buffers: a GEMM's, an opaque op's (a scatter's)
+            # Each reading group reads it once per element: a value read along two paths of one
+            # expression (a Concat of two Slices of it) would be recomputed on each, and
+            # nested, the expression would double at every level.
+            per_target = collections.Counter(t for u in readers for t in homes[id(u)])
+            if any(n > 1 for n in per_target.values()):
+                continue
+            targets = sorted(per_target)
+            for t in targets:
+                groups[t] = grp + groups[t]  # producers first: they inline before what reads them
+            for m in grp:
+                homes[id(m)] = set(targets)
+            groups[i] = []
+            merged = True
+    return [grp for grp in groups if grp]
+
+
 def groups_of(g: Graph) -> list[list[Node]]:
     """The fused groups as nodes, in run order; without fusion, one node per group. A
     partition that no longer covers the graph (a pass ran after fusion) is not used."""
     by_key = {n.key: n for n in g.nodes}
-    if g.groups is not None and sorted(k for grp in g.groups for k in grp) == sorted(by_key):
+    # (A node may stand in several groups: an inlined producer is recomputed in each reader.)
+    if g.groups is not None and {k for grp in g.groups for k in grp} == set(by_key):
         return [[by_key[k] for k in grp] for grp in g.groups]
     return [[n] for n in g.nodes]

@@ -7,8 +7,11 @@ float math on weights too.
 """
 from __future__ import annotations
 
+import collections
+
 import numpy as np
 
+from ..dtypes import DTYPES, is_float, numpy_dtype
 from ..graph import Graph, KilnError, Node, UnsupportedError, as_kiln_array
 from ..ops import op_def
 from ..transform import graph_pass
@@ -33,8 +36,11 @@ def fold(g: Graph, node: Node, values: list) -> list | None:
     evaluate = op_def(node.op).evaluate
     if evaluate is None:
         return None
-    out = evaluate({**node.attrs, **g.params.get(node.key, {})}, values, g, node)
-    return [as_kiln_array(np.asarray(v)) for v in out]
+    with np.errstate(all="ignore"):  # IEEE results (log(0) = -inf, 0/0 = NaN) are the folded values
+        out = evaluate({**node.attrs, **g.params.get(node.key, {})}, values, g, node)
+    # numpy may promote (an int8 mean, a float16 times a Python float): the inferred type rules.
+    return [as_kiln_array(np.asarray(v).astype(numpy_dtype(g.types[name].dtype), copy=False)) if name else None
+            for name, v in zip(node.outputs, out)]
 
 
 def resolve(g: Graph, fold_floats: bool) -> Graph:
@@ -42,7 +48,13 @@ def resolve(g: Graph, fold_floats: bool) -> Graph:
     nodes), folding what it may."""
     g.params = {}
     kept = []
-    for node in g.nodes:
+    pending = collections.deque(g.nodes)
+    while pending:
+        node = pending.popleft()
+        definition = op_def(node.op)
+        if definition is not None and definition.expand is not None:  # its body takes its place
+            pending.extendleft(reversed(definition.expand(g, node)))
+            continue
         try:
             types, g.params[node.key] = infer(g, node)
         except KilnError as e:
@@ -50,12 +62,12 @@ def resolve(g: Graph, fold_floats: bool) -> Graph:
             raise type(e)(msg if node.describe() in msg else f"{node.describe()}: {msg}") from None
         for name, t in zip(node.outputs, types):
             if name:
-                check_tensor_size(name, t.shape, np.dtype(t.dtype).itemsize)
+                check_tensor_size(name, t.shape, DTYPES[t.dtype].itemsize)
                 g.types[name] = t
         definition = op_def(node.op)
         inputs_const = all(i in g.constants for i in node.inputs if i) or definition.shape_only
         wanted = definition.compile_time or (inputs_const and (
-            fold_floats or all(t.dtype != "float32" for t in types)))
+            fold_floats or not any(is_float(t.dtype) for t in types)))
         if wanted and inputs_const and sum(t.size for t in types) <= MAX_FOLDED_ELEMENTS:
             outs = fold(g, node, [g.constants.get(i) if i else None for i in node.inputs])
             if outs is not None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..dtypes import numpy_dtype
 from ..graph import Graph, Node
 from ..ops.conv_gemm import CONV, CONV_TRANSPOSE, GEMM
 from ..ops.elementwise import ADD, BATCH_NORMALIZATION, MUL
@@ -36,18 +37,19 @@ def _fold_into_conv(g: Graph, conv: Node, scale, shift) -> tuple[list, dict]:
         s = scale32.reshape(group, 1, per, *([1] * (w.ndim - 2)))
         new_w = (w.reshape(group, -1, per, *w.shape[2:]) * s).reshape(w.shape)
     new_b = bias * scale + shift
-    return conv.inputs[:1] + [g.add_constant(g.fresh_name(f"{conv.name}_w_bn"), new_w.astype(np.float32)),
-                              g.add_constant(g.fresh_name(f"{conv.name}_b_bn"), new_b.astype(np.float32))], conv.attrs
+    return conv.inputs[:1] + [g.add_constant(g.fresh_name(f"{conv.name}_w_bn"), new_w.astype(w.dtype)),
+                              g.add_constant(g.fresh_name(f"{conv.name}_b_bn"), new_b.astype(w.dtype))], conv.attrs
 
 
 def _fold_into_gemm(g: Graph, gemm: Node, scale, shift) -> tuple[list, dict]:
+    dt = g.constants[gemm.inputs[1]].dtype
     b = g.constants[gemm.inputs[1]].astype(np.float64)
     b = b * (scale[:, None] if gemm.attrs.get("transB", 0) else scale[None, :])
     beta = gemm.attrs.get("beta", 1.0)
     c = g.constants[gemm.inputs[2]].astype(np.float64) * beta if len(gemm.inputs) > 2 and gemm.inputs[2] else 0.0
     new_c = np.asarray(c * scale + shift)
-    return gemm.inputs[:1] + [g.add_constant(g.fresh_name(f"{gemm.name}_b_bn"), b.astype(np.float32)),
-                              g.add_constant(g.fresh_name(f"{gemm.name}_c_bn"), new_c.astype(np.float32))], \
+    return gemm.inputs[:1] + [g.add_constant(g.fresh_name(f"{gemm.name}_b_bn"), b.astype(dt)),
+                              g.add_constant(g.fresh_name(f"{gemm.name}_c_bn"), new_c.astype(dt))], \
         {**gemm.attrs, "beta": 1.0}  # beta is folded into the new bias
 
 
@@ -86,8 +88,9 @@ def simplify_inference(g: Graph, ctx) -> Graph:
                 continue
             rank = len(g.types[node.inputs[0]].shape)
             bshape = (-1,) + (1,) * (rank - 2)
-            s = g.add_constant(g.fresh_name(f"{node.name}_scale"), scale.astype(np.float32).reshape(bshape))
-            b = g.add_constant(g.fresh_name(f"{node.name}_shift"), shift.astype(np.float32).reshape(bshape))
+            dt = numpy_dtype(g.types[node.inputs[0]].dtype)  # Mul and Add take operands of one type
+            s = g.add_constant(g.fresh_name(f"{node.name}_scale"), scale.astype(dt).reshape(bshape))
+            b = g.add_constant(g.fresh_name(f"{node.name}_shift"), shift.astype(dt).reshape(bshape))
             mid = g.fresh_name(f"{node.name}_scaled")
             g.types[mid] = g.types[node.inputs[0]]
             kept.append(Node(MUL, [node.inputs[0], s], [mid], {}, f"{node.name}_mul"))

@@ -1,0 +1,81 @@
+"""Element types: the one table of what Kiln knows about each.
+
+A tensor's dtype is its ONNX element type by name ("float16", "uint8", ...), kept exactly
+from the model to the module's outputs. Each has a *storage* type in the loop IR (what a
+buffer holds) and a *compute* type (what a loaded element is while a kernel works on it):
+float16 and bfloat16 compute in float32 and round when stored, bool computes as i1 and is
+stored as a byte, every other type computes as itself (integers wrap at their own width).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..artifacts import element_types
+from .loop import compute_type
+
+numpy_dtype = element_types.numpy_dtype  # one definition for the loader and the compiler
+
+
+@dataclass(frozen=True)
+class DType:
+    name: str      # Kiln's and numpy's name
+    onnx: int      # TensorProto.DataType
+    storage: str   # loop-IR buffer type
+    itemsize: int
+
+    @property
+    def compute(self) -> str:
+        return compute_type(self.storage)
+
+    @property
+    def is_float(self) -> bool:
+        return self.storage[0] in "fb" and self.storage != "b8"
+
+    @property
+    def is_int(self) -> bool:
+        return self.storage[0] in "iu"
+
+    @property
+    def is_signed(self) -> bool:
+        return self.storage[0] == "i" or self.is_float
+
+
+_TABLE = [DType("float32", 1, "f32", 4), DType("uint8", 2, "u8", 1), DType("int8", 3, "i8", 1),
+          DType("uint16", 4, "u16", 2), DType("int16", 5, "i16", 2), DType("int32", 6, "i32", 4),
+          DType("int64", 7, "i64", 8), DType("bool", 9, "b8", 1), DType("float16", 10, "f16", 2),
+          DType("float64", 11, "f64", 8), DType("uint32", 12, "u32", 4), DType("uint64", 13, "u64", 8),
+          DType("bfloat16", 16, "bf16", 2)]
+DTYPES = {d.name: d for d in _TABLE}
+_BY_ONNX = {d.onnx: d for d in _TABLE}
+# Names of the ONNX element types Kiln does not compute in, for error messages.
+_OTHER_ONNX = {8: "STRING", 14: "COMPLEX64", 15: "COMPLEX128", 17: "FLOAT8E4M3FN", 18: "FLOAT8E4M3FNUZ",
+               19: "FLOAT8E5M2", 20: "FLOAT8E5M2FNUZ", 21: "UINT4", 22: "INT4", 23: "FLOAT4E2M1"}
+
+
+def dtype(name: str) -> DType:
+    return DTYPES[name]
+
+
+def from_onnx(elem_type: int) -> DType | None:
+    return _BY_ONNX.get(elem_type)
+
+
+def onnx_type_name(elem_type: int) -> str:
+    d = _BY_ONNX.get(elem_type)
+    return d.name.upper() if d else _OTHER_ONNX.get(elem_type, str(elem_type))
+
+
+def kiln_name(dt) -> str | None:
+    """The Kiln dtype of a numpy dtype, or None if Kiln has none for it."""
+    name = np.dtype(dt).name
+    return name if name in DTYPES else None
+
+
+def is_float(name: str) -> bool:
+    return DTYPES[name].is_float
+
+
+def is_int(name: str) -> bool:
+    return DTYPES[name].is_int

@@ -1,0 +1,441 @@
+"""Indexing ops: GatherElements, GatherND, OneHot, Trilu, Tile, DepthToSpace, SpaceToDepth
+(readers: each output element reads one input element), ScatterElements, ScatterND, CumSum
+and TopK (kernels of their own: they write where their data says, or scan), ArgMax/ArgMin
+(anchors with an epilogue, like a reduction).
+
+Indices are clamped into range after negative ones wrap: an out-of-range index reads a
+valid element instead of faulting (ONNX leaves the result undefined).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..attrs import check_attrs, const_input, normalize_axis
+from ..graph import ShapeError, TensorType
+from ..loop import (Assign, Cast, Const, For, If, Let, Load, Local, Store, Var, add, cmp, div, fbin, flat_index,
+                    lowest, mul, rem, select, sub)
+from ..lower.elementwise import iclamp
+from .registry import INJECTIVE, OPAQUE, REDUCTION, OpDef, register
+
+
+def wrap_index(i, dim: int):
+    """A run-time index into a dimension of `dim`: negative counts from the end, then clamped."""
+    i = Cast("i64", i)
+    return iclamp(select(cmp("lt", i, Const(0)), add(i, Const(dim)), i), 0, dim - 1)
+
+
+def _one(reader):
+    return lambda b, node: {node.outputs[0]: reader(b, node)}
+
+
+def _take_along(x: np.ndarray, ind: np.ndarray, axis: int) -> np.ndarray:
+    return np.take_along_axis(x, np.where(ind < 0, ind + x.shape[axis], ind), axis=axis)
+
+
+# ---- GatherElements, GatherND -----------------------------------------------------------------
+
+def _gather_elements(g, node, p):
+    x, ind = g.types[node.inputs[0]], g.types[node.inputs[1]]
+    p["axis"] = normalize_axis(node.attrs.get("axis", 0), len(x.shape), node)
+    if len(ind.shape) != len(x.shape):
+        raise ShapeError(f"{node.describe()}: indices {ind} and data {x} differ in rank")
+    return TensorType(ind.shape, x.dtype)
+
+
+def _gather_elements_reader(b, node):
+    x, ind, axis = b.reader(node.inputs[0]), b.reader(node.inputs[1]), b.attrs(node)["axis"]
+    dim = b.shape(node.inputs[0])[axis]
+    return lambda idx: x([wrap_index(ind(idx), dim) if a == axis else i for a, i in enumerate(idx)])
+
+
+def _gather_nd(g, node, p):
+    x, ind = g.types[node.inputs[0]], g.types[node.inputs[1]]
+    bd = node.attrs.get("batch_dims", 0)
+    k = ind.shape[-1]
+    if x.shape[:bd] != ind.shape[:bd] or bd + k > len(x.shape):
+        raise ShapeError(f"{node.describe()}: indices {ind} do not index data {x} with batch_dims={bd}")
+    return TensorType(ind.shape[:-1] + x.shape[bd + k:], x.dtype)
+
+
+def _gather_nd_reader(b, node):
+    x, ind = b.reader(node.inputs[0]), b.reader(node.inputs[1])
+    xs, ishape = b.shape(node.inputs[0]), b.shape(node.inputs[1])
+    bd, k = node.attrs.get("batch_dims", 0), ishape[-1]
+    lead = len(ishape) - 1  # output dims that index `indices`
+
+    def read(idx):
+        where = list(idx[:lead])
+        src = list(idx[:bd]) + [wrap_index(ind(where + [Const(j)]), xs[bd + j]) for j in range(k)]
+        return x(src + list(idx[lead:]))
+    return read
+
+
+def _gather_nd_fold(a, values, g, node):
+    x, ind = values
+    bd = a.get("batch_dims", 0)
+    out = np.empty(g.types[node.outputs[0]].shape, x.dtype)
+    k = ind.shape[-1]
+    for pos in np.ndindex(*ind.shape[:-1]):
+        sel = tuple(int(v) for v in ind[pos])
+        out[pos] = x[pos[:bd] + sel] if k else x[pos[:bd]]
+    return [out]
+
+
+# ---- OneHot, Trilu, Tile, DepthToSpace, SpaceToDepth ------------------------------------------
+
+def _one_hot(g, node, p):
+    ind = g.types[node.inputs[0]]
+    depth = const_input(g, node, 1, "depth", required=True)
+    values = g.types[node.inputs[2]]
+    rank = len(ind.shape) + 1
+    p["axis"] = normalize_axis(node.attrs.get("axis", -1), rank, node)
+    p["depth"] = int(depth.reshape(-1)[0])
+    shape = list(ind.shape)
+    shape.insert(p["axis"], p["depth"])
+    return TensorType(tuple(shape), values.dtype)
+
+
+def _one_hot_reader(b, node):
+    ind, values = b.reader(node.inputs[0]), b.reader(node.inputs[2])
+    axis, depth = b.attrs(node)["axis"], b.attrs(node)["depth"]
+
+    def read(idx):
+        i = Cast("i64", ind(list(idx[:axis]) + list(idx[axis + 1:])))
+        i = select(cmp("lt", i, Const(0)), add(i, Const(depth)), i)  # out of range: all off
+        return select(cmp("eq", i, idx[axis]), values([Const(1)]), values([Const(0)]))
+    return read
+
+
+def _one_hot_fold(a, values, g, node):
+    ind, _, vals = values
+    depth, axis = a["depth"], a["axis"]
+    ind = np.where(ind < 0, ind + depth, ind)
+    hot = np.moveaxis(ind[..., None] == np.arange(depth), -1, axis)
+    return [np.where(hot, vals[1], vals[0])]
+
+
+def _trilu(g, node, p):
+    x = g.types[node.inputs[0]]
+    if len(x.shape) < 2:
+        raise ShapeError(f"{node.describe()}: Trilu needs rank 2 or more, got {x}")
+    k = const_input(g, node, 1, "k")
+    p["k"] = int(k.reshape(-1)[0]) if k is not None else 0
+    return x
+
+
+def _trilu_reader(b, node):
+    x, k, upper = b.reader(node.inputs[0]), b.attrs(node)["k"], node.attrs.get("upper", 1)
+
+    def read(idx):
+        diff = sub(idx[-1], idx[-2])  # column - row
+        keep = cmp("ge", diff, Const(k)) if upper else cmp("le", diff, Const(k))
+        return select(keep, x(idx), Const(0))
+    return read
+
+
+def _trilu_fold(a, values, g, node):
+    f = np.triu if a.get("upper", 1) else np.tril
+    return [f(values[0], a["k"])]
+
+
+def _tile(g, node, p):
+    x = g.types[node.inputs[0]]
+    reps = [int(r) for r in const_input(g, node, 1, "repeats", required=True).reshape(-1)]
+    if len(reps) != len(x.shape) or min(reps, default=1) < 0:
+        raise ShapeError(f"{node.describe()}: repeats {reps} do not fit input {x}")
+    p["repeats"] = reps
+    return TensorType(tuple(d * r for d, r in zip(x.shape, reps)), x.dtype)
+
+
+def _tile_reader(b, node):
+    x, xs = b.reader(node.inputs[0]), b.shape(node.inputs[0])
+    return lambda idx: x([i if r == 1 else rem(i, d) for i, d, r in zip(idx, xs, b.attrs(node)["repeats"])])
+
+
+def _depth_to_space(g, node, p):
+    x = g.types[node.inputs[0]]
+    bs = node.attrs["blocksize"]
+    check_attrs(node, {"mode": ("DCR", "CRD")})
+    n, c, h, w = x.shape
+    if c % (bs * bs):
+        raise ShapeError(f"{node.describe()}: {c} channels do not divide into blocks of {bs}x{bs}")
+    return TensorType((n, c // (bs * bs), h * bs, w * bs), x.dtype)
+
+
+def _depth_to_space_reader(b, node):
+    x, bs = b.reader(node.inputs[0]), node.attrs["blocksize"]
+    c_out = b.shape(node.outputs[0])[1]
+    crd = node.attrs.get("mode", "DCR") == "CRD"
+
+    def read(idx):
+        n, c, y, xx = idx
+        by, bx = rem(y, bs), rem(xx, bs)
+        block = add(mul(by, bs), bx)
+        channel = add(mul(c, bs * bs), block) if crd else add(mul(block, c_out), c)
+        return x([n, channel, div(y, bs), div(xx, bs)])
+    return read
+
+
+def _depth_to_space_fold(a, values, g, node):
+    x, bs = values[0], a["blocksize"]
+    n, c, h, w = x.shape
+    if a.get("mode", "DCR") == "CRD":
+        y = x.reshape(n, c // (bs * bs), bs, bs, h, w).transpose(0, 1, 4, 2, 5, 3)
+    else:
+        y = x.reshape(n, bs, bs, c // (bs * bs), h, w).transpose(0, 3, 4, 1, 5, 2)
+    return [y.reshape(n, c // (bs * bs), h * bs, w * bs)]
+
+
+def _space_to_depth(g, node, p):
+    x = g.types[node.inputs[0]]
+    bs = node.attrs["blocksize"]
+    n, c, h, w = x.shape
+    if h % bs or w % bs:
+        raise ShapeError(f"{node.describe()}: spatial {h}x{w} does not divide into blocks of {bs}")
+    return TensorType((n, c * bs * bs, h // bs, w // bs), x.dtype)
+
+
+def _space_to_depth_reader(b, node):
+    x, bs = b.reader(node.inputs[0]), node.attrs["blocksize"]
+    c_in = b.shape(node.inputs[0])[1]
+
+    def read(idx):
+        n, c, y, xx = idx
+        block, ch = div(c, c_in), rem(c, c_in)
+        return x([n, ch, add(mul(y, bs), div(block, bs)), add(mul(xx, bs), rem(block, bs))])
+    return read
+
+
+def _space_to_depth_fold(a, values, g, node):
+    x, bs = values[0], a["blocksize"]
+    n, c, h, w = x.shape
+    y = x.reshape(n, c, h // bs, bs, w // bs, bs).transpose(0, 3, 5, 1, 2, 4)
+    return [y.reshape(n, c * bs * bs, h // bs, w // bs)]
+
+
+register(
+    OpDef("GatherElements", INJECTIVE, _gather_elements,
+          lambda a, v, g, node: [_take_along(v[0], v[1], a["axis"])], _one(_gather_elements_reader)),
+    OpDef("GatherND", INJECTIVE, _gather_nd, _gather_nd_fold, _one(_gather_nd_reader)),
+    OpDef("OneHot", INJECTIVE, _one_hot, _one_hot_fold, _one(_one_hot_reader)),
+    OpDef("Trilu", INJECTIVE, _trilu, _trilu_fold, _one(_trilu_reader)),
+    OpDef("Tile", INJECTIVE, _tile, lambda a, v, g, node: [np.tile(v[0], a["repeats"])], _one(_tile_reader)),
+    OpDef("DepthToSpace", INJECTIVE, _depth_to_space, _depth_to_space_fold, _one(_depth_to_space_reader)),
+    OpDef("SpaceToDepth", INJECTIVE, _space_to_depth, _space_to_depth_fold, _one(_space_to_depth_reader)),
+)
+
+
+# ---- ScatterElements, ScatterND: copy, then write the updates in order ----------------------------
+
+_SCATTER_COMBINE = {"none": None, "add": "add", "mul": "mul", "max": "max", "min": "min"}
+
+
+def _scatter(g, node, p):
+    x, ind, upd = (g.types[i] for i in node.inputs[:3])
+    check_attrs(node, {"reduction": tuple(_SCATTER_COMBINE)})
+    if node.op == "ScatterElements":
+        p["axis"] = normalize_axis(node.attrs.get("axis", 0), len(x.shape), node)
+        if ind.shape != upd.shape or len(ind.shape) != len(x.shape):
+            raise ShapeError(f"{node.describe()}: indices {ind}, updates {upd} and data {x} do not match")
+    elif upd.shape != ind.shape[:-1] + x.shape[ind.shape[-1]:]:
+        raise ShapeError(f"{node.describe()}: updates {upd} do not match indices {ind} into data {x}")
+    return x
+
+
+def _scatter_kernel(b, node):
+    """The output starts as a copy of the data; then each update, in index order, is written
+    (or combined with what is there) at the place its index names."""
+    out, xs = node.outputs[0], b.shape(node.inputs[0])
+    param, x = b.out_param(out), b.reader(node.inputs[0])
+    ind, upd = b.reader(node.inputs[1]), b.reader(node.inputs[2])
+    ishape, ushape = b.shape(node.inputs[1]), b.shape(node.inputs[2])
+    combine = _SCATTER_COMBINE[node.attrs.get("reduction", "none")]
+    body = list(b.loops(xs, lambda idx: [Store(param, flat_index(idx, xs), x(idx))]))
+
+    def target(uidx):
+        if node.op == "ScatterElements":
+            axis = b.attrs(node)["axis"]
+            return [wrap_index(ind(uidx), xs[axis]) if a == axis else i for a, i in enumerate(uidx)]
+        k, lead = ishape[-1], len(ishape) - 1
+        return [wrap_index(ind(list(uidx[:lead]) + [Const(j)]), xs[j]) for j in range(k)] + list(uidx[lead:])
+
+    def write(uidx):
+        at = flat_index(target(uidx), xs)
+        value = upd(uidx)
+        if combine:
+            value = fbin(combine, Load(param, at), value)
+        return [Store(param, at, value)]
+    body += b.loops(ushape, write, inner_kind="serial")
+    return tuple(body)
+
+
+def _scatter_fold(a, values, g, node):
+    x, ind, upd = (np.array(v) for v in values[:3])
+    out = x.copy()
+    combine = {"add": np.add, "mul": np.multiply, "max": np.maximum, "min": np.minimum}.get(a.get("reduction", "none"))
+    for pos in np.ndindex(*upd.shape):
+        if node.op == "ScatterElements":
+            t = list(pos)
+            t[a["axis"]] = int(ind[pos]) % x.shape[a["axis"]]
+            t = tuple(t)
+        else:
+            lead = ind.ndim - 1
+            t = tuple(int(v) % x.shape[j] for j, v in enumerate(ind[pos[:lead]])) + pos[lead:]
+        out[t] = combine(out[t], upd[pos]) if combine else upd[pos]
+    return [out]
+
+
+# ---- CumSum, TopK -----------------------------------------------------------------------------
+
+def _cumsum(g, node, p):
+    x = g.types[node.inputs[0]]
+    axis = const_input(g, node, 1, "axis", required=True)
+    p["axis"] = normalize_axis(int(axis.reshape(-1)[0]), len(x.shape), node)
+    return x
+
+
+def _cumsum_kernel(b, node):
+    """One running sum per line along the axis (reversed: from its end)."""
+    xs, axis = b.shape(node.inputs[0]), b.attrs(node)["axis"]
+    x, param = b.reader(node.inputs[0]), b.out_param(node.outputs[0])
+    exclusive, reverse = node.attrs.get("exclusive", 0), node.attrs.get("reverse", 0)
+    t, n = b.compute(node.inputs[0]), xs[axis]
+    outer = [d for a, d in enumerate(xs) if a != axis]
+
+    def line(oidx):
+        acc, j = b.fresh("acc"), b.fresh("j")
+        pos = sub(Const(n - 1), Var(j)) if reverse else Var(j)
+        idx = list(oidx[:axis]) + [pos] + list(oidx[axis:])
+        at = flat_index(idx, xs)
+        steps = [Store(param, at, Var(acc, t)), Assign(acc, fbin("add", Var(acc, t), x(idx)))] if exclusive else \
+            [Assign(acc, fbin("add", Var(acc, t), x(idx))), Store(param, at, Var(acc, t))]
+        return [Local(acc, t, Const(0)), For(j, n, tuple(steps))]
+    return b.loops(outer, line, inner_kind="serial")
+
+
+def _cumsum_fold(a, values, g, node):
+    x, axis = values[0], a["axis"]
+    if a.get("reverse", 0):
+        x = np.flip(x, axis)
+    out = np.cumsum(x, axis=axis, dtype=x.dtype)
+    if a.get("exclusive", 0):
+        out = np.concatenate([np.zeros_like(np.take(out, [0], axis)), np.delete(out, -1, axis)], axis)
+    return [np.flip(out, axis) if a.get("reverse", 0) else out]
+
+
+def _topk(g, node, p):
+    x = g.types[node.inputs[0]]
+    axis = normalize_axis(node.attrs.get("axis", -1), len(x.shape), node)
+    k = int(const_input(g, node, 1, "K", required=True).reshape(-1)[0])
+    if not 0 <= k <= x.shape[axis]:
+        raise ShapeError(f"{node.describe()}: k={k} is outside 0..{x.shape[axis]}")
+    p["axis"], p["k"] = axis, k
+    shape = x.shape[:axis] + (k,) + x.shape[axis + 1:]
+    return [TensorType(shape, x.dtype), TensorType(shape, "int64")]
+
+
+def _topk_kernel(b, node):
+    """Per line: insertion into a sorted list of k (values and indices, in the outputs). An
+    element goes before every kept one it beats strictly, so equal values keep index order."""
+    xs, a = b.shape(node.inputs[0]), b.attrs(node)
+    axis, k = a["axis"], a["k"]
+    x, t = b.reader(node.inputs[0]), b.compute(node.inputs[0])
+    oshape = b.type(node.outputs[0]).shape
+    vals = b.out_param(node.outputs[0])
+    idxs = b.out_param(node.outputs[1])  # both outputs are required by the spec
+    largest = node.attrs.get("largest", 1)
+    outer = [d for ax, d in enumerate(xs) if ax != axis]
+
+    def line(oidx):
+        def slot(j):
+            return flat_index(list(oidx[:axis]) + [j] + list(oidx[axis:]), oshape)
+
+        def beats(v, j):  # does v go before the element kept at slot j (or is the slot empty)?
+            better = cmp("gt" if largest else "lt", v, Load(vals, slot(j)))
+            if t in ("f32", "f64"):  # NaN sorts as the largest value, as numpy's sort has it
+                nan_v, nan_kept = cmp("ne", v, v), cmp("ne", Load(vals, slot(j)), Load(vals, slot(j)))
+                better = select(nan_kept, Const(0, "i1"), select(nan_v, Const(int(largest), "i1"), better))
+            return fbin("or", cmp("lt", Load(idxs, slot(j)), Const(0)), better)
+
+        i, jj, v = b.fresh("i"), b.fresh("jj"), b.fresh("v")
+        init = b.fresh("s")
+        body = [For(init, k, (Store(vals, slot(Var(init)), Const(lowest(t), "f32" if t[0] == "f" else "i64")),
+                              Store(idxs, slot(Var(init)), Const(-1))))]
+        j = sub(Const(k - 1), Var(jj))
+        src = list(oidx[:axis]) + [Var(i)] + list(oidx[axis:])
+        insert = If(beats(Var(v, t), j), (
+            If(fbin("and", cmp("gt", j, Const(0)), beats(Var(v, t), sub(j, Const(1)))),
+               (Store(vals, slot(j), Load(vals, slot(sub(j, Const(1))))),
+                Store(idxs, slot(j), Load(idxs, slot(sub(j, Const(1)))))),
+               (Store(vals, slot(j), Var(v, t)), Store(idxs, slot(j), Var(i)))),))
+        body.append(For(i, xs[axis], (Let(v, x(src)), For(jj, k, (insert,)))))
+        return body
+    return b.loops(outer, line, inner_kind="serial")
+
+
+def _topk_fold(a, values, g, node):
+    x, axis, k = values[0], a["axis"], a["k"]
+    keys = -x if a.get("largest", 1) and not np.issubdtype(x.dtype, np.unsignedinteger) else x
+    if np.issubdtype(x.dtype, np.unsignedinteger) and a.get("largest", 1):
+        keys = np.iinfo(x.dtype).max - x
+    order = np.argsort(keys, axis=axis, kind="stable")
+    idx = np.take(order, np.arange(k), axis=axis)
+    return [np.take_along_axis(x, idx, axis), idx.astype(np.int64)]
+
+
+register(
+    OpDef("ScatterElements", OPAQUE, _scatter, _scatter_fold, alone=_scatter_kernel),
+    OpDef("ScatterND", OPAQUE, _scatter, _scatter_fold, alone=_scatter_kernel),
+    OpDef("CumSum", OPAQUE, _cumsum, _cumsum_fold, alone=_cumsum_kernel),
+    OpDef("TopK", OPAQUE, _topk, _topk_fold, alone=_topk_kernel),
+)
+
+
+# ---- ArgMax, ArgMin ---------------------------------------------------------------------------
+
+def _arg_reduce(g, node, p):
+    x = g.types[node.inputs[0]]
+    axis = normalize_axis(node.attrs.get("axis", 0), len(x.shape), node)
+    keep = node.attrs.get("keepdims", 1)
+    p["axis"], p["keepdims"] = axis, keep
+    shape = tuple(1 if a == axis else d for a, d in enumerate(x.shape)) if keep else \
+        tuple(d for a, d in enumerate(x.shape) if a != axis)
+    return TensorType(shape, "int64")
+
+
+def _arg_anchor(b, node, store, out):
+    """The index of the first (or, with select_last_index, the last) extreme along the axis."""
+    xs, a = b.shape(node.inputs[0]), b.attrs(node)
+    axis, keep = a["axis"], a["keepdims"]
+    x, t = b.reader(node.inputs[0]), b.compute(node.inputs[0])
+    oshape = b.shape(node.outputs[0])
+    wins = ("ge" if node.op == "ArgMax" else "le") if node.attrs.get("select_last_index", 0) else \
+        ("gt" if node.op == "ArgMax" else "lt")
+
+    def point(oidx):
+        outer = list(oidx[:axis]) + list(oidx[axis + 1:]) if keep else list(oidx)
+        best, at, i = b.fresh("best"), b.fresh("at"), b.fresh("i")
+        first = list(outer[:axis]) + [Const(0)] + list(outer[axis:])
+        v = x(list(outer[:axis]) + [Var(i)] + list(outer[axis:]))
+        better = cmp(wins, v, Var(best, t))
+        return [Local(best, t, x(first)), Local(at, "i64", Const(0)),
+                For(i, xs[axis], (If(better, (Assign(best, v), Assign(at, Var(i)))),)),
+                *store(oidx, Var(at, "i64"))]
+    return b.loops(oshape, point, inner_kind="serial")
+
+
+def _arg_fold(a, values, g, node):
+    x, axis = values[0], a["axis"]
+    f = np.argmax if node.op == "ArgMax" else np.argmin
+    if a.get("select_last_index", 0):
+        r = x.shape[axis] - 1 - f(np.flip(x, axis), axis=axis)
+    else:
+        r = f(x, axis=axis)
+    return [np.expand_dims(r, axis) if a["keepdims"] else r]
+
+
+register(
+    OpDef("ArgMax", REDUCTION, _arg_reduce, _arg_fold, anchor=_arg_anchor),
+    OpDef("ArgMin", REDUCTION, _arg_reduce, _arg_fold, anchor=_arg_anchor),
+)
+
