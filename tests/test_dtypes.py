@@ -152,40 +152,35 @@ def test_matmul_and_gemm_in_their_own_type(dtype, executor):
 
 
 def _small_cnn(half_io: bool):
-    """Conv-BN-Relu-MaxPool-Conv-GlobalAveragePool-Gemm-Softmax, converted to float16 as
-    onnxconverter-common's convert_float_to_float16 does it: every float initializer and
-    value float16, and with keep_io_types the model's inputs and outputs float32 behind Casts."""
+    """Conv-BN-Relu-MaxPool-Conv-GlobalAveragePool-Gemm-Softmax in float32, converted to float16
+    by onnxconverter-common's convert_float_to_float16 as users convert models: with fp16
+    inputs and outputs, or (keep_io_types) fp32 ones behind Casts."""
+    from onnxconverter_common import float16
     rng = np.random.default_rng(11)
-    h = np.float16
-    w1, w2 = (rng.standard_normal((8, 3, 3, 3)) * 0.3).astype(h), (rng.standard_normal((6, 8, 3, 3)) * 0.2).astype(h)
-    scale, bias = (rng.random(8) + 0.5).astype(h), (rng.standard_normal(8) * 0.1).astype(h)
-    mean, var = (rng.standard_normal(8) * 0.1).astype(h), (rng.random(8) + 0.5).astype(h)
-    fc, fb = (rng.standard_normal((6, 5)) * 0.5).astype(h), (rng.standard_normal(5) * 0.1).astype(h)
+    f = np.float32
+    w1, w2 = (rng.standard_normal((8, 3, 3, 3)) * 0.3).astype(f), (rng.standard_normal((6, 8, 3, 3)) * 0.2).astype(f)
+    scale, bias = (rng.random(8) + 0.5).astype(f), (rng.standard_normal(8) * 0.1).astype(f)
+    mean, var = (rng.standard_normal(8) * 0.1).astype(f), (rng.random(8) + 0.5).astype(f)
+    fc, fb = (rng.standard_normal((6, 5)) * 0.5).astype(f), (rng.standard_normal(5) * 0.1).astype(f)
     inits = [numpy_helper.from_array(v, n) for n, v in (("w1", w1), ("w2", w2), ("s", scale), ("b", bias),
                                                          ("m", mean), ("v", var), ("fc", fc), ("fb", fb))]
-    x_in, y_out = ("x16", "y16") if half_io else ("x", "y")
-    nodes = [] if half_io else [helper.make_node("Cast", ["x"], ["x16"], to=TensorProto.FLOAT16)]
-    nodes += [helper.make_node("Conv", ["x16", "w1"], ["c1"], pads=[1, 1, 1, 1]),
-              helper.make_node("BatchNormalization", ["c1", "s", "b", "m", "v"], ["bn"]),
-              helper.make_node("Relu", ["bn"], ["r"]), helper.make_node("MaxPool", ["r"], ["p"], kernel_shape=[2, 2],
-                                                                         strides=[2, 2]),
-              helper.make_node("Conv", ["p", "w2"], ["c2"], pads=[1, 1, 1, 1]),
-              helper.make_node("GlobalAveragePool", ["c2"], ["g"]), helper.make_node("Flatten", ["g"], ["f"]),
-              helper.make_node("Gemm", ["f", "fc", "fb"], ["logits"]),
-              helper.make_node("Softmax", ["logits"], ["y16"])]
-    if not half_io:
-        nodes.append(helper.make_node("Cast", ["y16"], ["y"], to=TensorProto.FLOAT))
-    io = "float16" if half_io else "float32"
-    return _graph_model(nodes, [(x_in, io, [2, 3, 16, 16])], [(y_out, io)], inits, opset=17)
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1]),
+             helper.make_node("BatchNormalization", ["c1", "s", "b", "m", "v"], ["bn"]),
+             helper.make_node("Relu", ["bn"], ["r"]), helper.make_node("MaxPool", ["r"], ["p"], kernel_shape=[2, 2],
+                                                                        strides=[2, 2]),
+             helper.make_node("Conv", ["p", "w2"], ["c2"], pads=[1, 1, 1, 1]),
+             helper.make_node("GlobalAveragePool", ["c2"], ["g"]), helper.make_node("Flatten", ["g"], ["f"]),
+             helper.make_node("Gemm", ["f", "fc", "fb"], ["logits"]), helper.make_node("Softmax", ["logits"], ["y"])]
+    model = _graph_model(nodes, [("x", "float32", [2, 3, 16, 16])], [("y", "float32")], inits, opset=17)
+    return float16.convert_float_to_float16(model, keep_io_types=not half_io)
 
 
 @pytest.mark.parametrize("half_io", [True, False], ids=["fp16-io", "fp32-io"])
 def test_float16_model_matches_onnxruntime(half_io, executor):
     model = _small_cnn(half_io)
-    name = "x16" if half_io else "x"
     x = np.random.default_rng(12).standard_normal((2, 3, 16, 16)).astype(np.float16 if half_io else np.float32)
-    got = list(_run(model, {name: x}, executor).values())[0]
-    want = list(model_zoo.onnxruntime_outputs(model, {name: x}).values())[0]
+    got = _run(model, {"x": x}, executor)["y"]
+    want = model_zoo.onnxruntime_outputs(model, {"x": x})["y"]
     assert got.dtype == want.dtype == (np.float16 if half_io else np.float32)
     # onnxruntime rounds to float16 after every op, Kiln once per fused kernel: a few ulps.
     np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), rtol=1e-2, atol=2e-3)

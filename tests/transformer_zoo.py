@@ -129,7 +129,7 @@ def bert_encoder(exporter: str = "dynamo", seq: int = 32, d: int = 64, heads: in
 def gpt2_block(seq: int = 24, d: int = 64, heads: int = 4, dtype=np.float32):
     """A pre-norm causal decoder block: fused QKV projection split three ways, a causal mask
     built from Range and LessOrEqual (dynamo's spelling) chosen by Where, tanh-GELU. With
-    dtype float16 the whole block computes in float16, as a converted model does."""
+    dtype float16, converted by onnxconverter-common's convert_float_to_float16."""
     g = GraphMaker(31)
     dh = d // heads
     h = _layernorm(g, "x", d)
@@ -147,28 +147,14 @@ def gpt2_block(seq: int = 24, d: int = 64, heads: int = 4, dtype=np.float32):
     y = g.op("Add", [x1, g.linear(_gelu_tanh(g, g.linear(_layernorm(g, x1, d), d, 4 * d)), 4 * d, d)])
     model = _model(g, [("x", TensorProto.FLOAT, [1, seq, d])], [_out(g, y, "y")], name="gpt2_block")
     feeds = {"x": np.random.default_rng(32).standard_normal((1, seq, d)).astype(np.float32)}
-    return (to_float16(model), {"x": feeds["x"].astype(np.float16)}) if dtype == np.float16 else (model, feeds)
+    if dtype == np.float16:  # converted as users convert models, fp16 inputs and outputs
+        import warnings
 
-
-def to_float16(model: onnx.ModelProto) -> onnx.ModelProto:
-    """What onnxconverter-common's convert_float_to_float16 does to a float model: float
-    initializers, inputs, outputs, Cast targets and float constants become float16 (the
-    finfo(float32).min of a mask saturates to float16's lowest)."""
-    from onnx import numpy_helper
-    m = onnx.ModelProto()
-    m.CopyFrom(model)
-    for init in m.graph.initializer:
-        if init.data_type == TensorProto.FLOAT:
-            value = np.clip(numpy_helper.to_array(init), -65504, 65504).astype(np.float16)
-            init.CopyFrom(numpy_helper.from_array(value, init.name))
-    for vi in list(m.graph.input) + list(m.graph.output):
-        if vi.type.tensor_type.elem_type == TensorProto.FLOAT:
-            vi.type.tensor_type.elem_type = TensorProto.FLOAT16
-    for node in m.graph.node:
-        for a in node.attribute:
-            if a.name == "to" and a.i == TensorProto.FLOAT:
-                a.i = TensorProto.FLOAT16
-    return m
+        from onnxconverter_common import float16
+        with warnings.catch_warnings():  # it says so when the mask's finfo.min becomes -1e4: intended
+            warnings.simplefilter("ignore", UserWarning)
+            return float16.convert_float_to_float16(model), {"x": feeds["x"].astype(np.float16)}
+    return model, feeds
 
 
 # ---- T5 ---------------------------------------------------------------------------------------
