@@ -51,7 +51,8 @@ DTYPES = {d.name: d for d in _TABLE}
 _BY_ONNX = {d.onnx: d for d in _TABLE}
 # Names of the ONNX element types Kiln does not compute in, for error messages.
 _OTHER_ONNX = {8: "STRING", 14: "COMPLEX64", 15: "COMPLEX128", 17: "FLOAT8E4M3FN", 18: "FLOAT8E4M3FNUZ",
-               19: "FLOAT8E5M2", 20: "FLOAT8E5M2FNUZ", 21: "UINT4", 22: "INT4", 23: "FLOAT4E2M1"}
+               19: "FLOAT8E5M2", 20: "FLOAT8E5M2FNUZ", 21: "UINT4", 22: "INT4", 23: "FLOAT4E2M1",
+               24: "FLOAT8E8M0", 25: "UINT2", 26: "INT2"}
 
 
 def dtype(name: str) -> DType:

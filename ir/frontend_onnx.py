@@ -177,6 +177,10 @@ def from_onnx(model, shapes: dict | None = None) -> Graph:
         raise KilnError(f"--shape names {', '.join(sorted(unknown))}, which is not a model input "
                         f"(inputs: {', '.join(vi.name for vi in real_inputs)})")
     for vi in real_inputs:
+        kind = vi.type.WhichOneof("value")
+        if kind != "tensor_type":
+            raise UnsupportedError(f"input '{vi.name}' is a {kind or 'value of no type'}, not a tensor "
+                                   "(Kiln compiles tensors only)")
         dtype = onnx_to_dtype(vi.type.tensor_type.elem_type, f"input '{vi.name}'")
         declared = _declared_shape(vi)
         if vi.name in shapes:

@@ -55,11 +55,11 @@ def test_unsupported_op_names_node_op_and_opset():
 def test_unsupported_attribute_names_it():
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 4, 4])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
-    scales = helper.make_tensor("s", TensorProto.FLOAT, [4], [1, 1, 2, 2])
-    node = helper.make_node("Resize", ["x", "", "s"], ["y"], name="up", mode="cubic", antialias=1)
-    model = helper.make_model(helper.make_graph([node], "g", [x], [y], [scales]),
-                              opset_imports=[helper.make_opsetid("", 18)], ir_version=8)
-    with pytest.raises(KilnError, match=r"'up'.*antialias=1"):
+    pads = helper.make_tensor("p", TensorProto.INT64, [8], [0, 0, 1, 1, 0, 0, 1, 1])
+    node = helper.make_node("Pad", ["x", "p"], ["y"], name="border", mode="wrap")
+    model = helper.make_model(helper.make_graph([node], "g", [x], [y], [pads]),
+                              opset_imports=[helper.make_opsetid("", 19)], ir_version=8)
+    with pytest.raises(KilnError, match=r"'border'.*mode='wrap'"):
         build(model, cache=None)
 
 

@@ -227,6 +227,7 @@ def test_rotary_embedding_from_its_function_body(executor):
     ({"mode": "linear", "coordinate_transformation_mode": "tf_crop_and_resize", "extrapolation_value": 3.0},
      [0, 0, 0.2, -0.3, 1, 1, 0.9, 1.2]),
     ({"mode": "cubic", "coordinate_transformation_mode": "align_corners"}, None),
+    ({"mode": "linear", "antialias": 1}, None), ({"mode": "cubic", "antialias": 1}, None),
 ])
 def test_resize_cubic_and_crop(attrs, roi, executor):
     # Scales whose output lengths are whole (9 and 8): where scale * length is not, onnxruntime

@@ -167,23 +167,32 @@ def _nearest(coords: np.ndarray, mode: str) -> np.ndarray:
     return np.where(half, np.floor(coords) if mode == "round_prefer_floor" else np.ceil(coords), np.round(coords))
 
 
-def resize_taps(n_in: int, coords: np.ndarray, mode: str, a: float, exclude_outside: bool):
-    """(source indices, weights), each [taps, n_out]: the 2 (linear) or 4 (cubic, Keys' kernel
-    with coefficient a) neighbours of each coordinate. Neighbours past the edge read the edge
-    element, or with exclude_outside weigh nothing (the rest renormalized), as ONNX defines."""
-    base = np.floor(coords)
-    t = coords - base
-    if mode == "linear":
-        offsets, weights = [0, 1], [1 - t, t]
-    else:
-        def keys(d):  # Keys' cubic convolution kernel at distance d
-            d = np.abs(d)
-            return np.where(d <= 1, ((a + 2) * d - (a + 3)) * d * d + 1,
-                            np.where(d < 2, ((a * d - 5 * a) * d + 8 * a) * d - 4 * a, 0.0))
-        offsets = [-1, 0, 1, 2]
-        weights = [keys(t - o) for o in offsets]
+def _keys(d: np.ndarray, a: float) -> np.ndarray:
+    """Keys' cubic convolution kernel at distance d, coefficient a."""
+    d = np.abs(d)
+    return np.where(d <= 1, ((a + 2) * d - (a + 3)) * d * d + 1,
+                    np.where(d < 2, ((a * d - 5 * a) * d + 8 * a) * d - 4 * a, 0.0))
+
+
+def resize_taps(n_in: int, coords: np.ndarray, mode: str, a: float, exclude_outside: bool, scale: float = 1.0,
+                antialias: bool = False):
+    """(source indices, weights), each [taps, n_out], as ONNX defines them: the neighbours of
+    each coordinate x are base-taps/2+1 .. base+taps/2, base = ceil(x) - 1, weighed by the
+    triangle (linear) or Keys' kernel with coefficient a (cubic). With antialias, a
+    downsampling stretches the kernel by 1/scale (more taps) and the weights are normalized.
+    Neighbours past the edge read the edge element, or with exclude_outside weigh nothing
+    (the rest renormalized)."""
+    base = np.ceil(coords) - 1
+    t = coords - base  # in (0, 1]
+    stretch = min(scale, 1.0) if antialias else 1.0
+    reach = 1 if mode == "linear" else 2  # the kernel's support, in input steps before stretching
+    first = int(np.floor(-reach / stretch) + 1)
+    offsets = range(first, 2 - first)
+    d = np.stack([(o - t) * stretch for o in offsets])
+    w = np.clip(1 - np.abs(d), 0, 1) if mode == "linear" else _keys(d, a)
+    if antialias:
+        w = w / w.sum(axis=0, keepdims=True)
     idx = np.stack([base + o for o in offsets])
-    w = np.stack(weights)
     if exclude_outside:
         w = np.where((idx < 0) | (idx > n_in - 1), 0.0, w)
         w = w / w.sum(axis=0, keepdims=True)
@@ -214,7 +223,7 @@ def resize_reader(b: KernelBuilder, node: Node):
             tables[ax] = b.constant_param("resize_index", idx.astype(np.int64))
         else:
             idx, w = resize_taps(ishape[ax], coords, mode, a.get("cubic_coeff_a", -0.75),
-                                 bool(a.get("exclude_outside", 0)))
+                                 bool(a.get("exclude_outside", 0)), scales[ax], bool(a.get("antialias", 0)))
             tables[ax] = [(b.constant_param("resize_at", i), b.constant_param("resize_w", wk.astype(wtype)))
                           for i, wk in zip(idx, w)]
 

@@ -11,9 +11,9 @@ import math
 import numpy as np
 
 from ..attrs import check_attrs, const_input
-from ..dtypes import DTYPES, is_float, is_int, numpy_dtype
+from ..dtypes import DTYPES, is_int, numpy_dtype
 from ..graph import ShapeError, TensorType, UnsupportedError
-from ..loop import Cast, Const, add, call, cmp, fbin, select, sub
+from ..loop import Cast, Const, call, cmp, fbin, select, sub
 from ..lower.elementwise import and_, bcast_reader, clamp, f32
 from ..onnx_dtypes import onnx_to_dtype
 from .broadcast import broadcast
@@ -231,27 +231,19 @@ def _pow_reader(b, node):
     return {node.outputs[0]: value}
 
 
-def _mod_infer(g, node, p):
-    t = _binary_infer(g, node, p)
-    if is_float(t.dtype) and not node.attrs.get("fmod", 0):
-        raise UnsupportedError(f"{node.describe()}: Mod on floats needs fmod=1 (ONNX rule)")
-    return t
-
-
 def _mod_reader(b, node):
+    """fmod=1: the C remainder (the dividend's sign). fmod=0: Python's modulo, the divisor's
+    sign, for integers and (since the spec defined it) floats alike."""
     rs = _readers(b, node)
     floats, fmod = b.is_float(node.inputs[0]), node.attrs.get("fmod", 0)
 
     def value(idx):
         x, y = rs[0](idx), rs[1](idx)
-        if floats:
-            return call("fmod", x, y)
-        r = fbin("rem", x, y)
+        r = call("fmod", x, y) if floats else fbin("rem", x, y)
         if fmod:
             return r
-        # Python-style modulo: the result takes the divisor's sign.
         fix = and_(cmp("ne", r, Const(0)), cmp("ne", cmp("lt", r, Const(0)), cmp("lt", y, Const(0))))
-        return select(fix, add(r, y), r)
+        return select(fix, fbin("add", r, y), r)
     return {node.outputs[0]: value}
 
 
@@ -262,7 +254,7 @@ register(
     _arith("Min", "min", lambda x, y, a: np.minimum(x, y), _variadic_infer),
     _compare("Equal", "eq", np.equal), _compare("Less", "lt", np.less), _compare("Greater", "gt", np.greater),
     OpDef("Pow", BROADCAST, _pow_infer, lambda a, v, g, node: [np.power(v[0], v[1])], _pow_reader),
-    OpDef("Mod", BROADCAST, _mod_infer,
+    OpDef("Mod", BROADCAST, _binary_infer,
           lambda a, v, g, node: [np.fmod(v[0], v[1]) if a.get("fmod", 0) else np.mod(v[0], v[1])], _mod_reader),
 )
 

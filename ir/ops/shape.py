@@ -212,7 +212,7 @@ def _resize(g, node, p):
         "coordinate_transformation_mode": ("half_pixel", "asymmetric", "align_corners", "pytorch_half_pixel",
                                            "tf_half_pixel_for_nearest", "tf_crop_and_resize", "half_pixel_symmetric"),
         "nearest_mode": ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil"),
-        "antialias": (0,),
+        "antialias": (0, 1),
         "keep_aspect_ratio_policy": ("stretch", "not_larger", "not_smaller"),
     })
     axes = [normalize_axis(a, rank, node) for a in node.attrs.get("axes", range(rank))]
