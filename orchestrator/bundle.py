@@ -9,6 +9,7 @@ import shutil
 import tempfile
 
 from ..artifacts.link import entry_source, link_key, link_shared
+from ..artifacts.errors import KilnError
 from ..artifacts.manifest import MANIFEST, Manifest
 from ..artifacts.memory_plan import pack_constants, plan_arena
 
@@ -100,8 +101,21 @@ def assemble(lowered, objects: dict[str, bytes], target, manifest_extra: dict, s
     return files
 
 
+def _check_replaceable(path: str) -> None:
+    """An export replaces only what an export made: a bundle, an empty folder or nothing.
+    Anything else at `path` (a file, a cache store, a user's folder) is refused by name."""
+    if not os.path.lexists(path):
+        return
+    if os.path.islink(path) or not os.path.isdir(path):
+        raise KilnError(f"'{path}' exists and is not a folder: choose another output path")
+    if os.listdir(path) and not os.path.isfile(os.path.join(path, MANIFEST)):
+        raise KilnError(f"'{path}' exists and is not a Kiln bundle (no {MANIFEST}); exporting there would "
+                        "replace what it holds: choose another output path")
+
+
 def write_bundle(files: dict[str, bytes], path: str) -> str:
-    """Write a bundle folder atomically: build it beside `path`, then swap it in."""
+    """Write a bundle folder atomically: build it beside `path`, then swap it in. Only a
+    previous bundle (or an empty folder) at `path` is replaced."""
     path = os.path.abspath(path)
     parent = os.path.dirname(path)
     os.makedirs(parent, exist_ok=True)
@@ -115,7 +129,8 @@ def write_bundle(files: dict[str, bytes], path: str) -> str:
                 continue
             with open(full, "wb") as f:
                 f.write(data)
-        with _swap_lock(parent):
+        with _swap_lock(parent):  # checked here: another export may be mid-swap until now
+            _check_replaceable(path)
             _swap_in(staging, path)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)

@@ -132,3 +132,26 @@ def test_a_build_served_whole_from_the_store_starts_no_executor(tmp_path, monkey
         report = tmp_path / "report.json"
         assert cli.main([*command, "--cache", store, "--executor", "ray", "--report", str(report), "--quiet"]) == 0
         assert json.loads(report.read_text())["totals"]["compiled"] == 0
+
+
+def test_output_over_the_store_or_a_users_folder_is_refused(tmp_path):
+    """-o replaces a previous bundle, never something else: pointing it at the cache store
+    (or any non-empty folder that is not a bundle, or a file) is an error, and nothing there
+    is touched."""
+    example = os.path.join(ROOT, "configs", "examples", "cnn.onnx")
+    store = tmp_path / "store"
+    assert kiln("build", example, "-o", str(tmp_path / "cnn"), "--cache", str(store)).returncode == 0
+    before = sorted(str(p.relative_to(store)) for p in store.rglob("*"))
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "todo.txt").write_text("mine")
+    for target in (store, notes, notes / "todo.txt"):
+        r = kiln("build", example, "-o", str(target), "--cache", str(store))
+        assert r.returncode != 0 and str(target) in r.stderr and "Traceback" not in r.stderr
+    assert sorted(str(p.relative_to(store)) for p in store.rglob("*")) == before
+    assert (notes / "todo.txt").read_text() == "mine"
+    # a previous bundle and an empty folder are replaced as before
+    (tmp_path / "empty").mkdir()
+    for target in (tmp_path / "cnn", tmp_path / "empty"):
+        assert kiln("build", example, "-o", str(target), "--cache", str(store)).returncode == 0
+        assert (target / "manifest.json").is_file()
