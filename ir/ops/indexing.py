@@ -15,7 +15,8 @@ from ..graph import ShapeError, TensorType
 from ..loop import (Assign, Cast, Const, For, If, Let, Load, Local, Store, Var, add, cmp, div, fbin, flat_index,
                     lowest, mul, rem, select, sub)
 from ..lower.elementwise import iclamp
-from .registry import INJECTIVE, OPAQUE, REDUCTION, OpDef, register
+from ..lower.reduce import literal
+from .registry import INJECTIVE, OPAQUE, REDUCTION, OpDef, one_output, register
 
 
 def wrap_index(i, dim: int):
@@ -23,9 +24,6 @@ def wrap_index(i, dim: int):
     i = Cast("i64", i)
     return iclamp(select(cmp("lt", i, Const(0)), add(i, Const(dim)), i), 0, dim - 1)
 
-
-def _one(reader):
-    return lambda b, node: {node.outputs[0]: reader(b, node)}
 
 
 def _take_along(x: np.ndarray, ind: np.ndarray, axis: int) -> np.ndarray:
@@ -215,13 +213,13 @@ def _space_to_depth_fold(a, values, g, node):
 
 register(
     OpDef("GatherElements", INJECTIVE, _gather_elements,
-          lambda a, v, g, node: [_take_along(v[0], v[1], a["axis"])], _one(_gather_elements_reader)),
-    OpDef("GatherND", INJECTIVE, _gather_nd, _gather_nd_fold, _one(_gather_nd_reader)),
-    OpDef("OneHot", INJECTIVE, _one_hot, _one_hot_fold, _one(_one_hot_reader)),
-    OpDef("Trilu", INJECTIVE, _trilu, _trilu_fold, _one(_trilu_reader)),
-    OpDef("Tile", INJECTIVE, _tile, lambda a, v, g, node: [np.tile(v[0], a["repeats"])], _one(_tile_reader)),
-    OpDef("DepthToSpace", INJECTIVE, _depth_to_space, _depth_to_space_fold, _one(_depth_to_space_reader)),
-    OpDef("SpaceToDepth", INJECTIVE, _space_to_depth, _space_to_depth_fold, _one(_space_to_depth_reader)),
+          lambda a, v, g, node: [_take_along(v[0], v[1], a["axis"])], one_output(_gather_elements_reader)),
+    OpDef("GatherND", INJECTIVE, _gather_nd, _gather_nd_fold, one_output(_gather_nd_reader)),
+    OpDef("OneHot", INJECTIVE, _one_hot, _one_hot_fold, one_output(_one_hot_reader)),
+    OpDef("Trilu", INJECTIVE, _trilu, _trilu_fold, one_output(_trilu_reader)),
+    OpDef("Tile", INJECTIVE, _tile, lambda a, v, g, node: [np.tile(v[0], a["repeats"])], one_output(_tile_reader)),
+    OpDef("DepthToSpace", INJECTIVE, _depth_to_space, _depth_to_space_fold, one_output(_depth_to_space_reader)),
+    OpDef("SpaceToDepth", INJECTIVE, _space_to_depth, _space_to_depth_fold, one_output(_space_to_depth_reader)),
 )
 
 
@@ -359,7 +357,7 @@ def _topk_kernel(b, node):
 
         i, jj, v = b.fresh("i"), b.fresh("jj"), b.fresh("v")
         init = b.fresh("s")
-        body = [For(init, k, (Store(vals, slot(Var(init)), Const(lowest(t), "f32" if t[0] == "f" else "i64")),
+        body = [For(init, k, (Store(vals, slot(Var(init)), literal(lowest(t))),
                               Store(idxs, slot(Var(init)), Const(-1))))]
         j = sub(Const(k - 1), Var(jj))
         src = list(oidx[:axis]) + [Var(i)] + list(oidx[axis:])

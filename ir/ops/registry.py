@@ -53,3 +53,8 @@ def register(*defs: OpDef) -> None:
 
 def op_def(name: str) -> OpDef | None:
     return REGISTRY.get(name)
+
+
+def one_output(reader):
+    """An OpDef reader from a function (b, node) -> the reader of the node's only output."""
+    return lambda b, node: {node.outputs[0]: reader(b, node)}

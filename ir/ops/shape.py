@@ -17,7 +17,7 @@ from ..loop import Const, add, mul
 from ..lower.elementwise import (bcast_reader, concat_by_slabs, concat_reader, gather_reader, pad_reader,
                                  resize_reader, split_readers, view_reader)
 from .broadcast import broadcast
-from .registry import ELEMWISE, INJECTIVE, OpDef, register
+from .registry import ELEMWISE, INJECTIVE, OpDef, one_output, register
 
 
 def _view_def(name, infer, kind=INJECTIVE):
@@ -249,15 +249,12 @@ def _resize(g, node, p):
     return TensorType(tuple(shape), x.dtype)
 
 
-def _one(reader):
-    return lambda b, node: {node.outputs[0]: reader(b, node)}
-
 
 register(
     OpDef("Transpose", INJECTIVE, _transpose, lambda a, v, g, node: [np.transpose(v[0], a["perm"])], _transpose_reader),
     OpDef("Concat", INJECTIVE, _concat,
           lambda a, v, g, node: [np.concatenate([x for x in v if x is not None], axis=a["axis"])],
-          _one(concat_reader), alone=concat_by_slabs),
+          one_output(concat_reader), alone=concat_by_slabs),
     OpDef("Split", INJECTIVE, _split,
           lambda a, v, g, node: list(np.split(v[0], np.cumsum(a["sizes"])[:-1], axis=a["axis"])), split_readers),
     OpDef("Slice", INJECTIVE, _slice, _slice_fold, _slice_reader),
@@ -265,9 +262,9 @@ register(
           lambda a, v, g, node: [np.broadcast_to(v[0].reshape(g.types[node.inputs[0]].shape),
                                                  g.types[node.outputs[0]].shape)],
           lambda b, node: {node.outputs[0]: bcast_reader(b, node.inputs[0], b.shape(node.outputs[0]))}),
-    OpDef("Gather", INJECTIVE, _gather, _gather_fold, _one(gather_reader)),
-    OpDef("Pad", INJECTIVE, _pad, None, _one(pad_reader)),
-    OpDef("Resize", INJECTIVE, _resize, None, _one(resize_reader)),
+    OpDef("Gather", INJECTIVE, _gather, _gather_fold, one_output(gather_reader)),
+    OpDef("Pad", INJECTIVE, _pad, None, one_output(pad_reader)),
+    OpDef("Resize", INJECTIVE, _resize, None, one_output(resize_reader)),
 )
 
 
