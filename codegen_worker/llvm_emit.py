@@ -164,9 +164,10 @@ def _fconst(v: float) -> str:
 
 
 class FunctionEmitter:
-    def __init__(self, kernel: Kernel, symbol: str):
+    def __init__(self, kernel: Kernel, symbol: str, vnni: bool = False):
         self.k = kernel
         self.symbol = symbol
+        self.vnni = vnni  # the target has AVX-512 VNNI: 8-bit GEMMs use vpdpbusd
         self.vw = int(kernel.option("vector_width", 8))
         self.vectorize = bool(kernel.option("vectorize", True))
         self.lines: list[str] = []
@@ -507,10 +508,14 @@ class FunctionEmitter:
         vw, nr, mr = self.vw, g.nr, g.mr
         if nr % vw:
             raise ValueError(f"gemm panel width {nr} is not a multiple of the vector width {vw}")
-        vt = f"<{vw} x float>"
-        self.decls.add(f"declare {vt} @llvm.fma.v{vw}f32({vt}, {vt}, {vt})")
+        elt = "float" if g.kind == "f32" else "i32"
+        vt = f"<{vw} x {elt}>"
+        if g.kind == "f32":
+            self.decls.add(f"declare {vt} @llvm.fma.v{vw}f32({vt}, {vt}, {vt})")
+        elif self.vnni and vw == 16:
+            self.decls.add(f"declare {vt} @llvm.x86.avx512.vpdpbusd.512({vt}, {vt}, {vt})")
         tile = f"%tile{len(self.allocas)}"
-        self.allocas.append(f"{tile} = alloca [{mr * nr} x float], align 64")
+        self.allocas.append(f"{tile} = alloca [{mr * nr} x {elt}], align 64")
         a_ptr = self.bufs[g.a_buf][0]
         b_ptr, _ = self.bufs[g.b_buf]
         a_off, b_off = self.expr(g.a_off), self.expr(g.b_off)
@@ -571,17 +576,19 @@ class FunctionEmitter:
         for v in range(nv):
             idx = self.tmp("bi")
             self.emit(f"{idx} = add nsw i64 {kbp}, {v * vw}")
-            p = self.gep(b_ptr, "f32", idx)
+            p = self.gep(b_ptr, "f32" if g.kind == "f32" else "i32", idx)
             bv = self.tmp("bv")
             self.emit(f"{bv} = load {vt}, ptr {p}, align 4")
             bvec.append(bv)
-        if g.a_ktab:  # implicit GEMM: A's k offset comes from a table
+        if g.kind != "f32":
+            self.byte_products(g, a_ptr, rowbase, k, bvec, accs, nexts, vt)
+        elif g.a_ktab:  # implicit GEMM: A's k offset comes from a table
             tp = self.gep(self.bufs[g.a_ktab][0], "i64", k)
             ks = self.tmp("koff")
             self.emit(f"{ks} = load i64, ptr {tp}, align 8")
         else:
             ks = k if g.a_sk == 1 else self.mul_const(k, g.a_sk)
-        for r in range(rows):
+        for r in range(rows if g.kind == "f32" else 0):
             ai = self.tmp("ai")
             self.emit(f"{ai} = add nsw i64 {rowbase[r]}, {ks}")
             a = self.load(a_ptr, self.bufs[g.a_buf][1], ai)
@@ -600,8 +607,60 @@ class FunctionEmitter:
         for r in range(rows):
             for v in range(nv):
                 p = self.tmp("tp")
-                self.emit(f"{p} = getelementptr inbounds float, ptr {tile}, i64 {r * g.nr + v * vw}")
+                elt = "float" if g.kind == "f32" else "i32"
+                self.emit(f"{p} = getelementptr inbounds {elt}, ptr {tile}, i64 {r * g.nr + v * vw}")
                 self.emit(f"store {vt} {nexts[r][v]}, ptr {p}, align 4")
+
+    def byte_products(self, g: Gemm, a_ptr, rowbase, k, bvec, accs, nexts, vt) -> None:
+        """One quad step of an 8-bit GEMM: each row's 4 A bytes (one i32, splat) times each
+        B vector's 4 bytes per lane, summed into the lane's i32 (vpdpbusd, or its emulation)."""
+        vw = self.vw
+        if g.a_ktab:  # the quad's byte offset comes from a table (the conv's input copy)
+            tp = self.gep(self.bufs[g.a_ktab][0], "i64", k)
+            koff = self.tmp("koff")
+            self.emit(f"{koff} = load i64, ptr {tp}, align 8")
+        else:
+            koff = self.mul_const(k, 4)
+        for r in range(len(accs)):
+            ai = self.tmp("ai")
+            self.emit(f"{ai} = add nsw i64 {rowbase[r]}, {koff}")
+            p = self.gep(a_ptr, "i8", ai)
+            a = self.tmp("a4")
+            self.emit(f"{a} = load i32, ptr {p}, align 1")
+            if g.kind == "s8s8":  # signed bytes + 128 = the same bytes read unsigned, top bits flipped
+                flipped = self.tmp("a4u")
+                self.emit(f"{flipped} = xor i32 {a}, -2139062144")
+                a = flipped
+            ins, splat = self.tmp("ins"), self.tmp("splat")
+            self.emit(f"{ins} = insertelement {vt} poison, i32 {a}, i64 0")
+            self.emit(f"{splat} = shufflevector {vt} {ins}, {vt} poison, <{vw} x i32> zeroinitializer")
+            for v in range(len(bvec)):
+                unsigned, signed = (bvec[v], splat) if g.kind == "s8u8" else (splat, bvec[v])
+                if self.vnni and vw == 16:
+                    self.emit(f"{nexts[r][v]} = call {vt} @llvm.x86.avx512.vpdpbusd.512({vt} {accs[r][v]}, "
+                              f"{vt} {unsigned}, {vt} {signed})")
+                else:
+                    self.dot4_emulated(accs[r][v], unsigned, signed, nexts[r][v], vt)
+
+    def dot4_emulated(self, acc, unsigned, signed, out, vt) -> None:
+        """acc + sum over the 4 bytes of each lane of unsigned byte x signed byte."""
+        total = acc
+        for j in range(4):
+            u, s1, s2, prod = self.tmp("ub"), self.tmp("sb"), self.tmp("sb"), self.tmp("pr")
+            sh = f"splat (i32 {8 * j})" if j else None
+            if sh:
+                self.emit(f"{u} = lshr {vt} {unsigned}, {sh}")
+                u2 = self.tmp("ub")
+                self.emit(f"{u2} = and {vt} {u}, splat (i32 255)")
+                u = u2
+            else:
+                self.emit(f"{u} = and {vt} {unsigned}, splat (i32 255)")
+            self.emit(f"{s1} = shl {vt} {signed}, splat (i32 {24 - 8 * j})")
+            self.emit(f"{s2} = ashr {vt} {s1}, splat (i32 24)")
+            self.emit(f"{prod} = mul {vt} {u}, {s2}")
+            nxt = out if j == 3 else self.tmp("dsum")
+            self.emit(f"{nxt} = add {vt} {total}, {prod}")
+            total = nxt
 
     def writeback(self, g: Gemm, tile: str, m0: str, p: str, rows: int, cols: int) -> None:
         n0 = self.mul_const(p, g.nr)
@@ -618,12 +677,13 @@ class FunctionEmitter:
                 self.emit(f"{n} = add nsw i64 {n0}, {j}")
                 ti = self.tmp("ti")
                 self.emit(f"{ti} = add nsw i64 {rbase}, {j}")
-                tp = self.gep(tile, "f32", ti)
+                acc_type = "f32" if g.kind == "f32" else "i32"
+                tp = self.gep(tile, acc_type, ti)
                 acc = self.tmp("accv")
-                self.emit(f"{acc} = load float, ptr {tp}, align 4")
+                self.emit(f"{acc} = load {LL[acc_type]}, ptr {tp}, align 4")
                 self.bind(g.m_var, ("ssa", m, "i64"))
                 self.bind(g.n_var, ("ssa", n, "i64"))
-                self.bind(g.acc_var, ("ssa", acc, "f32"))
+                self.bind(g.acc_var, ("ssa", acc, acc_type))
                 self.stmts(g.epilogue)
 
             self.loop("__wb_j", cols, col, "vectorize")
@@ -640,7 +700,7 @@ class FunctionEmitter:
 
 
 def kernel_to_llvm_ir(kernel: Kernel, symbol: str, triple: str, cpu: str, features: str) -> str:
-    fe = FunctionEmitter(kernel, symbol)
+    fe = FunctionEmitter(kernel, symbol, vnni="+avx512vnni" in features.split(","))
     body = fe.function()
     width = 512 if fe.vw >= 16 else 256
     attrs = (f'attributes #0 = {{ nounwind "prefer-vector-width"="{width}" '

@@ -10,7 +10,7 @@ import os
 
 
 from . import external_data
-from .graph import Graph, KilnError, Node, TensorType, UnsupportedError, as_kiln_array
+from .graph import Graph, KilnError, Node, Subgraph, TensorType, UnsupportedError, as_kiln_array, captured
 from .onnx_attrs import attr_value, constant_value
 from .onnx_dtypes import onnx_to_dtype
 from .validate import check_constants_size, check_node, check_outputs_unique, check_tensor_size
@@ -124,8 +124,10 @@ def _declared_shape(value_info) -> list | None:
 def _topological(nodes: list[Node], available: set[str]) -> list[Node]:
     """Order nodes so every input is produced first; a cycle or a dangling input is an error."""
     produced_by = {o: n for n in nodes for o in n.outputs if o}
+    # A node with subgraphs also depends on what they read from the graph around them.
+    deps = {id(n): list(n.inputs) + sorted(captured(n)) for n in nodes}
     for n in nodes:
-        for i in n.inputs:
+        for i in deps[id(n)]:
             if i and i not in available and i not in produced_by:
                 raise KilnError(f"{n.describe()}: input '{i}' is produced by no node, initializer or graph input")
     order, state = [], {}  # state: 1 on the current path, 2 done
@@ -133,7 +135,7 @@ def _topological(nodes: list[Node], available: set[str]) -> list[Node]:
         if state.get(id(root)) == 2:
             continue
         path = [root]
-        pending = [iter([produced_by[i] for i in root.inputs if i in produced_by and i not in available])]
+        pending = [iter([produced_by[i] for i in deps[id(root)] if i in produced_by and i not in available])]
         state[id(root)] = 1
         while pending:
             nxt = next(pending[-1], None)
@@ -148,7 +150,7 @@ def _topological(nodes: list[Node], available: set[str]) -> list[Node]:
             elif state.get(id(nxt)) != 2:
                 state[id(nxt)] = 1
                 path.append(nxt)
-                pending.append(iter([produced_by[i] for i in nxt.inputs if i in produced_by and i not in available]))
+                pending.append(iter([produced_by[i] for i in deps[id(nxt)] if i in produced_by and i not in available]))
     return order
 
 
@@ -199,25 +201,7 @@ def from_onnx(model, shapes: dict | None = None) -> Graph:
         g.inputs.append(vi.name)
         g.types[vi.name] = TensorType(tuple(shape), dtype)
 
-    nodes = []
-    for i, np_ in enumerate(gp.node):
-        node = Node(np_.op_type, list(np_.input), list(np_.output), {}, np_.name or f"{np_.op_type}_{i}")
-        if np_.domain not in ("", "ai.onnx"):
-            raise UnsupportedError(f"{node.describe()}: domain '{np_.domain}' is not supported (ai.onnx only)")
-        if op_def(np_.op_type) is None:
-            raise UnsupportedError(f"{node.describe()}: op {np_.op_type} (opset {opset}) is not supported by Kiln")
-        check_node(np_, opset, node.describe())
-        try:
-            node.attrs = {a.name: attr_value(a) for a in np_.attribute}
-        except UnsupportedError as e:
-            raise UnsupportedError(f"{node.describe()}: {e}") from None
-        # (An op built from its function body is built from the body of its own opset.)
-        if not MIN_OPSET <= opset <= FULL_OPSET and op_def(node.op).expand is None:
-            _check_node_opset(node, opset)
-        if node.op == CONSTANT:
-            g.add_constant(node.outputs[0], as_kiln_array(constant_value(node)))
-            continue
-        nodes.append(node)
+    nodes = _nodes(gp.node, opset, g.add_constant)
     check_outputs_unique(nodes)
     g.nodes = _topological(nodes, set(g.inputs) | set(g.constants))
     produced = {o for n in g.nodes for o in n.outputs} | set(g.inputs) | set(g.constants)
@@ -225,3 +209,54 @@ def from_onnx(model, shapes: dict | None = None) -> Graph:
         if o not in produced:
             raise KilnError(f"graph output '{o}' is produced by no node")
     return g
+
+
+def _subgraph(gp, opset: int, owner: str) -> Subgraph:
+    """A graph attribute (a branch or a loop body), its nodes and constants as the main graph's."""
+    from onnx import numpy_helper
+    constants: dict = {}
+    check_constants_size(gp.initializer)
+    for init in gp.initializer:
+        check_tensor_size(init.name, init.dims, 1, "initializer")
+        constants[init.name] = as_kiln_array(numpy_helper.to_array(init))
+
+    def add_constant(name, value):
+        constants[name] = value
+    nodes = _nodes(gp.node, opset, add_constant)
+    check_outputs_unique(nodes)
+    inputs = [vi.name for vi in gp.input]
+    produced = {o for n in nodes for o in n.outputs if o}
+    outer = ({i for n in nodes for i in n.inputs if i} | set().union(*map(captured, nodes))) - produced
+    nodes = _topological(nodes, set(inputs) | set(constants) | outer)  # (what it reads from outside is there)
+    return Subgraph(gp.name or owner, inputs, [o.name for o in gp.output], nodes, constants)
+
+
+def _nodes(protos, opset: int, add_constant) -> list[Node]:
+    """Kiln's nodes of a graph's NodeProtos: each checked against its schema, Constant nodes
+    handed to add_constant(name, value) instead."""
+    nodes = []
+    for i, np_ in enumerate(protos):
+        node = Node(np_.op_type, list(np_.input), list(np_.output), {}, np_.name or f"{np_.op_type}_{i}")
+        if np_.domain not in ("", "ai.onnx"):
+            # Another domain's op is known by its qualified name (onnxruntime's com.microsoft.QLinearAdd).
+            node.op = f"{np_.domain}.{np_.op_type}"
+            if op_def(node.op) is None:
+                raise UnsupportedError(f"{node.describe()}: op {np_.op_type} of domain '{np_.domain}' is not "
+                                       "supported (Kiln knows ai.onnx and onnxruntime's quantized com.microsoft ops)")
+        elif op_def(np_.op_type) is None:
+            raise UnsupportedError(f"{node.describe()}: op {np_.op_type} (opset {opset}) is not supported by Kiln")
+        check_node(np_, opset, node.describe())
+        try:
+            node.attrs = {a.name: _subgraph(a.g, opset, f"{node.name}.{a.name}") if a.type == a.GRAPH
+                          else attr_value(a) for a in np_.attribute}
+        except UnsupportedError as e:
+            msg = str(e)
+            raise UnsupportedError(msg if msg.startswith("node ") else f"{node.describe()}: {msg}") from None
+        # (An op built from its function body is built from the body of its own opset.)
+        if not MIN_OPSET <= opset <= FULL_OPSET and op_def(node.op).expand is None:
+            _check_node_opset(node, opset)
+        if node.op == CONSTANT:
+            add_constant(node.outputs[0], as_kiln_array(constant_value(node)))
+            continue
+        nodes.append(node)
+    return nodes

@@ -46,6 +46,9 @@ class Node:
     outputs: list[str]
     attrs: dict = field(default_factory=dict)
     name: str = ""
+    # Run only where these (bool tensor, value) pairs hold: a branch of an If decided at run
+    # time (ir/ops/control_flow.py). Empty: always.
+    guard: tuple = ()
 
     def describe(self) -> str:
         return f"node '{self.name or self.outputs[0]}' ({self.op})"
@@ -54,6 +57,31 @@ class Node:
     def key(self) -> str:
         """What stages key their per-node results by: the first output (unique in a graph)."""
         return next(o for o in self.outputs if o)
+
+
+@dataclass
+class Subgraph:
+    """A graph-valued attribute: If's branches, Loop's and Scan's bodies. Names its nodes read
+    without defining them (`free_names`) are values of the scope around the node."""
+    name: str
+    inputs: list[str]
+    outputs: list[str]
+    nodes: list[Node]
+    constants: dict[str, np.ndarray]
+
+    def defined(self) -> set[str]:
+        return set(self.inputs) | set(self.constants) | {o for n in self.nodes for o in n.outputs if o}
+
+    def free_names(self) -> set[str]:
+        used = {i for n in self.nodes for i in n.inputs if i} | set(self.outputs)
+        for n in self.nodes:
+            used |= captured(n)
+        return used - self.defined()
+
+
+def captured(node: Node) -> set[str]:
+    """What `node`'s subgraphs read from the scope around it (its implicit inputs)."""
+    return set().union(*(v.free_names() for v in node.attrs.values() if isinstance(v, Subgraph)))
 
 
 @dataclass
@@ -75,7 +103,7 @@ class Graph:
         # Constants and params are never mutated in place, so sharing them is safe.
         g = copy.copy(self)
         g.inputs, g.outputs = list(self.inputs), list(self.outputs)
-        g.nodes = [Node(n.op, list(n.inputs), list(n.outputs), dict(n.attrs), n.name) for n in self.nodes]
+        g.nodes = [Node(n.op, list(n.inputs), list(n.outputs), dict(n.attrs), n.name, n.guard) for n in self.nodes]
         g.types, g.constants, g.params = dict(self.types), dict(self.constants), dict(self.params)
         g.groups = None if self.groups is None else [list(m) for m in self.groups]
         return g

@@ -25,7 +25,7 @@ import json
 import math
 from dataclasses import dataclass, fields
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 
 INT_TYPES = ("i8", "i16", "i32", "i64", "u8", "u16", "u32", "u64")
 FLOAT_TYPES = ("f32", "f64")
@@ -195,6 +195,14 @@ class Gemm(Stmt):
     codegen computes register tiles of `mr` x `nr`, then runs `epilogue` once per element of
     each tile with `m_var`, `n_var` bound to the element's row and column and `acc_var` to
     its sum; the epilogue stores the result (fused bias, activation, residual).
+
+    `kind` "f32" is the float GEMM above. The 8-bit kinds multiply bytes and sum into i32
+    (`acc_var` is an i32): k counts *quads* of 4 bytes, A's row r, quad q is the 4 bytes at
+    a_off + r*a_sm + 4*q (a_sk unused; with a_ktab, + a_ktab[q]), and B is packed [panel][quad][nr][4] bytes.
+    The kind names the signedness of A's bytes, then B's: "u8s8", "s8s8" (A's bytes are
+    offset by +128 to unsigned as they load: the epilogue subtracts 128 * column sum) and
+    "s8u8". This is the shape of AVX-512 VNNI's vpdpbusd (unsigned x signed, 4 products per
+    i32 lane); targets without it get the same sums from widening multiplies.
     """
     a_buf: str
     a_off: Expr
@@ -212,6 +220,10 @@ class Gemm(Stmt):
     acc_var: str
     epilogue: tuple
     a_ktab: str = ""
+    kind: str = "f32"
+
+
+GEMM_KINDS = ("f32", "u8s8", "s8s8", "s8u8")
 
 
 @dataclass(frozen=True)

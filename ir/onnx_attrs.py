@@ -12,8 +12,8 @@ def attr_value(attr):
 
     if attr.type == attr.TENSOR:
         return as_kiln_array(numpy_helper.to_array(attr.t))
-    if attr.type in (attr.GRAPH, attr.GRAPHS):
-        raise UnsupportedError(f"attribute {attr.name} holds a subgraph; control flow is not supported")
+    if attr.type in (attr.GRAPH, attr.GRAPHS):  # (the frontend reads a GRAPH itself: ir.graph.Subgraph)
+        raise UnsupportedError(f"attribute {attr.name} holds a list of subgraphs, which Kiln does not support")
     value = helper.get_attribute_value(attr)
     if isinstance(value, bytes):
         return value.decode()

@@ -59,7 +59,8 @@ def check_node(node_proto, opset: int, describe: str) -> None:
     if not schema.min_output <= n_out <= schema.max_output:
         raise KilnError(f"{describe}: {node_proto.op_type} has {_range(schema.min_output, schema.max_output)} "
                         f"outputs, the node has {n_out}")
-    if not node_proto.output or not node_proto.output[0]:
+    optional_first = schema.outputs and schema.outputs[0].option == schema.outputs[0].option.Optional
+    if not any(node_proto.output) or not (node_proto.output[0] or optional_first):
         raise KilnError(f"{describe}: its first output has no name")
     for attr in node_proto.attribute:
         spec = schema.attributes.get(attr.name)

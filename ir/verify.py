@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from .errors import InternalError
 from .loop import (COMPUTE_TYPES, FLOAT_CALLS, FLOAT_TYPES, INT_TYPES, STORAGE_TYPES, Assign, Bin, Buffer, Call, Cast,
-                   Cmp, Const, Expr, For, Gemm, If, Kernel, Let, Load, Local, Select, Store, Var, compute_type,
+                   Cmp, Const, Expr, For, GEMM_KINDS, Gemm, If, Kernel, Let, Load, Local, Select, Store, Var, compute_type,
                    operand_type)
 
 _FLOAT_OPS = {"add", "sub", "mul", "div", "rem", "max", "min", "pow"}
@@ -161,9 +161,16 @@ class _Checker:
             self.block(s.then)
             self.block(s.orelse)
         elif isinstance(s, Gemm):
-            if self.buffers.get(s.a_buf, Buffer("", "", 0)).dtype not in _GEMM_A_TYPES:
+            a_type = self.buffers.get(s.a_buf, Buffer("", "", 0)).dtype
+            b_type = self.buffers.get(s.b_buf, Buffer("", "", 0)).dtype
+            if s.kind not in GEMM_KINDS:
+                raise _Problem(f"gemm of unknown kind {s.kind!r}")
+            if s.kind != "f32":
+                if a_type not in ("i8", "u8") or b_type not in ("i8", "u8"):
+                    raise _Problem(f"{s.kind} gemm operands {s.a_buf}, {s.b_buf} are not byte buffers")
+            elif a_type not in _GEMM_A_TYPES:
                 raise _Problem(f"gemm operand {s.a_buf} is not a float buffer computing in f32")
-            if self.buffers.get(s.b_buf, Buffer("", "", 0)).dtype != "f32":
+            elif b_type != "f32":
                 raise _Problem(f"gemm operand {s.b_buf} is not an f32 buffer")
             if s.a_ktab and self.buffers.get(s.a_ktab, Buffer("", "", 0)).dtype != "i64":
                 raise _Problem(f"gemm k-offset table {s.a_ktab} is not an i64 buffer")
@@ -171,7 +178,7 @@ class _Checker:
                 raise _Problem("gemm offsets are not i64")
             if min(s.m, s.n, s.k, s.mr, s.nr) <= 0:
                 raise _Problem(f"gemm of shape m={s.m} n={s.n} k={s.k} tile {s.mr}x{s.nr}")
-            self.block(s.epilogue, {s.m_var: ("i64", False), s.n_var: ("i64", False), s.acc_var: ("f32", False)})
+            self.block(s.epilogue, {s.m_var: ("i64", False), s.n_var: ("i64", False), s.acc_var: ("f32" if s.kind == "f32" else "i32", False)})
         else:
             raise _Problem(f"{type(s).__name__} is not a statement")
 

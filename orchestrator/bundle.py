@@ -28,7 +28,7 @@ def _locations(lowered, weight_offsets, arena_offsets):
     for step, call in enumerate(lowered.calls):
         args = [loc(t) for t in call.outputs] + [loc(t) for t in call.inputs]
         args += [("arena", arena_offsets[f"ws:{step}:{j}"]) for j in range(len(call.workspaces))]
-        calls.append((call.kernel.symbol, args))
+        calls.append((call.kernel.symbol, args, [(loc(t), value) for t, value in call.guard]))
     outputs = [(loc(o), lowered.types[o].nbytes) for o in lowered.outputs]
     return calls, outputs
 
@@ -40,7 +40,7 @@ def plan_memory(lowered):
     external = set(lowered.inputs) | set(lowered.constants)
     end = len(lowered.calls)
     for step, call in enumerate(lowered.calls):
-        for t in call.outputs + call.inputs:
+        for t in call.outputs + call.inputs + [t for t, _ in call.guard]:  # (a guard is read at the call)
             s = lowered.storage(t)
             if s in external:
                 continue

@@ -95,7 +95,7 @@ def _build_static(case, inputs: dict, executor):
     inputs' shapes given. Returns (module, failure) like _build."""
     # (An empty input carries a type only, as CastLike's `like` does: a constant by nature.)
     frozen = _parameters(case.model) | {n for n, v in inputs.items() if v.size == 0}
-    for _ in range(4):
+    for _ in range(8):
         model = _freeze_inputs(case.model, inputs, frozen)
         shapes = {n: list(v.shape) for n, v in inputs.items() if n not in frozen}
         module, failure = _build(model, executor, shapes)
@@ -177,8 +177,11 @@ def run_case(case, executor) -> tuple[str, str]:
     """(outcome, detail) for one case."""
     names = [vi.name for vi in case.model.graph.input
              if vi.name not in {i.name for i in case.model.graph.initializer}]
-    data = [({n: _array(v) for n, v in zip(names, ins)}, [_array(v) for v in outs]) for ins, outs in case.data_sets]
     module, failure = _build(case.model, executor)
+    try:
+        data = [({n: _array(v) for n, v in zip(names, ins)}, [_array(v) for v in outs]) for ins, outs in case.data_sets]
+    except ValueError:  # sequences: Kiln refuses their inputs or outputs by name
+        return failure or ("fail", "sequence data, yet the model built")
     outcome = "pass"
     if failure and failure[0] == "rejected" and _needs_static(failure[1]):
         for inputs, expected in data:  # one build per data set: each has its own constants

@@ -226,3 +226,96 @@ def onnxruntime_outputs(model: onnx.ModelProto, inputs: dict, threads: int = 1) 
     sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
     names = [o.name for o in sess.get_outputs()]
     return dict(zip(names, sess.run(names, inputs)))
+
+
+def quantized(model: onnx.ModelProto, fmt: str, per_channel: bool = True, seed: int = 0,
+              calibration_runs: int = 4) -> onnx.ModelProto:
+    """`model` quantized to int8 by onnxruntime's own tool, as users quantize theirs: fmt is
+    "dynamic" (quantize_dynamic: DynamicQuantizeLinear + MatMulInteger/ConvInteger), "qdq"
+    or "qoperator" (quantize_static, calibrated on random inputs: QuantizeLinear/
+    DequantizeLinear pairs, or QLinearConv/QLinearMatMul and com.microsoft QLinear ops)."""
+    import os
+    import tempfile
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantize_dynamic, quantize_static
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.feeds = iter([random_inputs(model, seed + i) for i in range(calibration_runs)])
+
+        def get_next(self):
+            return next(self.feeds, None)
+
+    with tempfile.TemporaryDirectory(prefix="kiln-quantize-") as tmp:
+        raw, src, dst = (os.path.join(tmp, f) for f in ("model.onnx", "model.pre.onnx", "model.int8.onnx"))
+        onnx.save(model, raw)
+        quant_pre_process(raw, src)  # the tool's documented first step: shapes, BatchNorm folded
+        if fmt == "dynamic":
+            quantize_dynamic(src, dst, per_channel=per_channel)
+        else:
+            quantize_static(src, dst, Reader(), per_channel=per_channel,
+                            quant_format={"qdq": QuantFormat.QDQ, "qoperator": QuantFormat.QOperator}[fmt])
+        return onnx.load(dst)
+
+
+def residual_cnn(size: int = 32, width: int = 32, blocks: int = 2) -> onnx.ModelProto:
+    """A small ResNet-style network (conv stem, residual blocks with a strided 1x1 shortcut,
+    global pool, classifier): the shapes int8 deployments quantize."""
+    g = GraphMaker(5)
+    h = g.op("Relu", [g.bn(g.conv("x", 3, width, 3, bias=False), width)])
+    cin = width
+    for i in range(blocks):
+        cout, stride = width * 2 ** i, 1 if i == 0 else 2
+        y = g.op("Relu", [g.bn(g.conv(h, cin, cout, 3, stride=stride, bias=False), cout)])
+        y = g.bn(g.conv(y, cout, cout, 3, bias=False), cout)
+        short = h if stride == 1 and cin == cout else g.conv(h, cin, cout, 1, stride=stride, pad=0)
+        h = g.op("Relu", [g.op("Add", [y, short])])
+        cin = cout
+    h = g.op("Flatten", [g.op("GlobalAveragePool", [h])], axis=1)
+    y = g.linear(h, cin, 10)
+    return g.model({"x": [1, 3, size, size]}, [_rename_output(g, y, "logits")], name="residual_cnn")
+
+
+def recurrent_model(cell, seq=5, batch=3, width=6, hidden=8, dirs=2, layers=1, layout=0, lens=True, init=True,
+                    peepholes=False, seed=0, **attrs):
+    """`layers` stacked LSTM, GRU or RNN nodes (each layer's Y, [seq, dirs, batch, hidden],
+    reshaped to the next one's input), with the feeds to run it: sequence_lens and initial
+    states at random where asked for."""
+    rng = np.random.default_rng(seed)
+    g = {"LSTM": 4, "GRU": 3, "RNN": 1}[cell]
+    direction = "bidirectional" if dirs == 2 else attrs.pop("direction", "forward")
+    xs = [batch, seq, width] if layout else [seq, batch, width]
+    st = [batch, dirs, hidden] if layout else [dirs, batch, hidden]
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, xs)]
+    feeds = {"x": rng.standard_normal(xs).astype(np.float32)}
+    if lens:
+        inputs.append(helper.make_tensor_value_info("lens", TensorProto.INT32, [batch]))
+        feeds["lens"] = rng.integers(1, seq + 1, batch).astype(np.int32)
+        feeds["lens"][0] = seq
+    inits, nodes, outputs = [], [], []
+    x = "x"
+    for layer in range(layers):
+        w = lambda n, shape: inits.append(numpy_helper.from_array(  # noqa: E731
+            (rng.standard_normal(shape) * 0.3).astype(np.float32), f"{n}{layer}")) or f"{n}{layer}"
+        cw = width if layer == 0 else dirs * hidden
+        ins = [x, w("W", [dirs, g * hidden, cw]), w("R", [dirs, g * hidden, hidden]), w("B", [dirs, 2 * g * hidden]),
+               "lens" if lens else ""]
+        states = ["h", "c"] if cell == "LSTM" else ["h"]
+        for s in states:
+            if init:
+                inputs.append(helper.make_tensor_value_info(f"{s}{layer}", TensorProto.FLOAT, st))
+                feeds[f"{s}{layer}"] = rng.standard_normal(st).astype(np.float32)
+            ins.append(f"{s}{layer}" if init else "")
+        if peepholes:
+            ins.append(w("P", [dirs, 3 * hidden]))
+        outs = [f"y{layer}", f"yh{layer}"] + ([f"yc{layer}"] if cell == "LSTM" else [])
+        nodes.append(helper.make_node(cell, ins, outs, hidden_size=hidden, direction=direction, layout=layout, **attrs))
+        outputs += outs
+        if layer + 1 < layers:  # [seq, dirs, batch, hidden] -> [seq, batch, dirs * hidden]
+            nodes.append(helper.make_node("Transpose", [f"y{layer}"], [f"t{layer}"], perm=[0, 2, 1, 3]))
+            inits.append(numpy_helper.from_array(np.array([seq, batch, dirs * hidden], np.int64), f"shape{layer}"))
+            nodes.append(helper.make_node("Reshape", [f"t{layer}", f"shape{layer}"], [f"x{layer + 1}"]))
+            x = f"x{layer + 1}"
+    graph = helper.make_graph(nodes, "rnn", inputs, [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outputs],
+                              inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)], ir_version=8), feeds

@@ -52,7 +52,8 @@ class KernelBuilder:
     config: ScheduleConfig
     outputs: list = field(default_factory=list)   # tensor names
     inputs: list = field(default_factory=list)    # tensor names (incl. packed constants)
-    workspaces: list = field(default_factory=list)  # element counts (float32)
+    workspaces: list = field(default_factory=list)  # sizes in float32 units (4 bytes), for the memory plan
+    workspace_types: list = field(default_factory=list)  # (storage type, element count) of each
     new_constants: dict = field(default_factory=dict)  # packed weights this kernel introduced
     readers: dict = field(default_factory=dict)   # tensor name -> reader, for in-group tensors
     shapes: dict = field(default_factory=dict)    # tensor name -> shape override (collapsed dims)
@@ -91,8 +92,11 @@ class KernelBuilder:
             self.inputs.append(name)
         return f"i{self.inputs.index(name)}"
 
-    def workspace(self, elements: int) -> str:
-        self.workspaces.append(int(elements))
+    def workspace(self, elements: int, storage: str = "f32") -> str:
+        """A scratch buffer of `elements` elements of `storage` type, in the arena."""
+        nbytes = int(elements) * storage_bytes(storage)
+        self.workspaces.append(-(-nbytes // 4))
+        self.workspace_types.append((storage, int(elements)))
         return f"w{len(self.workspaces) - 1}"
 
     def constant_param(self, base: str, value: np.ndarray) -> str:
@@ -128,9 +132,14 @@ class KernelBuilder:
             return Buffer(param, dtype(t.dtype).storage, t.size)
         bufs = [buffer(f"o{i}", n) for i, n in enumerate(self.outputs)]
         bufs += [buffer(f"i{i}", n) for i, n in enumerate(self.inputs)]
-        bufs += [Buffer(f"w{i}", "f32", n) for i, n in enumerate(self.workspaces)]
+        bufs += [Buffer(f"w{i}", t, n) for i, (t, n) in enumerate(self.workspace_types)]
         schedule = (("vector_width", self.config.vector_width), ("vectorize", self.config.vectorize))
         return Kernel(tuple(bufs), tuple(body), tuple(sorted(schedule)))
+
+
+def storage_bytes(storage: str) -> int:
+    """Bytes per element of a loop-IR storage type."""
+    return {"b8": 1, "f16": 2, "bf16": 2, "f32": 4, "f64": 8}.get(storage) or int(storage[1:]) // 8
 
 
 def _last_real_dim(shape) -> int:

@@ -33,13 +33,14 @@ def pack_panels(bmat: np.ndarray, nr: int) -> np.ndarray:
     return np.ascontiguousarray(padded.reshape(k, panels, nr).transpose(1, 0, 2))
 
 
-def _gemm(b: KernelBuilder, a_buf, a_off, a_sm, a_sk, b_buf, b_off, m, n, k, epilogue_fn, a_ktab: str = "") -> Gemm:
+def gemm_stmt(b: KernelBuilder, a_buf, a_off, a_sm, a_sk, b_buf, b_off, m, n, k, epilogue_fn, a_ktab: str = "",
+              kind: str = "f32") -> Gemm:
     """A Gemm statement; epilogue_fn(m_expr, n_expr, acc_expr) returns the epilogue statements.
     B must have been packed with the panel width b.config.tile(n) gives."""
     mv, nv, av = b.fresh("gm"), b.fresh("gn"), b.fresh("gacc")
-    epi = tuple(epilogue_fn(Var(mv), Var(nv), Var(av, "f32")))
+    epi = tuple(epilogue_fn(Var(mv), Var(nv), Var(av, "f32" if kind == "f32" else "i32")))
     mr, nr = b.config.tile(n)
-    return Gemm(a_buf, a_off, a_sm, a_sk, b_buf, b_off, m, n, k, mr, nr, mv, nv, av, epi, a_ktab)
+    return Gemm(a_buf, a_off, a_sm, a_sk, b_buf, b_off, m, n, k, mr, nr, mv, nv, av, epi, a_ktab, kind)
 
 
 def padded_copy(b: KernelBuilder, src: str, src_off, channels: int, spatial: list, pads: list, dest: str) -> For:
@@ -165,7 +166,7 @@ def lower_conv(b: KernelBuilder, node: Node, store) -> tuple:
             spatial_idx = [pixel] if b.conv_collapsed else unflatten(pixel, out_sp)
             return store([Var(bv), co] + spatial_idx, value)
 
-        stmt = _gemm(b, src_buf, add(chan_base, row_start), strides[-1], 0, wparam, mul(Var(gv), panel_stride),
+        stmt = gemm_stmt(b, src_buf, add(chan_base, row_start), strides[-1], 0, wparam, mul(Var(gv), panel_stride),
                      out_sp[-1], cog, kk, epilogue, a_ktab=ktab_param)
         body_ = (stmt,)
         for i in range(nsp - 2, -1, -1):
@@ -207,7 +208,7 @@ def lower_conv(b: KernelBuilder, node: Node, store) -> tuple:
             a_sk = m
         else:
             a_buf, a_off, a_sk = col_ws, Const(0), mc
-        stmts.append(_gemm(b, a_buf, a_off, 1, a_sk, wparam, mul(Var(gv), panel_stride), mc, cog, kk, epilogue))
+        stmts.append(gemm_stmt(b, a_buf, a_off, 1, a_sk, wparam, mul(Var(gv), panel_stride), mc, cog, kk, epilogue))
         return stmts
 
     full, last = divmod(lead_rows, rows_per_chunk)
@@ -309,7 +310,7 @@ def lower_conv_transpose(b: KernelBuilder, node: Node, store) -> tuple:
                                                   wparam, mul(Var(gp), panel_stride))),)
     cols = b.workspace(n * m)
     bv, gv = b.fresh("b"), b.fresh("g")
-    gemm = _gemm(b, xparam, mul(add(mul(Var(bv), cin), mul(Var(gv), cig)), m), 1, m, wparam,
+    gemm = gemm_stmt(b, xparam, mul(add(mul(Var(bv), cin), mul(Var(gv), cig)), m), 1, m, wparam,
                  mul(Var(gv), panel_stride), m, n, cig, lambda mm, nn, acc: [Store(cols, add(mul(nn, m), mm), acc)])
 
     def point(oidx):
@@ -404,7 +405,7 @@ def lower_matmul(b: KernelBuilder, node: Node, store) -> tuple:
         def epilogue(mm, nn, acc):
             idx = list(bidx) + ([] if va else [mm]) + ([] if vb else [nn])
             return store(idx[-len(oshape):] if oshape else [], acc)
-        stmts.append(_gemm(b, a_param, a_off, k, 1, b_param, b_off, m, n, k, epilogue))
+        stmts.append(gemm_stmt(b, a_param, a_off, k, 1, b_param, b_off, m, n, k, epilogue))
         return stmts
 
     return b.loops(batch, body, inner_kind="serial") if batch else tuple(body([]))
@@ -441,7 +442,7 @@ def lower_gemm(b: KernelBuilder, node: Node, store) -> tuple:
     else:
         b_param = b.workspace(-(-n // nr) * k * nr)
         stmts += _runtime_pack(b, b.in_param(b_name), Const(0), k, n, 1 if tb else n, k if tb else 1, b_param)
-    stmts.append(_gemm(b, a_param, Const(0), 1 if ta else k, m if ta else 1, b_param, Const(0), m, n, k,
+    stmts.append(gemm_stmt(b, a_param, Const(0), 1 if ta else k, m if ta else 1, b_param, Const(0), m, n, k,
                        lambda mm, nn, acc: finish([mm, nn], acc)))
     return tuple(stmts)
 

@@ -15,7 +15,7 @@ from ..errors import InternalError
 from ..graph import Graph, Node, UnsupportedError
 from ..loop import Kernel, Let, Store, Var, flat_index
 from ..ops import BROADCAST, OUT_EWISE_FUSABLE, REDUCTION, op_def
-from ..passes.fuse_ops import groups_of, kind_of
+from ..passes.fuse_ops import call_guard, groups_of, kind_of
 from .builder import KernelBuilder, ScheduleConfig, collapse_shapes
 
 
@@ -24,10 +24,12 @@ class KernelCall:
     kernel: Kernel
     outputs: list[str]
     inputs: list[str]
-    workspaces: list[int]  # float32 elements each
+    workspaces: list[int]  # sizes in float32 units (4 bytes) each
     name: str
     ops: list[str]
     nodes: list[str]
+    # Runs only where each (bool tensor, value) holds: a branch of an If taken at run time.
+    guard: tuple = ()
 
 
 @dataclass
@@ -108,7 +110,7 @@ def lower_group(g: Graph, members: list[Node], config: ScheduleConfig) -> Kernel
     ops = [m.op for m in members]
     name = "fused_" + "_".join(dict.fromkeys(o.lower() for o in ops))
     return KernelCall(b.kernel(body), list(b.outputs), list(b.inputs), list(b.workspaces), name[:60], ops,
-                      [m.name for m in members])
+                      [m.name for m in members], call_guard(members))
 
 
 def lower(graph: Graph, config: ScheduleConfig | None = None) -> LoweredModel:

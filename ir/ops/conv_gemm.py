@@ -55,9 +55,10 @@ def _check_float32_compute(node, t: TensorType) -> None:
                                f"(float32, float16, bfloat16)")
 
 
-def _conv(g, node, p):
+def _conv(g, node, p, check_type=True):
     x, w = g.types[node.inputs[0]], g.types[node.inputs[1]]
-    _check_float32_compute(node, x)
+    if check_type:
+        _check_float32_compute(node, x)
     spatial = x.shape[2:]
     kernel = node.attrs.get("kernel_shape", list(w.shape[2:]))
     group = node.attrs.get("group", 1)
@@ -136,12 +137,13 @@ def _collapse_conv_epilogue(b, node, names) -> None:
 
 
 CONV, CONV_TRANSPOSE, GEMM = "Conv", "ConvTranspose", "Gemm"  # the producers a BatchNorm folds into
+MATMUL = "MatMul"
 register(
     OpDef(CONV, OUT_EWISE_FUSABLE, _conv, anchor=lambda b, node, store, out: lower_conv(b, node, store),
           prepare_epilogue=_collapse_conv_epilogue),
     OpDef(CONV_TRANSPOSE, OUT_EWISE_FUSABLE, _conv_transpose,
           anchor=lambda b, node, store, out: lower_conv_transpose(b, node, store)),
-    OpDef("MatMul", OUT_EWISE_FUSABLE, _matmul, anchor=lambda b, node, store, out: lower_matmul(b, node, store)),
+    OpDef(MATMUL, OUT_EWISE_FUSABLE, _matmul, anchor=lambda b, node, store, out: lower_matmul(b, node, store)),
     OpDef(GEMM, OUT_EWISE_FUSABLE, _gemm, anchor=lambda b, node, store, out: lower_gemm(b, node, store)),
 )
 

@@ -19,14 +19,29 @@ from ..onnx_dtypes import onnx_to_dtype
 from .broadcast import broadcast
 from .registry import BROADCAST, ELEMWISE, OpDef, register
 
+# Ops other ops are built from (QLinear ops, recurrent nets, control flow).
+CAST, DIV, SIGMOID, TANH, LEAKY_RELU, AND = "Cast", "Div", "Sigmoid", "Tanh", "LeakyRelu", "And"
+
 
 def _same(g, node, p):
     return g.types[node.inputs[0]]
 
 
-def _unary(name, expr, fold=None, infer=_same):
+# Unary float ops by name: (element expression, the attributes it takes). Recurrent nets name
+# their gates' activations by these op names (ir/ops/recurrent.py).
+UNARY: dict = {}
+
+
+def unary_expression(name: str, x, **attrs):
+    """The element of unary op `name` on a float32 x, with these attributes (defaults as the op's)."""
+    return UNARY[name][0](x, attrs, True, None, None)
+
+
+def _unary(name, expr, fold=None, infer=_same, params=()):
     """An op of one input: `expr(x, attrs, is_float, b, node)` is its element; `fold(x, attrs)`
-    its numpy evaluation."""
+    its numpy evaluation; `params` the float attributes it takes (alpha, beta)."""
+    UNARY[name] = (expr, params)
+
     def reader(b, node):
         x = bcast_reader(b, node.inputs[0], b.shape(node.outputs[0]))
         is_f, a = b.is_float(node.inputs[0]), b.attrs(node)
@@ -113,16 +128,16 @@ def _erf_fold(x, a):
 
 register(
     _unary("Relu", lambda x, a, is_f, b, n: fbin("max", x, f32(0) if is_f else Const(0)), lambda x, a: np.maximum(x, 0)),
-    _unary("LeakyRelu", lambda x, a, is_f, b, n: select(cmp("lt", x, f32(0)), fbin("mul", x, f32(a.get("alpha", 0.01))), x),
-           lambda x, a: np.where(x < 0, x * a.get("alpha", 0.01), x)),
-    _unary("Sigmoid", lambda x, a, is_f, b, n: _sigmoid(x), lambda x, a: 1 / (1 + np.exp(-x))),
+    _unary(LEAKY_RELU, lambda x, a, is_f, b, n: select(cmp("lt", x, f32(0)), fbin("mul", x, f32(a.get("alpha", 0.01))), x),
+           lambda x, a: np.where(x < 0, x * a.get("alpha", 0.01), x), params=("alpha",)),
+    _unary(SIGMOID, lambda x, a, is_f, b, n: _sigmoid(x), lambda x, a: 1 / (1 + np.exp(-x))),
     _unary("HardSigmoid", lambda x, a, is_f, b, n: clamp(fbin("add", fbin("mul", x, f32(a.get("alpha", 0.2))),
                                                                 f32(a.get("beta", 0.5))), f32(0), f32(1)),
-           lambda x, a: np.clip(x * a.get("alpha", 0.2) + a.get("beta", 0.5), 0, 1)),
+           lambda x, a: np.clip(x * a.get("alpha", 0.2) + a.get("beta", 0.5), 0, 1), params=("alpha", "beta")),
     _unary("HardSwish", lambda x, a, is_f, b, n: fbin("mul", x, clamp(fbin("add", fbin("mul", x, f32(1 / 6)), f32(0.5)),
                                                                       f32(0), f32(1))),
            lambda x, a: x * np.clip(x / 6 + 0.5, 0, 1)),
-    _unary("Tanh", lambda x, a, is_f, b, n: call("tanh", x), lambda x, a: np.tanh(x)),
+    _unary(TANH, lambda x, a, is_f, b, n: call("tanh", x), lambda x, a: np.tanh(x)),
     _unary("Erf", lambda x, a, is_f, b, n: call("erf", x), _erf_fold),
     _unary("Gelu", _gelu, infer=_gelu_infer),
     _unary("Exp", lambda x, a, is_f, b, n: call("exp", x), lambda x, a: np.exp(x)),
@@ -134,7 +149,7 @@ register(
            lambda x, a: np.abs(x)),
     _unary("Not", lambda x, a, is_f, b, n: call("not", x), lambda x, a: np.logical_not(x), infer=_not_infer),
     _unary("Clip", _clip, lambda x, a: np.clip(x, a["min"], a["max"]), infer=_clip_infer),
-    OpDef("Cast", ELEMWISE, _cast_infer, _cast_fold, _cast_reader),
+    OpDef(CAST, ELEMWISE, _cast_infer, _cast_fold, _cast_reader),
     OpDef("CastLike", BROADCAST, _castlike_infer, _cast_fold, _cast_reader),
 )
 
@@ -249,7 +264,7 @@ def _mod_reader(b, node):
 
 register(
     _arith(ADD, "add", lambda x, y, a: np.add(x, y)), _arith("Sub", "sub", lambda x, y, a: np.subtract(x, y)),
-    _arith(MUL, "mul", lambda x, y, a: np.multiply(x, y)), _arith("Div", "div", _div_fold),
+    _arith(MUL, "mul", lambda x, y, a: np.multiply(x, y)), _arith(DIV, "div", _div_fold),
     _arith("Max", "max", lambda x, y, a: np.maximum(x, y), _variadic_infer),
     _arith("Min", "min", lambda x, y, a: np.minimum(x, y), _variadic_infer),
     _compare("Equal", "eq", np.equal), _compare("Less", "lt", np.less), _compare("Greater", "gt", np.greater),
@@ -358,7 +373,7 @@ def _np_softplus(x):
 
 register(
     _compare("GreaterOrEqual", "ge", np.greater_equal), _compare("LessOrEqual", "le", np.less_equal),
-    _logic("And", lambda p, q: fbin("and", p, q), np.logical_and),
+    _logic(AND, lambda p, q: fbin("and", p, q), np.logical_and),
     _logic("Or", lambda p, q: fbin("or", p, q), np.logical_or),
     _logic("Xor", lambda p, q: cmp("ne", p, q), np.logical_xor),
     _unary("IsNaN", lambda x, a, is_f, b, n: cmp("ne", x, x), lambda x, a: np.isnan(x), infer=_bool_infer),
@@ -373,12 +388,12 @@ register(
            lambda x, a: x / (1 + np.abs(x))),
     _unary("Elu", lambda x, a, is_f, b, n: select(cmp("lt", x, f32(0)), fbin("mul", f32(a.get("alpha", 1.0)),
                                                                             _exp_minus_one(x)), x),
-           lambda x, a: np.where(x < 0, a.get("alpha", 1.0) * np.expm1(x), x)),
+           lambda x, a: np.where(x < 0, a.get("alpha", 1.0) * np.expm1(x), x), params=("alpha",)),
     _unary("Selu", _selu, None),
     _unary("Celu", lambda x, a, is_f, b, n: fbin("add", fbin("max", x, f32(0)), fbin("min", f32(0), fbin(
         "mul", f32(a.get("alpha", 1.0)), _exp_minus_one(fbin("div", x, f32(a.get("alpha", 1.0))))))), None),
     _unary("ThresholdedRelu", lambda x, a, is_f, b, n: select(cmp("gt", x, f32(a.get("alpha", 1.0))), x, f32(0)),
-           lambda x, a: np.where(x > a.get("alpha", 1.0), x, 0).astype(x.dtype)),
+           lambda x, a: np.where(x > a.get("alpha", 1.0), x, 0).astype(x.dtype), params=("alpha",)),
     _unary("Shrink", _shrink, None),
     _unary("Mish", lambda x, a, is_f, b, n: fbin("mul", x, call("tanh", _softplus(x))),
            lambda x, a: x * np.tanh(_np_softplus(x))),

@@ -10,7 +10,7 @@ from ..dtypes import DTYPES
 from ..graph import Graph, Node, UnsupportedError
 from ..onnx_attrs import attr_value, constant_value
 from .compile_time import CONSTANT
-from .registry import OPAQUE, OpDef, register
+from .registry import OPAQUE, OpDef, expanded_only, register
 
 
 def _proto_attributes(node: Node) -> dict:
@@ -62,8 +62,4 @@ def expand_function(g: Graph, node: Node) -> list[Node]:
     return nodes
 
 
-def _expanded_only(g, node, p):
-    raise UnsupportedError(f"{node.describe()}: {node.op} is built from its function body, which was not expanded")
-
-
-register(*(OpDef(name, OPAQUE, _expanded_only, expand=expand_function) for name in ("Attention", "RotaryEmbedding")))
+register(*(OpDef(name, OPAQUE, expanded_only, expand=expand_function) for name in ("Attention", "RotaryEmbedding")))

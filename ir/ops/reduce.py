@@ -14,6 +14,8 @@ from ..lower.reduce import (lower_hardmax, lower_layernorm, lower_lp_normalize, 
 from .conv_gemm import resolve_window
 from .registry import REDUCTION, OpDef, register
 
+GLOBAL_AVERAGE_POOL = "GlobalAveragePool"
+
 
 def _reduce(g, node, p):
     x = g.types[node.inputs[0]]
@@ -118,7 +120,7 @@ register(
     _reduction("ReduceSumSquare", "sumsquare", _reduce, lambda x, **k: np.sum(x * x, **k)),
     _reduction("ReduceLogSum", "logsum", _float_reduce, lambda x, **k: np.log(np.sum(x, **k))),
     _reduction("ReduceLogSumExp", "logsumexp", _float_reduce, _logsumexp),
-    _reduction("GlobalAveragePool", "mean", _global_pool), _reduction("GlobalMaxPool", "max", _global_pool),
+    _reduction(GLOBAL_AVERAGE_POOL, "mean", _global_pool), _reduction("GlobalMaxPool", "max", _global_pool),
     OpDef("Softmax", REDUCTION, _softmax, anchor=lambda b, node, store, out: lower_softmax(b, node, store, out)),
     OpDef("LayerNormalization", REDUCTION, _layernorm,
           anchor=lambda b, node, store, out: lower_layernorm(b, node, store)),

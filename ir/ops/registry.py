@@ -55,6 +55,14 @@ def op_def(name: str) -> OpDef | None:
     return REGISTRY.get(name)
 
 
+def expanded_only(g, node, params):
+    """The inference of an op that type inference replaces by other ops (OpDef.expand): never
+    reached, unless something built such a node after inference."""
+    from ..graph import UnsupportedError
+    raise UnsupportedError(f"{node.describe()}: {node.op} is built from other ops by type inference, which did "
+                           "not run on it")
+
+
 def one_output(reader):
     """An OpDef reader from a function (b, node) -> the reader of the node's only output."""
     return lambda b, node: {node.outputs[0]: reader(b, node)}

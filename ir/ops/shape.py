@@ -75,9 +75,10 @@ def _unsqueeze(g, node, p):
     return TensorType(tuple(out), x.dtype)
 
 
-IDENTITY = "Identity"
-register(_view_def("Reshape", _reshape), _view_def("Flatten", _flatten), _view_def("Squeeze", _squeeze),
-         _view_def("Unsqueeze", _unsqueeze), _view_def(IDENTITY, lambda g, node, p: g.types[node.inputs[0]], ELEMWISE))
+IDENTITY, RESHAPE, CONCAT, TRANSPOSE = "Identity", "Reshape", "Concat", "Transpose"
+UNSQUEEZE, GATHER = "Unsqueeze", "Gather"
+register(_view_def(RESHAPE, _reshape), _view_def("Flatten", _flatten), _view_def("Squeeze", _squeeze),
+         _view_def(UNSQUEEZE, _unsqueeze), _view_def(IDENTITY, lambda g, node, p: g.types[node.inputs[0]], ELEMWISE))
 
 
 # ---- data movement -----------------------------------------------------------------------
@@ -251,8 +252,8 @@ def _resize(g, node, p):
 
 
 register(
-    OpDef("Transpose", INJECTIVE, _transpose, lambda a, v, g, node: [np.transpose(v[0], a["perm"])], _transpose_reader),
-    OpDef("Concat", INJECTIVE, _concat,
+    OpDef(TRANSPOSE, INJECTIVE, _transpose, lambda a, v, g, node: [np.transpose(v[0], a["perm"])], _transpose_reader),
+    OpDef(CONCAT, INJECTIVE, _concat,
           lambda a, v, g, node: [np.concatenate([x for x in v if x is not None], axis=a["axis"])],
           one_output(concat_reader), alone=concat_by_slabs),
     OpDef("Split", INJECTIVE, _split,
@@ -262,7 +263,7 @@ register(
           lambda a, v, g, node: [np.broadcast_to(v[0].reshape(g.types[node.inputs[0]].shape),
                                                  g.types[node.outputs[0]].shape)],
           lambda b, node: {node.outputs[0]: bcast_reader(b, node.inputs[0], b.shape(node.outputs[0]))}),
-    OpDef("Gather", INJECTIVE, _gather, _gather_fold, one_output(gather_reader)),
+    OpDef(GATHER, INJECTIVE, _gather, _gather_fold, one_output(gather_reader)),
     OpDef("Pad", INJECTIVE, _pad, None, one_output(pad_reader)),
     OpDef("Resize", INJECTIVE, _resize, None, one_output(resize_reader)),
 )

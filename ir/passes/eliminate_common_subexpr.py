@@ -41,7 +41,7 @@ def eliminate_common_subexpr(g: Graph, ctx) -> Graph:
     kept = []
     for node in g.nodes:
         node.inputs = [rename.get(i, i) for i in node.inputs]
-        key = (node.op, tuple(node.inputs), tuple(sorted((k, _stable(v)) for k, v in node.attrs.items())))
+        key = (node.op, tuple(node.inputs), tuple(sorted((k, _stable(v)) for k, v in node.attrs.items())), node.guard)
         if key in seen and not any(o in g.outputs for o in node.outputs):
             rename.update(zip(node.outputs, seen[key]))
             continue

@@ -39,6 +39,8 @@ def kind_of(node: Node) -> int:
 
 
 def _can_join(g: Graph, node: Node, via: str, group: list[Node]) -> bool:
+    if node.guard != group[0].guard:
+        return False  # one kernel call runs under one guard
     k = kind_of(node)
     anchor = max(kind_of(m) for m in group)
     if anchor == OPAQUE or len(group) >= MAX_GROUP_SIZE:
@@ -127,6 +129,9 @@ def _inline_producer_groups(g: Graph, groups: list[list[Node]], uses) -> list[li
             per_target = collections.Counter(t for u in readers for t in homes[id(u)])
             if any(n > 1 for n in per_target.values()):
                 continue
+            # Recomputed only where it would have run: under its own guard or a narrower one.
+            if any(not set(call_guard(grp)) <= set(call_guard(groups[t])) for t in per_target):
+                continue
             targets = sorted(per_target)
             for t in targets:
                 groups[t] = grp + groups[t]  # producers first: they inline before what reads them
@@ -135,6 +140,12 @@ def _inline_producer_groups(g: Graph, groups: list[list[Node]], uses) -> list[li
             groups[i] = []
             merged = True
     return [grp for grp in groups if grp]
+
+
+def call_guard(members: list[Node]) -> tuple:
+    """The guard a group's kernel call runs under: its own nodes' (producers inlined into it
+    may have a wider one, an unconditional one)."""
+    return max((m.guard for m in members), key=len)
 
 
 def groups_of(g: Graph) -> list[list[Node]]:

@@ -53,7 +53,10 @@ def resolve(g: Graph, fold_floats: bool) -> Graph:
         node = pending.popleft()
         definition = op_def(node.op)
         if definition is not None and definition.expand is not None:  # its body takes its place
-            pending.extendleft(reversed(definition.expand(g, node)))
+            body = definition.expand(g, node)
+            for n in body:  # (a node in a branch decided at run time: so is what it expands to)
+                n.guard = n.guard or node.guard
+            pending.extendleft(reversed(body))
             continue
         try:
             types, g.params[node.key] = infer(g, node)

@@ -81,7 +81,7 @@ def simplify_inference(g: Graph, ctx) -> Graph:
             p = _foldable_producer(g, node, producers, uses)
             if p is not None:  # the producer is replaced by one computing the BatchNorm's output
                 inputs, attrs = (_fold_into_gemm if p.op == GEMM else _fold_into_conv)(g, p, scale, shift)
-                folded = Node(p.op, inputs, [node.outputs[0]], attrs, p.name)
+                folded = Node(p.op, inputs, [node.outputs[0]], attrs, p.name, p.guard)
                 kept[next(i for i, k in enumerate(kept) if k is p)] = folded
                 g.types[node.outputs[0]] = g.types[node.inputs[0]]
                 producers[node.outputs[0]] = folded
@@ -93,8 +93,8 @@ def simplify_inference(g: Graph, ctx) -> Graph:
             b = g.add_constant(g.fresh_name(f"{node.name}_shift"), shift.astype(dt).reshape(bshape))
             mid = g.fresh_name(f"{node.name}_scaled")
             g.types[mid] = g.types[node.inputs[0]]
-            kept.append(Node(MUL, [node.inputs[0], s], [mid], {}, f"{node.name}_mul"))
-            kept.append(Node(ADD, [mid, b], list(node.outputs[:1]), {}, f"{node.name}_add"))
+            kept.append(Node(MUL, [node.inputs[0], s], [mid], {}, f"{node.name}_mul", node.guard))
+            kept.append(Node(ADD, [mid, b], list(node.outputs[:1]), {}, f"{node.name}_add", node.guard))
             continue
         kept.append(node)
     g.nodes = kept

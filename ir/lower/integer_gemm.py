@@ -1,0 +1,261 @@
+"""MatMulInteger and ConvInteger: 8-bit products summed exactly in int32.
+
+The fast path is the Gemm statement's 8-bit kinds (ir/loop.py), the shape of AVX-512
+VNNI's vpdpbusd: A's bytes unsigned, B's signed, four products per int32 lane. Zero points
+are taken out algebraically, so the inner loop multiplies raw bytes:
+
+    sum_k (a - za)(w - zw) = sum_k a * w'  -  za * sum_k w'      with w' = w - zw
+
+w' is computed at compile time (weights are constants) and must fit a signed byte, which
+it does for onnxruntime's symmetric int8 weights and for uint8 weights around 128. Signed
+activations are read as unsigned by adding 128 (a flip of the top bit), and za grows by 128
+to match. The epilogue subtracts za * column sum (a constant, or a run-time za times a
+constant) and then runs whatever the group fuses after the product: the dequantizing
+multiply, bias, activation and requantize.
+
+- MatMul reads A (activations, [M, K]) in place when K is a multiple of 4, else through a
+  padded copy; B (weights) is packed [panel][k/4][nr][4] at compile time.
+- Conv first copies the input, once, into a zero-point-bordered channels-last workspace
+  (`[row][column][channel]`, channels padded to 4, signed bytes shifted to unsigned), so
+  that for one output row the micro-kernel reads A in place: pixel m at stride*C bytes,
+  quad q at a compile-time offset (`a_ktab`, the (ky, kx, c/4) position). No im2col. The
+  epilogue writes NCHW.
+
+Everything else (a weight computed at run time, per-row zero points, grouped convolution,
+weights whose centred values do not fit a byte) runs a plain int32 dot-product loop:
+exact, and slower.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..graph import Node
+from ..loop import Assign, Cast, Const, For, Load, Local, Store, Var, add, cmp, fbin, flat_index, mul, select, sub, unflatten
+from .builder import KernelBuilder
+from .gemm import gemm_stmt
+
+
+def _input(node: Node, index: int) -> str:
+    return node.inputs[index] if index < len(node.inputs) and node.inputs[index] else ""
+
+
+def _zero_point(b: KernelBuilder, node: Node, index: int):
+    """(its values as int32, or None when computed at run time; its name)."""
+    name = _input(node, index)
+    if not name:
+        return np.zeros(1, np.int32), ""
+    if name in b.g.constants:
+        return b.g.constants[name].astype(np.int32).reshape(-1), name
+    return None, name
+
+
+def centered_weights(w: np.ndarray, zw: np.ndarray, axis: int) -> np.ndarray | None:
+    """w - zw (per tensor, or per slice along `axis`) as int8, or None if a value does not fit."""
+    shape = [1] * w.ndim
+    shape[axis] = -1
+    wc = w.astype(np.int32) - (zw.reshape(shape) if zw.size > 1 else zw.reshape(()))
+    if wc.size and (wc.min() < -128 or wc.max() > 127):
+        return None
+    return wc.astype(np.int8)
+
+
+def pack_byte_panels(mat: np.ndarray, nr: int) -> np.ndarray:
+    """[K, N] bytes -> [ceil(N/nr), ceil(K/4), nr, 4]: each int32 lane of a panel row holds
+    four consecutive k of one column. Zero past K and N."""
+    k, n = mat.shape
+    quads, panels = -(-k // 4), -(-n // nr)
+    padded = np.zeros((quads * 4, panels * nr), mat.dtype)
+    padded[:k, :n] = mat
+    return np.ascontiguousarray(padded.reshape(quads, 4, panels, nr).transpose(2, 0, 3, 1))
+
+
+def _za_correction(b: KernelBuilder, za, za_name: str, signed_a: bool, colsum: np.ndarray, base: str):
+    """nn -> za_u * colsum[nn] as an i32 expression, za_u being A's zero point as the
+    micro-kernel sees A (shifted by 128 for signed bytes)."""
+    shift = 128 if signed_a else 0
+    if za is not None:
+        table = b.constant_param(f"{base}_zero_point_terms", ((int(za[0]) + shift) * colsum).astype(np.int32))
+        return lambda nn: Load(table, nn)
+    sums = b.constant_param(f"{base}_column_sums", colsum.astype(np.int32))
+    z = b.reader(za_name)([Const(0)] * len(b.shape(za_name)))
+    za_u = fbin("add", Cast("i32", z), Const(shift, "i32"))
+    return lambda nn: fbin("mul", za_u, Load(sums, nn))
+
+
+# ---- MatMulInteger ------------------------------------------------------------------------
+
+def lower_matmul_integer(b: KernelBuilder, node: Node, store) -> tuple:
+    a_name, w_name = node.inputs[0], node.inputs[1]
+    sa, sw = list(b.type(a_name).shape), list(b.type(w_name).shape)
+    za, za_name = _zero_point(b, node, 2)
+    zw, _ = _zero_point(b, node, 3)
+    wc = None
+    if (w_name in b.g.constants and len(sw) == 2 and len(sa) >= 2 and zw is not None
+            and (za is None and b.type(za_name).size == 1 or za is not None and za.size == 1)):
+        wc = centered_weights(b.g.constants[w_name], zw, 1)
+    if wc is None:
+        return _plain_matmul(b, node, store)
+    k, n = sw
+    m = math.prod(sa[:-1])
+    quads = -(-k // 4)
+    signed_a = b.type(a_name).dtype == "int8"
+    nr = b.config.tile(n)[1]
+    w_param = b.constant_param(f"{w_name}_packed_bytes", pack_byte_panels(wc, nr))
+    correction = _za_correction(b, za, za_name, signed_a, wc.astype(np.int32).sum(axis=0), w_name)
+    a_param = b.in_param(a_name)
+    stmts = []
+    if k % 4:  # rows padded to whole quads (the pad bytes meet zero weights)
+        storage = "i8" if signed_a else "u8"
+        a_buf = b.workspace(m * quads * 4, storage)
+        i, j = b.fresh("r"), b.fresh("k")
+        value = select(cmp("lt", Var(j), Const(k)), Load(a_param, add(mul(Var(i), k), fbin("min", Var(j), Const(k - 1)))),
+                       Const(0, storage))
+        stmts.append(For(i, m, (For(j, quads * 4, (Store(a_buf, add(mul(Var(i), quads * 4), Var(j)), value),),
+                                    "vectorize"),)))
+    else:
+        a_buf = a_param
+
+    def epilogue(mm, nn, acc):
+        return store(unflatten(mm, sa[:-1]) + [nn], fbin("sub", acc, correction(nn)))
+    stmts.append(gemm_stmt(b, a_buf, Const(0), quads * 4, 1, w_param, Const(0), m, n, quads, epilogue,
+                           kind="s8s8" if signed_a else "u8s8"))
+    return tuple(stmts)
+
+
+def _centered_reader(b: KernelBuilder, node: Node, index: int, zp_index: int, zp_axis_of):
+    """idx -> int32 (operand - zero point) for the plain loops; zp_axis_of(idx) picks the
+    zero point's element where it has one per row or column."""
+    r = b.reader(node.inputs[index])
+    zp = _input(node, zp_index)
+    if not zp:
+        return lambda idx: Cast("i32", r(idx))
+    zr, per = b.reader(zp), b.type(zp).size > 1
+    zshape = b.shape(zp)
+    return lambda idx: fbin("sub", Cast("i32", r(idx)), Cast("i32", zr([zp_axis_of(idx)] if per else
+                                                                       [Const(0)] * len(zshape))))
+
+
+def _plain_matmul(b: KernelBuilder, node: Node, store) -> tuple:
+    sa, sb = list(b.type(node.inputs[0]).shape), list(b.type(node.inputs[1]).shape)
+    va, vb = len(sa) == 1, len(sb) == 1
+    sa = [1] + sa if va else sa
+    sb = sb + [1] if vb else sb
+    k = sa[-1]
+    oshape = b.type(node.outputs[0]).shape
+    batch = list(np.broadcast_shapes(tuple(sa[:-2]), tuple(sb[:-2])))
+    nb = len(batch)
+    ra = _centered_reader(b, node, 0, 2, lambda idx: idx[-2])
+    rb = _centered_reader(b, node, 1, 3, lambda idx: idx[-1])
+    oa, ob = len(batch) - len(sa[:-2]), len(batch) - len(sb[:-2])
+
+    def point(idx):
+        rest = list(idx[nb:])
+        mi = None if va else rest.pop(0)
+        ni = None if vb else rest.pop(0)
+        bi = list(idx[:nb])
+        a_b = [Const(0) if d == 1 else bi[oa + i] for i, d in enumerate(sa[:-2])]
+        b_b = [Const(0) if d == 1 else bi[ob + i] for i, d in enumerate(sb[:-2])]
+        acc, kv = b.fresh("acc"), b.fresh("k")
+        av = ra(([] if va else a_b + [mi]) + [Var(kv)]) if not va else ra([Var(kv)])
+        bv = rb([Var(kv)] if vb else b_b + [Var(kv), ni])
+        return [Local(acc, "i32", Const(0)), For(kv, k, (Assign(acc, fbin("add", Var(acc, "i32"), fbin("mul", av, bv))),)),
+                *store(idx, Var(acc, "i32"))]
+    return b.loops(oshape, point, inner_kind="serial")
+
+
+# ---- ConvInteger --------------------------------------------------------------------------
+
+def lower_conv_integer(b: KernelBuilder, node: Node, store) -> tuple:
+    x_name, w_name = node.inputs[0], node.inputs[1]
+    xs, wsh = b.type(x_name).shape, b.type(w_name).shape
+    a = b.attrs(node)
+    zx, zx_name = _zero_point(b, node, 2)
+    zw, _ = _zero_point(b, node, 3)
+    wc = None
+    if w_name in b.g.constants and a.get("group", 1) == 1 and len(xs) == 4 and zw is not None:
+        wc = centered_weights(b.g.constants[w_name], zw, 0)
+    if wc is None:
+        return _plain_conv(b, node, store)
+    batch, cin, h, w_ = xs
+    cout = wsh[0]
+    (kh, kw), (sh, sw), (dh, dw) = a["kernel_shape"], a["strides"], a["dilations"]
+    pt, pl, pb, pr = a["pads"]
+    oh, ow = b.type(node.outputs[0]).shape[2:]
+    hp, wp = h + pt + pb, w_ + pl + pr
+    cp = -(-cin // 4) * 4
+    signed_x = b.type(x_name).dtype == "int8"
+    # Weights as B[k][cout] with k = (ky, kx, c): channels innermost, as the input copy lays them.
+    wk = np.zeros((kh, kw, cp, cout), np.int8)
+    wk[:, :, :cin, :] = wc.transpose(2, 3, 1, 0)
+    wmat = wk.reshape(kh * kw * cp, cout)
+    quads = kh * kw * cp // 4
+    nr = b.config.tile(cout)[1]
+    w_param = b.constant_param(f"{w_name}_packed_bytes", pack_byte_panels(wmat, nr))
+    ktab = np.array([((ky * dh) * wp + kx * dw) * cp + 4 * c4 for ky in range(kh) for kx in range(kw)
+                     for c4 in range(cp // 4)], np.int64)
+    ktab_param = b.constant_param("conv_quad_offsets", ktab)
+    correction = _za_correction(b, zx, zx_name, signed_x, wmat.astype(np.int32).sum(axis=0), w_name)
+    shift = 128 if signed_x else 0
+    if zx is not None:
+        za_u = Const(int(zx[0]) + shift, "u8")
+    else:
+        z = b.reader(zx_name)([Const(0)] * len(b.shape(zx_name)))
+        za_u = Cast("u8", fbin("add", Cast("i32", z), Const(shift, "i32")))
+    xparam = b.in_param(x_name)
+    nhwc = b.workspace(hp * wp * cp, "u8")
+    bv = b.fresh("b")
+
+    # The channels-last copy: rows of the padding and pad channels hold the zero point.
+    y, xx, c = b.fresh("y"), b.fresh("x"), b.fresh("c")
+    iy, ix = sub(Var(y), pt), sub(Var(xx), pl)
+    inside = fbin("and", fbin("and", cmp("ge", iy, Const(0)), cmp("lt", iy, Const(h))),
+                  fbin("and", fbin("and", cmp("ge", ix, Const(0)), cmp("lt", ix, Const(w_))),
+                       cmp("lt", Var(c), Const(cin))))
+    src = flat_index([add(mul(Var(bv), cin), fbin("min", Var(c), Const(cin - 1))),
+                      fbin("min", fbin("max", iy, Const(0)), Const(h - 1)),
+                      fbin("min", fbin("max", ix, Const(0)), Const(w_ - 1))], [batch * cin, h, w_])
+    loaded = Load(xparam, src)
+    as_unsigned = Cast("u8", fbin("add", Cast("i32", loaded), Const(128, "i32"))) if signed_x else loaded
+    copy = For(y, hp, (For(xx, wp, (For(c, cp, (Store(nhwc, flat_index([Var(y), Var(xx), Var(c)], [hp, wp, cp]),
+                                                       select(inside, as_unsigned, za_u)),), "vectorize"),)),))
+
+    orow = b.fresh("oy")
+
+    def epilogue(mm, nn, acc):
+        return store([Var(bv), nn, Var(orow), mm], fbin("sub", acc, correction(nn)))
+    gemm = gemm_stmt(b, nhwc, mul(Var(orow), sh * wp * cp), sw * cp, 0, w_param, Const(0), ow, cout, quads, epilogue,
+                     a_ktab=ktab_param, kind="u8s8")
+    return (For(bv, batch, (copy, For(orow, oh, (gemm,)))),)
+
+
+def _plain_conv(b: KernelBuilder, node: Node, store) -> tuple:
+    """Direct convolution in int32, any group and rank: exact, for what the fast path skips."""
+    x_name, w_name = node.inputs[0], node.inputs[1]
+    xs, wsh = b.type(x_name).shape, b.type(w_name).shape
+    a = b.attrs(node)
+    groups = a.get("group", 1)
+    kernel, strides, dil, pads = a["kernel_shape"], a["strides"], a["dilations"], a["pads"]
+    nsp = len(kernel)
+    cg, cog = wsh[1], wsh[0] // groups
+    rx = _centered_reader(b, node, 0, 2, lambda idx: Const(0))
+    rw = _centered_reader(b, node, 1, 3, lambda idx: idx[0])
+    oshape = b.type(node.outputs[0]).shape
+
+    def point(oidx):
+        acc, ci = b.fresh("acc"), b.fresh("ci")
+        chan = add(mul(fbin("div", oidx[1], Const(cog)), cg), Var(ci))
+
+        def tap(kidx):
+            ok, pos = None, []
+            for i in range(nsp):
+                p = add(sub(mul(oidx[2 + i], strides[i]), pads[i]), mul(kidx[i], dil[i]))
+                inb = fbin("and", cmp("ge", p, Const(0)), cmp("lt", p, Const(xs[2 + i])))
+                ok = inb if ok is None else fbin("and", ok, inb)
+                pos.append(fbin("min", fbin("max", p, Const(0)), Const(xs[2 + i] - 1)))
+            term = fbin("mul", rx([oidx[0], chan] + pos), rw([oidx[1], Var(ci)] + list(kidx)))
+            return [Assign(acc, fbin("add", Var(acc, "i32"), select(ok, term, Const(0, "i32"))))]
+        taps = b.loops(kernel, tap, inner_kind="unroll")
+        return [Local(acc, "i32", Const(0)), For(ci, cg, tuple(taps)), *store(oidx, Var(acc, "i32"))]
+    return b.loops(oshape, point, inner_kind="serial")

@@ -1,0 +1,244 @@
+"""Control flow: If, Loop and Scan, expanded by type inference into the graph around them.
+
+- If whose condition is known at compile time (a constant, or folded from shapes) is its
+  taken branch, inlined. Otherwise both branches are inlined with a *guard* on each node
+  (`Node.guard`: the condition tensor and the value it must have); fusion keeps guards
+  apart, each kernel call carries its guard, and the generated entry function tests it
+  before the call. Each output is then `kiln.IfMerge(cond, then_value, else_value)`, a kernel
+  that copies the taken branch's value into the If's output, so later kernels have one
+  buffer to read. Both branches' outputs must have the same static type.
+- Loop with a trip count known at compile time is unrolled one iteration at a time: each
+  iteration's body is inlined, and a Loop node for the rest follows it, so by the time the
+  rest expands the iteration's condition has been inferred and folded where it can be. A
+  condition computed at run time guards the remaining iterations (and each carried value
+  merges the new and the old); a run-time condition with scan outputs is refused, since
+  their length would be known at run time only.
+- Scan is unrolled over its (static) scan axis: Gather one slice per iteration, run the body,
+  stack each scan output with Unsqueeze and Concat.
+
+Unrolled iterations lower to kernels with equal bytes, so each kernel compiles once.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..graph import Graph, KilnError, Node, ShapeError, Subgraph, UnsupportedError
+from ..loop import Const, For, If, Load, Store, Var
+from .registry import OPAQUE, OpDef, expanded_only, register
+from .elementwise import AND
+from .shape import CONCAT, GATHER, IDENTITY, UNSQUEEZE
+
+IF, LOOP, SCAN, IF_MERGE = "If", "Loop", "Scan", "kiln.IfMerge"
+MAX_UNROLLED_NODES = 50_000  # nodes one Loop or Scan may unroll to
+
+
+def inline(g: Graph, sub: Subgraph, prefix: str, bindings: dict, guard: tuple, owner: Node) -> tuple[list, list]:
+    """`sub`'s nodes with its formal inputs bound to `bindings` (formal name -> tensor), its
+    own tensors and constants renamed under `prefix`, every node guarded by `guard`.
+    Returns (nodes, the tensors its outputs are)."""
+    own = {o for n in sub.nodes for o in n.outputs if o} | set(sub.constants)
+    rename = {name: prefix + name for name in own}
+    rename.update(bindings)
+    for name, value in sub.constants.items():
+        g.add_constant(rename[name], value)
+    nodes, known = [], set(bindings.values()) | set(rename.values())  # (bound: the caller's to vouch for)
+    for n in sub.nodes:
+        inputs = [rename.get(i, i) for i in n.inputs]
+        for i in inputs:
+            if i and i not in g.types and i not in known:
+                raise KilnError(f"{owner.describe()}: its subgraph '{sub.name}' reads '{i}', which no node, input "
+                                "or initializer defines")
+        attrs = {k: _renamed(v, rename) if isinstance(v, Subgraph) else v for k, v in n.attrs.items()}
+        nodes.append(Node(n.op, inputs, [rename.get(o, o) if o else "" for o in n.outputs], attrs,
+                          f"{prefix}{n.name}", guard))
+    missing = [o for o in sub.outputs if o not in rename and o not in g.types]
+    if missing:
+        raise KilnError(f"{owner.describe()}: its subgraph '{sub.name}' outputs {missing}, which it never computes")
+    return nodes, [rename.get(o, o) for o in sub.outputs]
+
+
+def _renamed(sub: Subgraph, rename: dict) -> Subgraph:
+    """A nested subgraph reading the renamed tensors of the scope it is inlined into."""
+    outer = {k: v for k, v in rename.items() if k not in sub.defined()}
+    nodes = [Node(n.op, [outer.get(i, i) for i in n.inputs], list(n.outputs),
+                  {k: _renamed(v, outer) if isinstance(v, Subgraph) else v for k, v in n.attrs.items()}, n.name,
+                  n.guard) for n in sub.nodes]
+    return Subgraph(sub.name, list(sub.inputs), [outer.get(o, o) for o in sub.outputs], nodes, dict(sub.constants))
+
+
+def _scalar_constant(g: Graph, name: str):
+    return g.constants[name].reshape(-1)[0] if name in g.constants else None
+
+
+# ---- If ---------------------------------------------------------------------------------------
+
+def expand_if(g: Graph, node: Node) -> list[Node]:
+    cond = node.inputs[0]
+    branches = {True: node.attrs["then_branch"], False: node.attrs["else_branch"]}
+    for taken, sub in branches.items():
+        if len(sub.outputs) != len(node.outputs):
+            raise ShapeError(f"{node.describe()}: its {'then' if taken else 'else'} branch has {len(sub.outputs)} "
+                             f"outputs, the node {len(node.outputs)}")
+    if g.types[cond].size != 1 or g.types[cond].dtype != "bool":
+        raise ShapeError(f"{node.describe()}: the condition is {g.types[cond]}, not one bool")
+    known = _scalar_constant(g, cond)
+    if known is not None:  # decided at compile time: the taken branch is the graph
+        taken = bool(known)
+        nodes, outs = inline(g, branches[taken], f"{node.key}/{'then' if taken else 'else'}/", {}, node.guard, node)
+        return nodes + [Node(IDENTITY, [o], [name], {}, f"{node.name}/out{i}", node.guard)
+                        for i, (o, name) in enumerate(zip(outs, node.outputs)) if name]
+    nodes, outs = [], {}
+    for taken, sub in branches.items():
+        part, outs[taken] = inline(g, sub, f"{node.key}/{'then' if taken else 'else'}/", {},
+                                   node.guard + ((cond, taken),), node)
+        nodes += part
+    return nodes + [Node(IF_MERGE, [cond, t, e], [name], {"owner": node.describe(), "index": i},
+                         f"{node.name}/merge{i}", node.guard)
+                    for i, (t, e, name) in enumerate(zip(outs[True], outs[False], node.outputs)) if name]
+
+
+def _if_merge_infer(g, node, p):
+    t, e = g.types[node.inputs[1]], g.types[node.inputs[2]]
+    if t != e:
+        raise ShapeError(f"{node.attrs['owner']}: output {node.attrs['index']} is {t} in the then branch and {e} in "
+                         "the else branch; Kiln compiles one static type per output (make both branches agree)")
+    return t
+
+
+def _if_merge_kernel(b, node):
+    """Copy the taken branch's value: the condition is tested once, outside the loops."""
+    out = b.out_param(node.outputs[0])
+    cond, then_, else_ = (b.in_param(i) for i in node.inputs)
+    n = b.type(node.outputs[0]).size
+
+    def copy(src):
+        i = b.fresh("i")
+        return (For(i, n, (Store(out, Var(i), Load(src, Var(i))),), "vectorize"),)
+    return (If(Load(cond, Const(0)), copy(then_), copy(else_)),)
+
+
+# ---- Loop -------------------------------------------------------------------------------------
+
+def expand_loop(g: Graph, node: Node) -> list[Node]:
+    body: Subgraph = node.attrs["body"]
+    trip, cond = (list(node.inputs) + ["", ""])[:2]
+    carried = list(node.inputs[2:])
+    n_carried = len(carried)
+    n_scan = len(body.outputs) - 1 - n_carried
+    if len(body.inputs) != 2 + n_carried or n_scan < 0 or len(node.outputs) != n_carried + n_scan:
+        raise ShapeError(f"{node.describe()}: its body takes {len(body.inputs)} inputs and gives {len(body.outputs)} "
+                         f"outputs for {n_carried} carried values")
+    if not trip:
+        raise UnsupportedError(f"{node.describe()}: a Loop without a trip count (a while loop) is not supported; "
+                               "Kiln unrolls loops whose trip count is known at compile time")
+    count = _scalar_constant(g, trip)
+    if count is None:
+        raise UnsupportedError(f"{node.describe()}: its trip count '{trip}' is computed at run time; Kiln unrolls "
+                               "loops whose trip count is known at compile time")
+    start = node.attrs.get("_start", 0)
+    slices = node.attrs.get("_slices") or [[] for _ in range(n_scan)]
+    if int(count) * max(len(body.nodes), 1) > MAX_UNROLLED_NODES:
+        raise UnsupportedError(f"{node.describe()}: {int(count)} iterations of a {len(body.nodes)}-node body unroll to "
+                               f"more than {MAX_UNROLLED_NODES} nodes")
+    known = True if not cond else _scalar_constant(g, cond)
+    if start >= int(count) or (known is not None and not known):
+        return _loop_results(g, node, carried, slices)
+    guard = node.guard if known is not None else node.guard + ((cond, True),)
+    if known is None and n_scan:
+        raise UnsupportedError(f"{node.describe()}: its condition is computed at run time and it has scan outputs, "
+                               "whose length would then be known at run time only")
+    prefix = f"{node.key}/it{start}/"
+    iteration = g.add_constant(prefix + "iter", np.array(start, np.int64))
+    cond_in = cond or g.add_constant(prefix + "true", np.array(True))
+    nodes, outs = inline(g, body, prefix, dict(zip(body.inputs, [iteration, cond_in] + carried)), guard, node)
+    cond_out, new = outs[0], outs[1:1 + n_carried]
+    if known is None:  # run time: an iteration not taken keeps the old values
+        merged = []
+        for i, (v_new, v_old) in enumerate(zip(new, carried)):
+            merged.append(f"{prefix}carried{i}")
+            nodes.append(Node(IF_MERGE, [cond, v_new, v_old], [merged[-1]], {"owner": node.describe(), "index": i},
+                              f"{prefix}merge{i}", node.guard))
+        new = merged
+        still = f"{prefix}cond"
+        nodes.append(Node(AND, [cond, cond_out], [still], {}, f"{prefix}and", node.guard))
+        cond_out = still
+    rest = Node(LOOP, [trip, cond_out] + new, list(node.outputs),
+                {**node.attrs, "_start": start + 1, "_slices": [s + [o] for s, o in zip(slices, outs[1 + n_carried:])]},
+                node.name, node.guard)
+    return nodes + [rest]
+
+
+def _loop_results(g: Graph, node: Node, carried: list, slices: list) -> list[Node]:
+    """The Loop's outputs once it is done: the carried values, and the scan outputs stacked."""
+    nodes = [Node(IDENTITY, [v], [o], {}, f"{node.name}/out{i}", node.guard)
+             for i, (v, o) in enumerate(zip(carried, node.outputs)) if o]
+    for k, (parts, out) in enumerate(zip(slices, node.outputs[len(carried):])):
+        if not parts:
+            raise UnsupportedError(f"{node.describe()}: scan output {k} has no iterations (an empty tensor)")
+        if out:
+            nodes += _stack(g, node, parts, 0, out, f"scan{k}")
+    return nodes
+
+
+def _stack(g: Graph, node: Node, parts: list, axis: int, out: str, tag: str) -> list[Node]:
+    axes = g.add_constant(f"{node.key}/{tag}/axes", np.array([axis], np.int64))
+    nodes, expanded = [], []
+    for i, p in enumerate(parts):
+        expanded.append(f"{node.key}/{tag}/{i}")
+        nodes.append(Node(UNSQUEEZE, [p, axes], [expanded[-1]], {}, f"{node.name}/{tag}_unsqueeze{i}", node.guard))
+    nodes.append(Node(CONCAT, expanded, [out], {"axis": axis}, f"{node.name}/{tag}_concat", node.guard))
+    return nodes
+
+
+# ---- Scan -------------------------------------------------------------------------------------
+
+def expand_scan(g: Graph, node: Node) -> list[Node]:
+    if g.opset < 9:
+        raise UnsupportedError(f"{node.describe()}: Scan of opset {g.opset} (batched, with sequence_lens) is not "
+                               "supported; Kiln implements Scan as of opset 9")
+    body: Subgraph = node.attrs["body"]
+    n_in = int(node.attrs["num_scan_inputs"])
+    states, scanned = list(node.inputs[:len(node.inputs) - n_in]), list(node.inputs[len(node.inputs) - n_in:])
+    n_out = len(body.outputs) - len(states)
+    in_axes = list(node.attrs.get("scan_input_axes", [0] * n_in))
+    in_dirs = list(node.attrs.get("scan_input_directions", [0] * n_in))
+    out_axes = list(node.attrs.get("scan_output_axes", [0] * n_out))
+    out_dirs = list(node.attrs.get("scan_output_directions", [0] * n_out))
+    ranks = [len(g.types[x].shape) for x in scanned]
+    in_axes = [a % r for a, r in zip(in_axes, ranks)]
+    lengths = {g.types[x].shape[a] for x, a in zip(scanned, in_axes)}
+    if len(lengths) != 1:
+        raise ShapeError(f"{node.describe()}: its scan inputs have different lengths {sorted(lengths)}")
+    steps = lengths.pop()
+    if steps * max(len(body.nodes), 1) > MAX_UNROLLED_NODES:
+        raise UnsupportedError(f"{node.describe()}: {steps} iterations of a {len(body.nodes)}-node body unroll to more "
+                               f"than {MAX_UNROLLED_NODES} nodes")
+    if not steps:
+        raise UnsupportedError(f"{node.describe()}: a scan over an empty axis gives empty tensors")
+    nodes, outs = [], [[] for _ in range(n_out)]
+    for t in range(steps):
+        prefix = f"{node.key}/it{t}/"
+        slices = []
+        for j, (x, a, d) in enumerate(zip(scanned, in_axes, in_dirs)):
+            index = g.add_constant(f"{prefix}index{j}", np.array(steps - 1 - t if d else t, np.int64))
+            slices.append(f"{prefix}slice{j}")
+            nodes.append(Node(GATHER, [x, index], [slices[-1]], {"axis": a}, f"{prefix}gather{j}", node.guard))
+        part, results = inline(g, body, prefix, dict(zip(body.inputs, states + slices)), node.guard, node)
+        nodes += part
+        states = results[:len(states)]
+        for k, r in enumerate(results[len(states):]):
+            outs[k].append(r)
+    nodes += [Node(IDENTITY, [s], [o], {}, f"{node.name}/state{i}", node.guard)
+              for i, (s, o) in enumerate(zip(states, node.outputs)) if o]
+    for k, (parts, out) in enumerate(zip(outs, node.outputs[len(states):])):
+        if out:  # (a negative axis counts from the back of the stacked output, for Unsqueeze and Concat alike)
+            nodes += _stack(g, node, parts[::-1] if out_dirs[k] else parts, out_axes[k], out, f"scan{k}")
+    return nodes
+
+
+register(
+    OpDef(IF, OPAQUE, expanded_only, expand=expand_if),
+    OpDef(LOOP, OPAQUE, expanded_only, expand=expand_loop),
+    OpDef(SCAN, OPAQUE, expanded_only, expand=expand_scan),
+    OpDef(IF_MERGE, OPAQUE, _if_merge_infer, alone=_if_merge_kernel),
+)

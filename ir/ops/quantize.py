@@ -1,0 +1,391 @@
+"""Quantized ops: QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear, MatMulInteger,
+ConvInteger, QLinearMatMul, QLinearConv, and the com.microsoft QLinear* ops onnxruntime's
+quantization tool writes in its QOperator format.
+
+QuantizeLinear and DequantizeLinear are elementwise readers (a scale per tensor, per axis or
+per block), so a requantize fuses into the epilogue of whatever produces its input.
+MatMulInteger and ConvInteger are anchors summing 8-bit products in int32
+(ir/lower/integer_gemm.py). The QLinear ops are built from those: an integer product, its
+int32 bias, one float multiplier (scale_a * scale_b / scale_y) and a QuantizeLinear with
+scale 1, which is the order of operations onnxruntime's own int8 kernels use.
+DynamicQuantizeLinear is built from the function body onnx defines for it.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..attrs import check_attrs, normalize_axis
+from ..dtypes import DTYPES, numpy_dtype
+from ..graph import Node, ShapeError, TensorType, UnsupportedError
+from ..loop import Cast, Const, call, fbin, lowest, highest
+from ..lower.elementwise import f32
+from ..lower.integer_gemm import lower_conv_integer, lower_matmul_integer
+from ..onnx_dtypes import onnx_to_dtype
+from .conv_gemm import _conv, _matmul
+from .elementwise import ADD, CAST, DIV, LEAKY_RELU, MUL, SIGMOID
+from .reduce import GLOBAL_AVERAGE_POOL
+from .shape import CONCAT, RESHAPE
+from .functions import expand_function
+from .registry import ELEMWISE, OPAQUE, OUT_EWISE_FUSABLE, OpDef, expanded_only, register
+
+QUANTIZE_LINEAR, DEQUANTIZE_LINEAR = "QuantizeLinear", "DequantizeLinear"
+MATMUL_INTEGER, CONV_INTEGER = "MatMulInteger", "ConvInteger"
+
+# What Kiln quantizes to and from; float8, int4 and the like stay refused by the type table.
+QUANTIZED = ("int8", "uint8", "int16", "uint16")
+DEQUANTIZED = QUANTIZED + ("int32",)  # an int32 accumulator dequantizes too
+FLOATS = ("float32", "float16", "bfloat16")
+BYTES = ("int8", "uint8")
+
+
+def _optional(node: Node, index: int) -> str:
+    return node.inputs[index] if index < len(node.inputs) and node.inputs[index] else ""
+
+
+def _scale_layout(g, node, data: TensorType, scale_name: str, p: dict, what: str) -> None:
+    """Check a scale (or zero point) against the data it applies to: one value (per tensor),
+    a vector along `axis` (per axis), or the data's rank with `axis` cut in blocks of
+    `block_size`. Records `axis` and `block` in the parameters."""
+    s = g.types[scale_name].shape
+    rank = len(data.shape)
+    block = int(node.attrs.get("block_size", 0))
+    size = int(np.prod(s, dtype=np.int64))
+    per_tensor = size == 1 and not block  # (then the axis does not matter, and may not exist)
+    axis = normalize_axis(int(node.attrs.get("axis", 1)), rank, node) if rank and not per_tensor else 0
+    p["axis"], p["block"] = axis, block
+    if block:
+        want = list(data.shape)
+        want[axis] = -(-data.shape[axis] // block)
+        if list(s) != want:
+            raise ShapeError(f"{node.describe()}: {what} has shape {list(s)}; with block_size={block} along axis "
+                             f"{axis} of {data} it must be {want}")
+    elif size != 1 and (len(s) != 1 or not rank or s[0] != data.shape[axis]):
+        raise ShapeError(f"{node.describe()}: {what} has shape {list(s)}: it must hold one value, or one per "
+                         f"element of axis {axis} of {data}")
+
+
+def scale_index(idx, a: dict, scale_shape) -> list:
+    """The index into a scale or zero point of the data element at `idx`."""
+    if a["block"]:
+        return [i // a["block"] if d == a["axis"] else i for d, i in enumerate(idx)]
+    if int(np.prod(scale_shape, dtype=np.int64)) == 1:
+        return [Const(0)] * len(scale_shape)
+    return [idx[a["axis"]]]
+
+
+def _np_scale(v: np.ndarray, a: dict, shape) -> np.ndarray:
+    """A scale or zero point broadcast to the data's shape, for folding."""
+    if a["block"]:
+        return np.repeat(v, a["block"], axis=a["axis"])[tuple(slice(0, n) for n in shape)]
+    if v.size == 1:
+        return v.reshape(())
+    view = [1] * len(shape)
+    view[a["axis"]] = -1
+    return v.reshape(view)
+
+
+# ---- QuantizeLinear and DequantizeLinear -------------------------------------------------------
+
+def _quantize_infer(g, node, p):
+    check_attrs(node, {"saturate": (1,), "precision": (0,)})
+    x, scale, zp = g.types[node.inputs[0]], node.inputs[1], _optional(node, 2)
+    if x.dtype not in FLOATS + ("int32",):
+        raise UnsupportedError(f"{node.describe()}: quantizing {x.dtype} is not supported ({', '.join(FLOATS)})")
+    out = g.types[zp].dtype if zp else None
+    if out is None:
+        code = int(node.attrs.get("output_dtype", 0))
+        out = onnx_to_dtype(code, node) if code else "uint8"
+    if out not in QUANTIZED:
+        raise UnsupportedError(f"{node.describe()}: quantizing to {out} is not supported ({', '.join(QUANTIZED)})")
+    _scale_layout(g, node, x, scale, p, "y_scale")
+    if zp:
+        _scale_layout(g, node, x, zp, p, "y_zero_point")
+    return TensorType(x.shape, out)
+
+
+def quantize_expr(value, scale, zero_point, out_dtype: str):
+    """round(value / scale) + zero_point, saturated to out_dtype (all in float32: exact for
+    the 8- and 16-bit types, as onnxruntime computes it)."""
+    from ..dtypes import dtype as dtype_of
+    t = dtype_of(out_dtype).compute
+    q = call("round", fbin("div", value, scale))
+    if zero_point is not None:
+        q = fbin("add", q, Cast("f32", zero_point))
+    return Cast(t, fbin("min", fbin("max", q, f32(lowest(t))), f32(highest(t))))
+
+
+def _quantize_reader(b, node):
+    a = b.attrs(node)
+    out = node.outputs[0]
+    x, s = b.reader(node.inputs[0]), b.reader(node.inputs[1])
+    zp_name = _optional(node, 2)
+    zp = b.reader(zp_name) if zp_name else None
+    sshape = b.shape(node.inputs[1])
+    zshape = b.shape(zp_name) if zp_name else ()
+    to_f32 = (lambda v: v) if b.compute(node.inputs[0]) == "f32" else (lambda v: Cast("f32", v))
+    return {out: lambda idx: quantize_expr(
+        to_f32(x(idx)), s(scale_index(idx, a, sshape)), zp(scale_index(idx, a, zshape)) if zp else None,
+        b.type(out).dtype)}
+
+
+def _quantize_fold(a, values, g, node):
+    x, s = values[0].astype(np.float32), values[1].astype(np.float32)
+    zp = values[2] if len(values) > 2 and values[2] is not None else None
+    out = numpy_dtype(g.types[node.outputs[0]].dtype)
+    q = np.round(x / _np_scale(s, a, x.shape))  # numpy rounds half to even, as ONNX does
+    if zp is not None:
+        q = q + _np_scale(zp, a, x.shape).astype(np.float32)
+    info = np.iinfo(out)
+    return [np.clip(q, info.min, info.max).astype(out)]
+
+
+def _dequantize_infer(g, node, p):
+    x, scale, zp = g.types[node.inputs[0]], node.inputs[1], _optional(node, 2)
+    if x.dtype not in DEQUANTIZED:
+        raise UnsupportedError(f"{node.describe()}: dequantizing {x.dtype} is not supported "
+                               f"({', '.join(DEQUANTIZED)})")
+    st = g.types[scale].dtype
+    if st not in FLOATS:
+        raise UnsupportedError(f"{node.describe()}: x_scale of {st} is not supported ({', '.join(FLOATS)})")
+    if zp and g.types[zp].dtype != x.dtype:
+        raise ShapeError(f"{node.describe()}: x_zero_point is {g.types[zp].dtype}, x is {x.dtype}")
+    _scale_layout(g, node, x, scale, p, "x_scale")
+    if zp:
+        _scale_layout(g, node, x, zp, p, "x_zero_point")
+    code = int(node.attrs.get("output_dtype", 0))
+    return TensorType(x.shape, onnx_to_dtype(code, node) if code else st)
+
+
+def _dequantize_reader(b, node):
+    a = b.attrs(node)
+    x, s = b.reader(node.inputs[0]), b.reader(node.inputs[1])
+    zp_name = _optional(node, 2)
+    zp = b.reader(zp_name) if zp_name else None
+    sshape = b.shape(node.inputs[1])
+    zshape = b.shape(zp_name) if zp_name else ()
+
+    def dequantize(idx):
+        v = Cast("f32", x(idx))
+        if zp is not None:
+            v = fbin("sub", v, Cast("f32", zp(scale_index(idx, a, zshape))))
+        return fbin("mul", v, s(scale_index(idx, a, sshape)))
+    return {node.outputs[0]: dequantize}
+
+
+def _dequantize_fold(a, values, g, node):
+    x = values[0].astype(np.float32)
+    zp = values[2] if len(values) > 2 and values[2] is not None else None
+    if zp is not None:
+        x = x - _np_scale(zp, a, x.shape).astype(np.float32)
+    return [x * _np_scale(values[1].astype(np.float32), a, x.shape)]
+
+
+register(
+    OpDef(QUANTIZE_LINEAR, ELEMWISE, _quantize_infer, _quantize_fold, _quantize_reader),
+    OpDef(DEQUANTIZE_LINEAR, ELEMWISE, _dequantize_infer, _dequantize_fold, _dequantize_reader),
+    OpDef("DynamicQuantizeLinear", OPAQUE, expanded_only, expand=expand_function),
+)
+
+
+# ---- integer products -------------------------------------------------------------------------
+
+def _zero_point_check(g, node, index: int, operand: TensorType, what: str, per: int | None) -> None:
+    zp = _optional(node, index)
+    if not zp:
+        return
+    t = g.types[zp]
+    if t.dtype != operand.dtype:
+        raise ShapeError(f"{node.describe()}: {what} is {t.dtype}, its operand {operand.dtype}")
+    if t.size != 1 and (len(t.shape) != 1 or t.shape[0] != per):
+        raise ShapeError(f"{node.describe()}: {what} has shape {list(t.shape)}: one value, or one per "
+                         f"{'row' if index == 2 else 'column'} ({per})")
+
+
+def _byte_operands(g, node) -> tuple[TensorType, TensorType]:
+    a, w = g.types[node.inputs[0]], g.types[node.inputs[1]]
+    for t in (a, w):
+        if t.dtype not in BYTES:
+            raise UnsupportedError(f"{node.describe()}: {node.op} of {t.dtype} is not supported (int8, uint8)")
+    return a, w
+
+
+def _matmul_integer_infer(g, node, p):
+    a, w = _byte_operands(g, node)
+    out = _matmul(g, node, p)
+    _zero_point_check(g, node, 2, a, "a_zero_point", a.shape[-2] if len(a.shape) > 1 else 1)
+    _zero_point_check(g, node, 3, w, "b_zero_point", w.shape[-1])
+    return TensorType(out.shape, "int32")
+
+
+def _with_zero_point(v: np.ndarray, zp, axis_shape) -> np.ndarray:
+    v = v.astype(np.int32)
+    if zp is None:
+        return v
+    return v - (zp.astype(np.int32).reshape(axis_shape) if zp.size > 1 else zp.astype(np.int32).reshape(()))
+
+
+def _matmul_integer_fold(a, values, g, node):
+    x, w = values[0], values[1]
+    xa = _with_zero_point(x, values[2] if len(values) > 2 else None, (-1, 1))
+    wa = _with_zero_point(w, values[3] if len(values) > 3 else None, (-1,))
+    return [np.matmul(xa, wa).astype(np.int32)]
+
+
+def _conv_integer_infer(g, node, p):
+    x, w = _byte_operands(g, node)
+    out = _conv(g, node, p, check_type=False)
+    _zero_point_check(g, node, 2, x, "x_zero_point", 1)
+    _zero_point_check(g, node, 3, w, "w_zero_point", w.shape[0])
+    return TensorType(out.shape, "int32")
+
+
+register(
+    OpDef(MATMUL_INTEGER, OUT_EWISE_FUSABLE, _matmul_integer_infer, _matmul_integer_fold,
+          anchor=lambda b, node, store, out: lower_matmul_integer(b, node, store)),
+    OpDef(CONV_INTEGER, OUT_EWISE_FUSABLE, _conv_integer_infer,
+          anchor=lambda b, node, store, out: lower_conv_integer(b, node, store)),
+)
+
+
+# ---- QLinear ops: built from the integer products ---------------------------------------------
+
+class NodeBuilder:
+    """Nodes an expansion or rewrite creates, named after the node they replace."""
+
+    def __init__(self, g, node: Node):
+        self.g, self.node, self.nodes, self.n = g, node, [], 0
+
+    def const(self, value) -> str:
+        self.n += 1
+        return self.g.add_constant(f"{self.node.key}/c{self.n}", np.asarray(value))
+
+    def add(self, op: str, inputs: list, out: str = "", **attrs) -> str:
+        self.n += 1
+        out = out or f"{self.node.key}/{op}{self.n}"
+        self.nodes.append(Node(op, list(inputs), [out], attrs, f"{self.node.name}/{op}_{self.n}"))
+        return out
+
+    def reshaped(self, name: str, shape: list) -> str:
+        return self.add(RESHAPE, [name, self.const(np.array(shape, np.int64))])
+
+
+def _requantize(body: NodeBuilder, acc_int32: str, multiplier: str, y_zp: str, scale_of: str) -> None:
+    """y = saturate(round(float(acc) * multiplier) + y_zp): the node's output, computed in
+    the float type of the scale `scale_of`."""
+    float_type = body.g.types[scale_of].dtype
+    f = body.add(CAST, [acc_int32], to=DTYPES[float_type].onnx)
+    scaled = body.add(MUL, [f, multiplier])
+    one = body.const(np.ones((), numpy_dtype(float_type)))
+    body.add(QUANTIZE_LINEAR, [scaled, one, y_zp], body.node.outputs[0])
+
+
+def channel_view(body: NodeBuilder, name: str, rank: int) -> str:
+    """A per-output-channel vector viewed as [C, 1, ...] against an NC... tensor."""
+    size = body.g.types[name].size
+    return name if size == 1 else body.reshaped(name, [size] + [1] * (rank - 2))
+
+
+def _expand_qlinear_matmul(g, node: Node) -> list[Node]:
+    a, sa, za, w, sw, zw, sy, zy = node.inputs[:8]
+    if g.types[sa].size != 1:
+        raise UnsupportedError(f"{node.describe()}: a per-row a_scale is not supported (one value)")
+    body = NodeBuilder(g, node)
+    acc = body.add(MATMUL_INTEGER, [a, w, za, zw])
+    _requantize(body, acc, body.add(DIV, [body.add(MUL, [sa, sw]), sy]), zy, sa)
+    return body.nodes
+
+
+def _expand_qlinear_conv(g, node: Node) -> list[Node]:
+    x, sx, zx, w, sw, zw, sy, zy = node.inputs[:8]
+    bias = _optional(node, 8)
+    rank = len(g.types[x].shape)
+    body = NodeBuilder(g, node)
+    acc = body.add(CONV_INTEGER, [x, w, zx, zw], **node.attrs)
+    if bias:
+        acc = body.add(ADD, [acc, channel_view(body, bias, rank)])
+    multiplier = body.add(DIV, [body.add(MUL, [sx, channel_view(body, sw, rank)]), sy])
+    _requantize(body, acc, multiplier, zy, sx)
+    return body.nodes
+
+
+def _expand_qgemm(g, node: Node) -> list[Node]:
+    """com.microsoft.QGemm: alpha * a_scale * b_scale * ((A - za)(B - zb) + C), C being the
+    int32 bias at that scale; quantized with y_scale and y_zero_point, or float without."""
+    a, sa, za, w, sw, zw = (list(node.inputs) + [""] * 9)[:6]
+    c, sy, zy = (list(node.inputs) + [""] * 9)[6:9]
+    if node.attrs.get("transA", 0):
+        raise UnsupportedError(f"{node.describe()}: transA=1 is not supported")
+    body = NodeBuilder(g, node)
+    if node.attrs.get("transB", 0):
+        if w not in g.constants:
+            raise UnsupportedError(f"{node.describe()}: transB=1 with B computed at run time is not supported")
+        w = body.const(np.ascontiguousarray(g.constants[w].T))
+    acc = body.add(MATMUL_INTEGER, [a, w, za, zw])
+    if c:
+        acc = body.add(ADD, [acc, c])
+    multiplier = body.add(MUL, [sa, sw])
+    alpha = float(node.attrs.get("alpha", 1.0))
+    if alpha != 1.0:
+        multiplier = body.add(MUL, [multiplier, body.const(np.float32(alpha))])
+    if sy:
+        _requantize(body, acc, body.add(DIV, [multiplier, sy]), zy, sa)
+    else:
+        body.add(MUL, [body.add(CAST, [acc], to=1), multiplier], node.outputs[0])
+    return body.nodes
+
+
+def _expand_through_float(op: str, n_quantized: int, attrs_of=lambda node: {}):
+    """A com.microsoft QLinear op as DequantizeLinear of its quantized inputs (each followed
+    by its scale and zero point), the float op, and QuantizeLinear with the output's scale
+    and zero point: what the op computes, by its definition."""
+    def expand(g, node: Node) -> list[Node]:
+        if len(node.inputs) < 3 * n_quantized + 1:
+            raise ShapeError(f"{node.describe()}: {len(node.inputs)} inputs; {node.op} takes a value, scale and zero "
+                             f"point per quantized input, then the output's scale (and zero point)")
+        body = NodeBuilder(g, node)
+        inputs = list(node.inputs) + [""] * 3  # trailing zero points may be omitted
+        floats = []
+        for i in range(n_quantized):
+            x, s, z = inputs[3 * i:3 * i + 3]
+            floats.append(body.add(DEQUANTIZE_LINEAR, [x, s, z] if z else [x, s]))
+        sy, zy = inputs[3 * n_quantized:3 * n_quantized + 2]
+        y = body.add(op, floats, **attrs_of(node))
+        body.add(QUANTIZE_LINEAR, [y, sy, zy] if zy else [y, sy], node.outputs[0])
+        return body.nodes
+    return expand
+
+
+def _expand_qlinear_concat(g, node: Node) -> list[Node]:
+    body = NodeBuilder(g, node)
+    sy, zy = node.inputs[0], node.inputs[1]
+    rest = node.inputs[2:]
+    floats = [body.add(DEQUANTIZE_LINEAR, rest[i:i + 3]) for i in range(0, len(rest), 3)]
+    y = body.add(CONCAT, floats, axis=node.attrs["axis"])
+    body.add(QUANTIZE_LINEAR, [y, sy, zy], node.outputs[0])
+    return body.nodes
+
+
+def _leaky_attrs(node):
+    return {"alpha": node.attrs.get("alpha", 0.01)}
+
+
+def _pool_attrs(node):
+    if node.attrs.get("channels_last", 0):
+        raise UnsupportedError(f"{node.describe()}: channels_last=1 is not supported")
+    return {}
+
+
+# onnxruntime's contrib ops, as its QOperator format writes them: (name, expansion).
+CONTRIB = "com.microsoft."
+register(
+    OpDef("QLinearMatMul", OPAQUE, expanded_only, expand=_expand_qlinear_matmul),
+    OpDef("QLinearConv", OPAQUE, expanded_only, expand=_expand_qlinear_conv),
+    OpDef(CONTRIB + "QGemm", OPAQUE, expanded_only, expand=_expand_qgemm),
+    OpDef(CONTRIB + "QLinearAdd", OPAQUE, expanded_only, expand=_expand_through_float(ADD, 2)),
+    OpDef(CONTRIB + "QLinearMul", OPAQUE, expanded_only, expand=_expand_through_float(MUL, 2)),
+    OpDef(CONTRIB + "QLinearSigmoid", OPAQUE, expanded_only, expand=_expand_through_float(SIGMOID, 1)),
+    OpDef(CONTRIB + "QLinearLeakyRelu", OPAQUE, expanded_only, expand=_expand_through_float(LEAKY_RELU, 1, _leaky_attrs)),
+    OpDef(CONTRIB + "QLinearGlobalAveragePool", OPAQUE, expanded_only,
+          expand=_expand_through_float(GLOBAL_AVERAGE_POOL, 1, _pool_attrs)),
+    OpDef(CONTRIB + "QLinearConcat", OPAQUE, expanded_only, expand=_expand_qlinear_concat),
+)

@@ -1,0 +1,172 @@
+"""If, Loop and Scan against onnxruntime: branches taken at run time (both ways), decided at
+compile time, loops unrolled with carried values, scan outputs and a run-time condition."""
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from modelkiln.ir.errors import KilnError
+from modelkiln.orchestrator.api import build
+from tests import model_zoo
+
+F, I64, B = TensorProto.FLOAT, TensorProto.INT64, TensorProto.BOOL
+
+
+def _vi(name, t, shape):
+    return helper.make_tensor_value_info(name, t, shape)
+
+
+def _model(nodes, inputs, outputs, inits=()):
+    graph = helper.make_graph(nodes, "g", [_vi(*i) for i in inputs], [_vi(o, t, None) for o, t in outputs],
+                              [numpy_helper.from_array(v, n) for n, v in inits])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def _build(model):
+    return build(model, executor="inprocess", cache=None, progress=False)
+
+
+def _check(model, feeds_list, result=None):
+    module = (result or _build(model)).load()
+    for feeds in feeds_list:
+        got, want = module.run(feeds), model_zoo.onnxruntime_outputs(model, feeds)
+        for name in want:
+            np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def sample_rate_model():
+    """A speech front end that branches on its sample-rate input: 16 kHz audio goes through
+    a strided conv, anything else through a different conv and a sigmoid; both branches
+    read tensors from the graph around the If."""
+    rng = np.random.default_rng(0)
+    w16 = (rng.standard_normal((4, 1, 5)) * 0.3).astype(np.float32)
+    w8 = (rng.standard_normal((4, 1, 3)) * 0.3).astype(np.float32)
+    then_ = helper.make_graph([helper.make_node("Conv", ["audio", "w16"], ["t"], strides=[2], pads=[2, 2]),
+                               helper.make_node("Relu", ["t"], ["t_out"])], "sixteen_khz", [],
+                              [_vi("t_out", F, [1, 4, 32])], [numpy_helper.from_array(w16, "w16")])
+    else_ = helper.make_graph([helper.make_node("Conv", ["audio", "w8"], ["e"], strides=[2], pads=[1, 1]),
+                               helper.make_node("Sigmoid", ["e"], ["e1"]),
+                               helper.make_node("Mul", ["e1", "gain"], ["e_out"])], "other_rates", [],
+                              [_vi("e_out", F, [1, 4, 32])], [numpy_helper.from_array(w8, "w8")])
+    nodes = [helper.make_node("Mul", ["x", "half"], ["audio"]),
+             helper.make_node("ReduceMean", ["audio"], ["gain"], keepdims=1),
+             helper.make_node("Equal", ["sr", "k16000"], ["is16k"]),
+             helper.make_node("If", ["is16k"], ["features"], then_branch=then_, else_branch=else_),
+             helper.make_node("Tanh", ["features"], ["y"])]
+    return _model(nodes, [("x", F, [1, 1, 64]), ("sr", I64, [])], [("y", F)],
+                  [("half", np.float32(0.5)), ("k16000", np.array(16000, np.int64))])
+
+
+def test_if_on_a_run_time_input_takes_either_branch():
+    model = sample_rate_model()
+    result = _build(model)
+    x = np.random.default_rng(1).standard_normal((1, 1, 64)).astype(np.float32)
+    _check(model, [{"x": x, "sr": np.array(16000, np.int64)}, {"x": x, "sr": np.array(8000, np.int64)}], result)
+    entry = result.files["kiln_entry.c"].decode()
+    assert entry.count("if (") >= 2  # the branches' kernels are called under their guards
+    guards = {tuple(v for _, v in c.guard) for c in result.lowered.calls}
+    assert guards == {(), (True,), (False,)}
+
+
+def test_if_decided_at_compile_time_is_its_branch():
+    """The condition folds from the input's shape: only the taken branch is compiled."""
+    then_ = helper.make_graph([helper.make_node("Sigmoid", ["x"], ["a"])], "then", [], [_vi("a", F, [2, 3])])
+    else_ = helper.make_graph([helper.make_node("Exp", ["x"], ["b"])], "else", [], [_vi("b", F, [2, 3])])
+    nodes = [helper.make_node("Shape", ["x"], ["s"]), helper.make_node("ReduceProd", ["s"], ["n"], keepdims=0),
+             helper.make_node("Greater", ["n", "five"], ["big"]),
+             helper.make_node("If", ["big"], ["y"], then_branch=then_, else_branch=else_)]
+    model = _model(nodes, [("x", F, [2, 3])], [("y", F)], [("five", np.array(5, np.int64))])
+    result = _build(model)
+    ops = [op for c in result.lowered.calls for op in c.ops]
+    assert "Sigmoid" in ops and "Exp" not in ops
+    _check(model, [{"x": np.random.default_rng(2).standard_normal((2, 3)).astype(np.float32)}], result)
+
+
+def test_branches_of_different_shapes_are_refused_naming_the_if():
+    then_ = helper.make_graph([helper.make_node("Identity", ["x"], ["a"])], "then", [], [_vi("a", F, None)])
+    else_ = helper.make_graph([helper.make_node("Concat", ["x", "x"], ["b"], axis=0)], "else", [],
+                              [_vi("b", F, None)])
+    model = _model([helper.make_node("If", ["c"], ["y"], then_branch=then_, else_branch=else_, name="pick")],
+                   [("x", F, [2]), ("c", B, [])], [("y", F)])
+    with pytest.raises(KilnError, match="pick.*then branch.*else branch"):
+        _build(model)
+
+
+def _loop_body(nodes, carried_shapes, scans=(), inits=()):
+    inputs = [_vi("i", I64, []), _vi("cond_in", B, [])] + [_vi(f"v{k}", F, s) for k, s in enumerate(carried_shapes)]
+    outputs = [_vi("cond_out", B, [])] + [_vi(f"v{k}_out", F, s) for k, s in enumerate(carried_shapes)]
+    outputs += [_vi(s, F, None) for s in scans]
+    return helper.make_graph(nodes, "body", inputs, outputs, [numpy_helper.from_array(v, n) for n, v in inits])
+
+
+def test_loop_with_carried_values_and_scan_outputs():
+    """v <- v * i + v + x (x from outside the loop), scan out sin(v), and an If inside the body
+    on a value the body computes."""
+    inner_then = helper.make_graph([helper.make_node("Neg", ["s"], ["p"])], "neg", [], [_vi("p", F, [3])])
+    inner_else = helper.make_graph([helper.make_node("Abs", ["s"], ["q"])], "abs", [], [_vi("q", F, [3])])
+    body = _loop_body([helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+                       helper.make_node("Cast", ["i"], ["fi"], to=F),
+                       helper.make_node("Mul", ["v0", "fi"], ["m"]),
+                       helper.make_node("Add", ["m", "v0"], ["m2"]),
+                       helper.make_node("Add", ["m2", "x"], ["v0_out"]),
+                       helper.make_node("Sin", ["v0_out"], ["s"]),
+                       helper.make_node("ReduceSum", ["s"], ["total"], keepdims=0),
+                       helper.make_node("Greater", ["total", "zero"], ["positive"]),
+                       helper.make_node("If", ["positive"], ["scan"], then_branch=inner_then,
+                                        else_branch=inner_else)],
+                      [[3]], ["scan"], [("zero", np.float32(0))])
+    model = _model([helper.make_node("Loop", ["trip", "", "v_init"], ["v_final", "scanned"], body=body)],
+                   [("v_init", F, [3]), ("x", F, [3])], [("v_final", F), ("scanned", F)],
+                   [("trip", np.array(6, np.int64))])
+    rng = np.random.default_rng(3)
+    _check(model, [{"v_init": rng.standard_normal(3).astype(np.float32) * 0.1,
+                    "x": rng.standard_normal(3).astype(np.float32) * 0.1} for _ in range(3)])
+
+
+def test_loop_with_a_run_time_condition():
+    """Stops when the running sum reaches a limit given at run time (or after 10 steps)."""
+    body = _loop_body([helper.make_node("Add", ["v0", "one"], ["v0_out"]),
+                       helper.make_node("ReduceSum", ["v0_out"], ["s"], keepdims=0),
+                       helper.make_node("Less", ["s", "limit"], ["cond_out"])], [[3]], inits=[("one", np.float32(1))])
+    model = _model([helper.make_node("Loop", ["trip", "go", "v_init"], ["v_final"], body=body)],
+                   [("v_init", F, [3]), ("limit", F, []), ("go", B, [])], [("v_final", F)],
+                   [("trip", np.array(10, np.int64))])
+    _check(model, [{"v_init": np.zeros(3, np.float32), "limit": np.array(lim, np.float32), "go": np.array(go)}
+                   for lim, go in ((5.0, True), (12.0, True), (100.0, True), (-1.0, True), (5.0, False))])
+
+
+def test_unrolled_iterations_share_their_kernels():
+    """An RNN-like body (a matmul with a weight from outside, tanh): one kernel per iteration,
+    all of them the same kernel, compiled once."""
+    body = _loop_body([helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+                       helper.make_node("MatMul", ["v0", "w"], ["t"]), helper.make_node("Add", ["t", "x"], ["t2"]),
+                       helper.make_node("Tanh", ["t2"], ["v0_out"])], [[1, 8]])
+    w = (np.random.default_rng(5).standard_normal((8, 8)) * 0.4).astype(np.float32)
+    model = _model([helper.make_node("Loop", ["trip", "", "v_init"], ["v_final"], body=body)],
+                   [("v_init", F, [1, 8]), ("x", F, [1, 8])], [("v_final", F)],
+                   [("trip", np.array(40, np.int64)), ("w", w)])
+    result = _build(model)
+    assert len(result.lowered.calls) == 40 and len({c.kernel.symbol for c in result.lowered.calls}) == 1
+    _check(model, [{"v_init": np.ones((1, 8), np.float32), "x": np.linspace(-1, 1, 8, dtype=np.float32)[None]}],
+           result)
+
+
+def test_scan_with_reverse_input_and_output_axis():
+    body = helper.make_graph([helper.make_node("Add", ["acc", "xi"], ["acc_out"]),
+                              helper.make_node("Mul", ["acc_out", "xr"], ["y"])], "body",
+                             [_vi("acc", F, [4]), _vi("xi", F, [4]), _vi("xr", F, [4])],
+                             [_vi("acc_out", F, [4]), _vi("y", F, [4])])
+    model = _model([helper.make_node("Scan", ["a0", "xs", "xs2"], ["af", "ys"], body=body, num_scan_inputs=2,
+                                     scan_input_directions=[0, 1], scan_output_axes=[1])],
+                   [("a0", F, [4]), ("xs", F, [6, 4]), ("xs2", F, [6, 4])], [("af", F), ("ys", F)])
+    rng = np.random.default_rng(4)
+    _check(model, [{"a0": rng.standard_normal(4).astype(np.float32), "xs": rng.standard_normal((6, 4)).astype(np.float32),
+                    "xs2": rng.standard_normal((6, 4)).astype(np.float32)}])
+
+
+def test_loop_with_a_run_time_trip_count_is_refused_by_name():
+    body = _loop_body([helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+                       helper.make_node("Neg", ["v0"], ["v0_out"])], [[2]])
+    model = _model([helper.make_node("Loop", ["n", "", "v_init"], ["v_final"], body=body, name="steps")],
+                   [("v_init", F, [2]), ("n", I64, [])], [("v_final", F)])
+    with pytest.raises(KilnError, match="steps.*trip count 'n' is computed at run time"):
+        _build(model)

@@ -1,0 +1,258 @@
+"""Quantized models against onnxruntime.
+
+Integer results (MatMulInteger, ConvInteger, QuantizeLinear, the QLinear ops) are compared
+exactly: Kiln sums 8-bit products in int32 exactly and requantizes with onnxruntime's own
+arithmetic (float(acc + bias) * (sx * sw / sy), rounded half to even, then + zy).
+
+One tolerance is stated where the two do different arithmetic on purpose: onnxruntime runs
+a QDQ model's Conv and MatMul as written, in float32 on dequantized values, where Kiln
+computes the same sums exactly in int32. Where the float32 sum lands within rounding of a
+half step, the two round to neighbouring levels: at most one step of the output's scale.
+"""
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from modelkiln.ir.errors import KilnError
+from modelkiln.orchestrator.api import build
+from tests import model_zoo, transformer_zoo
+
+F, U8, I8, I32 = TensorProto.FLOAT, TensorProto.UINT8, TensorProto.INT8, TensorProto.INT32
+NP = {U8: np.uint8, I8: np.int8, TensorProto.INT16: np.int16, TensorProto.UINT16: np.uint16}
+
+
+def _model(nodes, inputs, outputs, inits=(), opset=21, domains=()):
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(n, t, s) for n, t, s in inputs],
+                              [helper.make_tensor_value_info(n, t, None) for n, t in outputs],
+                              [numpy_helper.from_array(v, n) for n, v in inits])
+    opsets = [helper.make_opsetid("", opset)] + [helper.make_opsetid(d, 1) for d in domains]
+    return helper.make_model(graph, opset_imports=opsets, ir_version=10)
+
+
+def _compare(model, feeds, exact=True, atol=0.0):
+    got = build(model, executor="inprocess", cache=None, progress=False).load().run(feeds)
+    want = model_zoo.onnxruntime_outputs(model, feeds)
+    for name in want:
+        assert got[name].dtype == want[name].dtype and got[name].shape == want[name].shape, name
+        if exact:
+            np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+        else:
+            np.testing.assert_allclose(got[name], want[name], rtol=0, atol=atol, err_msg=name)
+    return got
+
+
+def _bytes(shape, t, seed=0):
+    info = np.iinfo(NP[t])
+    return np.random.default_rng(seed).integers(info.min, info.max + 1, shape).astype(NP[t])
+
+
+# ---- QuantizeLinear and DequantizeLinear --------------------------------------------------------
+
+@pytest.mark.parametrize("out_type", [U8, I8, TensorProto.INT16, TensorProto.UINT16])
+@pytest.mark.parametrize("layout", ["tensor", "axis", "block"])
+def test_quantize_then_dequantize(out_type, layout):
+    """x * 3 -> QuantizeLinear -> (output) -> DequantizeLinear -> (output): rounding half to
+    even, saturation, zero points, per axis and per block (opset 21)."""
+    shape = [2, 6, 4]
+    scale_shape, attrs = {"tensor": ([], {}), "axis": ([6], {"axis": 1}),
+                          "block": ([2, 6, 2], {"axis": 2, "block_size": 2})}[layout]
+    rng = np.random.default_rng(1)
+    scale = (rng.random(scale_shape) * 0.05 + 0.01).astype(np.float32)
+    zp = _bytes(scale_shape, out_type, 2) // 4
+    nodes = [helper.make_node("Mul", ["x", "three"], ["x3"]),
+             helper.make_node("QuantizeLinear", ["x3", "s", "z"], ["q"], **attrs),
+             helper.make_node("DequantizeLinear", ["q", "s", "z"], ["y"], **attrs)]
+    # Values on exact half steps (ties), and some far past saturation.
+    x = (np.round(rng.standard_normal(shape) * 40) / 2 * 0.01).astype(np.float32)
+    x[0, 0] = [1e4, -1e4, 0.0, 0.015]
+    model = _model(nodes, [("x", F, shape)], [("q", out_type), ("y", F)],
+                   [("three", np.float32(3)), ("s", scale), ("z", zp)])
+    _compare(model, {"x": x})
+
+
+def test_dequantize_int32_and_float16_scale():
+    nodes = [helper.make_node("DequantizeLinear", ["x", "s"], ["y"]),
+             helper.make_node("DequantizeLinear", ["h", "sh"], ["yh"])]
+    model = _model(nodes, [("x", I32, [3, 5]), ("h", I8, [4])], [("y", F), ("yh", TensorProto.FLOAT16)],
+                   [("s", np.float32(0.125)), ("sh", np.float16(0.3))])
+    _compare(model, {"x": np.random.default_rng(0).integers(-10**6, 10**6, (3, 5)).astype(np.int32),
+                     "h": _bytes([4], I8)})
+
+
+def test_dynamic_quantize_linear():
+    """onnx's function body for DynamicQuantizeLinear, against onnxruntime's kernel."""
+    nodes = [helper.make_node("DynamicQuantizeLinear", ["x"], ["q", "s", "z"])]
+    model = _model(nodes, [("x", F, [4, 33])], [("q", U8), ("s", F), ("z", U8)])
+    _compare(model, {"x": (np.random.default_rng(3).standard_normal((4, 33)) * 2 + 0.5).astype(np.float32)})
+
+
+# ---- integer products ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("a_type,b_type", [(U8, I8), (I8, I8), (U8, U8), (I8, U8)])
+@pytest.mark.parametrize("k", [64, 30])
+def test_matmul_integer(a_type, b_type, k):
+    """Every signedness pair, K a multiple of 4 and not (the padded copy), a batch dim,
+    per-column weight zero points and a zero point computed at run time."""
+    w = _bytes([k, 40], b_type, 1)
+    zb = _bytes([40], b_type, 2) // 8
+    nodes = [helper.make_node("Add", ["za_in", "zero"], ["za"]),
+             helper.make_node("MatMulInteger", ["a", "w", "za", "zb"], ["y"])]
+    zero = np.zeros((), NP[a_type])
+    model = _model(nodes, [("a", a_type, [2, 17, k]), ("za_in", a_type, [])], [("y", I32)],
+                   [("w", w), ("zb", zb), ("zero", zero)])
+    _compare(model, {"a": _bytes([2, 17, k], a_type, 3), "za_in": np.array(5, NP[a_type])})
+
+
+@pytest.mark.parametrize("x_type", [U8, I8])
+@pytest.mark.parametrize("case", [dict(), dict(strides=[2, 2], pads=[1, 1, 1, 1]),
+                                  dict(dilations=[2, 2], pads=[2, 1, 0, 2]), dict(group=2, pads=[1, 1, 1, 1]),
+                                  dict(kernel=1)])
+def test_conv_integer(x_type, case):
+    """The channels-last implicit GEMM (pads hold the zero point), and the plain loop
+    (groups), against onnxruntime: exact int32."""
+    case = dict(case)
+    k = case.pop("kernel", 3)
+    group = case.get("group", 1)
+    w = _bytes([12, 10 // group, k, k], I8, 1)
+    model = _model([helper.make_node("ConvInteger", ["x", "w", "zx", "zw"], ["y"], **case)],
+                   [("x", x_type, [2, 10, 11, 13])], [("y", I32)],
+                   [("w", w), ("zw", np.array(-3, np.int8)), ("zx", np.array(7, NP[x_type]))])
+    _compare(model, {"x": _bytes([2, 10, 11, 13], x_type, 3)})
+
+
+def _conv_reference(x, w, pads):
+    """int64 direct convolution in numpy (stride 1, no groups)."""
+    xp = np.pad(x.astype(np.int64), [(0, 0), (0, 0), (pads[0], pads[2]), (pads[1], pads[3])])
+    co, ci, kh, kw = w.shape
+    oh, ow = xp.shape[2] - kh + 1, xp.shape[3] - kw + 1
+    out = np.zeros((x.shape[0], co, oh, ow), np.int64)
+    for i in range(kh):
+        for j in range(kw):
+            out += np.einsum("bchw,oc->bohw", xp[:, :, i:i + oh, j:j + ow], w[:, :, i, j].astype(np.int64))
+    return out
+
+
+def test_conv_integer_per_channel_weight_zero_points():
+    """onnxruntime's ConvInteger takes one weight zero point only; the spec allows one per
+    output channel, checked here against a numpy convolution (pads hold x's zero point)."""
+    w = _bytes([6, 5, 3, 3], U8, 1)
+    zw = _bytes([6], U8, 2) // 4 + 100
+    x = _bytes([1, 5, 7, 8], U8, 3)
+    model = _model([helper.make_node("ConvInteger", ["x", "w", "zx", "zw"], ["y"], pads=[1, 1, 1, 1])],
+                   [("x", U8, [1, 5, 7, 8])], [("y", I32)], [("w", w), ("zw", zw), ("zx", np.array(9, np.uint8))])
+    got = build(model, executor="inprocess", cache=None, progress=False).load().run({"x": x})["y"]
+    xc = x.astype(np.int64) - 9  # the zero padding of (x - zx) is what padding x with zx gives
+    want = _conv_reference(xc, w.astype(np.int64) - zw.reshape(6, 1, 1, 1), [1, 1, 1, 1])
+    np.testing.assert_array_equal(got, want.astype(np.int32))
+
+
+def test_qlinear_conv_and_matmul():
+    """QLinearConv (per-channel weights, int32 bias) into QLinearMatMul: requantized exactly
+    as onnxruntime's kernels do."""
+    rng = np.random.default_rng(4)
+    w = _bytes([8, 3, 3, 3], I8, 1)
+    nodes = [helper.make_node("QLinearConv", ["x", "sx", "zx", "w", "sw", "zw", "sy", "zy", "b"], ["c"],
+                              pads=[1, 1, 1, 1]),
+             helper.make_node("Reshape", ["c", "shape"], ["flat"]),
+             helper.make_node("QLinearMatMul", ["flat", "sy", "zy", "m", "sm", "zm", "so", "zo"], ["y"])]
+    inits = [("sx", np.float32(0.02)), ("zx", np.uint8(128)), ("w", w),
+             ("sw", (rng.random(8) * 0.01 + 0.002).astype(np.float32)), ("zw", np.zeros(8, np.int8)),
+             ("sy", np.float32(0.05)), ("zy", np.uint8(100)), ("b", rng.integers(-500, 500, 8).astype(np.int32)),
+             ("shape", np.array([8, 36], np.int64)), ("m", _bytes([36, 5], U8, 5)), ("sm", np.float32(0.01)),
+             ("zm", np.uint8(128)), ("so", np.float32(0.2)), ("zo", np.uint8(128))]
+    model = _model(nodes, [("x", U8, [1, 3, 6, 6])], [("c", U8), ("y", U8)], inits)
+    _compare(model, {"x": _bytes([1, 3, 6, 6], U8, 6)})
+
+
+def test_contrib_qlinear_ops():
+    """onnxruntime's com.microsoft QLinearAdd, QLinearMul, QLinearSigmoid, QLinearLeakyRelu,
+    QLinearGlobalAveragePool and QLinearConcat, as its QOperator format writes them."""
+    ms = "com.microsoft"
+    q = lambda s, z: [s, z]  # noqa: E731
+    nodes = [helper.make_node("QLinearAdd", ["a", *q("sa", "za"), "b", *q("sb", "zb"), *q("sc", "zc")], ["add"],
+                              domain=ms),
+             helper.make_node("QLinearMul", ["add", *q("sc", "zc"), "b", *q("sb", "zb"), *q("sa", "za")], ["mul"],
+                              domain=ms),
+             helper.make_node("QLinearSigmoid", ["mul", *q("sa", "za"), *q("sc", "zc")], ["sig"], domain=ms),
+             helper.make_node("QLinearLeakyRelu", ["a", *q("sa", "za"), *q("sb", "zb")], ["leaky"], domain=ms,
+                              alpha=0.2),
+             helper.make_node("QLinearGlobalAveragePool", ["a", *q("sa", "za"), *q("sc", "zc")], ["pool"],
+                              domain=ms, channels_last=0),
+             helper.make_node("QLinearConcat", [*q("sc", "zc"), "a", *q("sa", "za"), "sig", *q("sc", "zc")],
+                              ["cat"], domain=ms, axis=1)]
+    inits = [("sa", np.float32(0.03)), ("za", np.uint8(120)), ("sb", np.float32(0.05)), ("zb", np.uint8(128)),
+             ("sc", np.float32(0.07)), ("zc", np.uint8(130))]
+    outs = [(n, U8) for n in ("add", "mul", "sig", "leaky", "pool", "cat")]
+    model = _model(nodes, [("a", U8, [1, 4, 5, 5]), ("b", U8, [1, 4, 5, 5])], outs, inits, opset=17, domains=[ms])
+    _compare(model, {"a": _bytes([1, 4, 5, 5], U8, 1), "b": _bytes([1, 4, 5, 5], U8, 2)})
+
+
+# ---- models quantized by onnxruntime's tool -----------------------------------------------------
+
+def _kernel_ops(model):
+    return [c.ops for c in build(model, executor="inprocess", cache=None, progress=False).lowered.calls]
+
+
+def test_quantize_dynamic_cnn():
+    model = model_zoo.quantized(model_zoo.residual_cnn(), "dynamic")
+    feeds = model_zoo.random_inputs(model, 7)
+    # Float output of exact integer sums: equal up to float32 rounding of the scale products.
+    _compare(model, feeds, exact=False, atol=1e-5)
+    ops = _kernel_ops(model)
+    assert sum("ConvInteger" in o for o in ops) == 6 and sum("MatMulInteger" in o for o in ops) == 1, ops
+
+
+def test_quantize_static_qdq_cnn_runs_int8_kernels():
+    model = model_zoo.quantized(model_zoo.residual_cnn(), "qdq")
+    step = _output_step(model)
+    _compare(model, model_zoo.random_inputs(model, 7), exact=False, atol=step * 1.001)
+    ops = _kernel_ops(model)
+    # Each Conv and the classifier became one integer kernel with its requantize fused.
+    assert sum(o[0] in ("ConvInteger", "MatMulInteger") for o in ops) == 6, ops
+    assert not any("Conv" in o or "Gemm" in o or "MatMul" in o for o in ops), ops
+
+
+def test_quantize_static_qoperator_cnn():
+    model = model_zoo.quantized(model_zoo.residual_cnn(), "qoperator")
+    assert {"QLinearConv", "QLinearAdd", "QGemm"} <= {n.op_type for n in model.graph.node}
+    _compare(model, model_zoo.random_inputs(model, 7), exact=False, atol=_output_step(model) * 1.001)
+
+
+def test_quantize_dynamic_transformer():
+    """A BERT-style encoder through quantize_dynamic: every MatMul with weights becomes
+    DynamicQuantizeLinear + MatMulInteger; attention's activation products stay float."""
+    float_model, feeds = transformer_zoo.bert_encoder("dynamo", seq=16, d=32, heads=2, layers=1)
+    model = model_zoo.quantized(float_model, "dynamic")
+    assert "MatMulInteger" in {n.op_type for n in model.graph.node}
+    got = build(model, executor="inprocess", cache=None, progress=False).load().run(feeds)
+    want = model_zoo.onnxruntime_outputs(model, feeds)
+    for name in want:
+        # LayerNorm and softmax between the quantized products are float: float32 tolerance.
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-4, atol=1e-4, err_msg=name)
+
+
+def _output_step(model) -> float:
+    """The scale of the DequantizeLinear that produces the model's output."""
+    out = model.graph.output[0].name
+    consts = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    node = next(n for n in model.graph.node if out in n.output)
+    return float(consts[node.input[1]])
+
+
+# ---- what stays refused -------------------------------------------------------------------------
+
+def test_float8_quantize_is_refused_by_name():
+    model = _model([helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"])], [("x", F, [4])],
+                   [("q", TensorProto.FLOAT8E4M3FN)],
+                   [("s", np.float32(1)), ("z", np.zeros((), np.uint8))])
+    z = model.graph.initializer[1]
+    z.data_type = TensorProto.FLOAT8E4M3FN
+    with pytest.raises(KilnError, match="z|float8"):
+        build(model, executor="inprocess", cache=None, progress=False)
+
+
+def test_unknown_contrib_op_is_refused_by_name():
+    model = _model([helper.make_node("QAttention", ["x"], ["y"], domain="com.microsoft")], [("x", U8, [4])],
+                   [("y", F)], opset=17, domains=["com.microsoft"])
+    with pytest.raises(KilnError, match="QAttention.*com.microsoft"):
+        build(model, executor="inprocess", cache=None, progress=False)
