@@ -51,9 +51,13 @@ MODELS["lstm_speech"] = lambda: model_zoo.recurrent_model("LSTM", seq=100, batch
                                                           lens=False, init=False)
 MODELS["lstm_bidir_2x"] = lambda: model_zoo.recurrent_model("LSTM", seq=40, batch=1, width=128, hidden=256, dirs=2,
                                                             layers=2, lens=False, init=False)
-# Outputs whose values are quantization levels may differ by one level where onnxruntime's
-# float path rounds a tie the other way (tests/test_quantized.py states it): compared loosely.
-LOOSE = {"resnet18_int8_qdq": 0.1, "resnet18_int8_qoperator": 0.1, "bert_encoder_int8_dynamic": 0.02}
+# Absolute tolerance as a fraction of the output's range, where onnxruntime computes otherwise:
+# it runs a QDQ model's convolutions in float32 where Kiln sums in int32, so a level may round
+# the other way and carry through the layers (about one level of the int8 output, 1/127 of its
+# range; tests/test_quantized.py states it); quantize_dynamic quantizes activations at run time
+# from their min and max, so a one-ulp difference in a LayerNorm moves a scale, and levels
+# move with it (onnxruntime differs from itself by as much with its graph optimizations off).
+LOOSE = {"resnet18_int8_qdq": 0.01, "bert_encoder_int8_dynamic": 0.05}
 
 
 def ort_session(model):
@@ -103,8 +107,9 @@ def bench_model(name: str, args) -> None:
     module = result.load()
     sess = ort_session(model)
     got, want = module.run(inputs), dict(zip([o.name for o in sess.get_outputs()], sess.run(None, inputs)))
-    tol = LOOSE.get(name, 1e-4)
-    assert all(np.allclose(got[k], want[k], rtol=1e-3, atol=tol) for k in want), f"{name}: outputs differ"
+    for k in want:
+        tol = LOOSE[name] * float(np.abs(want[k]).max()) if name in LOOSE else 1e-4
+        assert np.allclose(got[k], want[k], rtol=1e-3, atol=tol), f"{name}: outputs differ"
     ms = interleaved({"kiln": lambda: module.run(inputs), "ort": lambda: sess.run(None, inputs)},
                      args.warmup, args.repeat, args.rounds)
     print(f"| {name} | {build_s:.2f} | {result.report['totals']['kernels']} | {ms['kiln']:.3f} | {ms['ort']:.3f} | "

@@ -13,7 +13,7 @@ import math
 import struct
 
 from ..ir.loop import (FLOAT_TYPES, Assign, Bin, Call, Cast, Cmp, Const, For, Gemm, If, Kernel, Let, Load, Local,
-                      Select, Store, Var, bits, compute_type, is_unsigned, operand_type)
+                      Select, Store, Var, bits, compute_type, highest, is_unsigned, lowest, operand_type)
 
 # LLVM's type for each loop-IR type. Integers are sign-less in LLVM: signedness picks the
 # instruction. f16 and bf16 are stored as i16 and converted in software (see _math_lib), so
@@ -161,6 +161,22 @@ def _fconst(v: float) -> str:
         v = math.copysign(math.inf, v)
     f32 = struct.unpack("<f", struct.pack("<f", v))[0]
     return f"0x{struct.unpack('<Q', struct.pack('<d', f32))[0]:016X}"
+
+
+def _clamped_within(e, dst: str) -> bool:
+    """Is e min(max(x, lo), hi) (either order) with constant bounds inside dst's range?"""
+    bounds = []
+    while isinstance(e, Bin) and e.op in ("max", "min") and len(bounds) < 2:
+        const = e.b if isinstance(e.b, Const) else e.a if isinstance(e.a, Const) else None
+        if const is None:
+            return False
+        bounds.append((e.op, const.value))
+        e = e.a if const is e.b else e.b
+    ops = {op: v for op, v in bounds}
+    return set(ops) == {"max", "min"} and lowest(dst) <= ops["max"] and ops["min"] <= highest(dst)
+
+
+PANEL_CHUNK_BYTES = 384 * 1024  # of packed B a GEMM keeps in L2 while all row blocks pass over it
 
 
 class FunctionEmitter:
@@ -338,17 +354,18 @@ class FunctionEmitter:
         """IEEE max/min that propagate NaN from either side, as onnxruntime does.
         `select (x > y), x, y` yields y when either is NaN: one vmaxps/vminps. With a constant
         (never NaN) operand that is all it takes, the constant in the first place; otherwise
-        a NaN in the first operand is caught by one more compare."""
+        llvm.maximum/minimum, which propagate NaN and which the vectorizer knows as a
+        reduction (a max over a whole tensor vectorizes)."""
+        if not isinstance(e.a, Const) and not isinstance(e.b, Const):
+            dt = next(k for k, ll in LL.items() if ll == t and k in FLOAT_TYPES)
+            name = self.intrinsic("maximum" if e.op == "max" else "minimum", dt, 2)
+            self.emit(f"{v} = call {t} @{name}({t} {a}, {t} {b})")
+            return
         pred = "ogt" if e.op == "max" else "olt"
         if isinstance(e.b, Const):
             a, b = b, a
         c = self.tmp("c")
         self.emit(f"{c} = fcmp {pred} {t} {a}, {b}")
-        if not isinstance(e.a, Const) and not isinstance(e.b, Const):
-            nan, c0 = self.tmp("c"), c
-            c = self.tmp("c")
-            self.emit(f"{nan} = fcmp uno {t} {a}, 0.0")
-            self.emit(f"{c} = or i1 {c0}, {nan}")
         self.emit(f"{v} = select i1 {c}, {t} {a}, {t} {b}")
 
     def cast(self, e: Cast) -> str:
@@ -363,6 +380,12 @@ class FunctionEmitter:
             self.emit(f"{v} = {'fcmp une' if src in FLOAT_TYPES else 'icmp ne'} {s} {a}, {zero}")
         elif src in FLOAT_TYPES and dst in FLOAT_TYPES:
             self.emit(f"{v} = {'fpext' if bits(dst) > bits(src) else 'fptrunc'} {s} {a} to {d}")
+        elif src in FLOAT_TYPES and _clamped_within(e.a, dst):
+            # Already clamped to the type's range (a requantize): a plain conversion to the
+            # width, frozen so a NaN that slipped through is some value, not poison.
+            raw = self.tmp("cr")
+            self.emit(f"{raw} = {'fptoui' if is_unsigned(dst) else 'fptosi'} {s} {a} to {d}")
+            self.emit(f"{v} = freeze {d} {raw}")
         elif src in FLOAT_TYPES:
             # Saturating to i64, then wrapping to the width: NaN gives 0 instead of poison, and
             # in-range negatives reach unsigned types as numpy and C casts leave them.
@@ -521,10 +544,13 @@ class FunctionEmitter:
         a_off, b_off = self.expr(g.a_off), self.expr(g.b_off)
         full_panels, last_cols = divmod(g.n, nr)
         full_blocks, last_rows = divmod(g.m, mr)
+        # B in chunks of panels that stay in L2 (each k step of a panel is nr 4-byte lanes).
+        chunk = max(1, PANEL_CHUNK_BYTES // (g.k * nr * 4))
 
         # Row blocks outside, panels inside: the block's A rows (k-major in conv) stay in
-        # cache while every panel of B, small and L2-resident, streams past them.
-        def block(m0: str, rows: int) -> None:
+        # cache while the panels of B stream past them; when B outgrows L2, every row block
+        # runs over one L2-sized chunk of panels before the next chunk is read.
+        def block(m0: str, rows: int, first, count: int, cols_last: bool) -> None:
             def panel(p: str, cols: int) -> None:
                 pb = self.mul_const(p, g.k * nr)
                 bp = self.tmp("bp")
@@ -532,16 +558,31 @@ class FunctionEmitter:
                 self.microkernel(g, a_ptr, a_off, b_ptr, bp, m0, rows, vt, tile)
                 self.writeback(g, tile, m0, p, rows, cols)
 
-            if full_panels:
-                self.loop(f"{g.n_var}.pan", full_panels, lambda: panel(self.lookup(f"{g.n_var}.pan")[1], nr))
-            if last_cols:
+            def full(local: str) -> None:
+                if first == 0:
+                    return panel(local, nr)
+                p = self.tmp("pn")
+                self.emit(f"{p} = add nsw i64 {local}, {first}")
+                panel(p, nr)
+            if count:
+                self.loop(f"{g.n_var}.pan", count, lambda: full(self.lookup(f"{g.n_var}.pan")[1]))
+            if cols_last and last_cols:
                 panel(str(full_panels), last_cols)
 
-        if full_blocks:
-            self.loop(f"{g.m_var}.blk", full_blocks,
-                      lambda: block(self.mul_const(self.lookup(f"{g.m_var}.blk")[1], mr), mr))
-        if last_rows:
-            block(str(full_blocks * mr), last_rows)
+        def blocks(first, count: int, cols_last: bool) -> None:
+            if full_blocks:
+                self.loop(f"{g.m_var}.blk", full_blocks, lambda: block(
+                    self.mul_const(self.lookup(f"{g.m_var}.blk")[1], mr), mr, first, count, cols_last))
+            if last_rows:
+                block(str(full_blocks * mr), last_rows, first, count, cols_last)
+
+        chunks, rest = divmod(full_panels, chunk)
+        if chunks <= 1 and not (chunks == 1 and rest):
+            blocks(0, full_panels, True)
+        else:
+            self.loop(f"{g.n_var}.chk", chunks, lambda: blocks(
+                self.mul_const(self.lookup(f"{g.n_var}.chk")[1], chunk), chunk, False))
+            blocks(str(chunks * chunk), rest, True)
 
     def mul_const(self, v: str, c: int) -> str:
         r = self.tmp("m")

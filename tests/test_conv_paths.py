@@ -60,3 +60,16 @@ def test_conv_with_runtime_weights(name, executor):
 ])
 def test_conv_transpose(xshape, wshape, attrs, executor):
     build_and_compare(_conv_model("ConvTranspose", xshape, wshape, attrs), executor)
+
+
+@pytest.mark.parametrize("m,k,n", [(37, 512, 1000), (5, 4096, 200)])
+def test_gemm_whose_weights_outgrow_l2(m, k, n, executor):
+    """B larger than the L2 chunk: every row block runs over one chunk of panels, then the
+    next (whole chunks, a remainder, and a last partial panel)."""
+    rng = np.random.default_rng(1)
+    w = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32)
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [m, k])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(w, "w")])
+    build_and_compare(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), executor)

@@ -103,6 +103,16 @@ def test_matmul_integer(a_type, b_type, k):
     _compare(model, {"a": _bytes([2, 17, k], a_type, 3), "za_in": np.array(5, NP[a_type])})
 
 
+def test_matmul_integer_larger_than_l2():
+    """3000 columns of weights: the GEMM walks B in L2-sized chunks of panels. Exact against
+    numpy's int64 product."""
+    a, w = _bytes([20, 96], U8, 1), _bytes([96, 3000], I8, 2)
+    model = _model([helper.make_node("MatMulInteger", ["a", "w"], ["y"])], [("a", U8, [20, 96])], [("y", I32)],
+                   [("w", w)])
+    got = build(model, executor="inprocess", cache=None, progress=False).load().run({"a": a})["y"]
+    np.testing.assert_array_equal(got, (a.astype(np.int64) @ w.astype(np.int64)).astype(np.int32))
+
+
 @pytest.mark.parametrize("x_type", [U8, I8])
 @pytest.mark.parametrize("case", [dict(), dict(strides=[2, 2], pads=[1, 1, 1, 1]),
                                   dict(dilations=[2, 2], pads=[2, 1, 0, 2]), dict(group=2, pads=[1, 1, 1, 1]),

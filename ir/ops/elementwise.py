@@ -7,13 +7,14 @@ readers, so a chain of them inlines into one loop nest.
 from __future__ import annotations
 
 import math
+from dataclasses import fields
 
 import numpy as np
 
 from ..attrs import check_attrs, const_input
 from ..dtypes import DTYPES, is_int, numpy_dtype
 from ..graph import ShapeError, TensorType, UnsupportedError
-from ..loop import Cast, Const, call, cmp, fbin, select, sub
+from ..loop import Call, Cast, Const, Expr, Var, call, cmp, fbin, select, sub
 from ..lower.elementwise import and_, bcast_reader, clamp, f32
 from ..onnx_dtypes import onnx_to_dtype
 from .broadcast import broadcast
@@ -37,6 +38,23 @@ def unary_expression(name: str, x, **attrs):
     return UNARY[name][0](x, attrs, True, None, None)
 
 
+_CHEAP_CALLS = {"abs", "floor", "ceil", "round", "neg", "not", "sqrt", "round_f16", "round_bf16"}
+
+
+def _calls_math(e) -> bool:
+    """Does expression e call a math function costlier than a few instructions?"""
+    if isinstance(e, Call):
+        return e.fn not in _CHEAP_CALLS or any(_calls_math(a) for a in e.args)
+    return any(_calls_math(getattr(e, f.name)) for f in fields(e) if isinstance(getattr(e, f.name), Expr))
+
+
+def _costly(expr) -> bool:
+    try:  # the element of an op that reads only its input and attributes (not the builder)
+        return _calls_math(expr(Var("x", "f32"), {}, True, None, None))
+    except (AttributeError, TypeError, KeyError):
+        return False
+
+
 def _unary(name, expr, fold=None, infer=_same, params=()):
     """An op of one input: `expr(x, attrs, is_float, b, node)` is its element; `fold(x, attrs)`
     its numpy evaluation; `params` the float attributes it takes (alpha, beta)."""
@@ -47,7 +65,7 @@ def _unary(name, expr, fold=None, infer=_same, params=()):
         is_f, a = b.is_float(node.inputs[0]), b.attrs(node)
         return {node.outputs[0]: lambda idx: expr(x(idx), a, is_f, b, node)}
     evaluate = (lambda a, v, g, node: [fold(v[0], a)]) if fold else None
-    return OpDef(name, ELEMWISE, infer, evaluate, reader)
+    return OpDef(name, ELEMWISE, infer, evaluate, reader, costly=_costly(expr))
 
 
 def _sigmoid(x):
@@ -268,7 +286,7 @@ register(
     _arith("Max", "max", lambda x, y, a: np.maximum(x, y), _variadic_infer),
     _arith("Min", "min", lambda x, y, a: np.minimum(x, y), _variadic_infer),
     _compare("Equal", "eq", np.equal), _compare("Less", "lt", np.less), _compare("Greater", "gt", np.greater),
-    OpDef("Pow", BROADCAST, _pow_infer, lambda a, v, g, node: [np.power(v[0], v[1])], _pow_reader),
+    OpDef("Pow", BROADCAST, _pow_infer, lambda a, v, g, node: [np.power(v[0], v[1])], _pow_reader, costly=True),
     OpDef("Mod", BROADCAST, _binary_infer,
           lambda a, v, g, node: [np.fmod(v[0], v[1]) if a.get("fmod", 0) else np.mod(v[0], v[1])], _mod_reader),
 )

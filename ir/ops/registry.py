@@ -39,6 +39,9 @@ class OpDef:
     shape_only: bool = False  # its value depends on its input's shape only (folded even from a variable)
     # (g, node) -> [Node]: an op built from other ops; type inference puts these in its place.
     expand: Callable | None = None
+    # Its element calls a math function (exp, erf, tanh, ...): fusion recomputes it in at most
+    # one reading kernel instead of in each.
+    costly: bool = False
 
 
 REGISTRY: dict[str, OpDef] = {}

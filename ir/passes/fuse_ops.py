@@ -82,12 +82,43 @@ def fuse_ops(g: Graph, ctx) -> Graph:
         for o in node.outputs:
             if o:
                 producer_group[o] = target
+    groups = _merge_diamonds(g, groups, uses)
     groups = _inline_producer_groups(g, groups, uses)
     # Each group runs where its last member stands: all its inputs exist by then.
     position = {id(n): i for i, n in enumerate(g.nodes)}
     groups.sort(key=lambda members: position[id(members[-1])])
     g.groups = [[m.key for m in members] for members in groups]
     return g
+
+
+def _merge_diamonds(g: Graph, groups: list[list[Node]], uses) -> list[list[Node]]:
+    """Merge an elementwise group into the group producing its input where that input feeds
+    several of its nodes and nothing else: GELU's x * 0.5 * (1 + erf(x / sqrt 2)) reads x
+    twice, so it did not join x's producer one node at a time. As that producer's epilogue
+    it reads x from registers instead of memory."""
+    home = {id(m): i for i, grp in enumerate(groups) for m in grp}
+    producer = g.producers()
+    for i, grp in enumerate(groups):
+        if not grp or any(kind_of(m) > BROADCAST for m in grp):
+            continue
+        inside = {id(m) for m in grp}
+        shape = g.types[grp[-1].outputs[0]].shape
+        sources = {home[id(producer[t])] for m in grp for t in m.inputs if t in producer} - {i}
+        for j in sorted(sources):
+            src = groups[j]
+            if not src or max(kind_of(m) for m in src) == OPAQUE or src[0].guard != grp[0].guard:
+                continue
+            mine = {id(x) for x in src}
+            outs = [o for m in src for o in m.outputs if o and any(id(u) not in mine for u in uses.get(o, []))]
+            if (len(outs) == 1 and outs[0] not in g.outputs and g.types[outs[0]].shape == shape
+                    and all(id(u) in inside for u in uses[outs[0]])
+                    and len(src) + len(grp) <= MAX_GROUP_SIZE):
+                groups[j] = src + grp
+                for m in grp:
+                    home[id(m)] = j
+                groups[i] = []
+                break
+    return [grp for grp in groups if grp]
 
 
 MAX_INLINED_MEMBERS = 8
@@ -133,6 +164,8 @@ def _inline_producer_groups(g: Graph, groups: list[list[Node]], uses) -> list[li
             if any(not set(call_guard(grp)) <= set(call_guard(groups[t])) for t in per_target):
                 continue
             targets = sorted(per_target)
+            if len(targets) > 1 and any(op_def(m.op).costly for m in grp):
+                continue  # (written once and read back beats computing exp or erf in each reader)
             for t in targets:
                 groups[t] = grp + groups[t]  # producers first: they inline before what reads them
             for m in grp:
