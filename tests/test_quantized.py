@@ -130,6 +130,19 @@ def test_conv_integer(x_type, case):
     _compare(model, {"x": _bytes([2, 10, 11, 13], x_type, 3)})
 
 
+@pytest.mark.parametrize("x_type", [U8, I8])
+@pytest.mark.parametrize("strides", [[1, 1], [2, 2]])
+def test_depthwise_conv_integer(x_type, strides):
+    """Depthwise (a channel multiplier of 2): the float32 direct kernel on x - zx and w - zw,
+    whose sums are exact. Against onnxruntime, exactly."""
+    w = _bytes([16, 1, 3, 3], I8, 1)
+    model = _model([helper.make_node("ConvInteger", ["x", "w", "zx", "zw"], ["y"], group=8, strides=strides,
+                                     pads=[1, 0, 1, 2])],
+                   [("x", x_type, [2, 8, 11, 13])], [("y", I32)],
+                   [("w", w), ("zw", np.array(5, np.int8)), ("zx", np.array(-9 if x_type == I8 else 200, NP[x_type]))])
+    _compare(model, {"x": _bytes([2, 8, 11, 13], x_type, 3)})
+
+
 def _conv_reference(x, w, pads):
     """int64 direct convolution in numpy (stride 1, no groups)."""
     xp = np.pad(x.astype(np.int64), [(0, 0), (0, 0), (pads[0], pads[2]), (pads[1], pads[3])])

@@ -43,8 +43,10 @@ def gemm_stmt(b: KernelBuilder, a_buf, a_off, a_sm, a_sk, b_buf, b_off, m, n, k,
     return Gemm(a_buf, a_off, a_sm, a_sk, b_buf, b_off, m, n, k, mr, nr, mv, nv, av, epi, a_ktab, kind)
 
 
-def padded_copy(b: KernelBuilder, src: str, src_off, channels: int, spatial: list, pads: list, dest: str) -> For:
-    """Copy `channels` planes of `spatial` from src[src_off:] into dest with zero borders.
+def padded_copy(b: KernelBuilder, src: str, src_off, channels: int, spatial: list, pads: list, dest: str,
+                value=lambda v: v) -> For:
+    """Copy `channels` planes of `spatial` from src[src_off:] into dest with zero borders,
+    each element through `value` (an int8 input becomes float x - zero point).
     Rows inside the input copy contiguously (vectorized) between two zero runs; rows in the
     padding are zero-filled: no per-element bounds checks or clamped loads."""
     nsp = len(spatial)
@@ -59,7 +61,7 @@ def padded_copy(b: KernelBuilder, src: str, src_off, channels: int, spatial: lis
     zero = Const(0.0, "f32")
     left, width, right = pads[nsp - 1], spatial[-1], pads[2 * nsp - 1]
     fill = (For(j, left, (Store(dest, add(dest_row, Var(j)), zero),), "vectorize"),
-            For(j, width, (Store(dest, add(dest_row, add(Var(j), left)), Load(src, add(src_row, Var(j)))),),
+            For(j, width, (Store(dest, add(dest_row, add(Var(j), left)), value(Load(src, add(src_row, Var(j))))),),
                 "vectorize"),
             For(j, right, (Store(dest, add(dest_row, add(Var(j), left + width)), zero),), "vectorize"))
     inside = None
@@ -104,7 +106,7 @@ def lower_conv(b: KernelBuilder, node: Node, store) -> tuple:
     nsp = len(kernel)
     out_sp = b.type(node.outputs[0]).shape[2:]
     if is_depthwise(b, node):
-        return _lower_depthwise(b, node, store)
+        return lower_depthwise(b, node, store)
     cog = cout // groups
     kk = cg * math.prod(kernel)
     m = math.prod(out_sp)
@@ -232,10 +234,12 @@ def is_depthwise(b: KernelBuilder, node: Node) -> bool:
     return groups > 1 and groups == xs[1] and ws_[1] == 1 and len(xs) == 4 and node.inputs[1] in b.g.constants
 
 
-def _lower_depthwise(b: KernelBuilder, node: Node, store) -> tuple:
+def lower_depthwise(b: KernelBuilder, node: Node, store, value=lambda v: v, weights: str = "", out=None) -> tuple:
     """Direct depthwise conv over a zero-bordered copy of the input. Per output row, one loop
     along the row whose body is the whole (fully unrolled) kernel window: LLVM vectorizes it
-    along the row, keeping the sum in registers and the window's weights hoisted."""
+    along the row, keeping the sum in registers and the window's weights hoisted.
+    ConvInteger passes `value` (input element -> float32 x - zx), its weights' float32 copy
+    (`weights`, a kernel parameter) and `out` (the float sum -> its output value)."""
     x_name, w_name = node.inputs[0], node.inputs[1]
     batch, cin, h, w_ = b.type(x_name).shape
     cout = b.type(w_name).shape[0]
@@ -245,15 +249,15 @@ def _lower_depthwise(b: KernelBuilder, node: Node, store) -> tuple:
     pt, pl, pb, pr = a["pads"]
     oh, ow = b.type(node.outputs[0]).shape[2:]
     hp, wp = h + pt + pb, w_ + pl + pr
-    xparam, wparam = b.in_param(x_name), b.in_param(w_name)
-    bias = b.reader(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] else None
+    xparam, wparam = b.in_param(x_name), weights or b.in_param(w_name)
+    bias = b.reader(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] and not weights else None
     # With a column stride, the copy is split by column phase ([c][row][phase][col // stride]),
     # so a tap's inputs along an output row are contiguous instead of a strided gather.
     wq = -(-wp // sw)
     xp = b.workspace(cin * hp * sw * wq)
     bv = b.fresh("b")
     if sw == 1:
-        pad_copy = padded_copy(b, xparam, mul(Var(bv), cin * h * w_), cin, [h, w_], [pt, pl, pb, pr], xp)
+        pad_copy = padded_copy(b, xparam, mul(Var(bv), cin * h * w_), cin, [h, w_], [pt, pl, pb, pr], xp, value)
     else:
         c, i, ph, t = b.fresh("c"), b.fresh("y"), b.fresh("ph"), b.fresh("t")
         row, col = sub(Var(i), pt), sub(add(mul(Var(t), sw), Var(ph)), pl)
@@ -263,7 +267,7 @@ def _lower_depthwise(b: KernelBuilder, node: Node, store) -> tuple:
                           fbin("min", fbin("max", col, Const(0)), Const(w_ - 1))], [batch * cin, h, w_])
         dest = flat_index([Var(c), Var(i), Var(ph), Var(t)], [cin, hp, sw, wq])
         pad_copy = For(c, cin, (For(i, hp, (For(ph, sw, (For(t, wq, (Store(
-            xp, dest, select(inside, Load(xparam, src), Const(0.0, "f32"))),), "vectorize"),)),)),))
+            xp, dest, select(inside, value(Load(xparam, src)), Const(0.0, "f32"))),), "vectorize"),)),)),))
     co, r, u, v, q, acc = b.fresh("co"), b.fresh("r"), b.fresh("ky"), b.fresh("kx"), b.fresh("q"), b.fresh("acc")
     ch = div(Var(co), mult)
     kx = mul(Var(v), dw)  # a constant once the window loop is unrolled
@@ -271,9 +275,9 @@ def _lower_depthwise(b: KernelBuilder, node: Node, store) -> tuple:
                     [cin, hp, sw, wq])
     tap = Assign(acc, fbin("add", Var(acc, "f32"), fbin(
         "mul", Load(wparam, flat_index([Var(co), Var(u), Var(v)], [cout, kh, kw])), Load(xp, at))))
-    value = Var(acc, "f32") if bias is None else fbin("add", Var(acc, "f32"), bias([Var(co)]))
+    total = Var(acc, "f32") if bias is None else fbin("add", Var(acc, "f32"), bias([Var(co)]))
     point = (Local(acc, "f32", Const(0.0, "f32")), For(u, kh, (For(v, kw, (tap,), "unroll"),), "unroll"),
-             *store([Var(bv), Var(co), Var(r), Var(q)], value))
+             *store([Var(bv), Var(co), Var(r), Var(q)], out(total) if out else total))
     rows = For(co, cout, (For(r, oh, (For(q, ow, point, "vectorize"),)),))
     return (For(bv, batch, (pad_copy, rows)),)
 

@@ -34,7 +34,7 @@ import numpy as np
 from ..graph import Node
 from ..loop import Assign, Cast, Const, For, Load, Local, Store, Var, add, cmp, fbin, flat_index, mul, select, sub, unflatten
 from .builder import KernelBuilder
-from .gemm import gemm_stmt
+from .gemm import gemm_stmt, is_depthwise, lower_depthwise
 
 
 def _input(node: Node, index: int) -> str:
@@ -51,14 +51,17 @@ def _zero_point(b: KernelBuilder, node: Node, index: int):
     return None, name
 
 
-def centered_weights(w: np.ndarray, zw: np.ndarray, axis: int) -> np.ndarray | None:
-    """w - zw (per tensor, or per slice along `axis`) as int8, or None if a value does not fit."""
+def centered_weights(w: np.ndarray, zw: np.ndarray, axis: int, fits=np.int8) -> np.ndarray | None:
+    """w - zw (per tensor, or per slice along `axis`) as `fits` (None: int32), or None if a
+    value does not fit."""
     shape = [1] * w.ndim
     shape[axis] = -1
     wc = w.astype(np.int32) - (zw.reshape(shape) if zw.size > 1 else zw.reshape(()))
-    if wc.size and (wc.min() < -128 or wc.max() > 127):
+    if fits is None:
+        return wc
+    if wc.size and (wc.min() < np.iinfo(fits).min or wc.max() > np.iinfo(fits).max):
         return None
-    return wc.astype(np.int8)
+    return wc.astype(fits)
 
 
 def pack_byte_panels(mat: np.ndarray, nr: int) -> np.ndarray:
@@ -71,14 +74,15 @@ def pack_byte_panels(mat: np.ndarray, nr: int) -> np.ndarray:
     return np.ascontiguousarray(padded.reshape(quads, 4, panels, nr).transpose(2, 0, 3, 1))
 
 
-def _za_correction(b: KernelBuilder, za, za_name: str, signed_a: bool, colsum: np.ndarray, base: str):
-    """nn -> za_u * colsum[nn] as an i32 expression, za_u being A's zero point as the
-    micro-kernel sees A (shifted by 128 for signed bytes)."""
+def _za_correction(b: KernelBuilder, za, za_name: str, signed_a: bool, wsum: np.ndarray, base: str):
+    """i -> za_u * wsum[i] as an i32 expression: the activations' zero point as the
+    micro-kernel sees them (shifted by 128 for signed bytes) times the centred weights' sum
+    over k for output column (or channel) i."""
     shift = 128 if signed_a else 0
     if za is not None:
-        table = b.constant_param(f"{base}_zero_point_terms", ((int(za[0]) + shift) * colsum).astype(np.int32))
+        table = b.constant_param(f"{base}_zero_point_terms", ((int(za[0]) + shift) * wsum).astype(np.int32))
         return lambda nn: Load(table, nn)
-    sums = b.constant_param(f"{base}_column_sums", colsum.astype(np.int32))
+    sums = b.constant_param(f"{base}_weight_sums", wsum.astype(np.int32))
     z = b.reader(za_name)([Const(0)] * len(b.shape(za_name)))
     za_u = fbin("add", Cast("i32", z), Const(shift, "i32"))
     return lambda nn: fbin("mul", za_u, Load(sums, nn))
@@ -173,11 +177,15 @@ def lower_conv_integer(b: KernelBuilder, node: Node, store) -> tuple:
     a = b.attrs(node)
     zx, zx_name = _zero_point(b, node, 2)
     zw, _ = _zero_point(b, node, 3)
+    if w_name in b.g.constants and zw is not None and is_depthwise(b, node):
+        return _depthwise(b, node, store, zx, zx_name, centered_weights(b.g.constants[w_name], zw, 0, fits=None))
     wc = None
     if w_name in b.g.constants and a.get("group", 1) == 1 and len(xs) == 4 and zw is not None:
         wc = centered_weights(b.g.constants[w_name], zw, 0)
     if wc is None:
         return _plain_conv(b, node, store)
+    if list(wsh[2:]) == [1, 1] and a["strides"] == [1, 1] and not any(a["pads"]):
+        return _pointwise(b, node, store, wc.reshape(wsh[0], -1), zx, zx_name)
     batch, cin, h, w_ = xs
     cout = wsh[0]
     (kh, kw), (sh, sw), (dh, dw) = a["kernel_shape"], a["strides"], a["dilations"]
@@ -228,6 +236,66 @@ def lower_conv_integer(b: KernelBuilder, node: Node, store) -> tuple:
     gemm = gemm_stmt(b, nhwc, mul(Var(orow), sh * wp * cp), sw * cp, 0, w_param, Const(0), ow, cout, quads, epilogue,
                      a_ktab=ktab_param, kind="u8s8")
     return (For(bv, batch, (copy, For(orow, oh, (gemm,)))),)
+
+
+def _pointwise(b: KernelBuilder, node: Node, store, wc: np.ndarray, zx, zx_name: str) -> tuple:
+    """A 1x1 stride-1 conv as C[cout][pixel] = W'[cout][c] x X[c][pixel] ("s8u8": the weights
+    are the broadcast operand): the input is packed once into panels of 4 interleaved
+    channels, and the tile's columns are pixels, so the epilogue writes NCHW rows
+    contiguously (the channels-last path would scatter them)."""
+    x_name = node.inputs[0]
+    batch, cin, h, w_ = b.type(x_name).shape
+    cout, pixels = wc.shape[0], h * w_
+    cp = -(-cin // 4) * 4
+    quads = cp // 4
+    signed_x = b.type(x_name).dtype == "int8"
+    a_rows = np.zeros((cout, cp), np.int8)
+    a_rows[:, :cin] = wc
+    w_param = b.constant_param(f"{node.inputs[1]}_rows_bytes", a_rows)
+    correction = _za_correction(b, zx, zx_name, signed_x, wc.astype(np.int32).sum(axis=1), node.inputs[1])
+    nr = b.config.tile(pixels)[1]
+    panels = -(-pixels // nr)
+    packed = b.workspace(panels * quads * nr * 4, "u8")
+    xparam = b.in_param(x_name)
+    bv, q, p, j = b.fresh("b"), b.fresh("q"), b.fresh("p"), b.fresh("j")
+
+    def lane(kk):  # channel 4q+kk of pixel p*nr+j, as unsigned bytes (zero past the edges)
+        c, pixel = add(mul(Var(q), 4), kk), add(mul(Var(p), nr), Var(j))
+        ok = None
+        if cin % 4:
+            ok = cmp("lt", c, Const(cin))
+        if pixels % nr:
+            inside = cmp("lt", pixel, Const(pixels))
+            ok = inside if ok is None else fbin("and", ok, inside)
+        at = add(mul(add(mul(Var(bv), cin), fbin("min", c, Const(cin - 1)) if cin % 4 else c), pixels),
+                 fbin("min", pixel, Const(pixels - 1)) if pixels % nr else pixel)
+        v = Load(xparam, at)
+        if signed_x:
+            v = Cast("u8", fbin("add", Cast("i32", v), Const(128, "i32")))
+        dest = add(mul(add(mul(add(mul(Var(p), quads), Var(q)), nr), Var(j)), 4), kk)
+        return Store(packed, dest, v if ok is None else select(ok, v, Const(0, "u8")))
+    pack = For(q, quads, (For(p, panels, (For(j, nr, tuple(lane(kk) for kk in range(4)), "vectorize"),)),))
+
+    def epilogue(mm, nn, acc):
+        return store([Var(bv), mm] + unflatten(nn, [h, w_]), fbin("sub", acc, correction(mm)))
+    gemm = gemm_stmt(b, w_param, Const(0), cp, 1, packed, Const(0), cout, pixels, quads, epilogue, kind="s8u8")
+    return (For(bv, batch, (pack, gemm)),)
+
+
+def _depthwise(b: KernelBuilder, node: Node, store, zx, zx_name: str, wc: np.ndarray) -> tuple:
+    """Depthwise ConvInteger as the float32 depthwise kernel on x - zx and w - zw: each product
+    is an integer below 2^16 and a window's sum below 2^24 for windows up to 16x16, so
+    float32 holds every sum exactly, and the direct kernel vectorizes along output rows."""
+    if wc.shape[2] * wc.shape[3] * 255 * 255 >= 1 << 24:
+        return _plain_conv(b, node, store)
+    weights = b.constant_param(f"{node.inputs[1]}_float", wc.astype(np.float32))
+    zero = Const(float(zx[0]), "f32") if zx is not None else \
+        Cast("f32", b.reader(zx_name)([Const(0)] * len(b.shape(zx_name))))
+    centred = lambda v: fbin("sub", Cast("f32", v), zero)  # noqa: E731
+    # (exact integers within int32's range: the clamp lets the conversion skip saturation)
+    as_int = lambda total: Cast("i32", fbin("min", fbin("max", total, Const(-2.0 ** 31, "f32")),  # noqa: E731
+                                            Const(2.0 ** 31 - 128, "f32")))
+    return lower_depthwise(b, node, store, centred, weights, as_int)
 
 
 def _plain_conv(b: KernelBuilder, node: Node, store) -> tuple:
