@@ -14,7 +14,20 @@ from ..artifacts.manifest import MANIFEST, Manifest
 from ..artifacts.memory_plan import pack_constants, plan_arena
 
 
+def _is_loop(step) -> bool:
+    return hasattr(step, "trip")  # ir.lower.loops.LoopCall (not imported: a whole-model hit needs no compiler)
+
+
+def _swaps(lowered, loop) -> bool:
+    """Does a carried value's new value live in another carried value's state buffer (a body
+    that swaps two values)? Then the copies go through scratch buffers."""
+    states = [lowered.storage(s) for _, s, _ in loop.state]
+    return any(lowered.storage(leave) in states[:i] + states[i + 1:] for i, (_, _, leave) in enumerate(loop.state))
+
+
 def _locations(lowered, weight_offsets, arena_offsets):
+    """The entry function's plan: ("call", symbol, argument locations, guard, index) and
+    ("loop", ...) items (artifacts.link.entry_source), and the outputs' locations."""
 
     def loc(tensor: str) -> tuple:
         t = lowered.storage(tensor)
@@ -24,32 +37,86 @@ def _locations(lowered, weight_offsets, arena_offsets):
             return ("weights", weight_offsets[t])
         return ("arena", arena_offsets[t])
 
-    calls = []
-    for step, call in enumerate(lowered.calls):
-        args = [loc(t) for t in call.outputs] + [loc(t) for t in call.inputs]
-        args += [("arena", arena_offsets[f"ws:{step}:{j}"]) for j in range(len(call.workspaces))]
-        calls.append((call.kernel.symbol, args, [(loc(t), value) for t, value in call.guard]))
+    def guard(g):
+        return [(loc(t), value) for t, value in g]
+
+    index = 0
+
+    def items(steps) -> list:
+        nonlocal index
+        out = []
+        for st in steps:
+            if _is_loop(st):
+                nbytes = [lowered.types[s].nbytes for _, s, _ in st.state]
+                swap = [("arena", arena_offsets[f"swap:{id(st)}:{i}"]) for i in range(len(st.state))] \
+                    if _swaps(lowered, st) else None
+                out.append(("loop", st.trip, loc(st.iteration) if st.iteration else None,
+                            [(loc(init), loc(state), n) for (init, state, _), n in zip(st.state, nbytes)],
+                            [(loc(whole), loc(part), lowered.types[part].nbytes, rev) for whole, part, rev in st.feeds],
+                            items(st.steps),
+                            [(loc(leave), loc(state), n) for (_, state, leave), n in zip(st.state, nbytes)], swap,
+                            [(loc(part), loc(whole), lowered.types[part].nbytes, rev) for part, whole, rev in st.scans],
+                            guard(st.guard)))
+                continue
+            args = [loc(t) for t in st.outputs] + [loc(t) for t in st.inputs]
+            args += [("arena", arena_offsets[f"ws:{index}:{j}"]) for j in range(len(st.workspaces))]
+            out.append(("call", st.kernel.symbol, args, guard(st.guard), index))
+            index += 1
+        return out
+
+    plan = items(lowered.steps)
     outputs = [(loc(o), lowered.types[o].nbytes) for o in lowered.outputs]
-    return calls, outputs
+    return plan, outputs
+
+
+def _loop_tensors(loop) -> set:
+    """Every tensor a loop's iterations touch: they live from its first step to its last."""
+    out = set(loop.tensors()) | {t for t, _ in loop.guard}
+    for st in loop.steps:
+        out |= _loop_tensors(st) if _is_loop(st) else set(st.outputs + st.inputs + [t for t, _ in st.guard])
+    return out
 
 
 def plan_memory(lowered):
-    """Offsets of every intermediate tensor and workspace, and the arena size."""
+    """Offsets of every intermediate tensor and workspace, and the arena size. Time steps
+    are kernel calls in order; what a loop touches lives through all of its steps."""
     lifetimes: dict[str, list[int]] = {}
     sizes: dict[str, int] = {}
     external = set(lowered.inputs) | set(lowered.constants)
-    end = len(lowered.calls)
-    for step, call in enumerate(lowered.calls):
-        for t in call.outputs + call.inputs + [t for t, _ in call.guard]:  # (a guard is read at the call)
-            s = lowered.storage(t)
-            if s in external:
+
+    def use(t: str, first: int, last: int) -> None:
+        s = lowered.storage(t)
+        if not s or s in external:
+            return
+        span = lifetimes.setdefault(s, [first, last])
+        span[0], span[1] = min(span[0], first), max(span[1], last)
+        sizes[s] = lowered.types[s].nbytes
+
+    index = 0
+
+    def walk(steps, time: int) -> int:
+        nonlocal index
+        for st in steps:
+            if _is_loop(st):
+                first = time
+                time = max(walk(st.steps, time), first + 1)
+                for t in _loop_tensors(st):
+                    use(t, first, time - 1)
+                if _swaps(lowered, st):
+                    for i, (_, state, _) in enumerate(st.state):
+                        lifetimes[f"swap:{id(st)}:{i}"] = [first, time - 1]
+                        sizes[f"swap:{id(st)}:{i}"] = lowered.types[state].nbytes
                 continue
-            span = lifetimes.setdefault(s, [step, step])
-            span[0], span[1] = min(span[0], step), max(span[1], step)
-            sizes[s] = lowered.types[s].nbytes
-        for j, n in enumerate(call.workspaces):
-            lifetimes[f"ws:{step}:{j}"] = [step, step]
-            sizes[f"ws:{step}:{j}"] = 4 * n
+            for t in st.outputs + st.inputs + [t for t, _ in st.guard]:  # (a guard is read at the call)
+                use(t, time, time)
+            for j, n in enumerate(st.workspaces):
+                lifetimes[f"ws:{index}:{j}"] = [time, time]
+                sizes[f"ws:{index}:{j}"] = 4 * n
+            index += 1
+            time += 1
+        return time
+
+    end = walk(lowered.steps, 0)
     for o in lowered.outputs:
         s = lowered.storage(o)
         if s in lifetimes:
@@ -71,7 +138,7 @@ def assemble(lowered, objects: dict[str, bytes], target, manifest_extra: dict, s
     types = lowered.types
     weight_offsets, weights = pack_constants({k: np.ascontiguousarray(v) for k, v in lowered.constants.items()})
     offsets, arena_bytes = plan_memory(lowered)
-    calls, outputs = _locations(lowered, weight_offsets, offsets)
+    plan, outputs = _locations(lowered, weight_offsets, offsets)
     manifest = Manifest(
         **manifest_extra,
         inputs=[{"name": n, "shape": list(types[n].shape), "dtype": types[n].dtype} for n in lowered.inputs],
@@ -79,7 +146,7 @@ def assemble(lowered, objects: dict[str, bytes], target, manifest_extra: dict, s
         arena_bytes=arena_bytes, weights_bytes=len(weights), weights_sha256=hashlib.sha256(weights).hexdigest(),
         runnable=target.runnable,
         calls=[{"name": c.name, "symbol": c.kernel.symbol, "ops": c.ops} for c in lowered.calls])
-    entry = entry_source(calls, outputs, arena_bytes, manifest.signature())
+    entry = entry_source(plan, outputs, arena_bytes, manifest.signature())
     files = {manifest.weights_file: weights, "kiln_entry.c": entry.encode()}
     if target.runnable:
         key = link_key(list(object_keys), entry) if store is not None else None

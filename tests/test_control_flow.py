@@ -134,9 +134,9 @@ def test_loop_with_a_run_time_condition():
                    for lim, go in ((5.0, True), (12.0, True), (100.0, True), (-1.0, True), (5.0, False))])
 
 
-def test_unrolled_iterations_share_their_kernels():
-    """An RNN-like body (a matmul with a weight from outside, tanh): one kernel per iteration,
-    all of them the same kernel, compiled once."""
+def test_a_long_loop_runs_in_the_entry_function():
+    """An RNN-like body (a matmul with a weight from outside, tanh) 40 times: compiled once,
+    called in a C loop by the entry function."""
     body = _loop_body([helper.make_node("Identity", ["cond_in"], ["cond_out"]),
                        helper.make_node("MatMul", ["v0", "w"], ["t"]), helper.make_node("Add", ["t", "x"], ["t2"]),
                        helper.make_node("Tanh", ["t2"], ["v0_out"])], [[1, 8]])
@@ -145,7 +145,8 @@ def test_unrolled_iterations_share_their_kernels():
                    [("v_init", F, [1, 8]), ("x", F, [1, 8])], [("v_final", F)],
                    [("trip", np.array(40, np.int64)), ("w", w)])
     result = _build(model)
-    assert len(result.lowered.calls) == 40 and len({c.kernel.symbol for c in result.lowered.calls}) == 1
+    assert len(result.lowered.calls) == 1
+    assert "for (long long it = 0; it < 40; ++it)" in result.files["kiln_entry.c"].decode()
     _check(model, [{"v_init": np.ones((1, 8), np.float32), "x": np.linspace(-1, 1, 8, dtype=np.float32)[None]}],
            result)
 
@@ -170,3 +171,81 @@ def test_loop_with_a_run_time_trip_count_is_refused_by_name():
                    [("v_init", F, [2]), ("n", I64, [])], [("v_final", F)])
     with pytest.raises(KilnError, match="steps.*trip count 'n' is computed at run time"):
         _build(model)
+
+
+def test_short_loops_unroll_and_share_their_kernels():
+    body = _loop_body([helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+                       helper.make_node("MatMul", ["v0", "w"], ["t"]), helper.make_node("Tanh", ["t"], ["v0_out"])],
+                      [[1, 8]])
+    w = (np.random.default_rng(6).standard_normal((8, 8)) * 0.4).astype(np.float32)
+    model = _model([helper.make_node("Loop", ["trip", "", "v_init"], ["v_final"], body=body)],
+                   [("v_init", F, [1, 8])], [("v_final", F)], [("trip", np.array(6, np.int64)), ("w", w)])
+    result = _build(model)
+    assert len(result.lowered.calls) == 6 and len({c.kernel.symbol for c in result.lowered.calls}) == 1
+    _check(model, [{"v_init": np.ones((1, 8), np.float32)}], result)
+
+
+def test_entry_loop_with_scan_outputs_swaps_and_a_branch_in_its_body():
+    """50 iterations: two carried values that trade places each step (a Fibonacci-like
+    recurrence), a run-time tensor and a constant from outside, the iteration number, an If
+    on a value the body computes, and two scan outputs."""
+    then_ = helper.make_graph([helper.make_node("Mul", ["s", "half"], ["p"])], "shrink", [], [_vi("p", F, [4])])
+    else_ = helper.make_graph([helper.make_node("Neg", ["s"], ["q"])], "flip", [], [_vi("q", F, [4])])
+    body = _loop_body([helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+                       helper.make_node("Cast", ["i"], ["fi"], to=F),
+                       helper.make_node("Mul", ["fi", "tiny"], ["step"]),
+                       helper.make_node("Add", ["v0", "v1"], ["s0"]),
+                       helper.make_node("Add", ["s0", "step"], ["s1"]),
+                       helper.make_node("Mul", ["s1", "x"], ["s"]),
+                       helper.make_node("ReduceSum", ["s"], ["total"], keepdims=0),
+                       helper.make_node("Less", ["total", "limit"], ["small"]),
+                       helper.make_node("If", ["small"], ["v1_out"], then_branch=then_, else_branch=else_),
+                       helper.make_node("Identity", ["v1"], ["v0_out"]),
+                       helper.make_node("Sin", ["s"], ["trace"])],
+                      [[4], [4]], ["trace", "v0_out"], [("half", np.float32(0.5))])
+    model = _model([helper.make_node("Loop", ["trip", "", "a", "b"], ["fa", "fb", "traces", "firsts"], body=body)],
+                   [("a", F, [4]), ("b", F, [4]), ("x", F, [4])], [("fa", F), ("fb", F), ("traces", F), ("firsts", F)],
+                   [("trip", np.array(50, np.int64)), ("tiny", np.float32(0.01)), ("limit", np.float32(2.0))])
+    result = _build(model)
+    assert "for (long long it = 0; it < 50; ++it)" in result.files["kiln_entry.c"].decode()
+    rng = np.random.default_rng(7)
+    _check(model, [{"a": rng.standard_normal(4).astype(np.float32), "b": rng.standard_normal(4).astype(np.float32),
+                    "x": rng.uniform(0.5, 1.0, 4).astype(np.float32)} for _ in range(3)], result)
+
+
+def test_nested_entry_loops():
+    inner = helper.make_graph([helper.make_node("Identity", ["c_in"], ["c_out"]),
+                               helper.make_node("Mul", ["u", "decay"], ["u_out"])], "inner",
+                              [_vi("j", I64, []), _vi("c_in", B, []), _vi("u", F, [3])],
+                              [_vi("c_out", B, []), _vi("u_out", F, [3])])
+    outer = _loop_body([helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+                        helper.make_node("Loop", ["inner_trip", "", "v0"], ["inner_out"], body=inner),
+                        helper.make_node("Add", ["inner_out", "x"], ["v0_out"])], [[3]])
+    model = _model([helper.make_node("Loop", ["trip", "", "v"], ["out"], body=outer)],
+                   [("v", F, [3]), ("x", F, [3])], [("out", F)],
+                   [("trip", np.array(20, np.int64)), ("inner_trip", np.array(30, np.int64)),
+                    ("decay", np.float32(0.97))])
+    result = _build(model)
+    run = result.files["kiln_entry.c"].decode().split("int kiln_run_profiled")[0]
+    assert run.count("for (long long it") == 2  # the inner loop inside the outer one
+    _check(model, [{"v": np.array([1.0, -2.0, 0.5], np.float32), "x": np.array([0.1, 0.2, 0.3], np.float32)}], result)
+
+
+@pytest.mark.parametrize("in_dirs,out_dirs", [([0, 1], [0, 1]), ([1, 0], [1, 0])])
+def test_long_scan_runs_in_the_entry_function(in_dirs, out_dirs):
+    """60 steps over axis 0: each iteration the entry copies a row of each scan input in and a
+    row of each scan output out (from the end where reversed)."""
+    body = helper.make_graph([helper.make_node("Add", ["acc", "xi"], ["acc_out"]),
+                              helper.make_node("Mul", ["acc_out", "xr"], ["y"]), helper.make_node("Tanh", ["y"], ["t"]),
+                              helper.make_node("Neg", ["t"], ["n"])], "body",
+                             [_vi("acc", F, [4]), _vi("xi", F, [4]), _vi("xr", F, [4])],
+                             [_vi("acc_out", F, [4]), _vi("t", F, [4]), _vi("n", F, [4])])
+    model = _model([helper.make_node("Scan", ["a0", "xs", "xs2"], ["af", "ts", "ns"], body=body, num_scan_inputs=2,
+                                     scan_input_directions=in_dirs, scan_output_directions=out_dirs)],
+                   [("a0", F, [4]), ("xs", F, [60, 4]), ("xs2", F, [60, 4])], [("af", F), ("ts", F), ("ns", F)])
+    result = _build(model)
+    assert "for (long long it = 0; it < 60; ++it)" in result.files["kiln_entry.c"].decode()
+    rng = np.random.default_rng(8)
+    _check(model, [{"a0": rng.standard_normal(4).astype(np.float32) * 0.1,
+                    "xs": rng.standard_normal((60, 4)).astype(np.float32) * 0.1,
+                    "xs2": rng.standard_normal((60, 4)).astype(np.float32)}], result)

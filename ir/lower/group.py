@@ -15,8 +15,10 @@ from ..errors import InternalError
 from ..graph import Graph, Node, UnsupportedError
 from ..loop import Kernel, Let, Store, Var, flat_index
 from ..ops import BROADCAST, OUT_EWISE_FUSABLE, REDUCTION, op_def
+from ..ops.control_flow import ENTRY_LOOP
 from ..passes.fuse_ops import call_guard, groups_of, kind_of
 from .builder import KernelBuilder, ScheduleConfig, collapse_shapes
+from .loops import all_loops, flatten, lower_loop
 
 
 @dataclass
@@ -34,9 +36,10 @@ class KernelCall:
 
 @dataclass
 class LoweredModel:
-    """What lowering hands on: the calls in order, and what the linker and the memory plan
-    need to know about the tensors they use. No graph: nothing downstream reads one."""
-    calls: list[KernelCall]
+    """What lowering hands on: the steps in order (kernel calls, and loops the entry function
+    runs, ir/lower/loops.py), and what the linker and the memory plan need to know about the
+    tensors they use. No graph: nothing downstream reads one."""
+    steps: list  # KernelCall | LoopCall
     inputs: list[str]  # the model's, in order
     outputs: list[str]
     types: dict  # tensor name -> TensorType, every tensor a call or the model's I/O names
@@ -47,6 +50,11 @@ class LoweredModel:
         while name in self.aliases:
             name = self.aliases[name]
         return name
+
+    @property
+    def calls(self) -> list[KernelCall]:
+        """Every kernel call in run order (a loop's body once): what is compiled."""
+        return flatten(self.steps)
 
 
 def _inline(b: KernelBuilder, node: Node) -> None:
@@ -118,14 +126,22 @@ def lower(graph: Graph, config: ScheduleConfig | None = None) -> LoweredModel:
     weights go into a working copy, and out through the LoweredModel."""
     config = config or ScheduleConfig()
     g = graph.copy()
-    calls, aliases = [], {}
+    steps, aliases, types, body_constants = [], {}, dict(g.types), {}
     for members in groups_of(g):
         root = members[-1]
         if len(members) == 1 and op_def(root.op).view:
             aliases[root.outputs[0]] = root.inputs[0]
-            continue
-        calls.append(lower_group(g, members, config))
-    model = LoweredModel(calls, list(g.inputs), list(g.outputs), g.types, {}, aliases)
-    used = {model.storage(t) for c in calls for t in c.inputs} | {model.storage(o) for o in g.outputs}
-    model.constants = {name: value for name, value in g.constants.items() if name in used}
+        elif root.op == ENTRY_LOOP:
+            loop, body = lower_loop(g, root, config, lower)
+            steps.append(loop)
+            types.update(body.types)
+            aliases.update(body.aliases)
+            body_constants.update(body.constants)
+            aliases.update({out: state for (_, state, _), out in zip(loop.state, root.outputs) if out})
+        else:
+            steps.append(lower_group(g, members, config))
+    model = LoweredModel(steps, list(g.inputs), list(g.outputs), types, {}, aliases)
+    used = {model.storage(t) for c in model.calls for t in c.inputs} | {model.storage(o) for o in g.outputs}
+    used |= {model.storage(t) for loop in all_loops(steps) for t in loop.tensors()}
+    model.constants = {name: value for name, value in {**g.constants, **body_constants}.items() if name in used}
     return model

@@ -7,14 +7,20 @@
   before the call. Each output is then `kiln.IfMerge(cond, then_value, else_value)`, a kernel
   that copies the taken branch's value into the If's output, so later kernels have one
   buffer to read. Both branches' outputs must have the same static type.
-- Loop with a trip count known at compile time is unrolled one iteration at a time: each
+- Loop with a trip count known at compile time whose condition stays true (none, a true
+  constant, or the body handing its condition back) and more than UNROLLED_ITERATIONS
+  iterations becomes one `kiln.Loop` node: its body is compiled once, as a graph of its own,
+  and the entry function runs it in a C loop (ir/lower/loops.py). Shorter loops, and loops
+  whose condition is computed at run time, are unrolled one iteration at a time: each
   iteration's body is inlined, and a Loop node for the rest follows it, so by the time the
   rest expands the iteration's condition has been inferred and folded where it can be. A
   condition computed at run time guards the remaining iterations (and each carried value
   merges the new and the old); a run-time condition with scan outputs is refused, since
   their length would be known at run time only.
-- Scan is unrolled over its (static) scan axis: Gather one slice per iteration, run the body,
-  stack each scan output with Unsqueeze and Concat.
+- Scan over axis 0 with more than UNROLLED_ITERATIONS steps becomes a `kiln.Loop` too (the
+  entry copies a row of each scanned tensor in and of each scan output out per iteration).
+  Other Scans are unrolled over their (static) scan axis: Gather one slice per iteration,
+  run the body, stack each scan output with Unsqueeze and Concat.
 
 Unrolled iterations lower to kernels with equal bytes, so each kernel compiles once.
 """
@@ -22,14 +28,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..graph import Graph, KilnError, Node, ShapeError, Subgraph, UnsupportedError
+from ..graph import Graph, KilnError, Node, ShapeError, Subgraph, TensorType, UnsupportedError
 from ..loop import Const, For, If, Load, Store, Var
 from .registry import OPAQUE, OpDef, expanded_only, register
 from .elementwise import AND
+from .inference import resolve
 from .shape import CONCAT, GATHER, IDENTITY, UNSQUEEZE
 
-IF, LOOP, SCAN, IF_MERGE = "If", "Loop", "Scan", "kiln.IfMerge"
+IF, LOOP, SCAN, IF_MERGE, ENTRY_LOOP = "If", "Loop", "Scan", "kiln.IfMerge", "kiln.Loop"
 MAX_UNROLLED_NODES = 50_000  # nodes one Loop or Scan may unroll to
+UNROLLED_ITERATIONS = 16  # a Loop this short is unrolled; a longer one runs in the entry function
 
 
 def inline(g: Graph, sub: Subgraph, prefix: str, bindings: dict, guard: tuple, owner: Node) -> tuple[list, list]:
@@ -137,10 +145,12 @@ def expand_loop(g: Graph, node: Node) -> list[Node]:
                                "loops whose trip count is known at compile time")
     start = node.attrs.get("_start", 0)
     slices = node.attrs.get("_slices") or [[] for _ in range(n_scan)]
+    known = True if not cond else _scalar_constant(g, cond)
+    if start == 0 and int(count) > UNROLLED_ITERATIONS and known is not None and known and _keeps_going(body):
+        return [_entry_loop(node, body, int(count), carried, [], [], [0] * n_scan)]
     if int(count) * max(len(body.nodes), 1) > MAX_UNROLLED_NODES:
         raise UnsupportedError(f"{node.describe()}: {int(count)} iterations of a {len(body.nodes)}-node body unroll to "
                                f"more than {MAX_UNROLLED_NODES} nodes")
-    known = True if not cond else _scalar_constant(g, cond)
     if start >= int(count) or (known is not None and not known):
         return _loop_results(g, node, carried, slices)
     guard = node.guard if known is not None else node.guard + ((cond, True),)
@@ -166,6 +176,77 @@ def expand_loop(g: Graph, node: Node) -> list[Node]:
                 {**node.attrs, "_start": start + 1, "_slices": [s + [o] for s, o in zip(slices, outs[1 + n_carried:])]},
                 node.name, node.guard)
     return nodes + [rest]
+
+
+def _keeps_going(body: Subgraph) -> bool:
+    """Does the body hand back a true condition whenever it gets one (its condition output is
+    its condition input, an Identity of it, or a true constant)?"""
+    out, given = body.outputs[0], body.inputs[1]
+    if out == given:
+        return True
+    if out in body.constants:
+        return bool(np.asarray(body.constants[out]).reshape(-1)[0])
+    producer = next((n for n in body.nodes if out in n.outputs), None)
+    return producer is not None and producer.op == IDENTITY and producer.inputs[0] == given
+
+
+def _entry_loop(node: Node, body: Subgraph, trip: int, state: list, scanned: list, in_dirs: list,
+                out_dirs: list) -> Node:
+    """A kiln.Loop node: a Loop (the body takes the iteration number and the condition first)
+    or a Scan (its scan inputs sliced along axis 0 each iteration), run by the entry function.
+    Its inputs are the initial state, the scanned tensors and everything the body reads from
+    around it, so those stay alive and in order."""
+    captured = sorted(body.free_names())
+    return Node(ENTRY_LOOP, state + scanned + captured, list(node.outputs),
+                {"body": body, "trip": trip, "captured": captured, "n_state": len(state), "n_scanned": len(scanned),
+                 "counted": node.op == LOOP, "in_dirs": in_dirs, "out_dirs": out_dirs}, node.name, node.guard)
+
+
+def loop_body_graph(g: Graph, node: Node) -> tuple:
+    """A kiln.Loop's body as a graph of its own: inputs the iteration number (a Loop's), the
+    carried state, one slice of each scanned tensor (a Scan's) and the run-time tensors it
+    reads from around it; the outer constants it reads and a Loop's (always true) condition
+    as constants. Returns (graph, iteration or "", state inputs, slice inputs, state
+    outputs, scan outputs)."""
+    a = node.attrs
+    body: Subgraph = a["body"]
+    n, k = a["n_state"], a["n_scanned"]
+    first = 2 if a["counted"] else 0
+    iteration = body.inputs[0] if a["counted"] else ""
+    state, slices = list(body.inputs[first:first + n]), list(body.inputs[first + n:first + n + k])
+    outer = a["captured"]
+    runtime = [name for name in outer if name not in g.constants]
+    graph = Graph(inputs=([iteration] if iteration else []) + state + slices + runtime, outputs=list(body.outputs),
+                  nodes=[Node(m.op, list(m.inputs), list(m.outputs), dict(m.attrs), m.name) for m in body.nodes],
+                  opset=g.opset, name=f"{g.name}/{node.name}")
+    if iteration:
+        graph.types[iteration] = TensorType((), "int64")
+        graph.add_constant(body.inputs[1], np.array(True))
+    for name, initial in zip(state + runtime, list(node.inputs[:n]) + runtime):
+        graph.types[name] = g.types[initial]
+    for name, whole in zip(slices, node.inputs[n:n + k]):
+        graph.types[name] = TensorType(g.types[whole].shape[1:], g.types[whole].dtype)
+    for name, value in body.constants.items():
+        graph.add_constant(name, value)
+    for name in outer:
+        if name in g.constants:
+            graph.add_constant(name, g.constants[name])
+    outs = body.outputs[1:] if a["counted"] else body.outputs
+    return graph, iteration, state, slices, list(outs[:n]), list(outs[n:])
+
+
+def _entry_loop_infer(g, node, p):
+    body, _, _, _, leaves, scans = loop_body_graph(g, node)
+    resolve(body, fold_floats=False)
+    out = []
+    for i, (initial, leave) in enumerate(zip(node.inputs, leaves)):
+        if body.types[leave] != g.types[initial]:
+            raise ShapeError(f"{node.describe()}: carried value {i} is {g.types[initial]} before the loop and "
+                             f"{body.types[leave]} after an iteration; Kiln compiles one static type per value")
+        out.append(g.types[initial])
+    for s in scans:
+        out.append(TensorType((node.attrs["trip"],) + body.types[s].shape, body.types[s].dtype))
+    return out
 
 
 def _loop_results(g: Graph, node: Node, carried: list, slices: list) -> list[Node]:
@@ -210,6 +291,8 @@ def expand_scan(g: Graph, node: Node) -> list[Node]:
     if len(lengths) != 1:
         raise ShapeError(f"{node.describe()}: its scan inputs have different lengths {sorted(lengths)}")
     steps = lengths.pop()
+    if steps > UNROLLED_ITERATIONS and not any(in_axes) and not any(out_axes):  # (rows of axis 0: contiguous)
+        return [_entry_loop(node, body, steps, states, scanned, in_dirs, out_dirs)]
     if steps * max(len(body.nodes), 1) > MAX_UNROLLED_NODES:
         raise UnsupportedError(f"{node.describe()}: {steps} iterations of a {len(body.nodes)}-node body unroll to more "
                                f"than {MAX_UNROLLED_NODES} nodes")
@@ -241,4 +324,5 @@ register(
     OpDef(LOOP, OPAQUE, expanded_only, expand=expand_loop),
     OpDef(SCAN, OPAQUE, expanded_only, expand=expand_scan),
     OpDef(IF_MERGE, OPAQUE, _if_merge_infer, alone=_if_merge_kernel),
+    OpDef(ENTRY_LOOP, OPAQUE, _entry_loop_infer),  # lowered by ir/lower/loops.py
 )

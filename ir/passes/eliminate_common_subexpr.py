@@ -5,7 +5,7 @@ import hashlib
 
 import numpy as np
 
-from ..graph import Graph
+from ..graph import Graph, Subgraph
 from ..transform import graph_pass
 
 
@@ -14,6 +14,8 @@ def _stable(value):
         return ("array", value.dtype.str, value.shape, hashlib.sha256(value.tobytes()).hexdigest())
     if isinstance(value, (list, tuple)):
         return tuple(_stable(v) for v in value)
+    if isinstance(value, Subgraph):
+        return ("subgraph", id(value))  # (a loop body: never merged with another)
     return value
 
 
