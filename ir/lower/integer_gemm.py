@@ -20,6 +20,9 @@ multiply, bias, activation and requantize.
   that for one output row the micro-kernel reads A in place: pixel m at stride*C bytes,
   quad q at a compile-time offset (`a_ktab`, the (ky, kx, c/4) position). No im2col. The
   epilogue writes NCHW.
+- A 1x1 stride-1 conv instead packs the input into 4-channel panels and makes the weights
+  the broadcast operand ("s8u8"): the tile's columns are pixels, stored contiguously.
+- A depthwise conv runs the float32 direct kernel on x - zx and w - zw, exactly.
 
 Everything else (a weight computed at run time, per-row zero points, grouped convolution,
 weights whose centred values do not fit a byte) runs a plain int32 dot-product loop:

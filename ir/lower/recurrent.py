@@ -20,7 +20,6 @@ from ..loop import Cast, Const, For, If, Let, Load, Store, Var, add, cmp, fbin, 
 from .builder import KernelBuilder
 
 
-
 def _f(v):
     return Const(float(v), "f32")
 
