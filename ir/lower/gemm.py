@@ -282,15 +282,20 @@ def lower_depthwise(b: KernelBuilder, node: Node, store, value=lambda v: v, weig
     return (For(bv, batch, (pad_copy, rows)),)
 
 
+def conv_operands(b: KernelBuilder, node: Node) -> tuple:
+    """A convolution's (input, weight, input shape, weight shape, group, kernel, strides,
+    dilations, pads), its window parameters as inference resolved them."""
+    a = b.attrs(node)
+    x_name, w_name = node.inputs[0], node.inputs[1]
+    return (x_name, w_name, b.type(x_name).shape, b.type(w_name).shape, a.get("group", 1), a["kernel_shape"],
+            a["strides"], a["dilations"], a["pads"])
+
+
 def lower_conv_transpose(b: KernelBuilder, node: Node, store) -> tuple:
     """GEMM then col2im: cols[(co, kpos)][pixel] = sum_ci W[ci][co, kpos] * X[ci][pixel], then
     each output point gathers the (at most kernel-size) columns whose window covers it. The
     GEMM does the Cin-deep work at full speed; the gather is Cin times cheaper than direct."""
-    x_name, w_name = node.inputs[0], node.inputs[1]
-    xs, wsh = b.type(x_name).shape, b.type(w_name).shape
-    a = b.attrs(node)
-    groups = a.get("group", 1)
-    kernel, strides, dil, pads = a["kernel_shape"], a["strides"], a["dilations"], a["pads"]
+    x_name, w_name, xs, wsh, groups, kernel, strides, dil, pads = conv_operands(b, node)
     nsp = len(kernel)
     batch, cin, cog = xs[0], xs[1], wsh[1]
     cig = cin // groups

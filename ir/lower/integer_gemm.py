@@ -37,7 +37,7 @@ import numpy as np
 from ..graph import Node
 from ..loop import Assign, Cast, Const, For, Load, Local, Store, Var, add, cmp, fbin, flat_index, mul, select, sub, unflatten
 from .builder import KernelBuilder
-from .gemm import gemm_stmt, is_depthwise, lower_depthwise
+from .gemm import conv_operands, gemm_stmt, is_depthwise, lower_depthwise
 
 
 def _input(node: Node, index: int) -> str:
@@ -303,11 +303,7 @@ def _depthwise(b: KernelBuilder, node: Node, store, zx, zx_name: str, wc: np.nda
 
 def _plain_conv(b: KernelBuilder, node: Node, store) -> tuple:
     """Direct convolution in int32, any group and rank: exact, for what the fast path skips."""
-    x_name, w_name = node.inputs[0], node.inputs[1]
-    xs, wsh = b.type(x_name).shape, b.type(w_name).shape
-    a = b.attrs(node)
-    groups = a.get("group", 1)
-    kernel, strides, dil, pads = a["kernel_shape"], a["strides"], a["dilations"], a["pads"]
+    _, _, xs, wsh, groups, kernel, strides, dil, pads = conv_operands(b, node)
     nsp = len(kernel)
     cg, cog = wsh[1], wsh[0] // groups
     rx = _centered_reader(b, node, 0, 2, lambda idx: Const(0))
