@@ -249,7 +249,9 @@ def quantized(model: onnx.ModelProto, fmt: str, per_channel: bool = True, seed: 
     with tempfile.TemporaryDirectory(prefix="kiln-quantize-") as tmp:
         raw, src, dst = (os.path.join(tmp, f) for f in ("model.onnx", "model.pre.onnx", "model.int8.onnx"))
         onnx.save(model, raw)
-        quant_pre_process(raw, src)  # the tool's documented first step: shapes, BatchNorm folded
+        # The tool's documented first step (onnx shape inference, BatchNorm folded); the models
+        # here have static shapes, so without its symbolic pass, which needs sympy.
+        quant_pre_process(raw, src, skip_symbolic_shape=True)
         if fmt == "dynamic":
             quantize_dynamic(src, dst, per_channel=per_channel)
         else:
