@@ -210,6 +210,24 @@ def test_contrib_qlinear_ops():
     _compare(model, {"a": _bytes([1, 4, 5, 5], U8, 1), "b": _bytes([1, 4, 5, 5], U8, 2)})
 
 
+@pytest.mark.parametrize("target", ["x86-64-v3", "llvm -mcpu=skylake-avx512"])
+def test_int8_kernels_without_vnni(target):
+    """Targets without AVX-512 VNNI (AVX2; AVX-512 before VNNI) sum the same bytes with
+    widening multiplies: MatMulInteger, the channels-last and the pointwise ConvInteger, exact
+    against onnxruntime (the code runs here: this CPU has both instruction sets)."""
+    nodes = [helper.make_node("MatMulInteger", ["a", "w", "za"], ["m"]),
+             helper.make_node("ConvInteger", ["x", "k3", "zx"], ["c3"], pads=[1, 1, 1, 1]),
+             helper.make_node("ConvInteger", ["x", "k1", "zx"], ["c1"])]
+    inits = [("w", _bytes([36, 20], I8, 1)), ("za", np.array(3, np.uint8)), ("k3", _bytes([6, 8, 3, 3], I8, 2)),
+             ("k1", _bytes([6, 8, 1, 1], I8, 3)), ("zx", np.array(-5, np.int8))]
+    model = _model(nodes, [("a", U8, [7, 36]), ("x", I8, [1, 8, 9, 10])], [("m", I32), ("c3", I32), ("c1", I32)], inits)
+    feeds = {"a": _bytes([7, 36], U8, 4), "x": _bytes([1, 8, 9, 10], I8, 5)}
+    got = build(model, target=target, executor="inprocess", cache=None, progress=False).load().run(feeds)
+    want = model_zoo.onnxruntime_outputs(model, feeds)
+    for name in want:
+        np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+
+
 # ---- models quantized by onnxruntime's tool -----------------------------------------------------
 
 def _kernel_ops(model):
