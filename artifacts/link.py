@@ -99,7 +99,8 @@ def entry_source(plan: list, outputs: list[tuple[tuple, int]], arena_bytes: int,
     lines += ["", f"size_t kiln_arena_bytes(void) {{ return {arena_bytes}u; }}",
               f"int kiln_abi_version(void) {{ return {ENTRY_ABI_VERSION}; }}",
               f"const char* kiln_signature(void) {{ return {json.dumps(signature)}; }}",
-              f"int kiln_num_calls(void) {{ return {len(calls)}; }}", "",
+              f"int kiln_num_calls(void) {{ return {len(calls)}; }}",
+              "int kiln_num_threads(void) { return 1; }", "",
               "static double kiln_now(void) {",
               "  struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec * 1e3 + t.tv_nsec * 1e-6;", "}", ""]
     # kiln_run_profiled also writes each call's wall time (ms) to times[i]: `kiln bench --profile`.

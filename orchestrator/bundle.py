@@ -8,6 +8,7 @@ import os
 import shutil
 import tempfile
 
+from ..artifacts.c_header import HEADER, model_header
 from ..artifacts.link import entry_source, link_key, link_shared
 from ..artifacts.errors import KilnError
 from ..artifacts.manifest import MANIFEST, Manifest
@@ -165,6 +166,7 @@ def assemble(lowered, objects: dict[str, bytes], target, manifest_extra: dict, s
         for sym, obj in objects.items():
             files[f"objects/{sym}.o"] = obj
     files[MANIFEST] = manifest.to_bytes()
+    files[HEADER] = model_header(manifest).encode()
     return files
 
 

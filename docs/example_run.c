@@ -1,0 +1,86 @@
+/* Run a Kiln bundle from C, without Python: each input read from a raw file (its bytes as
+ * the model takes them, dense row-major), each output written to one.
+ *
+ *   cc -O2 docs/example_run.c -I BUNDLE BUNDLE/model.so -Wl,-rpath,BUNDLE -o run_model
+ *   ./run_model BUNDLE input0.bin [input1.bin ...] output0.bin [output1.bin ...]
+ *
+ * BUNDLE/kiln_model.h describes the model this program is compiled for (names, dtypes,
+ * shapes and sizes of its inputs and outputs) and declares the library's entry points;
+ * tests/test_c_api.py compiles this file against a bundle and checks it against onnxruntime. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kiln_model.h"
+
+#define AT_LEAST_ONE(n) ((n) > 0 ? (n) : 1)
+
+static int read_exactly(const char* path, void* buf, size_t n) {
+  FILE* f = fopen(path, "rb");
+  if (!f) return 0;
+  size_t got = fread(buf, 1, n, f);
+  int at_end = fgetc(f) == EOF;
+  fclose(f);
+  return got == n && at_end;
+}
+
+static int write_all(const char* path, const void* buf, size_t n) {
+  FILE* f = fopen(path, "wb");
+  if (!f) return 0;
+  size_t put = fwrite(buf, 1, n, f);
+  return fclose(f) == 0 && put == n;
+}
+
+int main(int argc, char** argv) {
+  if (argc != 2 + KILN_NUM_INPUTS + KILN_NUM_OUTPUTS) {
+    fprintf(stderr, "usage: %s BUNDLE %d input file(s) %d output file(s)\n", argv[0], KILN_NUM_INPUTS,
+            KILN_NUM_OUTPUTS);
+    return 2;
+  }
+  /* The library must be the one this header describes. */
+  if (kiln_abi_version() != KILN_ABI_VERSION || strcmp(kiln_signature(), KILN_SIGNATURE) != 0) {
+    fprintf(stderr, "model.so was not built for this kiln_model.h (entry ABI %d, signature %s)\n",
+            kiln_abi_version(), kiln_signature());
+    return 1;
+  }
+  char path[4096];
+  snprintf(path, sizeof path, "%s/%s", argv[1], KILN_WEIGHTS_FILE);
+  char* weights = kiln_load_weights(path);
+  char* arena = kiln_alloc_arena();
+  if (!weights || !arena) {
+    fprintf(stderr, "cannot load %s (%u bytes expected) or allocate the arena\n", path, KILN_WEIGHTS_BYTES);
+    return 1;
+  }
+  void* inputs[AT_LEAST_ONE(KILN_NUM_INPUTS)];
+  void* outputs[AT_LEAST_ONE(KILN_NUM_OUTPUTS)];
+  for (int i = 0; i < KILN_NUM_INPUTS; ++i) {
+    inputs[i] = malloc(kiln_input_bytes[i] ? kiln_input_bytes[i] : 1);
+    if (!inputs[i] || !read_exactly(argv[2 + i], inputs[i], kiln_input_bytes[i])) {
+      fprintf(stderr, "input '%s': %s does not hold exactly %zu bytes of %s\n", kiln_input_names[i],
+              argv[2 + i], kiln_input_bytes[i], kiln_input_dtypes[i]);
+      return 1;
+    }
+  }
+  for (int i = 0; i < KILN_NUM_OUTPUTS; ++i) {
+    outputs[i] = malloc(kiln_output_bytes[i] ? kiln_output_bytes[i] : 1);
+    if (!outputs[i]) return 1;
+  }
+  int rc = kiln_run(weights, arena, inputs, outputs);
+  if (rc != 0) {
+    fprintf(stderr, "kiln_run returned %d\n", rc);
+    return 1;
+  }
+  for (int i = 0; i < KILN_NUM_OUTPUTS; ++i) {
+    const char* out = argv[2 + KILN_NUM_INPUTS + i];
+    if (!write_all(out, outputs[i], kiln_output_bytes[i])) {
+      fprintf(stderr, "cannot write %s\n", out);
+      return 1;
+    }
+    printf("%s: %s, %zu bytes -> %s\n", kiln_output_names[i], kiln_output_dtypes[i], kiln_output_bytes[i], out);
+  }
+  for (int i = 0; i < KILN_NUM_INPUTS; ++i) free(inputs[i]);
+  for (int i = 0; i < KILN_NUM_OUTPUTS; ++i) free(outputs[i]);
+  free(arena);
+  free(weights);
+  return 0;
+}

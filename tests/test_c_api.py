@@ -1,0 +1,91 @@
+"""A bundle runs from C without Python: docs/example_run.c, compiled with `cc` against the
+bundle's kiln_model.h and model.so, reads raw inputs and writes raw outputs, checked here
+against onnxruntime."""
+import os
+import subprocess
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from modelkiln.artifacts.link import find_cc
+from modelkiln.orchestrator.api import build
+from tests import model_zoo
+from tests.conftest import ROOT
+
+EXAMPLE = os.path.join(ROOT, "docs", "example_run.c")
+
+
+def _compile(bundle: str, out: str) -> str:
+    cmd = [find_cc(), "-O2", "-std=c11", "-Wall", "-Werror", EXAMPLE, "-I", bundle, os.path.join(bundle, "model.so"),
+           f"-Wl,-rpath,{bundle}", "-o", out]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    return out
+
+
+def _run_from_c(bundle: str, tmp_path, feeds: dict, outputs: list) -> dict:
+    program = _compile(bundle, str(tmp_path / "run_model"))
+    ins = []
+    for name, value in feeds.items():
+        ins.append(str(tmp_path / f"{name}.in"))
+        np.ascontiguousarray(value).tofile(ins[-1])
+    outs = [str(tmp_path / f"{i}.out") for i in range(len(outputs))]
+    proc = subprocess.run([program, bundle, *ins, *outs], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    return {name: np.fromfile(path, dtype) for (name, dtype), path in zip(outputs, outs)}
+
+
+def test_the_example_program_runs_a_cnn_bundle(cnn_bundle, tmp_path):
+    model = model_zoo.cnn()
+    feeds = model_zoo.random_inputs(model, 3)
+    got = _run_from_c(cnn_bundle, tmp_path, feeds, [("logits", np.float32)])
+    want = model_zoo.onnxruntime_outputs(model, feeds)["logits"]
+    np.testing.assert_allclose(got["logits"].reshape(want.shape), want, rtol=1e-3, atol=1e-4)
+
+
+def test_header_describes_several_inputs_and_outputs_of_other_types(tmp_path):
+    """int64 and float inputs, a bool and an int32 output: the header's names, sizes and
+    order are the library's."""
+    nodes = [helper.make_node("Cast", ["ids"], ["idf"], to=TensorProto.FLOAT),
+             helper.make_node("Add", ["idf", "x"], ["s"]),
+             helper.make_node("Greater", ["s", "zero"], ["positive"]),
+             helper.make_node("Cast", ["s"], ["rounded"], to=TensorProto.INT32)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("ids", TensorProto.INT64, [2, 3]),
+                                           helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+                              [helper.make_tensor_value_info("positive", TensorProto.BOOL, None),
+                               helper.make_tensor_value_info("rounded", TensorProto.INT32, None)],
+                              [numpy_helper.from_array(np.float32(0), "zero")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    bundle = build(model, executor="inprocess", cache=None, progress=False).export(str(tmp_path / "bundle"))
+    header = open(os.path.join(bundle, "kiln_model.h")).read()
+    assert '#define KILN_NUM_INPUTS 2' in header and 'kiln_output_names[2] = {"positive", "rounded"}' in header
+    feeds = {"ids": np.array([[1, -5, 3], [0, 2, -1]], np.int64),
+             "x": np.random.default_rng(4).standard_normal((2, 3)).astype(np.float32) * 3}
+    got = _run_from_c(bundle, tmp_path, feeds, [("positive", np.bool_), ("rounded", np.int32)])
+    want = model_zoo.onnxruntime_outputs(model, feeds)
+    np.testing.assert_array_equal(got["positive"].reshape(2, 3), want["positive"])
+    np.testing.assert_array_equal(got["rounded"].reshape(2, 3), want["rounded"])
+
+
+def test_the_example_refuses_a_short_input_file(cnn_bundle, tmp_path):
+    program = _compile(cnn_bundle, str(tmp_path / "run_model"))
+    short = tmp_path / "x.in"
+    np.zeros(10, np.float32).tofile(short)
+    proc = subprocess.run([program, cnn_bundle, str(short), str(tmp_path / "y.out")], capture_output=True, text=True)
+    assert proc.returncode == 1 and "input 'x'" in proc.stderr and "does not hold exactly" in proc.stderr
+
+
+@pytest.mark.parametrize("damage", ["truncate", "extend"])
+def test_the_header_loader_refuses_weights_of_another_size(cnn_bundle, tmp_path, damage):
+    from tests.conftest import bundle_copy
+    bundle = bundle_copy(cnn_bundle, tmp_path)
+    weights = os.path.join(bundle, "weights.bin")
+    data = open(weights, "rb").read()
+    with open(weights, "wb") as f:
+        f.write(data[:-4] if damage == "truncate" else data + b"\0")
+    program = _compile(bundle, str(tmp_path / "run_model"))
+    x = tmp_path / "x.in"
+    model_zoo.random_inputs(model_zoo.cnn())["x"].tofile(x)
+    proc = subprocess.run([program, bundle, str(x), str(tmp_path / "y.out")], capture_output=True, text=True)
+    assert proc.returncode == 1 and "cannot load" in proc.stderr
