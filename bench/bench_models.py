@@ -1,14 +1,17 @@
-"""Inference latency: Kiln against onnxruntime, side by side in one run, single thread.
+"""Inference latency: Kiln against onnxruntime and OpenVINO, side by side in one run.
 
     python bench/bench_models.py [--repeat 50] [--rounds 2] [--models resnet18,mlp_b1] [--no-gemm]
 
-For every model: Kiln's cold build time (no cache, local executor), then Kiln's and
-onnxruntime's median latency on the same inputs (one thread each, after warm-up), measured
-in interleaved rounds (Kiln, onnxruntime, Kiln, ...: this machine is noisy), the better
-median of each; and the ratio. The int8 models are quantized by onnxruntime's own tool and
-both run the same quantized file. Then the GEMM table: Kiln's int8 GEMM (MatMulInteger,
-VNNI where the CPU has it) against its own float32 GEMM on the same shapes, onnxruntime's
-beside both. Prints Markdown tables (the ones in the README).
+For every model: Kiln's cold build time (no cache, local executor), then the median latency
+on the same inputs (after warm-up) of Kiln (its module runs on one thread), onnxruntime at
+1 thread and at every usable core, and OpenVINO at 1 thread and at every usable core (float32
+forced with INFERENCE_PRECISION_HINT=f32: it defaults to bfloat16 on CPUs with AVX512-BF16;
+`pip install openvino`, or its columns read n/a), measured in interleaved rounds (each runner
+in turn: this machine is noisy), the better median of each; and Kiln's time over the best
+1-thread peer's. The int8 models are quantized by onnxruntime's own tool and every runner
+runs the same quantized file. Then the GEMM table: Kiln's int8 GEMM (MatMulInteger, VNNI
+where the CPU has it) against its own float32 GEMM on the same shapes, onnxruntime's beside
+both. Prints Markdown tables (the ones in the README).
 """
 from __future__ import annotations
 
@@ -23,7 +26,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from modelkiln.orchestrator.api import build  # noqa: E402
-from tests import model_zoo, transformer_zoo  # noqa: E402
+from tests import model_zoo, transformer_zoo, vision_zoo  # noqa: E402
 
 # name -> () -> (model, inputs): the test zoo's models on random inputs, a BERT-style encoder
 # (4 layers, d=256, 128 tokens, a padded attention mask) as torch's dynamo exports it, their
@@ -42,6 +45,8 @@ def _quantized(make, fmt):
 
 
 MODELS["bert_encoder"] = _bert
+MODELS.update({name: (lambda make=make: (lambda m: (m, model_zoo.random_inputs(m)))(make()))
+               for name, make in vision_zoo.ALL.items()})
 MODELS["resnet18_int8_qdq"] = lambda: _quantized(MODELS["resnet18"], "qdq")
 MODELS["resnet18_int8_qoperator"] = lambda: _quantized(MODELS["resnet18"], "qoperator")
 MODELS["mobilenet_v2_int8_qdq"] = lambda: _quantized(MODELS["mobilenet_v2"], "qdq")
@@ -61,12 +66,33 @@ MODELS["lstm_bidir_2x"] = lambda: model_zoo.recurrent_model("LSTM", seq=40, batc
 LOOSE = {"resnet18_int8_qdq": 0.01, "mobilenet_v2_int8_qdq": 0.01, "bert_encoder_int8_dynamic": 0.05}
 
 
-def ort_session(model):
+THREADS = len(os.sched_getaffinity(0))
+
+
+def ort_session(model, threads: int = 1):
     import onnxruntime as ort
     opts = ort.SessionOptions()
-    opts.intra_op_num_threads = 1
+    opts.intra_op_num_threads = threads
     opts.inter_op_num_threads = 1
     return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+
+
+def openvino_runner(model, threads: int):
+    """OpenVINO's CPU plugin on the same model in float32 at `threads` threads, or None
+    where OpenVINO is not installed."""
+    try:
+        import openvino as ov
+    except ImportError:
+        return None
+    import tempfile
+    with tempfile.TemporaryDirectory(prefix="kiln-bench-ov-") as tmp:
+        path = os.path.join(tmp, "model.onnx")
+        with open(path, "wb") as f:
+            f.write(model.SerializeToString())
+        compiled = ov.Core().compile_model(ov.Core().read_model(path), "CPU", {
+            "INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY"})
+    request = compiled.create_infer_request()
+    return lambda inputs: request.infer(inputs)
 
 
 def median_ms(run, warmup: int, repeat: int) -> float:
@@ -109,12 +135,22 @@ def bench_model(name: str, args) -> None:
     sess = ort_session(model)
     got, want = module.run(inputs), dict(zip([o.name for o in sess.get_outputs()], sess.run(None, inputs)))
     for k in want:
-        tol = LOOSE[name] * float(np.abs(want[k]).max()) if name in LOOSE else 1e-4
+        # (float32 accumulates in another order: an absolute floor relative to the output's range)
+        tol = float(np.abs(want[k]).max()) * LOOSE.get(name, 1e-5) + 1e-4
         assert np.allclose(got[k], want[k], rtol=1e-3, atol=tol), f"{name}: outputs differ"
-    ms = interleaved({"kiln": lambda: module.run(inputs), "ort": lambda: sess.run(None, inputs)},
-                     args.warmup, args.repeat, args.rounds)
-    print(f"| {name} | {build_s:.2f} | {result.report['totals']['kernels']} | {ms['kiln']:.3f} | {ms['ort']:.3f} | "
-          f"{ms['kiln'] / ms['ort']:.2f} |", flush=True)
+    runs = {"kiln": lambda: module.run(inputs), "ort 1t": lambda: sess.run(None, inputs)}
+    sess_all = ort_session(model, THREADS)
+    runs[f"ort {THREADS}t"] = lambda: sess_all.run(None, inputs)
+    for threads in (1, THREADS):
+        ov_run = openvino_runner(model, threads)
+        if ov_run is not None:
+            runs[f"ov {threads}t"] = lambda ov_run=ov_run: ov_run(inputs)
+    ms = interleaved(runs, args.warmup, args.repeat, args.rounds)
+    cell = lambda k: f"{ms[k]:.3f}" if k in ms else "n/a"  # noqa: E731
+    best = min(ms[k] for k in ("ort 1t", "ov 1t") if k in ms)
+    print(f"| {name} | {build_s:.2f} | {result.report['totals']['kernels']} | {ms['kiln']:.3f} | {cell('ort 1t')} | "
+          f"{cell(f'ort {THREADS}t')} | {cell('ov 1t')} | {cell(f'ov {THREADS}t')} | {ms['kiln'] / best:.2f} |",
+          flush=True)
 
 
 GEMM_SHAPES = [(128, 768, 768), (128, 768, 3072), (512, 1024, 1024)]
@@ -167,11 +203,17 @@ def main() -> None:
     ap.add_argument("--no-gemm", action="store_true", help="skip the int8/fp32 GEMM table")
     args = ap.parse_args()
     import onnxruntime
-    print(f"# {time.strftime('%Y-%m-%d')}, {cpu_name()}, {len(os.sched_getaffinity(0))} usable cores; "
-          f"single-thread inference; onnxruntime {onnxruntime.__version__}; better median of {args.rounds} "
+    try:
+        import openvino
+        ov_version = f"OpenVINO {openvino.__version__.split('-')[0]} (f32)"
+    except ImportError:
+        ov_version = "OpenVINO not installed"
+    print(f"# {time.strftime('%Y-%m-%d')}, {cpu_name()}, {THREADS} usable cores; onnxruntime "
+          f"{onnxruntime.__version__}; {ov_version}; Kiln on 1 thread; better median of {args.rounds} "
           "interleaved rounds\n")
-    print("| model | kiln build (cold, s) | kernels | kiln ms | onnxruntime ms | kiln / ort |")
-    print("|---|---:|---:|---:|---:|---:|")
+    print(f"| model | kiln build (cold, s) | kernels | kiln ms | onnxruntime 1t | onnxruntime {THREADS}t | "
+          f"OpenVINO 1t | OpenVINO {THREADS}t | kiln / best 1t |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name in args.models.split(","):
         bench_model(name, args)
     if not args.no_gemm:
