@@ -79,7 +79,8 @@ def ort_session(model, threads: int = 1):
 
 def openvino_runner(model, threads: int):
     """OpenVINO's CPU plugin on the same model in float32 at `threads` threads, or None
-    where OpenVINO is not installed."""
+    where OpenVINO is not installed or cannot read the model (onnxruntime's QOperator
+    format: its com.microsoft ops)."""
     try:
         import openvino as ov
     except ImportError:
@@ -89,8 +90,11 @@ def openvino_runner(model, threads: int):
         path = os.path.join(tmp, "model.onnx")
         with open(path, "wb") as f:
             f.write(model.SerializeToString())
-        compiled = ov.Core().compile_model(ov.Core().read_model(path), "CPU", {
-            "INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY"})
+        try:
+            compiled = ov.Core().compile_model(ov.Core().read_model(path), "CPU", {
+                "INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY"})
+        except RuntimeError:
+            return None
     request = compiled.create_infer_request()
     return lambda inputs: request.infer(inputs)
 
