@@ -65,3 +65,23 @@ def test_module_is_safe_across_threads(executor):
     for t in threads:
         t.join()
     assert not errors
+
+
+def test_run_into_preallocated_outputs_and_from_read_only_inputs(cnn_bundle):
+    """`out=` writes into the caller's arrays (and returns them), a loop allocating nothing;
+    inputs that are read-only views work; an output array of the wrong type is refused by name."""
+    import numpy as np
+    import pytest
+    from modelkiln import load
+    from modelkiln.artifacts.errors import KilnError
+    module = load(cnn_bundle)
+    model = model_zoo.cnn()
+    x = model_zoo.random_inputs(model, 5)["x"]
+    frozen = np.frombuffer(x.tobytes(), np.float32).reshape(x.shape)  # read-only
+    want = model_zoo.onnxruntime_outputs(model, {"x": x})["logits"]
+    out = {"logits": np.full((1, 10), np.nan, np.float32)}
+    got = module.run({"x": frozen}, out=out)
+    assert got is out and not np.isnan(out["logits"]).any()
+    np.testing.assert_allclose(out["logits"], want, rtol=1e-3, atol=1e-4)
+    with pytest.raises(KilnError, match="out\\['logits'\\].*float32.*float64"):
+        module.run({"x": x}, out={"logits": np.zeros((1, 10), np.float64)})
