@@ -55,7 +55,7 @@ def _check_float32_compute(node, t: TensorType) -> None:
                                f"(float32, float16, bfloat16)")
 
 
-def _conv(g, node, p, check_type=True):
+def infer_conv(g, node, p, check_type=True):
     x, w = g.types[node.inputs[0]], g.types[node.inputs[1]]
     if check_type:
         _check_float32_compute(node, x)
@@ -103,7 +103,7 @@ def _conv_transpose(g, node, p):
     return TensorType((x.shape[0], w.shape[1] * group) + tuple(out), x.dtype)
 
 
-def _matmul(g, node, p):
+def infer_matmul(g, node, p):
     a, b = g.types[node.inputs[0]], g.types[node.inputs[1]]
     sa, sb = list(a.shape), list(b.shape)
     if not sa or not sb:
@@ -139,11 +139,11 @@ def _collapse_conv_epilogue(b, node, names) -> None:
 CONV, CONV_TRANSPOSE, GEMM = "Conv", "ConvTranspose", "Gemm"  # the producers a BatchNorm folds into
 MATMUL = "MatMul"
 register(
-    OpDef(CONV, OUT_EWISE_FUSABLE, _conv, anchor=lambda b, node, store, out: lower_conv(b, node, store),
+    OpDef(CONV, OUT_EWISE_FUSABLE, infer_conv, anchor=lambda b, node, store, out: lower_conv(b, node, store),
           prepare_epilogue=_collapse_conv_epilogue),
     OpDef(CONV_TRANSPOSE, OUT_EWISE_FUSABLE, _conv_transpose,
           anchor=lambda b, node, store, out: lower_conv_transpose(b, node, store)),
-    OpDef(MATMUL, OUT_EWISE_FUSABLE, _matmul, anchor=lambda b, node, store, out: lower_matmul(b, node, store)),
+    OpDef(MATMUL, OUT_EWISE_FUSABLE, infer_matmul, anchor=lambda b, node, store, out: lower_matmul(b, node, store)),
     OpDef(GEMM, OUT_EWISE_FUSABLE, _gemm, anchor=lambda b, node, store, out: lower_gemm(b, node, store)),
 )
 

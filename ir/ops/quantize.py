@@ -21,11 +21,11 @@ from ..loop import Cast, Const, call, fbin, lowest, highest
 from ..lower.elementwise import f32
 from ..lower.integer_gemm import lower_conv_integer, lower_matmul_integer
 from ..onnx_dtypes import onnx_to_dtype
-from .conv_gemm import _conv, _matmul
+from .conv_gemm import infer_conv, infer_matmul
 from .elementwise import ADD, CAST, DIV, LEAKY_RELU, MUL, SIGMOID
+from .functions import expand_function
 from .reduce import GLOBAL_AVERAGE_POOL
 from .shape import CONCAT, RESHAPE
-from .functions import expand_function
 from .registry import ELEMWISE, OPAQUE, OUT_EWISE_FUSABLE, OpDef, expanded_only, register
 
 QUANTIZE_LINEAR, DEQUANTIZE_LINEAR = "QuantizeLinear", "DequantizeLinear"
@@ -211,7 +211,7 @@ def _byte_operands(g, node) -> tuple[TensorType, TensorType]:
 
 def _matmul_integer_infer(g, node, p):
     a, w = _byte_operands(g, node)
-    out = _matmul(g, node, p)
+    out = infer_matmul(g, node, p)
     _zero_point_check(g, node, 2, a, "a_zero_point", a.shape[-2] if len(a.shape) > 1 else 1)
     _zero_point_check(g, node, 3, w, "b_zero_point", w.shape[-1])
     return TensorType(out.shape, "int32")
@@ -233,7 +233,7 @@ def _matmul_integer_fold(a, values, g, node):
 
 def _conv_integer_infer(g, node, p):
     x, w = _byte_operands(g, node)
-    out = _conv(g, node, p, check_type=False)
+    out = infer_conv(g, node, p, check_type=False)
     _zero_point_check(g, node, 2, x, "x_zero_point", 1)
     _zero_point_check(g, node, 3, w, "w_zero_point", w.shape[0])
     return TensorType(out.shape, "int32")
