@@ -13,9 +13,13 @@ Views (Reshape, Flatten, Squeeze, Unsqueeze, Identity) do not join groups here: 
 a buffer, no kernel at all. Nodes with several outputs (Split, LayerNorm with its
 statistics) stand alone.
 
-Then small producer groups of index maps and elementwise math (views included) are inlined
-into every group that reads them element by element, recomputed there instead of written
-out (see _inline_producer_groups): a node may stand in several groups.
+Then an elementwise group whose input feeds it in several places and nothing else (GELU
+reads x twice) joins that input's producer as its epilogue (_merge_diamonds); and small
+producer groups of index maps and elementwise math (views included) are inlined into every
+group that reads them element by element, recomputed there instead of written out (see
+_inline_producer_groups; math calls such as exp are recomputed in one reader at most): a
+node may stand in several groups. Nodes under different guards (If branches decided at run
+time) never share a group.
 
 The result is the graph's partition, `g.groups`: lists of node keys, each group in node
 order, the groups in the order they run.
