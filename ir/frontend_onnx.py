@@ -156,21 +156,13 @@ def _topological(nodes: list[Node], available: set[str]) -> list[Node]:
 
 def from_onnx(model, shapes: dict | None = None) -> Graph:
     """Build a Graph from a path, bytes or ModelProto. `shapes` maps input name -> dims."""
-    from onnx import numpy_helper
-
     proto = load_model_proto(model)
     opset = _opset(proto)
     gp = proto.graph
     g = Graph(inputs=[], outputs=[o.name for o in gp.output], nodes=[], opset=opset, name=gp.name or "model")
     check_constants_size(gp.initializer)
     for init in gp.initializer:
-        check_tensor_size(init.name, init.dims, 1, "initializer")
-        try:
-            value = numpy_helper.to_array(init)
-        except Exception as e:  # noqa: BLE001 - whatever onnx raises on inconsistent protobuf data
-            raise KilnError(f"initializer '{init.name}': its dims {list(init.dims)}, data type and data disagree "
-                            f"({type(e).__name__}: {e})") from None
-        g.add_constant(init.name, as_kiln_array(value))
+        g.add_constant(init.name, _initializer(init))
 
     shapes = {k: tuple(int(d) for d in v) for k, v in (shapes or {}).items()}
     real_inputs = [vi for vi in gp.input if vi.name not in g.constants]
@@ -211,14 +203,27 @@ def from_onnx(model, shapes: dict | None = None) -> Graph:
     return g
 
 
+def _initializer(init):
+    """An initializer's value, checked: its size, its data against its dims, its dtype."""
+    from onnx import numpy_helper
+    check_tensor_size(init.name, init.dims, 1, "initializer")
+    try:
+        value = numpy_helper.to_array(init)
+    except Exception as e:  # noqa: BLE001 - whatever onnx raises on inconsistent protobuf data
+        raise KilnError(f"initializer '{init.name}': its dims {list(init.dims)}, data type and data disagree "
+                        f"({type(e).__name__}: {e})") from None
+    try:
+        return as_kiln_array(value)
+    except UnsupportedError as e:
+        raise UnsupportedError(f"initializer '{init.name}': {e}") from None
+
+
 def _subgraph(gp, opset: int, owner: str) -> Subgraph:
     """A graph attribute (a branch or a loop body), its nodes and constants as the main graph's."""
-    from onnx import numpy_helper
     constants: dict = {}
     check_constants_size(gp.initializer)
     for init in gp.initializer:
-        check_tensor_size(init.name, init.dims, 1, "initializer")
-        constants[init.name] = as_kiln_array(numpy_helper.to_array(init))
+        constants[init.name] = _initializer(init)
 
     def add_constant(name, value):
         constants[name] = value

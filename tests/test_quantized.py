@@ -288,7 +288,7 @@ def test_float8_quantize_is_refused_by_name():
                    [("s", np.float32(1)), ("z", np.zeros((), np.uint8))])
     z = model.graph.initializer[1]
     z.data_type = TensorProto.FLOAT8E4M3FN
-    with pytest.raises(KilnError, match="z|float8"):
+    with pytest.raises(KilnError, match="initializer 'z': dtype float8_e4m3fn is not supported"):
         build(model, executor="inprocess", cache=None, progress=False)
 
 

@@ -30,9 +30,9 @@ import numpy as np
 
 from ..graph import Graph, KilnError, Node, ShapeError, Subgraph, TensorType, UnsupportedError
 from ..loop import Const, For, If, Load, Store, Var
-from .registry import OPAQUE, OpDef, expanded_only, register
 from .elementwise import AND
 from .inference import resolve
+from .registry import OPAQUE, OpDef, expanded_only, register
 from .shape import CONCAT, GATHER, IDENTITY, UNSQUEEZE
 
 IF, LOOP, SCAN, IF_MERGE, ENTRY_LOOP = "If", "Loop", "Scan", "kiln.IfMerge", "kiln.Loop"
