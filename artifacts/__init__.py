@@ -5,7 +5,8 @@ from .manifest import MANIFEST  # the bundle file that names every other one
 __all__ = ["MANIFEST", "load"]
 
 
-def load(path: str):
-    """Load a bundle folder written by `BuildResult.export` / `kiln build`."""
+def load(path: str, threads: int | None = None):
+    """Load a bundle folder written by `BuildResult.export` / `kiln build`, to run on
+    `threads` threads (default: the usable cores, os.sched_getaffinity)."""
     from .module import Module
-    return Module(path)
+    return Module(path, threads)

@@ -67,9 +67,18 @@ def _read_bundle_file(path: str, nbytes: int, into: memoryview | None = None) ->
         os.close(fd)
 
 
+def usable_cores() -> int:
+    """The CPUs this process may run on (its affinity mask, not the machine's count)."""
+    try:
+        return max(len(os.sched_getaffinity(0)), 1)
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 class Module:
-    def __init__(self, path: str):
+    def __init__(self, path: str, threads: int | None = None):
         self.path = path
+        self.threads = threads
         m = self.manifest = Manifest.read(path)
         if not m.runnable:
             raise KilnError(f"bundle '{path}' was built for {m.target['triple']}, which cannot run on this "
@@ -84,9 +93,9 @@ class Module:
         self._weights = self._load_weights(os.path.join(path, m.weights_file), m.weights_bytes, m.weights_sha256)
         self._arena = _aligned_empty(max(m.arena_bytes, 1))
         self._lib = self._load_library(path, m)
-        self._run = self._lib.kiln_run
+        self._run = self._lib.kiln_run_threads
         self._run.restype = ctypes.c_int
-        self._run.argtypes = [ctypes.c_void_p] * 4
+        self._run.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int]
         self._in_ptrs = (ctypes.c_void_p * max(len(self.inputs), 1))()
         self._out_ptrs = (ctypes.c_void_p * max(len(self.outputs), 1))()
         self._weights_ptr, self._arena_ptr = self._weights.ctypes.data, self._arena.ctypes.data
@@ -96,6 +105,19 @@ class Module:
         self._in_names = {s["name"] for s in self.inputs}
         # One arena per module: calls from several threads take turns (ctypes drops the GIL).
         self._lock = threading.Lock()
+
+    @property
+    def threads(self) -> int:
+        """Threads a call may use (kernels too small to divide run on the caller's alone)."""
+        return self._threads
+
+    @threads.setter
+    def threads(self, n: int | None) -> None:
+        if n is None:
+            n = usable_cores()
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise KilnError(f"threads must be a positive integer, got {n!r}")
+        self._threads = n
 
     @staticmethod
     def _load_library(path: str, m: Manifest):
@@ -172,7 +194,7 @@ class Module:
         calls the model many times allocates nothing."""
         with self._lock:
             outs = self._bind(inputs, out)
-            rc = self._run(self._weights_ptr, self._arena_ptr, self._in_ptrs, self._out_ptrs)
+            rc = self._run(self._weights_ptr, self._arena_ptr, self._in_ptrs, self._out_ptrs, self._threads)
         if rc != 0:
             raise KilnError(f"model '{self.path}' returned error code {rc}")
         return outs
@@ -181,14 +203,14 @@ class Module:
         """Median wall time of each kernel call, in call order."""
         calls = self.manifest.calls
         fn = self._lib.kiln_run_profiled
-        fn.argtypes = [ctypes.c_void_p] * 5
+        fn.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int]
         times = np.zeros((repeat, len(calls)))
         inputs = inputs if inputs is not None else self.random_inputs()
         for r in range(repeat + 1):
             row = np.zeros(max(len(calls), 1))
             with self._lock:
                 outs = self._bind(inputs)
-                fn(self._weights_ptr, self._arena_ptr, self._in_ptrs, self._out_ptrs, row.ctypes.data)
+                fn(self._weights_ptr, self._arena_ptr, self._in_ptrs, self._out_ptrs, row.ctypes.data, self._threads)
             if r:  # the first run warms caches
                 times[r - 1] = row[:len(calls)]
         del outs
@@ -223,5 +245,6 @@ class Module:
                 "p90_ms": times[int(len(times) * 0.9) - 1 if len(times) > 1 else 0], "repeat": repeat}
 
 
-def load(path: str) -> Module:
-    return Module(path)
+def load(path: str, threads: int | None = None) -> Module:
+    """The bundle at `path`, ready to run on `threads` threads (default: the usable cores)."""
+    return Module(path, threads)

@@ -3,12 +3,11 @@
     python bench/bench_models.py [--repeat 50] [--rounds 2] [--models resnet18,mlp_b1] [--no-gemm]
 
 For every model: Kiln's cold build time (no cache, local executor), then the median latency
-on the same inputs (after warm-up) of Kiln (its module runs on one thread), onnxruntime at
-1 thread and at every usable core, and OpenVINO at 1 thread and at every usable core (float32
-forced with INFERENCE_PRECISION_HINT=f32: it defaults to bfloat16 on CPUs with AVX512-BF16;
-`pip install openvino`, or its columns read n/a), measured in interleaved rounds (each runner
-in turn: this machine is noisy), the better median of each; and Kiln's time over the best
-1-thread peer's. The int8 models are quantized by onnxruntime's own tool and every runner
+on the same inputs (after warm-up) of Kiln, onnxruntime and OpenVINO, each at 1 thread and
+at every usable core (OpenVINO in float32, forced with INFERENCE_PRECISION_HINT=f32: it
+defaults to bfloat16 on CPUs with AVX512-BF16; `pip install openvino`, or its columns read
+n/a), measured in interleaved rounds (each runner in turn: this machine is noisy), the better
+median of each; Kiln's time over the best peer's at each thread count, and its own speedup. The int8 models are quantized by onnxruntime's own tool and every runner
 runs the same quantized file. Then the GEMM table: Kiln's int8 GEMM (MatMulInteger, VNNI
 where the CPU has it) against its own float32 GEMM on the same shapes, onnxruntime's beside
 both. Prints Markdown tables (the ones in the README).
@@ -135,14 +134,15 @@ def bench_model(name: str, args) -> None:
     t0 = time.perf_counter()
     result = build(model, cache=None, progress=False)
     build_s = time.perf_counter() - t0
-    module = result.load()
+    module, module_all = result.load(threads=1), result.load(threads=THREADS)
     sess = ort_session(model)
-    got, want = module.run(inputs), dict(zip([o.name for o in sess.get_outputs()], sess.run(None, inputs)))
+    got, want = module_all.run(inputs), dict(zip([o.name for o in sess.get_outputs()], sess.run(None, inputs)))
     for k in want:
         # (float32 accumulates in another order: an absolute floor relative to the output's range)
         tol = float(np.abs(want[k]).max()) * LOOSE.get(name, 1e-5) + 1e-4
         assert np.allclose(got[k], want[k], rtol=1e-3, atol=tol), f"{name}: outputs differ"
-    runs = {"kiln": lambda: module.run(inputs), "ort 1t": lambda: sess.run(None, inputs)}
+    runs = {"kiln 1t": lambda: module.run(inputs), f"kiln {THREADS}t": lambda: module_all.run(inputs),
+            "ort 1t": lambda: sess.run(None, inputs)}
     sess_all = ort_session(model, THREADS)
     runs[f"ort {THREADS}t"] = lambda: sess_all.run(None, inputs)
     for threads in (1, THREADS):
@@ -152,9 +152,11 @@ def bench_model(name: str, args) -> None:
     ms = interleaved(runs, args.warmup, args.repeat, args.rounds)
     cell = lambda k: f"{ms[k]:.3f}" if k in ms else "n/a"  # noqa: E731
     best = min(ms[k] for k in ("ort 1t", "ov 1t") if k in ms)
-    print(f"| {name} | {build_s:.2f} | {result.report['totals']['kernels']} | {ms['kiln']:.3f} | {cell('ort 1t')} | "
-          f"{cell(f'ort {THREADS}t')} | {cell('ov 1t')} | {cell(f'ov {THREADS}t')} | {ms['kiln'] / best:.2f} |",
-          flush=True)
+    best_all = min(ms[k] for k in (f"ort {THREADS}t", f"ov {THREADS}t") if k in ms)
+    kiln_1t, kiln_all = ms["kiln 1t"], ms[f"kiln {THREADS}t"]
+    print(f"| {name} | {build_s:.2f} | {result.report['totals']['kernels']} | {kiln_1t:.3f} | {kiln_all:.3f} | "
+          f"{cell('ort 1t')} | {cell(f'ort {THREADS}t')} | {cell('ov 1t')} | {cell(f'ov {THREADS}t')} | "
+          f"{kiln_1t / best:.2f} | {kiln_all / best_all:.2f} | {kiln_1t / kiln_all:.2f}x |", flush=True)
 
 
 GEMM_SHAPES = [(128, 768, 768), (128, 768, 3072), (512, 1024, 1024)]
@@ -187,7 +189,7 @@ def bench_gemm(args) -> None:
         runs = {}
         for int8 in (True, False):
             model, inputs = _product_model(m, k, n, int8)
-            module, sess = build(model, cache=None, progress=False).load(), ort_session(model)
+            module, sess = build(model, cache=None, progress=False).load(threads=1), ort_session(model)
             want = sess.run(None, inputs)[0]
             assert np.allclose(module.run(inputs)["y"], want, rtol=1e-3, atol=1e-2), "GEMM outputs differ"
             tag = "int8" if int8 else "fp32"
@@ -213,11 +215,12 @@ def main() -> None:
     except ImportError:
         ov_version = "OpenVINO not installed"
     print(f"# {time.strftime('%Y-%m-%d')}, {cpu_name()}, {THREADS} usable cores; onnxruntime "
-          f"{onnxruntime.__version__}; {ov_version}; Kiln on 1 thread; better median of {args.rounds} "
-          "interleaved rounds\n")
-    print(f"| model | kiln build (cold, s) | kernels | kiln ms | onnxruntime 1t | onnxruntime {THREADS}t | "
-          f"OpenVINO 1t | OpenVINO {THREADS}t | kiln / best 1t |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+          f"{onnxruntime.__version__}; {ov_version}; ms, better median of {args.rounds} interleaved rounds; "
+          "the GEMM table at 1 thread\n")
+    print(f"| model | kiln build (cold, s) | kernels | kiln 1t | kiln {THREADS}t | onnxruntime 1t | "
+          f"onnxruntime {THREADS}t | OpenVINO 1t | OpenVINO {THREADS}t | kiln / best 1t | kiln / best {THREADS}t | "
+          f"kiln {THREADS}t speedup |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name in args.models.split(","):
         bench_model(name, args)
     if not args.no_gemm:

@@ -1,6 +1,7 @@
 """Loop-nest kernel -> LLVM IR text.
 
-Loops are emitted bottom-tested (every extent is static and positive), buffers are
+Loops are emitted bottom-tested (every extent is static and positive; a phase's range
+[lo, hi), known only at run time, is tested first: ir/loop.py, "Threads"), buffers are
 `noalias` pointers, float math carries reassoc/contract flags so reductions vectorize, and
 exp/tanh/erf are inlined polynomials rather than libm calls so loops using them vectorize
 too. The Gemm statement becomes explicit vector code: an mr x nr register tile of
@@ -13,7 +14,7 @@ import math
 import struct
 
 from ..ir.loop import (FLOAT_TYPES, Assign, Bin, Call, Cast, Cmp, Const, For, Gemm, If, Kernel, Let, Load, Local,
-                      Select, Store, Var, bits, compute_type, highest, is_unsigned, lowest, operand_type)
+                      Select, Store, Var, bits, compute_type, highest, is_unsigned, lowest, operand_type, phases)
 
 # LLVM's type for each loop-IR type. Integers are sign-less in LLVM: signedness picks the
 # instruction. f16 and bf16 are stored as i16 and converted in software (see _math_lib), so
@@ -491,17 +492,26 @@ class FunctionEmitter:
         self.meta.append(f"{loop_id} = distinct !{{{loop_id}, {', '.join(ids)}}}")
         return f", !llvm.loop {loop_id}"
 
-    def loop(self, var: str, extent: int, body, kind: str = "serial") -> None:
-        if extent <= 0:
+    def loop(self, var: str, extent: int, body, kind: str = "serial", lo: str | None = None,
+             hi: str | None = None) -> None:
+        """Iterations [0, extent), or with lo and hi (i64 values) [lo, hi), which may be empty."""
+        if lo is None and extent <= 0:
             return
         self.n += 1
         head, latch, exit_ = f"L{self.n}.body", f"L{self.n}.latch", f"L{self.n}.exit"
         pred = self.block
-        self.emit(f"br label %{head}")
+        if lo is None:
+            start, end = "0", str(extent)
+            self.emit(f"br label %{head}")
+        else:
+            start, end = lo, hi
+            some = self.tmp("some")
+            self.emit(f"{some} = icmp slt i64 {lo}, {hi}")
+            self.emit(f"br i1 {some}, label %{head}, label %{exit_}")
         self.label(head)
         iv = self.tmp(var.replace(".", "_") + "_")
         nxt = self.tmp("next")
-        self.emit(f"{iv} = phi i64 [0, %{pred}], [{nxt}, %{latch}]")
+        self.emit(f"{iv} = phi i64 [{start}, %{pred}], [{nxt}, %{latch}]")
         self.scopes.append({var: ("ssa", iv, "i64")})
         body()
         self.scopes.pop()
@@ -509,9 +519,29 @@ class FunctionEmitter:
         self.label(latch)
         self.emit(f"{nxt} = add nuw nsw i64 {iv}, 1")
         c = self.tmp("cond")
-        self.emit(f"{c} = icmp ult i64 {nxt}, {extent}")
+        self.emit(f"{c} = icmp ult i64 {nxt}, {end}")
         self.emit(f"br i1 {c}, label %{head}, label %{exit_}{self.loop_metadata(kind)}")
         self.label(exit_)
+
+    def when(self, cond: str, body) -> None:
+        """Run body where the i1 value cond holds."""
+        self.n += 1
+        then, end = f"W{self.n}.then", f"W{self.n}.end"
+        self.emit(f"br i1 {cond}, label %{then}, label %{end}")
+        self.label(then)
+        body()
+        self.emit(f"br label %{end}")
+        self.label(end)
+
+    def int_op(self, op: str, a: str, b) -> str:
+        """One i64 instruction (add, sub, mul, udiv, icmp ..., smin, smax) on values or literals."""
+        r = self.tmp("x")
+        if op in ("smin", "smax"):
+            self.decls.add(f"declare i64 @llvm.{op}.i64(i64, i64)")
+            self.emit(f"{r} = call i64 @llvm.{op}.i64(i64 {a}, i64 {b})")
+        else:
+            self.emit(f"{r} = {op} i64 {a}, {b}")
+        return r
 
     def if_(self, s: If) -> None:
         self.n += 1
@@ -527,7 +557,9 @@ class FunctionEmitter:
         self.label(end)
 
     # -- the GEMM micro-kernel -----------------------------------------------------------
-    def gemm(self, g: Gemm) -> None:
+    def gemm(self, g: Gemm, lo: str | None = None, hi: str | None = None) -> None:
+        """The whole GEMM, or with lo and hi (a phase's range) its row blocks or column panels
+        [lo, hi) as `g.split` says; the last block or panel may be partial."""
         vw, nr, mr = self.vw, g.nr, g.mr
         if nr % vw:
             raise ValueError(f"gemm panel width {nr} is not a multiple of the vector width {vw}")
@@ -546,11 +578,14 @@ class FunctionEmitter:
         full_blocks, last_rows = divmod(g.m, mr)
         # B in chunks of panels that stay in L2 (each k step of a panel is nr 4-byte lanes).
         chunk = max(1, PANEL_CHUNK_BYTES // (g.k * nr * 4))
+        rows_range = lo is not None and g.split == "m"
 
         # Row blocks outside, panels inside: the block's A rows (k-major in conv) stay in
         # cache while the panels of B stream past them; when B outgrows L2, every row block
         # runs over one L2-sized chunk of panels before the next chunk is read.
-        def block(m0: str, rows: int, first, count: int, cols_last: bool) -> None:
+        # `panels` is (first, count) or, for a range known at run time, (first, end) values;
+        # `partial` says whether the partial last panel follows (True, False or an i1 value).
+        def block(m0: str, rows: int, panels: tuple, partial) -> None:
             def panel(p: str, cols: int) -> None:
                 pb = self.mul_const(p, g.k * nr)
                 bp = self.tmp("bp")
@@ -558,31 +593,54 @@ class FunctionEmitter:
                 self.microkernel(g, a_ptr, a_off, b_ptr, bp, m0, rows, vt, tile)
                 self.writeback(g, tile, m0, p, rows, cols)
 
-            def full(local: str) -> None:
-                if first == 0:
-                    return panel(local, nr)
-                p = self.tmp("pn")
-                self.emit(f"{p} = add nsw i64 {local}, {first}")
-                panel(p, nr)
-            if count:
-                self.loop(f"{g.n_var}.pan", count, lambda: full(self.lookup(f"{g.n_var}.pan")[1]))
-            if cols_last and last_cols:
+            first, count = panels
+            pan = f"{g.n_var}.pan"
+            if not isinstance(count, int):
+                self.loop(pan, 0, lambda: panel(self.lookup(pan)[1], nr), lo=first, hi=count)
+            elif count:
+                self.loop(pan, count, lambda: panel(
+                    self.lookup(pan)[1] if first == 0 else self.int_op("add nsw", self.lookup(pan)[1], first), nr))
+            if last_cols and partial is True:
                 panel(str(full_panels), last_cols)
+            elif last_cols and partial:
+                self.when(partial, lambda: panel(str(full_panels), last_cols))
 
-        def blocks(first, count: int, cols_last: bool) -> None:
+        def blocks(panels: tuple, partial) -> None:
+            blk = f"{g.m_var}.blk"
+            run = lambda: block(self.mul_const(self.lookup(blk)[1], mr), mr, panels, partial)  # noqa: E731
+            if not rows_range:
+                if full_blocks:
+                    self.loop(blk, full_blocks, run)
+                if last_rows:
+                    block(str(full_blocks * mr), last_rows, panels, partial)
+                return
             if full_blocks:
-                self.loop(f"{g.m_var}.blk", full_blocks, lambda: block(
-                    self.mul_const(self.lookup(f"{g.m_var}.blk")[1], mr), mr, first, count, cols_last))
+                self.loop(blk, 0, run, lo=lo, hi=self.int_op("smin", hi, full_blocks))
             if last_rows:
-                block(str(full_blocks * mr), last_rows, first, count, cols_last)
+                self.when(self.int_op("icmp sgt", hi, full_blocks),
+                          lambda: block(str(full_blocks * mr), last_rows, panels, partial))
 
+        if lo is not None and g.split == "n":
+            # Panels [lo, hi): the full ones in L2-sized chunks, then the partial one if in range.
+            end = self.int_op("smin", hi, full_panels)
+            span = self.int_op("smax", self.int_op("sub", end, lo), 0)
+            n_chunks = self.int_op("udiv", self.int_op("add", span, chunk - 1), chunk)
+            chk = f"{g.n_var}.chk"
+
+            def one_chunk():
+                c0 = self.int_op("add", lo, self.mul_const(self.lookup(chk)[1], chunk))
+                blocks((c0, self.int_op("smin", self.int_op("add", c0, chunk), end)), False)
+            self.loop(chk, 0, one_chunk, lo="0", hi=n_chunks)
+            if last_cols:
+                self.when(self.int_op("icmp sgt", hi, full_panels), lambda: blocks((0, 0), True))
+            return
         chunks, rest = divmod(full_panels, chunk)
         if chunks <= 1 and not (chunks == 1 and rest):
-            blocks(0, full_panels, True)
+            blocks((0, full_panels), True)
         else:
             self.loop(f"{g.n_var}.chk", chunks, lambda: blocks(
-                self.mul_const(self.lookup(f"{g.n_var}.chk")[1], chunk), chunk, False))
-            blocks(str(chunks * chunk), rest, True)
+                (self.mul_const(self.lookup(f"{g.n_var}.chk")[1], chunk), chunk), False))
+            blocks((chunks * chunk, rest), True)
 
     def mul_const(self, v: str, c: int) -> str:
         r = self.tmp("m")
@@ -733,11 +791,37 @@ class FunctionEmitter:
 
     # -- the function --------------------------------------------------------------------
     def function(self) -> str:
-        self.stmts(self.k.body)
-        params = ", ".join(f"ptr noalias {p}" for p, _ in self.bufs.values())
+        """`void symbol(buffers..., i64 phase, i64 lo, i64 hi)`: runs one phase of the kernel
+        (ir.loop, "Threads"), a parallel one over [lo, hi) of its parts."""
+        prelude, parts = phases(self.k.body)
+        self.scopes.append({})
+        for s in prelude:
+            self.stmt(s)
+        if len(parts) == 1:
+            self.phase(parts[0])
+        else:
+            cases = " ".join(f"i64 {i}, label %P{i}" for i in range(1, len(parts)))
+            self.emit(f"switch i64 %phase, label %P0 [ {cases} ]")
+            for i, part in enumerate(parts):
+                self.label(f"P{i}")
+                self.phase(part)
+                self.emit("br label %done")
+            self.label("done")
+        self.scopes.pop()
+        params = ", ".join([f"ptr noalias {p}" for p, _ in self.bufs.values()] + ["i64 %phase", "i64 %lo", "i64 %hi"])
         head = [f"define void @{self.symbol}({params}) #0 {{", "entry:"]
         head += ["  " + a for a in self.allocas]
         return "\n".join(head + self.lines + ["  ret void", "}"])
+
+    def phase(self, part) -> None:
+        if isinstance(part, tuple):
+            self.stmts(part)
+        elif isinstance(part, Gemm):
+            self.gemm(part, "%lo", "%hi")
+        elif part.parallel:
+            self.loop(part.var, part.extent, lambda: self.stmts(part.body), part.kind, lo="%lo", hi="%hi")
+        else:
+            self.stmt(part)
 
 
 def kernel_to_llvm_ir(kernel: Kernel, symbol: str, triple: str, cpu: str, features: str) -> str:

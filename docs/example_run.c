@@ -6,7 +6,8 @@
  *
  * BUNDLE/kiln_model.h describes the model this program is compiled for (names, dtypes,
  * shapes and sizes of its inputs and outputs) and declares the library's entry points;
- * tests/test_c_api.py compiles this file against a bundle and checks it against onnxruntime. */
+ * tests/test_c_api.py compiles this file against a bundle and checks it against onnxruntime.
+ * It runs on the usable cores, or on KILN_NUM_THREADS threads when that is set. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -65,6 +66,7 @@ int main(int argc, char** argv) {
     outputs[i] = malloc(kiln_output_bytes[i] ? kiln_output_bytes[i] : 1);
     if (!outputs[i]) return 1;
   }
+  printf("running on %d thread(s)\n", kiln_num_threads());
   int rc = kiln_run(weights, arena, inputs, outputs);
   if (rc != 0) {
     fprintf(stderr, "kiln_run returned %d\n", rc);

@@ -16,6 +16,15 @@ Store, Local or Assign) it takes that operand's type, so `x * 0.5` is written on
 and f64 and `max(x, 0)` for every integer type. On its own it has its own `dtype`.
 
 Every loop runs from 0 to a static extent; all shapes are static.
+
+Threads. A kernel's body is a sequence of *phases* (`phases`): its top-level loops and
+Gemms, when it holds nothing else at top level but pure Lets; otherwise the whole body is
+one phase. The compiled function takes `(buffers..., phase, lo, hi)` and runs one phase; a
+phase that is a `For(parallel=True)` runs only iterations [lo, hi), a Gemm phase only row
+blocks or column panels [lo, hi) (`Gemm.split`). The entry function runs the phases in
+order, each on one thread or as ranges across the module's thread pool: lowering marks a
+loop parallel only where its iterations write disjoint outputs and share no workspace, so
+the result does not depend on how the range is divided.
 """
 from __future__ import annotations
 
@@ -25,7 +34,7 @@ import json
 import math
 from dataclasses import dataclass, fields
 
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 
 INT_TYPES = ("i8", "i16", "i32", "i64", "u8", "u16", "u32", "u64")
 FLOAT_TYPES = ("f32", "f64")
@@ -147,6 +156,8 @@ class For(Stmt):
     extent: int
     body: tuple
     kind: str = "serial"  # serial | vectorize | unroll
+    # Iterations may run on several threads: honoured where the loop is a phase (see above).
+    parallel: bool = False
 
 
 @dataclass(frozen=True)
@@ -221,9 +232,17 @@ class Gemm(Stmt):
     epilogue: tuple
     a_ktab: str = ""
     kind: str = "f32"
+    # Where the Gemm is a phase, threads divide it by row blocks ("m") or column panels ("n").
+    split: str = "m"
+
+    @property
+    def pieces(self) -> int:
+        """How many parts its split dimension has: row blocks or panels (the last one partial)."""
+        return -(-self.m // self.mr) if self.split == "m" else -(-self.n // self.nr)
 
 
 GEMM_KINDS = ("f32", "u8s8", "s8s8", "s8u8")
+GEMM_SPLITS = ("m", "n")
 
 
 @dataclass(frozen=True)
@@ -282,6 +301,42 @@ class Kernel:
         merged = dict(self.schedule)
         merged.update(updates)
         return Kernel(self.buffers, self.body, tuple(sorted(merged.items())))
+
+
+def _reads_memory(e) -> bool:
+    if isinstance(e, Load):
+        return True
+    if isinstance(e, Call):
+        return any(map(_reads_memory, e.args))
+    return any(_reads_memory(v) for v in (getattr(e, f.name) for f in fields(e)) if isinstance(v, Expr))
+
+
+def phases(body: tuple) -> tuple[tuple, tuple]:
+    """(prelude, phases) of a kernel body (see "Threads" above): its top-level Lets, which
+    every phase sees, and its top-level loops and Gemms. A body holding anything else at top
+    level (an accumulator, a store, a Let that loads) is one phase: the body itself, a tuple."""
+    lets = tuple(s for s in body if isinstance(s, Let))
+    work = tuple(s for s in body if not isinstance(s, Let))
+    if work and all(isinstance(s, (For, Gemm)) for s in work) and not any(_reads_memory(s.value) for s in lets):
+        return lets, work
+    return (), (tuple(body),)
+
+
+def parallel_extent(phase) -> int:
+    """How many independent parts a phase divides into across threads (0: it runs whole)."""
+    if isinstance(phase, For) and phase.parallel:
+        return phase.extent
+    if isinstance(phase, Gemm):
+        return phase.pieces
+    return 0
+
+
+def loop(var: str, extent: int, body, kind: str = "serial", parallel: bool = False) -> tuple:
+    """A loop as statements; one of a single iteration is its body with `var` bound to 0, so
+    the phases inside it (a batch-1 conv's copy and GEMM) stay top level."""
+    if extent == 1:
+        return (Let(var, Const(0)), *body)
+    return (For(var, extent, tuple(body), kind, parallel),)
 
 
 _CLASSES = {c.__name__: c for c in (Const, Var, Load, Bin, Cmp, Call, Select, Cast, For, Store, Let, Local,

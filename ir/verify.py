@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from .errors import InternalError
 from .loop import (COMPUTE_TYPES, FLOAT_CALLS, FLOAT_TYPES, INT_TYPES, STORAGE_TYPES, Assign, Bin, Buffer, Call, Cast,
-                   Cmp, Const, Expr, For, GEMM_KINDS, Gemm, If, Kernel, Let, Load, Local, Select, Store, Var, compute_type,
+                   Cmp, Const, Expr, For, GEMM_KINDS, GEMM_SPLITS, Gemm, If, Kernel, Let, Load, Local, Select, Store, Var, compute_type,
                    operand_type)
 
 _FLOAT_OPS = {"add", "sub", "mul", "div", "rem", "max", "min", "pow"}
@@ -132,6 +132,8 @@ class _Checker:
         if isinstance(s, For):
             if not isinstance(s.extent, int) or s.extent < 0 or s.kind not in _LOOP_KINDS:  # 0: no iterations
                 raise _Problem(f"loop {s.var}: extent {s.extent!r}, kind {s.kind!r}")
+            if not isinstance(s.parallel, bool):
+                raise _Problem(f"loop {s.var}: parallel is {s.parallel!r}")
             self.block(s.body, {s.var: ("i64", False)})
         elif isinstance(s, Store):
             storage = self.buffer(s.buf, s.index).dtype
@@ -165,6 +167,8 @@ class _Checker:
             b_type = self.buffers.get(s.b_buf, Buffer("", "", 0)).dtype
             if s.kind not in GEMM_KINDS:
                 raise _Problem(f"gemm of unknown kind {s.kind!r}")
+            if s.split not in GEMM_SPLITS:
+                raise _Problem(f"gemm split {s.split!r}")
             if s.kind != "f32":
                 if a_type not in ("i8", "u8") or b_type not in ("i8", "u8"):
                     raise _Problem(f"{s.kind} gemm operands {s.a_buf}, {s.b_buf} are not byte buffers")

@@ -61,13 +61,13 @@ class BuildResult:
     def export(self, path: str) -> str:
         return write_bundle(self.files, path)
 
-    def load(self):
+    def load(self, threads: int | None = None):
         """Load the bundle without keeping it on disk: it is exported to a temporary folder
         that is gone again when this returns (the loaded library and weights live on in
-        memory)."""
+        memory). threads: as artifacts.load (default: the usable cores)."""
         from ..artifacts.module import Module
         with tempfile.TemporaryDirectory(prefix="kiln-module-") as tmp:
-            return Module(self.export(os.path.join(tmp, "bundle")))
+            return Module(self.export(os.path.join(tmp, "bundle")), threads)
 
 
 @dataclass

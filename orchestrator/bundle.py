@@ -27,8 +27,9 @@ def _swaps(lowered, loop) -> bool:
 
 
 def _locations(lowered, weight_offsets, arena_offsets):
-    """The entry function's plan: ("call", symbol, argument locations, guard, index) and
-    ("loop", ...) items (artifacts.link.entry_source), and the outputs' locations."""
+    """The entry function's plan: ("call", symbol, argument locations, guard, index, phases)
+    and ("loop", ...) items (artifacts.link.entry_source), and the outputs' locations."""
+    from ..ir.parallel import thread_plan
 
     def loc(tensor: str) -> tuple:
         t = lowered.storage(tensor)
@@ -61,7 +62,7 @@ def _locations(lowered, weight_offsets, arena_offsets):
                 continue
             args = [loc(t) for t in st.outputs] + [loc(t) for t in st.inputs]
             args += [("arena", arena_offsets[f"ws:{index}:{j}"]) for j in range(len(st.workspaces))]
-            out.append(("call", st.kernel.symbol, args, guard(st.guard), index))
+            out.append(("call", st.kernel.symbol, args, guard(st.guard), index, thread_plan(st.kernel)))
             index += 1
         return out
 

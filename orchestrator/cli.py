@@ -43,6 +43,16 @@ def _parse_size(text: str) -> int:
         raise KilnError(f"--max-size {text!r}: expected a size such as 500M or 2G") from None
 
 
+def _positive_int(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return n
+
+
 def _cache_arg(args):
     from .options import DEFAULT_CACHE
     if getattr(args, "no_cache", False):
@@ -152,7 +162,7 @@ def cmd_run(args) -> int:
     import numpy as np
 
     from ..artifacts.module import Module
-    module = Module(args.bundle)
+    module = Module(args.bundle, args.threads)
     if args.inputs:
         with np.load(args.inputs) as data:
             inputs = {k: data[k] for k in data.files}
@@ -170,10 +180,11 @@ def cmd_run(args) -> int:
 
 def cmd_bench(args) -> int:
     from ..artifacts.module import Module
-    module = Module(args.bundle)
+    module = Module(args.bundle, args.threads)
     stats = module.benchmark(warmup=args.warmup, repeat=args.repeat)
     print(f"{args.bundle}: median {stats['median_ms']:.3f} ms, min {stats['min_ms']:.3f} ms, "
-          f"p90 {stats['p90_ms']:.3f} ms over {stats['repeat']} runs")
+          f"p90 {stats['p90_ms']:.3f} ms over {stats['repeat']} runs, {module.threads} "
+          f"thread{'s' if module.threads > 1 else ''}")
     if args.profile:
         rows = module.profile(repeat=args.repeat)
         total = sum(r["ms"] for r in rows) or 1.0
@@ -247,6 +258,7 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--inputs", help=".npz with one array per model input (random if omitted)")
     p.add_argument("--outputs", help="write the outputs to this .npz")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=_positive_int, default=None, help="threads to run on (default: usable cores)")
     p.set_defaults(fn=cmd_run)
 
     p = sub.add_parser("bench", help="measure a bundle's latency")
@@ -254,6 +266,7 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--repeat", type=int, default=50)
     p.add_argument("--profile", action="store_true", help="also print each kernel's time")
+    p.add_argument("--threads", type=_positive_int, default=None, help="threads to run on (default: usable cores)")
     p.set_defaults(fn=cmd_bench)
 
     p = sub.add_parser("explain", help="passes, fused kernels and cache key parts of a model")

@@ -24,15 +24,18 @@ def _compile(bundle: str, out: str) -> str:
     return out
 
 
-def _run_from_c(bundle: str, tmp_path, feeds: dict, outputs: list) -> dict:
+def _run_from_c(bundle: str, tmp_path, feeds: dict, outputs: list, threads: int | None = None) -> dict:
     program = _compile(bundle, str(tmp_path / "run_model"))
     ins = []
     for name, value in feeds.items():
         ins.append(str(tmp_path / f"{name}.in"))
         np.ascontiguousarray(value).tofile(ins[-1])
     outs = [str(tmp_path / f"{i}.out") for i in range(len(outputs))]
-    proc = subprocess.run([program, bundle, *ins, *outs], capture_output=True, text=True)
+    env = {**os.environ, "KILN_NUM_THREADS": str(threads)} if threads else None
+    proc = subprocess.run([program, bundle, *ins, *outs], capture_output=True, text=True, env=env)
     assert proc.returncode == 0, proc.stderr
+    if threads:
+        assert f"running on {threads} thread(s)" in proc.stdout
     return {name: np.fromfile(path, dtype) for (name, dtype), path in zip(outputs, outs)}
 
 
@@ -42,6 +45,13 @@ def test_the_example_program_runs_a_cnn_bundle(cnn_bundle, tmp_path):
     got = _run_from_c(cnn_bundle, tmp_path, feeds, [("logits", np.float32)])
     want = model_zoo.onnxruntime_outputs(model, feeds)["logits"]
     np.testing.assert_allclose(got["logits"].reshape(want.shape), want, rtol=1e-3, atol=1e-4)
+
+
+def test_the_thread_count_from_the_environment_changes_no_byte(cnn_bundle, tmp_path):
+    feeds = model_zoo.random_inputs(model_zoo.cnn(), 4)
+    one = _run_from_c(cnn_bundle, tmp_path, feeds, [("logits", np.float32)], threads=1)
+    three = _run_from_c(cnn_bundle, tmp_path, feeds, [("logits", np.float32)], threads=3)
+    assert np.array_equal(one["logits"], three["logits"])
 
 
 def test_header_describes_several_inputs_and_outputs_of_other_types(tmp_path):

@@ -18,7 +18,7 @@ import numpy as np
 
 from ..dtypes import dtype
 from ..graph import Graph, TensorType
-from ..loop import Buffer, Const, Kernel, Load, Var, flat_index
+from ..loop import Buffer, Const, For, Kernel, Load, Var, flat_index
 
 
 @dataclass
@@ -114,16 +114,17 @@ class KernelBuilder:
         shape = self.shape(name)
         return lambda idx: Load(param, flat_index(idx, shape))
 
-    def loops(self, shape, body_fn, inner_kind="vectorize"):
-        """A loop nest over `shape`; body_fn(idx) returns the statements of one point."""
-        from ..loop import For
+    def loops(self, shape, body_fn, inner_kind="vectorize", parallel: bool = False):
+        """A loop nest over `shape`; body_fn(idx) returns the statements of one point. With
+        `parallel`, the outermost loop may be divided across threads: the caller promises
+        that points write only their own outputs."""
         vars_ = [self.fresh("i") for _ in shape]
         idx = [Var(v) if d > 1 else Const(0) for v, d in zip(vars_, shape)]
         body = tuple(body_fn(idx))
-        for pos in range(len(shape) - 1, -1, -1):
-            if shape[pos] > 1:
-                kind = inner_kind if pos == _last_real_dim(shape) else "serial"
-                body = (For(vars_[pos], shape[pos], body, kind),)
+        real = [pos for pos, d in enumerate(shape) if d > 1]
+        for pos in reversed(real):
+            kind = inner_kind if pos == real[-1] else "serial"
+            body = (For(vars_[pos], shape[pos], body, kind, parallel and pos == real[0]),)
         return body
 
     def kernel(self, body) -> Kernel:
@@ -140,13 +141,6 @@ class KernelBuilder:
 def storage_bytes(storage: str) -> int:
     """Bytes per element of a loop-IR storage type."""
     return {"b8": 1, "f16": 2, "bf16": 2, "f32": 4, "f64": 8}.get(storage) or int(storage[1:]) // 8
-
-
-def _last_real_dim(shape) -> int:
-    for pos in range(len(shape) - 1, -1, -1):
-        if shape[pos] > 1:
-            return pos
-    return -1
 
 
 def broadcast_index(idx, out_shape, in_shape) -> list:

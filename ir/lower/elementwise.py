@@ -75,7 +75,7 @@ def concat_by_slabs(b: KernelBuilder, node: Node) -> tuple:
             dest = list(idx)
             dest[axis] = dest[axis] + off
             return [Store(param, flat_index(dest, oshape), r(idx))]
-        body += b.loops(shape, point)
+        body += b.loops(shape, point, parallel=True)
         off += shape[axis]
     return tuple(body)
 

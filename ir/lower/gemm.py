@@ -16,12 +16,16 @@ import math
 import numpy as np
 
 from ..graph import Node
-from ..loop import (Assign, Const, For, Gemm, If, Load, Local, Store, Var, add, cmp, div, fbin, flat_index, mul, rem,
-                    select, sub, unflatten)
+from ..loop import (Assign, Const, For, Gemm, If, Load, Local, Store, Var, add, cmp, div, fbin, flat_index, loop, mul,
+                    rem, select, sub, unflatten)
 from .builder import KernelBuilder, broadcast_index
 
 
 COL_CHUNK_FLOATS = 96 * 1024  # 384 KiB of im2col per GEMM: L2-resident on current x86 cores
+# Up to this much im2col is written whole, then multiplied as one GEMM: two phases that
+# threads divide (a chunked im2col reuses one workspace per chunk, so it runs on one thread).
+WHOLE_COL_FLOATS = 1024 * 1024
+RUNTIME_PACK_FLOATS = 4 * 1024 * 1024  # packed run-time B operands of a batched MatMul, all batches
 
 
 def pack_panels(bmat: np.ndarray, nr: int) -> np.ndarray:
@@ -40,7 +44,16 @@ def gemm_stmt(b: KernelBuilder, a_buf, a_off, a_sm, a_sk, b_buf, b_off, m, n, k,
     mv, nv, av = b.fresh("gm"), b.fresh("gn"), b.fresh("gacc")
     epi = tuple(epilogue_fn(Var(mv), Var(nv), Var(av, "f32" if kind == "f32" else "i32")))
     mr, nr = b.config.tile(n)
-    return Gemm(a_buf, a_off, a_sm, a_sk, b_buf, b_off, m, n, k, mr, nr, mv, nv, av, epi, a_ktab, kind)
+    return Gemm(a_buf, a_off, a_sm, a_sk, b_buf, b_off, m, n, k, mr, nr, mv, nv, av, epi, a_ktab, kind,
+                gemm_split(m, n, mr, nr))
+
+
+def gemm_split(m: int, n: int, mr: int, nr: int) -> str:
+    """Divide a GEMM among threads by row blocks when there are many (each thread then reads
+    all of B once per block it owns, as one thread does), else by panels: a few rows against
+    many weight columns (a batch-1 layer, a 7x7 conv) has no row blocks to share out."""
+    blocks, panels = -(-m // mr), -(-n // nr)
+    return "m" if blocks >= 16 or blocks >= panels else "n"
 
 
 def padded_copy(b: KernelBuilder, src: str, src_off, channels: int, spatial: list, pads: list, dest: str,
@@ -73,7 +86,7 @@ def padded_copy(b: KernelBuilder, src: str, src_off, channels: int, spatial: lis
                                                                                       zero),), "vectorize"),)),)
     for i in range(nsp - 2, -1, -1):
         body = (For(rv[i], padded[i], body),)
-    return For(ci, channels, body)
+    return For(ci, channels, body, parallel=True)
 
 
 def _runtime_pack(b: KernelBuilder, src: str, off, k: int, n: int, s_k: int, s_n: int, ws: str,
@@ -90,7 +103,7 @@ def _runtime_pack(b: KernelBuilder, src: str, off, k: int, n: int, s_k: int, s_n
     else:
         value = Load(src, add(off, add(mul(Var(kk), s_k), mul(col, s_n))))
     dest = add(dest_off, add(mul(add(mul(Var(p), k), Var(kk)), nr), Var(j)))
-    return (For(p, panels, (For(kk, k, (For(j, nr, (Store(ws, dest, value),), "vectorize"),)),)),)
+    return (For(p, panels, (For(kk, k, (For(j, nr, (Store(ws, dest, value),), "vectorize"),)),), parallel=True),)
 
 
 # ---- convolution -------------------------------------------------------------------------
@@ -132,7 +145,8 @@ def lower_conv(b: KernelBuilder, node: Node, store) -> tuple:
     implicit = not pointwise and out_sp[-1] >= b.config.tile(cog)[0]
     # im2col in chunks of whole output rows, each small enough to stay in L2 for its GEMM.
     lead_rows, row_size = out_sp[0], math.prod(out_sp[1:])
-    rows_per_chunk = lead_rows if pointwise else max(1, min(lead_rows, COL_CHUNK_FLOATS // max(kk * row_size, 1)))
+    whole = pointwise or kk * m <= WHOLE_COL_FLOATS
+    rows_per_chunk = lead_rows if whole else max(1, min(lead_rows, COL_CHUNK_FLOATS // max(kk * row_size, 1)))
     col_ws = None if pointwise or implicit else b.workspace(kk * rows_per_chunk * row_size)
 
     bv, gv = b.fresh("b"), b.fresh("g")
@@ -140,7 +154,7 @@ def lower_conv(b: KernelBuilder, node: Node, store) -> tuple:
     if runtime_w:
         gp = b.fresh("wg")
         packs = _runtime_pack(b, w_src, mul(Var(gp), cog * kk), kk, cog, 1, kk, wparam, mul(Var(gp), panel_stride))
-        prologue = [For(gp, groups, packs)]
+        prologue = list(loop(gp, groups, packs))
     body = []
     chan0 = lambda: add(mul(Var(bv), cin), mul(Var(gv), cg))  # first input channel of this group
     src_buf, src_shape = xparam, spatial
@@ -172,7 +186,7 @@ def lower_conv(b: KernelBuilder, node: Node, store) -> tuple:
                      out_sp[-1], cog, kk, epilogue, a_ktab=ktab_param)
         body_ = (stmt,)
         for i in range(nsp - 2, -1, -1):
-            body_ = (For(rv[i], out_sp[i], body_),)
+            body_ = (For(rv[i], out_sp[i], body_, parallel=i == 0),)
         return list(body_)
 
     def chunk(row0, rows: int) -> list:
@@ -196,7 +210,7 @@ def lower_conv(b: KernelBuilder, node: Node, store) -> tuple:
                 inner_stmt = (For(ov[i], extents[i], inner_stmt, "vectorize" if i == nsp - 1 else "serial"),)
             for i in range(nsp - 1, -1, -1):
                 inner_stmt = (For(kv[i], kernel[i], inner_stmt),)
-            stmts.append(For(ci, cg, inner_stmt))
+            stmts.append(For(ci, cg, inner_stmt, parallel=True))
 
         def epilogue(mm, nn, acc):
             co = add(mul(Var(gv), cog), nn)
@@ -224,7 +238,7 @@ def lower_conv(b: KernelBuilder, node: Node, store) -> tuple:
         body.append(For(ch, full, tuple(chunk(mul(Var(ch), rows_per_chunk), rows_per_chunk))))
     if last:
         body += chunk(Const(full * rows_per_chunk), last)
-    return tuple(prologue) + (For(bv, batch, (For(gv, groups, tuple(body)),)),)
+    return tuple(prologue) + loop(bv, batch, loop(gv, groups, body))
 
 
 def is_depthwise(b: KernelBuilder, node: Node) -> bool:
@@ -267,7 +281,8 @@ def lower_depthwise(b: KernelBuilder, node: Node, store, value=lambda v: v, weig
                           fbin("min", fbin("max", col, Const(0)), Const(w_ - 1))], [batch * cin, h, w_])
         dest = flat_index([Var(c), Var(i), Var(ph), Var(t)], [cin, hp, sw, wq])
         pad_copy = For(c, cin, (For(i, hp, (For(ph, sw, (For(t, wq, (Store(
-            xp, dest, select(inside, value(Load(xparam, src)), Const(0.0, "f32"))),), "vectorize"),)),)),))
+            xp, dest, select(inside, value(Load(xparam, src)), Const(0.0, "f32"))),), "vectorize"),)),)),),
+            parallel=True)
     co, r, u, v, q, acc = b.fresh("co"), b.fresh("r"), b.fresh("ky"), b.fresh("kx"), b.fresh("q"), b.fresh("acc")
     ch = div(Var(co), mult)
     kx = mul(Var(v), dw)  # a constant once the window loop is unrolled
@@ -278,8 +293,8 @@ def lower_depthwise(b: KernelBuilder, node: Node, store, value=lambda v: v, weig
     total = Var(acc, "f32") if bias is None else fbin("add", Var(acc, "f32"), bias([Var(co)]))
     point = (Local(acc, "f32", Const(0.0, "f32")), For(u, kh, (For(v, kw, (tap,), "unroll"),), "unroll"),
              *store([Var(bv), Var(co), Var(r), Var(q)], out(total) if out else total))
-    rows = For(co, cout, (For(r, oh, (For(q, ow, point, "vectorize"),)),))
-    return (For(bv, batch, (pad_copy, rows)),)
+    rows = For(co, cout, (For(r, oh, (For(q, ow, point, "vectorize"),)),), parallel=True)
+    return loop(bv, batch, (pad_copy, rows))
 
 
 def conv_operands(b: KernelBuilder, node: Node) -> tuple:
@@ -315,8 +330,8 @@ def lower_conv_transpose(b: KernelBuilder, node: Node, store) -> tuple:
     else:
         wparam = b.workspace(groups * panel_stride)
         gp = b.fresh("wg")
-        prologue = (For(gp, groups, _runtime_pack(b, b.in_param(w_name), mul(Var(gp), cig * n), cig, n, n, 1,
-                                                  wparam, mul(Var(gp), panel_stride))),)
+        prologue = loop(gp, groups, _runtime_pack(b, b.in_param(w_name), mul(Var(gp), cig * n), cig, n, n, 1,
+                                                  wparam, mul(Var(gp), panel_stride)))
     cols = b.workspace(n * m)
     bv, gv = b.fresh("b"), b.fresh("g")
     gemm = gemm_stmt(b, xparam, mul(add(mul(Var(bv), cin), mul(Var(gv), cig)), m), 1, m, wparam,
@@ -346,8 +361,8 @@ def lower_conv_transpose(b: KernelBuilder, node: Node, store) -> tuple:
         value = Var(acc, "f32") if bias is None else fbin("add", Var(acc, "f32"), bias([oc]))
         return body + list(store([Var(bv), oc] + list(oidx[1:]), value))
 
-    col2im = b.loops([cog] + list(oshape[2:]), point, inner_kind="serial")
-    return prologue + (For(bv, batch, (For(gv, groups, (gemm,) + tuple(col2im)),)),)
+    col2im = b.loops([cog] + list(oshape[2:]), point, inner_kind="serial", parallel=True)
+    return prologue + loop(bv, batch, loop(gv, groups, (gemm,) + tuple(col2im)))
 
 
 # ---- matmul and gemm ---------------------------------------------------------------------
@@ -392,6 +407,7 @@ def lower_matmul(b: KernelBuilder, node: Node, store) -> tuple:
     const_b = b_name in b.g.constants
     nr = b.config.tile(n)[1]
     panels = -(-n // nr)
+    per_batch = False
     if const_b:
         bm = b.g.constants[b_name].reshape(sb)
         flat = bm.reshape(-1, k, n)
@@ -399,7 +415,10 @@ def lower_matmul(b: KernelBuilder, node: Node, store) -> tuple:
         b_param = b.constant_param(f"{b_name}_packed", packed)
     else:
         b_src = b.in_param(b_name)
-        b_param = b.workspace(panels * k * nr)
+        # One packed B per batch element (attention: per head) lets the heads run in
+        # parallel; a batch too large for that shares one, on one thread.
+        per_batch = math.prod(batch) * panels * k * nr <= RUNTIME_PACK_FLOATS
+        b_param = b.workspace(panels * k * nr * (math.prod(batch) if per_batch else 1))
 
     def body(bidx):
         a_off = mul(flat_index(broadcast_index(bidx, batch, sa[:-2]), sa[:-2] or [1]), m * k)
@@ -408,8 +427,8 @@ def lower_matmul(b: KernelBuilder, node: Node, store) -> tuple:
         if const_b:
             b_off = mul(b_mat, panels * k * nr)
         else:
-            stmts += _runtime_pack(b, b_src, mul(b_mat, k * n), k, n, n, 1, b_param)
-            b_off = Const(0)
+            b_off = mul(flat_index(bidx, batch), panels * k * nr) if per_batch and batch else Const(0)
+            stmts += _runtime_pack(b, b_src, mul(b_mat, k * n), k, n, n, 1, b_param, b_off)
 
         def epilogue(mm, nn, acc):
             idx = list(bidx) + ([] if va else [mm]) + ([] if vb else [nn])
@@ -417,7 +436,7 @@ def lower_matmul(b: KernelBuilder, node: Node, store) -> tuple:
         stmts.append(gemm_stmt(b, a_param, a_off, k, 1, b_param, b_off, m, n, k, epilogue))
         return stmts
 
-    return b.loops(batch, body, inner_kind="serial") if batch else tuple(body([]))
+    return b.loops(batch, body, inner_kind="serial", parallel=const_b or per_batch) if batch else tuple(body([]))
 
 
 def lower_gemm(b: KernelBuilder, node: Node, store) -> tuple:

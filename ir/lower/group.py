@@ -79,7 +79,8 @@ def _lower_plain(b: KernelBuilder, members: list[Node]) -> tuple:
         if not out:
             continue
         reader, shape, param = b.readers[out], b.shape(out), b.out_param(out)
-        body += b.loops(shape, lambda idx, r=reader, s=shape, p=param: [Store(p, flat_index(idx, s), r(idx))])
+        body += b.loops(shape, lambda idx, r=reader, s=shape, p=param: [Store(p, flat_index(idx, s), r(idx))],
+                        parallel=True)
     return tuple(body)
 
 

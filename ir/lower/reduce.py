@@ -92,7 +92,7 @@ def lower_reduce(b: KernelBuilder, node: Node, store, kind: str) -> tuple:
                            fbin("add", call("log", value), Var(top, t)))
         return body + list(store(oidx, value))
 
-    return b.loops(oshape, point, inner_kind="serial")
+    return b.loops(oshape, point, inner_kind="serial", parallel=True)
 
 
 def _select_max(acc, x):
@@ -141,7 +141,7 @@ def lower_softmax(b: KernelBuilder, node: Node, store, out_param: str, log: bool
         body += _accumulate(b, xshape, axes, normalize)
         return body
 
-    return b.loops([xshape[a] for a in outer_axes], row, inner_kind="serial")
+    return b.loops([xshape[a] for a in outer_axes], row, inner_kind="serial", parallel=True)
 
 
 def lower_hardmax(b: KernelBuilder, node: Node, store) -> tuple:
@@ -167,7 +167,7 @@ def lower_hardmax(b: KernelBuilder, node: Node, store) -> tuple:
             cmp("eq", flat_index(iidx, inner), Var(at, "i64")), _f(1), _f(0))))
         return body
 
-    return b.loops([xshape[a] for a in outer_axes], row, inner_kind="serial")
+    return b.loops([xshape[a] for a in outer_axes], row, inner_kind="serial", parallel=True)
 
 
 def lower_normalize(b: KernelBuilder, node: Node, store, shape, axes, x_at, out_at, eps: float, center: bool = True,
@@ -212,7 +212,7 @@ def lower_normalize(b: KernelBuilder, node: Node, store, shape, axes, x_at, out_
         body += _accumulate(b, shape, axes, write)
         return body
 
-    return b.loops([shape[a] for a in outer_axes], row, inner_kind="serial")
+    return b.loops([shape[a] for a in outer_axes], row, inner_kind="serial", parallel=True)
 
 
 def lower_layernorm(b: KernelBuilder, node: Node, store, center: bool = True) -> tuple:
@@ -274,7 +274,7 @@ def lower_pool(b: KernelBuilder, node: Node, store, is_max: bool) -> tuple:
         value = Var(acc, t) if is_max else fbin("div", Var(acc, t), Var(cnt, t))
         return body + list(store(oidx, value))
 
-    return b.loops(oshape, point, inner_kind="serial")
+    return b.loops(oshape, point, inner_kind="serial", parallel=True)
 
 
 def lower_lp_normalize(b: KernelBuilder, node: Node, store) -> tuple:
@@ -298,4 +298,4 @@ def lower_lp_normalize(b: KernelBuilder, node: Node, store) -> tuple:
         return [Local(acc, t, _f(0)), *_accumulate(b, xshape, axes, term), Let(inv, inv_norm),
                 *_accumulate(b, xshape, axes, lambda iidx: store(full(iidx), fbin("mul", x(full(iidx)),
                                                                                      Var(inv, t))))]
-    return b.loops([xshape[a] for a in outer_axes], row, inner_kind="serial")
+    return b.loops([xshape[a] for a in outer_axes], row, inner_kind="serial", parallel=True)

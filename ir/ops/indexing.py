@@ -308,7 +308,7 @@ def _cumsum_kernel(b, node):
         steps = [Store(param, at, Var(acc, t)), Assign(acc, fbin("add", Var(acc, t), x(idx)))] if exclusive else \
             [Assign(acc, fbin("add", Var(acc, t), x(idx))), Store(param, at, Var(acc, t))]
         return [Local(acc, t, Const(0)), For(j, n, tuple(steps))]
-    return b.loops(outer, line, inner_kind="serial")
+    return b.loops(outer, line, inner_kind="serial", parallel=True)
 
 
 def _cumsum_fold(a, values, g, node):
@@ -368,7 +368,7 @@ def _topk_kernel(b, node):
                (Store(vals, slot(j), Var(v, t)), Store(idxs, slot(j), Var(i)))),))
         body.append(For(i, xs[axis], (Let(v, x(src)), For(jj, k, (insert,)))))
         return body
-    return b.loops(outer, line, inner_kind="serial")
+    return b.loops(outer, line, inner_kind="serial", parallel=True)
 
 
 def _topk_fold(a, values, g, node):
@@ -419,7 +419,7 @@ def _arg_anchor(b, node, store, out):
         return [Local(best, t, x(first)), Local(at, "i64", Const(0)),
                 For(i, xs[axis], (If(better, (Assign(best, v), Assign(at, Var(i)))),)),
                 *store(oidx, Var(at, "i64"))]
-    return b.loops(oshape, point, inner_kind="serial")
+    return b.loops(oshape, point, inner_kind="serial", parallel=True)
 
 
 def _arg_fold(a, values, g, node):

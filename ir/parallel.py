@@ -1,0 +1,58 @@
+"""How each kernel phase divides across threads, decided at compile time from its work.
+
+A phase that divides (ir/loop.py, "Threads") is split only where each part is worth a
+thread: dispatching a part costs about a microsecond when the workers are awake, so a part
+should hold some tens of microseconds of work. The entry function then uses
+min(pieces, threads) parts at run time; a small kernel keeps pieces = 1 and never leaves
+the calling thread. The work estimate is coarse on purpose: operations per element of the
+loop nest (a call such as exp counts as several), multiply-adds for a Gemm.
+"""
+from __future__ import annotations
+
+from dataclasses import fields
+
+from .loop import Assign, Call, Expr, For, Gemm, If, Kernel, Let, Local, Store, parallel_extent, phases
+
+MIN_PIECE_WORK = 150_000  # estimated operations in one part: ~10-30 us on one core
+MAX_PIECES = 64
+VECTOR_GRAIN = 64  # a parallel loop that is also the vectorized one splits on multiples of this
+_CALL_COST = 8
+
+
+def _expr_work(e, seen: set) -> int:
+    """Operations in an expression, each shared subexpression once (it is computed once)."""
+    if id(e) in seen or not isinstance(e, Expr):
+        return 0
+    seen.add(id(e))
+    own = _CALL_COST if isinstance(e, Call) else 1
+    children = e.args if isinstance(e, Call) else [getattr(e, f.name) for f in fields(e)]
+    return own + sum(_expr_work(c, seen) for c in children)
+
+
+def work(stmt) -> int:
+    """Estimated operations to run a statement (or a tuple of them) once."""
+    if isinstance(stmt, tuple):
+        return sum(work(s) for s in stmt)
+    if isinstance(stmt, For):
+        return stmt.extent * max(work(stmt.body), 1)
+    if isinstance(stmt, Gemm):
+        macs = stmt.m * stmt.n * stmt.k * (4 if stmt.kind != "f32" else 1)
+        return macs // 2 + stmt.m * stmt.n * max(work(stmt.epilogue), 1)
+    if isinstance(stmt, If):
+        return 1 + max(work(stmt.then), work(stmt.orelse))
+    if isinstance(stmt, Store):
+        return 1 + _expr_work(stmt.value, set())
+    if isinstance(stmt, (Let, Assign, Local)):
+        return _expr_work(stmt.value if not isinstance(stmt, Local) else stmt.init, set())
+    return 1
+
+
+def thread_plan(kernel: Kernel) -> list[tuple[int, int, int]]:
+    """(extent, pieces, grain) of each phase of the kernel, in order: pieces 1 runs it whole."""
+    plan = []
+    for part in phases(kernel.body)[1]:
+        extent = parallel_extent(part)
+        grain = VECTOR_GRAIN if isinstance(part, For) and part.kind == "vectorize" else 1
+        pieces = min(extent // grain, work(part) // MIN_PIECE_WORK, MAX_PIECES) if extent > 1 else 1
+        plan.append((max(extent, 1), max(pieces, 1), grain))
+    return plan

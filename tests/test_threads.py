@@ -1,0 +1,167 @@
+"""The module's thread pool: every thread count gives the same bytes, and onnxruntime's answer.
+
+Each model here is built once and run at 1, 2, 3 and 5 threads (more than this machine's
+cores: parts then share a core). The models are chosen so that every kind of divided phase
+occurs, which each test asserts from the build's thread plans before it compares outputs:
+a loop over rows, channels or elements (on multiples of the vector grain), a GEMM divided by
+row blocks and one divided by column panels, both with partial last blocks and panels.
+"""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from onnx import TensorProto
+
+from tests import model_zoo
+from tests.conftest import assert_matches_oracle
+from tests.test_bad_input import kiln
+
+THREAD_COUNTS = (1, 2, 3, 5)
+
+
+def _odd_shapes_model():
+    """A GEMM per split kind with partial blocks and panels, a batched MatMul of two
+    activations (attention's QK^T: packed B per head), a Gemm packing its B at run time, a
+    conv transpose, a long elementwise chain, Softmax, ReduceMean, Concat, CumSum and ArgMax."""
+    g = model_zoo.GraphMaker(3)
+    x = "x"  # [45, 256]
+    rows = g.op("MatMul", [x, g.weight((256, 70))])  # 4 row blocks (the last of 3 rows), 3 panels
+    rows = g.op("Relu", [rows])
+    v = "v"  # [5, 2048]
+    cols = g.op("MatMul", [v, g.weight((2048, 200))])  # one row block: divided by panels (the last partial)
+    q = g.op("Reshape", [g.op("MatMul", [x, g.weight((256, 256))]), g.const(np.array([45, 4, 64]))])
+    q = g.op("Transpose", [q], perm=[1, 0, 2])  # [4, 45, 64]
+    k = g.op("Transpose", [q], perm=[0, 2, 1])
+    scores = g.op("Softmax", [g.op("MatMul", [q, k])], axis=-1)  # [4, 45, 45]
+    runtime_b = g.op("Gemm", [x, g.op("Tanh", [g.op("MatMul", [x, g.weight((256, 256))])])], transB=1)
+    img = g.op("Reshape", [x, g.const(np.array([1, 16, 24, 30]))])
+    up = g.op("ConvTranspose", [img, g.weight((16, 8, 3, 3))], strides=[2, 2], pads=[1, 1, 1, 1])
+    flat = g.op("Reshape", [x, g.const(np.array([-1]))])  # 11520 elements: not a multiple of the grain
+    chain = g.op("Mul", [g.op("Sigmoid", [g.op("Add", [flat, g.const(np.float32(0.5))])]), flat])
+    mean = g.op("ReduceMean", [x], axes=[1], keepdims=1)
+    joined = g.op("Concat", [x, x], axis=0)
+    summed = g.op("CumSum", [x, g.const(np.array(1))])
+    best = g.op("Cast", [g.op("ArgMax", [x], axis=1, keepdims=0)], to=TensorProto.FLOAT)
+    outs = {"rows": rows, "cols": cols, "scores": scores, "runtime_b": runtime_b, "up": up, "chain": chain,
+            "mean": mean, "joined": joined, "summed": summed, "best": best}
+    for name, t in outs.items():
+        model_zoo._rename_output(g, t, name)
+    return g.model({"x": [45, 256], "v": [5, 2048]}, list(outs), opset=17, name="odd_shapes")
+
+
+MODELS = {
+    "odd_shapes": _odd_shapes_model,
+    "resnet18_112": lambda: model_zoo.resnet18(size=112),  # row-parallel implicit convs, whole im2col at 4x4
+    "mobilenet_v2": lambda: model_zoo.mobilenet_v2(size=64),  # depthwise (strided too), pointwise
+    "transformer": lambda: model_zoo.transformer_encoder(seq=64, d=128, heads=4, ffn=512),
+}
+
+
+def _divided_phases(result) -> set:
+    """What kinds of divided phases the build's thread plans hold: "loop", "gemm-m", "gemm-n"."""
+    from modelkiln.ir.loop import Gemm, phases
+    from modelkiln.ir.parallel import thread_plan
+    kinds = set()
+    for call in result.lowered.calls:
+        for part, (_, pieces, _) in zip(phases(call.kernel.body)[1], thread_plan(call.kernel)):
+            if pieces > 1:
+                kinds.add(f"gemm-{part.split}" if isinstance(part, Gemm) else "loop")
+    return kinds
+
+
+@pytest.fixture(scope="module", params=sorted(MODELS))
+def built(request, executor):
+    from modelkiln.orchestrator.api import build
+    model = MODELS[request.param]()
+    return request.param, model, build(model, executor=executor, cache=None, progress=False)
+
+
+def test_every_thread_count_gives_the_same_bytes_and_onnxruntimes_answer(built):
+    name, model, result = built
+    kinds = _divided_phases(result)
+    assert "loop" in kinds and kinds & {"gemm-m", "gemm-n"}, f"{name}: nothing divides across threads ({kinds})"
+    if name == "odd_shapes":
+        assert kinds == {"loop", "gemm-m", "gemm-n"}
+    inputs = model_zoo.random_inputs(model, 1)
+    runs = {}
+    for threads in THREAD_COUNTS:
+        module = result.load(threads=threads)
+        assert module.threads == threads
+        runs[threads] = [module.run(inputs) for _ in range(3)]
+    first = runs[1][0]
+    for threads, outs in runs.items():
+        for out in outs:
+            for key in first:
+                assert np.array_equal(out[key], first[key]), f"{name}: {key} differs at {threads} threads"
+    assert_matches_oracle(result, model, 1)
+
+
+def test_default_thread_count_is_the_usable_cores(cnn_bundle):
+    from modelkiln import load
+    assert load(cnn_bundle).threads == len(os.sched_getaffinity(0))
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, "2", True])
+def test_a_bad_thread_count_is_refused(cnn_bundle, bad):
+    from modelkiln import load
+    from modelkiln.artifacts.errors import KilnError
+    with pytest.raises(KilnError, match="threads must be a positive integer"):
+        load(cnn_bundle, threads=bad)
+
+
+_CHILD = r"""
+import os, sys, time
+import numpy as np
+sys.path.insert(0, sys.argv[2])
+from modelkiln import load
+from tests import model_zoo
+
+def live_threads():
+    return len(os.listdir("/proc/self/task"))
+
+module = load(sys.argv[1], threads=2)
+x = model_zoo.random_inputs(model_zoo.resnet18(size=112), 0)
+want = module.run(x)["logits"]
+# After a fork the child has no pool workers; its runs start its own and still agree.
+pid = os.fork()
+if pid == 0:
+    ok = np.array_equal(module.run(x)["logits"], want) and np.array_equal(module.run(x)["logits"], want)
+    os._exit(0 if ok else 3)
+_, status = os.waitpid(pid, 0)
+assert os.waitstatus_to_exitcode(status) == 0, status
+# Past the spin, workers sleep: the next run wakes them.
+time.sleep(0.1)
+woken = np.array_equal(module.run(x)["logits"], want)
+busy = live_threads()
+# Idle workers exit after a second; the next run starts them again.
+time.sleep(2.5)
+idle = live_threads()
+again = np.array_equal(module.run(x)["logits"], want)
+print(busy, idle, live_threads(), woken and again)
+"""
+
+
+def test_workers_wake_survive_fork_and_exit_when_idle(tmp_path, executor):
+    """A forked child runs the module on a pool of its own; sleeping workers wake for the next
+    run; idle ones exit after a second and come back on the next run. Every run gives the
+    same bytes."""
+    from modelkiln.orchestrator.api import build
+    bundle = str(tmp_path / "resnet")
+    build(model_zoo.resnet18(size=112), executor=executor, cache=None, progress=False).export(bundle)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run([sys.executable, "-c", _CHILD, bundle, root], capture_output=True, text=True,
+                          timeout=120, cwd=root)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    busy, idle, after, same = map(int, proc.stdout.replace("True", "1").replace("False", "0").split())
+    assert idle == busy - 1 and after == busy, (busy, idle, after)  # (threads=2: one worker)
+    assert same == 1
+
+
+def test_cli_runs_on_the_threads_asked_for(cnn_bundle):
+    r = kiln("bench", cnn_bundle, "--threads", "3", "--repeat", "3", "--warmup", "1")
+    assert r.returncode == 0, r.stderr
+    assert "3 threads" in r.stdout
+    bad = kiln("run", cnn_bundle, "--threads", "0")
+    assert bad.returncode != 0 and "positive integer" in bad.stderr
