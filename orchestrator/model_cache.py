@@ -29,7 +29,7 @@ LARGE = 1 << 20  # bundle files above this size are stored as blobs and exported
 @functools.lru_cache(maxsize=1)
 def kiln_source_hash() -> str:
     """Every Kiln source file: a frontend or pass change must invalidate whole-model hits."""
-    return hash_sources(_SOURCES, (".py", ".json"))
+    return hash_sources(_SOURCES, (".py", ".json", ".c"))  # .c: the thread pool linked into modules
 
 
 def _model_data(model):
