@@ -481,6 +481,10 @@ class FunctionEmitter:
             props += ['!{!"llvm.loop.vectorize.enable", i1 false}', '!{!"llvm.loop.unroll.disable"}']
         elif kind == "unroll":
             props.append('!{!"llvm.loop.unroll.full"}')
+        elif kind == "vector_only":  # vectorize this loop, not the one around it once this one is unrolled
+            props += ['!{!"llvm.loop.vectorize.enable", i1 true}', '!{!"llvm.loop.unroll.disable"}']
+        elif kind == "scalar":
+            props.append('!{!"llvm.loop.vectorize.enable", i1 false}')
         if not props:
             return ""
         ids = []
@@ -587,10 +591,10 @@ class FunctionEmitter:
         # `partial` says whether the partial last panel follows (True, False or an i1 value).
         def block(m0: str, rows: int, panels: tuple, partial) -> None:
             def panel(p: str, cols: int) -> None:
-                pb = self.mul_const(p, g.k * nr)
+                pb = self.mul_const(p, nr if g.b_sk else g.k * nr)
                 bp = self.tmp("bp")
                 self.emit(f"{bp} = add nsw i64 {pb}, {b_off}")
-                self.microkernel(g, a_ptr, a_off, b_ptr, bp, m0, rows, vt, tile)
+                self.microkernel(g, a_ptr, a_off, b_ptr, bp, m0, rows, vt, tile, cols)
                 self.writeback(g, tile, m0, p, rows, cols)
 
             first, count = panels
@@ -647,7 +651,7 @@ class FunctionEmitter:
         self.emit(f"{r} = mul nsw i64 {v}, {c}")
         return r
 
-    def microkernel(self, g: Gemm, a_ptr, a_off, b_ptr, bp, m0, rows, vt, tile) -> None:
+    def microkernel(self, g: Gemm, a_ptr, a_off, b_ptr, bp, m0, rows, vt, tile, cols: int) -> None:
         vw, nv = self.vw, g.nr // self.vw
         rowbase = []
         for r in range(rows):
@@ -668,7 +672,7 @@ class FunctionEmitter:
         for r in range(rows):
             for v in range(nv):
                 self.emit(f"{accs[r][v]} = phi {vt} [zeroinitializer, %{pred}], [{nexts[r][v]}, %{head}]")
-        kb = self.mul_const(k, g.nr)
+        kb = self.mul_const(k, g.b_sk or g.nr)
         kbp = self.tmp("kb")
         self.emit(f"{kbp} = add nsw i64 {kb}, {bp}")
         bvec = []
@@ -677,7 +681,16 @@ class FunctionEmitter:
             self.emit(f"{idx} = add nsw i64 {kbp}, {v * vw}")
             p = self.gep(b_ptr, "f32" if g.kind == "f32" else "i32", idx)
             bv = self.tmp("bv")
-            self.emit(f"{bv} = load {vt}, ptr {p}, align 4")
+            lanes = min(max(cols - v * vw, 0), vw) if g.b_sk else vw
+            if lanes == vw:
+                self.emit(f"{bv} = load {vt}, ptr {p}, align 4")
+            elif lanes == 0:  # in place, wholly past N: nothing to read
+                bv = "zeroinitializer"
+            else:  # in place, partly past N: read only the columns that exist
+                self.decls.add(f"declare {vt} @llvm.masked.load.v{vw}f32.p0(ptr, i32, <{vw} x i1>, {vt})")
+                mask = ", ".join(f"i1 {int(i < lanes)}" for i in range(vw))
+                self.emit(f"{bv} = call {vt} @llvm.masked.load.v{vw}f32.p0(ptr {p}, i32 4, <{vw} x i1> <{mask}>, "
+                          f"{vt} zeroinitializer)")
             bvec.append(bv)
         if g.kind != "f32":
             self.byte_products(g, a_ptr, rowbase, k, bvec, accs, nexts, vt)
@@ -785,9 +798,12 @@ class FunctionEmitter:
                 self.bind(g.acc_var, ("ssa", acc, acc_type))
                 self.stmts(g.epilogue)
 
-            self.loop("__wb_j", cols, col, "vectorize")
+            # A tile whose columns are contiguous in memory (B read in place: a pointwise
+            # conv's pixels) is written along its rows; left alone, LLVM unrolls that loop
+            # and vectorizes across rows with gathers and scatters.
+            self.loop("__wb_j", cols, col, "vector_only" if g.b_sk else "vectorize")
 
-        self.loop("__wb_r", rows, row)
+        self.loop("__wb_r", rows, row, "scalar" if g.b_sk else "serial")
 
     # -- the function --------------------------------------------------------------------
     def function(self) -> str:

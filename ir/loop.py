@@ -202,7 +202,9 @@ class Gemm(Stmt):
     With `a_ktab` (an i64 buffer of k offsets), A's k term is a_ktab[k] instead of k*a_sk:
     the implicit-GEMM convolution reads its A operand straight from the (padded) input.
 
-    B is packed in panels of `nr` columns: Bp[p][k][j] = B[k][p*nr + j], zero past N. The
+    B is packed in panels of `nr` columns: Bp[p][k][j] = B[k][p*nr + j], zero past N; or,
+    with `b_sk` (float32 only), read in place: B[k][n] = B_buf[b_off + k*b_sk + n] (a 1x1
+    conv's input, pixels contiguous), the last partial panel through masked loads. The
     codegen computes register tiles of `mr` x `nr`, then runs `epilogue` once per element of
     each tile with `m_var`, `n_var` bound to the element's row and column and `acc_var` to
     its sum; the epilogue stores the result (fused bias, activation, residual).
@@ -234,6 +236,7 @@ class Gemm(Stmt):
     kind: str = "f32"
     # Where the Gemm is a phase, threads divide it by row blocks ("m") or column panels ("n").
     split: str = "m"
+    b_sk: int = 0  # B's row stride when it is read in place (0: packed)
 
     @property
     def pieces(self) -> int:

@@ -169,6 +169,8 @@ class _Checker:
                 raise _Problem(f"gemm of unknown kind {s.kind!r}")
             if s.split not in GEMM_SPLITS:
                 raise _Problem(f"gemm split {s.split!r}")
+            if s.b_sk and (s.kind != "f32" or s.b_sk < 0):
+                raise _Problem(f"{s.kind} gemm reads B in place with row stride {s.b_sk}")
             if s.kind != "f32":
                 if a_type not in ("i8", "u8") or b_type not in ("i8", "u8"):
                     raise _Problem(f"{s.kind} gemm operands {s.a_buf}, {s.b_buf} are not byte buffers")

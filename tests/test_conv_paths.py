@@ -1,5 +1,6 @@
 """Every code path convolution can take, against onnxruntime: implicit GEMM (wide rows),
-chunked im2col (narrow rows, big K), pointwise in place, grouped, depthwise, transposed,
+chunked im2col (narrow rows, big K), pointwise (weights as rows, input read in place; or
+packed weights past 256 channels), grouped, depthwise, transposed,
 run-time weights, 1-D / 3-D, dilation, stride, asymmetric and auto padding."""
 import numpy as np
 import pytest
@@ -16,7 +17,9 @@ CASES = {
     "implicit_no_pad_7x7_s2": ((1, 3, 70, 70), (64, 3, 7, 7), {"strides": [2, 2]}),
     "im2col_narrow_big_k": ((1, 64, 9, 9), (48, 64, 3, 3), {"pads": [1, 1, 1, 1]}),
     "im2col_chunked_rows": ((1, 96, 20, 12), (20, 96, 3, 3), {"pads": [0, 1, 0, 1]}),
-    "pointwise": ((2, 24, 17, 19), (36, 24, 1, 1), {}),
+    "pointwise": ((2, 24, 17, 19), (36, 24, 1, 1), {}),  # weights as rows: a partial pixel panel, 3 row blocks
+    "pointwise_grouped": ((1, 32, 7, 7), (64, 16, 1, 1), {"group": 2}),
+    "pointwise_wide_k": ((1, 320, 6, 6), (40, 320, 1, 1), {}),  # past POINTWISE_MAX_K: packed weights
     "grouped": ((1, 12, 30, 30), (18, 4, 3, 3), {"group": 3, "pads": [1, 1, 1, 1]}),
     "depthwise_multiplier": ((1, 6, 31, 29), (12, 1, 3, 3), {"group": 6, "strides": [2, 1], "pads": [1, 0, 1, 2]}),
     "conv1d_wide": ((1, 5, 100), (7, 5, 5), {"pads": [2, 2], "dilations": [2]}),
