@@ -60,3 +60,42 @@ def test_causal_mask_folds_at_compile_time():
     ops = {op for k in kernels for op in k["ops"]}
     assert "Range" not in ops and "LessOrEqual" not in ops
     assert any("Where" in k["ops"] and "MatMul" in k["ops"] for k in kernels)
+
+
+def _ops_in(kernel) -> set:
+    """Every Bin op name in a kernel's body."""
+    from dataclasses import fields
+
+    from modelkiln.ir.loop import Bin
+    found, stack = set(), list(kernel.body)
+    while stack:
+        x = stack.pop()
+        if isinstance(x, Bin):
+            found.add(x.op)
+        if isinstance(x, tuple):
+            stack.extend(x)
+        elif hasattr(x, "__dataclass_fields__"):
+            stack.extend(getattr(x, f.name) for f in fields(x))
+    return found
+
+
+@pytest.mark.parametrize("src, dst, perm", [
+    ([1, 197, 384], [1, 197, 6, 64], [0, 2, 1, 3]),  # ViT's head split: no division by 197
+    ([2, 3, 20], [6, 4, 5], [2, 0, 1]),  # runs that merge and split at once
+    ([4, 1, 6], [2, 12], [1, 0]),  # dims of 1 between the runs
+])
+def test_reshape_maps_dims_run_by_run(src, dst, perm, executor):
+    """A reshape inside a fused group maps its index through runs of dims with a common
+    boundary, so splitting a dim costs no division; the values are onnxruntime's."""
+    from onnx import TensorProto, helper, numpy_helper
+    shape = numpy_helper.from_array(np.array(dst, np.int64), "shape")
+    nodes = [helper.make_node("Reshape", ["x", "shape"], ["r"]), helper.make_node("Transpose", ["r"], ["y"], perm=perm)]
+    model = helper.make_model(helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, src)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [shape]),
+        opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    result = build(model, executor=executor, cache=None, progress=False)
+    x = np.random.default_rng(0).standard_normal(src).astype(np.float32)
+    assert np.array_equal(result.load().run({"x": x})["y"], model_zoo.onnxruntime_outputs(model, {"x": x})["y"])
+    if src[1] == 197:
+        assert not _ops_in(result.lowered.calls[0].kernel) & {"div", "rem"}

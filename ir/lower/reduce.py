@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 
 from ..graph import Node
-from ..loop import (Assign, Cast, Const, If, Let, Load, Local, Store, Var, add, call, cmp, fbin, flat_index, highest, lowest,
+from ..loop import (Assign, Cast, Const, For, If, Let, Load, Local, Store, Var, add, call, cmp, fbin, flat_index, highest, lowest,
                     mul, select, sub)
 from .builder import KernelBuilder, broadcast_index
 
@@ -241,11 +241,16 @@ def lower_pool(b: KernelBuilder, node: Node, store, is_max: bool) -> tuple:
     nsp = len(kernel)
     spatial = xshape[2:]
     include_pad = a.get("count_include_pad", 0)
-    # Windows that can never leave the input need no bounds checks.
-    checked = any(pads) or any((oshape[2 + i] - 1) * strides[i] + (kernel[i] - 1) * dil[i] >= spatial[i]
-                               for i in range(nsp))
 
-    def point(oidx):
+    def inside(i: int) -> tuple[int, int]:
+        """The outputs [lo, hi) along spatial axis i whose whole window lies in the input."""
+        lo = -(-pads[i] // strides[i])
+        hi = (spatial[i] - 1 - (kernel[i] - 1) * dil[i] + pads[i]) // strides[i] + 1
+        return min(lo, oshape[2 + i]), max(min(hi, oshape[2 + i]), min(lo, oshape[2 + i]))
+    # Axes where some window leaves the input need bounds checks.
+    checked = [inside(i) != (0, oshape[2 + i]) for i in range(nsp)]
+
+    def point(oidx, unchecked_last: bool = False):
         acc, cnt = b.fresh("acc"), b.fresh("cnt")
         body = [Local(acc, t, literal(lowest(t) if is_max else 0)), Local(cnt, t, _f(0))]
 
@@ -253,11 +258,11 @@ def lower_pool(b: KernelBuilder, node: Node, store, is_max: bool) -> tuple:
             src, ok, in_pad = list(oidx[:2]), None, None
             for i in range(nsp):
                 pos = add(sub(mul(oidx[2 + i], strides[i]), pads[i]), mul(kidx[i], dil[i]))
-                if checked:
-                    inside = fbin("and", cmp("ge", pos, Const(0)), cmp("lt", pos, Const(spatial[i])))
+                if checked[i] and not (unchecked_last and i == nsp - 1):
+                    within = fbin("and", cmp("ge", pos, Const(0)), cmp("lt", pos, Const(spatial[i])))
                     padded = fbin("and", cmp("ge", pos, Const(-pads[i])),
                                   cmp("lt", pos, Const(spatial[i] + pads[nsp + i])))
-                    ok = inside if ok is None else fbin("and", ok, inside)
+                    ok = within if ok is None else fbin("and", ok, within)
                     in_pad = padded if in_pad is None else fbin("and", in_pad, padded)
                     pos = fbin("min", fbin("max", pos, Const(0)), Const(spatial[i] - 1))
                 src.append(pos)
@@ -274,7 +279,23 @@ def lower_pool(b: KernelBuilder, node: Node, store, is_max: bool) -> tuple:
         value = Var(acc, t) if is_max else fbin("div", Var(acc, t), Var(cnt, t))
         return body + list(store(oidx, value))
 
-    return b.loops(oshape, point, inner_kind="serial", parallel=True)
+    if not checked[-1]:
+        return b.loops(oshape, point, inner_kind="serial", parallel=True)
+
+    # Along the last axis, the outputs whose windows lie inside run without checks: their
+    # loads are affine (strided), so that stretch vectorizes; only the borders clamp.
+    lo, hi = inside(nsp - 1)
+    width = oshape[-1]
+
+    def row(idx):
+        stmts = []
+        for first, count, clear in ((0, lo, False), (lo, hi - lo, True), (hi, width - hi, False)):
+            if count:
+                w = b.fresh("ow")
+                stmts.append(For(w, count, tuple(point(list(idx) + [add(Var(w), first)], clear)),
+                                 "vectorize" if clear else "serial"))
+        return stmts
+    return b.loops(oshape[:-1], row, inner_kind="serial", parallel=True)
 
 
 def lower_lp_normalize(b: KernelBuilder, node: Node, store) -> tuple:
