@@ -1,6 +1,6 @@
 """Every code path convolution can take, against onnxruntime: implicit GEMM (wide rows),
 chunked im2col (narrow rows, big K), pointwise (weights as rows, input read in place; or
-packed weights past 256 channels), grouped, depthwise, transposed,
+packed weights past 256 channels or below 64 pixels), grouped, depthwise, transposed,
 run-time weights, 1-D / 3-D, dilation, stride, asymmetric and auto padding."""
 import numpy as np
 import pytest
@@ -18,8 +18,9 @@ CASES = {
     "im2col_narrow_big_k": ((1, 64, 9, 9), (48, 64, 3, 3), {"pads": [1, 1, 1, 1]}),
     "im2col_chunked_rows": ((1, 96, 20, 12), (20, 96, 3, 3), {"pads": [0, 1, 0, 1]}),
     "pointwise": ((2, 24, 17, 19), (36, 24, 1, 1), {}),  # weights as rows: a partial pixel panel, 3 row blocks
-    "pointwise_grouped": ((1, 32, 7, 7), (64, 16, 1, 1), {"group": 2}),
-    "pointwise_wide_k": ((1, 320, 6, 6), (40, 320, 1, 1), {}),  # past POINTWISE_MAX_K: packed weights
+    "pointwise_grouped": ((1, 32, 9, 9), (64, 16, 1, 1), {"group": 2}),
+    "pointwise_wide_k": ((1, 320, 9, 9), (40, 320, 1, 1), {}),  # past POINTWISE_MAX_K: packed weights
+    "pointwise_few_pixels": ((1, 40, 7, 7), (48, 40, 1, 1), {}),  # below POINTWISE_MIN_PIXELS: packed
     "grouped": ((1, 12, 30, 30), (18, 4, 3, 3), {"group": 3, "pads": [1, 1, 1, 1]}),
     "depthwise_multiplier": ((1, 6, 31, 29), (12, 1, 3, 3), {"group": 6, "strides": [2, 1], "pads": [1, 0, 1, 2]}),
     "conv1d_wide": ((1, 5, 100), (7, 5, 5), {"pads": [2, 2], "dilations": [2]}),
@@ -44,10 +45,22 @@ def _conv_model(op, xshape, wshape, attrs, runtime_weights=False, bias=True):
                              opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
+# Which 1x1 convs read their input in place, weights as the broadcast operand (Gemm.b_sk).
+IN_PLACE = {"pointwise": True, "pointwise_grouped": True, "pointwise_wide_k": False, "pointwise_few_pixels": False}
+
+
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_conv_path(name, executor):
+    from modelkiln.ir.loop import Gemm
     xshape, wshape, attrs = CASES[name]
-    build_and_compare(_conv_model("Conv", xshape, wshape, attrs), executor)
+    result, _ = build_and_compare(_conv_model("Conv", xshape, wshape, attrs), executor)
+    if name in IN_PLACE:
+        gemms, stack = [], [s for c in result.lowered.calls for s in c.kernel.body]
+        while stack:  # (batch 2, or groups: the Gemm sits in loops)
+            s = stack.pop()
+            gemms += [s] if isinstance(s, Gemm) else []
+            stack += list(getattr(s, "body", ()))
+        assert gemms and all(bool(g.b_sk) == IN_PLACE[name] for g in gemms)
 
 
 @pytest.mark.parametrize("name", ["implicit_3x3_pad", "grouped", "pointwise", "im2col_narrow_big_k"])

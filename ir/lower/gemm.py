@@ -31,6 +31,9 @@ RUNTIME_PACK_FLOATS = 4 * 1024 * 1024  # packed run-time B operands of a batched
 # channels; past 256 a tile's many k steps dwarf its write-back, and the rows of a 14x14 or
 # 7x7 input fill few of the in-place panels, so the packed orientation wins (by up to 25%).
 POINTWISE_MAX_K = 256
+# ... and at least this many pixels: a 7x7 input fills two 32-pixel panels by 77%, and a 1x1
+# one (squeeze-excite) one lane in 32; there the packed orientation is as fast or 3x faster.
+POINTWISE_MIN_PIXELS = 64
 
 
 def pack_panels(bmat: np.ndarray, nr: int) -> np.ndarray:
@@ -127,7 +130,8 @@ def lower_conv(b: KernelBuilder, node: Node, store) -> tuple:
     if is_depthwise(b, node):
         return lower_depthwise(b, node, store)
     pointwise = all(k == 1 for k in kernel) and all(s == 1 for s in strides) and not any(pads)
-    if pointwise and cg <= POINTWISE_MAX_K and w_name in b.g.constants and b.type(x_name).dtype == "float32":
+    if pointwise and cg <= POINTWISE_MAX_K and math.prod(xs[2:]) >= POINTWISE_MIN_PIXELS and \
+            w_name in b.g.constants and b.type(x_name).dtype == "float32":
         return lower_pointwise(b, node, store)
     cog = cout // groups
     kk = cg * math.prod(kernel)
