@@ -475,8 +475,12 @@ class FunctionEmitter:
         else:
             raise TypeError(f"cannot emit {s!r}")
 
-    def loop_metadata(self, kind: str) -> str:
+    def loop_metadata(self, kind: str, extent: int = 0) -> str:
         props = []
+        if kind == "masked" and self.vectorize and extent % self.vw and extent < 2 * self.vw:
+            # A short loop with a ragged end (a 28- or 7-wide output row) runs as masked
+            # vectors rather than a vector and a scalar remainder of up to vw - 1 iterations.
+            props.append('!{!"llvm.loop.vectorize.predicate.enable", i1 true}')
         if not self.vectorize:
             props += ['!{!"llvm.loop.vectorize.enable", i1 false}', '!{!"llvm.loop.unroll.disable"}']
         elif kind == "unroll":
@@ -524,7 +528,7 @@ class FunctionEmitter:
         self.emit(f"{nxt} = add nuw nsw i64 {iv}, 1")
         c = self.tmp("cond")
         self.emit(f"{c} = icmp ult i64 {nxt}, {end}")
-        self.emit(f"br i1 {c}, label %{head}, label %{exit_}{self.loop_metadata(kind)}")
+        self.emit(f"br i1 {c}, label %{head}, label %{exit_}{self.loop_metadata(kind, extent if lo is None else 0)}")
         self.label(exit_)
 
     def when(self, cond: str, body) -> None:

@@ -155,7 +155,7 @@ class For(Stmt):
     var: str
     extent: int
     body: tuple
-    kind: str = "serial"  # serial | vectorize | unroll
+    kind: str = "serial"  # serial | vectorize | masked (vectorize; a short ragged tail masked) | unroll
     # Iterations may run on several threads: honoured where the loop is a phase (see above).
     parallel: bool = False
 

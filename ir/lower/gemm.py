@@ -309,16 +309,7 @@ def lower_depthwise(b: KernelBuilder, node: Node, store, value=lambda v: v, weig
     if sw == 1:
         pad_copy = padded_copy(b, xparam, mul(Var(bv), cin * h * w_), cin, [h, w_], [pt, pl, pb, pr], xp, value)
     else:
-        c, i, ph, t = b.fresh("c"), b.fresh("y"), b.fresh("ph"), b.fresh("t")
-        row, col = sub(Var(i), pt), sub(add(mul(Var(t), sw), Var(ph)), pl)
-        inside = fbin("and", fbin("and", cmp("ge", row, Const(0)), cmp("lt", row, Const(h))),
-                      fbin("and", cmp("ge", col, Const(0)), cmp("lt", col, Const(w_))))
-        src = flat_index([add(mul(Var(bv), cin), Var(c)), fbin("min", fbin("max", row, Const(0)), Const(h - 1)),
-                          fbin("min", fbin("max", col, Const(0)), Const(w_ - 1))], [batch * cin, h, w_])
-        dest = flat_index([Var(c), Var(i), Var(ph), Var(t)], [cin, hp, sw, wq])
-        pad_copy = For(c, cin, (For(i, hp, (For(ph, sw, (For(t, wq, (Store(
-            xp, dest, select(inside, value(Load(xparam, src)), Const(0.0, "f32"))),), "vectorize"),)),)),),
-            parallel=True)
+        pad_copy = _phase_split_copy(b, xparam, mul(Var(bv), cin * h * w_), cin, h, w_, pt, pl, sw, hp, wq, xp, value)
     co, r, u, v, q, acc = b.fresh("co"), b.fresh("r"), b.fresh("ky"), b.fresh("kx"), b.fresh("q"), b.fresh("acc")
     ch = div(Var(co), mult)
     kx = mul(Var(v), dw)  # a constant once the window loop is unrolled
@@ -329,8 +320,34 @@ def lower_depthwise(b: KernelBuilder, node: Node, store, value=lambda v: v, weig
     total = Var(acc, "f32") if bias is None else fbin("add", Var(acc, "f32"), bias([Var(co)]))
     point = (Local(acc, "f32", Const(0.0, "f32")), For(u, kh, (For(v, kw, (tap,), "unroll"),), "unroll"),
              *store([Var(bv), Var(co), Var(r), Var(q)], out(total) if out else total))
-    rows = For(co, cout, (For(r, oh, (For(q, ow, point, "vectorize"),)),), parallel=True)
+    # (masked: output rows 28 or 7 wide would leave most of their taps to a scalar remainder)
+    rows = For(co, cout, (For(r, oh, (For(q, ow, point, "masked"),)),), parallel=True)
     return loop(bv, batch, (pad_copy, rows))
+
+
+def _phase_split_copy(b: KernelBuilder, src: str, src_off, channels: int, h: int, w: int, pt: int, pl: int, sw: int,
+                      hp: int, wq: int, dest: str, value) -> For:
+    """Copy channels of [h, w] into dest [channel][hp][sw][wq] with zero borders: padded row
+    i, column phase ph, slot t holds input (i - pt, t*sw + ph - pl). Per row and phase, the
+    slots inside the input are one run of strided loads, with zero runs either side."""
+    c, i, t = b.fresh("c"), b.fresh("y"), b.fresh("t")
+    zero = Const(0.0, "f32")
+    src_row = add(src_off, mul(add(mul(Var(c), h), sub(Var(i), pt)), w))
+
+    def slots(ph: int, first: int, count: int, load: bool) -> tuple:
+        if count <= 0:
+            return ()
+        at = flat_index([Var(c), Var(i), Const(ph), add(Var(t), first)], [channels, hp, sw, wq])
+        col = sub(add(mul(add(Var(t), first), sw), ph), pl)
+        return (For(t, count, (Store(dest, at, value(Load(src, add(src_row, col))) if load else zero),), "vectorize"),)
+    inside = []
+    for ph in range(sw):
+        lo = min(max(-(-(pl - ph) // sw), 0), wq)
+        hi = min(max((w - 1 - ph + pl) // sw + 1, lo), wq)
+        inside += [*slots(ph, 0, lo, False), *slots(ph, lo, hi - lo, True), *slots(ph, hi, wq - hi, False)]
+    border = tuple(s for ph in range(sw) for s in slots(ph, 0, wq, False))
+    row_in = fbin("and", cmp("ge", Var(i), Const(pt)), cmp("lt", Var(i), Const(pt + h)))
+    return For(c, channels, (For(i, hp, (If(row_in, tuple(inside), border),)),), parallel=True)
 
 
 def conv_operands(b: KernelBuilder, node: Node) -> tuple:
