@@ -485,8 +485,10 @@ class FunctionEmitter:
             props += ['!{!"llvm.loop.vectorize.enable", i1 false}', '!{!"llvm.loop.unroll.disable"}']
         elif kind == "unroll":
             props.append('!{!"llvm.loop.unroll.full"}')
-        elif kind == "vector_only":  # vectorize this loop, not the one around it once this one is unrolled
+        elif kind in ("vector_only", "vector_masked"):  # this loop, not the one around it once this is unrolled
             props += ['!{!"llvm.loop.vectorize.enable", i1 true}', '!{!"llvm.loop.unroll.disable"}']
+            if kind == "vector_masked" and extent % self.vw:
+                props.append('!{!"llvm.loop.vectorize.predicate.enable", i1 true}')
         elif kind == "scalar":
             props.append('!{!"llvm.loop.vectorize.enable", i1 false}')
         if not props:
@@ -578,7 +580,7 @@ class FunctionEmitter:
         elif self.vnni and vw == 16:
             self.decls.add(f"declare {vt} @llvm.x86.avx512.vpdpbusd.512({vt}, {vt}, {vt})")
         tile = f"%tile{len(self.allocas)}"
-        self.allocas.append(f"{tile} = alloca [{mr * nr} x {elt}], align 64")
+        self.allocas.append(f"{tile} = alloca [{self.tile_rows(g) * nr} x {elt}], align 64")
         a_ptr = self.bufs[g.a_buf][0]
         b_ptr, _ = self.bufs[g.b_buf]
         a_off, b_off = self.expr(g.a_off), self.expr(g.b_off)
@@ -720,12 +722,49 @@ class FunctionEmitter:
         self.emit(f"{c} = icmp ult i64 {knext}, {g.k}")
         self.emit(f"br i1 {c}, label %{head}, label %{exit_}")
         self.label(exit_)
+        elt = "float" if g.kind == "f32" else "i32"
+        if g.stores_along == "m":
+            # Column-major: each column's rows [j * R, j * R + rows), transposed in registers
+            # vw x vw at a time (rows past the tile are zeros), so that the write-back reads
+            # and stores a column as vectors.
+            height = self.tile_rows(g)
+            for rb in range(0, height, vw):
+                for v in range(nv):
+                    block = [nexts[rb + i][v] if rb + i < rows else "zeroinitializer" for i in range(vw)]
+                    for lane, column in enumerate(self.transpose(block, vt)):
+                        p = self.tmp("tp")
+                        self.emit(f"{p} = getelementptr inbounds {elt}, ptr {tile}, i64 {(v * vw + lane) * height + rb}")
+                        self.emit(f"store {vt} {column}, ptr {p}, align 4")
+            return
         for r in range(rows):
             for v in range(nv):
                 p = self.tmp("tp")
-                elt = "float" if g.kind == "f32" else "i32"
                 self.emit(f"{p} = getelementptr inbounds {elt}, ptr {tile}, i64 {r * g.nr + v * vw}")
                 self.emit(f"store {vt} {nexts[r][v]}, ptr {p}, align 4")
+
+    def tile_rows(self, g: Gemm) -> int:
+        """Rows of the stack tile: mr, or for a column-major tile mr rounded up to vectors."""
+        return -(-g.mr // self.vw) * self.vw if g.stores_along == "m" else g.mr
+
+    def transpose(self, rows: list, vt: str) -> list:
+        """A vw x vw block given as vw row vectors, as vw column vectors: for d = vw/2 .. 1,
+        each 2d x 2d block swaps its off-diagonal d x d blocks (two shuffles per row pair)."""
+        vw = self.vw
+        rows = list(rows)
+        d = vw // 2
+        while d:
+            for i in range(vw):
+                if i & d:
+                    continue
+                a, b = rows[i], rows[i + d]
+                low = [lane if not lane & d else vw + lane - d for lane in range(vw)]
+                high = [lane + d if not lane & d else vw + lane for lane in range(vw)]
+                rows[i], rows[i + d] = self.tmp("tr"), self.tmp("tr")
+                for out, mask in ((rows[i], low), (rows[i + d], high)):
+                    self.emit(f"{out} = shufflevector {vt} {a}, {vt} {b}, <{vw} x i32> <"
+                              + ", ".join(f"i32 {m}" for m in mask) + ">")
+            d //= 2
+        return rows
 
     def byte_products(self, g: Gemm, a_ptr, rowbase, k, bvec, accs, nexts, vt) -> None:
         """One quad step of an 8-bit GEMM: each row's 4 A bytes (one i32, splat) times each
@@ -779,35 +818,37 @@ class FunctionEmitter:
             total = nxt
 
     def writeback(self, g: Gemm, tile: str, m0: str, p: str, rows: int, cols: int) -> None:
+        """The epilogue over the tile, vectorized along the direction its stores are contiguous
+        in (`g.stores_along`): along a row (n) for a row-major C or a pointwise conv's tile of
+        pixels, down a column (m) for a conv's NCHW output, whose rows are pixels. Left to
+        itself, LLVM unrolls the inner loop and vectorizes the outer one, with scatters where
+        that is not the contiguous direction."""
         n0 = self.mul_const(p, g.nr)
+        acc_type = "f32" if g.kind == "f32" else "i32"
 
-        def row():
-            r = self.lookup("__wb_r")[1]
-            m = self.tmp("mm")
+        def element():
+            r, j = self.lookup("__wb_r")[1], self.lookup("__wb_j")[1]
+            m, n, ti = self.tmp("mm"), self.tmp("nn"), self.tmp("ti")
             self.emit(f"{m} = add nsw i64 {m0}, {r}")
-            rbase = self.mul_const(r, g.nr)
+            self.emit(f"{n} = add nsw i64 {n0}, {j}")
+            if g.stores_along == "m":  # (the tile is column-major: microkernel)
+                self.emit(f"{ti} = add nsw i64 {self.mul_const(j, self.tile_rows(g))}, {r}")
+            else:
+                self.emit(f"{ti} = add nsw i64 {self.mul_const(r, g.nr)}, {j}")
+            tp = self.gep(tile, acc_type, ti)
+            acc = self.tmp("accv")
+            self.emit(f"{acc} = load {LL[acc_type]}, ptr {tp}, align 4")
+            self.bind(g.m_var, ("ssa", m, "i64"))
+            self.bind(g.n_var, ("ssa", n, "i64"))
+            self.bind(g.acc_var, ("ssa", acc, acc_type))
+            self.stmts(g.epilogue)
 
-            def col():
-                j = self.lookup("__wb_j")[1]
-                n = self.tmp("nn")
-                self.emit(f"{n} = add nsw i64 {n0}, {j}")
-                ti = self.tmp("ti")
-                self.emit(f"{ti} = add nsw i64 {rbase}, {j}")
-                acc_type = "f32" if g.kind == "f32" else "i32"
-                tp = self.gep(tile, acc_type, ti)
-                acc = self.tmp("accv")
-                self.emit(f"{acc} = load {LL[acc_type]}, ptr {tp}, align 4")
-                self.bind(g.m_var, ("ssa", m, "i64"))
-                self.bind(g.n_var, ("ssa", n, "i64"))
-                self.bind(g.acc_var, ("ssa", acc, acc_type))
-                self.stmts(g.epilogue)
-
-            # A tile whose columns are contiguous in memory (B read in place: a pointwise
-            # conv's pixels) is written along its rows; left alone, LLVM unrolls that loop
-            # and vectorizes across rows with gathers and scatters.
-            self.loop("__wb_j", cols, col, "vector_only" if g.b_sk else "vectorize")
-
-        self.loop("__wb_r", rows, row, "scalar" if g.b_sk else "serial")
+        if g.stores_along == "m":
+            self.loop("__wb_j", cols, lambda: self.loop("__wb_r", rows, element, "vector_masked"), "scalar")
+        elif g.b_sk:  # (a tile of pixels: measured, LLVM's own choice scatters)
+            self.loop("__wb_r", rows, lambda: self.loop("__wb_j", cols, element, "vector_only"), "scalar")
+        else:  # a row-major C: LLVM's own choice, measured best (BERT's GEMMs 13% slower forced)
+            self.loop("__wb_r", rows, lambda: self.loop("__wb_j", cols, element, "vectorize"))
 
     # -- the function --------------------------------------------------------------------
     def function(self) -> str:

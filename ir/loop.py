@@ -237,6 +237,9 @@ class Gemm(Stmt):
     # Where the Gemm is a phase, threads divide it by row blocks ("m") or column panels ("n").
     split: str = "m"
     b_sk: int = 0  # B's row stride when it is read in place (0: packed)
+    # The epilogue's stores are contiguous along n (a row-major C) or m (a conv's pixels):
+    # the direction its loop over the tile is vectorized in.
+    stores_along: str = "n"
 
     @property
     def pieces(self) -> int:

@@ -169,6 +169,8 @@ class _Checker:
                 raise _Problem(f"gemm of unknown kind {s.kind!r}")
             if s.split not in GEMM_SPLITS:
                 raise _Problem(f"gemm split {s.split!r}")
+            if s.stores_along not in ("m", "n"):
+                raise _Problem(f"gemm stores along {s.stores_along!r}")
             if s.b_sk and (s.kind != "f32" or s.b_sk < 0):
                 raise _Problem(f"{s.kind} gemm reads B in place with row stride {s.b_sk}")
             if s.kind != "f32":

@@ -46,7 +46,7 @@ def pack_panels(bmat: np.ndarray, nr: int) -> np.ndarray:
 
 
 def gemm_stmt(b: KernelBuilder, a_buf, a_off, a_sm, a_sk, b_buf, b_off, m, n, k, epilogue_fn, a_ktab: str = "",
-              kind: str = "f32", b_sk: int = 0) -> Gemm:
+              kind: str = "f32", b_sk: int = 0, stores_along: str = "n") -> Gemm:
     """A Gemm statement; epilogue_fn(m_expr, n_expr, acc_expr) returns the epilogue statements.
     B must have been packed with the panel width b.config.tile(n) gives, or (b_sk) is read in
     place with that row stride."""
@@ -54,7 +54,7 @@ def gemm_stmt(b: KernelBuilder, a_buf, a_off, a_sm, a_sk, b_buf, b_off, m, n, k,
     epi = tuple(epilogue_fn(Var(mv), Var(nv), Var(av, "f32" if kind == "f32" else "i32")))
     mr, nr = b.config.tile(n)
     return Gemm(a_buf, a_off, a_sm, a_sk, b_buf, b_off, m, n, k, mr, nr, mv, nv, av, epi, a_ktab, kind,
-                gemm_split(m, n, mr, nr), b_sk)
+                gemm_split(m, n, mr, nr), b_sk, stores_along)
 
 
 def gemm_split(m: int, n: int, mr: int, nr: int) -> str:
@@ -195,7 +195,7 @@ def lower_conv(b: KernelBuilder, node: Node, store) -> tuple:
             return store([Var(bv), co] + spatial_idx, value)
 
         stmt = gemm_stmt(b, src_buf, add(chan_base, row_start), strides[-1], 0, wparam, mul(Var(gv), panel_stride),
-                     out_sp[-1], cog, kk, epilogue, a_ktab=ktab_param)
+                         out_sp[-1], cog, kk, epilogue, a_ktab=ktab_param, stores_along="m")
         body_ = (stmt,)
         for i in range(nsp - 2, -1, -1):
             body_ = (For(rv[i], out_sp[i], body_, parallel=i == 0),)
@@ -236,7 +236,8 @@ def lower_conv(b: KernelBuilder, node: Node, store) -> tuple:
             a_sk = m
         else:
             a_buf, a_off, a_sk = col_ws, Const(0), mc
-        stmts.append(gemm_stmt(b, a_buf, a_off, 1, a_sk, wparam, mul(Var(gv), panel_stride), mc, cog, kk, epilogue))
+        stmts.append(gemm_stmt(b, a_buf, a_off, 1, a_sk, wparam, mul(Var(gv), panel_stride), mc, cog, kk, epilogue,
+                               stores_along="m"))
         return stmts
 
     full, last = divmod(lead_rows, rows_per_chunk)
@@ -388,7 +389,8 @@ def lower_conv_transpose(b: KernelBuilder, node: Node, store) -> tuple:
     cols = b.workspace(n * m)
     bv, gv = b.fresh("b"), b.fresh("g")
     gemm = gemm_stmt(b, xparam, mul(add(mul(Var(bv), cin), mul(Var(gv), cig)), m), 1, m, wparam,
-                 mul(Var(gv), panel_stride), m, n, cig, lambda mm, nn, acc: [Store(cols, add(mul(nn, m), mm), acc)])
+                 mul(Var(gv), panel_stride), m, n, cig, lambda mm, nn, acc: [Store(cols, add(mul(nn, m), mm), acc)],
+                 stores_along="m")
 
     def point(oidx):
         acc = b.fresh("acc")
