@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..graph import Node
-from ..loop import Const, Load, Store, add, cmp, const, fbin, flat_index, select, sub, unflatten
+from ..loop import Cast, Const, Load, Store, add, cmp, const, fbin, flat_index, select, sub, unflatten
 from .builder import KernelBuilder, broadcast_index
 
 
@@ -246,11 +246,11 @@ def resize_reader(b: KernelBuilder, node: Node):
             outside[ax] = b.constant_param("resize_outside", (coords < 0) | (coords > ishape[ax] - 1))
         if mode == "nearest":
             idx = np.clip(_nearest(coords, a.get("nearest_mode", "round_prefer_floor")), 0, ishape[ax] - 1)
-            tables[ax] = b.constant_param("resize_index", idx.astype(np.int64))
+            tables[ax] = b.constant_param("resize_index", idx.astype(np.int32))
         else:
             idx, w = resize_taps(ishape[ax], coords, mode, a.get("cubic_coeff_a", -0.75),
                                  bool(a.get("exclude_outside", 0)), scales[ax], bool(a.get("antialias", 0)))
-            tables[ax] = [(b.constant_param("resize_at", i), b.constant_param("resize_w", wk.astype(wtype)))
+            tables[ax] = [(b.constant_param("resize_at", i.astype(np.int32)), b.constant_param("resize_w", wk.astype(wtype)))
                           for i, wk in zip(idx, w)]
 
     def extrapolated(idx, value):
@@ -262,7 +262,7 @@ def resize_reader(b: KernelBuilder, node: Node):
         def near(idx):
             src = list(idx)
             for ax in resized:
-                src[ax] = Load(tables[ax], idx[ax])
+                src[ax] = Cast("i64", Load(tables[ax], idx[ax]))
             return extrapolated(idx, x(src))
         return near
 
@@ -273,7 +273,7 @@ def resize_reader(b: KernelBuilder, node: Node):
             for src, w in terms:
                 for at, wt in tables[ax]:
                     s2 = list(src)
-                    s2[ax] = Load(at, idx[ax])
+                    s2[ax] = Cast("i64", Load(at, idx[ax]))
                     weight = Load(wt, idx[ax])
                     nxt.append((s2, weight if w is None else fbin("mul", w, weight)))
             terms = nxt
