@@ -114,6 +114,9 @@ def interleaved(runs: dict, warmup: int, repeat: int, rounds: int) -> dict:
     best = {k: float("inf") for k in runs}
     for _ in range(rounds):
         for k, run in runs.items():
+            # The runtimes' idle threads spin for a while after a run (onnxruntime's, OpenVINO's,
+            # Kiln's): let them settle, or they take the next runner's second core.
+            time.sleep(0.2)
             best[k] = min(best[k], median_ms(run, warmup, repeat))
     return best
 

@@ -1,8 +1,9 @@
 """How each kernel phase divides across threads, decided at compile time from its work.
 
 A phase that divides (ir/loop.py, "Threads") is split only where each part is worth a
-thread: dispatching a part costs about a microsecond when the workers are awake, so a part
-should hold some tens of microseconds of work. The entry function then uses
+thread: handing a part to an awake worker costs a quarter of a microsecond, but the part
+then reads data another core wrote (from that core's cache), so a part should hold several
+microseconds of work. The entry function then uses
 min(pieces, threads) parts at run time; a small kernel keeps pieces = 1 and never leaves
 the calling thread. The work estimate is coarse on purpose: operations per element of the
 loop nest (a call such as exp counts as several), multiply-adds for a Gemm.
@@ -13,7 +14,7 @@ from dataclasses import fields
 
 from .loop import Assign, Call, Expr, For, Gemm, If, Kernel, Let, Local, Store, parallel_extent, phases
 
-MIN_PIECE_WORK = 150_000  # estimated operations in one part: ~10-30 us on one core
+MIN_PIECE_WORK = 150_000  # estimated operations in one part
 MAX_PIECES = 64
 VECTOR_GRAIN = 64  # a parallel loop that is also the vectorized one splits on multiples of this
 _CALL_COST = 8
