@@ -46,7 +46,7 @@ def pack_panels(bmat: np.ndarray, nr: int) -> np.ndarray:
 
 
 def gemm_stmt(b: KernelBuilder, a_buf, a_off, a_sm, a_sk, b_buf, b_off, m, n, k, epilogue_fn, a_ktab: str = "",
-              kind: str = "f32", b_sk: int = 0, stores_along: str = "n") -> Gemm:
+              kind: str = "f32", b_sk: int = 0, stores_along: str = "n", split: str = "") -> Gemm:
     """A Gemm statement; epilogue_fn(m_expr, n_expr, acc_expr) returns the epilogue statements.
     B must have been packed with the panel width b.config.tile(n) gives, or (b_sk) is read in
     place with that row stride."""
@@ -54,7 +54,7 @@ def gemm_stmt(b: KernelBuilder, a_buf, a_off, a_sm, a_sk, b_buf, b_off, m, n, k,
     epi = tuple(epilogue_fn(Var(mv), Var(nv), Var(av, "f32" if kind == "f32" else "i32")))
     mr, nr = b.config.tile(n)
     return Gemm(a_buf, a_off, a_sm, a_sk, b_buf, b_off, m, n, k, mr, nr, mv, nv, av, epi, a_ktab, kind,
-                gemm_split(m, n, mr, nr), b_sk, stores_along)
+                split or gemm_split(m, n, mr, nr), b_sk, stores_along)
 
 
 def gemm_split(m: int, n: int, mr: int, nr: int) -> str:
@@ -431,7 +431,7 @@ def _plain_product(b: KernelBuilder, oshape, k: int, a_at, b_at, store, t: str) 
                 For(kv, k, (Assign(acc, fbin("add", Var(acc, t), fbin("mul", a_at(idx, Var(kv)),
                                                                          b_at(idx, Var(kv))))),)),
                 *store(idx, Var(acc, t))]
-    return b.loops(oshape, point, inner_kind="serial")
+    return b.loops(oshape, point, inner_kind="serial", parallel=True)
 
 
 def lower_matmul(b: KernelBuilder, node: Node, store) -> tuple:
@@ -553,4 +553,4 @@ def lower_einsum(b: KernelBuilder, node: Node, store) -> tuple:
             return [Assign(acc, fbin("add", Var(acc, t), value))]
         return [Local(acc, t, Const(0)), *b.loops([dims[c] for c in contracted], term, inner_kind="serial"),
                 *store(oidx, Var(acc, t))]
-    return b.loops([dims[c] for c in out], point, inner_kind="serial")
+    return b.loops([dims[c] for c in out], point, inner_kind="serial", parallel=True)

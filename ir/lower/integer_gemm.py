@@ -35,7 +35,8 @@ import math
 import numpy as np
 
 from ..graph import Node
-from ..loop import Assign, Cast, Const, For, Load, Local, Store, Var, add, cmp, fbin, flat_index, mul, select, sub, unflatten
+from ..loop import (Assign, Cast, Const, For, Load, Local, Store, Var, add, cmp, fbin, flat_index, loop, mul, select, sub,
+                    unflatten)
 from .builder import KernelBuilder
 from .gemm import conv_operands, gemm_stmt, is_depthwise, lower_depthwise
 
@@ -120,7 +121,7 @@ def lower_matmul_integer(b: KernelBuilder, node: Node, store) -> tuple:
         value = select(cmp("lt", Var(j), Const(k)), Load(a_param, add(mul(Var(i), k), fbin("min", Var(j), Const(k - 1)))),
                        Const(0, storage))
         stmts.append(For(i, m, (For(j, quads * 4, (Store(a_buf, add(mul(Var(i), quads * 4), Var(j)), value),),
-                                    "vectorize"),)))
+                                    "vectorize"),), parallel=True))
     else:
         a_buf = a_param
 
@@ -169,7 +170,7 @@ def _plain_matmul(b: KernelBuilder, node: Node, store) -> tuple:
         bv = rb([Var(kv)] if vb else b_b + [Var(kv), ni])
         return [Local(acc, "i32", Const(0)), For(kv, k, (Assign(acc, fbin("add", Var(acc, "i32"), fbin("mul", av, bv))),)),
                 *store(idx, Var(acc, "i32"))]
-    return b.loops(oshape, point, inner_kind="serial")
+    return b.loops(oshape, point, inner_kind="serial", parallel=True)
 
 
 # ---- ConvInteger --------------------------------------------------------------------------
@@ -230,15 +231,16 @@ def lower_conv_integer(b: KernelBuilder, node: Node, store) -> tuple:
     loaded = Load(xparam, src)
     as_unsigned = Cast("u8", fbin("add", Cast("i32", loaded), Const(128, "i32"))) if signed_x else loaded
     copy = For(y, hp, (For(xx, wp, (For(c, cp, (Store(nhwc, flat_index([Var(y), Var(xx), Var(c)], [hp, wp, cp]),
-                                                       select(inside, as_unsigned, za_u)),), "vectorize"),)),))
+                                                       select(inside, as_unsigned, za_u)),), "vectorize"),)),),
+               parallel=True)
 
     orow = b.fresh("oy")
 
     def epilogue(mm, nn, acc):
         return store([Var(bv), nn, Var(orow), mm], fbin("sub", acc, correction(nn)))
     gemm = gemm_stmt(b, nhwc, mul(Var(orow), sh * wp * cp), sw * cp, 0, w_param, Const(0), ow, cout, quads, epilogue,
-                     a_ktab=ktab_param, kind="u8s8")
-    return (For(bv, batch, (copy, For(orow, oh, (gemm,)))),)
+                     a_ktab=ktab_param, kind="u8s8", stores_along="m")
+    return loop(bv, batch, (copy, For(orow, oh, (gemm,), parallel=True)))
 
 
 def _pointwise(b: KernelBuilder, node: Node, store, wc: np.ndarray, zx, zx_name: str) -> tuple:
@@ -277,12 +279,15 @@ def _pointwise(b: KernelBuilder, node: Node, store, wc: np.ndarray, zx, zx_name:
             v = Cast("u8", fbin("add", Cast("i32", v), Const(128, "i32")))
         dest = add(mul(add(mul(add(mul(Var(p), quads), Var(q)), nr), Var(j)), 4), kk)
         return Store(packed, dest, v if ok is None else select(ok, v, Const(0, "u8")))
-    pack = For(q, quads, (For(p, panels, (For(j, nr, tuple(lane(kk) for kk in range(4)), "vectorize"),)),))
+    pack = For(q, quads, (For(p, panels, (For(j, nr, tuple(lane(kk) for kk in range(4)), "vectorize"),)),),
+               parallel=True)
 
     def epilogue(mm, nn, acc):
         return store([Var(bv), mm] + unflatten(nn, [h, w_]), fbin("sub", acc, correction(mm)))
-    gemm = gemm_stmt(b, w_param, Const(0), cp, 1, packed, Const(0), cout, pixels, quads, epilogue, kind="s8u8")
-    return (For(bv, batch, (pack, gemm)),)
+    # (Divided by rows of channels: by pixel panels, this few-quad GEMM ran 4x slower, measured.)
+    gemm = gemm_stmt(b, w_param, Const(0), cp, 1, packed, Const(0), cout, pixels, quads, epilogue, kind="s8u8",
+                     split="m")
+    return loop(bv, batch, (pack, gemm))
 
 
 def _depthwise(b: KernelBuilder, node: Node, store, zx, zx_name: str, wc: np.ndarray) -> tuple:
@@ -325,4 +330,4 @@ def _plain_conv(b: KernelBuilder, node: Node, store) -> tuple:
             return [Assign(acc, fbin("add", Var(acc, "i32"), select(ok, term, Const(0, "i32"))))]
         taps = b.loops(kernel, tap, inner_kind="unroll")
         return [Local(acc, "i32", Const(0)), For(ci, cg, tuple(taps)), *store(oidx, Var(acc, "i32"))]
-    return b.loops(oshape, point, inner_kind="serial")
+    return b.loops(oshape, point, inner_kind="serial", parallel=True)
