@@ -236,3 +236,33 @@ def test_resize_cubic_and_crop(attrs, roi, executor):
     inits = [("roi", np.array(roi or [], np.float32)), ("scales", np.array([1, 1, 1.5, 0.8], np.float32))]
     _around(helper.make_node("Resize", ["x2", "roi", "scales"], ["r"], **attrs), (1, 2, 6, 10), inits=inits,
             rtol=1e-4, atol=1e-5, executor=executor)
+
+
+@pytest.mark.parametrize("attrs,scales", [
+    ({"mode": "linear"}, [1, 1, 4, 4]),  # UNet's side path
+    ({"mode": "linear", "coordinate_transformation_mode": "pytorch_half_pixel"}, [1, 1, 2, 3]),
+    ({"mode": "linear", "coordinate_transformation_mode": "asymmetric"}, [1, 1, 1, 2]),
+    ({"mode": "nearest"}, [1, 1, 2, 2]),
+    ({"mode": "nearest", "coordinate_transformation_mode": "asymmetric", "nearest_mode": "floor"}, [1, 1, 3, 3]),
+    ({"mode": "linear", "coordinate_transformation_mode": "align_corners"}, [1, 1, 2, 2]),  # not periodic
+])
+def test_resize_alone_runs_each_phase_without_tables(attrs, scales, executor):
+    """A Resize alone in its group that enlarges its last axis a whole number of times runs
+    one contiguous run per phase of that axis (resize_by_phases); values as onnxruntime's."""
+    from modelkiln.ir.loop import For, Store
+    x = _x((1, 3, 9, 11), 7)
+    graph = helper.make_graph([helper.make_node("Resize", ["x", "", "scales"], ["y"], **attrs)], "g",
+                              [helper.make_tensor_value_info("x", F, list(x.shape))],
+                              [helper.make_tensor_value_info("y", F, None)],
+                              [numpy_helper.from_array(np.array(scales, np.float32), "scales")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)], ir_version=10)
+    result = build(model, executor=executor, cache=None, progress=False)
+    np.testing.assert_allclose(result.load().run({"x": x})["y"], model_zoo.onnxruntime_outputs(model, {"x": x})["y"],
+                               rtol=1e-5, atol=1e-6)
+    stack, phased = list(result.lowered.calls[0].kernel.body), False
+    while stack:
+        s = stack.pop()
+        if isinstance(s, For):
+            phased |= sum(isinstance(t, Store) for t in s.body) == scales[-1]
+            stack.extend(s.body)
+    assert phased == (attrs.get("coordinate_transformation_mode") != "align_corners")

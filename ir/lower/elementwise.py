@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..graph import Node
-from ..loop import Cast, Const, Load, Store, add, cmp, const, fbin, flat_index, select, sub, unflatten
+from ..loop import Cast, Const, For, Load, Store, Var, add, cmp, const, fbin, flat_index, mul, select, sub, unflatten
 from .builder import KernelBuilder, broadcast_index
 
 
@@ -225,33 +225,46 @@ def resize_taps(n_in: int, coords: np.ndarray, mode: str, a: float, exclude_outs
     return np.clip(idx, 0, n_in - 1).astype(np.int64), w
 
 
-def resize_reader(b: KernelBuilder, node: Node):
+def _resize_axis(b: KernelBuilder, node: Node, ax: int):
+    """The source coordinates of every output position along axis ax, and (nearest mode) their
+    indices or (linear, cubic) their taps: ([taps, n_out] indices, [taps, n_out] weights)."""
+    a = b.attrs(node)
+    ishape, oshape, rank = b.shape(node.inputs[0]), b.shape(node.outputs[0]), len(b.shape(node.inputs[0]))
+    roi = a.get("roi")
+    coords = resize_source_coords(ishape[ax], oshape[ax], a["scales"][ax], a.get("coordinate_transformation_mode",
+                                                                                "half_pixel"),
+                                  (roi[ax], roi[ax + rank]) if roi else (0.0, 1.0))
+    if a.get("mode", "nearest") == "nearest":
+        idx = np.clip(_nearest(coords, a.get("nearest_mode", "round_prefer_floor")), 0, ishape[ax] - 1)
+        return coords, (idx[None].astype(np.int64), np.ones((1, oshape[ax])))
+    return coords, resize_taps(ishape[ax], coords, a["mode"], a.get("cubic_coeff_a", -0.75),
+                               bool(a.get("exclude_outside", 0)), a["scales"][ax], bool(a.get("antialias", 0)))
+
+
+def resize_reader(b: KernelBuilder, node: Node, passthrough: tuple = ()):
     """Resize through per-axis index (and weight) tables computed at compile time in float64:
     exact where ONNX's coordinates land on .5, and a gather per element at run time. With
     tf_crop_and_resize, an output whose source lies outside the input on any axis is the
-    extrapolation value."""
+    extrapolation value. Axes in `passthrough` are read at the index given (resize_by_phases
+    resizes the last one itself)."""
     x, ishape = b.reader(node.inputs[0]), b.shape(node.inputs[0])
     oshape = b.shape(node.outputs[0])
     a = b.attrs(node)
     mode = a.get("mode", "nearest")
-    ctm = a.get("coordinate_transformation_mode", "half_pixel")
     scales, roi, rank = a["scales"], a.get("roi"), len(ishape)
     wtype = np.float64 if b.compute(node.inputs[0]) == "f64" else np.float32
-    resized = [ax for ax in range(rank) if ishape[ax] != oshape[ax] or scales[ax] != 1 or roi]
+    resized = [ax for ax in range(rank) if (ishape[ax] != oshape[ax] or scales[ax] != 1 or roi)
+               and ax not in passthrough]
     tables, outside = {}, {}
     for ax in resized:
-        coords = resize_source_coords(ishape[ax], oshape[ax], scales[ax], ctm,
-                                      (roi[ax], roi[ax + rank]) if roi else (0.0, 1.0))
+        coords, (idx, w) = _resize_axis(b, node, ax)
         if roi is not None and ((coords < 0) | (coords > ishape[ax] - 1)).any():
             outside[ax] = b.constant_param("resize_outside", (coords < 0) | (coords > ishape[ax] - 1))
         if mode == "nearest":
-            idx = np.clip(_nearest(coords, a.get("nearest_mode", "round_prefer_floor")), 0, ishape[ax] - 1)
-            tables[ax] = b.constant_param("resize_index", idx.astype(np.int32))
+            tables[ax] = b.constant_param("resize_index", idx[0].astype(np.int32))
         else:
-            idx, w = resize_taps(ishape[ax], coords, mode, a.get("cubic_coeff_a", -0.75),
-                                 bool(a.get("exclude_outside", 0)), scales[ax], bool(a.get("antialias", 0)))
-            tables[ax] = [(b.constant_param("resize_at", i.astype(np.int32)), b.constant_param("resize_w", wk.astype(wtype)))
-                          for i, wk in zip(idx, w)]
+            tables[ax] = [(b.constant_param("resize_at", i.astype(np.int32)),
+                           b.constant_param("resize_w", wk.astype(wtype))) for i, wk in zip(idx, w)]
 
     def extrapolated(idx, value):
         for ax, table in outside.items():
@@ -283,3 +296,61 @@ def resize_reader(b: KernelBuilder, node: Node):
             value = term if value is None else fbin("add", value, term)
         return extrapolated(idx, value)
     return interpolate
+
+
+def resize_by_phases(b: KernelBuilder, node: Node) -> tuple:
+    """A Resize alone in its group that enlarges its last axis s times (a whole number):
+    output column j = q*s + r reads input columns q + a_t[r] with weights w_t[r] that depend
+    on r alone, away from the edges. So each output row is computed as s interleaved runs
+    over q, whose loads are contiguous and whose weights are constants, instead of a gather
+    per tap and element; the few edge columns (clamped taps) go through the tables."""
+    ishape, out = b.shape(node.inputs[0]), node.outputs[0]
+    oshape, param = b.shape(out), b.out_param(out)
+    last = len(ishape) - 1
+    reader = resize_reader(b, node)
+
+    def generic():
+        return b.loops(oshape, lambda idx: [Store(param, flat_index(idx, oshape), reader(idx))], parallel=True)
+    a = b.attrs(node)
+    n_in, n_out = ishape[last], oshape[last]
+    if a.get("roi") or a.get("mode", "nearest") == "cubic" or n_out % n_in or n_out // n_in < 2:
+        return generic()
+    scale = n_out // n_in
+    _, (idx, w) = _resize_axis(b, node, last)
+    mid = n_in // 2
+    at = idx[:, mid * scale:(mid + 1) * scale] - mid  # [taps, scale]: column offsets of phase r
+    weight = w[:, mid * scale:(mid + 1) * scale]
+
+    def regular(q: int) -> bool:
+        cols = slice(q * scale, (q + 1) * scale)
+        return bool((idx[:, cols] == q + at).all() and np.allclose(w[:, cols], weight, rtol=0, atol=1e-12))
+    lo, hi = mid, mid + 1
+    if not regular(mid):
+        return generic()
+    while lo > 0 and regular(lo - 1):
+        lo -= 1
+    while hi < n_in and regular(hi):
+        hi += 1
+    if 2 * (hi - lo) < n_in:  # weights that drift along the axis (align_corners): tables it is
+        return generic()
+    inner = resize_reader(b, node, passthrough=(last,))
+    linear = a.get("mode", "nearest") != "nearest"
+
+    def row(outer):
+        def edge(first: int, count: int) -> tuple:
+            j = b.fresh("j")
+            at_j = list(outer) + [add(Var(j), first)]
+            return (For(j, count, (Store(param, flat_index(at_j, oshape), reader(at_j)),)),) if count > 0 else ()
+        q = b.fresh("q")
+        col = add(Var(q), lo)
+        stores = []
+        for r in range(scale):
+            value = None
+            for t in range(idx.shape[0]):
+                term = inner(list(outer) + [add(col, int(at[t, r]))])
+                term = fbin("mul", term, Const(float(weight[t, r]), "f32")) if linear else term
+                value = term if value is None else fbin("add", value, term)
+            stores.append(Store(param, flat_index(list(outer) + [add(mul(col, scale), r)], oshape), value))
+        return [*edge(0, lo * scale), For(q, hi - lo, tuple(stores)),
+                *edge(hi * scale, n_out - hi * scale)]
+    return b.loops(oshape[:-1], row, inner_kind="serial", parallel=True)

@@ -15,7 +15,7 @@ from ..dtypes import is_float
 from ..graph import ShapeError, TensorType, UnsupportedError
 from ..loop import Const, add, mul
 from ..lower.elementwise import (bcast_reader, concat_by_slabs, concat_reader, gather_reader, pad_reader,
-                                 resize_reader, split_readers, view_reader)
+                                 resize_by_phases, resize_reader, split_readers, view_reader)
 from .broadcast import broadcast
 from .registry import ELEMWISE, INJECTIVE, OpDef, one_output, register
 
@@ -265,7 +265,7 @@ register(
           lambda b, node: {node.outputs[0]: bcast_reader(b, node.inputs[0], b.shape(node.outputs[0]))}),
     OpDef(GATHER, INJECTIVE, _gather, _gather_fold, one_output(gather_reader)),
     OpDef("Pad", INJECTIVE, _pad, None, one_output(pad_reader)),
-    OpDef("Resize", INJECTIVE, _resize, None, one_output(resize_reader)),
+    OpDef("Resize", INJECTIVE, _resize, None, one_output(resize_reader), alone=resize_by_phases),
 )
 
 
