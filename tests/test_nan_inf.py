@@ -79,6 +79,25 @@ def test_maxpool_propagates_nan(executor):
     _compare(_model("MaxPool", shape=(1, 2, 8, 8), kernel_shape=[2, 2], strides=[2, 2]), {"x0": x}, executor)
 
 
+@pytest.mark.parametrize("kernel,stride,pad", [(2, 2, 0), (3, 2, 1)])
+def test_maxpool_keeps_a_nan_from_any_tap(kernel, stride, pad, executor):
+    """A NaN anywhere in a window makes its maximum NaN, whichever tap it is (onnxruntime's
+    own pooling keeps only a NaN among the last taps, so numpy is the oracle), in the checked
+    border columns and the unchecked interior alike."""
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((1, 3, 13, 13)).astype(np.float32)
+    x[0, 0, 0, 0] = x[0, 1, 6, 5] = x[0, 2, 12, 7] = np.nan
+    model = _model("MaxPool", shape=(1, 3, 13, 13), kernel_shape=[kernel] * 2, strides=[stride] * 2, pads=[pad] * 4)
+    got = build(model, executor=executor, cache=None, progress=False).load().run({"x0": x})["y"]
+    padded = np.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad)), constant_values=-np.inf)
+    out = got.shape[2]
+    windows = np.stack([padded[:, :, i:i + stride * out:stride, j:j + stride * out:stride]
+                        for i in range(kernel) for j in range(kernel)])
+    want = windows.max(axis=0)  # np.max propagates NaN
+    assert np.isnan(want).any()
+    np.testing.assert_array_equal(got, want)
+
+
 def test_cnn_given_nan_does_not_return_finite_scores(executor):
     model = model_zoo.cnn()
     x = model_zoo.random_inputs(model)["x"]

@@ -95,6 +95,13 @@ def lower_reduce(b: KernelBuilder, node: Node, store, kind: str) -> tuple:
     return b.loops(oshape, point, inner_kind="serial", parallel=True)
 
 
+def _sticky_max(acc, x):
+    """max(acc, x) that keeps a NaN from either side: take x where acc <= x or x is NaN.
+    Two compares and a blend, against llvm.maximum's NaN and signed-zero fix-ups; on equal
+    values (+0 and -0) it takes x, as x86's maxps(acc, x) and onnxruntime's pooling do."""
+    return select(fbin("or", cmp("le", acc, x), cmp("ne", x, x)), x, acc)
+
+
 def _select_max(acc, x):
     return select(cmp("gt", acc, x), acc, x)
 
@@ -269,7 +276,7 @@ def lower_pool(b: KernelBuilder, node: Node, store, is_max: bool) -> tuple:
             v = x(src)
             if is_max:
                 v = select(ok, v, literal(lowest(t))) if ok is not None else v
-                return [Assign(acc, fbin("max", Var(acc, t), v))]
+                return [Assign(acc, _sticky_max(Var(acc, t), v) if t in ("f32", "f64") else fbin("max", Var(acc, t), v))]
             stmts = [Assign(acc, fbin("add", Var(acc, t), select(ok, v, _f(0)) if ok is not None else v))]
             counted = (in_pad if include_pad else ok)
             one = select(counted, _f(1), _f(0)) if counted is not None else _f(1)
