@@ -56,11 +56,12 @@ def _literal(value, t: str) -> str:
 # two parts, degree-5 polynomial, scale by 2^n built in the exponent bits; rel. error ~2e-7),
 # tanh from exp, erf by Abramowitz-Stegun 7.1.26 (abs. error 1.5e-7).
 def _poly(acc_name: str, x: str, coeffs, lines: list) -> str:
-    """Horner evaluation of coeffs (highest degree first) at %x; returns the result name."""
+    """Horner evaluation of coeffs (highest degree first) at %x; returns the result name.
+    Each step is one fused multiply-add (`contract`): half the instructions, one rounding."""
     cur = _fconst(coeffs[0])
     for i, c in enumerate(coeffs[1:]):
-        lines.append(f"  %{acc_name}m{i} = fmul float {cur}, %{x}")
-        lines.append(f"  %{acc_name}a{i} = fadd float %{acc_name}m{i}, {_fconst(c)}")
+        lines.append(f"  %{acc_name}m{i} = fmul contract float {cur}, %{x}")
+        lines.append(f"  %{acc_name}a{i} = fadd contract float %{acc_name}m{i}, {_fconst(c)}")
         cur = f"%{acc_name}a{i}"
     return cur
 
@@ -70,18 +71,22 @@ def _math_lib() -> str:
     # 2^(n-1) itself stays a normal float up to n = 128. Below -87.33 the result flushes to
     # +0 (the clamp makes the exponent field 0). The clamp would turn NaN into a number, so
     # NaN is passed through at the end.
+    # (The clamp is compare-and-select, one vmaxps/vminps each: llvm.maxnum/minnum would add
+    # NaN fix-ups that the final select makes pointless.)
     exp = ["define internal float @kiln_exp(float %x) #1 {",
-           f"  %lo = call float @llvm.maxnum.f32(float %x, float {_fconst(-87.33)})",
-           f"  %c = call float @llvm.minnum.f32(float %lo, float {_fconst(89.0)})",
+           f"  %above = fcmp ogt float %x, {_fconst(-87.33)}",
+           f"  %lo = select i1 %above, float %x, float {_fconst(-87.33)}",
+           f"  %below = fcmp olt float %lo, {_fconst(89.0)}",
+           f"  %c = select i1 %below, float %lo, float {_fconst(89.0)}",
            f"  %t = fmul float %c, {_fconst(1.4426950408889634)}",
            "  %n = call float @llvm.roundeven.f32(float %t)",
-           f"  %h = fmul float %n, {_fconst(0.693359375)}",
-           "  %r0 = fsub float %c, %h",
-           f"  %l = fmul float %n, {_fconst(-2.12194440e-4)}",
-           "  %r = fsub float %r0, %l"]
+           f"  %h = fmul contract float %n, {_fconst(0.693359375)}",
+           "  %r0 = fsub contract float %c, %h",
+           f"  %l = fmul contract float %n, {_fconst(-2.12194440e-4)}",
+           "  %r = fsub contract float %r0, %l"]
     p = _poly("p", "r", [1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2,
                          1.6666665459e-1, 5.0000001201e-1], exp)
-    exp += ["  %z = fmul float %r, %r", f"  %pz = fmul float {p}, %z", "  %px = fadd float %pz, %r",
+    exp += ["  %z = fmul float %r, %r", f"  %pz = fmul contract float {p}, %z", "  %px = fadd contract float %pz, %r",
             f"  %pd = fadd float %px, {_fconst(1.0)}",
             "  %ni = fptosi float %n to i32", "  %e = add i32 %ni, 126", "  %sh = shl i32 %e, 23",
             "  %s = bitcast i32 %sh to float", "  %y0 = fmul float %pd, %s", f"  %y1 = fmul float %y0, {_fconst(2.0)}",
@@ -485,6 +490,8 @@ class FunctionEmitter:
             props += ['!{!"llvm.loop.vectorize.enable", i1 false}', '!{!"llvm.loop.unroll.disable"}']
         elif kind == "unroll":
             props.append('!{!"llvm.loop.unroll.full"}')
+        elif kind == "reduce":
+            props.append('!{!"llvm.loop.interleave.count", i32 4}')
         elif kind in ("vector_only", "vector_masked"):  # this loop, not the one around it once this is unrolled
             props += ['!{!"llvm.loop.vectorize.enable", i1 true}', '!{!"llvm.loop.unroll.disable"}']
             if kind == "vector_masked" and extent % self.vw:
