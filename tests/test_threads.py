@@ -56,6 +56,9 @@ MODELS = {
     "resnet18_112": lambda: model_zoo.resnet18(size=112),  # row-parallel implicit convs, whole im2col at 4x4
     "mobilenet_v2": lambda: model_zoo.mobilenet_v2(size=64),  # depthwise (strided too), pointwise
     "transformer": lambda: model_zoo.transformer_encoder(seq=64, d=128, heads=4, ffn=512),
+    # the two directions' time loops run at once
+    "bidirectional_lstm": lambda: model_zoo.recurrent_model("LSTM", seq=20, batch=2, width=64, hidden=128, dirs=2,
+                                                            lens=False, init=False)[0],
 }
 
 

@@ -44,8 +44,10 @@ def lower_recurrence(b: KernelBuilder, node: Node, activation) -> tuple:
     c_out = outs[2] if len(outs) > 2 else None
     h_ws = b.workspace(dirs * batch * hidden)
     c_ws = b.workspace(dirs * batch * hidden) if cell == "lstm" else None
-    acc = b.workspace(batch * gh)
-    rh = b.workspace(batch * hidden) if cell == "gru" and not a["linear_before_reset"] else None
+    # Scratch of one direction's step: each direction has its own, so both run at once.
+    accs = [b.workspace(batch * gh) for _ in range(dirs)]
+    rhs = [b.workspace(batch * hidden) if cell == "gru" and not a["linear_before_reset"] else None
+           for _ in range(dirs)]
     clip = a["clip"]
 
     def clipped(x):
@@ -64,7 +66,9 @@ def lower_recurrence(b: KernelBuilder, node: Node, activation) -> tuple:
     if lens is not None and y_out is not None:
         body.append(loop(seq * dirs * batch * hidden, lambda i: [Store(y_out, i, _f(0))], "vectorize"))
 
+    time_loops = []
     for d in range(dirs):
+        acc, rh = accs[d], rhs[d]
         mine = slice(d * n_act, (d + 1) * n_act)
         act = [lambda x, n=n, al=al, be=be: activation(n, x, al, be)
                for n, al, be in zip(a["activations"][mine], a["alphas"][mine], a["betas"][mine])]
@@ -80,7 +84,7 @@ def lower_recurrence(b: KernelBuilder, node: Node, activation) -> tuple:
             t = sub(sub(length(bb), Const(1)), s)
             return fbin("max", t, Const(0))  # (inactive rows compute on step 0, and discard it)
 
-        def step(s, d=d, act=act, reverse=reverse, state=state, time_of=time_of, length=length):
+        def step(s, d=d, act=act, reverse=reverse, state=state, time_of=time_of, length=length, acc=acc, rh=rh):
             stmts = []
             # acc <- the step's projected input (GRU with linear_before_reset: its h part
             # holds the recurrent product alone, the input part is read again in the gates).
@@ -116,7 +120,13 @@ def lower_recurrence(b: KernelBuilder, node: Node, activation) -> tuple:
                 return [If(cmp("lt", s, length(bb)), tuple(update), ())]
             stmts.append(loop(batch, gates))
             return stmts
-        body.append(loop(seq, step))
+        time_loops.append(loop(seq, step))
+    if dirs == 1:
+        body += time_loops
+    else:  # the directions share nothing but their inputs: one thread each
+        dv = b.fresh("dir")
+        body.append(For(dv, dirs, (If(cmp("eq", Var(dv), Const(0)), (time_loops[0],), (time_loops[1],)),),
+                        parallel=True))
 
     for ws, out in ((h_ws, h_out), (c_ws, c_out)):
         if ws is not None and out is not None:
