@@ -7,6 +7,7 @@ __all__ = ["MANIFEST", "load"]
 
 def load(path: str, threads: int | None = None):
     """Load a bundle folder written by `BuildResult.export` / `kiln build`, to run on
-    `threads` threads (default: the usable cores, os.sched_getaffinity)."""
+    `threads` threads (default: the environment variable KILN_NUM_THREADS, else the usable
+    cores, sched_getaffinity)."""
     from .module import Module
     return Module(path, threads)

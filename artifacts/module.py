@@ -67,18 +67,11 @@ def _read_bundle_file(path: str, nbytes: int, into: memoryview | None = None) ->
         os.close(fd)
 
 
-def usable_cores() -> int:
-    """The CPUs this process may run on (its affinity mask, not the machine's count)."""
-    try:
-        return max(len(os.sched_getaffinity(0)), 1)
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
-
-
 class Module:
     def __init__(self, path: str, threads: int | None = None):
         self.path = path
-        self.threads = threads
+        if threads is not None:
+            self.threads = threads  # (checked before anything is loaded)
         m = self.manifest = Manifest.read(path)
         if not m.runnable:
             raise KilnError(f"bundle '{path}' was built for {m.target['triple']}, which cannot run on this "
@@ -93,6 +86,8 @@ class Module:
         self._weights = self._load_weights(os.path.join(path, m.weights_file), m.weights_bytes, m.weights_sha256)
         self._arena = _aligned_empty(max(m.arena_bytes, 1))
         self._lib = self._load_library(path, m)
+        if threads is None:  # the library's default: KILN_NUM_THREADS, else the usable cores
+            self.threads = self._lib.kiln_num_threads()
         self._run = self._lib.kiln_run_threads
         self._run.restype = ctypes.c_int
         self._run.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int]
@@ -112,9 +107,7 @@ class Module:
         return self._threads
 
     @threads.setter
-    def threads(self, n: int | None) -> None:
-        if n is None:
-            n = usable_cores()
+    def threads(self, n: int) -> None:
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise KilnError(f"threads must be a positive integer, got {n!r}")
         self._threads = n
@@ -246,5 +239,6 @@ class Module:
 
 
 def load(path: str, threads: int | None = None) -> Module:
-    """The bundle at `path`, ready to run on `threads` threads (default: the usable cores)."""
+    """The bundle at `path`, ready to run on `threads` threads (default: KILN_NUM_THREADS, else the
+    usable cores)."""
     return Module(path, threads)

@@ -64,7 +64,7 @@ class BuildResult:
     def load(self, threads: int | None = None):
         """Load the bundle without keeping it on disk: it is exported to a temporary folder
         that is gone again when this returns (the loaded library and weights live on in
-        memory). threads: as artifacts.load (default: the usable cores)."""
+        memory). threads: as artifacts.load."""
         from ..artifacts.module import Module
         with tempfile.TemporaryDirectory(prefix="kiln-module-") as tmp:
             return Module(self.export(os.path.join(tmp, "bundle")), threads)

@@ -258,7 +258,7 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--inputs", help=".npz with one array per model input (random if omitted)")
     p.add_argument("--outputs", help="write the outputs to this .npz")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=_positive_int, default=None, help="threads to run on (default: usable cores)")
+    p.add_argument("--threads", type=_positive_int, default=None, help="threads to run on (default: KILN_NUM_THREADS, else the usable cores)")
     p.set_defaults(fn=cmd_run)
 
     p = sub.add_parser("bench", help="measure a bundle's latency")
@@ -266,7 +266,7 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--repeat", type=int, default=50)
     p.add_argument("--profile", action="store_true", help="also print each kernel's time")
-    p.add_argument("--threads", type=_positive_int, default=None, help="threads to run on (default: usable cores)")
+    p.add_argument("--threads", type=_positive_int, default=None, help="threads to run on (default: KILN_NUM_THREADS, else the usable cores)")
     p.set_defaults(fn=cmd_bench)
 
     p = sub.add_parser("explain", help="passes, fused kernels and cache key parts of a model")

@@ -101,9 +101,15 @@ def test_every_thread_count_gives_the_same_bytes_and_onnxruntimes_answer(built):
     assert_matches_oracle(result, model, 1)
 
 
-def test_default_thread_count_is_the_usable_cores(cnn_bundle):
+def test_default_thread_count_is_the_usable_cores_or_the_environments(cnn_bundle):
     from modelkiln import load
-    assert load(cnn_bundle).threads == len(os.sched_getaffinity(0))
+    if "KILN_NUM_THREADS" not in os.environ:
+        assert load(cnn_bundle).threads == len(os.sched_getaffinity(0))
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    code = f"from modelkiln import load; print(load({cnn_bundle!r}).threads)"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root,
+                          env={**os.environ, "KILN_NUM_THREADS": "3"}, timeout=60)
+    assert proc.returncode == 0 and proc.stdout.split() == ["3"], proc.stderr
 
 
 @pytest.mark.parametrize("bad", [0, -1, 1.5, "2", True])
