@@ -490,8 +490,9 @@ class FunctionEmitter:
             props += ['!{!"llvm.loop.vectorize.enable", i1 false}', '!{!"llvm.loop.unroll.disable"}']
         elif kind == "unroll":
             props.append('!{!"llvm.loop.unroll.full"}')
-        elif kind == "reduce":
-            props.append('!{!"llvm.loop.interleave.count", i32 4}')
+        elif kind == "reduce":  # (unrolled first, a short max reduction became a scalar chain)
+            props += ['!{!"llvm.loop.vectorize.enable", i1 true}', '!{!"llvm.loop.interleave.count", i32 4}',
+                      '!{!"llvm.loop.unroll.disable"}']
         elif kind in ("vector_only", "vector_masked"):  # this loop, not the one around it once this is unrolled
             props += ['!{!"llvm.loop.vectorize.enable", i1 true}', '!{!"llvm.loop.unroll.disable"}']
             if kind == "vector_masked" and extent % self.vw:
