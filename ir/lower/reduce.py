@@ -7,6 +7,7 @@ write it at output index `idx`.
 """
 from __future__ import annotations
 
+import itertools
 import math
 
 from ..graph import Node
@@ -18,6 +19,7 @@ from .builder import KernelBuilder, broadcast_index
 _COMBINE = {"sum": "add", "mean": "add", "max": "max", "min": "min", "prod": "mul", "l1": "add", "l2": "add",
             "sumsquare": "add", "logsum": "add", "logsumexp": "add"}
 FLOAT_ONLY_REDUCTIONS = ("l2", "logsum", "logsumexp")
+MAX_TREE_TAPS = 64  # max pooling windows up to this size compute their maximum as a tree
 
 
 def _init(kind: str, t: str):
@@ -94,6 +96,10 @@ def lower_reduce(b: KernelBuilder, node: Node, store, kind: str) -> tuple:
         return body + list(store(oidx, value))
 
     return b.loops(oshape, point, inner_kind="serial", parallel=True)
+
+
+def _window_max(a, x, t: str):
+    return _sticky_max(a, x) if t in ("f32", "f64") else fbin("max", a, x)
 
 
 def _sticky_max(acc, x):
@@ -255,10 +261,8 @@ def lower_pool(b: KernelBuilder, node: Node, store, is_max: bool) -> tuple:
     checked = [inside(i) != (0, oshape[2 + i]) for i in range(nsp)]
 
     def point(oidx, unchecked_last: bool = False):
-        acc, cnt = b.fresh("acc"), b.fresh("cnt")
-        body = [Local(acc, t, literal(lowest(t) if is_max else 0)), Local(cnt, t, _f(0))]
-
         def tap(kidx):
+            """The tap's value, and whether it lies in the input and in the padded input."""
             src, ok, in_pad = list(oidx[:2]), None, None
             for i in range(nsp):
                 pos = add(sub(mul(oidx[2 + i], strides[i]), pads[i]), mul(kidx[i], dil[i]))
@@ -270,16 +274,33 @@ def lower_pool(b: KernelBuilder, node: Node, store, is_max: bool) -> tuple:
                     in_pad = padded if in_pad is None else fbin("and", in_pad, padded)
                     pos = fbin("min", fbin("max", pos, Const(0)), Const(spatial[i] - 1))
                 src.append(pos)
-            v = x(src)
+            return x(src), ok, in_pad
+
+        if is_max and math.prod(kernel) <= MAX_TREE_TAPS:
+            # A tree of maxima over the window's taps: depth log2(taps) instead of a chain.
+            values = []
+            for kidx in itertools.product(*(range(k) for k in kernel)):
+                v, ok, _ = tap([Const(k) for k in kidx])
+                values.append(select(ok, v, literal(lowest(t))) if ok is not None else v)
+            while len(values) > 1:
+                values = [_window_max(values[i], values[i + 1], t) if i + 1 < len(values) else values[i]
+                          for i in range(0, len(values), 2)]
+            return list(store(oidx, values[0]))
+
+        acc, cnt = b.fresh("acc"), b.fresh("cnt")
+        body = [Local(acc, t, literal(lowest(t) if is_max else 0)), Local(cnt, t, _f(0))]
+
+        def accumulate(kidx):
+            v, ok, in_pad = tap(kidx)
             if is_max:
                 v = select(ok, v, literal(lowest(t))) if ok is not None else v
-                return [Assign(acc, _sticky_max(Var(acc, t), v) if t in ("f32", "f64") else fbin("max", Var(acc, t), v))]
+                return [Assign(acc, _window_max(Var(acc, t), v, t))]
             stmts = [Assign(acc, fbin("add", Var(acc, t), select(ok, v, _f(0)) if ok is not None else v))]
             counted = (in_pad if include_pad else ok)
             one = select(counted, _f(1), _f(0)) if counted is not None else _f(1)
             return stmts + [Assign(cnt, fbin("add", Var(cnt, t), one))]
 
-        body += b.loops(kernel, tap, inner_kind="unroll")
+        body += b.loops(kernel, accumulate, inner_kind="unroll")
         value = Var(acc, t) if is_max else fbin("div", Var(acc, t), Var(cnt, t))
         return body + list(store(oidx, value))
 
