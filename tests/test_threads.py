@@ -112,6 +112,18 @@ def test_default_thread_count_is_the_usable_cores_or_the_environments(cnn_bundle
     assert proc.returncode == 0 and proc.stdout.split() == ["3"], proc.stderr
 
 
+def test_the_library_default_can_be_set_and_reset(cnn_bundle):
+    """kiln_set_num_threads (from C) replaces the default; 0 goes back to it."""
+    code = ("import ctypes, os, sys; lib = ctypes.CDLL(os.path.join(sys.argv[1], 'model.so')); "
+            "print(lib.kiln_num_threads(), lib.kiln_set_num_threads(3), lib.kiln_num_threads(), "
+            "lib.kiln_set_num_threads(0))")
+    env = {k: v for k, v in os.environ.items() if k != "KILN_NUM_THREADS"}
+    proc = subprocess.run([sys.executable, "-c", code, cnn_bundle], capture_output=True, text=True, env=env,
+                          timeout=60)
+    cores = len(os.sched_getaffinity(0))
+    assert proc.returncode == 0 and list(map(int, proc.stdout.split())) == [cores, 3, 3, cores], proc.stderr
+
+
 @pytest.mark.parametrize("bad", [0, -1, 1.5, "2", True])
 def test_a_bad_thread_count_is_refused(cnn_bundle, bad):
     from modelkiln import load

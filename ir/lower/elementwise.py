@@ -241,20 +241,19 @@ def _resize_axis(b: KernelBuilder, node: Node, ax: int):
                                bool(a.get("exclude_outside", 0)), a["scales"][ax], bool(a.get("antialias", 0)))
 
 
-def resize_reader(b: KernelBuilder, node: Node, passthrough: tuple = ()):
+def resize_reader(b: KernelBuilder, node: Node):
     """Resize through per-axis index (and weight) tables computed at compile time in float64:
     exact where ONNX's coordinates land on .5, and a gather per element at run time. With
     tf_crop_and_resize, an output whose source lies outside the input on any axis is the
-    extrapolation value. Axes in `passthrough` are read at the index given (resize_by_phases
-    resizes the last one itself)."""
+    extrapolation value. The reader's `passthrough` axes are read at the index given
+    (resize_by_phases resizes the last one itself)."""
     x, ishape = b.reader(node.inputs[0]), b.shape(node.inputs[0])
     oshape = b.shape(node.outputs[0])
     a = b.attrs(node)
     mode = a.get("mode", "nearest")
     scales, roi, rank = a["scales"], a.get("roi"), len(ishape)
     wtype = np.float64 if b.compute(node.inputs[0]) == "f64" else np.float32
-    resized = [ax for ax in range(rank) if (ishape[ax] != oshape[ax] or scales[ax] != 1 or roi)
-               and ax not in passthrough]
+    resized = [ax for ax in range(rank) if ishape[ax] != oshape[ax] or scales[ax] != 1 or roi]
     tables, outside = {}, {}
     for ax in resized:
         coords, (idx, w) = _resize_axis(b, node, ax)
@@ -272,16 +271,16 @@ def resize_reader(b: KernelBuilder, node: Node, passthrough: tuple = ()):
         return value
 
     if mode == "nearest":
-        def near(idx):
+        def near(idx, passthrough=()):
             src = list(idx)
-            for ax in resized:
+            for ax in (ax for ax in resized if ax not in passthrough):
                 src[ax] = Cast("i64", Load(tables[ax], idx[ax]))
             return extrapolated(idx, x(src))
         return near
 
-    def interpolate(idx):
+    def interpolate(idx, passthrough=()):
         terms = [(list(idx), None)]
-        for ax in resized:
+        for ax in (ax for ax in resized if ax not in passthrough):
             nxt = []
             for src, w in terms:
                 for at, wt in tables[ax]:
@@ -333,7 +332,7 @@ def resize_by_phases(b: KernelBuilder, node: Node) -> tuple:
         hi += 1
     if 2 * (hi - lo) < n_in:  # weights that drift along the axis (align_corners): tables it is
         return generic()
-    inner = resize_reader(b, node, passthrough=(last,))
+    inner = lambda idx: reader(idx, passthrough=(last,))  # noqa: E731  (the last axis: by phases)
     linear = a.get("mode", "nearest") != "nearest"
 
     def row(outer):
