@@ -4,7 +4,7 @@ A fault enters at one seam: the request. `build(..., inject={"kernel-name-substr
 "KIND[:WHEN]"})` puts the spec into the request of every matching job (orchestrator.plan);
 the process the fault belongs in asks `before_compile` / `after_compile` (the job's own
 process) or `in_actor` (a Ray actor) and acts. KIND: crash (SIGSEGV), oom (SIGKILL, as the
-OOM killer does), exit, hang, corrupt (a result that is not an object), kill_actor,
+OOM killer does), exit, hang, slow (a second's sleep: stretches a build), corrupt (a result that is not an object), kill_actor,
 silent_actor (alive, never answers). WHEN: first attempt only (default), `always`, or
 `nofallback` (every attempt but the fallback one).
 """
@@ -35,6 +35,8 @@ def before_compile(request: dict) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
     if fault == "exit":
         os._exit(3)
+    if fault == "slow":
+        time.sleep(1.0)
     if fault == "hang":
         while True:
             time.sleep(60)

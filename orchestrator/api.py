@@ -95,7 +95,9 @@ def _executor(needed: bool, o: BuildOptions):
     elif not isinstance(o.executor, str):
         yield o.executor
     else:
-        ex = make_executor(o.executor, o.workers, o.kernel_timeout, o.ray_address)
+        ray_options = {"ship": o.ray_ship, "resource": o.ray_resource, "local_fallback": o.ray_local_fallback}
+        ex = make_executor(o.executor, o.workers, o.kernel_timeout, o.ray_address,
+                           **(ray_options if o.executor == "ray" else {}))
         try:
             yield ex
         finally:
@@ -187,13 +189,15 @@ def build_many(models, options: BuildOptions | None = None, **overrides) -> Batc
         results, mismatched = _compile(jobs, cache, ex, o)
         compile_s = time.perf_counter() - t_compile
         ex_name, workers = (ex.name, ex.workers) if ex else ("cache", 0)
+        cluster = ex.describe() if hasattr(ex, "describe") else None
 
     names = {j.key: j.name for j in jobs}
     batch_report = {"target": [targets[spec].to_dict() for _, spec in entries], "opt_level": o.opt_level,
                     "executor": ex_name, "workers": workers,
                     "totals": {**report.totals([results[j.key] for j in jobs], len(all_jobs)),
                                "verify_mismatches": len(mismatched)},
-                    "models": [], "timing": {"compile_s": round(compile_s, 3)}}
+                    "models": [], "timing": {"compile_s": round(compile_s, 3)},
+                    **({"cluster": cluster} if cluster else {})}
     if o.trace:
         with open(o.trace, "w") as f:
             json.dump({"traceEvents": report.trace_events(results, names, t_start), "displayTimeUnit": "ms"}, f)
@@ -213,6 +217,8 @@ def build_many(models, options: BuildOptions | None = None, **overrides) -> Batc
                 batch_report["totals"][key] += result.report["totals"][key]
         else:
             result = _assemble(planned[i], results, cache, keys[i], o, ex_name, workers, compile_s, t_start)
+            if cluster:
+                result.report["cluster"] = cluster
         batch_report["models"].append({"model": result.report["model"], "target": result.target.name,
                                        "totals": result.report["totals"],
                                        **({"whole_model_hit": True} if i in whole else {})})

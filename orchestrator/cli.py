@@ -6,6 +6,7 @@
     kiln bench OUT [--warmup N] [--repeat N]
     kiln explain MODEL [--target T]
     kiln cache stats|gc|verify
+    kiln workers up|status|down [--ray-address A] [-n N]
     kiln targets
 
 Errors the user can act on print one line (`kiln: error: ...`) and exit 2; no traceback.
@@ -67,7 +68,11 @@ def _add_build_flags(p):
     p.add_argument("--shape", action="append", metavar="NAME=DIMS", help="static input shape, e.g. x=1x3x224x224")
     p.add_argument("--workers", type=int, default=None, help="codegen processes (default: usable cores)")
     p.add_argument("--executor", default="local", choices=("local", "ray", "inprocess"))
-    p.add_argument("--ray-address", default=None, help="join this Ray cluster (default: RAY_ADDRESS or a local one)")
+    p.add_argument("--ray-address", default=None, help="join this Ray cluster (default: RAY_ADDRESS, the cluster of "
+                                                       "a pool `kiln workers up` started here, else a new local Ray)")
+    _add_ray_flags(p)
+    p.add_argument("--ray-fallback-local", action="store_true",
+                   help="when no Ray actor with this toolchain is left, compile locally instead of failing")
     p.add_argument("--cache", default=None, help="store folder (default: KILN_CACHE_DIR or ~/.cache/kiln)")
     p.add_argument("--no-cache", action="store_true", help="neither read nor write the store")
     p.add_argument("--cache-readonly", action="store_true", help="read hits, write nothing (pull-request CI)")
@@ -80,12 +85,21 @@ def _add_build_flags(p):
                                                           "it is only in the --report's attempt logs)")
 
 
+def _add_ray_flags(p):
+    p.add_argument("--ship-kiln", default="auto", choices=("auto", "always", "never"),
+                   help="send this Kiln to Ray nodes: where a node has none (auto), to every node, or never")
+    p.add_argument("--ray-resource", default=None, metavar="NAME",
+                   help="compile only on Ray nodes that offer this custom resource (one unit per actor)")
+
+
 def _build_options(args):
     """The build's settings from the flags. The executor goes by name: the build creates it
     only if a job needs compiling (a build served whole from the store must not start Ray)."""
     from .options import BuildOptions
     return BuildOptions(target=args.target, opt_level=args.opt_level, shapes=_parse_shapes(args.shape),
                         executor=args.executor, workers=args.workers, ray_address=args.ray_address,
+                        ray_ship=args.ship_kiln, ray_resource=args.ray_resource,
+                        ray_local_fallback=args.ray_fallback_local,
                         cache=_cache_arg(args), cache_readonly=args.cache_readonly,
                         kernel_timeout=args.kernel_timeout, progress=False if args.quiet else None,
                         verify_cache=args.verify_cache, trace=args.trace)
@@ -228,6 +242,30 @@ def cmd_cache(args) -> int:
     return 0
 
 
+def cmd_workers(args) -> int:
+    from . import worker_pool
+    if args.action == "up":
+        r = worker_pool.up(args.ray_address, args.workers, args.ship_kiln, args.ray_resource, args.start_timeout)
+        print(f"pool {r['pool']} on {r['address']}: {r['actors']} actors ({r['started']} started now)")
+        for node, row in r["nodes"].items():
+            print(f"  node {node[:8]} ({row['host']}): {row['actors']} actors"
+                  f"{', Kiln shipped' if row['shipped'] else ''}")
+        for node, why in r["rejected"].items():
+            print(f"  node {node[:8]} not used: {why}")
+        if r["unstarted"]:
+            print(f"  {r['unstarted']} actors did not start within {args.start_timeout:.0f} s (no free CPU?)")
+    elif args.action == "status":
+        rows = worker_pool.status(args.ray_address)
+        if not rows:
+            print("no Kiln worker pool on this cluster")
+        for row in rows:
+            where = f"node {row['node'][:8]} ({row['host']})" if row.get("node") else "does not answer"
+            print(f"{row['name']}: {where}{'' if row['ours'] else '  [another Kiln: `kiln workers down` removes it]'}")
+    else:
+        print(f"removed {worker_pool.down(args.ray_address)} pool actors")
+    return 0
+
+
 def cmd_targets(args) -> int:
     from ..configs import load_preset, preset_names
 
@@ -283,6 +321,14 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--cache", default=None)
     p.add_argument("--max-size", default="2G", help="gc: keep at most this much (e.g. 500M, 2G)")
     p.set_defaults(fn=cmd_cache)
+
+    p = sub.add_parser("workers", help="a warm pool of codegen actors on a Ray cluster")
+    p.add_argument("action", choices=("up", "status", "down"))
+    p.add_argument("--ray-address", default=None, help="the cluster (default: RAY_ADDRESS, else `ray start --head`'s)")
+    p.add_argument("-n", "--workers", type=_positive_int, default=None, help="up: actors in all (default: one per CPU)")
+    p.add_argument("--start-timeout", type=float, default=120.0, help="up: seconds each actor may take to start")
+    _add_ray_flags(p)
+    p.set_defaults(fn=cmd_workers)
 
     p = sub.add_parser("targets", help="list the target presets")
     p.set_defaults(fn=cmd_targets)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 
 from .plan import CompileJob, JobResult
+from .toolchain import local_identity
 
 # attempt number -> use the fallback schedule?
 ATTEMPTS = (False, False, True)
@@ -44,9 +45,10 @@ class Executor:
 
 
 def settle(job: CompileJob, result: JobResult, header: dict, blob: bytes, attempt: int, worker: str,
-           t_start: float, t_end: float) -> bool:
+           t_start: float, t_end: float, toolchain: str | None = None) -> bool:
     """Record one attempt on `result`; True if the job is done (success or out of attempts).
-    Times are wall-clock (time.time()), for the build trace."""
+    Times are wall-clock (time.time()), for the build trace. toolchain: the digest of the
+    toolchain that made the object (default: this process's, for local workers)."""
     ok = bool(header.get("ok"))
     kind = "" if ok else header.get("kind", "crash")
     if ok and not looks_like_object(blob, job.symbol):
@@ -60,6 +62,7 @@ def settle(job: CompileJob, result: JobResult, header: dict, blob: bytes, attemp
     if ok:
         result.ok, result.object, result.worker = True, blob, worker
         result.compile_ms, result.fallback = header.get("ms", 0.0), ATTEMPTS[attempt]
+        result.toolchain = toolchain or local_identity()["digest"]
         return True
     result.kind, result.message, result.log = kind, header.get("message", ""), header.get("log", "")
     return attempt + 1 >= len(ATTEMPTS)

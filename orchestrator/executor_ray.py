@@ -5,130 +5,238 @@ A Ray task or actor per job costs 0.7-1 s here; a fork from the actor's zygote c
 forks a fresh child per job, exactly as the local executor does. The driver ships kernels
 as bytes and receives object bytes: plain data both ways.
 
-Small jobs travel in batches so Ray round trips do not dominate; GEMM kernels (the slow
-ones) go alone. An actor that dies is replaced and never handed work again; its batch
-counts as a failed attempt and is retried under the common policy. Jobs are idempotent,
-so a batch that ran twice is harmless.
+Where actors run: the executor reads the cluster's live nodes and pins actors to them, one
+per CPU (or `workers` in all, spread over the nodes; `resource` limits them to nodes that
+offer that custom resource). A warm pool (orchestrator.worker_pool) of this toolchain is used
+instead when one is up.
+
+Who may compile: every actor says hello before it gets work (orchestrator.ray_actor). One on a
+node without Kiln is started again with the driver's Kiln shipped to it (ship="auto"; "always"
+ships to every node). One whose toolchain identity differs from the driver's is never given
+work, and its node is not used again: its objects would be stored under keys that name our
+toolchain. Each answer carries its toolchain digest and is checked again on arrival.
+
+Faults: small jobs travel in batches so Ray round trips do not dominate; GEMM kernels (the
+slow ones) go alone. An actor that dies, or stays silent past its batch's deadline, is killed
+and replaced on its node if the node is still alive; its batch counts as a failed attempt and
+is retried under the common policy. When no actor is left, the build fails naming why (or,
+with local_fallback, compiles the rest locally). Jobs are idempotent, so a batch that ran
+twice is harmless.
 """
 from __future__ import annotations
 
 import itertools
 import os
 import shutil
-import socket
 import tempfile
 import time
+import warnings
 from collections import deque
 
-from ..codegen_worker import faults
 from ..ir.errors import KilnError
 
+from . import ray_actor, worker_pool
 from .executor import ATTEMPTS, Executor, default_workers, settle
 from .plan import JobResult
+from .toolchain import identity_difference, local_identity
 
 SMALL_BATCH = 4  # non-GEMM jobs per round trip
-ACTOR_START_TIMEOUT = 120.0  # seconds for at least one actor to come up (an autoscaler may add nodes)
+ACTOR_START_TIMEOUT = 120.0  # seconds for an actor to say hello (an autoscaler may add nodes)
 ANSWER_MARGIN = 15.0  # seconds an actor may take beyond its jobs' deadlines before it counts as dead
-
-
-class _Actor:
-    """The actor body (wrapped by ray.remote at first use, so importing this module
-    does not import Ray)."""
-
-    def __init__(self):
-        from ..codegen_worker.zygote_client import ZygoteClient
-        self.zygote = ZygoteClient()
-        self.name = f"ray:{socket.gethostname()}:{os.getpid()}"
-
-    def compile(self, requests: list) -> list:
-        out = []
-        for header, blob in requests:
-            faults.in_actor(header)
-            t0 = time.time()
-            try:
-                self.zygote.send(header, blob)
-                msg = self.zygote.receive()
-            except OSError:  # a broken pipe: the zygote died
-                msg = None
-            if msg is None:
-                from ..codegen_worker.zygote_client import ZygoteClient
-                self.zygote.close()
-                self.zygote = ZygoteClient()
-                msg = ({"id": header["id"], "ok": False, "kind": "crash", "message": "the zygote process died"}, b"")
-            out.append((msg[0], msg[1], t0, time.time(), self.name))
-        return out
-
-    def ping(self) -> str:
-        return self.name
+SHIP_MODES = ("auto", "always", "never")
 
 
 class RayExecutor(Executor):
     name = "ray"
 
     def __init__(self, workers: int | None = None, kernel_timeout: float = 300.0, address: str | None = None,
-                 start_timeout: float = ACTOR_START_TIMEOUT):
+                 start_timeout: float = ACTOR_START_TIMEOUT, ship: str = "auto", local_fallback: bool = False,
+                 resource: str | None = None, use_pool: bool = True, pool_name: str | None = None):
+        """pool_name (worker_pool only): actors are detached and named `pool_name`-N."""
         try:
             import ray
         except ImportError:
             raise KilnError("the ray executor needs Ray: pip install ray") from None
+        if ship not in SHIP_MODES:
+            raise KilnError(f"ship must be one of {', '.join(SHIP_MODES)}, not {ship!r}")
         self.ray = ray
-        address = address or os.environ.get("RAY_ADDRESS")
-        self._started_ray = False
-        self._ray_tmp = None
-        if not ray.is_initialized():
-            from .. import IMPORT_ROOT  # workers import Kiln from where this process did
-            kwargs = {"include_dashboard": False, "log_to_driver": False,
-                      "runtime_env": {"env_vars": {"PYTHONPATH": IMPORT_ROOT}}}
-            if address:
-                ray.init(address=address, **kwargs)
-            else:
-                # Ray keeps a session folder (logs, sockets) after shutdown; one Kiln started
-                # is Kiln's to remove.
-                self._ray_tmp = tempfile.mkdtemp(prefix="kiln-ray-")
-                ray.init(num_cpus=workers or default_workers(), _temp_dir=self._ray_tmp, **kwargs)
-            self._started_ray = True
-        cluster_cpus = int(ray.cluster_resources().get("CPU", 1))
-        self.workers = workers or cluster_cpus
-        self.kernel_timeout = kernel_timeout
-        self.start_timeout = start_timeout
-        self._checked = False
-        self._remote = ray.remote(num_cpus=1, max_restarts=0, max_concurrency=1)(_Actor)
-        self._actors: list = []
-        self._booting: dict = {}
-        self._ids = itertools.count()
+        self._started_ray, self._ray_tmp = False, None
+        self._connect(address or os.environ.get("RAY_ADDRESS"), workers)
+        self.kernel_timeout, self.start_timeout = kernel_timeout, start_timeout
+        self.ship, self.local_fallback, self.resource = ship, local_fallback, resource
+        self.identity = local_identity()
+        ray.cloudpickle.register_pickle_by_value(ray_actor)  # nodes need not have Kiln to start one
+        self._remote = ray.remote(num_cpus=1, max_restarts=0, max_concurrency=1)(ray_actor.CodegenActor)
+        self._pool_name, self._names = pool_name, itertools.count()
+        self._shipped_env = None
+        self._actors: list = []  # said hello, toolchain matches
+        self._info: dict = {}  # actor id -> hello + {"shipped", "pooled"}
+        self._booting: dict = {}  # hello future -> (actor, node, shipped, pooled, deadline)
+        self.rejected: dict = {}  # node id -> why its actors get no work
+        self.lost: list = []  # why actors were lost
+        self.unstarted = 0  # actors that did not say hello in time
         self.replaced = 0
-        self._pool()  # actor creation is asynchronous: they boot while the caller plans
+        self._ids = itertools.count()
+        self._wanted = workers
+        pool = worker_pool.find(ray, self.identity["digest"]) if use_pool and pool_name is None else []
+        self.pooled = bool(pool)
+        if pool:
+            self.workers = len(pool)
+            for actor in pool:
+                self._expect_hello(actor, "?", False, True)
+        elif pool_name is None:
+            self._plan(workers)  # actor creation is asynchronous: they boot while the caller plans
+        else:
+            self.workers = 0  # worker_pool places them
 
-    def _spawn(self):
-        return self._remote.options(scheduling_strategy="SPREAD").remote()
+    # -- the cluster ----------------------------------------------------------------------
 
-    def _pool(self) -> list:
-        while len(self._actors) < self.workers:
-            self._actors.append(self._spawn())
-        return self._actors
-
-    def _ready_pool(self) -> list:
-        """The actors, once at least one is known to be up. Actors that cannot be placed (the
-        cluster's CPUs are taken) would otherwise leave a build waiting forever."""
-        actors = self._pool()
-        if self._checked:
-            return actors
+    def _connect(self, address: str | None, workers: int | None) -> None:
         ray = self.ray
-        pings = {a.ping.remote(): a for a in actors}
-        ready, waiting = ray.wait(list(pings), num_returns=len(pings), timeout=self.start_timeout)
-        if not ready:
-            for a in actors:
-                ray.kill(a)
-            self._actors = []
-            raise KilnError(f"no Kiln codegen actor started on the Ray cluster within {self.start_timeout:.0f} s "
-                            f"(each needs 1 CPU; available now: {ray.available_resources().get('CPU', 0)} of "
-                            f"{ray.cluster_resources().get('CPU', 0)})")
-        for ref in waiting:  # run with the ones that came up; do not hold CPUs we cannot use
-            ray.kill(pings[ref])
-            self._actors.remove(pings[ref])
-        self.workers = len(self._actors)
-        self._checked = True
-        return self._actors
+        if ray.is_initialized():
+            return
+        kwargs = {"include_dashboard": False, "log_to_driver": False}
+        address = address or worker_pool.recorded_address()  # a pool `kiln workers up` started here
+        if address:
+            ray.init(address=address, **kwargs)
+        else:
+            # A Ray of our own runs on this machine: its workers import Kiln from where this
+            # process did. Ray keeps a session folder after shutdown; one Kiln started is
+            # Kiln's to remove.
+            from .. import IMPORT_ROOT
+            self._ray_tmp = tempfile.mkdtemp(prefix="kiln-ray-")
+            ray.init(num_cpus=workers or default_workers(), _temp_dir=self._ray_tmp,
+                     runtime_env={"env_vars": {"PYTHONPATH": IMPORT_ROOT}}, **kwargs)
+        self._started_ray = True
+
+    def _slots(self) -> dict:
+        """node id -> how many actors it can hold: its CPUs (and units of `resource`), for the
+        live nodes whose toolchain was not rejected."""
+        slots = {}
+        for node in self.ray.nodes():
+            res = node.get("Resources", {})
+            n = int(res.get("CPU", 0))
+            if self.resource:
+                n = min(n, int(res.get(self.resource, 0)))
+            if node.get("Alive") and n > 0 and node["NodeID"] not in self.rejected:
+                slots[node["NodeID"]] = n
+        return slots
+
+    def _plan(self, workers: int | None, occupied: dict | None = None) -> None:
+        """Start `workers` actors (default: one per slot), spread over the nodes round-robin;
+        occupied: node id -> {"actors": n} already there (a pool being topped up)."""
+        slots = self._slots()
+        placed = {n: (occupied or {}).get(n, {}).get("actors", 0) for n in slots}
+        total = sum(slots.values()) - sum(placed.values())
+        n_new = max(0, min(workers, total) if workers else total)
+        nodes = sorted(slots)
+        for i in range(n_new):
+            free = [n for n in nodes if placed[n] < slots[n]]
+            node = free[i % len(free)]
+            placed[node] += 1
+            self._spawn(node, self.ship == "always")
+        self.workers = len(self._actors) + len(self._booting)
+        if not n_new and not self.workers:
+            self.rejected.setdefault("(cluster)", "no live node offers a CPU" +
+                                     (f" and the resource '{self.resource}'" if self.resource else ""))
+
+    def _spawn(self, node: str, shipped: bool):
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+        opts = {"scheduling_strategy": NodeAffinitySchedulingStrategy(node, soft=False)}
+        if self.resource:
+            opts["resources"] = {self.resource: 1}
+        if shipped:
+            opts["runtime_env"] = self._ship()
+        if self._pool_name:
+            opts.update(name=f"{self._pool_name}-{next(self._names)}-{os.urandom(3).hex()}",
+                        namespace=worker_pool.NAMESPACE, lifetime="detached")
+        actor = self._remote.options(**opts).remote()
+        self._expect_hello(actor, node, shipped, False)
+        return actor
+
+    def _expect_hello(self, actor, node: str, shipped: bool, pooled: bool) -> None:
+        self._booting[actor.hello.remote()] = (actor, node, shipped, pooled, time.monotonic() + self.start_timeout)
+
+    def _ship(self) -> dict:
+        if self._shipped_env is None:
+            from .ship import upload_runtime_env
+            self._shipped_env = upload_runtime_env()
+        return self._shipped_env
+
+    def _node_alive(self, node: str) -> bool:
+        return any(n["NodeID"] == node and n.get("Alive") for n in self.ray.nodes())
+
+    def _greet(self, ref, actor, node, shipped, pooled) -> bool:
+        """Take an actor's hello: True if it may get work. Otherwise it is killed, and started
+        again with Kiln shipped if Kiln is all it lacked."""
+        try:
+            hello = self.ray.get(ref)
+        except self.ray.exceptions.RayError as e:
+            self.lost.append(f"node {node[:8]} is gone" if not self._node_alive(node) else
+                             f"an actor on node {node[:8]} died while starting ({type(e).__name__})")
+            return False
+        node = hello["node"]
+        if hello["problem"]:
+            self._kill(actor)
+            if not shipped and self.ship != "never":
+                self._spawn(node, True)
+            else:
+                self.rejected[node] = hello["problem"]
+            return False
+        differs = identity_difference(self.identity, hello["identity"])
+        if differs:
+            self._kill(actor)
+            self.rejected[node] = f"toolchain differs ({differs}; Kiln at {hello['kiln_path']})"
+            return False
+        self._info[actor._actor_id] = {**hello, "shipped": shipped, "pooled": pooled}
+        self._actors.append(actor)
+        return True
+
+    def _boot(self, ready: list) -> list:
+        """Settle the hellos in `ready` and the overdue ones; returns the actors now ready."""
+        now, up = time.monotonic(), []
+        for ref, (actor, node, shipped, pooled, deadline) in list(self._booting.items()):
+            if ref in ready:
+                del self._booting[ref]
+                if self._greet(ref, actor, node, shipped, pooled):
+                    up.append(actor)
+            elif now >= deadline:
+                del self._booting[ref]
+                self._kill(actor)  # do not hold a CPU it cannot use
+                self.unstarted += 1
+        return up
+
+    def wait_ready(self) -> None:
+        """Wait until every actor has said hello or timed out (worker_pool up)."""
+        while self._booting:
+            deadline = min(d for *_, d in self._booting.values())
+            ready, _ = self.ray.wait(list(self._booting), num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
+            self._boot(ready)
+
+    def describe(self) -> dict:
+        """Where this executor's actors run and which nodes it refused, for reports."""
+        nodes: dict = {}
+        for actor in self._actors:
+            info = self._info[actor._actor_id]
+            row = nodes.setdefault(info["node"], {"host": info["host"], "toolchain": info["digest"], "actors": 0,
+                                                  "shipped": info["shipped"], "pooled": info["pooled"]})
+            row["actors"] += 1
+        return {"nodes": nodes, "rejected": dict(self.rejected), "lost": list(self.lost),
+                "unstarted": self.unstarted, "replaced": self.replaced}
+
+    def _nobody_left(self, n_pending: int) -> str:
+        ray = self.ray
+        why = [f"node {node[:8]}: {reason}" for node, reason in self.rejected.items()]
+        if self.unstarted:
+            why.append(f"{self.unstarted} actor(s) did not start within {self.start_timeout:.0f} s (each needs 1 CPU; "
+                       f"available now: {ray.available_resources().get('CPU', 0)} of "
+                       f"{ray.cluster_resources().get('CPU', 0)})")
+        why += self.lost[-3:]
+        return (f"no Kiln codegen actor is left on the Ray cluster; {n_pending} jobs were not compiled:\n  " +
+                "\n  ".join(why or ["(no reason recorded)"]) +
+                "\n(local_fallback=True, or --ray-fallback-local, compiles them locally instead)")
+
+    # -- the build --------------------------------------------------------------------------
 
     @staticmethod
     def _take_batch(items: deque) -> list:
@@ -150,26 +258,32 @@ class RayExecutor(Executor):
         results = {j.key: JobResult(j.key, False) for j in jobs}
         pending = deque((j, 0) for j in jobs)
         busy: dict = {}  # future -> (actor, [(job, attempt, t_sent)], answer deadline)
-        booting = self._booting  # ping future -> (replacement actor, start deadline); kept across runs
-        starting = {id(a) for a, _ in booting.values()}
-        idle = [a for a in self._ready_pool() if id(a) not in starting]
+        if not self._actors and not self._booting and not self.pooled:
+            self._plan(self._wanted)  # a closed executor used again, or every actor was lost last time
+        if not jobs:
+            self.wait_ready()  # run([]): just bring the actors up
+        idle = list(self._actors)
 
-        def finish(job, attempt, header, blob, worker, t0, t1):
-            if settle(job, results[job.key], header, blob, attempt, worker, t0, t1):
+        def finish(job, attempt, header, blob, worker, t0, t1, toolchain=None):
+            if settle(job, results[job.key], header, blob, attempt, worker, t0, t1, toolchain):
                 if on_result:
                     on_result(results[job.key])
             else:
                 pending.appendleft((job, attempt + 1))
 
         def lose(actor, batch, why: str, kind: str):
-            """The actor is dead or silent: never use it again, start a replacement (which must
-            answer a ping before it gets work), and fail its batch's attempt."""
+            """The actor is dead or silent: never use it again, start a replacement on its
+            node if the node is alive (it must say hello before it gets work), and fail its
+            batch's attempt."""
+            info = self._info.pop(actor._actor_id, {})
             self._actors.remove(actor)
             self._kill(actor)
             self.replaced += 1
-            fresh = self._spawn()
-            self._actors.append(fresh)
-            booting[fresh.ping.remote()] = (fresh, time.monotonic() + self.start_timeout)
+            node = info.get("node", "?")
+            if self._node_alive(node):
+                self._spawn(node, info.get("shipped", False))
+            else:
+                self.lost.append(f"node {node[:8]} is gone (its actor: {why})")
             worker = "ray:dead-actor" if kind == "crash" else "ray:silent-actor"
             for job, attempt, t_sent in batch:
                 finish(job, attempt, {"ok": False, "kind": kind, "message": why}, b"", worker, t_sent, time.time())
@@ -183,42 +297,58 @@ class RayExecutor(Executor):
                     req = job.request(next(self._ids), ATTEMPTS[attempt], self.kernel_timeout, attempt + 1)
                     requests.append((req, job.kernel_bytes))
                 busy[actor.compile.remote(requests)] = (actor, batch, self._answer_deadline(batch))
-            if not busy and not booting:
-                raise KilnError(f"no Kiln codegen actor is left on the Ray cluster ({self.replaced} replaced; "
-                                f"replacements did not start within {self.start_timeout:.0f} s); "
-                                f"{len(pending)} jobs were not compiled")
-            deadlines = [d for _, _, d in busy.values()] + [d for _, d in booting.values()]
+            if not busy and not self._booting:
+                if not self.local_fallback:
+                    raise KilnError(self._nobody_left(len(pending)))
+                self._compile_locally(pending, results, on_result)
+                break
+            deadlines = [d for _, _, d in busy.values()] + [d for *_, d in self._booting.values()]
             wait = max(0.0, min(deadlines) - time.monotonic())
-            ready, _ = ray.wait(list(busy) + list(booting), num_returns=1, timeout=wait)
+            ready, _ = ray.wait(list(busy) + list(self._booting), num_returns=1, timeout=wait)
+            idle += self._boot(ready)
             now = time.monotonic()
-            for ref, (actor, deadline) in list(booting.items()):
-                if ref in ready:
-                    del booting[ref]
-                    try:
-                        ray.get(ref)
-                        idle.append(actor)
-                    except ray.exceptions.RayError:
-                        self._actors.remove(actor)  # died while starting: not replaced again
-                elif now >= deadline:
-                    del booting[ref]
-                    self._actors.remove(actor)
-                    self._kill(actor)
             for ref, (actor, batch, deadline) in list(busy.items()):
                 if ref in ready:
                     del busy[ref]
                     try:
                         outs = ray.get(ref)
-                    except (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError) as e:
+                    except ray.exceptions.RayError as e:  # died, its node lost, or its worker crashed
                         lose(actor, batch, f"Ray actor died: {type(e).__name__}", "crash")
                         continue
-                    idle.append(actor)
-                    for (job, attempt, _), (header, blob, t0, t1, worker) in zip(batch, outs):
-                        finish(job, attempt, header, blob, f"{worker}:{header.get('pid', '?')}", t0, t1)
+                    foreign = next((d for *_, d in outs if d != self.identity["digest"]), None)
+                    for (job, attempt, _), (header, blob, t0, t1, worker, digest) in zip(batch, outs):
+                        if digest != self.identity["digest"]:  # never stored under our key
+                            header = {"ok": False, "kind": "toolchain",
+                                      "message": f"compiled by toolchain {digest}, not this driver's"}
+                        finish(job, attempt, header, blob, f"{worker}:{header.get('pid', '?')}", t0, t1, digest)
+                    if foreign is None:
+                        idle.append(actor)
+                    else:  # its node's Kiln changed under it: no more work there
+                        node = self._info.pop(actor._actor_id, {}).get("node", "?")
+                        self.rejected[node] = f"it answered with objects of toolchain {foreign}, not this driver's"
+                        self._actors.remove(actor)
+                        self._kill(actor)
                 elif now >= deadline:
                     del busy[ref]
                     waited = self.kernel_timeout * len(batch) + ANSWER_MARGIN
                     lose(actor, batch, f"Ray actor did not answer within {waited:.0f} s (taken for dead)", "timeout")
         return results
+
+    def _compile_locally(self, pending: deque, results: dict, on_result) -> None:
+        """local_fallback: the jobs no actor is left for, on this machine's zygote."""
+        from .executor_local import LocalExecutor
+        warnings.warn("kiln: " + self._nobody_left(len(pending)).split("\n(")[0].replace(
+            "jobs were not compiled", "jobs compile locally instead"))
+
+        def merged(r):
+            r.attempts[:0] = results[r.key].attempts  # keep the attempts Ray made
+            results[r.key] = r
+            if on_result:
+                on_result(r)
+
+        with LocalExecutor() as local:
+            local.run([job for job, _ in pending], merged)
+        pending.clear()
 
     def _kill(self, actor) -> None:
         try:
@@ -227,11 +357,15 @@ class RayExecutor(Executor):
             pass
 
     def close(self):
-        for actor in self._actors:
-            self._kill(actor)
-        self._actors = []
-        self._booting = {}
-        self._checked = False
+        """Stop this executor's own actors (a warm pool's stay up) and a Ray it started."""
+        if not self._pool_name:
+            for actor in self._actors:
+                if not self._info[actor._actor_id]["pooled"]:
+                    self._kill(actor)
+            for actor, _, _, pooled, _ in self._booting.values():
+                if not pooled:
+                    self._kill(actor)
+        self._actors, self._booting, self._info = [], {}, {}
         if self._started_ray:
             self.ray.shutdown()
             self._started_ray = False

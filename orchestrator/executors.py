@@ -7,7 +7,8 @@ from .executor import Executor
 
 
 def make_executor(kind: str = "local", workers: int | None = None, kernel_timeout: float = 300.0,
-                  ray_address: str | None = None) -> Executor:
+                  ray_address: str | None = None, **ray_options) -> Executor:
+    """ray_options (Ray only): ship, resource, local_fallback; see executor_ray.RayExecutor."""
     if kind == "local":
         from .executor_local import LocalExecutor
         return LocalExecutor(workers, kernel_timeout)
@@ -16,5 +17,5 @@ def make_executor(kind: str = "local", workers: int | None = None, kernel_timeou
         return InProcessExecutor()
     if kind == "ray":
         from .executor_ray import RayExecutor
-        return RayExecutor(workers, kernel_timeout, ray_address)
+        return RayExecutor(workers, kernel_timeout, ray_address, **ray_options)
     raise KilnError(f"unknown executor '{kind}' (local, ray, inprocess)")

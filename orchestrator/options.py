@@ -21,7 +21,10 @@ class BuildOptions:
     shapes: dict | None = None  # input name -> dims, where the model's are symbolic, zero or wrong
     executor: object = "local"  # "local", "ray", "inprocess", or an Executor to reuse across builds
     workers: int | None = None  # codegen processes or actors (default: usable cores)
-    ray_address: str | None = None  # join this Ray cluster (default: RAY_ADDRESS, else a local Ray)
+    ray_address: str | None = None  # join this Ray cluster (default: RAY_ADDRESS, a pool's, else a local Ray)
+    ray_ship: str = "auto"  # Kiln to Ray nodes: "auto" (where a node has none), "always", "never"
+    ray_resource: str | None = None  # only Ray nodes offering this custom resource compile
+    ray_local_fallback: bool = False  # no matching Ray actor left: compile locally instead of failing
     kernel_timeout: float = 300.0  # seconds per codegen job before it is killed
     cache: object = DEFAULT_CACHE  # a folder, an artifacts.store.Store, or None for no store
     cache_readonly: bool = False  # read hits, write nothing (untrusted builds)

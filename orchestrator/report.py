@@ -10,6 +10,7 @@ def kernel_rows(planned, results: dict[str, JobResult]) -> list[dict]:
         r = results[job.key]
         rows.append({"name": call.name, "symbol": call.kernel.symbol, "key": job.key, "ops": call.ops,
                      "nodes": call.nodes, "cache_hit": r.cached, "worker": r.worker,
+                     "toolchain": r.toolchain,
                      "attempts": len(r.attempts), "attempt_log": r.attempts,
                      "compile_ms": round(r.compile_ms, 2), "fallback": r.fallback, "ok": r.ok})
     return rows

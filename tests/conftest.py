@@ -67,22 +67,55 @@ def _temp_dir_left_as_found():
 
 
 @pytest.fixture(scope="session")
-def ray_session():
-    """One Ray for the whole session (it takes ~6 s and ~700 MiB to start), 2 CPUs, with its
-    session folder in a temp dir removed at the end."""
-    import ray
+def ray_cluster():
+    """A real Ray cluster of three nodes on this machine: a head and two worker nodes, one CPU
+    each, each with its own raylet, all of them gone at the end. Each node's own Kiln is this
+    checkout (its PYTHONPATH). Started once (~8 s, ~1 GiB) for every test that needs Ray;
+    node-death detection is shortened so that lost-node tests finish in seconds."""
+    from ray.cluster_utils import Cluster
     ray_tmp = tempfile.mkdtemp(prefix="kiln-ray-")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _temp_dir=ray_tmp,
-             runtime_env={"env_vars": {"PYTHONPATH": ROOT}})
-    yield ray
+    saved = os.environ.get("RAY_TMPDIR")
+    os.environ["RAY_TMPDIR"] = ray_tmp  # Ray's address file too: nothing lands in /tmp/ray
+    node_env = {"PYTHONPATH": ROOT}
+    cluster = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 1, "include_dashboard": False, "env_vars": node_env,
+        "_system_config": {"health_check_period_ms": 1000, "health_check_failure_threshold": 3}})
+    for _ in range(2):
+        cluster.add_node(num_cpus=1, env_vars=node_env)
+    cluster.wait_for_nodes()
+    cluster.driver_dir = tempfile.mkdtemp(dir=ray_tmp)  # see ray_session
+    yield cluster
+    import ray
     ray.shutdown()
+    cluster.shutdown()
+    if saved is None:
+        os.environ.pop("RAY_TMPDIR", None)
+    else:
+        os.environ["RAY_TMPDIR"] = saved
     shutil.rmtree(ray_tmp, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def ray_session(ray_cluster):
+    """This process as a driver on the shared cluster (the `ray` module). Ray puts the driver's
+    working folder on every worker's path; joined from this checkout, that would hand every
+    node this Kiln, and the tests of nodes without one would test nothing. So the driver joins
+    from a folder of its own, as one on another machine would."""
+    import ray
+    if not ray.is_initialized():
+        here = os.getcwd()
+        os.chdir(ray_cluster.driver_dir)
+        try:
+            ray.init(address=ray_cluster.address, log_to_driver=False)
+        finally:
+            os.chdir(here)
+    return ray
 
 
 @pytest.fixture(scope="session")
 def ray_executor(ray_session):
     from modelkiln.orchestrator.executor_ray import RayExecutor
-    ex = RayExecutor(workers=2, kernel_timeout=20)
+    ex = RayExecutor(kernel_timeout=20)  # one actor per CPU: one on each node
     yield ex
     ex.close()
 
