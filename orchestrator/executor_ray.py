@@ -97,6 +97,9 @@ class RayExecutor(Executor):
             return
         kwargs = {"include_dashboard": False, "log_to_driver": False}
         address = address or worker_pool.recorded_address()  # a pool `kiln workers up` started here
+        why = worker_pool.unreachable(address) if address else ""
+        if why:
+            raise KilnError(f"the Ray cluster at {address!r} does not answer ({why})")
         if address:
             ray.init(address=address, **kwargs)
         else:

@@ -23,6 +23,7 @@ from ..ir.errors import KilnError
 NAMESPACE = "kiln"
 PREFIX = "kiln-codegen-"
 STATUS_TIMEOUT = 10.0  # seconds a pool actor may take to answer `status`
+CONNECT_TIMEOUT = 3.0  # seconds for a cluster's address to accept a connection
 
 
 def _record_path() -> str:
@@ -30,16 +31,27 @@ def _record_path() -> str:
     return os.path.join(default_cache_dir(), "workers.json")
 
 
+def unreachable(address: str) -> str:
+    """Why a plain HOST:PORT cluster address does not accept connections ('' if it does, or is
+    of another form). Ray's own connect retries for minutes against a dead address."""
+    host, sep, port = address.rpartition(":")
+    if not sep or "://" in address or not port.isdigit():
+        return ""
+    try:
+        with socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT):
+            return ""
+    except OSError as e:
+        return e.strerror or str(e)
+
+
 def recorded_address() -> str | None:
     """The address `up` recorded, if its GCS still accepts connections."""
     try:
         with open(_record_path()) as f:
             address = json.load(f)["address"]
-        host, port = address.rsplit(":", 1)
-        with socket.create_connection((host, int(port)), timeout=1.0):
-            return address
     except (OSError, ValueError, KeyError, TypeError):
         return None
+    return None if not isinstance(address, str) or unreachable(address) else address
 
 
 def _pool_names(ray) -> list[str]:
@@ -62,6 +74,10 @@ def find(ray, digest: str) -> list:
 def _connect(address: str | None):
     import ray
     address = address or os.environ.get("RAY_ADDRESS") or recorded_address() or "auto"
+    why = unreachable(address)
+    if why:
+        raise KilnError(f"no Ray cluster at {address!r} for a worker pool ({why}); start one with "
+                        "`ray start --head` or pass --ray-address")
     try:
         ray.init(address=address, include_dashboard=False, log_to_driver=False)
     except ConnectionError as e:
