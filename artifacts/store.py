@@ -112,7 +112,7 @@ class Store:
         the caller can still name it)."""
         digest = hashlib.sha256(data).hexdigest()
         path = self.blob_path(digest)
-        if self.readonly or self.blob(digest) is not None:
+        if self.readonly or Store.blob(self, digest) is not None:  # this folder's copy, not a remote's
             return digest
         try:
             os.makedirs(os.path.dirname(path), exist_ok=True)

@@ -7,13 +7,15 @@
 - Objects are stored as they compile, except those built with the fallback schedule: a
   slow object must never answer a normal lookup. A module or bundle built from one is not
   stored either.
-- A read-only store reads and writes nothing back (pull-request CI).
+- A read-only store reads and writes nothing back (pull-request CI); with a shared HTTP cache
+  (artifacts.remote_store), read-only means the server is never written.
 """
 from __future__ import annotations
 
 import os
 import warnings
 
+from ..artifacts.remote_store import RemoteStore, is_url
 from ..artifacts.store import Store
 
 from . import build_log, model_cache
@@ -21,13 +23,25 @@ from .options import DEFAULT_CACHE, BuildOptions, default_cache_dir
 
 
 def open_store(cache, readonly: bool = False) -> Store | None:
+    """The build's store: None, a Store given, or a folder (default: the user's cache folder);
+    an http(s) URL (`cache` itself, or KILN_CACHE_URL) puts a shared HTTP cache behind the
+    folder. Read-only with a URL: the server is never written; the local folder still keeps
+    what was fetched and verified."""
     if cache is None or cache is False:
         return None
     if isinstance(cache, Store):
         return cache
+    url = os.environ.get("KILN_CACHE_URL") or None
+    if is_url(cache):
+        url, cache = cache, DEFAULT_CACHE
     if cache == DEFAULT_CACHE:
         cache = default_cache_dir()
     try:
+        if url:
+            try:
+                return RemoteStore(os.fspath(cache), url, remote_readonly=readonly)
+            except ValueError as e:
+                warnings.warn(f"kiln cache: {e}; using the local store only")
         return Store(os.fspath(cache), readonly=readonly)
     except OSError as e:  # a read-only place, a file where the folder should be: build without
         warnings.warn(f"kiln cache: cannot use '{cache}' as a store ({e.strerror or e}); building without a cache")
