@@ -11,6 +11,8 @@ Workloads: ResNet-18 alone, and a batch of every test model (build_many). For ea
   - warm builds: an unchanged model (a whole-model hit: hash the file, read the bundle), and
     the same graph in new bytes (every kernel and the linked module hit; frontend, passes,
     lowering and weight packing still run);
+  - a cold `kiln build` in a new process, local beside `--executor ray` against a warm pool
+    (`kiln workers up`) on a local Ray cluster: what a CI job pays either way;
   - per-job isolation: the same unique kernels compiled one after another in this process
     (in-process debug mode) and through the zygote (a fresh forked process per job), one
     worker each; the difference per job is what isolation costs.
@@ -92,6 +94,37 @@ def cli_warm_cold(model: str, repeat: int) -> tuple[float, float]:
     return cold, warm
 
 
+def cli_cold_pool_vs_local(model: str, repeat: int) -> tuple[float, float]:
+    """(local s, Ray s) of a cold `kiln build MODEL` in a new process, interleaved: local with
+    2 workers, and `--executor ray` against a warm pool (`kiln workers up`) of 2 actors on a
+    local Ray cluster of this machine's cores. Both include starting Python and importing."""
+    import subprocess
+
+    from ray.cluster_utils import Cluster
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    kiln = [sys.executable, "-m", "modelkiln.orchestrator.cli"]
+    with tempfile.TemporaryDirectory() as tmp:
+        env["RAY_TMPDIR"] = os.environ["RAY_TMPDIR"] = tmp
+        cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "include_dashboard": False})
+        address = cluster.address
+        try:
+            subprocess.run(kiln + ["workers", "up", "--ray-address", address, "-n", "2"], check=True, env=env,
+                           stdout=subprocess.DEVNULL)
+            times: dict = {"local": [], "ray": []}
+            for i in range(repeat):
+                for kind, extra in (("local", []), ("ray", ["--executor", "ray", "--ray-address", address])):
+                    t0 = time.perf_counter()
+                    subprocess.run(kiln + ["build", model, "-o", os.path.join(tmp, "out"), "--quiet", "--no-cache"]
+                                   + extra, check=True, env=env)
+                    times[kind].append(time.perf_counter() - t0)
+            subprocess.run(kiln + ["workers", "down", "--ray-address", address], check=True, env=env,
+                           stdout=subprocess.DEVNULL)
+        finally:
+            cluster.shutdown()
+            os.environ.pop("RAY_TMPDIR", None)
+    return statistics.median(times["local"]), statistics.median(times["ray"])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeat", type=int, default=3)
@@ -121,6 +154,7 @@ def main() -> None:
             row["kernels_warm"] = timed(lambda: build_many(next(copies), cache=store, progress=False), args.repeat)
         row["isolation"] = (unique_kernel_jobs(models),) + isolation_cost(unique_kernel_jobs(models), args.repeat)
     cli = cli_warm_cold(paths["resnet18"], args.repeat)
+    pool = None if args.no_ray else cli_cold_pool_vs_local(paths["resnet18"], max(3, args.repeat))
     if not args.no_ray:
         import ray
         t0 = time.perf_counter()
@@ -155,6 +189,11 @@ def main() -> None:
     cold, warm = cli
     print(f"\n| kiln build resnet18 (CLI, new process) | cold (s) | warm: unchanged (s) | warm/cold |\n|---|---:|---:|---:|\n"
           f"| 2 workers, local | {cold:.2f} | {warm:.3f} | {100 * warm / cold:.1f}% |")
+    if pool:
+        local, ray_pool = pool
+        print(f"\n| kiln build resnet18 (CLI, new process), cold | local, 2 workers (s) | --executor ray, warm pool "
+              f"of 2 (s) | ray/local |\n|---|---:|---:|---:|\n| interleaved, median | {local:.2f} | {ray_pool:.2f} | "
+              f"{ray_pool / local:.2f} |")
     shutil.rmtree(model_dir, ignore_errors=True)
 
 

@@ -335,10 +335,26 @@ def make_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _end_without_ray_teardown(code: int) -> None:
+    """A command that joined a Ray cluster ends here, without Ray's half-second teardown: the
+    cluster notices a driver's end by itself and stops the actors it owned."""
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
 def main(argv=None) -> int:
     args = make_parser().parse_args(argv)
+    if argv is None and getattr(args, "executor", None) == "ray":  # a build in a process of its own
+        from . import executor_ray
+        executor_ray.process_exits_next()
     try:
-        return args.fn(args)
+        code = args.fn(args)
+        if argv is None:
+            _end_without_ray_teardown(code)
+        return code
     except KilnError as e:
         print(f"kiln: error: {e}", file=sys.stderr)
         return 2

@@ -26,9 +26,12 @@ twice is harmless.
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 import shutil
+import sys
 import tempfile
+import threading
 import time
 import warnings
 from collections import deque
@@ -46,27 +49,41 @@ ANSWER_MARGIN = 15.0  # seconds an actor may take beyond its jobs' deadlines bef
 SHIP_MODES = ("auto", "always", "never")
 
 
+# Set by the CLI: the process ends right after its build, so a cluster it joined is left
+# connected and the process ends without Ray's teardown (cli.py; ~0.5 s of a cold build).
+# A Ray this process started itself is always shut down: its processes must not outlive it.
+_process_exits_next = False
+
+
+def process_exits_next() -> None:
+    global _process_exits_next
+    _process_exits_next = True
+
+
+class _NoSigtermWarning(logging.Filter):
+    def filter(self, record) -> bool:
+        return "SIGTERM handler is not set" not in record.getMessage()
+
+
 class RayExecutor(Executor):
     name = "ray"
 
     def __init__(self, workers: int | None = None, kernel_timeout: float = 300.0, address: str | None = None,
                  start_timeout: float = ACTOR_START_TIMEOUT, ship: str = "auto", local_fallback: bool = False,
                  resource: str | None = None, use_pool: bool = True, pool_name: str | None = None):
-        """pool_name (worker_pool only): actors are detached and named `pool_name`-N."""
-        try:
-            import ray
-        except ImportError:
-            raise KilnError("the ray executor needs Ray: pip install ray") from None
+        """pool_name (worker_pool only): actors are detached and named `pool_name`-N.
+
+        The cluster: `address`, else RAY_ADDRESS, else the one a pool was started on here
+        (worker_pool), else a new local Ray. Importing Ray, joining a cluster and asking for
+        actors happen on a thread, while the caller plans the build (a cold CLI build would
+        otherwise wait ~0.6 s for them first); whatever needs them waits for that thread
+        (`_started`)."""
         if ship not in SHIP_MODES:
             raise KilnError(f"ship must be one of {', '.join(SHIP_MODES)}, not {ship!r}")
-        self.ray = ray
+        self.ray = None
         self._started_ray, self._ray_tmp = False, None
-        self._connect(address or os.environ.get("RAY_ADDRESS"), workers)
         self.kernel_timeout, self.start_timeout = kernel_timeout, start_timeout
         self.ship, self.local_fallback, self.resource = ship, local_fallback, resource
-        self.identity = local_identity()
-        ray.cloudpickle.register_pickle_by_value(ray_actor)  # nodes need not have Kiln to start one
-        self._remote = ray.remote(num_cpus=1, max_restarts=0, max_concurrency=1)(ray_actor.CodegenActor)
         self._pool_name, self._names = pool_name, itertools.count()
         self._shipped_env = None
         self._actors: list = []  # said hello, toolchain matches
@@ -77,17 +94,50 @@ class RayExecutor(Executor):
         self.unstarted = 0  # actors that did not say hello in time
         self.replaced = 0
         self._ids = itertools.count()
-        self._wanted = workers
-        pool = worker_pool.find(ray, self.identity["digest"]) if use_pool and pool_name is None else []
-        self.pooled = bool(pool)
-        if pool:
-            self.workers = len(pool)
+        self._wanted, self._workers, self.pooled = workers, 0, False
+        self._error: BaseException | None = None
+        self._thread = None
+        address = address or os.environ.get("RAY_ADDRESS") or worker_pool.recorded_address()
+        ray = sys.modules.get("ray")
+        if address or (ray is not None and ray.is_initialized()):
+            self._thread = threading.Thread(target=self._start, args=(address, workers, use_pool), daemon=True,
+                                            name="kiln-ray-start")
+            self._thread.start()
+        else:  # a Ray of our own: started on the main thread (its processes do not start from another)
+            self._start(address, workers, use_pool)
+
+    def _start(self, address, workers, use_pool) -> None:
+        try:
+            try:
+                import ray
+            except ImportError:
+                raise KilnError("the ray executor needs Ray: pip install ray") from None
+            self.ray = ray
+            self._connect(address, workers)
+            self.identity = local_identity()
+            ray.cloudpickle.register_pickle_by_value(ray_actor)  # nodes need not have Kiln to start one
+            self._remote = ray.remote(num_cpus=1, max_restarts=0, max_concurrency=1)(ray_actor.CodegenActor)
+            pool = worker_pool.find(ray, self.identity["digest"]) if use_pool and self._pool_name is None else []
+            self.pooled, self._workers = bool(pool), len(pool)
             for actor in pool:
                 self._expect_hello(actor, "?", False, True)
-        elif pool_name is None:
-            self._plan(workers)  # actor creation is asynchronous: they boot while the caller plans
-        else:
-            self.workers = 0  # worker_pool places them
+            if not pool and self._pool_name is None:
+                self._plan(workers)  # actor creation is asynchronous: they boot while the caller plans
+        except BaseException as e:  # noqa: BLE001 - raised again where the caller waits
+            self._error = e
+
+    def _started(self) -> None:
+        """Wait for the start thread; raise what it raised."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._error is not None:
+            raise self._error
+
+    @property
+    def workers(self) -> int:
+        self._started()
+        return self._workers
 
     # -- the cluster ----------------------------------------------------------------------
 
@@ -95,8 +145,10 @@ class RayExecutor(Executor):
         ray = self.ray
         if ray.is_initialized():
             return
+        # Off the main thread Ray cannot install its SIGTERM handler and says so; the handler
+        # only shuts Ray down tidily, which the cluster does anyway when a driver dies.
+        logging.getLogger("ray._private.worker").addFilter(_NoSigtermWarning())
         kwargs = {"include_dashboard": False, "log_to_driver": False}
-        address = address or worker_pool.recorded_address()  # a pool `kiln workers up` started here
         why = worker_pool.unreachable(address) if address else ""
         if why:
             raise KilnError(f"the Ray cluster at {address!r} does not answer ({why})")
@@ -138,8 +190,8 @@ class RayExecutor(Executor):
             node = free[i % len(free)]
             placed[node] += 1
             self._spawn(node, self.ship == "always")
-        self.workers = len(self._actors) + len(self._booting)
-        if not n_new and not self.workers:
+        self._workers = len(self._actors) + len(self._booting)
+        if not n_new and not self._workers:
             self.rejected.setdefault("(cluster)", "no live node offers a CPU" +
                                      (f" and the resource '{self.resource}'" if self.resource else ""))
 
@@ -211,6 +263,7 @@ class RayExecutor(Executor):
 
     def wait_ready(self) -> None:
         """Wait until every actor has said hello or timed out (worker_pool up)."""
+        self._started()
         while self._booting:
             deadline = min(d for *_, d in self._booting.values())
             ready, _ = self.ray.wait(list(self._booting), num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
@@ -218,6 +271,7 @@ class RayExecutor(Executor):
 
     def describe(self) -> dict:
         """Where this executor's actors run and which nodes it refused, for reports."""
+        self._started()
         nodes: dict = {}
         for actor in self._actors:
             info = self._info[actor._actor_id]
@@ -257,6 +311,7 @@ class RayExecutor(Executor):
         return time.monotonic() + self.kernel_timeout * len(batch) + ANSWER_MARGIN
 
     def run(self, jobs, on_result=None):
+        self._started()
         ray = self.ray
         results = {j.key: JobResult(j.key, False) for j in jobs}
         pending = deque((j, 0) for j in jobs)
@@ -361,6 +416,10 @@ class RayExecutor(Executor):
 
     def close(self):
         """Stop this executor's own actors (a warm pool's stay up) and a Ray it started."""
+        try:
+            self._started()
+        except BaseException:  # noqa: BLE001 - it failed to start: nothing of it to stop
+            pass
         if not self._pool_name:
             for actor in self._actors:
                 if not self._info[actor._actor_id]["pooled"]:
@@ -369,7 +428,7 @@ class RayExecutor(Executor):
                 if not pooled:
                     self._kill(actor)
         self._actors, self._booting, self._info = [], {}, {}
-        if self._started_ray:
+        if self._started_ray and not (_process_exits_next and not self._ray_tmp):
             self.ray.shutdown()
             self._started_ray = False
         if self._ray_tmp:

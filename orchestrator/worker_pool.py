@@ -95,6 +95,7 @@ def up(address: str | None = None, workers: int | None = None, ship: str = "auto
     digest = local_identity()["digest"]
     ex = RayExecutor(workers=0, start_timeout=start_timeout, ship=ship, resource=resource, use_pool=False,
                      pool_name=f"{PREFIX}{digest}")
+    ex.wait_ready()  # joined, with nothing asked for yet
     for actor in find(ray, digest):  # the pool so far: checked, and counted against the slots
         ex._expect_hello(actor, "?", False, True)
     ex.wait_ready()
