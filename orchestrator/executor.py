@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 
 from .plan import CompileJob, JobResult
-from .toolchain import local_identity
+from .toolchain_identity import local_identity
 
 # attempt number -> use the fallback schedule?
 ATTEMPTS = (False, False, True)

@@ -38,10 +38,10 @@ from collections import deque
 
 from ..ir.errors import KilnError
 
-from . import ray_actor, worker_pool
+from . import pool_lookup, ray_actor
 from .executor import ATTEMPTS, Executor, default_workers, settle
 from .plan import JobResult
-from .toolchain import identity_difference, local_identity
+from .toolchain_identity import identity_difference, local_identity
 
 SMALL_BATCH = 4  # non-GEMM jobs per round trip
 ACTOR_START_TIMEOUT = 120.0  # seconds for an actor to say hello (an autoscaler may add nodes)
@@ -97,7 +97,7 @@ class RayExecutor(Executor):
         self._wanted, self._workers, self.pooled = workers, 0, False
         self._error: BaseException | None = None
         self._thread = None
-        address = address or os.environ.get("RAY_ADDRESS") or worker_pool.recorded_address()
+        address = address or os.environ.get("RAY_ADDRESS") or pool_lookup.recorded_address()
         ray = sys.modules.get("ray")
         if address or (ray is not None and ray.is_initialized()):
             self._thread = threading.Thread(target=self._start, args=(address, workers, use_pool), daemon=True,
@@ -105,6 +105,7 @@ class RayExecutor(Executor):
             self._thread.start()
         else:  # a Ray of our own: started on the main thread (its processes do not start from another)
             self._start(address, workers, use_pool)
+            self._started()
 
     def _start(self, address, workers, use_pool) -> None:
         try:
@@ -117,7 +118,7 @@ class RayExecutor(Executor):
             self.identity = local_identity()
             ray.cloudpickle.register_pickle_by_value(ray_actor)  # nodes need not have Kiln to start one
             self._remote = ray.remote(num_cpus=1, max_restarts=0, max_concurrency=1)(ray_actor.CodegenActor)
-            pool = worker_pool.find(ray, self.identity["digest"]) if use_pool and self._pool_name is None else []
+            pool = pool_lookup.find(ray, self.identity["digest"]) if use_pool and self._pool_name is None else []
             self.pooled, self._workers = bool(pool), len(pool)
             for actor in pool:
                 self._expect_hello(actor, "?", False, True)
@@ -149,7 +150,7 @@ class RayExecutor(Executor):
         # only shuts Ray down tidily, which the cluster does anyway when a driver dies.
         logging.getLogger("ray._private.worker").addFilter(_NoSigtermWarning())
         kwargs = {"include_dashboard": False, "log_to_driver": False}
-        why = worker_pool.unreachable(address) if address else ""
+        why = pool_lookup.unreachable(address) if address else ""
         if why:
             raise KilnError(f"the Ray cluster at {address!r} does not answer ({why})")
         if address:
@@ -192,7 +193,7 @@ class RayExecutor(Executor):
             self._spawn(node, self.ship == "always")
         self._workers = len(self._actors) + len(self._booting)
         if not n_new and not self._workers:
-            self.rejected.setdefault("(cluster)", "no live node offers a CPU" +
+            self.rejected.setdefault("cluster", "no live node offers a CPU" +
                                      (f" and the resource '{self.resource}'" if self.resource else ""))
 
     def _spawn(self, node: str, shipped: bool):
@@ -204,7 +205,7 @@ class RayExecutor(Executor):
             opts["runtime_env"] = self._ship()
         if self._pool_name:
             opts.update(name=f"{self._pool_name}-{next(self._names)}-{os.urandom(3).hex()}",
-                        namespace=worker_pool.NAMESPACE, lifetime="detached")
+                        namespace=pool_lookup.NAMESPACE, lifetime="detached")
         actor = self._remote.options(**opts).remote()
         self._expect_hello(actor, node, shipped, False)
         return actor
@@ -283,7 +284,8 @@ class RayExecutor(Executor):
 
     def _nobody_left(self, n_pending: int) -> str:
         ray = self.ray
-        why = [f"node {node[:8]}: {reason}" for node, reason in self.rejected.items()]
+        why = [f"{'the cluster' if node == 'cluster' else 'node ' + node[:8]}: {reason}"
+               for node, reason in self.rejected.items()]
         if self.unstarted:
             why.append(f"{self.unstarted} actor(s) did not start within {self.start_timeout:.0f} s (each needs 1 CPU; "
                        f"available now: {ray.available_resources().get('CPU', 0)} of "

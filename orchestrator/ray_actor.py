@@ -38,7 +38,7 @@ class CodegenActor:
     def _start_zygote(self):
         from modelkiln.codegen_worker.zygote_client import ZygoteClient
         from modelkiln.orchestrator import cache_key
-        from modelkiln.orchestrator.toolchain import identity_digest, toolchain_identity
+        from modelkiln.orchestrator.toolchain_identity import identity_digest, toolchain_identity
         cache_key.codegen_source_hash.cache_clear()  # read the sources the new zygote will import
         self.zygote = ZygoteClient()
         self.identity = toolchain_identity()

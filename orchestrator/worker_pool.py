@@ -16,59 +16,12 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 
 from ..ir.errors import KilnError
 
-NAMESPACE = "kiln"
-PREFIX = "kiln-codegen-"
+from .pool_lookup import NAMESPACE, PREFIX, find, pool_names, record_path, recorded_address, unreachable
+
 STATUS_TIMEOUT = 10.0  # seconds a pool actor may take to answer `status`
-CONNECT_TIMEOUT = 3.0  # seconds for a cluster's address to accept a connection
-
-
-def _record_path() -> str:
-    from .options import default_cache_dir
-    return os.path.join(default_cache_dir(), "workers.json")
-
-
-def unreachable(address: str) -> str:
-    """Why a plain HOST:PORT cluster address does not accept connections ('' if it does, or is
-    of another form). Ray's own connect retries for minutes against a dead address."""
-    host, sep, port = address.rpartition(":")
-    if not sep or "://" in address or not port.isdigit():
-        return ""
-    try:
-        with socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT):
-            return ""
-    except OSError as e:
-        return e.strerror or str(e)
-
-
-def recorded_address() -> str | None:
-    """The address `up` recorded, if its GCS still accepts connections."""
-    try:
-        with open(_record_path()) as f:
-            address = json.load(f)["address"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    return None if not isinstance(address, str) or unreachable(address) else address
-
-
-def _pool_names(ray) -> list[str]:
-    return sorted(a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
-                  if a.get("namespace") == NAMESPACE and a["name"].startswith(PREFIX))
-
-
-def find(ray, digest: str) -> list:
-    """Handles to the pool actors of toolchain `digest` on the connected cluster."""
-    actors = []
-    for name in _pool_names(ray):
-        if name.startswith(f"{PREFIX}{digest}-"):
-            try:
-                actors.append(ray.get_actor(name, namespace=NAMESPACE))
-            except ValueError:  # gone since it was listed
-                pass
-    return actors
 
 
 def _connect(address: str | None):
@@ -90,7 +43,7 @@ def up(address: str | None = None, workers: int | None = None, ship: str = "auto
        start_timeout: float = 120.0) -> dict:
     """Start this Kiln's pool (one actor per free CPU, or `workers` in all), or top it up."""
     from .executor_ray import RayExecutor
-    from .toolchain import local_identity
+    from .toolchain_identity import local_identity
     ray = _connect(address)
     digest = local_identity()["digest"]
     ex = RayExecutor(workers=0, start_timeout=start_timeout, ship=ship, resource=resource, use_pool=False,
@@ -105,8 +58,8 @@ def up(address: str | None = None, workers: int | None = None, ship: str = "auto
         ex._plan(want - have, occupied=ex.describe()["nodes"])
         ex.wait_ready()
     try:
-        os.makedirs(os.path.dirname(_record_path()), exist_ok=True)
-        with open(_record_path(), "w") as f:
+        os.makedirs(os.path.dirname(record_path()), exist_ok=True)
+        with open(record_path(), "w") as f:
             json.dump({"address": ray.get_runtime_context().gcs_address, "digest": digest}, f)
     except OSError:
         pass  # only the no-flag lookup needs it
@@ -123,12 +76,12 @@ def up(address: str | None = None, workers: int | None = None, ship: str = "auto
 
 def status(address: str | None = None) -> list[dict]:
     """One row per pool actor on the cluster: its name, whether it is this Kiln's, and its hello."""
-    from .toolchain import local_identity
+    from .toolchain_identity import local_identity
     ray = _connect(address)
     try:
         digest = local_identity()["digest"]
         rows, refs = [], {}
-        for name in _pool_names(ray):
+        for name in pool_names(ray):
             try:
                 refs[name] = ray.get_actor(name, namespace=NAMESPACE).hello.remote()
             except ValueError:
@@ -152,14 +105,14 @@ def down(address: str | None = None) -> int:
     """Remove every Kiln pool actor on the cluster (any toolchain); returns how many."""
     ray = _connect(address)
     try:
-        names = _pool_names(ray)
+        names = pool_names(ray)
         for name in names:
             try:
                 ray.kill(ray.get_actor(name, namespace=NAMESPACE))
             except ValueError:
                 pass
         try:
-            os.remove(_record_path())
+            os.remove(record_path())
         except OSError:
             pass
         return len(names)

@@ -76,7 +76,7 @@ def ray_cluster():
     ray_tmp = tempfile.mkdtemp(prefix="kiln-ray-")
     saved = os.environ.get("RAY_TMPDIR")
     os.environ["RAY_TMPDIR"] = ray_tmp  # Ray's address file too: nothing lands in /tmp/ray
-    node_env = {"PYTHONPATH": ROOT}
+    node_env = {"PYTHONPATH": ROOT, "KILN_CACHE_DIR": os.path.join(ray_tmp, "kiln-cache")}  # not the user's
     cluster = Cluster(initialize_head=True, head_node_args={
         "num_cpus": 1, "include_dashboard": False, "env_vars": node_env,
         "_system_config": {"health_check_period_ms": 1000, "health_check_failure_threshold": 3}})

@@ -18,7 +18,7 @@ def nodes_of(report) -> set:
 def test_ray_and_local_builds_are_byte_identical(ray_executor, executor):
     """On three nodes: the same bytes as local, jobs spread over more than one node, and every
     object's node and toolchain in the report."""
-    from modelkiln.orchestrator.toolchain import local_identity
+    from modelkiln.orchestrator.toolchain_identity import local_identity
     for model in (model_zoo.resnet18(), model_zoo.transformer_encoder()):
         on_ray = build(model, executor=ray_executor, cache=None, progress=False)
         local = build(model, executor=executor, cache=None, progress=False)

@@ -14,7 +14,7 @@ from modelkiln.ir.errors import KilnError
 from modelkiln.orchestrator import executor_ray
 from modelkiln.orchestrator.api import build
 from modelkiln.orchestrator.executor_ray import ANSWER_MARGIN, RayExecutor
-from modelkiln.orchestrator.toolchain import local_identity
+from modelkiln.orchestrator.toolchain_identity import local_identity
 from tests import model_zoo
 from tests.conftest import ROOT, assert_matches_oracle
 from tests.test_ray import nodes_of
@@ -23,7 +23,8 @@ from tests.test_ray import nodes_of
 @contextlib.contextmanager
 def extra_nodes(cluster, resource: str, count: int = 1, pythonpath: str = ROOT):
     """`count` more nodes offering `resource`, whose own Kiln is the one on `pythonpath`."""
-    nodes = [cluster.add_node(num_cpus=1, resources={resource: 1}, env_vars={"PYTHONPATH": pythonpath})
+    env = {"PYTHONPATH": pythonpath, "KILN_CACHE_DIR": os.path.join(cluster.driver_dir, "node-cache")}
+    nodes = [cluster.add_node(num_cpus=1, resources={resource: 1}, env_vars=env)
              for _ in range(count)]
     cluster.wait_for_nodes()
     try:

@@ -3,7 +3,7 @@ command its own process, the pool's actors outliving the process that started th
 import json
 import os
 
-from modelkiln.orchestrator import ray_actor, worker_pool
+from modelkiln.orchestrator import pool_lookup, ray_actor
 from modelkiln.orchestrator.api import build
 from tests.test_bad_input import ROOT, kiln
 
@@ -14,7 +14,7 @@ def start_foreign_pool_actor(ray):
     """A pool actor named for another toolchain, as an older Kiln's `workers up` leaves it."""
     ray.cloudpickle.register_pickle_by_value(ray_actor)
     actor = ray.remote(num_cpus=1)(ray_actor.CodegenActor).options(
-        name=f"{worker_pool.PREFIX}0123456789abcdef-0", namespace=worker_pool.NAMESPACE, lifetime="detached").remote()
+        name=f"{pool_lookup.PREFIX}0123456789abcdef-0", namespace=pool_lookup.NAMESPACE, lifetime="detached").remote()
     ray.get(actor.hello.remote())
 
 
