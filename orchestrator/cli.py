@@ -244,6 +244,7 @@ def cmd_cache(args) -> int:
 
 def cmd_workers(args) -> int:
     from . import worker_pool
+    from .executor_ray import node_label
     if args.action == "up":
         r = worker_pool.up(args.ray_address, args.workers, args.ship_kiln, args.ray_resource, args.start_timeout)
         print(f"pool {r['pool']} on {r['address']}: {r['actors']} actors ({r['started']} started now)")
@@ -251,7 +252,7 @@ def cmd_workers(args) -> int:
             print(f"  node {node[:8]} ({row['host']}): {row['actors']} actors"
                   f"{', Kiln shipped' if row['shipped'] else ''}")
         for node, why in r["rejected"].items():
-            print(f"  node {node[:8]} not used: {why}")
+            print(f"  {node_label(node)} not used: {why}")
         if r["unstarted"]:
             print(f"  {r['unstarted']} actors did not start within {args.start_timeout:.0f} s (no free CPU?)")
     elif args.action == "status":

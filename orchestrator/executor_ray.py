@@ -60,6 +60,11 @@ def process_exits_next() -> None:
     _process_exits_next = True
 
 
+def node_label(node: str) -> str:
+    """How reports name a node (or the whole cluster, for a reason that is not one node's)."""
+    return "the cluster" if node == "cluster" else f"node {node[:8]}"
+
+
 class _NoSigtermWarning(logging.Filter):
     def filter(self, record) -> bool:
         return "SIGTERM handler is not set" not in record.getMessage()
@@ -284,8 +289,7 @@ class RayExecutor(Executor):
 
     def _nobody_left(self, n_pending: int) -> str:
         ray = self.ray
-        why = [f"{'the cluster' if node == 'cluster' else 'node ' + node[:8]}: {reason}"
-               for node, reason in self.rejected.items()]
+        why = [f"{node_label(node)}: {reason}" for node, reason in self.rejected.items()]
         if self.unstarted:
             why.append(f"{self.unstarted} actor(s) did not start within {self.start_timeout:.0f} s (each needs 1 CPU; "
                        f"available now: {ray.available_resources().get('CPU', 0)} of "

@@ -38,7 +38,7 @@ class JobResult:
     log: str = ""
     attempts: list = field(default_factory=list)  # one record per attempt: kind, worker, ms
     worker: str = ""
-    toolchain: str = ""  # digest of the toolchain that compiled the object (orchestrator.toolchain)
+    toolchain: str = ""  # digest of the toolchain that compiled the object (orchestrator.toolchain_identity)
     compile_ms: float = 0.0
     fallback: bool = False
     cached: bool = False

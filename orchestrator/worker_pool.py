@@ -42,7 +42,7 @@ def _connect(address: str | None):
 def up(address: str | None = None, workers: int | None = None, ship: str = "auto", resource: str | None = None,
        start_timeout: float = 120.0) -> dict:
     """Start this Kiln's pool (one actor per free CPU, or `workers` in all), or top it up."""
-    from .executor_ray import RayExecutor
+    from .executor_ray import RayExecutor, node_label
     from .toolchain_identity import local_identity
     ray = _connect(address)
     digest = local_identity()["digest"]
@@ -68,7 +68,7 @@ def up(address: str | None = None, workers: int | None = None, ship: str = "auto
     ray.shutdown()  # the pool's actors are detached: they outlive this driver
     if not report["actors"]:
         raise KilnError("no pool actor started:\n  " + "\n  ".join(
-            [f"node {n[:8]}: {why}" for n, why in report["rejected"].items()] +
+            [f"{node_label(n)}: {why}" for n, why in report["rejected"].items()] +
             ([f"{report['unstarted']} did not start within {start_timeout:.0f} s (no free CPU?)"]
              if report["unstarted"] else [])))
     return report

@@ -42,6 +42,13 @@ def test_a_warm_pool_is_used_and_an_old_one_never(ray_cluster, ray_session, ray_
         local = build(EXAMPLE, executor=executor, cache=None, progress=False)
         assert (tmp_path / "b" / "model.so").read_bytes() == local.files["model.so"]
 
+        # without an address: the cluster `up` recorded, and its pool
+        r = kiln("build", EXAMPLE, "-o", str(tmp_path / "c"), "--executor", "ray", "--no-cache",
+                 "--report", str(tmp_path / "r2.json"), "--quiet")
+        assert r.returncode == 0, r.stderr[-2000:]
+        report = json.loads((tmp_path / "r2.json").read_text())
+        assert report["workers"] == 2 and all(row["pooled"] for row in report["cluster"]["nodes"].values())
+
         down = kiln("workers", "down", "--ray-address", address)
         assert "removed 3 pool actors" in down.stdout, down.stdout + down.stderr[-2000:]
         assert "no Kiln worker pool" in kiln("workers", "status", "--ray-address", address).stdout
