@@ -239,10 +239,13 @@ class RayExecutor(Executor):
         node = hello["node"]
         if hello["problem"]:
             self._kill(actor)
-            if not shipped and self.ship != "never":
-                self._spawn(node, True)
-            else:
+            if shipped or self.ship == "never":
                 self.rejected[node] = hello["problem"]
+                return False
+            try:
+                self._spawn(node, True)
+            except Exception as e:  # noqa: BLE001 - e.g. a Ray without the upload this relies on
+                self.rejected[node] = f"{hello['problem']}; shipping Kiln there failed: {type(e).__name__}: {e}"
             return False
         differs = identity_difference(self.identity, hello["identity"])
         if differs:
@@ -282,7 +285,8 @@ class RayExecutor(Executor):
         for actor in self._actors:
             info = self._info[actor._actor_id]
             row = nodes.setdefault(info["node"], {"host": info["host"], "toolchain": info["digest"], "actors": 0,
-                                                  "shipped": info["shipped"], "pooled": info["pooled"]})
+                                                  "shipped": info["shipped"], "pooled": info["pooled"],
+                                                  "kiln_path": info["kiln_path"]})
             row["actors"] += 1
         return {"nodes": nodes, "rejected": dict(self.rejected), "lost": list(self.lost),
                 "unstarted": self.unstarted, "replaced": self.replaced}

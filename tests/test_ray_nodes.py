@@ -60,8 +60,21 @@ def test_a_node_without_kiln_gets_the_drivers_kiln(ray_cluster, ray_session, exe
         with RayExecutor(resource="bare", kernel_timeout=20) as ex:
             result = build(model, executor=ex, cache=None, progress=False)
             where = ex.describe()
+        with RayExecutor(resource="bare", kernel_timeout=20, ship="never") as ex:
+            with pytest.raises(KilnError, match=f"node {node.node_id[:8]}: Kiln is not importable on this node"):
+                build(model, executor=ex, cache=None, progress=False)
     assert where["nodes"].keys() == {node.node_id} and where["nodes"][node.node_id]["shipped"]
     assert nodes_of(result.report) == {node.node_id[:8]}
+    assert result.files["model.so"] == build(model, executor=executor, cache=None, progress=False).files["model.so"]
+
+
+def test_ship_always_sends_the_drivers_kiln_where_a_node_has_its_own(ray_cluster, ray_session, executor):
+    model = model_zoo.cnn()
+    with extra_nodes(ray_cluster, "own-kiln") as [node]:
+        with RayExecutor(resource="own-kiln", kernel_timeout=20, ship="always") as ex:
+            result = build(model, executor=ex, cache=None, progress=False)
+            where = ex.describe()["nodes"][node.node_id]
+    assert where["shipped"] and "runtime_resources" in where["kiln_path"]  # Ray's unpacked upload, not the node's
     assert result.files["model.so"] == build(model, executor=executor, cache=None, progress=False).files["model.so"]
 
 
