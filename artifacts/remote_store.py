@@ -30,6 +30,19 @@ DEFAULT_TIMEOUT_S = 5.0  # per request; KILN_CACHE_TIMEOUT overrides
 _READ_CHUNK = 1 << 20
 
 
+def _timeout_from_env() -> float:
+    text = os.environ.get("KILN_CACHE_TIMEOUT", "")
+    try:
+        value = float(text) if text else DEFAULT_TIMEOUT_S
+        if value > 0:
+            return value
+    except ValueError:
+        pass
+    warnings.warn(f"kiln cache: KILN_CACHE_TIMEOUT={text!r} is not a positive number of seconds; "
+                  f"using {DEFAULT_TIMEOUT_S:.0f}")
+    return DEFAULT_TIMEOUT_S
+
+
 def is_url(cache) -> bool:
     return isinstance(cache, str) and cache.startswith(("http://", "https://"))
 
@@ -46,7 +59,7 @@ class HttpCache:
         self._https = parts.scheme == "https"
         self._host, self._port = parts.hostname, parts.port
         self._prefix = parts.path.rstrip("/")
-        self.timeout = timeout or float(os.environ.get("KILN_CACHE_TIMEOUT", DEFAULT_TIMEOUT_S))
+        self.timeout = timeout or _timeout_from_env()
         self._conn = None
         self.down = ""  # why the server is no longer asked
         self.read_only = ""  # why it is no longer written to

@@ -117,3 +117,14 @@ def test_a_server_that_is_down_is_a_warning(executor, tmp_path, monkeypatch):
         result = build(model_zoo.cnn(), executor=executor, cache=f"http://127.0.0.1:{_free_port()}/kiln",
                        progress=False)
     assert result.report["totals"]["compiled"] > 0
+
+
+def test_a_bad_url_or_timeout_is_a_warning_not_a_failure(executor, tmp_path, monkeypatch):
+    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path / "local"))
+    monkeypatch.setenv("KILN_CACHE_TIMEOUT", "soon")
+    with pytest.warns(UserWarning, match="KILN_CACHE_TIMEOUT='soon' is not a positive number"):
+        from modelkiln.artifacts.remote_store import HttpCache
+        assert HttpCache("http://127.0.0.1:1/kiln").timeout == 5.0
+    with pytest.warns(UserWarning, match="not an http\\(s\\) cache URL"):
+        result = build(model_zoo.cnn(), executor=executor, cache="http://", progress=False)
+    assert result.report["totals"]["compiled"] > 0
