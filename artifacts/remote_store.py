@@ -63,7 +63,6 @@ class HttpCache:
         self._conn = None
         self.down = ""  # why the server is no longer asked
         self.read_only = ""  # why it is no longer written to
-        self.hits = self.misses = self.puts = 0
 
     def _connection(self):
         if self._conn is None:
@@ -125,9 +124,7 @@ class HttpCache:
             self._fail(f"GET {path}", e)
             return None
         if status == 200:
-            self.hits += 1
             return data
-        self.misses += 1
         if status != 404:
             warnings.warn(f"kiln cache: GET {self.url}/{path} answered HTTP {status}; treated as a miss")
         return None
@@ -149,9 +146,7 @@ class HttpCache:
         except (OSError, http.client.HTTPException) as e:
             self._fail(f"PUT {path}", e)
             return
-        if status in (200, 201, 204):
-            self.puts += 1
-        else:
+        if status not in (200, 201, 204):
             self.read_only = f"PUT {path} answered HTTP {status}"
             warnings.warn(f"kiln cache: {self.url} refused a write ({self.read_only}); reading from it only "
                           "for the rest of this build")

@@ -125,8 +125,7 @@ class RayExecutor(Executor):
             self._remote = ray.remote(num_cpus=1, max_restarts=0, max_concurrency=1)(ray_actor.CodegenActor)
             pool = pool_lookup.find(ray, self.identity["digest"]) if use_pool and self._pool_name is None else []
             self.pooled, self._workers = bool(pool), len(pool)
-            for actor in pool:
-                self._expect_hello(actor, "?", False, True)
+            self._greet_later(pool)
             if not pool and self._pool_name is None:
                 self._plan(workers)  # actor creation is asynchronous: they boot while the caller plans
         except BaseException as e:  # noqa: BLE001 - raised again where the caller waits
@@ -269,6 +268,28 @@ class RayExecutor(Executor):
                 self._kill(actor)  # do not hold a CPU it cannot use
                 self.unstarted += 1
         return up
+
+    def _greet_later(self, actors) -> None:
+        """Actors started elsewhere (a pool's): each says hello, as ours do, before it gets work."""
+        for actor in actors:
+            self._expect_hello(actor, "?", False, True)
+
+    def adopt(self, actors) -> int:
+        """worker_pool: take a pool's actors, wait for their hellos; how many are ready."""
+        self._started()
+        self._greet_later(actors)
+        self.wait_ready()
+        return len(self._actors)
+
+    def grow(self, total: int | None) -> int:
+        """worker_pool: start actors until `total` are ready (default: one per slot of the
+        cluster), on the slots the ready ones leave free; how many are ready."""
+        self.wait_ready()
+        want = total or sum(self._slots().values())
+        if want > len(self._actors):
+            self._plan(want - len(self._actors), occupied=self.describe()["nodes"])
+            self.wait_ready()
+        return len(self._actors)
 
     def wait_ready(self) -> None:
         """Wait until every actor has said hello or timed out (worker_pool up)."""

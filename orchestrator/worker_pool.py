@@ -28,15 +28,14 @@ def _connect(address: str | None):
     import ray
     address = address or os.environ.get("RAY_ADDRESS") or recorded_address() or "auto"
     why = unreachable(address)
-    if why:
-        raise KilnError(f"no Ray cluster at {address!r} for a worker pool ({why}); start one with "
-                        "`ray start --head` or pass --ray-address")
-    try:
-        ray.init(address=address, include_dashboard=False, log_to_driver=False)
-    except ConnectionError as e:
-        raise KilnError(f"no Ray cluster at {address!r} for a worker pool ({e}); start one with "
-                        "`ray start --head` or pass --ray-address") from None
-    return ray
+    if not why:
+        try:
+            ray.init(address=address, include_dashboard=False, log_to_driver=False)
+            return ray
+        except ConnectionError as e:
+            why = str(e)
+    raise KilnError(f"no Ray cluster at {address!r} for a worker pool ({why}); start one with "
+                    "`ray start --head` or pass --ray-address")
 
 
 def up(address: str | None = None, workers: int | None = None, ship: str = "auto", resource: str | None = None,
@@ -48,23 +47,17 @@ def up(address: str | None = None, workers: int | None = None, ship: str = "auto
     digest = local_identity()["digest"]
     ex = RayExecutor(workers=0, start_timeout=start_timeout, ship=ship, resource=resource, use_pool=False,
                      pool_name=f"{PREFIX}{digest}")
-    ex.wait_ready()  # joined, with nothing asked for yet
-    for actor in find(ray, digest):  # the pool so far: checked, and counted against the slots
-        ex._expect_hello(actor, "?", False, True)
-    ex.wait_ready()
-    have = len(ex._actors)
-    want = workers if workers else sum(ex._slots().values())
-    if want > have:
-        ex._plan(want - have, occupied=ex.describe()["nodes"])
-        ex.wait_ready()
+    have = ex.adopt(find(ray, digest))  # the pool so far: checked, and counted against the slots
+    ready = ex.grow(workers)
+    address = ray.get_runtime_context().gcs_address
     try:
         os.makedirs(os.path.dirname(record_path()), exist_ok=True)
         with open(record_path(), "w") as f:
-            json.dump({"address": ray.get_runtime_context().gcs_address, "digest": digest}, f)
+            json.dump({"address": address, "digest": digest}, f)
     except OSError:
         pass  # only the no-flag lookup needs it
-    report = {"pool": f"{PREFIX}{digest}", "address": ray.get_runtime_context().gcs_address, "actors": len(ex._actors),
-              "started": len(ex._actors) - have, **ex.describe()}
+    report = {"pool": f"{PREFIX}{digest}", "address": address, "actors": ready,
+              "started": ready - have, **ex.describe()}
     ray.shutdown()  # the pool's actors are detached: they outlive this driver
     if not report["actors"]:
         raise KilnError("no pool actor started:\n  " + "\n  ".join(
