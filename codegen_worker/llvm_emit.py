@@ -486,6 +486,8 @@ class FunctionEmitter:
             # A short loop with a ragged end (a 28- or 7-wide output row) runs as masked
             # vectors rather than a vector and a scalar remainder of up to vw - 1 iterations.
             props.append('!{!"llvm.loop.vectorize.predicate.enable", i1 true}')
+            # (fully unrolled before the vectorizer saw it, a 7-wide row became scalar code)
+            props += ['!{!"llvm.loop.vectorize.enable", i1 true}', '!{!"llvm.loop.unroll.disable"}']
         if not self.vectorize:
             props += ['!{!"llvm.loop.vectorize.enable", i1 false}', '!{!"llvm.loop.unroll.disable"}']
         elif kind == "unroll":
@@ -493,7 +495,8 @@ class FunctionEmitter:
         elif kind == "reduce":  # (unrolled first, a short max reduction became a scalar chain)
             props += ['!{!"llvm.loop.vectorize.enable", i1 true}', '!{!"llvm.loop.interleave.count", i32 4}',
                       '!{!"llvm.loop.unroll.disable"}']
-        elif kind in ("vector_only", "vector_masked"):  # this loop, not the one around it once this is unrolled
+        elif kind in ("vector_only", "vector_masked", "forced_vector"):
+            # (this loop, not the one around it once this is unrolled)
             props += ['!{!"llvm.loop.vectorize.enable", i1 true}', '!{!"llvm.loop.unroll.disable"}']
             if kind == "vector_masked" and extent % self.vw:
                 props.append('!{!"llvm.loop.vectorize.predicate.enable", i1 true}')

@@ -155,7 +155,10 @@ class For(Stmt):
     var: str
     extent: int
     body: tuple
-    kind: str = "serial"  # serial | vectorize | masked (vectorize; a short ragged tail masked) | unroll
+    # serial | vectorize | masked (vectorize; a short ragged tail masked) | unroll | forced_vector
+    # (vectorize before LLVM's full unroll of a short loop can: rows of a converting or
+    # deinterleaving copy otherwise became scalar moves)
+    kind: str = "serial"
     # Iterations may run on several threads: honoured where the loop is a phase (see above).
     parallel: bool = False
 

@@ -23,6 +23,13 @@ CASES = {
     "pointwise_few_pixels": ((1, 40, 7, 7), (48, 40, 1, 1), {}),  # below POINTWISE_MIN_PIXELS: packed
     "grouped": ((1, 12, 30, 30), (18, 4, 3, 3), {"group": 3, "pads": [1, 1, 1, 1]}),
     "depthwise_multiplier": ((1, 6, 31, 29), (12, 1, 3, 3), {"group": 6, "strides": [2, 1], "pads": [1, 0, 1, 2]}),
+    # Column strides copy the input split by column phase; every phase's inside slots share a loop.
+    "depthwise_stride2_odd": ((2, 5, 23, 57), (5, 1, 3, 3), {"group": 5, "strides": [2, 2], "pads": [1, 1, 1, 1]}),
+    "depthwise_stride2_no_pad": ((1, 4, 16, 16), (4, 1, 3, 3), {"group": 4, "strides": [2, 2]}),
+    "depthwise_stride3_5x5": ((1, 3, 20, 31), (6, 1, 5, 5), {"group": 3, "strides": [3, 3], "pads": [2, 0, 1, 2]}),
+    "depthwise_stride2_dilated": ((1, 4, 19, 40), (4, 1, 3, 3), {"group": 4, "strides": [2, 2], "dilations": [2, 2],
+                                                                  "pads": [2, 2, 2, 2]}),
+    "depthwise_7_wide": ((1, 24, 7, 7), (24, 1, 3, 3), {"group": 24, "pads": [1, 1, 1, 1]}),  # one masked vector a row
     "conv1d_wide": ((1, 5, 100), (7, 5, 5), {"pads": [2, 2], "dilations": [2]}),
     "conv3d": ((1, 2, 6, 20, 20), (4, 2, 3, 3, 3), {"pads": [1, 1, 1, 1, 1, 1]}),
 }

@@ -16,8 +16,8 @@ import math
 import numpy as np
 
 from ..graph import Node
-from ..loop import (Assign, Const, For, Gemm, If, Load, Local, Store, Var, add, cmp, div, fbin, flat_index, loop, mul,
-                    rem, select, sub, unflatten)
+from ..loop import (Assign, Const, For, Gemm, If, Let, Load, Local, Store, Var, add, cmp, div, fbin, flat_index, loop,
+                    mul, rem, select, sub, unflatten)
 from .builder import KernelBuilder, broadcast_index
 
 
@@ -84,7 +84,7 @@ def padded_copy(b: KernelBuilder, src: str, src_off, channels: int, spatial: lis
     left, width, right = pads[nsp - 1], spatial[-1], pads[2 * nsp - 1]
     fill = (For(j, left, (Store(dest, add(dest_row, Var(j)), zero),), "vectorize"),
             For(j, width, (Store(dest, add(dest_row, add(Var(j), left)), value(Load(src, add(src_row, Var(j))))),),
-                "vectorize"),
+                "masked"),
             For(j, right, (Store(dest, add(dest_row, add(Var(j), left + width)), zero),), "vectorize"))
     inside = None
     for i, v in enumerate(rv):
@@ -322,8 +322,13 @@ def lower_depthwise(b: KernelBuilder, node: Node, store, value=lambda v: v, weig
     point = (Local(acc, "f32", Const(0.0, "f32")), For(u, kh, (For(v, kw, (tap,), "unroll"),), "unroll"),
              *store([Var(bv), Var(co), Var(r), Var(q)], out(total) if out else total))
     # (masked: output rows 28 or 7 wide would leave most of their taps to a scalar remainder)
-    rows = For(co, cout, (For(r, oh, (For(q, ow, point, "masked"),)),), parallel=True)
-    return loop(bv, batch, (pad_copy, rows))
+    rows = For(r, oh, (For(q, ow, point, "masked"),))
+    # Each channel is computed right after its padded copy is written, while that plane is
+    # still in L1: copying every plane first sent the whole copy out to L3 and back (a
+    # 96x56x56 input's copy is 1.3 MB), which cost more than the arithmetic.
+    c, m = pad_copy.var, b.fresh("m")
+    per_output = For(m, mult, (Let(co, add(mul(Var(c), mult), Var(m))), rows))
+    return loop(bv, batch, (For(c, cin, (*pad_copy.body, per_output), parallel=True),))
 
 
 def _phase_split_copy(b: KernelBuilder, src: str, src_off, channels: int, h: int, w: int, pt: int, pl: int, sw: int,
@@ -341,11 +346,23 @@ def _phase_split_copy(b: KernelBuilder, src: str, src_off, channels: int, h: int
         at = flat_index([Var(c), Var(i), Const(ph), add(Var(t), first)], [channels, hp, sw, wq])
         col = sub(add(mul(add(Var(t), first), sw), ph), pl)
         return (For(t, count, (Store(dest, at, value(Load(src, add(src_row, col))) if load else zero),), "vectorize"),)
-    inside = []
+    spans = []  # per phase, the slots [lo, hi) that hold input
     for ph in range(sw):
         lo = min(max(-(-(pl - ph) // sw), 0), wq)
-        hi = min(max((w - 1 - ph + pl) // sw + 1, lo), wq)
-        inside += [*slots(ph, 0, lo, False), *slots(ph, lo, hi - lo, True), *slots(ph, hi, wq - hi, False)]
+        spans.append((lo, min(max((w - 1 - ph + pl) // sw + 1, lo), wq)))
+    # The slots every phase loads are one loop storing all phases: LLVM reads a run of the
+    # row as whole vectors and deinterleaves them, where a loop per phase was a strided
+    # gather it chose to run as scalar moves.
+    lo_all, hi_all = max(lo for lo, _ in spans), min(hi for _, hi in spans)
+    if hi_all <= lo_all:
+        lo_all = hi_all = wq
+    inside = []
+    for ph, (lo, hi) in enumerate(spans):
+        inside += [*slots(ph, 0, lo, False), *slots(ph, lo, max(min(hi, lo_all) - lo, 0), True),
+                   *slots(ph, max(hi_all, lo), hi - max(hi_all, lo), True), *slots(ph, hi, wq - hi, False)]
+    if hi_all > lo_all:
+        every = tuple(s for ph in range(sw) for s in slots(ph, lo_all, hi_all - lo_all, True)[0].body)
+        inside.append(For(t, hi_all - lo_all, every, "forced_vector"))
     border = tuple(s for ph in range(sw) for s in slots(ph, 0, wq, False))
     row_in = fbin("and", cmp("ge", Var(i), Const(pt)), cmp("lt", Var(i), Const(pt + h)))
     return For(c, channels, (For(i, hp, (If(row_in, tuple(inside), border),)),), parallel=True)
