@@ -192,6 +192,7 @@ class FunctionEmitter:
         self.vnni = vnni  # the target has AVX-512 VNNI: 8-bit GEMMs use vpdpbusd
         self.vw = int(kernel.option("vector_width", 8))
         self.vectorize = bool(kernel.option("vectorize", True))
+        self.fmf = FMF if kernel.option("reassociate", True) else FMF.replace("reassoc ", "")
         self.lines: list[str] = []
         self.allocas: list[str] = []
         self.meta: list[str] = []
@@ -337,9 +338,9 @@ class FunctionEmitter:
             if e.op in ("max", "min"):
                 self.float_max_min(e, a, b, v, t)
             elif e.op == "pow":
-                self.emit(f"{v} = call {FMF} {t} @{self.intrinsic('pow', dt, 2)}({t} {a}, {t} {b})")
+                self.emit(f"{v} = call {self.fmf} {t} @{self.intrinsic('pow', dt, 2)}({t} {a}, {t} {b})")
             else:
-                self.emit(f"{v} = {_FBIN[e.op]} {FMF} {t} {a}, {b}")
+                self.emit(f"{v} = {_FBIN[e.op]} {self.fmf} {t} {a}, {b}")
         elif e.op in ("max", "min"):
             c = self.tmp("c")
             pred = ("u" if is_unsigned(dt) else "s") + ("gt" if e.op == "max" else "lt")
@@ -439,12 +440,12 @@ class FunctionEmitter:
             self.emit(f"{h} = call i16 @{_PACK[storage]}(float {args[0]})")
             self.emit(f"{v} = call float @{_UNPACK[storage]}(i16 {h})")
         elif fn in ("exp", "tanh", "erf") and dt == "f32":
-            self.emit(f"{v} = call {FMF} float @kiln_{fn}(float {args[0]})")
+            self.emit(f"{v} = call {self.fmf} float @kiln_{fn}(float {args[0]})")
         elif fn == "fmod":
             self.emit(f"{v} = frem {t} {args[0]}, {args[1]}")
         elif fn in _INTRINSIC:
             params = ", ".join(f"{t} {a}" for a in args)
-            self.emit(f"{v} = call {FMF} {t} @{self.intrinsic(_INTRINSIC[fn], dt, len(args))}({params})")
+            self.emit(f"{v} = call {self.fmf} {t} @{self.intrinsic(_INTRINSIC[fn], dt, len(args))}({params})")
         else:  # trigonometry, and exp/tanh/erf of f64: the C library
             self.emit(f"{v} = call {t} @{self.libm(fn, dt)}({t} {args[0]})")
         return v

@@ -96,3 +96,28 @@ def test_gemm_whose_weights_outgrow_l2(m, k, n, executor):
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
                               [numpy_helper.from_array(w, "w")])
     build_and_compare(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), executor)
+
+
+def test_depthwise_window_rows_are_separate_sums(executor):
+    """A depthwise window sums each of its rows into its own accumulator, and its kernel is
+    emitted without reassociation so LLVM keeps them apart (one chain of 25 dependent FMAs
+    for a 5x5 window waited on FMA latency); other kernels keep reassociation."""
+    from modelkiln.codegen_worker.llvm_emit import kernel_to_llvm_ir
+    from modelkiln.orchestrator.target import parse_target
+    model = _conv_model("Conv", (1, 16, 7, 7), (16, 1, 5, 5), {"group": 16, "pads": [2, 2, 2, 2]})
+    result, _ = build_and_compare(model, executor)
+    t = parse_target("llvm")
+    [call] = result.lowered.calls
+    ir = kernel_to_llvm_ir(call.kernel, "k", t.triple, t.cpu, t.features)
+    assert call.kernel.option("reassociate") is False and " reassoc " not in ir
+    locals_ = [s for s in _statements(call.kernel.body) if type(s).__name__ == "Local"]
+    assert len(locals_) == 5  # one per window row
+    dense, _ = build_and_compare(_conv_model("Conv", (1, 8, 12, 12), (8, 8, 3, 3), {"pads": [1, 1, 1, 1]}), executor)
+    assert all(c.kernel.option("reassociate", True) for c in dense.lowered.calls)
+
+
+def _statements(body):
+    for s in body:
+        yield s
+        for part in ("body", "then", "orelse"):
+            yield from _statements(getattr(s, part, ()) or ())

@@ -58,6 +58,9 @@ class KernelBuilder:
     readers: dict = field(default_factory=dict)   # tensor name -> reader, for in-group tensors
     shapes: dict = field(default_factory=dict)    # tensor name -> shape override (collapsed dims)
     conv_collapsed: bool = False  # the conv epilogue indexes (batch, channel, pixel)
+    # Float sums keep the order written (no reassociation): a depthwise window's per-row
+    # partial sums, which LLVM otherwise folds back into one long dependent chain.
+    ordered_sums: bool = False
     _n: int = 0
 
     def fresh(self, base: str) -> str:
@@ -135,6 +138,8 @@ class KernelBuilder:
         bufs += [buffer(f"i{i}", n) for i, n in enumerate(self.inputs)]
         bufs += [Buffer(f"w{i}", t, n) for i, (t, n) in enumerate(self.workspace_types)]
         schedule = (("vector_width", self.config.vector_width), ("vectorize", self.config.vectorize))
+        if self.ordered_sums:
+            schedule += (("reassociate", False),)
         return Kernel(tuple(bufs), tuple(body), tuple(sorted(schedule)))
 
 

@@ -311,16 +311,25 @@ def lower_depthwise(b: KernelBuilder, node: Node, store, value=lambda v: v, weig
         pad_copy = padded_copy(b, xparam, mul(Var(bv), cin * h * w_), cin, [h, w_], [pt, pl, pb, pr], xp, value)
     else:
         pad_copy = _phase_split_copy(b, xparam, mul(Var(bv), cin * h * w_), cin, h, w_, pt, pl, sw, hp, wq, xp, value)
-    co, r, u, v, q, acc = b.fresh("co"), b.fresh("r"), b.fresh("ky"), b.fresh("kx"), b.fresh("q"), b.fresh("acc")
+    co, r, v, q = b.fresh("co"), b.fresh("r"), b.fresh("kx"), b.fresh("q")
     ch = div(Var(co), mult)
     kx = mul(Var(v), dw)  # a constant once the window loop is unrolled
-    at = flat_index([ch, add(mul(Var(r), sh), mul(Var(u), dh)), rem(kx, sw), add(Var(q), div(kx, sw))],
-                    [cin, hp, sw, wq])
-    tap = Assign(acc, fbin("add", Var(acc, "f32"), fbin(
-        "mul", Load(wparam, flat_index([Var(co), Var(u), Var(v)], [cout, kh, kw])), Load(xp, at))))
-    total = Var(acc, "f32") if bias is None else fbin("add", Var(acc, "f32"), bias([Var(co)]))
-    point = (Local(acc, "f32", Const(0.0, "f32")), For(u, kh, (For(v, kw, (tap,), "unroll"),), "unroll"),
-             *store([Var(bv), Var(co), Var(r), Var(q)], out(total) if out else total))
+    # One accumulator per window row: a single chain of kh*kw dependent FMAs made the loop
+    # wait on FMA latency (a 5x5 window, 25 in a row, ran at a third of the FMA rate).
+    accs = [b.fresh("acc") for _ in range(kh)]
+    b.ordered_sums = True
+    point = []
+    for u, acc in enumerate(accs):
+        at = flat_index([ch, add(mul(Var(r), sh), Const(u * dh)), rem(kx, sw), add(Var(q), div(kx, sw))],
+                        [cin, hp, sw, wq])
+        tap = Assign(acc, fbin("add", Var(acc, "f32"), fbin(
+            "mul", Load(wparam, flat_index([Var(co), Const(u), Var(v)], [cout, kh, kw])), Load(xp, at))))
+        point += [Local(acc, "f32", Const(0.0, "f32")), For(v, kw, (tap,), "unroll")]
+    sums = [Var(acc, "f32") for acc in accs]
+    while len(sums) > 1:  # a balanced tree
+        sums = [fbin("add", *sums[i:i + 2]) if i + 1 < len(sums) else sums[i] for i in range(0, len(sums), 2)]
+    total = sums[0] if bias is None else fbin("add", sums[0], bias([Var(co)]))
+    point = (*point, *store([Var(bv), Var(co), Var(r), Var(q)], out(total) if out else total))
     # (masked: output rows 28 or 7 wide would leave most of their taps to a scalar remainder)
     rows = For(r, oh, (For(q, ow, point, "masked"),))
     # Each channel is computed right after its padded copy is written, while that plane is
