@@ -228,6 +228,32 @@ def test_int8_kernels_without_vnni(target):
         np.testing.assert_array_equal(got[name], want[name], err_msg=name)
 
 
+# ---- order-preserving ops between a DQ and a Q of the same scale ------------------------------
+
+@pytest.mark.parametrize("x_type", [U8, I8])
+@pytest.mark.parametrize("same_params", [True, False])
+def test_max_pool_and_moves_between_dq_and_q_run_on_bytes(x_type, same_params):
+    """DQ -> MaxPool -> Q (and a Reshape, a Transpose) with one scale and zero point runs on
+    the 8-bit values; with another scale on the Q it stays in float32. Exact either way."""
+    zero = np.array(3 if x_type == U8 else -2, NP[x_type])
+    q_scale = np.float32(0.0213) if same_params else np.float32(0.0371)
+    nodes = [helper.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"]),
+             helper.make_node("MaxPool", ["xf"], ["pf"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),
+             helper.make_node("QuantizeLinear", ["pf", "qs", "z"], ["p"]),
+             helper.make_node("DequantizeLinear", ["p", "qs", "z"], ["pf2"]),
+             helper.make_node("Transpose", ["pf2"], ["tf"], perm=[0, 2, 3, 1]),
+             helper.make_node("QuantizeLinear", ["tf", "qs", "z"], ["t"])]
+    model = _model(nodes, [("x", x_type, [1, 8, 15, 20])], [("p", x_type), ("t", x_type)],
+                   [("s", np.float32(0.0213)), ("qs", q_scale), ("z", zero)])
+    _compare(model, {"x": _bytes((1, 8, 15, 20), x_type, 4)})
+    lowered = build(model, executor="inprocess", cache=None, progress=False).lowered
+    [pool] = [c for c in lowered.calls if "MaxPool" in c.ops]
+    if same_params:  # the pool alone, reading and writing bytes
+        assert list(pool.ops) == ["MaxPool"] and lowered.types[pool.outputs[0]].dtype == lowered.types["x"].dtype
+    else:
+        assert {"DequantizeLinear", "QuantizeLinear"} <= set(pool.ops), pool.ops
+
+
 # ---- models quantized by onnxruntime's tool -----------------------------------------------------
 
 def _kernel_ops(model):

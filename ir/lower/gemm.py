@@ -19,6 +19,7 @@ from ..graph import Node
 from ..loop import (Assign, Const, For, Gemm, If, Let, Load, Local, Store, Var, add, cmp, div, fbin, flat_index, loop,
                     mul, rem, select, sub, unflatten)
 from .builder import KernelBuilder, broadcast_index
+from .planes import phase_split_copy
 
 
 COL_CHUNK_FLOATS = 96 * 1024  # 384 KiB of im2col per GEMM: L2-resident on current x86 cores
@@ -310,7 +311,9 @@ def lower_depthwise(b: KernelBuilder, node: Node, store, value=lambda v: v, weig
     if sw == 1:
         pad_copy = padded_copy(b, xparam, mul(Var(bv), cin * h * w_), cin, [h, w_], [pt, pl, pb, pr], xp, value)
     else:
-        pad_copy = _phase_split_copy(b, xparam, mul(Var(bv), cin * h * w_), cin, h, w_, pt, pl, sw, hp, wq, xp, value)
+        def read(c, i, j):
+            return value(Load(xparam, add(mul(Var(bv), cin * h * w_), add(mul(add(mul(c, h), i), w_), j))))
+        pad_copy = phase_split_copy(b, read, cin, h, w_, pt, pl, sw, hp, wq, xp)
     co, r, v, q = b.fresh("co"), b.fresh("r"), b.fresh("kx"), b.fresh("q")
     ch = div(Var(co), mult)
     kx = mul(Var(v), dw)  # a constant once the window loop is unrolled
@@ -338,43 +341,6 @@ def lower_depthwise(b: KernelBuilder, node: Node, store, value=lambda v: v, weig
     c, m = pad_copy.var, b.fresh("m")
     per_output = For(m, mult, (Let(co, add(mul(Var(c), mult), Var(m))), rows))
     return loop(bv, batch, (For(c, cin, (*pad_copy.body, per_output), parallel=True),))
-
-
-def _phase_split_copy(b: KernelBuilder, src: str, src_off, channels: int, h: int, w: int, pt: int, pl: int, sw: int,
-                      hp: int, wq: int, dest: str, value) -> For:
-    """Copy channels of [h, w] into dest [channel][hp][sw][wq] with zero borders: padded row
-    i, column phase ph, slot t holds input (i - pt, t*sw + ph - pl). Per row and phase, the
-    slots inside the input are one run of strided loads, with zero runs either side."""
-    c, i, t = b.fresh("c"), b.fresh("y"), b.fresh("t")
-    zero = Const(0.0, "f32")
-    src_row = add(src_off, mul(add(mul(Var(c), h), sub(Var(i), pt)), w))
-
-    def slots(ph: int, first: int, count: int, load: bool) -> tuple:
-        if count <= 0:
-            return ()
-        at = flat_index([Var(c), Var(i), Const(ph), add(Var(t), first)], [channels, hp, sw, wq])
-        col = sub(add(mul(add(Var(t), first), sw), ph), pl)
-        return (For(t, count, (Store(dest, at, value(Load(src, add(src_row, col))) if load else zero),), "vectorize"),)
-    spans = []  # per phase, the slots [lo, hi) that hold input
-    for ph in range(sw):
-        lo = min(max(-(-(pl - ph) // sw), 0), wq)
-        spans.append((lo, min(max((w - 1 - ph + pl) // sw + 1, lo), wq)))
-    # The slots every phase loads are one loop storing all phases: LLVM reads a run of the
-    # row as whole vectors and deinterleaves them, where a loop per phase was a strided
-    # gather it chose to run as scalar moves.
-    lo_all, hi_all = max(lo for lo, _ in spans), min(hi for _, hi in spans)
-    if hi_all <= lo_all:
-        lo_all = hi_all = wq
-    inside = []
-    for ph, (lo, hi) in enumerate(spans):
-        inside += [*slots(ph, 0, lo, False), *slots(ph, lo, max(min(hi, lo_all) - lo, 0), True),
-                   *slots(ph, max(hi_all, lo), hi - max(hi_all, lo), True), *slots(ph, hi, wq - hi, False)]
-    if hi_all > lo_all:
-        every = tuple(s for ph in range(sw) for s in slots(ph, lo_all, hi_all - lo_all, True)[0].body)
-        inside.append(For(t, hi_all - lo_all, every, "forced_vector"))
-    border = tuple(s for ph in range(sw) for s in slots(ph, 0, wq, False))
-    row_in = fbin("and", cmp("ge", Var(i), Const(pt)), cmp("lt", Var(i), Const(pt + h)))
-    return For(c, channels, (For(i, hp, (If(row_in, tuple(inside), border),)),), parallel=True)
 
 
 def conv_operands(b: KernelBuilder, node: Node) -> tuple:

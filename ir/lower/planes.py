@@ -1,0 +1,46 @@
+"""Bordered copies of 2-D planes, for window kernels that run along output rows (the
+depthwise convolution): once a plane is copied with its border filled, every tap of a
+window reads a contiguous run of the copy, with no bounds checks."""
+from __future__ import annotations
+
+from ..loop import Const, For, If, Store, Var, add, cmp, fbin, flat_index, mul, sub
+from .builder import KernelBuilder
+
+
+def phase_split_copy(b: KernelBuilder, read, channels: int, h: int, w: int, pt: int, pl: int, sw: int,
+                     hp: int, wq: int, dest: str, fill: float = 0.0) -> For:
+    """Copy `channels` planes of [h, w] into dest [channel][hp][sw][wq], the border `fill`:
+    padded row i, column phase ph, slot t holds input (i - pt, t*sw + ph - pl), so along an
+    output row of a window strided by sw, a tap's inputs are contiguous. `read(c, i, j)` is
+    input element (c, i, j) as float32. Returns the loop over channels (parallel)."""
+    c, i, t = b.fresh("c"), b.fresh("y"), b.fresh("t")
+    border_value = Const(fill, "f32")
+    row = sub(Var(i), pt)
+
+    def slots(ph: int, first: int, count: int, load: bool) -> tuple:
+        if count <= 0:
+            return ()
+        at = flat_index([Var(c), Var(i), Const(ph), add(Var(t), first)], [channels, hp, sw, wq])
+        col = sub(add(mul(add(Var(t), first), sw), ph), pl)
+        return (For(t, count, (Store(dest, at, read(Var(c), row, col) if load else border_value),), "vectorize"),)
+    spans = []  # per phase, the slots [lo, hi) that hold input
+    for ph in range(sw):
+        lo = min(max(-(-(pl - ph) // sw), 0), wq)
+        spans.append((lo, min(max((w - 1 - ph + pl) // sw + 1, lo), wq)))
+    # The slots every phase loads are one loop storing all phases: LLVM reads a run of the
+    # row as whole vectors and deinterleaves them, where a loop per phase was a strided
+    # gather it chose to run as scalar moves.
+    lo_all, hi_all = max(lo for lo, _ in spans), min(hi for _, hi in spans)
+    if hi_all <= lo_all:
+        lo_all = hi_all = wq
+    inside = []
+    for ph, (lo, hi) in enumerate(spans):
+        inside += [*slots(ph, 0, lo, False), *slots(ph, lo, max(min(hi, lo_all) - lo, 0), True),
+                   *slots(ph, max(hi_all, lo), hi - max(hi_all, lo), True), *slots(ph, hi, wq - hi, False)]
+    if hi_all > lo_all:
+        every = tuple(s for ph in range(sw) for s in slots(ph, lo_all, hi_all - lo_all, True)[0].body)
+        inside.append(For(t, hi_all - lo_all, every, "forced_vector"))
+    border = tuple(s for ph in range(sw) for s in slots(ph, 0, wq, False))
+    row_in = fbin("and", cmp("ge", Var(i), Const(pt)), cmp("lt", Var(i), Const(pt + h)))
+    return For(c, channels, (For(i, hp, (If(row_in, tuple(inside), border),)),), parallel=True)
+
