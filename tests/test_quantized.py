@@ -70,6 +70,22 @@ def test_quantize_then_dequantize(out_type, layout):
     _compare(model, {"x": x})
 
 
+@pytest.mark.parametrize("scale", [1.0, 0.25, 2.0 ** -12, 0.3])
+def test_quantize_by_a_power_of_two_multiplies(scale):
+    """A constant power-of-two scale quantizes as a multiply by its reciprocal, which is the
+    same value as the division (ties included); any other scale still divides."""
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"])]
+    model = _model(nodes, [("x", F, [4, 64])], [("q", I8)], [("s", np.float32(scale)), ("z", np.int8(1))])
+    rng = np.random.default_rng(5)
+    # Half steps of the scale (ties to even), values between, and past saturation.
+    x = (np.round(rng.standard_normal((4, 64)) * 200) / 2 * scale).astype(np.float32)
+    x[0, :4] = [1e30, -1e30, 0.5 * scale, -2.5 * scale]
+    x[1] = rng.standard_normal(64).astype(np.float32) * 60 * scale
+    _compare(model, {"x": x})
+    [call] = build(model, executor="inprocess", cache=None, progress=False).lowered.calls
+    assert ("op='div'" in repr(call.kernel.body)) == (scale == 0.3)
+
+
 def test_dequantize_int32_and_float16_scale():
     nodes = [helper.make_node("DequantizeLinear", ["x", "s"], ["y"]),
              helper.make_node("DequantizeLinear", ["h", "sh"], ["yh"])]
