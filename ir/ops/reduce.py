@@ -14,7 +14,7 @@ from ..lower.reduce import (lower_hardmax, lower_layernorm, lower_lp_normalize, 
 from .conv_gemm import resolve_window
 from .registry import REDUCTION, OpDef, register
 
-GLOBAL_AVERAGE_POOL = "GlobalAveragePool"
+GLOBAL_AVERAGE_POOL, MAX_POOL = "GlobalAveragePool", "MaxPool"
 
 
 def _reduce(g, node, p):
@@ -124,7 +124,7 @@ register(
     OpDef("Softmax", REDUCTION, _softmax, anchor=lambda b, node, store, out: lower_softmax(b, node, store, out)),
     OpDef("LayerNormalization", REDUCTION, _layernorm,
           anchor=lambda b, node, store, out: lower_layernorm(b, node, store)),
-    OpDef("MaxPool", REDUCTION, _pool, anchor=lambda b, node, store, out: lower_pool(b, node, store, True)),
+    OpDef(MAX_POOL, REDUCTION, _pool, anchor=lambda b, node, store, out: lower_pool(b, node, store, True)),
     OpDef("AveragePool", REDUCTION, _pool, anchor=lambda b, node, store, out: lower_pool(b, node, store, False)),
 )
 

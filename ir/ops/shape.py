@@ -76,8 +76,8 @@ def _unsqueeze(g, node, p):
 
 
 IDENTITY, RESHAPE, CONCAT, TRANSPOSE = "Identity", "Reshape", "Concat", "Transpose"
-UNSQUEEZE, GATHER = "Unsqueeze", "Gather"
-register(_view_def(RESHAPE, _reshape), _view_def("Flatten", _flatten), _view_def("Squeeze", _squeeze),
+UNSQUEEZE, GATHER, FLATTEN, SQUEEZE = "Unsqueeze", "Gather", "Flatten", "Squeeze"
+register(_view_def(RESHAPE, _reshape), _view_def(FLATTEN, _flatten), _view_def(SQUEEZE, _squeeze),
          _view_def(UNSQUEEZE, _unsqueeze), _view_def(IDENTITY, lambda g, node, p: g.types[node.inputs[0]], ELEMWISE))
 
 

@@ -19,9 +19,11 @@ import numpy as np
 
 from ..graph import Graph, Node
 from ..ops.quantize import BYTES, DEQUANTIZE_LINEAR, QUANTIZE_LINEAR
+from ..ops.reduce import MAX_POOL
+from ..ops.shape import FLATTEN, RESHAPE, SQUEEZE, TRANSPOSE, UNSQUEEZE
 from ..transform import graph_pass
 
-ORDER_PRESERVING = ("MaxPool", "Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze")
+ORDER_PRESERVING = (MAX_POOL, RESHAPE, FLATTEN, TRANSPOSE, SQUEEZE, UNSQUEEZE)
 
 
 def _constant_params(g: Graph, node: Node):
