@@ -85,17 +85,26 @@ def test_conv_transpose(xshape, wshape, attrs, executor):
     build_and_compare(_conv_model("ConvTranspose", xshape, wshape, attrs), executor)
 
 
-@pytest.mark.parametrize("m,k,n", [(37, 512, 1000), (5, 4096, 200)])
+@pytest.mark.parametrize("m,k,n", [(37, 512, 1000), (5, 4096, 200), (30, 2560, 200)])
 def test_gemm_whose_weights_outgrow_l2(m, k, n, executor):
     """B larger than the L2 chunk: every row block runs over one chunk of panels, then the
-    next (whole chunks, a remainder, and a last partial panel)."""
+    next (whole chunks, a remainder, and a last partial panel). Past L2, B is prefetched a
+    panel ahead (37x512x1000), or within a panel too big for that (30x2560x200), and the
+    prefetches reach past B's end from the last panel; a GEMV-sized A (5 rows) prefetches
+    nothing."""
     rng = np.random.default_rng(1)
     w = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32)
     graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [m, k])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
                               [numpy_helper.from_array(w, "w")])
-    build_and_compare(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), executor)
+    result, _ = build_and_compare(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8),
+                                  executor)
+    from modelkiln.codegen_worker.llvm_emit import kernel_to_llvm_ir
+    from modelkiln.orchestrator.target import parse_target
+    t = parse_target("llvm")
+    [call] = result.lowered.calls
+    assert ("@llvm.prefetch" in kernel_to_llvm_ir(call.kernel, "k", t.triple, t.cpu, t.features)) == (m > 5)
 
 
 def test_depthwise_window_rows_are_separate_sums(executor):
