@@ -8,13 +8,13 @@ from .builder import KernelBuilder
 
 
 def phase_split_copy(b: KernelBuilder, read, channels: int, h: int, w: int, pt: int, pl: int, sw: int,
-                     hp: int, wq: int, dest: str, fill: float = 0.0) -> For:
-    """Copy `channels` planes of [h, w] into dest [channel][hp][sw][wq], the border `fill`:
+                     hp: int, wq: int, dest: str) -> For:
+    """Copy `channels` planes of [h, w] into dest [channel][hp][sw][wq] with a zero border:
     padded row i, column phase ph, slot t holds input (i - pt, t*sw + ph - pl), so along an
     output row of a window strided by sw, a tap's inputs are contiguous. `read(c, i, j)` is
     input element (c, i, j) as float32. Returns the loop over channels (parallel)."""
     c, i, t = b.fresh("c"), b.fresh("y"), b.fresh("t")
-    border_value = Const(fill, "f32")
+    zero = Const(0.0, "f32")
     row = sub(Var(i), pt)
 
     def slots(ph: int, first: int, count: int, load: bool) -> tuple:
@@ -22,7 +22,7 @@ def phase_split_copy(b: KernelBuilder, read, channels: int, h: int, w: int, pt: 
             return ()
         at = flat_index([Var(c), Var(i), Const(ph), add(Var(t), first)], [channels, hp, sw, wq])
         col = sub(add(mul(add(Var(t), first), sw), ph), pl)
-        return (For(t, count, (Store(dest, at, read(Var(c), row, col) if load else border_value),), "vectorize"),)
+        return (For(t, count, (Store(dest, at, read(Var(c), row, col) if load else zero),), "vectorize"),)
     spans = []  # per phase, the slots [lo, hi) that hold input
     for ph in range(sw):
         lo = min(max(-(-(pl - ph) // sw), 0), wq)
