@@ -12,6 +12,7 @@ from .. import IMPORT_ROOT  # the zygote imports Kiln from where this process di
 from .protocol import FrameReader, OutBuffer, encode
 
 _PACKAGE = __name__.rpartition(".")[0]  # modelkiln.codegen_worker
+SIGNAL_POLL_S = 0.5  # the longest a wait for results goes without looking at pending signals
 
 
 class ZygoteClient:
@@ -39,7 +40,9 @@ class ZygoteClient:
         pipe) if the zygote is gone while requests are still unsent."""
         out_fd, in_fd = self._out.fd, self.proc.stdout.fileno()
         while not self._frames:
-            readable, writable, _ = select.select([in_fd], [out_fd] if self._out else [], [])
+            # (a timeout: a Ctrl-C the kernel hands to another thread, numpy's BLAS threads
+            # say, interrupts no select here, and Python raises it only once this returns)
+            readable, writable, _ = select.select([in_fd], [out_fd] if self._out else [], [], SIGNAL_POLL_S)
             if writable:
                 self._out.flush()
             if readable:
