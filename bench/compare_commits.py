@@ -1,0 +1,106 @@
+"""Kiln against Kiln: one model's module built by two commits, timed in one process.
+
+    python bench/compare_commits.py MODEL [REV_A] [REV_B] [--rounds 7] [--repeat 100] [--threads 1]
+
+This machine's speed drifts by 10-30% within an hour, so two runs of bench_models.py an
+hour apart cannot tell a 5% kernel change from noise. Here each revision (default: HEAD~1
+and the working tree) is checked out into a temporary git worktree, the same ONNX file
+(written once, by this checkout's bench models) is built by each in a subprocess that
+imports that worktree's Kiln, and both modules are loaded here and timed in interleaved
+rounds. Prints each revision's median over rounds, its best round, its kernel sum
+(`Module.profile`, best of rounds per kernel), and the kernels that moved by more than 8%.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench.bench_models import MODELS, median_ms  # noqa: E402
+from modelkiln.artifacts import load  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WORKING_TREE = "worktree"
+
+
+def _checkout(rev: str, where: str) -> str:
+    """A folder holding `rev`'s sources: the working tree itself, or a detached worktree."""
+    if rev == WORKING_TREE:
+        return ROOT
+    subprocess.run(["git", "-C", ROOT, "worktree", "add", "--detach", "-q", where, rev], check=True)
+    return where
+
+
+def _build(source: str, model_path: str, out: str) -> None:
+    """Build with the Kiln in `source` (its folder first on the path, for the zygote too),
+    refusing to go on if the subprocess imported another Kiln (an installed copy)."""
+    env = dict(os.environ, PYTHONPATH=source + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    code = ("import sys, modelkiln; from modelkiln.orchestrator.api import build; "
+            "build(sys.argv[1], cache=None, progress=False).export(sys.argv[2]); print(modelkiln.IMPORT_ROOT)")
+    done = subprocess.run([sys.executable, "-c", code, model_path, out], check=True, env=env, cwd=source,
+                          capture_output=True, text=True)
+    imported = done.stdout.strip().splitlines()[-1]
+    if os.path.realpath(imported) != os.path.realpath(source):
+        raise RuntimeError(f"the build for {source} imported Kiln from {imported}")
+
+
+def compare(model_name: str, revs: list, rounds: int, repeat: int, threads: int) -> dict:
+    """{rev: (median over rounds, best round, kernel sum, per-kernel ms)} for each revision."""
+    model, inputs = MODELS[model_name]()
+    with tempfile.TemporaryDirectory(prefix="kiln-compare-") as tmp:
+        model_path = os.path.join(tmp, "model.onnx")
+        with open(model_path, "wb") as f:
+            f.write(model.SerializeToString())
+        modules, worktrees = {}, []
+        try:
+            for i, rev in enumerate(revs):
+                source = _checkout(rev, os.path.join(tmp, f"src{i}"))
+                if source != ROOT:
+                    worktrees.append(source)
+                _build(source, model_path, os.path.join(tmp, f"bundle{i}"))
+                modules[rev] = load(os.path.join(tmp, f"bundle{i}"), threads=threads)
+        finally:
+            for w in worktrees:
+                subprocess.run(["git", "-C", ROOT, "worktree", "remove", "--force", w], check=False)
+        medians = {rev: [] for rev in revs}
+        kernels = {rev: None for rev in revs}
+        for _ in range(rounds):
+            for rev, m in modules.items():
+                medians[rev].append(median_ms(lambda m=m: m.run(inputs), 10, repeat))
+                ms = [k["ms"] for k in m.profile(inputs, repeat=20)]
+                kernels[rev] = ms if kernels[rev] is None else [min(a, b) for a, b in zip(kernels[rev], ms)]
+        return {rev: (float(np.median(medians[rev])), min(medians[rev]), sum(kernels[rev]), kernels[rev])
+                for rev in revs}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("model", choices=sorted(MODELS))
+    ap.add_argument("rev_a", nargs="?", default="HEAD~1")
+    ap.add_argument("rev_b", nargs="?", default=WORKING_TREE, help=f"a git revision, or '{WORKING_TREE}'")
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--repeat", type=int, default=100)
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args()
+    found = compare(args.model, [args.rev_a, args.rev_b], args.rounds, args.repeat, args.threads)
+    print(f"| {args.model}, {args.threads} thread(s) | median of rounds (ms) | best round (ms) | kernel sum (ms) |")
+    print("|---|---:|---:|---:|")
+    for rev, (median, best, kernel_sum, _) in found.items():
+        print(f"| {rev} | {median:.4f} | {best:.4f} | {kernel_sum:.4f} |")
+    (_, _, _, a), (_, _, _, b) = found.values()
+    if len(a) != len(b):
+        print(f"\nThe revisions lower to {len(a)} and {len(b)} kernels: per-kernel times are not paired.")
+        return
+    for i, (x, y) in enumerate(zip(a, b)):
+        if abs(y - x) > 0.003 and abs(y - x) > 0.08 * x:
+            print(f"kernel {i}: {x:.4f} -> {y:.4f} ms")
+
+
+if __name__ == "__main__":
+    main()
