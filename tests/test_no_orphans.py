@@ -14,7 +14,10 @@ from tests.conftest import ROOT
 from tests.test_bad_input import kiln
 
 EXAMPLE = os.path.join(ROOT, "configs", "examples", "cnn.onnx")
-_HANGING_BUILD = ("from modelkiln.orchestrator.api import build\n"
+# (SIGINT's default handler restored first: a shell without job control starts background
+# jobs with SIGINT ignored, and a child inherits that, so a CI run started with `&` hung here)
+_HANGING_BUILD = ("import signal; signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+                  "from modelkiln.orchestrator.api import build\n"
                   f"build({EXAMPLE!r}, cache=None, progress=False, kernel_timeout=600, workers=2,\n"
                   "      inject={'fused': 'hang:always'})\n")
 
