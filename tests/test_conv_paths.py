@@ -62,11 +62,8 @@ def test_conv_path(name, executor):
     xshape, wshape, attrs = CASES[name]
     result, _ = build_and_compare(_conv_model("Conv", xshape, wshape, attrs), executor)
     if name in IN_PLACE:
-        gemms, stack = [], [s for c in result.lowered.calls for s in c.kernel.body]
-        while stack:  # (batch 2, or groups: the Gemm sits in loops)
-            s = stack.pop()
-            gemms += [s] if isinstance(s, Gemm) else []
-            stack += list(getattr(s, "body", ()))
+        # (batch 2, or groups: the Gemm sits in loops)
+        gemms = [s for c in result.lowered.calls for s in _statements(c.kernel.body) if isinstance(s, Gemm)]
         assert gemms and all(bool(g.b_sk) == IN_PLACE[name] for g in gemms)
 
 
