@@ -17,7 +17,7 @@ def test_compare_commits_builds_each_revision_and_removes_its_worktree():
     assert list(found) == ["HEAD", WORKING_TREE]
     for median, best, kernel_sum, kernels in found.values():
         assert 0 < best <= median and kernel_sum == sum(kernels) > 0
-    # One model, so the same kernels either way (HEAD and the tree differ at most by this change).
+    # The same model and, in a clean checkout, the same code: the same kernels either way.
     assert len(found["HEAD"][3]) == len(found[WORKING_TREE][3])
     assert _worktrees() == before and os.path.isdir(ROOT)
 
