@@ -13,8 +13,9 @@ from __future__ import annotations
 import math
 import struct
 
-from ..ir.loop import (FLOAT_TYPES, Assign, Bin, Call, Cast, Cmp, Const, For, Gemm, If, Kernel, Let, Load, Local,
-                      Select, Store, Var, bits, compute_type, highest, is_unsigned, lowest, operand_type, phases)
+from ..ir.loop import (FLOAT_TYPES, WINDOW_DOT_LANES, Assign, Bin, Call, Cast, Cmp, Const, For, Gemm, If, Kernel, Let,
+                      Load, Local, Select, Store, Var, WindowDot, bits, compute_type, highest, is_unsigned, lowest,
+                      operand_type, phases)
 
 # LLVM's type for each loop-IR type. Integers are sign-less in LLVM: signedness picks the
 # instruction. f16 and bf16 are stored as i16 and converted in software (see _math_lib), so
@@ -486,6 +487,8 @@ class FunctionEmitter:
             self.if_(s)
         elif isinstance(s, Gemm):
             self.gemm(s)
+        elif isinstance(s, WindowDot):
+            self.window_dot(s)
         else:
             raise TypeError(f"cannot emit {s!r}")
 
@@ -850,6 +853,63 @@ class FunctionEmitter:
             nxt = out if j == 3 else self.tmp("dsum")
             self.emit(f"{nxt} = add {vt} {total}, {prod}")
             total = nxt
+
+    # -- the 8-bit depthwise window row --------------------------------------------------
+    def window_dot(self, s: WindowDot) -> None:
+        """16 outputs at a time (ir.loop.WindowDot): per window row and quad of taps, one
+        64-byte load of the plane, a byte shuffle (vpermb) putting output i's four inputs in
+        lane i, and a vpdpbusd against the quad's weights, splat. One accumulator per window
+        row, summed at the end, so the dot products do not wait on each other."""
+        lanes = WINDOW_DOT_LANES
+        vt, bt = f"<{lanes} x i32>", f"<{lanes * 4} x i8>"
+        if self.vnni:
+            self.decls.add(f"declare {vt} @llvm.x86.avx512.vpdpbusd.512({vt}, {vt}, {vt})")
+        p_ptr, w_ptr, o_ptr = self.bufs[s.p_buf][0], self.bufs[s.w_buf][0], self.bufs[s.out_buf][0]
+        p_off, w_off, o_off = self.expr(s.p_off), self.expr(s.w_off), self.expr(s.out_off)
+        weights = {}  # (row, quad) -> the quad's four weight bytes in every lane: loaded once
+        for r in range(s.rows):
+            for q in range(s.quads):
+                wi = self.tmp("wi")
+                self.emit(f"{wi} = add nsw i64 {w_off}, {r * s.quads + q}")
+                w4, ins, splat = self.tmp("w4"), self.tmp("ins"), self.tmp("wsplat")
+                self.emit(f"{w4} = load i32, ptr {self.gep(w_ptr, 'i32', wi)}, align 4")
+                self.emit(f"{ins} = insertelement {vt} poison, i32 {w4}, i64 0")
+                self.emit(f"{splat} = shufflevector {vt} {ins}, {vt} poison, <{lanes} x i32> zeroinitializer")
+                weights[r, q] = splat
+        masks = []  # per quad: lane i, byte j <- input i*stride + j*dilation from the quad's first
+        for q in range(s.quads):
+            masks.append(", ".join(f"i32 {i * s.stride + j * s.dilation if 4 * q + j < s.taps else 0}"
+                                   for i in range(lanes) for j in range(4)))
+
+        def one_vector():
+            v = self.lookup("__wd_v")[1]
+            first = self.int_op("add nsw", p_off, self.mul_const(v, lanes * s.stride))
+            sums = []
+            for r in range(s.rows):
+                acc = "zeroinitializer"
+                for q in range(s.quads):
+                    at = self.int_op("add nsw", first, r * s.p_row + 4 * q * s.dilation)
+                    raw, picked, quads, nxt = self.tmp("row"), self.tmp("pick"), self.tmp("q4"), self.tmp("dot")
+                    self.emit(f"{raw} = load {bt}, ptr {self.gep(p_ptr, 'u8', at)}, align 1")
+                    self.emit(f"{picked} = shufflevector {bt} {raw}, {bt} poison, <{lanes * 4} x i32> <{masks[q]}>")
+                    self.emit(f"{quads} = bitcast {bt} {picked} to {vt}")
+                    if self.vnni:
+                        self.emit(f"{nxt} = call {vt} @llvm.x86.avx512.vpdpbusd.512({vt} {acc}, {vt} {quads}, "
+                                  f"{vt} {weights[r, q]})")
+                    else:
+                        self.dot4_emulated(acc, quads, weights[r, q], nxt, vt)
+                    acc = nxt
+                sums.append(acc)
+            while len(sums) > 1:  # a balanced tree
+                pairs = []
+                for i in range(0, len(sums) - 1, 2):
+                    t = self.tmp("rows")
+                    self.emit(f"{t} = add {vt} {sums[i]}, {sums[i + 1]}")
+                    pairs.append(t)
+                sums = pairs + sums[len(sums) - len(sums) % 2:]
+            out = self.int_op("add nsw", o_off, self.mul_const(v, lanes))
+            self.emit(f"store {vt} {sums[0]}, ptr {self.gep(o_ptr, 'i32', out)}, align 4")
+        self.loop("__wd_v", s.vectors, one_vector, "scalar")
 
     def writeback(self, g: Gemm, tile: str, m0: str, p: str, rows: int, cols: int) -> None:
         """The epilogue over the tile, vectorized along the direction its stores are contiguous

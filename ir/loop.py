@@ -157,7 +157,8 @@ class For(Stmt):
     body: tuple
     # serial | vectorize | masked (vectorize; a short ragged tail masked) | unroll | forced_vector
     # (vectorize before LLVM's full unroll of a short loop can: rows of a converting or
-    # deinterleaving copy otherwise became scalar moves)
+    # deinterleaving copy otherwise became scalar moves) | vector_masked (forced_vector, and
+    # a ragged tail masked at any length: a row of bytes is one masked 64-byte move)
     kind: str = "serial"
     # Iterations may run on several threads: honoured where the loop is a phase (see above).
     parallel: bool = False
@@ -255,6 +256,55 @@ GEMM_SPLITS = ("m", "n")
 
 
 @dataclass(frozen=True)
+class WindowDot(Stmt):
+    """One output row of a depthwise window over bytes, summed exactly in i32:
+
+        out[out_off + x] = sum over r < rows, t < taps of
+            P[p_off + r*p_row + x*stride + t*dilation] * (byte t % 4 of W[w_off + r*quads + t // 4])
+
+    for x < width. P holds unsigned bytes (a bordered input plane); W is i32, each element
+    four signed weight bytes (taps 4q..4q+3 of one window row, zero past `taps`), so
+    quads = ceil(taps / 4). The codegen computes 16 outputs at a time: per window row and
+    quad, one 64-byte load, a byte shuffle placing each output's four inputs in one i32 lane,
+    and a vpdpbusd (or its emulation). So it writes `out` up to width rounded up to 16, and
+    reads up to `reach` bytes from each window row's start: P must extend that far.
+    """
+    p_buf: str
+    p_off: Expr
+    p_row: int
+    stride: int
+    dilation: int
+    w_buf: str
+    w_off: Expr
+    rows: int
+    taps: int
+    width: int
+    out_buf: str
+    out_off: Expr
+
+    @property
+    def quads(self) -> int:
+        return -(-self.taps // 4)
+
+    @property
+    def vectors(self) -> int:
+        return -(-self.width // WINDOW_DOT_LANES)
+
+    @property
+    def reach(self) -> int:
+        """Bytes read from a window row's start: the last vector's last quad's 64-byte load."""
+        return (self.vectors - 1) * WINDOW_DOT_LANES * self.stride + (self.quads - 1) * 4 * self.dilation + 64
+
+
+WINDOW_DOT_LANES = 16  # outputs per vector: i32 lanes of a 64-byte register
+
+
+def window_dot_fits(stride: int, dilation: int, taps: int) -> bool:
+    """Do 16 outputs' inputs for one quad of taps lie within one 64-byte load?"""
+    return (WINDOW_DOT_LANES - 1) * stride + (min(taps, 4) - 1) * dilation < 64
+
+
+@dataclass(frozen=True)
 class Buffer:
     name: str
     dtype: str
@@ -349,7 +399,7 @@ def loop(var: str, extent: int, body, kind: str = "serial", parallel: bool = Fal
 
 
 _CLASSES = {c.__name__: c for c in (Const, Var, Load, Bin, Cmp, Call, Select, Cast, For, Store, Let, Local,
-                                     Assign, If, Gemm, Buffer, Kernel)}
+                                     Assign, If, Gemm, WindowDot, Buffer, Kernel)}
 
 
 def _encode(x):

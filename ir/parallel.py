@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import fields
 
-from .loop import Assign, Call, Expr, For, Gemm, If, Kernel, Let, Local, Store, parallel_extent, phases
+from .loop import Assign, Call, Expr, For, Gemm, If, Kernel, Let, Local, Store, WindowDot, parallel_extent, phases
 
 MIN_PIECE_WORK = 150_000  # estimated operations in one part
 MAX_PIECES = 64
@@ -39,6 +39,8 @@ def work(stmt) -> int:
     if isinstance(stmt, Gemm):
         macs = stmt.m * stmt.n * stmt.k * (4 if stmt.kind != "f32" else 1)
         return macs // 2 + stmt.m * stmt.n * max(work(stmt.epilogue), 1)
+    if isinstance(stmt, WindowDot):  # multiply-adds, counted as a Gemm's
+        return stmt.width * (stmt.rows * stmt.taps // 2 + 1)
     if isinstance(stmt, If):
         return 1 + max(work(stmt.then), work(stmt.orelse))
     if isinstance(stmt, Store):

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from .errors import InternalError
 from .loop import (COMPUTE_TYPES, FLOAT_CALLS, FLOAT_TYPES, INT_TYPES, STORAGE_TYPES, Assign, Bin, Buffer, Call, Cast,
-                   Cmp, Const, Expr, For, GEMM_KINDS, GEMM_SPLITS, Gemm, If, Kernel, Let, Load, Local, Select, Store, Var, compute_type,
-                   operand_type)
+                   Cmp, Const, Expr, For, GEMM_KINDS, GEMM_SPLITS, Gemm, If, Kernel, Let, Load, Local, Select, Store, Var,
+                   WindowDot, compute_type, operand_type, window_dot_fits)
 
 _FLOAT_OPS = {"add", "sub", "mul", "div", "rem", "max", "min", "pow"}
 _INT_OPS = {"add", "sub", "mul", "div", "rem", "max", "min", "and", "or", "xor", "shl", "shr"}
@@ -19,7 +19,7 @@ _BIN_OPS = {**{t: _FLOAT_OPS for t in FLOAT_TYPES}, **{t: _INT_OPS for t in INT_
 _CMP_OPS = {"lt", "le", "gt", "ge", "eq", "ne"}
 _F32_ONLY_CALLS = {"round_f16", "round_bf16"}
 _GEMM_A_TYPES = {"f32", "f16", "bf16"}
-_LOOP_KINDS = {"serial", "vectorize", "masked", "forced_vector", "reduce", "unroll"}
+_LOOP_KINDS = {"serial", "vectorize", "masked", "forced_vector", "reduce", "unroll", "vector_masked"}
 
 
 class _Problem(Exception):
@@ -187,6 +187,16 @@ class _Checker:
             if min(s.m, s.n, s.k, s.mr, s.nr) <= 0:
                 raise _Problem(f"gemm of shape m={s.m} n={s.n} k={s.k} tile {s.mr}x{s.nr}")
             self.block(s.epilogue, {s.m_var: ("i64", False), s.n_var: ("i64", False), s.acc_var: ("f32" if s.kind == "f32" else "i32", False)})
+        elif isinstance(s, WindowDot):
+            for buf, want in ((s.p_buf, "u8"), (s.w_buf, "i32"), (s.out_buf, "i32")):
+                if self.buffers.get(buf, Buffer("", "", 0)).dtype != want:
+                    raise _Problem(f"window dot operand {buf} is not a {want} buffer")
+            if any(self.expr(e) != "i64" for e in (s.p_off, s.w_off, s.out_off)):
+                raise _Problem("window dot offsets are not i64")
+            if min(s.rows, s.taps, s.width, s.stride, s.dilation) <= 0 or s.p_row < 0:
+                raise _Problem(f"window dot of {s.rows}x{s.taps} taps over {s.width} outputs, stride {s.stride}")
+            if not window_dot_fits(s.stride, s.dilation, s.taps):
+                raise _Problem(f"window dot stride {s.stride}, dilation {s.dilation}: 16 outputs span over 64 bytes")
         else:
             raise _Problem(f"{type(s).__name__} is not a statement")
 

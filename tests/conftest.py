@@ -55,6 +55,14 @@ def build_and_compare(model, executor, seed: int = 0, **build_kwargs):
     return result, assert_matches_oracle(result, model, seed)
 
 
+def kernel_statements(body):
+    """Every statement of a kernel body, nested ones included (to ask which path lowering took)."""
+    for s in body:
+        yield s
+        for part in ("body", "then", "orelse"):
+            yield from kernel_statements(getattr(s, part, ()) or ())
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _temp_dir_left_as_found():
     """A full test run leaves the temp dir as it found it: nothing Kiln (or a test) creates

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from tests.conftest import build_and_compare
+from tests.conftest import build_and_compare, kernel_statements
 
 CASES = {
     # name: (input shape, weight shape, attrs)
@@ -63,7 +63,7 @@ def test_conv_path(name, executor):
     result, _ = build_and_compare(_conv_model("Conv", xshape, wshape, attrs), executor)
     if name in IN_PLACE:
         # (batch 2, or groups: the Gemm sits in loops)
-        gemms = [s for c in result.lowered.calls for s in _statements(c.kernel.body) if isinstance(s, Gemm)]
+        gemms = [s for c in result.lowered.calls for s in kernel_statements(c.kernel.body) if isinstance(s, Gemm)]
         assert gemms and all(bool(g.b_sk) == IN_PLACE[name] for g in gemms)
 
 
@@ -116,14 +116,8 @@ def test_depthwise_window_rows_are_separate_sums(executor):
     [call] = result.lowered.calls
     ir = kernel_to_llvm_ir(call.kernel, "k", t.triple, t.cpu, t.features)
     assert call.kernel.option("reassociate") is False and " reassoc " not in ir
-    locals_ = [s for s in _statements(call.kernel.body) if type(s).__name__ == "Local"]
+    locals_ = [s for s in kernel_statements(call.kernel.body) if type(s).__name__ == "Local"]
     assert len(locals_) == 5  # one per window row
     dense, _ = build_and_compare(_conv_model("Conv", (1, 8, 12, 12), (8, 8, 3, 3), {"pads": [1, 1, 1, 1]}), executor)
     assert all(c.kernel.option("reassociate", True) for c in dense.lowered.calls)
 
-
-def _statements(body):
-    for s in body:
-        yield s
-        for part in ("body", "then", "orelse"):
-            yield from _statements(getattr(s, part, ()) or ())

@@ -16,6 +16,7 @@ from onnx import TensorProto, helper, numpy_helper
 from modelkiln.ir.errors import KilnError
 from modelkiln.orchestrator.api import build
 from tests import model_zoo, transformer_zoo
+from tests.conftest import kernel_statements
 
 F, U8, I8, I32 = TensorProto.FLOAT, TensorProto.UINT8, TensorProto.INT8, TensorProto.INT32
 NP = {U8: np.uint8, I8: np.int8, TensorProto.INT16: np.int16, TensorProto.UINT16: np.uint16}
@@ -146,17 +147,53 @@ def test_conv_integer(x_type, case):
     _compare(model, {"x": _bytes([2, 10, 11, 13], x_type, 3)})
 
 
+def _depthwise_paths(model) -> set:
+    """Which depthwise kernels lowering chose: "bytes" (WindowDot) and/or "float"."""
+    result = build(model, executor="inprocess", cache=None, progress=False)
+    kinds = {type(s).__name__ for c in result.lowered.calls for s in kernel_statements(c.kernel.body)}
+    return {"bytes" if "WindowDot" in kinds else "float"}
+
+
 @pytest.mark.parametrize("x_type", [U8, I8])
-@pytest.mark.parametrize("strides", [[1, 1], [2, 2]])
-def test_depthwise_conv_integer(x_type, strides):
-    """Depthwise (a channel multiplier of 2): the float32 direct kernel on x - zx and w - zw,
+@pytest.mark.parametrize("case", [
+    dict(strides=[1, 1]), dict(strides=[2, 2]),
+    dict(kernel=5, strides=[2, 2], dilations=[2, 2], pads=[4, 3, 2, 4]),  # two quads of taps, one of them ragged
+    dict(shape=[1, 8, 40, 37]),  # rows of several 16-output vectors, the last one partial
+    dict(strides=[5, 5], path="float"),  # 16 outputs' inputs span over 64 bytes
+    dict(weight_range=255, path="float"),  # w - zw outside a signed byte
+])
+def test_depthwise_conv_integer(x_type, case):
+    """Depthwise (a channel multiplier of 2) summed in int32 on bytes, four taps per vpdpbusd
+    (WindowDot), or where it does not apply the float32 direct kernel on x - zx and w - zw,
     whose sums are exact. Against onnxruntime, exactly."""
-    w = _bytes([16, 1, 3, 3], I8, 1)
-    model = _model([helper.make_node("ConvInteger", ["x", "w", "zx", "zw"], ["y"], group=8, strides=strides,
-                                     pads=[1, 0, 1, 2])],
-                   [("x", x_type, [2, 8, 11, 13])], [("y", I32)],
+    case = dict(case)
+    k, shape, path = case.pop("kernel", 3), case.pop("shape", [2, 8, 11, 13]), case.pop("path", "bytes")
+    w = (_bytes([16, 1, k, k], I8, 1).astype(np.int32) * case.pop("weight_range", 200) // 255).astype(np.int8)
+    attrs = dict(pads=[1, 0, 1, 2]) | case
+    model = _model([helper.make_node("ConvInteger", ["x", "w", "zx", "zw"], ["y"], group=8, **attrs)],
+                   [("x", x_type, shape)], [("y", I32)],
                    [("w", w), ("zw", np.array(5, np.int8)), ("zx", np.array(-9 if x_type == I8 else 200, NP[x_type]))])
-    _compare(model, {"x": _bytes([2, 8, 11, 13], x_type, 3)})
+    assert _depthwise_paths(model) == {path}
+    _compare(model, {"x": _bytes(shape, x_type, 3)})
+
+
+def test_depthwise_conv_integer_runtime_and_per_channel_zero_points():
+    """The input's zero point fed at run time (the border of the byte plane holds it) and one
+    weight zero point per channel, which onnxruntime's ConvInteger does not take: the oracle
+    is onnxruntime's float Conv on x - zx and w - zw, exact for these integers."""
+    w = _bytes([8, 1, 3, 3], U8, 1) // 2 + 60
+    zw = (np.arange(8) * 7 + 100).astype(np.uint8)
+    model = _model([helper.make_node("ConvInteger", ["x", "w", "zx", "zw"], ["y"], group=8, strides=[2, 1],
+                                     pads=[1, 1, 0, 1])],
+                   [("x", I8, [1, 8, 9, 21]), ("zx", I8, [])], [("y", I32)], [("w", w), ("zw", zw)])
+    assert _depthwise_paths(model) == {"bytes"}
+    x, zx = _bytes([1, 8, 9, 21], I8, 3), np.array(-17, np.int8)
+    got = build(model, executor="inprocess", cache=None, progress=False).load().run({"x": x, "zx": zx})["y"]
+    centred = _model([helper.make_node("Conv", ["x", "w"], ["y"], group=8, strides=[2, 1], pads=[1, 1, 0, 1])],
+                     [("x", F, [1, 8, 9, 21])], [("y", F)],
+                     [("w", (w.astype(np.float32) - zw.reshape(8, 1, 1, 1)))])
+    want = model_zoo.onnxruntime_outputs(centred, {"x": x.astype(np.float32) - zx})["y"]
+    np.testing.assert_array_equal(got, want.astype(np.int32))
 
 
 def _conv_reference(x, w, pads):
@@ -229,14 +266,17 @@ def test_contrib_qlinear_ops():
 @pytest.mark.parametrize("target", ["x86-64-v3", "llvm -mcpu=skylake-avx512"])
 def test_int8_kernels_without_vnni(target):
     """Targets without AVX-512 VNNI (AVX2; AVX-512 before VNNI) sum the same bytes with
-    widening multiplies: MatMulInteger, the channels-last and the pointwise ConvInteger, exact
-    against onnxruntime (the code runs here: this CPU has both instruction sets)."""
+    widening multiplies: MatMulInteger, the channels-last, the pointwise and the depthwise
+    ConvInteger (on AVX-512 without VBMI's byte shuffle too), exact against onnxruntime (the
+    code runs here: this CPU has both instruction sets)."""
     nodes = [helper.make_node("MatMulInteger", ["a", "w", "za"], ["m"]),
              helper.make_node("ConvInteger", ["x", "k3", "zx"], ["c3"], pads=[1, 1, 1, 1]),
-             helper.make_node("ConvInteger", ["x", "k1", "zx"], ["c1"])]
+             helper.make_node("ConvInteger", ["x", "k1", "zx"], ["c1"]),
+             helper.make_node("ConvInteger", ["x", "kd", "zx"], ["dw"], group=8, strides=[2, 2], pads=[1, 1, 1, 1])]
     inits = [("w", _bytes([36, 20], I8, 1)), ("za", np.array(3, np.uint8)), ("k3", _bytes([6, 8, 3, 3], I8, 2)),
-             ("k1", _bytes([6, 8, 1, 1], I8, 3)), ("zx", np.array(-5, np.int8))]
-    model = _model(nodes, [("a", U8, [7, 36]), ("x", I8, [1, 8, 9, 10])], [("m", I32), ("c3", I32), ("c1", I32)], inits)
+             ("k1", _bytes([6, 8, 1, 1], I8, 3)), ("kd", _bytes([8, 1, 3, 3], I8, 4)), ("zx", np.array(-5, np.int8))]
+    model = _model(nodes, [("a", U8, [7, 36]), ("x", I8, [1, 8, 9, 10])],
+                   [("m", I32), ("c3", I32), ("c1", I32), ("dw", I32)], inits)
     feeds = {"a": _bytes([7, 36], U8, 4), "x": _bytes([1, 8, 9, 10], I8, 5)}
     got = build(model, target=target, executor="inprocess", cache=None, progress=False).load().run(feeds)
     want = model_zoo.onnxruntime_outputs(model, feeds)

@@ -3,7 +3,7 @@ through it); these are the malformed ones it must name before any codegen job st
 import pytest
 
 from modelkiln.ir.errors import InternalError
-from modelkiln.ir.loop import Assign, Bin, Buffer, Cast, Const, For, Kernel, Let, Load, Local, Store, Var
+from modelkiln.ir.loop import Assign, Bin, Buffer, Cast, Const, For, Kernel, Let, Load, Local, Store, Var, WindowDot
 from modelkiln.ir.verify import verify_kernel
 
 BUFS = (Buffer("o0", "f32", 16), Buffer("i0", "f32", 16), Buffer("w0", "i64", 4))
@@ -11,6 +11,14 @@ BUFS = (Buffer("o0", "f32", 16), Buffer("i0", "f32", 16), Buffer("w0", "i64", 4)
 
 def _kernel(*body):
     return Kernel(BUFS, tuple(body))
+
+
+BYTE_BUFS = (Buffer("p0", "u8", 256), Buffer("w1", "i32", 9), Buffer("t0", "i32", 32))
+
+
+def _window_dot(p_buf="p0", stride=1):
+    """A 3x3 window row over 16 outputs of plane p0, weights w1, sums into t0."""
+    return Kernel(BYTE_BUFS, (WindowDot(p_buf, Const(0), 20, stride, 1, "w1", Const(0), 3, 3, 16, "t0", Const(0)),))
 
 
 def good():
@@ -31,6 +39,8 @@ def good():
     (_kernel(Store("o0", Const(0), Var("i", "f32"))), "variable i is used outside"),
     (_kernel(For("i", 4, (Store("o0", Var("i"), Var("i", "f32")),))), "used as f32 but bound as i64"),
     (_kernel(Store("o0", Const(0), Cast("b8", Const(1.0, "f32")))), "cast to b8"),
+    (_window_dot(p_buf="w1"), "window dot operand w1 is not a u8 buffer"),
+    (_window_dot(stride=5), "16 outputs span over 64 bytes"),
 ])
 def test_malformed_kernel_is_named_with_its_ops(kernel, message):
     with pytest.raises(InternalError, match=message) as e:
@@ -40,6 +50,7 @@ def test_malformed_kernel_is_named_with_its_ops(kernel, message):
 
 def test_well_formed_kernel_passes():
     verify_kernel(good(), "fused_ok", ["ReduceSum"])
+    verify_kernel(_window_dot(stride=4), "fused_ok", ["ConvInteger"])
 
 
 def test_a_malformed_kernel_stops_the_build_before_any_job(monkeypatch):

@@ -67,11 +67,11 @@ def gemm_split(m: int, n: int, mr: int, nr: int) -> str:
 
 
 def padded_copy(b: KernelBuilder, src: str, src_off, channels: int, spatial: list, pads: list, dest: str,
-                value=lambda v: v) -> For:
-    """Copy `channels` planes of `spatial` from src[src_off:] into dest with zero borders,
-    each element through `value` (an int8 input becomes float x - zero point).
-    Rows inside the input copy contiguously (vectorized) between two zero runs; rows in the
-    padding are zero-filled: no per-element bounds checks or clamped loads."""
+                value=lambda v: v, border=Const(0.0, "f32"), row_kind: str = "masked") -> For:
+    """Copy `channels` planes of `spatial` from src[src_off:] into dest with borders holding
+    `border` (zero), each element through `value` (an int8 input becomes float x - zero point).
+    Rows inside the input copy contiguously (vectorized) between two border runs; rows in the
+    padding are all border: no per-element bounds checks or clamped loads."""
     nsp = len(spatial)
     padded = [spatial[i] + pads[i] + pads[nsp + i] for i in range(nsp)]
     ci = b.fresh("ci")
@@ -81,19 +81,18 @@ def padded_copy(b: KernelBuilder, src: str, src_off, channels: int, spatial: lis
     dest_row = flat_index(row + [Const(0)], [channels] + padded)
     src_row = add(src_off, flat_index([Var(ci)] + [sub(Var(v), pads[i]) for i, v in enumerate(rv)] + [Const(0)],
                                       [channels] + list(spatial)))
-    zero = Const(0.0, "f32")
     left, width, right = pads[nsp - 1], spatial[-1], pads[2 * nsp - 1]
-    fill = (For(j, left, (Store(dest, add(dest_row, Var(j)), zero),), "vectorize"),
+    fill = (For(j, left, (Store(dest, add(dest_row, Var(j)), border),), "vectorize"),
             For(j, width, (Store(dest, add(dest_row, add(Var(j), left)), value(Load(src, add(src_row, Var(j))))),),
-                "masked"),
-            For(j, right, (Store(dest, add(dest_row, add(Var(j), left + width)), zero),), "vectorize"))
+                row_kind),
+            For(j, right, (Store(dest, add(dest_row, add(Var(j), left + width)), border),), "vectorize"))
     inside = None
     for i, v in enumerate(rv):
         pos = sub(Var(v), pads[i])
         ok = fbin("and", cmp("ge", pos, Const(0)), cmp("lt", pos, Const(spatial[i])))
         inside = ok if inside is None else fbin("and", inside, ok)
     body = fill if inside is None else (If(inside, fill, (For(j, padded[-1], (Store(dest, add(dest_row, Var(j)),
-                                                                                      zero),), "vectorize"),)),)
+                                                                                      border),), "vectorize"),)),)
     for i in range(nsp - 2, -1, -1):
         body = (For(rv[i], padded[i], body),)
     return For(ci, channels, body, parallel=True)

@@ -22,7 +22,9 @@ multiply, bias, activation and requantize.
   epilogue writes NCHW.
 - A 1x1 stride-1 conv instead packs the input into 4-channel panels and makes the weights
   the broadcast operand ("s8u8"): the tile's columns are pixels, stored contiguously.
-- A depthwise conv runs the float32 direct kernel on x - zx and w - zw, exactly.
+- A depthwise conv sums bytes along output rows (`WindowDot`: four taps of 16 outputs per
+  vpdpbusd) over a zero-point-bordered byte copy of each plane; where that does not apply,
+  the float32 direct kernel on x - zx and w - zw, exactly.
 
 Everything else (a weight computed at run time, per-row zero points, grouped convolution,
 weights whose centred values do not fit a byte) runs a plain int32 dot-product loop:
@@ -35,10 +37,10 @@ import math
 import numpy as np
 
 from ..graph import Node
-from ..loop import (Assign, Cast, Const, For, Load, Local, Store, Var, add, cmp, fbin, flat_index, loop, mul, select, sub,
-                    unflatten)
+from ..loop import (WINDOW_DOT_LANES, Assign, Cast, Const, For, Let, Load, Local, Store, Var, WindowDot, add, cmp, fbin,
+                    flat_index, loop, mul, select, sub, unflatten, window_dot_fits)
 from .builder import KernelBuilder
-from .gemm import conv_operands, gemm_stmt, is_depthwise, lower_depthwise
+from .gemm import conv_operands, gemm_stmt, is_depthwise, lower_depthwise, padded_copy
 
 
 def _input(node: Node, index: int) -> str:
@@ -291,9 +293,15 @@ def _pointwise(b: KernelBuilder, node: Node, store, wc: np.ndarray, zx, zx_name:
 
 
 def _depthwise(b: KernelBuilder, node: Node, store, zx, zx_name: str, wc: np.ndarray) -> tuple:
-    """Depthwise ConvInteger as the float32 depthwise kernel on x - zx and w - zw: each product
-    is an integer below 2^16 and a window's sum below 2^24 for windows up to 16x16, so
-    float32 holds every sum exactly, and the direct kernel vectorizes along output rows."""
+    """Depthwise ConvInteger on bytes (`_depthwise_bytes`) where a 64-byte register holds 16
+    outputs' inputs for a quad of taps and the centred weights fit a signed byte; otherwise
+    as the float32 depthwise kernel on x - zx and w - zw: each product is an integer below
+    2^16 and a window's sum below 2^24 for windows up to 16x16, so float32 holds every sum
+    exactly, and the direct kernel vectorizes along output rows."""
+    a = b.attrs(node)
+    if (b.config.vector_width >= WINDOW_DOT_LANES and wc.min() >= -128 and wc.max() <= 127
+            and window_dot_fits(a["strides"][1], a["dilations"][1], a["kernel_shape"][1])):
+        return _depthwise_bytes(b, node, store, zx, zx_name, wc.astype(np.int8))
     if wc.shape[2] * wc.shape[3] * 255 * 255 >= 1 << 24:
         return _plain_conv(b, node, store)
     weights = b.constant_param(f"{node.inputs[1]}_float", wc.astype(np.float32))
@@ -304,6 +312,53 @@ def _depthwise(b: KernelBuilder, node: Node, store, zx, zx_name: str, wc: np.nda
     as_int = lambda total: Cast("i32", fbin("min", fbin("max", total, Const(-2.0 ** 31, "f32")),  # noqa: E731
                                             Const(2.0 ** 31 - 128, "f32")))
     return lower_depthwise(b, node, store, centred, weights, as_int)
+
+
+def _depthwise_bytes(b: KernelBuilder, node: Node, store, zx, zx_name: str, wc: np.ndarray) -> tuple:
+    """Depthwise ConvInteger summed in int32 by WindowDot: per input channel, a bordered copy
+    of its plane in unsigned bytes (the border holds the zero point, signed bytes shifted by
+    128), then per output row 16 outputs at a time, four taps per vpdpbusd, into a row of
+    int32 sums; the epilogue subtracts zx * (the channel's weight sum) and runs the group's
+    fused ops. The float32 kernel converts every input and multiplies one tap at a time."""
+    x_name, w_name = node.inputs[0], node.inputs[1]
+    batch, cin, h, w_ = b.type(x_name).shape
+    cout, _, kh, kw = wc.shape
+    mult = cout // cin
+    a = b.attrs(node)
+    (sh, sw), (dh, dw) = a["strides"], a["dilations"]
+    pt, pl, pb, pr = a["pads"]
+    oh, ow = b.type(node.outputs[0]).shape[2:]
+    hp, wp = h + pt + pb, w_ + pl + pr
+    quads = -(-kw // 4)
+    taps = np.zeros((cout, kh, quads * 4), np.int8)  # each i32 holds 4 taps of a window row, byte j = tap 4q+j
+    taps[:, :, :kw] = wc[:, 0]
+    w_param = b.constant_param(f"{w_name}_tap_quads", taps.view("<i4").astype(np.int32).reshape(-1))
+    signed_x = b.type(x_name).dtype == "int8"
+    correction = _za_correction(b, zx, zx_name, signed_x, wc.astype(np.int32).reshape(cout, -1).sum(axis=1), w_name)
+    shift = 128 if signed_x else 0
+    if zx is not None:
+        border = Const(int(zx[0]) + shift, "u8")
+    else:
+        z = b.reader(zx_name)([Const(0)] * len(b.shape(zx_name)))
+        border = Cast("u8", fbin("add", Cast("i32", z), Const(shift, "i32")))
+    as_unsigned = (lambda v: Cast("u8", fbin("add", Cast("i32", v), Const(128, "i32")))) if signed_x else None
+    bv, m, co, r, q = b.fresh("b"), b.fresh("m"), b.fresh("co"), b.fresh("r"), b.fresh("q")
+    row_dot = WindowDot("", Const(0), dh * wp, sw, dw, "", Const(0), kh, kw, ow, "", Const(0))
+    # The last row's loads run up to `reach` bytes from its window's start.
+    last_start = (cin - 1) * hp * wp + ((oh - 1) * sh) * wp + (kh - 1) * dh * wp
+    planes = b.workspace(max(cin * hp * wp, last_start + row_dot.reach), "u8")
+    width = row_dot.vectors * WINDOW_DOT_LANES
+    sums = b.workspace(cout * width, "i32")  # one row per output channel: channels run in parallel
+    copy = padded_copy(b, b.in_param(x_name), mul(Var(bv), cin * h * w_), cin, [h, w_], [pt, pl, pb, pr], planes,
+                       as_unsigned or (lambda v: v), border, row_kind="vector_masked")
+    c = copy.var
+    dot = WindowDot(planes, add(mul(Var(c), hp * wp), mul(Var(r), sh * wp)), dh * wp, sw, dw, w_param,
+                    mul(Var(co), kh * quads), kh, kw, ow, sums, mul(Var(co), width))
+    point = store([Var(bv), Var(co), Var(r), Var(q)],
+                  fbin("sub", Load(sums, add(mul(Var(co), width), Var(q))), correction(Var(co))))
+    rows = For(r, oh, (dot, For(q, ow, tuple(point), "masked")))
+    per_output = For(m, mult, (Let(co, add(mul(Var(c), mult), Var(m))), rows))
+    return loop(bv, batch, (For(c, cin, (*copy.body, per_output), parallel=True),))
 
 
 def _plain_conv(b: KernelBuilder, node: Node, store) -> tuple:
