@@ -266,23 +266,29 @@ def _pointwise(b: KernelBuilder, node: Node, store, wc: np.ndarray, zx, zx_name:
     xparam = b.in_param(x_name)
     bv, q, p, j = b.fresh("b"), b.fresh("q"), b.fresh("p"), b.fresh("j")
 
-    def lane(kk):  # channel 4q+kk of pixel p*nr+j, as unsigned bytes (zero past the edges)
-        c, pixel = add(mul(Var(q), 4), kk), add(mul(Var(p), nr), Var(j))
-        ok = None
-        if cin % 4:
-            ok = cmp("lt", c, Const(cin))
-        if pixels % nr:
-            inside = cmp("lt", pixel, Const(pixels))
-            ok = inside if ok is None else fbin("and", ok, inside)
-        at = add(mul(add(mul(Var(bv), cin), fbin("min", c, Const(cin - 1)) if cin % 4 else c), pixels),
-                 fbin("min", pixel, Const(pixels - 1)) if pixels % nr else pixel)
-        v = Load(xparam, at)
-        if signed_x:
-            v = Cast("u8", fbin("add", Cast("i32", v), Const(128, "i32")))
-        dest = add(mul(add(mul(add(mul(Var(p), quads), Var(q)), nr), Var(j)), 4), kk)
-        return Store(packed, dest, v if ok is None else select(ok, v, Const(0, "u8")))
-    pack = For(q, quads, (For(p, panels, (For(j, nr, tuple(lane(kk) for kk in range(4)), "vectorize"),)),),
-               parallel=True)
+    def lanes(panel, col, inside: bool) -> tuple:
+        """Channels 4q..4q+3 of pixel panel*nr + col, as unsigned bytes (zero past the edges)."""
+        out = []
+        for kk in range(4):
+            c = add(mul(Var(q), 4), kk)
+            v = Const(0, "u8")
+            if inside:
+                v = Load(xparam, add(mul(add(mul(Var(bv), cin), fbin("min", c, Const(cin - 1)) if cin % 4 else c),
+                                         pixels), add(mul(panel, nr), col)))
+                if signed_x:
+                    v = Cast("u8", fbin("add", Cast("i32", v), Const(128, "i32")))
+                if cin % 4:
+                    v = select(cmp("lt", c, Const(cin)), v, Const(0, "u8"))
+            out.append(Store(packed, add(mul(add(mul(add(mul(panel, quads), Var(q)), nr), col), 4), kk), v))
+        return tuple(out)
+    # The partial last panel has loops of its own: a clamped pixel index in one loop over
+    # every panel made each load a byte gather (MobileNetV2's 784-pixel layers).
+    full, rest = divmod(pixels, nr)
+    per_quad = [For(p, full, (For(j, nr, lanes(Var(p), Var(j), True), "vectorize"),))] if full else []
+    if rest:
+        per_quad += [For(j, rest, lanes(Const(full), Var(j), True), "vectorize"),
+                     For(j, nr - rest, lanes(Const(full), add(Var(j), rest), False), "vectorize")]
+    pack = For(q, quads, tuple(per_quad), parallel=True)
 
     def epilogue(mm, nn, acc):
         return store([Var(bv), mm] + unflatten(nn, [h, w_]), fbin("sub", acc, correction(mm)))
