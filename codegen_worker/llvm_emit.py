@@ -13,9 +13,9 @@ from __future__ import annotations
 import math
 import struct
 
-from ..ir.loop import (FLOAT_TYPES, WINDOW_DOT_LANES, Assign, Bin, Call, Cast, Cmp, Const, For, Gemm, If, Kernel, Let,
-                      Load, Local, Select, Store, Var, WindowDot, bits, compute_type, highest, is_unsigned, lowest,
-                      operand_type, phases)
+from ..ir.loop import (FLOAT_TYPES, TRANSPOSE_LANES, WINDOW_DOT_LANES, Assign, Bin, Call, Cast, Cmp, Const, For, Gemm,
+                      If, Kernel, Let, Load, Local, Select, Store, TransposeBlock, Var, WindowDot, bits, compute_type,
+                      highest, is_unsigned, lowest, operand_type, phases)
 
 # LLVM's type for each loop-IR type. Integers are sign-less in LLVM: signedness picks the
 # instruction. f16 and bf16 are stored as i16 and converted in software (see _math_lib), so
@@ -489,6 +489,8 @@ class FunctionEmitter:
             self.gemm(s)
         elif isinstance(s, WindowDot):
             self.window_dot(s)
+        elif isinstance(s, TransposeBlock):
+            self.transpose_block(s)
         else:
             raise TypeError(f"cannot emit {s!r}")
 
@@ -783,10 +785,10 @@ class FunctionEmitter:
         """Rows of the stack tile: mr, or for a column-major tile mr rounded up to vectors."""
         return -(-g.mr // self.vw) * self.vw if g.stores_along == "m" else g.mr
 
-    def transpose(self, rows: list, vt: str) -> list:
+    def transpose(self, rows: list, vt: str, vw: int = 0) -> list:
         """A vw x vw block given as vw row vectors, as vw column vectors: for d = vw/2 .. 1,
         each 2d x 2d block swaps its off-diagonal d x d blocks (two shuffles per row pair)."""
-        vw = self.vw
+        vw = vw or self.vw
         rows = list(rows)
         d = vw // 2
         while d:
@@ -910,6 +912,39 @@ class FunctionEmitter:
             out = self.int_op("add nsw", o_off, self.mul_const(v, lanes))
             self.emit(f"store {vt} {sums[0]}, ptr {self.gep(o_ptr, 'i32', out)}, align 4")
         self.loop("__wd_v", s.vectors, one_vector, "scalar")
+
+    def transpose_block(self, s: TransposeBlock) -> None:
+        """ir.loop.TransposeBlock: rows loaded as vectors (a partial row through a masked
+        load), transposed in registers, columns stored (partial ones through masked stores)."""
+        n = TRANSPOSE_LANES
+        vt, mt = f"<{n} x i32>", f"<{n} x i1>"
+        src, dst = self.bufs[s.src][0], self.bufs[s.dst][0]
+        src_off, dst_off = self.expr(s.src_off), self.expr(s.dst_off)
+
+        def lanes(count: int) -> str:
+            return "<" + ", ".join(f"i1 {'true' if lane < count else 'false'}" for lane in range(n)) + ">"
+        if s.cols < n:
+            self.decls.add(f"declare {vt} @llvm.masked.load.v{n}i32.p0(ptr, i32, {mt}, {vt})")
+        if s.rows < n:
+            self.decls.add(f"declare void @llvm.masked.store.v{n}i32.p0({vt}, ptr, i32, {mt})")
+        rows = []
+        for i in range(n):
+            if i >= s.rows:
+                rows.append("zeroinitializer")
+                continue
+            p, v = self.gep(src, "u8", self.int_op("add nsw", src_off, i * s.src_stride)), self.tmp("trow")
+            if s.cols < n:
+                self.emit(f"{v} = call {vt} @llvm.masked.load.v{n}i32.p0(ptr {p}, i32 1, {mt} {lanes(s.cols)}, "
+                          f"{vt} zeroinitializer)")
+            else:
+                self.emit(f"{v} = load {vt}, ptr {p}, align 1")
+            rows.append(v)
+        for j, column in enumerate(self.transpose(rows, vt, n)[:s.cols]):
+            p = self.gep(dst, "u8", self.int_op("add nsw", dst_off, j * s.dst_stride))
+            if s.rows < n:
+                self.emit(f"call void @llvm.masked.store.v{n}i32.p0({vt} {column}, ptr {p}, i32 1, {mt} {lanes(s.rows)})")
+            else:
+                self.emit(f"store {vt} {column}, ptr {p}, align 1")
 
     def writeback(self, g: Gemm, tile: str, m0: str, p: str, rows: int, cols: int) -> None:
         """The epilogue over the tile, vectorized along the direction its stores are contiguous

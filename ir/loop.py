@@ -299,6 +299,27 @@ class WindowDot(Stmt):
 WINDOW_DOT_LANES = 16  # outputs per vector: i32 lanes of a 64-byte register
 
 
+@dataclass(frozen=True)
+class TransposeBlock(Stmt):
+    """A block of 4-byte elements transposed: element (i, j) of the source, the 4 bytes at
+    byte src_off + i*src_stride + 4*j, goes to byte dst_off + j*dst_stride + 4*i of the
+    destination, for i < rows, j < cols (each at most 16). The codegen loads the rows as
+    16-lane vectors, transposes them in registers (64 shuffles) and stores the columns; a
+    loop left to LLVM gathers one element per instruction. The int8 conv's channels-last
+    copy is its user: rows are quads of 4 channels, columns pixels."""
+    src: str
+    src_off: Expr
+    src_stride: int
+    dst: str
+    dst_off: Expr
+    dst_stride: int
+    rows: int
+    cols: int
+
+
+TRANSPOSE_LANES = 16
+
+
 def window_dot_fits(stride: int, dilation: int, taps: int) -> bool:
     """Do 16 outputs' inputs for one quad of taps lie within one 64-byte load?"""
     return (WINDOW_DOT_LANES - 1) * stride + (min(taps, 4) - 1) * dilation < 64
@@ -399,7 +420,7 @@ def loop(var: str, extent: int, body, kind: str = "serial", parallel: bool = Fal
 
 
 _CLASSES = {c.__name__: c for c in (Const, Var, Load, Bin, Cmp, Call, Select, Cast, For, Store, Let, Local,
-                                     Assign, If, Gemm, WindowDot, Buffer, Kernel)}
+                                     Assign, If, Gemm, WindowDot, TransposeBlock, Buffer, Kernel)}
 
 
 def _encode(x):

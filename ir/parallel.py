@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from dataclasses import fields
 
-from .loop import Assign, Call, Expr, For, Gemm, If, Kernel, Let, Local, Store, WindowDot, parallel_extent, phases
+from .loop import (Assign, Call, Expr, For, Gemm, If, Kernel, Let, Local, Store, TRANSPOSE_LANES, TransposeBlock, WindowDot, parallel_extent,
+                   phases)
 
 MIN_PIECE_WORK = 150_000  # estimated operations in one part
 MAX_PIECES = 64
@@ -41,6 +42,8 @@ def work(stmt) -> int:
         return macs // 2 + stmt.m * stmt.n * max(work(stmt.epilogue), 1)
     if isinstance(stmt, WindowDot):  # multiply-adds, counted as a Gemm's
         return stmt.width * (stmt.rows * stmt.taps // 2 + 1)
+    if isinstance(stmt, TransposeBlock):  # a load, shuffles and a store per row
+        return 6 * TRANSPOSE_LANES
     if isinstance(stmt, If):
         return 1 + max(work(stmt.then), work(stmt.orelse))
     if isinstance(stmt, Store):

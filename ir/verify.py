@@ -11,7 +11,7 @@ from __future__ import annotations
 from .errors import InternalError
 from .loop import (COMPUTE_TYPES, FLOAT_CALLS, FLOAT_TYPES, INT_TYPES, STORAGE_TYPES, Assign, Bin, Buffer, Call, Cast,
                    Cmp, Const, Expr, For, GEMM_KINDS, GEMM_SPLITS, Gemm, If, Kernel, Let, Load, Local, Select, Store, Var,
-                   WindowDot, compute_type, operand_type, window_dot_fits)
+                   TRANSPOSE_LANES, TransposeBlock, WindowDot, compute_type, operand_type, window_dot_fits)
 
 _FLOAT_OPS = {"add", "sub", "mul", "div", "rem", "max", "min", "pow"}
 _INT_OPS = {"add", "sub", "mul", "div", "rem", "max", "min", "and", "or", "xor", "shl", "shr"}
@@ -197,6 +197,14 @@ class _Checker:
                 raise _Problem(f"window dot of {s.rows}x{s.taps} taps over {s.width} outputs, stride {s.stride}")
             if not window_dot_fits(s.stride, s.dilation, s.taps):
                 raise _Problem(f"window dot stride {s.stride}, dilation {s.dilation}: 16 outputs span over 64 bytes")
+        elif isinstance(s, TransposeBlock):
+            for buf in (s.src, s.dst):
+                if buf not in self.buffers:
+                    raise _Problem(f"buffer {buf} does not exist")
+            if self.expr(s.src_off) != "i64" or self.expr(s.dst_off) != "i64":
+                raise _Problem("transpose block offsets are not i64")
+            if not (0 < s.rows <= TRANSPOSE_LANES and 0 < s.cols <= TRANSPOSE_LANES):
+                raise _Problem(f"transpose block of {s.rows}x{s.cols} elements (at most {TRANSPOSE_LANES} each way)")
         else:
             raise _Problem(f"{type(s).__name__} is not a statement")
 

@@ -133,18 +133,27 @@ def test_matmul_integer_larger_than_l2():
 @pytest.mark.parametrize("x_type", [U8, I8])
 @pytest.mark.parametrize("case", [dict(), dict(strides=[2, 2], pads=[1, 1, 1, 1]),
                                   dict(dilations=[2, 2], pads=[2, 1, 0, 2]), dict(group=2, pads=[1, 1, 1, 1]),
-                                  dict(kernel=1)])
+                                  dict(kernel=1),
+                                  dict(shape=[1, 3, 9, 20], pads=[1, 2, 1, 0]),  # one quad of channels
+                                  dict(shape=[1, 70, 5, 37], pads=[0, 1, 2, 1]),  # 18 quads, 37 columns
+                                  dict(weight_range=255)])  # w - zw outside a signed byte
 def test_conv_integer(x_type, case):
-    """The channels-last implicit GEMM (pads hold the zero point), and the plain loop
-    (groups), against onnxruntime: exact int32."""
+    """The channels-last implicit GEMM (pads hold the zero point; its input copy transposes
+    blocks of up to 16 channel quads x 16 pixels, partial ones at the edges), the pointwise
+    GEMM (1x1) and the plain loop (groups; weights whose centred values leave a byte),
+    against onnxruntime: exact int32."""
     case = dict(case)
-    k = case.pop("kernel", 3)
+    k, shape = case.pop("kernel", 3), case.pop("shape", [2, 10, 11, 13])
+    weight_range = case.pop("weight_range", 200)
     group = case.get("group", 1)
-    w = _bytes([12, 10 // group, k, k], I8, 1)
+    w = (_bytes([12, shape[1] // group, k, k], I8, 1).astype(np.int32) * weight_range // 255).astype(np.int8)
     model = _model([helper.make_node("ConvInteger", ["x", "w", "zx", "zw"], ["y"], **case)],
-                   [("x", x_type, [2, 10, 11, 13])], [("y", I32)],
+                   [("x", x_type, shape)], [("y", I32)],
                    [("w", w), ("zw", np.array(-3, np.int8)), ("zx", np.array(7, NP[x_type]))])
-    _compare(model, {"x": _bytes([2, 10, 11, 13], x_type, 3)})
+    got = _compare(model, {"x": _bytes(shape, x_type, 3)})
+    result = build(model, executor="inprocess", cache=None, progress=False)
+    gemms = [s for c in result.lowered.calls for s in kernel_statements(c.kernel.body) if type(s).__name__ == "Gemm"]
+    assert bool(gemms) == (group == 1 and weight_range < 255) and got["y"].any()
 
 
 def _depthwise_paths(model) -> set:
