@@ -267,7 +267,7 @@ class WindowDot(Stmt):
     quads = ceil(taps / 4). The codegen computes 16 outputs at a time: per window row and
     quad, one 64-byte load, a byte shuffle placing each output's four inputs in one i32 lane,
     and a vpdpbusd (or its emulation). So it writes `out` up to width rounded up to 16, and
-    reads up to `reach` bytes from each window row's start: P must extend that far.
+    reads up to `window_dot_reach` bytes from each window row's start: P must extend that far.
     """
     p_buf: str
     p_off: Expr
@@ -290,13 +290,20 @@ class WindowDot(Stmt):
     def vectors(self) -> int:
         return -(-self.width // WINDOW_DOT_LANES)
 
-    @property
-    def reach(self) -> int:
-        """Bytes read from a window row's start: the last vector's last quad's 64-byte load."""
-        return (self.vectors - 1) * WINDOW_DOT_LANES * self.stride + (self.quads - 1) * 4 * self.dilation + 64
-
 
 WINDOW_DOT_LANES = 16  # outputs per vector: i32 lanes of a 64-byte register
+
+
+def window_dot_reach(stride: int, dilation: int, taps: int, width: int) -> int:
+    """Bytes a WindowDot reads from a window row's start: to the end of the last vector's
+    last quad's 64-byte load."""
+    vectors, quads = -(-width // WINDOW_DOT_LANES), -(-taps // 4)
+    return (vectors - 1) * WINDOW_DOT_LANES * stride + (quads - 1) * 4 * dilation + 64
+
+
+def window_dot_fits(stride: int, dilation: int, taps: int) -> bool:
+    """Do 16 outputs' inputs for one quad of taps lie within one 64-byte load?"""
+    return (WINDOW_DOT_LANES - 1) * stride + (min(taps, 4) - 1) * dilation < 64
 
 
 @dataclass(frozen=True)
@@ -318,11 +325,6 @@ class TransposeBlock(Stmt):
 
 
 TRANSPOSE_LANES = 16
-
-
-def window_dot_fits(stride: int, dilation: int, taps: int) -> bool:
-    """Do 16 outputs' inputs for one quad of taps lie within one 64-byte load?"""
-    return (WINDOW_DOT_LANES - 1) * stride + (min(taps, 4) - 1) * dilation < 64
 
 
 @dataclass(frozen=True)

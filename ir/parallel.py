@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from dataclasses import fields
 
-from .loop import (Assign, Call, Expr, For, Gemm, If, Kernel, Let, Local, Store, TRANSPOSE_LANES, TransposeBlock, WindowDot, parallel_extent,
-                   phases)
+from .loop import (TRANSPOSE_LANES, Assign, Call, Expr, For, Gemm, If, Kernel, Let, Local, Store, TransposeBlock,
+                   WindowDot, parallel_extent, phases)
 
 MIN_PIECE_WORK = 150_000  # estimated operations in one part
 MAX_PIECES = 64

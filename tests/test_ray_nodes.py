@@ -136,9 +136,11 @@ def test_a_node_lost_mid_build(ray_cluster, ray_session, ray_executor):
             lost = ex.describe()["lost"]
     assert_matches_oracle(result, model)
     assert any(f"node {node.node_id[:8]} is gone" in why for why in lost)
-    retried = [a for k in result.report["kernels"] for a in k["attempt_log"] if a["worker"] == "ray:dead-actor"]
-    assert retried and result.report["totals"]["retried"] >= 1
-    assert node.node_id[:8] not in nodes_of(result.report)
+    cut = [k for k in result.report["kernels"] if any(a["worker"] == "ray:dead-actor" for a in k["attempt_log"])]
+    assert cut and result.report["totals"]["retried"] >= 1
+    # Every job the loss cut short was compiled again elsewhere. (A job the doomed node had
+    # finished before the kill came back whole and stays: on a fast machine that happens.)
+    assert all(k["worker"].startswith("ray:") and k["worker"].split(":")[2] != node.node_id[:8] for k in cut)
     assert elapsed < 20 + ANSWER_MARGIN + 30
 
 

@@ -3,7 +3,8 @@ through it); these are the malformed ones it must name before any codegen job st
 import pytest
 
 from modelkiln.ir.errors import InternalError
-from modelkiln.ir.loop import Assign, Bin, Buffer, Cast, Const, For, Kernel, Let, Load, Local, Store, Var, WindowDot
+from modelkiln.ir.loop import (Assign, Bin, Buffer, Cast, Const, For, Kernel, Let, Load, Local, Store, TransposeBlock, Var,
+                               WindowDot)
 from modelkiln.ir.verify import verify_kernel
 
 BUFS = (Buffer("o0", "f32", 16), Buffer("i0", "f32", 16), Buffer("w0", "i64", 4))
@@ -41,6 +42,8 @@ def good():
     (_kernel(Store("o0", Const(0), Cast("b8", Const(1.0, "f32")))), "cast to b8"),
     (_window_dot(p_buf="w1"), "window dot operand w1 is not a u8 buffer"),
     (_window_dot(stride=5), "16 outputs span over 64 bytes"),
+    (Kernel(BYTE_BUFS, (TransposeBlock("t0", Const(0), 64, "p0", Const(0), 64, 17, 4),)), "17x4 elements"),
+    (Kernel(BYTE_BUFS, (TransposeBlock("t9", Const(0), 64, "p0", Const(0), 64, 4, 4),)), "buffer t9 does not exist"),
 ])
 def test_malformed_kernel_is_named_with_its_ops(kernel, message):
     with pytest.raises(InternalError, match=message) as e:

@@ -40,7 +40,7 @@ import numpy as np
 from ..graph import Node
 from ..loop import (TRANSPOSE_LANES, WINDOW_DOT_LANES, Assign, Cast, Const, For, If, Let, Load, Local, Store,
                     TransposeBlock, Var, WindowDot, add, cmp, fbin, flat_index, loop, mul, select, sub, unflatten,
-                    window_dot_fits)
+                    window_dot_fits, window_dot_reach)
 from .builder import KernelBuilder
 from .gemm import conv_operands, gemm_stmt, is_depthwise, lower_depthwise, padded_copy
 
@@ -412,11 +412,10 @@ def _depthwise_bytes(b: KernelBuilder, node: Node, store, zx, zx_name: str, wc: 
         border = Cast("u8", fbin("add", Cast("i32", z), Const(shift, "i32")))
     as_unsigned = (lambda v: Cast("u8", fbin("add", Cast("i32", v), Const(128, "i32")))) if signed_x else None
     bv, m, co, r, q = b.fresh("b"), b.fresh("m"), b.fresh("co"), b.fresh("r"), b.fresh("q")
-    row_dot = WindowDot("", Const(0), dh * wp, sw, dw, "", Const(0), kh, kw, ow, "", Const(0))
-    # The last row's loads run up to `reach` bytes from its window's start.
+    # The last channel's last window row is read up to `reach` bytes from its start.
     last_start = (cin - 1) * hp * wp + ((oh - 1) * sh) * wp + (kh - 1) * dh * wp
-    planes = b.workspace(max(cin * hp * wp, last_start + row_dot.reach), "u8")
-    width = row_dot.vectors * WINDOW_DOT_LANES
+    planes = b.workspace(max(cin * hp * wp, last_start + window_dot_reach(sw, dw, kw, ow)), "u8")
+    width = -(-ow // WINDOW_DOT_LANES) * WINDOW_DOT_LANES
     sums = b.workspace(cout * width, "i32")  # one row per output channel: channels run in parallel
     copy = padded_copy(b, b.in_param(x_name), mul(Var(bv), cin * h * w_), cin, [h, w_], [pt, pl, pb, pr], planes,
                        as_unsigned or (lambda v: v), border, row_kind="vector_masked")
