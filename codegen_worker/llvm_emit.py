@@ -622,7 +622,7 @@ class FunctionEmitter:
         # `partial` says whether the partial last panel follows (True, False or an i1 value).
         def block(m0: str, rows: int, panels: tuple, partial) -> None:
             def panel(p: str, cols: int) -> None:
-                pb = self.mul_const(p, nr if g.b_sk else g.k * nr)
+                pb = self.mul_const(p, nr if g.in_place_b else g.k * nr)
                 bp = self.tmp("bp")
                 self.emit(f"{bp} = add nsw i64 {pb}, {b_off}")
                 self.microkernel(g, a_ptr, a_off, b_ptr, bp, m0, rows, vt, tile, cols)
@@ -703,7 +703,12 @@ class FunctionEmitter:
         for r in range(rows):
             for v in range(nv):
                 self.emit(f"{accs[r][v]} = phi {vt} [zeroinitializer, %{pred}], [{nexts[r][v]}, %{head}]")
-        kb = self.mul_const(k, g.b_sk or g.nr)
+        if g.b_ktab:  # B's row k starts at a table's offset (an input row of a conv)
+            btp = self.gep(self.bufs[g.b_ktab][0], "i64", k)
+            kb = self.tmp("bkoff")
+            self.emit(f"{kb} = load i64, ptr {btp}, align 8")
+        else:
+            kb = self.mul_const(k, g.b_sk or g.nr)
         kbp = self.tmp("kb")
         self.emit(f"{kbp} = add nsw i64 {kb}, {bp}")
         bvec = []
@@ -712,7 +717,7 @@ class FunctionEmitter:
             self.emit(f"{idx} = add nsw i64 {kbp}, {v * vw}")
             p = self.gep(b_ptr, "f32" if g.kind == "f32" else "i32", idx)
             bv = self.tmp("bv")
-            lanes = min(max(cols - v * vw, 0), vw) if g.b_sk else vw
+            lanes = min(max(cols - v * vw, 0), vw) if g.in_place_b else vw
             if lanes == vw:
                 self.emit(f"{bv} = load {vt}, ptr {p}, align 4")
             elif lanes == 0:  # in place, wholly past N: nothing to read
@@ -723,7 +728,7 @@ class FunctionEmitter:
                 self.emit(f"{bv} = call {vt} @llvm.masked.load.v{vw}f32.p0(ptr {p}, i32 4, <{vw} x i1> <{mask}>, "
                           f"{vt} zeroinitializer)")
             bvec.append(bv)
-        if g.kind == "f32" and not g.b_sk and g.k * g.n * 4 > PREFETCH_B_BYTES and g.m >= g.mr:
+        if g.kind == "f32" and not g.in_place_b and g.k * g.n * 4 > PREFETCH_B_BYTES and g.m >= g.mr:
             # B past L2 streams from memory on the first row block's pass over it: fetch the
             # next panel's lines for this k while this panel computes, or, for panels too
             # big for two to share L2 with A, this panel's a few k steps ahead. (With one row
@@ -974,7 +979,7 @@ class FunctionEmitter:
 
         if g.stores_along == "m":
             self.loop("__wb_j", cols, lambda: self.loop("__wb_r", rows, element, "vector_masked"), "scalar")
-        elif g.b_sk:  # (a tile of pixels: measured, LLVM's own choice scatters)
+        elif g.in_place_b:  # (a tile of pixels: measured, LLVM's own choice scatters)
             self.loop("__wb_r", rows, lambda: self.loop("__wb_j", cols, element, "vector_only"), "scalar")
         else:  # a row-major C: LLVM's own choice, measured best (BERT's GEMMs 13% slower forced)
             self.loop("__wb_r", rows, lambda: self.loop("__wb_j", cols, element, "vectorize"))

@@ -208,7 +208,9 @@ class Gemm(Stmt):
 
     B is packed in panels of `nr` columns: Bp[p][k][j] = B[k][p*nr + j], zero past N; or,
     with `b_sk` (float32 only), read in place: B[k][n] = B_buf[b_off + k*b_sk + n] (a 1x1
-    conv's input, pixels contiguous), the last partial panel through masked loads. The
+    conv's input, pixels contiguous), the last partial panel through masked loads; or with
+    `b_ktab` (an i64 buffer, float32 only) read in place at B_buf[b_off + b_ktab[k] + n] (a
+    conv with few output channels: its weights are A, an input row is B). The
     codegen computes register tiles of `mr` x `nr`, then runs `epilogue` once per element of
     each tile with `m_var`, `n_var` bound to the element's row and column and `acc_var` to
     its sum; the epilogue stores the result (fused bias, activation, residual).
@@ -244,6 +246,11 @@ class Gemm(Stmt):
     # The epilogue's stores are contiguous along n (a row-major C) or m (a conv's pixels):
     # the direction its loop over the tile is vectorized in.
     stores_along: str = "n"
+    b_ktab: str = ""
+
+    @property
+    def in_place_b(self) -> bool:
+        return bool(self.b_sk or self.b_ktab)
 
     @property
     def pieces(self) -> int:

@@ -173,6 +173,9 @@ class _Checker:
                 raise _Problem(f"gemm stores along {s.stores_along!r}")
             if s.b_sk and (s.kind != "f32" or s.b_sk < 0):
                 raise _Problem(f"{s.kind} gemm reads B in place with row stride {s.b_sk}")
+            if s.b_ktab and (s.kind != "f32" or s.b_sk
+                             or self.buffers.get(s.b_ktab, Buffer("", "", 0)).dtype != "i64"):
+                raise _Problem(f"{s.kind} gemm reads B in place through {s.b_ktab!r}: float32, an i64 table, no b_sk")
             if s.kind != "f32":
                 if a_type not in ("i8", "u8") or b_type not in ("i8", "u8"):
                     raise _Problem(f"{s.kind} gemm operands {s.a_buf}, {s.b_buf} are not byte buffers")

@@ -15,6 +15,10 @@ CASES = {
                                                                  "pads": [2, 1, 0, 2]}),
     "implicit_same_upper": ((2, 3, 33, 47), (40, 3, 5, 3), {"auto_pad": "SAME_UPPER"}),
     "implicit_no_pad_7x7_s2": ((1, 3, 70, 70), (64, 3, 7, 7), {"strides": [2, 2]}),
+    # At most 16 output channels: weights as rows, the input row read in place as B (Gemm.b_ktab).
+    "implicit_few_channels": ((1, 12, 40, 37), (16, 12, 3, 3), {"pads": [1, 1, 1, 1]}),  # 37 = 32 + 5 masked
+    "implicit_few_channels_grouped": ((2, 8, 20, 33), (12, 4, 3, 3), {"group": 2, "strides": [2, 1],
+                                                                      "dilations": [1, 2], "pads": [1, 2, 0, 2]}),
     "im2col_narrow_big_k": ((1, 64, 9, 9), (48, 64, 3, 3), {"pads": [1, 1, 1, 1]}),
     "im2col_chunked_rows": ((1, 96, 20, 12), (20, 96, 3, 3), {"pads": [0, 1, 0, 1]}),
     "pointwise": ((2, 24, 17, 19), (36, 24, 1, 1), {}),  # weights as rows: a partial pixel panel, 3 row blocks
@@ -52,8 +56,11 @@ def _conv_model(op, xshape, wshape, attrs, runtime_weights=False, bias=True):
                              opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
-# Which 1x1 convs read their input in place, weights as the broadcast operand (Gemm.b_sk).
-IN_PLACE = {"pointwise": True, "pointwise_grouped": True, "pointwise_wide_k": False, "pointwise_few_pixels": False}
+# Which convs read their input in place, weights as the broadcast operand (Gemm.b_sk for 1x1,
+# Gemm.b_ktab for wider windows with few output channels).
+IN_PLACE = {"pointwise": True, "pointwise_grouped": True, "pointwise_wide_k": False, "pointwise_few_pixels": False,
+            "implicit_few_channels": True, "implicit_few_channels_grouped": True, "implicit_3x3_pad": True,
+            "implicit_stride2_dilated": False, "implicit_same_upper": False}
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -64,7 +71,7 @@ def test_conv_path(name, executor):
     if name in IN_PLACE:
         # (batch 2, or groups: the Gemm sits in loops)
         gemms = [s for c in result.lowered.calls for s in kernel_statements(c.kernel.body) if isinstance(s, Gemm)]
-        assert gemms and all(bool(g.b_sk) == IN_PLACE[name] for g in gemms)
+        assert gemms and all(g.in_place_b == IN_PLACE[name] for g in gemms)
 
 
 @pytest.mark.parametrize("name", ["implicit_3x3_pad", "grouped", "pointwise", "im2col_narrow_big_k"])

@@ -35,6 +35,10 @@ POINTWISE_MAX_K = 256
 # ... and at least this many pixels: a 7x7 input fills two 32-pixel panels by 77%, and a 1x1
 # one (squeeze-excite) one lane in 32; there the packed orientation is as fast or 3x faster.
 POINTWISE_MIN_PIXELS = 64
+# A conv with at most a vector of output channels, weights as rows: blocks of 8 channels by
+# two vectors of an input row's pixels (16 accumulators; 16 rows would need more registers
+# than AVX-512 has).
+NARROW_CONV_TILE = (8, 32)
 
 
 def pack_panels(bmat: np.ndarray, nr: int) -> np.ndarray:
@@ -47,15 +51,16 @@ def pack_panels(bmat: np.ndarray, nr: int) -> np.ndarray:
 
 
 def gemm_stmt(b: KernelBuilder, a_buf, a_off, a_sm, a_sk, b_buf, b_off, m, n, k, epilogue_fn, a_ktab: str = "",
-              kind: str = "f32", b_sk: int = 0, stores_along: str = "n", split: str = "") -> Gemm:
+              kind: str = "f32", b_sk: int = 0, stores_along: str = "n", split: str = "", b_ktab: str = "",
+              tile: tuple | None = None) -> Gemm:
     """A Gemm statement; epilogue_fn(m_expr, n_expr, acc_expr) returns the epilogue statements.
-    B must have been packed with the panel width b.config.tile(n) gives, or (b_sk) is read in
-    place with that row stride."""
+    B must have been packed with the panel width b.config.tile(n) gives (or `tile`'s), or (b_sk,
+    b_ktab) is read in place with that row stride or through that table of row offsets."""
     mv, nv, av = b.fresh("gm"), b.fresh("gn"), b.fresh("gacc")
     epi = tuple(epilogue_fn(Var(mv), Var(nv), Var(av, "f32" if kind == "f32" else "i32")))
-    mr, nr = b.config.tile(n)
+    mr, nr = tile or b.config.tile(n)
     return Gemm(a_buf, a_off, a_sm, a_sk, b_buf, b_off, m, n, k, mr, nr, mv, nv, av, epi, a_ktab, kind,
-                split or gemm_split(m, n, mr, nr), b_sk, stores_along)
+                split or gemm_split(m, n, mr, nr), b_sk, stores_along, b_ktab)
 
 
 def gemm_split(m: int, n: int, mr: int, nr: int) -> str:
@@ -139,9 +144,21 @@ def lower_conv(b: KernelBuilder, node: Node, store) -> tuple:
     nr = b.config.tile(cog)[1]
     panel_stride = -(-cog // nr) * kk * nr
     runtime_w = w_name not in b.g.constants
+    # Implicit GEMM when an output row fills at least one micro-kernel row block: the mr
+    # pixels of a block are then mr input positions `stride` apart in one input row, so A is
+    # read in place and im2col disappears. Narrower outputs use im2col (their M is small).
+    implicit = not pointwise and out_sp[-1] >= b.config.tile(cog)[0]
+    # With at most a vector of output channels, a tile of pixels x channels broadcasts one
+    # input value per FMA; with the weights as rows against two vectors of an input row, one
+    # weight feeds two FMAs.
+    weights_as_rows = (implicit and cog <= b.config.vector_width == NARROW_CONV_TILE[1] // 2 and strides[-1] == 1
+                       and not runtime_w and out_sp[-1] >= NARROW_CONV_TILE[1])
+    w_rows = None
     if runtime_w:  # weights computed at run time: pack them in the kernel, once per call
         w_src = b.in_param(w_name)
         wparam = b.workspace(groups * panel_stride)
+    elif weights_as_rows:
+        w_rows = b.constant_param(f"{w_name}_rows", b.g.constants[w_name].reshape(groups * cog, kk))
     else:
         w = b.g.constants[w_name].reshape(groups, cog, kk)
         packed = np.stack([pack_panels(w[gi].T, nr) for gi in range(groups)])
@@ -151,10 +168,6 @@ def lower_conv(b: KernelBuilder, node: Node, store) -> tuple:
     spatial = list(xs[2:])
     padded = [spatial[i] + pads[i] + pads[nsp + i] for i in range(nsp)]
     xp_ws = b.workspace(cg * math.prod(padded)) if any(pads) and not pointwise else None
-    # Implicit GEMM when an output row fills at least one micro-kernel row block: the mr
-    # pixels of a block are then mr input positions `stride` apart in one input row, so A is
-    # read in place and im2col disappears. Narrower outputs use im2col (their M is small).
-    implicit = not pointwise and out_sp[-1] >= b.config.tile(cog)[0]
     # im2col in chunks of whole output rows, each small enough to stay in L2 for its GEMM.
     lead_rows, row_size = out_sp[0], math.prod(out_sp[1:])
     whole = pointwise or kk * m <= WHOLE_COL_FLOATS
@@ -176,7 +189,8 @@ def lower_conv(b: KernelBuilder, node: Node, store) -> tuple:
         src_buf, src_shape = xp_ws, padded
 
     def implicit_rows() -> list:
-        """One GEMM per output row, A read from the (padded) input through a k-offset table."""
+        """One GEMM per output row, the (padded) input read in place through a k-offset
+        table: as A (pixels are rows), or with few output channels as B (weights are rows)."""
         src_sp = src_shape
         chan_base = Const(0) if xp_ws else mul(chan0(), math.prod(spatial))
         ktab = np.zeros(kk, np.int64)
@@ -187,15 +201,20 @@ def lower_conv(b: KernelBuilder, node: Node, store) -> tuple:
         row_start = flat_index([mul(Var(v), st) for v, st in zip(rv, strides)] + [Const(0)], src_sp)
         row_index = flat_index([Var(v) for v in rv], out_sp[:-1])
 
-        def epilogue(mm, nn, acc):
-            co = add(mul(Var(gv), cog), nn)
+        def epilogue(channel, column, acc):
+            co = add(mul(Var(gv), cog), channel)
             value = acc if bias is None else fbin("add", acc, bias([co]))
-            pixel = add(mul(row_index, out_sp[-1]), mm)
+            pixel = add(mul(row_index, out_sp[-1]), column)
             spatial_idx = [pixel] if b.conv_collapsed else unflatten(pixel, out_sp)
             return store([Var(bv), co] + spatial_idx, value)
 
-        stmt = gemm_stmt(b, src_buf, add(chan_base, row_start), strides[-1], 0, wparam, mul(Var(gv), panel_stride),
-                         out_sp[-1], cog, kk, epilogue, a_ktab=ktab_param, stores_along="m")
+        if weights_as_rows:
+            stmt = gemm_stmt(b, w_rows, mul(Var(gv), cog * kk), kk, 1, src_buf, add(chan_base, row_start),
+                             cog, out_sp[-1], kk, epilogue, b_ktab=ktab_param, tile=NARROW_CONV_TILE)
+        else:
+            stmt = gemm_stmt(b, src_buf, add(chan_base, row_start), strides[-1], 0, wparam, mul(Var(gv), panel_stride),
+                             out_sp[-1], cog, kk, lambda mm, nn, acc: epilogue(nn, mm, acc), a_ktab=ktab_param,
+                             stores_along="m")
         body_ = (stmt,)
         for i in range(nsp - 2, -1, -1):
             body_ = (For(rv[i], out_sp[i], body_, parallel=i == 0),)
