@@ -34,6 +34,9 @@ CASES = {
     "depthwise_stride2_dilated": ((1, 4, 19, 40), (4, 1, 3, 3), {"group": 4, "strides": [2, 2], "dilations": [2, 2],
                                                                   "pads": [2, 2, 2, 2]}),
     "depthwise_7_wide": ((1, 24, 7, 7), (24, 1, 3, 3), {"group": 24, "pads": [1, 1, 1, 1]}),  # one masked vector a row
+    # 49 weights: three passes over each output row (3, 3 and 1 window rows), rows of 37 (two
+    # vectors and a masked one), a channel multiplier of 2.
+    "depthwise_7x7_passes": ((1, 4, 12, 37), (8, 1, 7, 7), {"group": 4, "pads": [3, 3, 3, 3]}),
     "conv1d_wide": ((1, 5, 100), (7, 5, 5), {"pads": [2, 2], "dilations": [2]}),
     "conv3d": ((1, 2, 6, 20, 20), (4, 2, 3, 3, 3), {"pads": [1, 1, 1, 1, 1, 1]}),
 }
@@ -109,6 +112,19 @@ def test_gemm_whose_weights_outgrow_l2(m, k, n, executor):
     t = parse_target("llvm")
     [call] = result.lowered.calls
     assert ("@llvm.prefetch" in kernel_to_llvm_ir(call.kernel, "k", t.triple, t.cpu, t.features)) == (m > 5)
+
+
+def test_a_7x7_depthwise_window_runs_in_passes(executor):
+    """49 weights do not fit the registers with the row's taps: the window runs as passes of
+    at most 21 weights over each output row (3 + 3 + 1 window rows), summing into a row of
+    partial sums; a 5x5 window (25) stays one pass."""
+    for kernel, passes in ((7, 3), (5, 1)):
+        model = _conv_model("Conv", (1, 4, 12, 37), (4, 1, kernel, kernel), {"group": 4, "pads": [kernel // 2] * 4})
+        result, _ = build_and_compare(model, executor)
+        [call] = result.lowered.calls
+        row_loops = [s for s in kernel_statements(call.kernel.body) if type(s).__name__ == "For" and s.extent == 37
+                     and s.kind == "vector_masked"]
+        assert len(row_loops) == passes
 
 
 def test_depthwise_window_rows_are_separate_sums(executor):

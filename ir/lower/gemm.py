@@ -16,7 +16,7 @@ import math
 import numpy as np
 
 from ..graph import Node
-from ..loop import (Assign, Const, For, Gemm, If, Let, Load, Local, Store, Var, add, cmp, div, fbin, flat_index, loop,
+from ..loop import (Assign, Const, Expr, For, Gemm, If, Let, Load, Local, Store, Var, add, cmp, div, fbin, flat_index, loop,
                     mul, rem, select, sub, unflatten)
 from .builder import KernelBuilder, broadcast_index
 from .planes import phase_split_copy
@@ -35,6 +35,11 @@ POINTWISE_MAX_K = 256
 # ... and at least this many pixels: a 7x7 input fills two 32-pixel panels by 77%, and a 1x1
 # one (squeeze-excite) one lane in 32; there the packed orientation is as fast or 3x faster.
 POINTWISE_MIN_PIXELS = 64
+# A depthwise window with more weights than this runs as several passes over the output row,
+# each of at most DEPTHWISE_PASS_WEIGHTS weights. Measured: ConvNeXt's 7x7 (49) 0.50 -> 0.37 ms
+# in passes of 3 window rows; MobileNetV3's 5x5 (25) up to 2x slower in passes, so not them.
+DEPTHWISE_ONE_PASS_WEIGHTS = 25
+DEPTHWISE_PASS_WEIGHTS = 21
 # A conv with at most a vector of output channels, weights as rows: blocks of 8 channels by
 # two vectors of an input row's pixels (16 accumulators; 16 rows would need more registers
 # than AVX-512 has).
@@ -335,24 +340,45 @@ def lower_depthwise(b: KernelBuilder, node: Node, store, value=lambda v: v, weig
     co, r, v, q = b.fresh("co"), b.fresh("r"), b.fresh("kx"), b.fresh("q")
     ch = div(Var(co), mult)
     kx = mul(Var(v), dw)  # a constant once the window loop is unrolled
-    # One accumulator per window row: a single chain of kh*kw dependent FMAs made the loop
-    # wait on FMA latency (a 5x5 window, 25 in a row, ran at a third of the FMA rate).
-    accs = [b.fresh("acc") for _ in range(kh)]
     b.ordered_sums = True
-    point = []
-    for u, acc in enumerate(accs):
-        at = flat_index([ch, add(mul(Var(r), sh), Const(u * dh)), rem(kx, sw), add(Var(q), div(kx, sw))],
-                        [cin, hp, sw, wq])
-        tap = Assign(acc, fbin("add", Var(acc, "f32"), fbin(
-            "mul", Load(wparam, flat_index([Var(co), Const(u), Var(v)], [cout, kh, kw])), Load(xp, at))))
-        point += [Local(acc, "f32", Const(0.0, "f32")), For(v, kw, (tap,), "unroll")]
-    sums = [Var(acc, "f32") for acc in accs]
-    while len(sums) > 1:  # a balanced tree
-        sums = [fbin("add", *sums[i:i + 2]) if i + 1 < len(sums) else sums[i] for i in range(0, len(sums), 2)]
-    total = sums[0] if bias is None else fbin("add", sums[0], bias([Var(co)]))
-    point = (*point, *store([Var(bv), Var(co), Var(r), Var(q)], out(total) if out else total))
-    # (masked: output rows 28 or 7 wide would leave most of their taps to a scalar remainder)
-    rows = For(r, oh, (For(q, ow, point, "masked"),))
+
+    def window_rows(first: int, count: int) -> tuple[list, Expr]:
+        """Statements summing window rows [first, first + count) at output (r, q), and their
+        sum. One accumulator per window row: a single chain of kh*kw dependent FMAs made the
+        loop wait on FMA latency (a 5x5 window, 25 in a row, ran at a third of the FMA rate)."""
+        stmts, sums = [], []
+        for u in range(first, first + count):
+            acc = b.fresh("acc")
+            at = flat_index([ch, add(mul(Var(r), sh), Const(u * dh)), rem(kx, sw), add(Var(q), div(kx, sw))],
+                            [cin, hp, sw, wq])
+            tap = Assign(acc, fbin("add", Var(acc, "f32"), fbin(
+                "mul", Load(wparam, flat_index([Var(co), Const(u), Var(v)], [cout, kh, kw])), Load(xp, at))))
+            stmts += [Local(acc, "f32", Const(0.0, "f32")), For(v, kw, (tap,), "unroll")]
+            sums.append(Var(acc, "f32"))
+        while len(sums) > 1:  # a balanced tree
+            sums = [fbin("add", *sums[i:i + 2]) if i + 1 < len(sums) else sums[i] for i in range(0, len(sums), 2)]
+        return stmts, sums[0]
+    # A window whose weights outnumber the registers (7x7: 49) runs as passes of a few window
+    # rows each, summing into a row of partial sums: in one pass LLVM spilled the weights and
+    # shuffled registers between every two FMAs (ConvNeXt's 96x56x56 at half OpenVINO's rate).
+    per_pass = kh if kh * kw <= DEPTHWISE_ONE_PASS_WEIGHTS else max(1, DEPTHWISE_PASS_WEIGHTS // kw)
+    passes = [(u, min(per_pass, kh - u)) for u in range(0, kh, per_pass)]
+    # (vector_masked: a row's ragged end runs as one masked vector, not a scalar remainder)
+    steps = []
+    if len(passes) > 1:
+        partial = b.workspace(cout * ow)  # one row per output channel: channels run in parallel
+        at = add(mul(Var(co), ow), Var(q))
+        for i, (first, count) in enumerate(passes[:-1]):
+            stmts, part = window_rows(first, count)
+            steps.append(For(q, ow, (*stmts, Store(partial, at, part if i == 0 else fbin("add", Load(partial, at), part))),
+                             "vector_masked"))
+    stmts, total = window_rows(*passes[-1])
+    if len(passes) > 1:
+        total = fbin("add", Load(partial, at), total)
+    total = total if bias is None else fbin("add", total, bias([Var(co)]))
+    steps.append(For(q, ow, (*stmts, *store([Var(bv), Var(co), Var(r), Var(q)], out(total) if out else total)),
+                     "vector_masked"))
+    rows = For(r, oh, tuple(steps))
     # Each channel is computed right after its padded copy is written, while that plane is
     # still in L1, rather than after every plane's copy (1.3 MB for a 96x56x56 input, past
     # L2); one parallel phase instead of two.
