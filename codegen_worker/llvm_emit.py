@@ -947,7 +947,8 @@ class FunctionEmitter:
         for j, column in enumerate(self.transpose(rows, vt, n)[:s.cols]):
             p = self.gep(dst, "u8", self.int_op("add nsw", dst_off, j * s.dst_stride))
             if s.rows < n:
-                self.emit(f"call void @llvm.masked.store.v{n}i32.p0({vt} {column}, ptr {p}, i32 1, {mt} {lanes(s.rows)})")
+                self.emit(f"call void @llvm.masked.store.v{n}i32.p0({vt} {column}, ptr {p}, i32 1, "
+                          f"{mt} {lanes(s.rows)})")
             else:
                 self.emit(f"store {vt} {column}, ptr {p}, align 1")
 

@@ -9,9 +9,9 @@ that is not an accumulator.
 from __future__ import annotations
 
 from .errors import InternalError
-from .loop import (COMPUTE_TYPES, FLOAT_CALLS, FLOAT_TYPES, INT_TYPES, STORAGE_TYPES, Assign, Bin, Buffer, Call, Cast,
-                   Cmp, Const, Expr, For, GEMM_KINDS, GEMM_SPLITS, Gemm, If, Kernel, Let, Load, Local, Select, Store, Var,
-                   TRANSPOSE_LANES, TransposeBlock, WindowDot, compute_type, operand_type, window_dot_fits)
+from .loop import (COMPUTE_TYPES, FLOAT_CALLS, FLOAT_TYPES, GEMM_KINDS, GEMM_SPLITS, INT_TYPES, STORAGE_TYPES,
+                   TRANSPOSE_LANES, Assign, Bin, Buffer, Call, Cast, Cmp, Const, Expr, For, Gemm, If, Kernel, Let, Load,
+                   Local, Select, Store, TransposeBlock, Var, WindowDot, compute_type, operand_type, window_dot_fits)
 
 _FLOAT_OPS = {"add", "sub", "mul", "div", "rem", "max", "min", "pow"}
 _INT_OPS = {"add", "sub", "mul", "div", "rem", "max", "min", "and", "or", "xor", "shl", "shr"}

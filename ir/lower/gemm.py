@@ -16,8 +16,8 @@ import math
 import numpy as np
 
 from ..graph import Node
-from ..loop import (Assign, Const, Expr, For, Gemm, If, Let, Load, Local, Store, Var, add, cmp, div, fbin, flat_index, loop,
-                    mul, rem, select, sub, unflatten)
+from ..loop import (Assign, Const, Expr, For, Gemm, If, Let, Load, Local, Store, Var, add, cmp, div, fbin, flat_index,
+                    loop, mul, rem, select, sub, unflatten)
 from .builder import KernelBuilder, broadcast_index
 from .planes import phase_split_copy
 
@@ -156,8 +156,8 @@ def lower_conv(b: KernelBuilder, node: Node, store) -> tuple:
     # With at most a vector of output channels, a tile of pixels x channels broadcasts one
     # input value per FMA; with the weights as rows against two vectors of an input row, one
     # weight feeds two FMAs.
-    weights_as_rows = (implicit and cog <= b.config.vector_width == NARROW_CONV_TILE[1] // 2 and strides[-1] == 1
-                       and not runtime_w and out_sp[-1] >= NARROW_CONV_TILE[1])
+    weights_as_rows = (implicit and b.config.vector_width * 2 == NARROW_CONV_TILE[1] and cog <= b.config.vector_width
+                       and strides[-1] == 1 and not runtime_w and out_sp[-1] >= NARROW_CONV_TILE[1])
     w_rows = None
     if runtime_w:  # weights computed at run time: pack them in the kernel, once per call
         w_src = b.in_param(w_name)
@@ -370,8 +370,8 @@ def lower_depthwise(b: KernelBuilder, node: Node, store, value=lambda v: v, weig
         at = add(mul(Var(co), ow), Var(q))
         for i, (first, count) in enumerate(passes[:-1]):
             stmts, part = window_rows(first, count)
-            steps.append(For(q, ow, (*stmts, Store(partial, at, part if i == 0 else fbin("add", Load(partial, at), part))),
-                             "vector_masked"))
+            so_far = part if i == 0 else fbin("add", Load(partial, at), part)
+            steps.append(For(q, ow, (*stmts, Store(partial, at, so_far)), "vector_masked"))
     stmts, total = window_rows(*passes[-1])
     if len(passes) > 1:
         total = fbin("add", Load(partial, at), total)

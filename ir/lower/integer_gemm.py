@@ -270,8 +270,8 @@ def _channels_last_copy(b: KernelBuilder, xparam: str, base, cin: int, h: int, w
     blocks = []
     if quads == 1:  # (a stem's 3 channels: each pixel's 4 bytes are its whole channels-last entry)
         pixel = mul(add(mul(Var(y), wp), add(Var(x), pl)), 4)
-        pack = For(c4, 1, (For(x, w_, tuple(Store(nhwc, add(pixel, kk), Cast("u8", channel_byte(kk))) for kk in range(4)),
-                               "vectorize"),))
+        pixel_bytes = tuple(Store(nhwc, add(pixel, kk), Cast("u8", channel_byte(kk))) for kk in range(4))
+        pack = For(c4, 1, (For(x, w_, pixel_bytes, "vectorize"),))
     for q0 in range(0, quads if quads > 1 else 0, TRANSPOSE_LANES):
         for x0 in range(0, w_, TRANSPOSE_LANES):
             blocks.append(TransposeBlock(
