@@ -96,6 +96,16 @@ def _za_correction(b: KernelBuilder, za, za_name: str, signed_a: bool, wsum: np.
     return lambda nn: fbin("mul", za_u, Load(sums, nn))
 
 
+def _unsigned_zero_point(b: KernelBuilder, za, za_name: str, signed_a: bool):
+    """The activations' zero point as the unsigned byte the 8-bit kernels see (signed bytes
+    shifted by 128): what the padding of a bordered copy holds, so that it adds nothing."""
+    shift = 128 if signed_a else 0
+    if za is not None:
+        return Const(int(za[0]) + shift, "u8")
+    z = b.reader(za_name)([Const(0)] * len(b.shape(za_name)))
+    return Cast("u8", fbin("add", Cast("i32", z), Const(shift, "i32")))
+
+
 # ---- MatMulInteger ------------------------------------------------------------------------
 
 def lower_matmul_integer(b: KernelBuilder, node: Node, store) -> tuple:
@@ -213,12 +223,7 @@ def lower_conv_integer(b: KernelBuilder, node: Node, store) -> tuple:
                      for c4 in range(cp // 4)], np.int64)
     ktab_param = b.constant_param("conv_quad_offsets", ktab)
     correction = _za_correction(b, zx, zx_name, signed_x, wmat.astype(np.int32).sum(axis=0), w_name)
-    shift = 128 if signed_x else 0
-    if zx is not None:
-        za_u = Const(int(zx[0]) + shift, "u8")
-    else:
-        z = b.reader(zx_name)([Const(0)] * len(b.shape(zx_name)))
-        za_u = Cast("u8", fbin("add", Cast("i32", z), Const(shift, "i32")))
+    za_u = _unsigned_zero_point(b, zx, zx_name, signed_x)
     xparam = b.in_param(x_name)
     nhwc = b.workspace(hp * wp * cp, "u8")
     bv = b.fresh("b")
@@ -404,12 +409,7 @@ def _depthwise_bytes(b: KernelBuilder, node: Node, store, zx, zx_name: str, wc: 
     w_param = b.constant_param(f"{w_name}_tap_quads", taps.view("<i4").astype(np.int32).reshape(-1))
     signed_x = b.type(x_name).dtype == "int8"
     correction = _za_correction(b, zx, zx_name, signed_x, wc.astype(np.int32).reshape(cout, -1).sum(axis=1), w_name)
-    shift = 128 if signed_x else 0
-    if zx is not None:
-        border = Const(int(zx[0]) + shift, "u8")
-    else:
-        z = b.reader(zx_name)([Const(0)] * len(b.shape(zx_name)))
-        border = Cast("u8", fbin("add", Cast("i32", z), Const(shift, "i32")))
+    border = _unsigned_zero_point(b, zx, zx_name, signed_x)
     as_unsigned = (lambda v: Cast("u8", fbin("add", Cast("i32", v), Const(128, "i32")))) if signed_x else None
     bv, m, co, r, q = b.fresh("b"), b.fresh("m"), b.fresh("co"), b.fresh("r"), b.fresh("q")
     # The last channel's last window row is read up to `reach` bytes from its start.
