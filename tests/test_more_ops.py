@@ -90,3 +90,23 @@ def test_causal_mask_from_a_comparison(executor):
     want = model_zoo.onnxruntime_outputs(model, {"x": x})
     for name in want:
         np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-6)
+
+
+def test_a_short_row_is_vectorized_along_itself(executor):
+    """A [960, 49] row times a per-row scale (squeeze-excite's rescale at 7x7): the 49-wide
+    row is vectorized with a masked tail. Left to LLVM, it unrolled the row and vectorized
+    across rows with gathers and scatters, ten times slower."""
+    from modelkiln.codegen_worker.compile import compile_kernel
+    from modelkiln.ir.lower import ScheduleConfig, lower
+    from modelkiln.orchestrator.api import optimize
+    from modelkiln.orchestrator.target import parse_target
+    model = _model("Mul", [("x", TensorProto.FLOAT, [1, 960, 7, 7]), ("s", TensorProto.FLOAT, [1, 960, 1, 1])])
+    rng = np.random.default_rng(0)
+    _compare(model, {"x": rng.standard_normal((1, 960, 7, 7)).astype(np.float32),
+                     "s": rng.standard_normal((1, 960, 1, 1)).astype(np.float32)}, executor)
+    graph, _ = optimize(model)
+    [call] = lower(graph, ScheduleConfig.for_vector_width(16)).calls
+    target = parse_target("llvm -mcpu=skylake-avx512")
+    asm = compile_kernel(call.kernel.to_bytes(), call.kernel.symbol, target.to_dict(), emit_asm=True)["asm"]
+    assert "gather" not in asm and "scatter" not in asm
+    assert any("vmulps" in line and "zmm" in line for line in asm.splitlines())

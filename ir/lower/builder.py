@@ -21,6 +21,9 @@ from ..graph import Graph, TensorType
 from ..loop import Buffer, Const, For, Kernel, Load, Var, flat_index
 
 
+SHORT_ROW = 63  # innermost extents up to this are vectorized along themselves, tails masked
+
+
 @dataclass
 class ScheduleConfig:
     """Target-dependent choices lowering makes: vector width and GEMM register tile."""
@@ -125,6 +128,10 @@ class KernelBuilder:
         idx = [Var(v) if d > 1 else Const(0) for v, d in zip(vars_, shape)]
         body = tuple(body_fn(idx))
         real = [pos for pos, d in enumerate(shape) if d > 1]
+        if inner_kind == "vectorize" and len(real) > 1 and shape[real[-1]] <= SHORT_ROW:
+            # (left to itself, LLVM unrolled a short row whole and vectorized the loop around
+            # it across rows with gathers and scatters: a [960, 49] multiply ran 10x slower)
+            inner_kind = "vector_masked"
         for pos in reversed(real):
             kind = inner_kind if pos == real[-1] else "serial"
             body = (For(vars_[pos], shape[pos], body, kind, parallel and pos == real[0]),)
