@@ -331,7 +331,7 @@ class TransposeBlock(Stmt):
     cols: int
 
 
-TRANSPOSE_LANES = 16
+TRANSPOSE_LANES = 16  # elements each way of a block: the i32 lanes of a 64-byte register
 
 
 @dataclass(frozen=True)
