@@ -157,7 +157,7 @@ def test_conv_integer(x_type, case):
 
 
 def _depthwise_paths(model) -> set:
-    """Which depthwise kernels lowering chose: "bytes" (WindowDot) and/or "float"."""
+    """{"bytes"} where lowering ran the depthwise conv on bytes (a WindowDot), else {"float"}."""
     result = build(model, executor="inprocess", cache=None, progress=False)
     kinds = {type(s).__name__ for c in result.lowered.calls for s in kernel_statements(c.kernel.body)}
     return {"bytes" if "WindowDot" in kinds else "float"}
