@@ -116,8 +116,11 @@ def lower_softmax(b: KernelBuilder, node: Node, store, out_param: str, log: bool
     axes = b.attrs(node)["axes"]
     rank = len(xshape)
     outer_axes = [a for a in range(rank) if a not in axes]
-    # The exps wait in the group's output buffer, whose type an epilogue Cast may have changed.
-    held = b.compute(b.outputs[int(out_param[1:])])
+    # The exps wait in the group's output buffer when it holds them as well as `t` does (a
+    # float16 buffer computes in f32 too). An epilogue that quantizes or casts to integers
+    # leaves a buffer that would round every exp in (0, 1] to 0 or 1: then the normalize
+    # pass computes each exp again instead.
+    held = b.compute(b.outputs[int(out_param[1:])]) == t
 
     def row(oidx):
         mx, sm, inv = b.fresh("max"), b.fresh("sum"), b.fresh("inv")
@@ -136,18 +139,21 @@ def lower_softmax(b: KernelBuilder, node: Node, store, out_param: str, log: bool
                                                                                       Var(inv, t))))
             return body
 
+        def exp_of(iidx):
+            return call("exp", fbin("sub", x(full(iidx)), Var(mx, t)))
+
         def exp_pass(iidx):
+            if not held:
+                return [Assign(sm, fbin("add", Var(sm, t), exp_of(iidx)))]
             e = b.fresh("e")
-            at = flat_index(full(iidx), xshape)
-            kept = Var(e, t) if held == t else Cast(held, Var(e, t))
-            return [Let(e, call("exp", fbin("sub", x(full(iidx)), Var(mx, t)))), Store(out_param, at, kept),
+            return [Let(e, exp_of(iidx)), Store(out_param, flat_index(full(iidx), xshape), Var(e, t)),
                     Assign(sm, fbin("add", Var(sm, t), Var(e, t)))]
         body += _accumulate(b, xshape, axes, exp_pass)
         body.append(Let(inv, fbin("div", _f(1), Var(sm, t))))
 
         def normalize(iidx):
-            e = Load(out_param, flat_index(full(iidx), xshape))
-            return store(full(iidx), fbin("mul", e if held == t else Cast(t, e), Var(inv, t)))
+            e = Load(out_param, flat_index(full(iidx), xshape)) if held else exp_of(iidx)
+            return store(full(iidx), fbin("mul", e, Var(inv, t)))
         body += _accumulate(b, xshape, axes, normalize)
         return body
 
