@@ -55,6 +55,16 @@ def build_and_compare(model, executor, seed: int = 0, **build_kwargs):
     return result, assert_matches_oracle(result, model, seed)
 
 
+def build_and_compare_for(model, executor, target, instructions=None, seed: int = 0, **build_kwargs):
+    """Build `model` for an explicit target; where this host runs the target, compare every
+    output with onnxruntime, else check the kernels' assembly (tests/isa.py). Returns the build."""
+    from modelkiln.orchestrator.api import build
+    from tests.isa import run_or_inspect
+    result = build(model, target=target, executor=executor, cache=None, progress=False, **build_kwargs)
+    run_or_inspect(result, lambda: assert_matches_oracle(result, model, seed), instructions)
+    return result
+
+
 def kernel_statements(body):
     """Every statement of a kernel body, nested ones included (to ask which path lowering took)."""
     for s in body:
