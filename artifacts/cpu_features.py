@@ -32,9 +32,18 @@ FLAG_OF_LLVM = {llvm: flag for llvm, _, flag in X86_FEATURES}
 FLAG_OF_MACRO = {macro: flag for _, macro, flag in X86_FEATURES}
 
 
+ARCH_OF_MACHINE = {"x86_64": "x86_64", "amd64": "x86_64", "aarch64": "aarch64", "arm64": "aarch64"}
+
+
+def host_arch() -> str:
+    """This machine's architecture as target triples name it (x86_64, aarch64)."""
+    machine = platform.machine().lower()
+    return ARCH_OF_MACHINE.get(machine, machine)
+
+
 def host_flags() -> set[str] | None:
     """The host's CPU flags, or None where they cannot be read (not Linux on x86)."""
-    if platform.machine().lower() not in ("x86_64", "amd64"):
+    if host_arch() != "x86_64":
         return None
     try:
         with open("/proc/cpuinfo") as f:

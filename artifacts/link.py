@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import tempfile
 
+from .cpu_features import host_arch
 from .errors import KilnError
 from .manifest import ENTRY_ABI_VERSION
 
@@ -162,18 +163,19 @@ def entry_source(plan: list, outputs: list[tuple[tuple, int]], arena_bytes: int,
 LINK_FLAGS = ("-shared", "-fPIC", "-O2", "-pthread")
 
 
-@functools.lru_cache(maxsize=1)
-def compiler_identity() -> str:
-    """What the link cache key needs to know about the C compiler: its path and version."""
-    cc = find_cc()
+@functools.lru_cache(maxsize=None)
+def compiler_identity(cc: str | None = None) -> str:
+    """What the link cache key needs to know about a C compiler (default: this machine's):
+    its path and version."""
+    cc = cc or find_cc()
     proc = subprocess.run([cc, "--version"], capture_output=True, text=True)
     return f"{cc}|{proc.stdout.splitlines()[0] if proc.stdout else ''}"
 
 
-def link_key(object_keys: list[str], entry_c: str) -> str:
+def link_key(object_keys: list[str], entry_c: str, cc: str | None = None) -> str:
     """The store key of a linked module: its objects' keys, the entry source, the linker."""
     h = hashlib.sha256(b"kiln-link-v1\0")
-    for part in (*sorted(object_keys), entry_c, thread_pool_source(), compiler_identity(), " ".join(LINK_FLAGS)):
+    for part in (*sorted(object_keys), entry_c, thread_pool_source(), compiler_identity(cc), " ".join(LINK_FLAGS)):
         h.update(part.encode() + b"\0")
     return h.hexdigest()
 
@@ -185,8 +187,22 @@ def find_cc() -> str:
     return cc
 
 
-def link_shared(objects: dict[str, bytes], entry_c: str, out_path: str) -> None:
-    """Write the objects and entry source to a temp dir and link them into out_path."""
+def cross_cc_variable(arch: str) -> str:
+    return f"KILN_CC_{arch.upper()}"
+
+
+def find_linker(arch: str) -> str | None:
+    """The C compiler that links modules for `arch`: this machine's for its own architecture;
+    for another, KILN_CC_<ARCH> or the GNU cross compiler `<arch>-linux-gnu-gcc` (Debian's
+    gcc-aarch64-linux-gnu), or None where there is none (the bundle then holds the objects)."""
+    if arch == host_arch():
+        return find_cc()
+    return os.environ.get(cross_cc_variable(arch)) or shutil.which(f"{arch}-linux-gnu-gcc")
+
+
+def link_shared(objects: dict[str, bytes], entry_c: str, out_path: str, cc: str | None = None) -> None:
+    """Write the objects and entry source to a temp dir and link them into out_path with `cc`
+    (default: this machine's C compiler)."""
     with tempfile.TemporaryDirectory(prefix="kiln-link-") as tmp:
         paths = []
         for sym in sorted(objects):
@@ -201,7 +217,7 @@ def link_shared(objects: dict[str, bytes], entry_c: str, out_path: str) -> None:
         with open(pool, "w") as f:
             f.write(thread_pool_source())
         tmp_out = os.path.join(tmp, "model.so")
-        cmd = [find_cc(), *LINK_FLAGS, "-o", tmp_out, entry, pool, *paths, "-lm"]
+        cmd = [cc or find_cc(), *LINK_FLAGS, "-o", tmp_out, entry, pool, *paths, "-lm"]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             raise KilnError(f"linking the module failed ({' '.join(cmd[:4])} ...):\n{proc.stderr[-4000:]}")

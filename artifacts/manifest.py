@@ -39,7 +39,7 @@ class Manifest:
     weights_bytes: int
     weights_sha256: str
     calls: list  # [{"name", "symbol", "ops"}]: what kiln bench --profile names
-    runnable: bool = True  # False: a cross target's objects, not a library
+    runnable: bool = True  # a linked library is in the bundle (False: objects only, no linker for the target)
     cpu_features: list = field(default_factory=list)  # as /proc/cpuinfo names them
     weights_file: str = "weights.bin"
     library: str = "model.so"

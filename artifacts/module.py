@@ -19,7 +19,7 @@ from .element_types import kind, numpy_dtype
 from .errors import KilnError
 
 from .manifest import ENTRY_ABI_VERSION, KILN_VERSION, Manifest
-from .cpu_features import missing_on_host
+from .cpu_features import host_arch, missing_on_host
 
 
 def _address(a: np.ndarray) -> int:
@@ -73,9 +73,14 @@ class Module:
         if threads is not None:
             self.threads = threads  # (checked before anything is loaded)
         m = self.manifest = Manifest.read(path)
-        if not m.runnable:
+        arch = str(m.target.get("triple", "")).split("-")[0]
+        if arch != host_arch():
             raise KilnError(f"bundle '{path}' was built for {m.target['triple']}, which cannot run on this "
-                            "machine (its objects are in the bundle for cross linking)")
+                            f"{host_arch()} machine (run it on an {arch} machine"
+                            + (", or from C under qemu-user)" if m.runnable else
+                               "; it holds objects only: no C compiler for that architecture was found to link them)"))
+        if not m.runnable:
+            raise KilnError(f"bundle '{path}' holds objects only, not a linked library")
         missing = missing_on_host(m.cpu_features)
         if missing:
             raise KilnError(f"bundle '{path}' was compiled for {m.target.get('name', 'another CPU')} and uses CPU "

@@ -9,7 +9,7 @@ import shutil
 import tempfile
 
 from ..artifacts.c_header import HEADER, model_header
-from ..artifacts.link import entry_source, link_key, link_shared
+from ..artifacts.link import entry_source, find_linker, link_key, link_shared
 from ..artifacts.errors import KilnError
 from ..artifacts.manifest import MANIFEST, Manifest
 from ..artifacts.memory_plan import pack_constants, plan_arena
@@ -134,9 +134,12 @@ def plan_memory(lowered):
 
 def assemble(lowered, objects: dict[str, bytes], target, manifest_extra: dict, store=None,
              object_keys=()) -> dict:
-    """Return the bundle's files as {filename: bytes}; links model.so when the target runs here.
-    With a store, the linked library is cached too: a warm build does not run the linker."""
+    """Return the bundle's files as {filename: bytes}; links model.so with the target's C
+    compiler (a cross compiler for another architecture), or where there is none keeps the
+    objects. With a store, the linked library is cached too: a warm build does not run the
+    linker."""
     import numpy as np
+    linker = find_linker(target.arch)
     types = lowered.types
     weight_offsets, weights = pack_constants({k: np.ascontiguousarray(v) for k, v in lowered.constants.items()})
     offsets, arena_bytes = plan_memory(lowered)
@@ -146,17 +149,17 @@ def assemble(lowered, objects: dict[str, bytes], target, manifest_extra: dict, s
         inputs=[{"name": n, "shape": list(types[n].shape), "dtype": types[n].dtype} for n in lowered.inputs],
         outputs=[{"name": n, "shape": list(types[n].shape), "dtype": types[n].dtype} for n in lowered.outputs],
         arena_bytes=arena_bytes, weights_bytes=len(weights), weights_sha256=hashlib.sha256(weights).hexdigest(),
-        runnable=target.runnable,
+        runnable=linker is not None,
         calls=[{"name": c.name, "symbol": c.kernel.symbol, "ops": c.ops} for c in lowered.calls])
     entry = entry_source(plan, outputs, arena_bytes, manifest.signature())
     files = {manifest.weights_file: weights, "kiln_entry.c": entry.encode()}
-    if target.runnable:
-        key = link_key(list(object_keys), entry) if store is not None else None
+    if linker is not None:
+        key = link_key(list(object_keys), entry, linker) if store is not None else None
         library = store.get(key) if key else None
         if library is None:
             with tempfile.TemporaryDirectory(prefix="kiln-bundle-") as tmp:
                 so = os.path.join(tmp, "model.so")
-                link_shared(objects, entry, so)
+                link_shared(objects, entry, so, linker)
                 with open(so, "rb") as f:
                     library = f.read()
             if key:

@@ -25,6 +25,7 @@ twice is harmless.
 """
 from __future__ import annotations
 
+import collections
 import itertools
 import logging
 import os
@@ -98,6 +99,7 @@ class RayExecutor(Executor):
         self.lost: list = []  # why actors were lost
         self.unstarted = 0  # actors that did not say hello in time
         self.replaced = 0
+        self.sent = collections.Counter()  # node id -> compile jobs sent to actors there (attempts)
         self._ids = itertools.count()
         self._wanted, self._workers, self.pooled = workers, 0, False
         self._error: BaseException | None = None
@@ -310,7 +312,7 @@ class RayExecutor(Executor):
                                                   "kiln_path": info["kiln_path"]})
             row["actors"] += 1
         return {"nodes": nodes, "rejected": dict(self.rejected), "lost": list(self.lost),
-                "unstarted": self.unstarted, "replaced": self.replaced}
+                "unstarted": self.unstarted, "replaced": self.replaced, "jobs_sent": dict(self.sent)}
 
     def _nobody_left(self, n_pending: int) -> str:
         ray = self.ray
@@ -386,6 +388,7 @@ class RayExecutor(Executor):
                     req = job.request(next(self._ids), ATTEMPTS[attempt], self.kernel_timeout, attempt + 1)
                     requests.append((req, job.kernel_bytes))
                 busy[actor.compile.remote(requests)] = (actor, batch, self._answer_deadline(batch))
+                self.sent[self._info[actor._actor_id]["node"]] += len(batch)
             if not busy and not self._booting:
                 if not self.local_fallback:
                     raise KilnError(self._nobody_left(len(pending)))

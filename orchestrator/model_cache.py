@@ -75,6 +75,16 @@ def content_digest(model, memo: str | None = None) -> bytes | None:
     return h.digest()
 
 
+def _linker_identity(target) -> str | None:
+    """The C compiler that links the target's module (a cross compiler for another
+    architecture; None: there is none, and the bundle holds objects)."""
+    if target.runnable:
+        return host_toolchain()["cc"]  # (recorded: no compiler process on a whole-model hit)
+    from ..artifacts.link import compiler_identity, find_linker
+    linker = find_linker(target.arch)
+    return compiler_identity(linker) if linker else None
+
+
 def model_key(model, target, opt_level: int, shapes, salt: str, memo: str | None = None) -> str | None:
     """The store key of a finished bundle, or None if the model cannot be read (the normal
     path then reports the problem). memo: see content_digest."""
@@ -83,7 +93,7 @@ def model_key(model, target, opt_level: int, shapes, salt: str, memo: str | None
         return None
     settings = {"target": target.to_dict(), "opt_level": opt_level, "salt": salt,
                 "shapes": {k: list(v) for k, v in (shapes or {}).items()}, "kiln": kiln_source_hash(),
-                "llvm": list(llvm_versions()), "cc": host_toolchain()["cc"]}
+                "llvm": list(llvm_versions()), "cc": _linker_identity(target)}
     h = hashlib.sha256(b"kiln-model-v2\0")
     h.update(digest)
     h.update(json.dumps(settings, sort_keys=True).encode())

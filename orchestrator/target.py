@@ -7,12 +7,11 @@ no LLVM option, so it is safe in the driver process.
 from __future__ import annotations
 
 import functools
-import platform
 import shlex
 import subprocess
 from dataclasses import asdict, dataclass
 
-from ..artifacts.cpu_features import FLAG_OF_LLVM, FLAG_OF_MACRO
+from ..artifacts.cpu_features import FLAG_OF_LLVM, FLAG_OF_MACRO, host_arch
 from ..configs import load_preset, preset_names
 from ..ir.errors import KilnError
 
@@ -51,9 +50,8 @@ class Target:
 
     @property
     def runnable(self) -> bool:
-        """Can a module for this target be linked and run on this machine?"""
-        host = {"x86_64": "x86_64", "amd64": "x86_64", "aarch64": "aarch64", "arm64": "aarch64"}
-        return host.get(platform.machine().lower()) == self.arch
+        """Can a module for this target run on this machine (its architecture)?"""
+        return host_arch() == self.arch
 
     def cpu_flags(self) -> list[str]:
         """The CPU features (as /proc/cpuinfo names them) that code for this target may use:

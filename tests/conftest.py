@@ -3,7 +3,6 @@ and the oracle comparison every model test uses. Ray is started only by tests th
 for the `ray_session` fixture."""
 from __future__ import annotations
 
-import getpass
 import os
 import shutil
 import sys
@@ -73,14 +72,21 @@ def kernel_statements(body):
             yield from kernel_statements(getattr(s, part, ()) or ())
 
 
+KILN_TEMP_PREFIX = "kiln-"  # every temp file and folder Kiln (and this suite) makes is named so
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _temp_dir_left_as_found():
     """A full test run leaves the temp dir as it found it: nothing Kiln (or a test) creates
-    there may outlive its owner. pytest's own folder is pytest's to manage."""
+    there may outlive its owner. Only Kiln's names are looked at: other processes on the
+    machine may come and go in the temp dir while the suite runs."""
     tmp = tempfile.gettempdir()
-    before = set(os.listdir(tmp))
+
+    def kilns():
+        return {name for name in os.listdir(tmp) if name.startswith(KILN_TEMP_PREFIX)}
+    before = kilns()
     yield
-    left = sorted(set(os.listdir(tmp)) - before - {f"pytest-of-{getpass.getuser()}"})
+    left = sorted(kilns() - before)
     assert not left, f"the test run left these in {tmp}: {left}"
 
 

@@ -16,23 +16,27 @@ from tests.conftest import ROOT
 EXAMPLE = os.path.join(ROOT, "docs", "example_run.c")
 
 
-def _compile(bundle: str, out: str) -> str:
-    cmd = [find_cc(), "-O2", "-std=c11", "-Wall", "-Werror", EXAMPLE, "-I", bundle, os.path.join(bundle, "model.so"),
-           f"-Wl,-rpath,{bundle}", "-o", out]
+def _compile(bundle: str, out: str, cc: str | None = None) -> str:
+    cmd = [cc or find_cc(), "-O2", "-std=c11", "-Wall", "-Werror", EXAMPLE, "-I", bundle,
+           os.path.join(bundle, "model.so"), f"-Wl,-rpath,{bundle}", "-o", out]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     return out
 
 
-def _run_from_c(bundle: str, tmp_path, feeds: dict, outputs: list, threads: int | None = None) -> dict:
-    program = _compile(bundle, str(tmp_path / "run_model"))
+def _run_from_c(bundle: str, tmp_path, feeds: dict, outputs: list, threads: int | None = None, cc: str | None = None,
+                launcher: tuple = ()) -> dict:
+    """docs/example_run.c compiled with `cc` (default: this machine's) against the bundle and
+    run (through `launcher`, e.g. qemu-user for another architecture) on `feeds`: the raw
+    outputs as arrays of the given (name, dtype)."""
+    program = _compile(bundle, str(tmp_path / "run_model"), cc)
     ins = []
     for name, value in feeds.items():
         ins.append(str(tmp_path / f"{name}.in"))
         np.ascontiguousarray(value).tofile(ins[-1])
     outs = [str(tmp_path / f"{i}.out") for i in range(len(outputs))]
     env = {**os.environ, "KILN_NUM_THREADS": str(threads)} if threads else None
-    proc = subprocess.run([program, bundle, *ins, *outs], capture_output=True, text=True, env=env)
+    proc = subprocess.run([*launcher, program, bundle, *ins, *outs], capture_output=True, text=True, env=env)
     assert proc.returncode == 0, proc.stderr
     if threads:
         assert f"running on {threads} thread(s)" in proc.stdout

@@ -1,5 +1,4 @@
 """Targets: string forms, presets, code shaped per target, and a cross target."""
-import os
 
 import numpy as np
 import pytest
@@ -19,7 +18,7 @@ def test_target_strings():
                                                                      ("-unroll-threshold=100",), 8)
     assert parse_target("cascadelake").vector_width == 16
     assert parse_target("x86-64-v3").vector_width == 8
-    assert parse_target("aarch64").arch == "aarch64" and not parse_target("aarch64").runnable
+    assert parse_target("aarch64").arch == "aarch64" and not parse_target("aarch64").runnable  # not on x86
     with pytest.raises(KilnError, match="start with \\+ or -"):
         parse_target("llvm -mcpu=haswell -mattr=avx2")
 
@@ -30,19 +29,6 @@ def test_presets_build_correct_code(target, executor):
     where this host runs them (their assembly checked where it does not: tests/isa.py)."""
     build_and_compare_for(model_zoo.transformer_encoder(seq=16, d=32, heads=2, ffn=64), executor, target)
     build_and_compare_for(model_zoo.cnn(), executor, target)
-
-
-def test_cross_target_emits_objects_but_does_not_run(tmp_path, executor):
-    result = build(model_zoo.cnn(), target="aarch64", executor=executor, cache=None)
-    path = result.export(str(tmp_path / "arm"))
-    objects = os.listdir(os.path.join(path, "objects"))
-    assert objects and "model.so" not in os.listdir(path)
-    with open(os.path.join(path, "objects", objects[0]), "rb") as f:
-        head = f.read(20)
-    assert head[:4] == b"\x7fELF" and int.from_bytes(head[18:20], "little") == 183  # EM_AARCH64
-    from modelkiln.artifacts import load
-    with pytest.raises(KilnError, match="cannot run on this machine"):
-        load(path)
 
 
 def test_unroll_option_changes_code_but_not_results(executor):
