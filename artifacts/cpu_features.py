@@ -32,6 +32,21 @@ FLAG_OF_LLVM = {llvm: flag for llvm, _, flag in X86_FEATURES}
 FLAG_OF_MACRO = {macro: flag for _, macro, flag in X86_FEATURES}
 
 
+def byte_dot_widths(llvm_features: str) -> set[int]:
+    """The float32-lane widths (16: zmm, 8: ymm) at which a target's LLVM features give
+    vpdpbusd, four u8 x s8 products summed per i32 lane: AVX-512 VNNI (ymm too with VL),
+    or AVX-VNNI (ymm, VEX-encoded: Alder Lake, Zen 5)."""
+    on = {f[1:] for f in llvm_features.split(",") if f.startswith("+")}
+    widths = set()
+    if "avx512vnni" in on:
+        widths.add(16)
+        if "avx512vl" in on:
+            widths.add(8)
+    if "avxvnni" in on:
+        widths.add(8)
+    return widths
+
+
 ARCH_OF_MACHINE = {"x86_64": "x86_64", "amd64": "x86_64", "aarch64": "aarch64", "arm64": "aarch64"}
 
 

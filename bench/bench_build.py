@@ -32,9 +32,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import onnx  # noqa: E402
 
-from modelkiln.ir.lower import ScheduleConfig, lower  # noqa: E402
+from modelkiln.ir.lower import lower  # noqa: E402
 from modelkiln.orchestrator.api import build_many, optimize  # noqa: E402
 from modelkiln.orchestrator.executor_local import InProcessExecutor, LocalExecutor  # noqa: E402
+from modelkiln.orchestrator.pipeline import schedule_for  # noqa: E402
 from modelkiln.orchestrator.plan import make_job, unique_jobs  # noqa: E402
 from modelkiln.orchestrator.target import parse_target  # noqa: E402
 from tests import model_zoo  # noqa: E402
@@ -63,7 +64,7 @@ def unique_kernel_jobs(models) -> list:
     jobs = []
     for m in models:
         g, _ = optimize(m)
-        jobs += [make_job(c, target, 3) for c in lower(g, ScheduleConfig.for_vector_width(target.vector_width)).calls]
+        jobs += [make_job(c, target, 3) for c in lower(g, schedule_for(target)).calls]
     return unique_jobs(jobs)
 
 

@@ -27,7 +27,8 @@ from onnx import TensorProto, helper  # noqa: E402
 from modelkiln.artifacts.store import Store  # noqa: E402
 from modelkiln.orchestrator.api import build_many, optimize  # noqa: E402
 from modelkiln.orchestrator.executor_ray import RayExecutor  # noqa: E402
-from modelkiln.ir.lower import ScheduleConfig, lower  # noqa: E402
+from modelkiln.ir.lower import lower  # noqa: E402
+from modelkiln.orchestrator.pipeline import schedule_for  # noqa: E402
 from modelkiln.orchestrator.plan import make_job  # noqa: E402
 from modelkiln.orchestrator.target import parse_target  # noqa: E402
 from tests import model_zoo  # noqa: E402
@@ -60,7 +61,7 @@ def trivial_jobs(n: int) -> list:
     model = helper.make_model(helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "relu", [x], [y]),
                               opset_imports=[helper.make_opsetid("", 17)])
     target = parse_target("llvm")
-    [call] = lower(optimize(model)[0], ScheduleConfig.for_vector_width(target.vector_width)).calls
+    [call] = lower(optimize(model)[0], schedule_for(target)).calls
     return [make_job(call, target, 3, salt=f"dispatch-{i}") for i in range(n)]
 
 

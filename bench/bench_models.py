@@ -1,6 +1,6 @@
 """Inference latency: Kiln against onnxruntime and OpenVINO, side by side in one run.
 
-    python bench/bench_models.py [--repeat 50] [--rounds 2] [--models resnet18,mlp_b1] [--no-gemm]
+    python bench/bench_models.py [--repeat 50] [--rounds 2] [--models resnet18,mlp_b1] [--no-gemm] [--isa avx2]
 
 For every model: Kiln's cold build time (no cache, local executor), then the median latency
 on the same inputs (after warm-up) of Kiln, onnxruntime and OpenVINO, each at 1 thread and
@@ -11,6 +11,12 @@ median of each; Kiln's time over the best peer's at each thread count, and its o
 runs the same quantized file. Then the GEMM table: Kiln's int8 GEMM (MatMulInteger, VNNI
 where the CPU has it) against its own float32 GEMM on the same shapes, onnxruntime's beside
 both. Prints Markdown tables (the ones in the README).
+
+The header names the host's vector ISA and the code each runner ran. `--isa avx2` on an
+AVX-512 host measures the AVX2 code instead: Kiln builds for x86-64-v3, OpenVINO's oneDNN
+kernels are held to AVX2 (ONEDNN_MAX_CPU_ISA; its own eltwise nodes and MLAS GEMMs still use
+AVX-512), onnxruntime cannot be held back (its columns are AVX-512) and the ratio columns are
+then against OpenVINO alone. On an AVX2 host, run it without the flag.
 """
 from __future__ import annotations
 
@@ -132,10 +138,21 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+def host_isa() -> str:
+    """The widest x86 vector ISA of this host (or its architecture elsewhere)."""
+    from modelkiln.artifacts.cpu_features import host_arch, host_flags
+    flags = host_flags()
+    if flags is None:
+        return host_arch()
+    if "avx512f" in flags:
+        return "AVX-512" + (" VNNI" if "avx512_vnni" in flags else "")
+    return "AVX2" + (" AVX-VNNI" if "avx_vnni" in flags else "") if "avx2" in flags else "SSE"
+
+
 def bench_model(name: str, args) -> None:
     model, inputs = MODELS[name]()
     t0 = time.perf_counter()
-    result = build(model, cache=None, progress=False)
+    result = build(model, target=args.target, cache=None, progress=False)
     build_s = time.perf_counter() - t0
     module, module_all = result.load(threads=1), result.load(threads=THREADS)
     sess = ort_session(model)
@@ -154,8 +171,9 @@ def bench_model(name: str, args) -> None:
             runs[f"ov {threads}t"] = lambda ov_run=ov_run: ov_run(inputs)
     ms = interleaved(runs, args.warmup, args.repeat, args.rounds)
     cell = lambda k: f"{ms[k]:.3f}" if k in ms else "n/a"  # noqa: E731
-    best = min(ms[k] for k in ("ort 1t", "ov 1t") if k in ms)
-    best_all = min(ms[k] for k in (f"ort {THREADS}t", f"ov {THREADS}t") if k in ms)
+    peers = ("ov",) if args.isa == "avx2" else ("ort", "ov")  # (held to AVX2, only OpenVINO is comparable)
+    best = min([ms[k] for k in (f"{p} 1t" for p in peers) if k in ms] or [float("nan")])
+    best_all = min([ms[k] for k in (f"{p} {THREADS}t" for p in peers) if k in ms] or [float("nan")])
     kiln_1t, kiln_all = ms["kiln 1t"], ms[f"kiln {THREADS}t"]
     print(f"| {name} | {build_s:.2f} | {result.report['totals']['kernels']} | {kiln_1t:.3f} | {kiln_all:.3f} | "
           f"{cell('ort 1t')} | {cell(f'ort {THREADS}t')} | {cell('ov 1t')} | {cell(f'ov {THREADS}t')} | "
@@ -192,7 +210,7 @@ def bench_gemm(args) -> None:
         runs = {}
         for int8 in (True, False):
             model, inputs = _product_model(m, k, n, int8)
-            module, sess = build(model, cache=None, progress=False).load(threads=1), ort_session(model)
+            module, sess = build(model, target=args.target, cache=None, progress=False).load(threads=1), ort_session(model)
             want = sess.run(None, inputs)[0]
             assert np.allclose(module.run(inputs)["y"], want, rtol=1e-3, atol=1e-2), "GEMM outputs differ"
             tag = "int8" if int8 else "fp32"
@@ -210,16 +228,27 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=50)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--no-gemm", action="store_true", help="skip the int8/fp32 GEMM table")
+    ap.add_argument("--isa", choices=["host", "avx2"], default="host",
+                    help="avx2: measure AVX2 code on an AVX-512 host (see the module's docstring)")
     args = ap.parse_args()
+    args.target = "x86-64-v3" if args.isa == "avx2" else "llvm"
+    if args.isa == "avx2":
+        os.environ["ONEDNN_MAX_CPU_ISA"] = "AVX2"  # read when OpenVINO's CPU plugin loads
+    from modelkiln.orchestrator.target import parse_target
+    kiln_target = parse_target(args.target)
     import onnxruntime
     try:
         import openvino
         ov_version = f"OpenVINO {openvino.__version__.split('-')[0]} (f32)"
     except ImportError:
         ov_version = "OpenVINO not installed"
-    print(f"# {time.strftime('%Y-%m-%d')}, {cpu_name()}, {THREADS} usable cores; onnxruntime "
+    held = args.isa == "avx2"
+    print(f"# {time.strftime('%Y-%m-%d')}, {cpu_name()} ({host_isa()}), {THREADS} usable cores; onnxruntime "
           f"{onnxruntime.__version__}; {ov_version}; ms, better median of {args.rounds} interleaved rounds; "
           "the GEMM table at 1 thread\n")
+    print(f"Code run: Kiln {kiln_target.cpu} ({kiln_target.vector_width} float32 lanes); onnxruntime "
+          f"{host_isa()}; OpenVINO {'oneDNN held to AVX2' if held else host_isa()}. "
+          f"Ratios: Kiln over {'OpenVINO' if held else 'the best of onnxruntime and OpenVINO'}.\n")
     print(f"| model | kiln build (cold, s) | kernels | kiln 1t | kiln {THREADS}t | onnxruntime 1t | "
           f"onnxruntime {THREADS}t | OpenVINO 1t | OpenVINO {THREADS}t | kiln / best 1t | kiln / best {THREADS}t | "
           f"kiln {THREADS}t speedup |")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import struct
 
+from ..artifacts.cpu_features import byte_dot_widths
 from ..ir.loop import (FLOAT_TYPES, TRANSPOSE_LANES, WINDOW_DOT_LANES, Assign, Bin, Call, Cast, Cmp, Const, For, Gemm,
                       If, Kernel, Let, Load, Local, Select, Store, TransposeBlock, Var, WindowDot, bits, compute_type,
                       highest, is_unsigned, lowest, operand_type, phases)
@@ -194,11 +195,18 @@ PREFETCH_NEXT_PANEL_BYTES = 256 * 1024
 PREFETCH_K_STEPS = 64
 
 
+# vpdpbusd by vector width (LLVM selects the VEX-encoded AVX-VNNI form for the 256-bit one
+# where the target has AVX-VNNI and not AVX-512 VL).
+VPDPBUSD = {16: "llvm.x86.avx512.vpdpbusd.512", 8: "llvm.x86.avx512.vpdpbusd.256"}
+
+
 class FunctionEmitter:
-    def __init__(self, kernel: Kernel, symbol: str, vnni: bool = False):
+    def __init__(self, kernel: Kernel, symbol: str, dot_widths: frozenset = frozenset()):
         self.k = kernel
         self.symbol = symbol
-        self.vnni = vnni  # the target has AVX-512 VNNI: 8-bit GEMMs use vpdpbusd
+        # The vector widths at which the target has vpdpbusd (artifacts.cpu_features.byte_dot_widths):
+        # 8-bit GEMMs at those widths use it, others emulate it.
+        self.dot_widths = dot_widths
         self.vw = int(kernel.option("vector_width", 8))
         self.vectorize = bool(kernel.option("vectorize", True))
         self.fmf = FMF if kernel.option("reassociate", True) else FMF.replace("reassoc ", "")
@@ -602,8 +610,12 @@ class FunctionEmitter:
         vt = f"<{vw} x {elt}>"
         if g.kind == "f32":
             self.decls.add(f"declare {vt} @llvm.fma.v{vw}f32({vt}, {vt}, {vt})")
-        elif self.vnni and vw == 16:
-            self.decls.add(f"declare {vt} @llvm.x86.avx512.vpdpbusd.512({vt}, {vt}, {vt})")
+        elif g.b_words:
+            if vw != 8:
+                raise ValueError(f"gemm with B in 16-bit pairs at vector width {vw}: AVX2's vpmaddwd is 8 lanes")
+            self.decls.add("declare <8 x i32> @llvm.x86.avx2.pmadd.wd(<16 x i16>, <16 x i16>)")
+        elif vw in self.dot_widths:
+            self.decls.add(f"declare {vt} @{VPDPBUSD[vw]}({vt}, {vt}, {vt})")
         tile = f"%tile{len(self.allocas)}"
         self.allocas.append(f"{tile} = alloca [{self.tile_rows(g) * nr} x {elt}], align 64")
         a_ptr = self.bufs[g.a_buf][0]
@@ -622,7 +634,7 @@ class FunctionEmitter:
         # `partial` says whether the partial last panel follows (True, False or an i1 value).
         def block(m0: str, rows: int, panels: tuple, partial) -> None:
             def panel(p: str, cols: int) -> None:
-                pb = self.mul_const(p, nr if g.in_place_b else g.k * nr)
+                pb = self.mul_const(p, nr if g.in_place_b else g.k * nr * (2 if g.b_words else 1))
                 bp = self.tmp("bp")
                 self.emit(f"{bp} = add nsw i64 {pb}, {b_off}")
                 self.microkernel(g, a_ptr, a_off, b_ptr, bp, m0, rows, vt, tile, cols)
@@ -708,11 +720,11 @@ class FunctionEmitter:
             kb = self.tmp("bkoff")
             self.emit(f"{kb} = load i64, ptr {btp}, align 8")
         else:
-            kb = self.mul_const(k, g.b_sk or g.nr)
+            kb = self.mul_const(k, g.b_sk or g.nr * (2 if g.b_words else 1))
         kbp = self.tmp("kb")
         self.emit(f"{kbp} = add nsw i64 {kb}, {bp}")
-        bvec = []
-        for v in range(nv):
+        bvec = []  # B's vectors of this k step (with b_words: the first pair's, then the second's)
+        for v in range(nv * (2 if g.b_words else 1)):
             idx = self.tmp("bi")
             self.emit(f"{idx} = add nsw i64 {kbp}, {v * vw}")
             p = self.gep(b_ptr, "f32" if g.kind == "f32" else "i32", idx)
@@ -742,7 +754,9 @@ class FunctionEmitter:
                 # (not inbounds: past the last panel it points past B, which a prefetch may)
                 self.emit(f"{at} = getelementptr float, ptr {b_ptr}, i64 {idx}")
                 self.emit(f"call void @llvm.prefetch.p0(ptr {at}, i32 0, i32 2, i32 1)")
-        if g.kind != "f32":
+        if g.b_words:
+            self.word_products(g, a_ptr, rowbase, k, bvec, accs, nexts, vt)
+        elif g.kind != "f32":
             self.byte_products(g, a_ptr, rowbase, k, bvec, accs, nexts, vt)
         elif g.a_ktab:  # implicit GEMM: A's k offset comes from a table
             tp = self.gep(self.bufs[g.a_ktab][0], "i64", k)
@@ -810,9 +824,9 @@ class FunctionEmitter:
             d //= 2
         return rows
 
-    def byte_products(self, g: Gemm, a_ptr, rowbase, k, bvec, accs, nexts, vt) -> None:
-        """One quad step of an 8-bit GEMM: each row's 4 A bytes (one i32, splat) times each
-        B vector's 4 bytes per lane, summed into the lane's i32 (vpdpbusd, or its emulation)."""
+    def a_quads(self, g: Gemm, a_ptr, rowbase, k, vt) -> list:
+        """Each row's 4 A bytes of quad k as one i32 splat over the lanes (a signed A's bytes
+        shifted to unsigned)."""
         vw = self.vw
         if g.a_ktab:  # the quad's byte offset comes from a table (the conv's input copy)
             tp = self.gep(self.bufs[g.a_ktab][0], "i64", k)
@@ -820,9 +834,10 @@ class FunctionEmitter:
             self.emit(f"{koff} = load i64, ptr {tp}, align 8")
         else:
             koff = self.mul_const(k, 4)
-        for r in range(len(accs)):
+        splats = []
+        for base in rowbase:
             ai = self.tmp("ai")
-            self.emit(f"{ai} = add nsw i64 {rowbase[r]}, {koff}")
+            self.emit(f"{ai} = add nsw i64 {base}, {koff}")
             p = self.gep(a_ptr, "i8", ai)
             a = self.tmp("a4")
             self.emit(f"{a} = load i32, ptr {p}, align 1")
@@ -833,13 +848,53 @@ class FunctionEmitter:
             ins, splat = self.tmp("ins"), self.tmp("splat")
             self.emit(f"{ins} = insertelement {vt} poison, i32 {a}, i64 0")
             self.emit(f"{splat} = shufflevector {vt} {ins}, {vt} poison, <{vw} x i32> zeroinitializer")
+            splats.append(splat)
+        return splats
+
+    def byte_products(self, g: Gemm, a_ptr, rowbase, k, bvec, accs, nexts, vt) -> None:
+        """One quad step of an 8-bit GEMM: each row's 4 A bytes (one i32, splat) times each
+        B vector's 4 bytes per lane, summed into the lane's i32 (vpdpbusd, or its emulation)."""
+        vw = self.vw
+        for r, splat in enumerate(self.a_quads(g, a_ptr, rowbase, k, vt)):
             for v in range(len(bvec)):
                 unsigned, signed = (bvec[v], splat) if g.kind == "s8u8" else (splat, bvec[v])
-                if self.vnni and vw == 16:
-                    self.emit(f"{nexts[r][v]} = call {vt} @llvm.x86.avx512.vpdpbusd.512({vt} {accs[r][v]}, "
+                if vw in self.dot_widths:
+                    self.emit(f"{nexts[r][v]} = call {vt} @{VPDPBUSD[vw]}({vt} {accs[r][v]}, "
                               f"{vt} {unsigned}, {vt} {signed})")
                 else:
                     self.dot4_emulated(accs[r][v], unsigned, signed, nexts[r][v], vt)
+
+    def word_products(self, g: Gemm, a_ptr, rowbase, k, bvec, accs, nexts, vt) -> None:
+        """One quad step of an 8-bit GEMM whose B is packed in 16-bit pairs (Gemm.b_words):
+        each row's A bytes (a0, a1) and (a2, a3) zero-extended to 16-bit pairs in every lane
+        (one byte shuffle each), times B's two pair vectors (vpmaddwd: a0*b0 + a1*b1 per
+        lane, exact), both products added to the lane's i32 sum."""
+        vw, nv = self.vw, len(accs[0])
+        bt, wt = f"<{4 * vw} x i8>", f"<{2 * vw} x i16>"
+        zero = 4 * vw  # a shuffle index into the zero vector
+        words = [self.tmp("bw") for _ in bvec]
+        for b_vec, w in zip(bvec, words):
+            self.emit(f"{w} = bitcast {vt} {b_vec} to {wt}")
+        for r, splat in enumerate(self.a_quads(g, a_ptr, rowbase, k, vt)):
+            raw = self.tmp("a4b")
+            self.emit(f"{raw} = bitcast {vt} {splat} to {bt}")
+            pairs = []
+            for j in range(2):  # bytes 2j, 2j + 1 of each lane's quad, each followed by a zero byte
+                mask = ", ".join(f"i32 {m}" for lane in range(vw)
+                                 for m in (4 * lane + 2 * j, zero, 4 * lane + 2 * j + 1, zero))
+                picked, pair = self.tmp("apb"), self.tmp("apw")
+                self.emit(f"{picked} = shufflevector {bt} {raw}, {bt} zeroinitializer, <{4 * vw} x i32> <{mask}>")
+                self.emit(f"{pair} = bitcast {bt} {picked} to {wt}")
+                pairs.append(pair)
+            for v in range(nv):
+                prods = []
+                for j in range(2):
+                    prod = self.tmp("pmw")
+                    self.emit(f"{prod} = call {vt} @llvm.x86.avx2.pmadd.wd({wt} {pairs[j]}, {wt} {words[j * nv + v]})")
+                    prods.append(prod)
+                both = self.tmp("pms")
+                self.emit(f"{both} = add {vt} {prods[0]}, {prods[1]}")
+                self.emit(f"{nexts[r][v]} = add {vt} {accs[r][v]}, {both}")
 
     def dot4_emulated(self, acc, unsigned, signed, out, vt) -> None:
         """acc + sum over the 4 bytes of each lane of unsigned byte x signed byte."""
@@ -869,8 +924,9 @@ class FunctionEmitter:
         row, summed at the end, so the dot products do not wait on each other."""
         lanes = WINDOW_DOT_LANES
         vt, bt = f"<{lanes} x i32>", f"<{lanes * 4} x i8>"
-        if self.vnni:
-            self.decls.add(f"declare {vt} @llvm.x86.avx512.vpdpbusd.512({vt}, {vt}, {vt})")
+        vnni = lanes in self.dot_widths
+        if vnni:
+            self.decls.add(f"declare {vt} @{VPDPBUSD[lanes]}({vt}, {vt}, {vt})")
         p_ptr, w_ptr, o_ptr = self.bufs[s.p_buf][0], self.bufs[s.w_buf][0], self.bufs[s.out_buf][0]
         p_off, w_off, o_off = self.expr(s.p_off), self.expr(s.w_off), self.expr(s.out_off)
         weights = {}  # (row, quad) -> the quad's four weight bytes in every lane: loaded once
@@ -900,8 +956,8 @@ class FunctionEmitter:
                     self.emit(f"{raw} = load {bt}, ptr {self.gep(p_ptr, 'u8', at)}, align 1")
                     self.emit(f"{picked} = shufflevector {bt} {raw}, {bt} poison, <{lanes * 4} x i32> <{masks[q]}>")
                     self.emit(f"{quads} = bitcast {bt} {picked} to {vt}")
-                    if self.vnni:
-                        self.emit(f"{nxt} = call {vt} @llvm.x86.avx512.vpdpbusd.512({vt} {acc}, {vt} {quads}, "
+                    if vnni:
+                        self.emit(f"{nxt} = call {vt} @{VPDPBUSD[lanes]}({vt} {acc}, {vt} {quads}, "
                                   f"{vt} {weights[r, q]})")
                     else:
                         self.dot4_emulated(acc, quads, weights[r, q], nxt, vt)
@@ -1021,7 +1077,7 @@ class FunctionEmitter:
 
 
 def kernel_to_llvm_ir(kernel: Kernel, symbol: str, triple: str, cpu: str, features: str) -> str:
-    fe = FunctionEmitter(kernel, symbol, vnni="+avx512vnni" in features.split(","))
+    fe = FunctionEmitter(kernel, symbol, frozenset(byte_dot_widths(features)))
     body = fe.function()
     width = 512 if fe.vw >= 16 else 256
     attrs = (f'attributes #0 = {{ nounwind "prefer-vector-width"="{width}" '

@@ -222,6 +222,12 @@ class Gemm(Stmt):
     offset by +128 to unsigned as they load: the epilogue subtracts 128 * column sum) and
     "s8u8". This is the shape of AVX-512 VNNI's vpdpbusd (unsigned x signed, 4 products per
     i32 lane); targets without it get the same sums from widening multiplies.
+
+    With `b_words` (kinds "u8s8" and "s8s8", packed B), B is packed for 16-bit multiplies:
+    [panel][quad][pair][nr] i32 lanes, each holding two consecutive k of one column as int16
+    (low half the first). A's bytes are then zero-extended in pairs and each pair multiplied
+    with vpmaddwd: exact (two products of a byte and a signed byte fit an i32), where AVX2's
+    byte multiply (vpmaddubsw) saturates its 16-bit pair sums.
     """
     a_buf: str
     a_off: Expr
@@ -247,6 +253,7 @@ class Gemm(Stmt):
     # the direction its loop over the tile is vectorized in.
     stores_along: str = "n"
     b_ktab: str = ""
+    b_words: bool = False
 
     @property
     def in_place_b(self) -> bool:

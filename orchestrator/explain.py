@@ -2,9 +2,9 @@
 with, for a kernel that would miss, the parts that changed since the last build."""
 from __future__ import annotations
 
-from ..ir.lower import ScheduleConfig, lower
+from ..ir.lower import lower
 
-from .pipeline import optimize
+from .pipeline import optimize, schedule_for
 from .build_log import previous_parts
 from .cache_key import explain_difference
 from .plan import kernel_id, make_job
@@ -15,7 +15,7 @@ from .target import parse_target
 def explain(model, target="llvm", opt_level: int = 3, shapes=None, cache=None) -> str:
     tgt = parse_target(target)
     g, timings = optimize(model, shapes, opt_level)
-    lowered = lower(g, ScheduleConfig.for_vector_width(tgt.vector_width))
+    lowered = lower(g, schedule_for(tgt))
     store = open_store(cache, readonly=True) if cache is not None else None
     before = previous_parts(store.root, g.name) if store else {}
     lines = [f"model {g.name}: {len(g.nodes)} nodes after passes; target {tgt.describe()}", "", "passes:"]

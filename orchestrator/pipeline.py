@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..artifacts.cpu_features import byte_dot_widths
 from ..ir.frontend_onnx import from_onnx
 from ..ir.lower import ScheduleConfig, lower
 from ..ir.passes import default_pipeline
@@ -40,9 +41,14 @@ class PlannedModel:
     timings: list
 
 
+def schedule_for(target: Target) -> ScheduleConfig:
+    """The lowering choices a target implies (the one place they are derived from it)."""
+    return ScheduleConfig.for_target(target.vector_width, target.arch == "x86_64", byte_dot_widths(target.features))
+
+
 def plan_model(model, target, opt_level, shapes, pass_context, extra_passes, salt, inject) -> PlannedModel:
     g, timings = optimize(model, shapes, opt_level, pass_context, extra_passes)
-    lowered = lower(g, ScheduleConfig.for_vector_width(target.vector_width))
+    lowered = lower(g, schedule_for(target))
     for call in lowered.calls:  # a malformed kernel is a clear error here, not an LLVM error in a child
         verify_kernel(call.kernel, call.name, call.ops)
     jobs = [make_job(c, target, opt_level, salt, inject) for c in lowered.calls]

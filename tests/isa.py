@@ -17,6 +17,7 @@ from modelkiln.orchestrator.target import parse_target
 AVX2 = "x86-64-v3"
 AVX512 = "cascadelake"  # AVX-512 F/BW/DQ/VL and VNNI; no VBMI
 AVX512_NO_VNNI = "llvm -mtriple=x86_64-unknown-linux-gnu -mcpu=skylake-avx512"
+AVX2_VNNI = "llvm -mtriple=x86_64-unknown-linux-gnu -mcpu=x86-64-v3 -mattr=+avxvnni"  # Alder Lake's, Zen 5's
 X86_TARGETS = (AVX2, AVX512)
 
 

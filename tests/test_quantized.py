@@ -11,6 +11,8 @@ a QDQ model's Conv and MatMul as written, in float on dequantized values, where 
 computes the same sums exactly in int32. Where the float sum lands within rounding of a
 half step, the two round to neighbouring levels: at most one step of the output's scale.
 """
+import re
+
 import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
@@ -20,7 +22,8 @@ from modelkiln.orchestrator.api import build
 from tests import model_zoo, transformer_zoo
 from tests.conftest import kernel_statements
 from tests.int8_reference import onnxruntime_int8_is_exact, reference_outputs
-from tests.isa import AVX2, AVX512_NO_VNNI, X86_TARGETS, kernel_assembly, lanes, run_or_inspect
+from tests.isa import (AVX2, AVX2_VNNI, AVX512_NO_VNNI, VECTOR_SIGNS, X86_TARGETS, kernel_assembly, lanes,
+                       run_or_inspect)
 
 F, U8, I8, I32 = TensorProto.FLOAT, TensorProto.UINT8, TensorProto.INT8, TensorProto.INT32
 NP = {U8: np.uint8, I8: np.int8, TensorProto.INT16: np.int16, TensorProto.UINT16: np.uint16}
@@ -123,19 +126,30 @@ def test_dynamic_quantize_linear():
 
 # ---- integer products ---------------------------------------------------------------------------
 
+def _words_gemms(result) -> set:
+    """b_words of every 8-bit Gemm of a build: whether B was packed in 16-bit pairs."""
+    return {s.b_words for c in result.lowered.calls for s in kernel_statements(c.kernel.body)
+            if type(s).__name__ == "Gemm" and s.kind != "f32"}
+
+
+@pytest.mark.parametrize("target", X86_TARGETS)
 @pytest.mark.parametrize("a_type,b_type", [(U8, I8), (I8, I8), (U8, U8), (I8, U8)])
 @pytest.mark.parametrize("k", [64, 30])
-def test_matmul_integer(a_type, b_type, k):
+@pytest.mark.parametrize("weight_range", [200, 255])
+def test_matmul_integer(a_type, b_type, k, weight_range, target):
     """Every signedness pair, K a multiple of 4 and not (the padded copy), a batch dim,
-    per-column weight zero points and a zero point computed at run time."""
-    w = _bytes([k, 40], b_type, 1)
-    zb = _bytes([40], b_type, 2) // 8
+    per-column weight zero points and a zero point computed at run time. Centred weights
+    that fit a signed byte take the GEMM (on AVX2 B packed in 16-bit pairs for vpmaddwd, on
+    AVX-512 in byte quads for vpdpbusd); full-range ones the plain loop."""
+    w = (_bytes([k, 40], b_type, 1).astype(np.int32) * weight_range // 255).astype(NP[b_type])
+    zb = (_bytes([40], b_type, 2).astype(np.int32) // 8 + (85 if b_type == U8 else 0)).astype(NP[b_type])
     nodes = [helper.make_node("Add", ["za_in", "zero"], ["za"]),
              helper.make_node("MatMulInteger", ["a", "w", "za", "zb"], ["y"])]
     zero = np.zeros((), NP[a_type])
     model = _model(nodes, [("a", a_type, [2, 17, k]), ("za_in", a_type, [])], [("y", I32)],
                    [("w", w), ("zb", zb), ("zero", zero)])
-    _compare(model, {"a": _bytes([2, 17, k], a_type, 3), "za_in": np.array(5, NP[a_type])})
+    result = _compare_for(model, {"a": _bytes([2, 17, k], a_type, 3), "za_in": np.array(5, NP[a_type])}, target)
+    assert _words_gemms(result) == ({lanes(target) == 8} if weight_range < 255 else set())
 
 
 def test_matmul_integer_larger_than_l2():
@@ -148,6 +162,7 @@ def test_matmul_integer_larger_than_l2():
     np.testing.assert_array_equal(got, (a.astype(np.int64) @ w.astype(np.int64)).astype(np.int32))
 
 
+@pytest.mark.parametrize("target", X86_TARGETS)
 @pytest.mark.parametrize("x_type", [U8, I8])
 @pytest.mark.parametrize("case", [dict(), dict(strides=[2, 2], pads=[1, 1, 1, 1]),
                                   dict(dilations=[2, 2], pads=[2, 1, 0, 2]), dict(group=2, pads=[1, 1, 1, 1]),
@@ -155,11 +170,11 @@ def test_matmul_integer_larger_than_l2():
                                   dict(shape=[1, 3, 9, 20], pads=[1, 2, 1, 0]),  # one quad of channels
                                   dict(shape=[1, 70, 5, 37], pads=[0, 1, 2, 1]),  # 18 quads, 37 columns
                                   dict(weight_range=255)])  # w - zw outside a signed byte
-def test_conv_integer(x_type, case):
+def test_conv_integer(x_type, case, target):
     """The channels-last implicit GEMM (pads hold the zero point; its input copy transposes
     blocks of up to 16 channel quads x 16 pixels, partial ones at the edges), the pointwise
-    GEMM (1x1) and the plain loop (groups; weights whose centred values leave a byte):
-    exact int32."""
+    GEMM (1x1; on AVX2 the channels-last one, B in 16-bit pairs) and the plain loop (groups;
+    weights whose centred values leave a byte): exact int32."""
     case = dict(case)
     k, shape = case.pop("kernel", 3), case.pop("shape", [2, 10, 11, 13])
     weight_range = case.pop("weight_range", 200)
@@ -168,10 +183,12 @@ def test_conv_integer(x_type, case):
     model = _model([helper.make_node("ConvInteger", ["x", "w", "zx", "zw"], ["y"], **case)],
                    [("x", x_type, shape)], [("y", I32)],
                    [("w", w), ("zw", np.array(-3, np.int8)), ("zx", np.array(7, NP[x_type]))])
-    got = _compare(model, {"x": _bytes(shape, x_type, 3)})
-    result = build(model, executor="inprocess", cache=None, progress=False)
+    feeds = {"x": _bytes(shape, x_type, 3)}
+    result = _compare_for(model, feeds, target)
     gemms = [s for c in result.lowered.calls for s in kernel_statements(c.kernel.body) if type(s).__name__ == "Gemm"]
-    assert bool(gemms) == (group == 1 and weight_range < 255) and got["y"].any()
+    assert bool(gemms) == (group == 1 and weight_range < 255) and reference_outputs(model, feeds)["y"].any()
+    assert all(g.b_words == (lanes(target) == 8) and g.kind in ("u8s8" if lanes(target) == 8 else ("u8s8", "s8u8"))
+               for g in gemms)
 
 
 def _depthwise_path(result) -> str:
@@ -325,6 +342,20 @@ def test_int8_kernels_without_vnni(target):
     feeds = {"a": _bytes([7, 36], U8, 4), "x": _bytes([1, 8, 9, 10], I8, 5)}
     asm = kernel_assembly(_compare_for(model, feeds, target))
     assert "vpmaddwd" in asm and "vpdpbusd" not in asm
+
+
+def test_int8_kernels_with_avx_vnni():
+    """An AVX2 target with AVX-VNNI (Alder Lake, Zen 5) sums bytes with the VEX-encoded
+    vpdpbusd on ymm registers, B packed in byte quads: exact, no AVX-512 instruction."""
+    nodes = [helper.make_node("MatMulInteger", ["a", "w", "za"], ["m"]),
+             helper.make_node("ConvInteger", ["x", "k3", "zx"], ["c3"], pads=[1, 1, 1, 1])]
+    inits = [("w", _bytes([36, 20], I8, 1)), ("za", np.array(3, np.uint8)), ("k3", _bytes([6, 8, 3, 3], I8, 2)),
+             ("zx", np.array(-5, np.int8))]
+    model = _model(nodes, [("a", U8, [7, 36]), ("x", I8, [1, 8, 9, 10])], [("m", I32), ("c3", I32)], inits)
+    result = _compare_for(model, {"a": _bytes([7, 36], U8, 4), "x": _bytes([1, 8, 9, 10], I8, 5)}, AVX2_VNNI)
+    asm = kernel_assembly(result)
+    assert re.search(r"vpdpbusd\s+%ymm", asm) and not re.search(VECTOR_SIGNS[16], asm)
+    assert _words_gemms(result) == {False}
 
 
 # ---- order-preserving ops between a DQ and a Q of the same scale ------------------------------

@@ -3,8 +3,8 @@ through it); these are the malformed ones it must name before any codegen job st
 import pytest
 
 from modelkiln.ir.errors import InternalError
-from modelkiln.ir.loop import (Assign, Bin, Buffer, Cast, Const, For, Kernel, Let, Load, Local, Store, TransposeBlock, Var,
-                               WindowDot)
+from modelkiln.ir.loop import (Assign, Bin, Buffer, Cast, Const, For, Gemm, Kernel, Let, Load, Local, Store,
+                               TransposeBlock, Var, WindowDot)
 from modelkiln.ir.verify import verify_kernel
 
 BUFS = (Buffer("o0", "f32", 16), Buffer("i0", "f32", 16), Buffer("w0", "i64", 4))
@@ -20,6 +20,16 @@ BYTE_BUFS = (Buffer("p0", "u8", 256), Buffer("w1", "i32", 9), Buffer("t0", "i32"
 def _window_dot(p_buf="p0", stride=1):
     """A 3x3 window row over 16 outputs of plane p0, weights w1, sums into t0."""
     return Kernel(BYTE_BUFS, (WindowDot(p_buf, Const(0), 20, stride, 1, "w1", Const(0), 3, 3, 16, "t0", Const(0)),))
+
+
+WORD_BUFS = (Buffer("o0", "i32", 64), Buffer("a0", "u8", 64), Buffer("b0", "i16", 64), Buffer("b1", "i8", 64))
+
+
+def _byte_gemm(b_buf="b0", kind="u8s8", b_words=True):
+    """An 8-bit 4x16 GEMM of 4 quads, A from a0, B from b_buf, storing its sums into o0."""
+    return Kernel(WORD_BUFS, (Gemm("a0", Const(0), 16, 1, b_buf, Const(0), 4, 16, 4, 4, 16, "m", "n", "acc",
+                                   (Store("o0", Bin("add", Bin("mul", Var("m"), Const(16)), Var("n")),
+                                          Var("acc", "i32")),), kind=kind, b_words=b_words),))
 
 
 def good():
@@ -44,6 +54,9 @@ def good():
     (_window_dot(stride=5), "16 outputs span over 64 bytes"),
     (Kernel(BYTE_BUFS, (TransposeBlock("t0", Const(0), 64, "p0", Const(0), 64, 17, 4),)), "17x4 elements"),
     (Kernel(BYTE_BUFS, (TransposeBlock("t9", Const(0), 64, "p0", Const(0), 64, 4, 4),)), "buffer t9 does not exist"),
+    (_byte_gemm(kind="s8u8"), "s8u8 gemm with B packed as 16-bit pairs"),
+    (_byte_gemm(b_buf="b1"), "not byte buffers \\(A\\) and 16-bit pairs \\(B\\)"),
+    (_byte_gemm(b_words=False), "not byte buffers"),
 ])
 def test_malformed_kernel_is_named_with_its_ops(kernel, message):
     with pytest.raises(InternalError, match=message) as e:
@@ -54,6 +67,8 @@ def test_malformed_kernel_is_named_with_its_ops(kernel, message):
 def test_well_formed_kernel_passes():
     verify_kernel(good(), "fused_ok", ["ReduceSum"])
     verify_kernel(_window_dot(stride=4), "fused_ok", ["ConvInteger"])
+    verify_kernel(_byte_gemm(), "fused_ok", ["MatMulInteger"])
+    verify_kernel(_byte_gemm(b_buf="b1", b_words=False), "fused_ok", ["MatMulInteger"])
 
 
 def test_a_malformed_kernel_stops_the_build_before_any_job(monkeypatch):

@@ -26,11 +26,14 @@ SHORT_ROW = 63  # innermost extents up to this are vectorized along themselves, 
 
 @dataclass
 class ScheduleConfig:
-    """Target-dependent choices lowering makes: vector width and GEMM register tile."""
+    """Target-dependent choices lowering makes: vector width and GEMM register tile, and
+    whether 8-bit GEMMs pack B as 16-bit pairs (8-lane x86 without a byte dot product:
+    see Gemm.b_words)."""
     vector_width: int = 16
     mr: int = 14
     nr: int = 32
     vectorize: bool = True
+    int8_pairs: bool = False
 
     def tile(self, n: int) -> tuple[int, int]:
         """(mr, nr) for a GEMM with n columns: a narrow GEMM (n within one vector) would waste
@@ -47,6 +50,12 @@ class ScheduleConfig:
         if vw == 8:
             return cls(8, 6, 16)
         return cls(4, 6, 8)
+
+    @classmethod
+    def for_target(cls, vw: int, x86: bool, byte_dot_widths: set) -> "ScheduleConfig":
+        config = cls.for_vector_width(vw)
+        config.int8_pairs = x86 and vw == 8 and 8 not in byte_dot_widths
+        return config
 
 
 @dataclass

@@ -57,7 +57,7 @@ def pack_panels(bmat: np.ndarray, nr: int) -> np.ndarray:
 
 def gemm_stmt(b: KernelBuilder, a_buf, a_off, a_sm, a_sk, b_buf, b_off, m, n, k, epilogue_fn, a_ktab: str = "",
               kind: str = "f32", b_sk: int = 0, stores_along: str = "n", split: str = "", b_ktab: str = "",
-              tile: tuple | None = None) -> Gemm:
+              tile: tuple | None = None, b_words: bool = False) -> Gemm:
     """A Gemm statement; epilogue_fn(m_expr, n_expr, acc_expr) returns the epilogue statements.
     B must have been packed with the panel width b.config.tile(n) gives (or `tile`'s), or (b_sk,
     b_ktab) is read in place with that row stride or through that table of row offsets."""
@@ -65,7 +65,7 @@ def gemm_stmt(b: KernelBuilder, a_buf, a_off, a_sm, a_sk, b_buf, b_off, m, n, k,
     epi = tuple(epilogue_fn(Var(mv), Var(nv), Var(av, "f32" if kind == "f32" else "i32")))
     mr, nr = tile or b.config.tile(n)
     return Gemm(a_buf, a_off, a_sm, a_sk, b_buf, b_off, m, n, k, mr, nr, mv, nv, av, epi, a_ktab, kind,
-                split or gemm_split(m, n, mr, nr), b_sk, stores_along, b_ktab)
+                split or gemm_split(m, n, mr, nr), b_sk, stores_along, b_ktab, b_words)
 
 
 def gemm_split(m: int, n: int, mr: int, nr: int) -> str:

@@ -14,7 +14,9 @@ constant) and then runs whatever the group fuses after the product: the dequanti
 multiply, bias, activation and requantize.
 
 - MatMul reads A (activations, [M, K]) in place when K is a multiple of 4, else through a
-  padded copy; B (weights) is packed [panel][k/4][nr][4] at compile time.
+  padded copy; B (weights) is packed [panel][k/4][nr][4] at compile time, or on 8-lane x86
+  without a byte dot product as 16-bit pairs for vpmaddwd (Gemm.b_words; exact, where
+  AVX2's byte multiply saturates).
 - Conv first copies the input, once, into a zero-point-bordered channels-last workspace
   (`[row][column][channel]`, channels padded to 4, signed bytes shifted to unsigned; 16x16
   blocks of channel quads x pixels transposed in registers), so
@@ -82,6 +84,23 @@ def pack_byte_panels(mat: np.ndarray, nr: int) -> np.ndarray:
     return np.ascontiguousarray(padded.reshape(quads, 4, panels, nr).transpose(2, 0, 3, 1))
 
 
+def pack_word_panels(mat: np.ndarray, nr: int) -> np.ndarray:
+    """[K, N] signed bytes -> int16 [ceil(N/nr), ceil(K/4), 2, nr, 2]: per quad of k, two
+    rows of nr int32 lanes, each holding two consecutive k of one column (Gemm.b_words)."""
+    k, n = mat.shape
+    quads, panels = -(-k // 4), -(-n // nr)
+    padded = np.zeros((quads * 4, panels * nr), np.int16)
+    padded[:k, :n] = mat
+    return np.ascontiguousarray(padded.reshape(quads, 2, 2, panels, nr).transpose(3, 0, 1, 4, 2))
+
+
+def _packed_weights(b: KernelBuilder, name: str, mat: np.ndarray, nr: int) -> str:
+    """B of an 8-bit GEMM as the target multiplies it: bytes in quads, or 16-bit pairs."""
+    if b.config.int8_pairs:
+        return b.constant_param(f"{name}_packed_words", pack_word_panels(mat, nr))
+    return b.constant_param(f"{name}_packed_bytes", pack_byte_panels(mat, nr))
+
+
 def _za_correction(b: KernelBuilder, za, za_name: str, signed_a: bool, wsum: np.ndarray, base: str):
     """i -> za_u * wsum[i] as an i32 expression: the activations' zero point as the
     micro-kernel sees them (shifted by 128 for signed bytes) times the centred weights' sum
@@ -124,7 +143,7 @@ def lower_matmul_integer(b: KernelBuilder, node: Node, store) -> tuple:
     quads = -(-k // 4)
     signed_a = b.type(a_name).dtype == "int8"
     nr = b.config.tile(n)[1]
-    w_param = b.constant_param(f"{w_name}_packed_bytes", pack_byte_panels(wc, nr))
+    w_param = _packed_weights(b, w_name, wc, nr)
     correction = _za_correction(b, za, za_name, signed_a, wc.astype(np.int32).sum(axis=0), w_name)
     a_param = b.in_param(a_name)
     stmts = []
@@ -142,7 +161,7 @@ def lower_matmul_integer(b: KernelBuilder, node: Node, store) -> tuple:
     def epilogue(mm, nn, acc):
         return store(unflatten(mm, sa[:-1]) + [nn], fbin("sub", acc, correction(nn)))
     stmts.append(gemm_stmt(b, a_buf, Const(0), quads * 4, 1, w_param, Const(0), m, n, quads, epilogue,
-                           kind="s8s8" if signed_a else "u8s8"))
+                           kind="s8s8" if signed_a else "u8s8", b_words=b.config.int8_pairs))
     return tuple(stmts)
 
 
@@ -202,7 +221,9 @@ def lower_conv_integer(b: KernelBuilder, node: Node, store) -> tuple:
         wc = centered_weights(b.g.constants[w_name], zw, 0)
     if wc is None:
         return _plain_conv(b, node, store)
-    if list(wsh[2:]) == [1, 1] and a["strides"] == [1, 1] and not any(a["pads"]):
+    # (The pointwise layout has the activations as B, which 16-bit pairs would have to pack at
+    # run time: where B is packed in pairs, a 1x1 conv takes the channels-last path.)
+    if list(wsh[2:]) == [1, 1] and a["strides"] == [1, 1] and not any(a["pads"]) and not b.config.int8_pairs:
         return _pointwise(b, node, store, wc.reshape(wsh[0], -1), zx, zx_name)
     batch, cin, h, w_ = xs
     cout = wsh[0]
@@ -218,7 +239,7 @@ def lower_conv_integer(b: KernelBuilder, node: Node, store) -> tuple:
     wmat = wk.reshape(kh * kw * cp, cout)
     quads = kh * kw * cp // 4
     nr = b.config.tile(cout)[1]
-    w_param = b.constant_param(f"{w_name}_packed_bytes", pack_byte_panels(wmat, nr))
+    w_param = _packed_weights(b, w_name, wmat, nr)
     ktab = np.array([((ky * dh) * wp + kx * dw) * cp + 4 * c4 for ky in range(kh) for kx in range(kw)
                      for c4 in range(cp // 4)], np.int64)
     ktab_param = b.constant_param("conv_quad_offsets", ktab)
@@ -239,7 +260,7 @@ def lower_conv_integer(b: KernelBuilder, node: Node, store) -> tuple:
     def epilogue(mm, nn, acc):
         return store([Var(bv), nn, Var(orow), mm], fbin("sub", acc, correction(nn)))
     gemm = gemm_stmt(b, nhwc, mul(Var(orow), sh * wp * cp), sw * cp, 0, w_param, Const(0), ow, cout, quads, epilogue,
-                     a_ktab=ktab_param, kind="u8s8", stores_along="m")
+                     a_ktab=ktab_param, kind="u8s8", stores_along="m", b_words=b.config.int8_pairs)
     return loop(bv, batch, (copy, For(orow, oh, (gemm,), parallel=True)))
 
 
