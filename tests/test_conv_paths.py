@@ -153,3 +153,18 @@ def test_depthwise_window_rows_are_separate_sums(executor):
     dense, _ = build_and_compare(_conv_model("Conv", (1, 8, 12, 12), (8, 8, 3, 3), {"pads": [1, 1, 1, 1]}), executor)
     assert all(c.kernel.option("reassociate", True) for c in dense.lowered.calls)
 
+
+
+@pytest.mark.parametrize("target", X86_TARGETS)
+@pytest.mark.parametrize("cout", [256, 16])
+def test_ragged_row_blocks_take_im2col_where_the_waste_outweighs_the_copy(cout, target, executor):
+    """A 14-wide output row fills AVX2's three 6-row blocks to 78%: with 256 output channels
+    that waste outweighs im2col's copy (IMPLICIT_WASTE_LIMIT), with 16 it does not. On
+    AVX-512 one 14-row block is full for 256 channels; 16 channels use 28-row tiles (one
+    vector of columns), which 14 pixels do not fill: im2col."""
+    from modelkiln.ir.loop import Gemm
+    model = _conv_model("Conv", (1, 32, 14, 14), (cout, 32, 3, 3), {"pads": [1, 1, 1, 1]})
+    result = build_and_compare_for(model, executor, target)
+    [gemm] = [s for c in result.lowered.calls for s in kernel_statements(c.kernel.body) if isinstance(s, Gemm)]
+    implicit = bool(gemm.a_ktab or gemm.b_ktab)
+    assert implicit == ((cout == 256) if lanes(target) == 16 else (cout == 16))

@@ -46,6 +46,22 @@ DEPTHWISE_PASS_WEIGHTS = 21
 NARROW_CONV_TILE = (8, 32)
 
 
+# The implicit GEMM computes whole row blocks per output row, wasting (1 - fill) of its work
+# on a ragged last block; im2col's copy costs about as much as the GEMM work of this many
+# output channels. So a conv takes the implicit GEMM while (1 - fill) x output channels stays
+# within it. (AVX2's 6-row tiles on ResNet's 14- and 7-wide rows fill 78% and 58% of them:
+# im2col there took ResNet-18 from 33.0 to 31.0 ms and ResNet-50 from 69.8 to 67.0; UNet's
+# convs of 16 to 64 channels keep the implicit GEMM at 57% on AVX-512, where im2col was 19%
+# slower.)
+IMPLICIT_WASTE_LIMIT = 40
+
+
+def row_blocks_filled(width: int, mr: int) -> float:
+    """How full the register tiles' rows are when one output row of `width` pixels is cut in
+    blocks of mr (0 where the row is narrower than one block)."""
+    return 0.0 if width < mr else width / (-(-width // mr) * mr)
+
+
 def pack_panels(bmat: np.ndarray, nr: int) -> np.ndarray:
     """[K, N] -> [ceil(N/nr), K, nr], zero past N: the layout the micro-kernel streams."""
     k, n = bmat.shape
@@ -149,10 +165,12 @@ def lower_conv(b: KernelBuilder, node: Node, store) -> tuple:
     nr = b.config.tile(cog)[1]
     panel_stride = -(-cog // nr) * kk * nr
     runtime_w = w_name not in b.g.constants
-    # Implicit GEMM when an output row fills at least one micro-kernel row block: the mr
-    # pixels of a block are then mr input positions `stride` apart in one input row, so A is
-    # read in place and im2col disappears. Narrower outputs use im2col (their M is small).
-    implicit = not pointwise and out_sp[-1] >= b.config.tile(cog)[0]
+    # Implicit GEMM when an output row fills its micro-kernel row blocks well enough
+    # (IMPLICIT_WASTE_LIMIT): the mr pixels of a block are then mr input positions `stride`
+    # apart in one input row, so A is read in place and im2col disappears. Narrower outputs
+    # use im2col (their M is small).
+    fill = row_blocks_filled(out_sp[-1], b.config.tile(cog)[0])
+    implicit = not pointwise and fill > 0 and (1 - fill) * cog <= IMPLICIT_WASTE_LIMIT
     # With at most a vector of output channels, a tile of pixels x channels broadcasts one
     # input value per FMA; with the weights as rows against two vectors of an input row, one
     # weight feeds two FMAs.
