@@ -168,3 +168,16 @@ def test_ragged_row_blocks_take_im2col_where_the_waste_outweighs_the_copy(cout, 
     [gemm] = [s for c in result.lowered.calls for s in kernel_statements(c.kernel.body) if isinstance(s, Gemm)]
     implicit = bool(gemm.a_ktab or gemm.b_ktab)
     assert implicit == ((cout == 256) if lanes(target) == 16 else (cout == 16))
+
+
+@pytest.mark.parametrize("target", X86_TARGETS)
+def test_ragged_rows_mask_only_their_remainder_without_mask_registers(target, executor):
+    """A 14-wide depthwise row on AVX2, which has no mask registers: one whole vector with
+    plain loads, then one masked remainder under a constant mask (a predicated loop over both
+    vectors recomputed its mask from 64-bit compares every iteration and loaded every tap
+    through it: 2.6x its AVX-512 time). AVX-512 keeps the predicated loop: its masks are free."""
+    from tests.isa import kernel_assembly
+    model = _conv_model("Conv", (1, 8, 14, 14), (8, 1, 3, 3), {"group": 8, "pads": [1, 1, 1, 1]})
+    asm = kernel_assembly(build_and_compare_for(model, executor, target))
+    if lanes(target) == 8:
+        assert "vmaskmovps" in asm and "vpcmpgtq" not in asm
