@@ -187,17 +187,13 @@ def find_cc() -> str:
     return cc
 
 
-def cross_cc_variable(arch: str) -> str:
-    return f"KILN_CC_{arch.upper()}"
-
-
 def find_linker(arch: str) -> str | None:
     """The C compiler that links modules for `arch`: this machine's for its own architecture;
     for another, KILN_CC_<ARCH> or the GNU cross compiler `<arch>-linux-gnu-gcc` (Debian's
     gcc-aarch64-linux-gnu), or None where there is none (the bundle then holds the objects)."""
     if arch == host_arch():
         return find_cc()
-    return os.environ.get(cross_cc_variable(arch)) or shutil.which(f"{arch}-linux-gnu-gcc")
+    return os.environ.get(f"KILN_CC_{arch.upper()}") or shutil.which(f"{arch}-linux-gnu-gcc")
 
 
 def link_shared(objects: dict[str, bytes], entry_c: str, out_path: str, cc: str | None = None) -> None:

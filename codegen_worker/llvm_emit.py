@@ -485,7 +485,7 @@ class FunctionEmitter:
                 # mask and loads through it (vmaskmovps): the whole vectors run unmasked, then
                 # one masked remainder. (A 14-wide depthwise row ran 2.6x its AVX-512 time.)
                 self.loop(s.var, whole, lambda: self.stmts(s.body), "vector_only")
-                self.loop(s.var, s.extent, lambda: self.stmts(s.body), s.kind, start=whole)
+                self.loop(s.var, s.extent, lambda: self.stmts(s.body), s.kind, first=whole)
             else:
                 self.loop(s.var, s.extent, lambda: self.stmts(s.body), s.kind)
         elif isinstance(s, Store):
@@ -547,16 +547,16 @@ class FunctionEmitter:
         return f", !llvm.loop {loop_id}"
 
     def loop(self, var: str, extent: int, body, kind: str = "serial", lo: str | None = None,
-             hi: str | None = None, start: int = 0) -> None:
-        """Iterations [start, extent), or with lo and hi (i64 values) [lo, hi), which may be empty."""
-        if lo is None and extent <= start:
+             hi: str | None = None, first: int = 0) -> None:
+        """Iterations [first, extent), or with lo and hi (i64 values) [lo, hi), which may be empty."""
+        if lo is None and extent <= first:
             return
         self.n += 1
         head, latch, exit_ = f"L{self.n}.body", f"L{self.n}.latch", f"L{self.n}.exit"
         pred = self.block
-        count = extent - start if lo is None else 0  # (known at compile time)
+        count = extent - first if lo is None else 0  # (known at compile time)
         if lo is None:
-            start, end = str(start), str(extent)
+            start, end = str(first), str(extent)
             self.emit(f"br label %{head}")
         else:
             start, end = lo, hi

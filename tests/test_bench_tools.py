@@ -1,6 +1,10 @@
-"""bench/compare_commits.py: two revisions' builds of one model, timed in one process."""
+"""bench/compare_commits.py: two revisions' builds of one model, timed in one process; and
+what bench/bench_models.py says it measured."""
 import os
 import subprocess
+import sys
+
+import pytest
 
 from bench.compare_commits import ROOT, WORKING_TREE, compare
 
@@ -21,3 +25,21 @@ def test_compare_commits_builds_each_revision_and_removes_its_worktree():
     assert len(found["HEAD"][3]) == len(found[WORKING_TREE][3])
     assert _worktrees() == before and os.path.isdir(ROOT)
 
+
+
+@pytest.mark.parametrize("isa", ["host", "avx2"])
+def test_bench_models_names_the_isa_each_runner_ran(isa):
+    """The bench's header says which vector ISA the host has and which code Kiln, onnxruntime
+    and OpenVINO ran; `--isa avx2` builds Kiln for x86-64-v3 and rates it against OpenVINO
+    alone (held to AVX2; onnxruntime cannot be)."""
+    from modelkiln.artifacts.cpu_features import host_flags
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "bench_models.py"), "--models", "mlp_b1",
+                        "--rounds", "1", "--repeat", "2", "--warmup", "1", "--no-gemm", "--isa", isa],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    host = "AVX-512" if "avx512f" in host_flags() else "AVX2"
+    assert f"({host}" in r.stdout and "| mlp_b1 |" in r.stdout
+    if isa == "avx2":
+        assert "Kiln x86-64-v3 (8 float32 lanes)" in r.stdout and "Ratios: Kiln over OpenVINO" in r.stdout
+    else:
+        assert "Ratios: Kiln over the best of onnxruntime and OpenVINO" in r.stdout
