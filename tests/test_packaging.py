@@ -25,7 +25,11 @@ def test_wheel_installs_into_a_fresh_venv_and_builds_the_example(tmp_path):
     src = tmp_path / "src"
     shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(".git", ".ci-venv", "build", "*.egg-info", "__pycache__",
                                                              "out"))
-    _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(src)])
+    # (-v: the build backend's own output, where setuptools prints its warnings)
+    built = _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-v", "-w", str(tmp_path), str(src)])
+    said = built.stdout + built.stderr
+    # The first thing a new user sees is no page of warnings about the package layout.
+    assert "absent from the `packages` configuration" not in said and "would be ignored" not in said, said[-3000:]
     wheel = next(p for p in os.listdir(tmp_path) if p.endswith(".whl"))
     with zipfile.ZipFile(tmp_path / wheel) as z:
         names = z.namelist()
