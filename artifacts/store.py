@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import json
 import mmap
 import os
 import shutil
@@ -33,6 +34,20 @@ MAGIC = b"KILNOBJ\0"
 FORMAT = 1
 _HEADER = struct.Struct("<8sI32s32sQ")  # magic, format, key, payload sha256, payload length
 ORPHAN_AGE_S = 3600.0  # a temp file older than this belongs to no running write: a killed build's
+
+
+DIGEST_RECORD_BYTES = 64 * 1024  # a file digest record is a few hundred bytes
+
+
+def digest_record_problem(data: bytes) -> str:
+    """What is wrong with a file digest record's bytes ('' if nothing)."""
+    try:
+        record = json.loads(data)
+    except ValueError:
+        return "not a JSON digest record"
+    if not isinstance(record, dict) or set(record) != {"stamp", "recorded_ns", "value"}:
+        return "not a digest record (stamp, recorded_ns, value)"
+    return ""
 
 
 class NotAnEntry(Exception):
@@ -101,6 +116,9 @@ class Store:
         self.root = os.path.abspath(os.path.expanduser(root))
         self.readonly = readonly
         self.objects = os.path.join(self.root, "objects")
+        # What is known about model files, by their stat (orchestrator/file_digests.py): one
+        # small JSON record a file, no shards.
+        self.digests = os.path.join(self.root, "digests")
         if not readonly:
             os.makedirs(self.objects, exist_ok=True)
 
@@ -261,8 +279,9 @@ class Store:
 
     def _walk(self):
         """(kind, key, path, lstat) of everything in the entry folders, links never followed:
-        kind is "entry", "blob", "temp", or "foreign" (a link, FIFO or folder where an entry
-        belongs, a linked or non-folder shard)."""
+        kind is "entry", "blob", "digest" (a file digest record), "temp", or "foreign" (a link,
+        FIFO or folder where an entry belongs, a linked or non-folder shard)."""
+        yield from self._walk_digests()
         for top, kind in ((self.objects, "entry"), (os.path.join(self.root, "blobs"), "blob")):
             try:
                 if not stat.S_ISDIR(os.lstat(top).st_mode):
@@ -294,6 +313,26 @@ class Store:
                         yield kind, sub + name, path, st
                     else:
                         yield "foreign", sub + name, path, st
+
+    def _walk_digests(self):
+        try:
+            st = os.lstat(self.digests)
+            names = sorted(os.listdir(self.digests)) if stat.S_ISDIR(st.st_mode) else None
+        except OSError:
+            return
+        if names is None:  # a link (or a file) where the folder belongs: never entered
+            yield "foreign", "", self.digests, st
+            return
+        for name in names:
+            path = os.path.join(self.digests, name)
+            try:
+                st = os.lstat(path)
+            except OSError:
+                continue
+            if name.startswith(".tmp-"):
+                yield "temp", "", path, st
+            else:
+                yield ("digest" if stat.S_ISREG(st.st_mode) else "foreign"), name, path, st
 
     def entries(self):
         """(key, path, size, mtime) of every entry and blob file, temp files excluded
@@ -334,6 +373,8 @@ class Store:
                     if kind == "blob":
                         ok = file_sha256(path, regular_only=True) == key
                         why = "" if ok else "content does not match its name"
+                    elif kind == "digest":
+                        why, valid_key = digest_record_problem(read_regular(path, DIGEST_RECORD_BYTES)), True
                     else:
                         why = self.check(key if valid_key else None, read_regular(path))[1]
                 except (NotAnEntry, OSError) as e:

@@ -59,7 +59,7 @@ class CachePolicy:
         o = self.options
         if self.store is None or o.bypasses_model_cache:
             return None
-        memo = os.path.join(self.store.root, "digests") if self.writable else None
+        memo = self.store.digests if self.writable else None
         return model_cache.model_key(model, target, o.opt_level, o.shapes, o.salt, memo)
 
     def find_bundle(self, key: str | None):

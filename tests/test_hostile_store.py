@@ -2,6 +2,9 @@
 hand, can leave in it ends as a clean miss or a reported bad entry, never a hang, a crash,
 a read without end, or a deletion outside the store."""
 import os
+import shutil
+import subprocess
+import sys
 import time
 
 import pytest
@@ -10,7 +13,7 @@ from modelkiln.artifacts.store import ORPHAN_AGE_S, Store
 from modelkiln.orchestrator.api import build
 from modelkiln.orchestrator.cache_policy import open_store
 from tests import model_zoo
-from tests.conftest import assert_matches_oracle
+from tests.conftest import ROOT, assert_matches_oracle
 from tests.test_cache import _same_kernels
 from tests.test_bad_input import kiln
 
@@ -100,3 +103,70 @@ def test_a_store_that_cannot_be_created_degrades_to_no_cache(tmp_path, executor)
                                    "examples", "cnn.onnx"), "-o", str(tmp_path / "out"), "--cache",
              str(blocker / "store"), "--quiet")
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+
+
+def _digest_records(store) -> list:
+    return sorted(os.path.join(store.digests, n) for n in os.listdir(store.digests) if n.endswith(".json"))
+
+
+@pytest.mark.parametrize("attack", ["fifo", "dev_zero_link", "directory", "link_outside", "garbage"])
+def test_a_digest_record_that_is_not_one_is_rebuilt_not_waited_on(tmp_path, attack):
+    """The whole-model lookup's file digest records (digests/*.json) are read as store entries
+    are: a FIFO there blocked a plain open() forever, a link to /dev/zero read without end.
+    Each attack ends in a build that completes, a real record in its place, and a clean
+    verify; nothing outside the store is touched."""
+    model = tmp_path / "cnn.onnx"
+    model.write_bytes(model_zoo.cnn().SerializeToString())
+    cache = tmp_path / "store"
+    assert kiln("build", str(model), "-o", str(tmp_path / "out"), "--cache", str(cache), "--quiet").returncode == 0
+    store = Store(str(cache))
+    [record] = _digest_records(store)
+    outside = tmp_path / "outside.json"
+    outside.write_text("must survive")
+    os.remove(record)
+    {"fifo": os.mkfifo, "dev_zero_link": lambda p: os.symlink("/dev/zero", p), "directory": os.mkdir,
+     "link_outside": lambda p: os.symlink(outside, p), "garbage": lambda p: open(p, "w").write('{"stamp": [')}[attack](record)
+    again = subprocess.run([sys.executable, "-m", "modelkiln.orchestrator.cli", "build", str(model), "-o",
+                            str(tmp_path / "out"), "--cache", str(cache), "--quiet"], capture_output=True, text=True,
+                           timeout=120, cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT})
+    assert again.returncode == 0, again.stderr
+    assert outside.read_text() == "must survive" and os.path.exists("/dev/zero")
+    bad = store.verify()
+    if attack == "directory":  # (a build cannot replace a folder: verify reports and removes it)
+        assert [p for p, _ in bad] == [record] and not os.path.exists(record)
+    else:  # a real record again
+        assert bad == [] and os.path.isfile(record) and not os.path.islink(record)
+
+
+def test_verify_and_gc_treat_the_digest_folder_like_the_rest_of_the_store(tmp_path):
+    """verify reports and removes what is not a digest record in digests/ (a FIFO, a link, a
+    folder, a record that is not one); gc sweeps the temp files a killed build left there;
+    a digests/ that is a link is reported and never entered or written through."""
+    store = Store(str(tmp_path / "store"))
+    os.makedirs(store.digests)
+    good = os.path.join(store.digests, "a" * 32 + ".json")
+    with open(good, "w") as f:
+        f.write('{"stamp": [1, 2, 3, 4], "recorded_ns": 5, "value": {"sha256": "00"}}')
+    os.mkfifo(os.path.join(store.digests, "b" * 32 + ".json"))
+    os.symlink("/dev/zero", os.path.join(store.digests, "c" * 32 + ".json"))
+    os.mkdir(os.path.join(store.digests, "d" * 32 + ".json"))
+    with open(os.path.join(store.digests, "e" * 32 + ".json"), "w") as f:
+        f.write("not json")
+    orphan = os.path.join(store.digests, ".tmp-killed-build")
+    with open(orphan, "w") as f:
+        f.write("{")
+    old = time.time() - ORPHAN_AGE_S - 60
+    os.utime(orphan, (old, old))
+    assert store.stats()["orphaned_temp_files"] == 1
+    bad = sorted(os.path.basename(p)[0] for p, _ in store.verify())
+    assert bad == ["b", "c", "d", "e"] and os.listdir(store.digests) != [] and os.path.isfile(good)
+    store.gc(max_bytes=1 << 30)
+    assert sorted(os.listdir(store.digests)) == [os.path.basename(good)]
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep.json").write_text("mine")
+    shutil.rmtree(store.digests)
+    os.symlink(outside, store.digests)
+    assert [p for p, _ in store.verify()] == [store.digests]
+    assert os.listdir(outside) == ["keep.json"]
