@@ -181,3 +181,34 @@ def test_ragged_rows_mask_only_their_remainder_without_mask_registers(target, ex
     asm = kernel_assembly(build_and_compare_for(model, executor, target))
     if lanes(target) == 8:
         assert "vmaskmovps" in asm and "vpcmpgtq" not in asm
+
+
+@pytest.mark.parametrize("const_shape", [[], [9], [1, 1, 1, 9], [7, 9], [1, 8, 1, 1], [1, 8, 7, 1], [8, 1, 9],
+                                         [1, 8, 7, 9], [1, 1, 7, 1]], ids=str)
+@pytest.mark.parametrize("pads", [[0, 0, 0, 0], [1, 1, 1, 1]], ids=["valid", "padded"])
+def test_conv_epilogue_broadcasts_along_any_axis(const_shape, pads, executor):
+    """Conv -> Add of a constant broadcast along any subset of (C, H, W), then Relu. The
+    epilogue indexes a merged pixel only where every operand lets H and W merge; a constant
+    along W alone (or H alone) once took that path anyway and failed with an IndexError."""
+    h, w_ = (7, 9) if pads[0] else (9, 11)  # a 7x9 output either way
+    rng = np.random.default_rng(3)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=pads), helper.make_node("Add", ["c", "k"], ["s"]),
+             helper.make_node("Relu", ["s"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, h, w_])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(rng.standard_normal((8, 4, 3, 3)).astype(np.float32), "w"),
+                               numpy_helper.from_array(rng.standard_normal(const_shape).astype(np.float32), "k")])
+    build_and_compare(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), executor)
+
+
+def test_conv_to_a_single_pixel_with_an_epilogue(executor):
+    """A conv whose output is 1x1 (its spatial dims all vanish in the merge) with a bias-like
+    constant and a Relu after it."""
+    rng = np.random.default_rng(4)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"]), helper.make_node("Add", ["c", "k"], ["s"]),
+             helper.make_node("Relu", ["s"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 16, 3, 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(rng.standard_normal((24, 16, 3, 3)).astype(np.float32), "w"),
+                               numpy_helper.from_array(rng.standard_normal((1, 24, 1, 1)).astype(np.float32), "k")])
+    build_and_compare(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), executor)

@@ -174,10 +174,11 @@ def _aligned(shape, rank):
     return (1,) * (rank - len(shape)) + tuple(shape)
 
 
-def collapse_shapes(b: KernelBuilder, names, out_shape, fixed: int = 0) -> bool:
+def collapse_shapes(b: KernelBuilder, names, out_shape, fixed: int = 0, into: int | None = None) -> bool:
     """Merge adjacent dims of out_shape over which every tensor in `names` is uniformly
     full or broadcast, and give each tensor the merged shape: fewer loops, longer inner
-    loops, no div/mod. The first `fixed` dims are kept as they are. Returns success."""
+    loops, no div/mod. The first `fixed` dims are kept as they are. With `into`, only a
+    merge into exactly that many dims is made. Returns whether the shapes were merged."""
     rank = len(out_shape)
     aligned = {n: _aligned(b.shape(n), rank) for n in names}
     if any(len(s) != rank for s in aligned.values()):
@@ -195,6 +196,8 @@ def collapse_shapes(b: KernelBuilder, names, out_shape, fixed: int = 0) -> bool:
         else:
             groups.append([d])
         last_pattern = pattern
+    if into is not None and len(groups) != into:
+        return False
     for n, s in aligned.items():
         b.shapes[n] = tuple(math.prod(s[d] for d in grp) for grp in groups)
     return True

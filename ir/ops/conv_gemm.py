@@ -131,9 +131,11 @@ def _gemm(g, node, p):
 
 
 def _collapse_conv_epilogue(b, node, names) -> None:
-    """A GEMM conv's epilogue indexes (batch, channel, pixel): merge the spatial dims."""
+    """A GEMM conv's epilogue indexes (batch, channel, pixel) where every epilogue tensor lets
+    the spatial dims merge into one; else (a constant broadcast along W alone, or along H)
+    (batch, channel, *spatial)."""
     if not is_depthwise(b, node):
-        b.conv_collapsed = collapse_shapes(b, names, b.type(node.outputs[0]).shape, fixed=2)
+        b.conv_collapsed = collapse_shapes(b, names, b.type(node.outputs[0]).shape, fixed=2, into=3)
 
 
 CONV, CONV_TRANSPOSE, GEMM = "Conv", "ConvTranspose", "Gemm"  # the producers a BatchNorm folds into
