@@ -532,6 +532,16 @@ def fbin(op: str, a, b) -> Expr:
     return Bin(op, _c(a), _c(b))
 
 
+def fold_balanced(op: str, values: list) -> Expr:
+    """values[0] op values[1] op ... as a balanced tree (same operations as a left fold,
+    depth log2(n)): a Sum or Max of 2000 inputs nested 2000 deep, past what the recursive
+    walkers of a kernel (verifier, emitter, encoder) can descend."""
+    values = list(values)
+    while len(values) > 1:
+        values = [fbin(op, *values[i:i + 2]) if i + 1 < len(values) else values[i] for i in range(0, len(values), 2)]
+    return values[0]
+
+
 def cmp(op: str, a, b) -> Expr:
     return Cmp(op, _c(a), _c(b))
 

@@ -1,6 +1,7 @@
-"""A seeded fuzz run over malformed models: every case ends in a built module that agrees
-with onnxruntime (where onnxruntime accepts the model too) or in a KilnError. Never another
-exception, a crash, a hang or an allocation of terabytes."""
+"""A seeded fuzz run over malformed models, and models too wide or deep for a recursive walk
+(a Concat and a Sum of thousands of branches, chains of thousands of nodes): every case ends
+in a built module that agrees with onnxruntime (where onnxruntime accepts the model too) or in
+a KilnError. Never another exception, a crash, a hang or an allocation of terabytes."""
 import os
 import random
 
@@ -29,7 +30,8 @@ def _mutate(rng: random.Random, base: onnx.ModelProto, tmp_path):
     m.CopyFrom(base)
     g = m.graph
     kind = rng.choice(["flip", "truncate", "drop_input", "extra_input", "attr", "empty_name", "dup_output",
-                       "bad_init", "huge_const", "deep", "neg_pads", "huge_batch", "reorder", "external"])
+                       "bad_init", "huge_const", "deep", "deep_math", "wide", "neg_pads", "huge_batch", "reorder",
+                       "external"])
     node = g.node[rng.randrange(len(g.node))]
     if kind == "flip":
         data = bytearray(m.SerializeToString())
@@ -65,6 +67,22 @@ def _mutate(rng: random.Random, base: onnx.ModelProto, tmp_path):
             prev = f"deep{i}"
         g.node.extend(reversed(chain))
         g.output[0].name = prev
+    elif kind == "deep_math":  # an arithmetic chain thousands of nodes long, fused group by group
+        prev = g.output[0].name
+        g.initializer.append(numpy_helper.from_array(np.float32(0.999), "deep_c"))
+        for i in range(rng.randint(1500, 3000)):
+            g.node.append(helper.make_node("Mul" if i % 2 else "Add", [prev, "deep_c"], [f"math{i}"]))
+            prev = f"math{i}"
+        g.output[0].name = prev
+    elif kind == "wide":  # a Concat and a Sum of thousands of branches (distinct: CSE keeps them)
+        out, n = g.output[0].name, rng.randint(1000, 2500)
+        for i in range(n):
+            g.initializer.append(numpy_helper.from_array(np.float32(i / n), f"wide_c{i}"))
+            g.node.append(helper.make_node("Add", [out, f"wide_c{i}"], [f"wide{i}"]))
+        g.node.append(helper.make_node("Concat", [f"wide{i}" for i in range(n)], ["wide_cat"], axis=1))
+        g.node.append(helper.make_node("Sum", [f"wide{i}" for i in range(n)], ["wide_sum"]))
+        g.output[0].name = "wide_cat"
+        g.output.append(helper.make_tensor_value_info("wide_sum", TensorProto.FLOAT, None))
     elif kind == "neg_pads":
         conv = next(n for n in g.node if n.op_type == "Conv")
         for a in conv.attribute:

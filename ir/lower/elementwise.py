@@ -76,14 +76,21 @@ def concat_reader(b: KernelBuilder, node: Node):
             off += b.shape(name)[axis]
 
     def concat(idx):
-        value = None
-        for start, size, r in reversed(parts):
+        def part(i):
+            start, size, r = parts[i]
             local = list(idx)
             # Every branch is evaluated, so keep every branch's index in bounds.
             local[axis] = iclamp(sub(idx[axis], start), 0, size - 1)
-            v = r(local)
-            value = v if value is None else select(cmp("lt", idx[axis], Const(start + size)), v, value)
-        return value
+            return r(local)
+
+        def pick(lo, hi):
+            """parts[lo:hi] chosen by a balanced tree of selects: depth log2 of the parts (a
+            chain nested once per part, and 2000 parts overflowed the kernel's walkers)."""
+            if hi - lo == 1:
+                return part(lo)
+            mid = (lo + hi) // 2
+            return select(cmp("lt", idx[axis], Const(parts[mid][0])), pick(lo, mid), pick(mid, hi))
+        return pick(0, len(parts))
     return concat
 
 

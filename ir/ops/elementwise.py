@@ -14,7 +14,7 @@ import numpy as np
 from ..attrs import check_attrs, const_input
 from ..dtypes import DTYPES, is_int, numpy_dtype
 from ..graph import ShapeError, TensorType, UnsupportedError
-from ..loop import Call, Cast, Const, Expr, Var, call, cmp, fbin, select, sub
+from ..loop import Call, Cast, Const, Expr, Var, call, cmp, fbin, fold_balanced, select, sub
 from ..lower.elementwise import and_, bcast_reader, clamp, f32
 from ..onnx_dtypes import onnx_to_dtype
 from .broadcast import broadcast
@@ -196,17 +196,11 @@ def _readers(b, node):
 
 
 def _arith(name, op, fold, infer=None):
-    """Add, Sub, ...; Max and Min take any number of inputs (infer=_variadic_infer), folded
-    left to right."""
+    """Add, Sub, ...; Max, Min and Sum take any number of inputs (infer=_variadic_infer),
+    combined as a balanced tree (two inputs: the one operation)."""
     def reader(b, node):
         rs = _readers(b, node)
-
-        def value(idx):
-            v = rs[0](idx)
-            for r in rs[1:]:
-                v = fbin(op, v, r(idx))
-            return v
-        return {node.outputs[0]: value}
+        return {node.outputs[0]: lambda idx: fold_balanced(op, [r(idx) for r in rs])}
 
     def evaluate(a, values, g, node):
         out = values[0]
@@ -433,13 +427,7 @@ def _trig(name, fold):
 
 def _mean_reader(b, node):
     rs, n = _readers(b, node), len(node.inputs)
-
-    def value(idx):
-        v = rs[0](idx)
-        for r in rs[1:]:
-            v = fbin("add", v, r(idx))
-        return fbin("div", v, Const(float(n), "f32"))
-    return {node.outputs[0]: value}
+    return {node.outputs[0]: lambda idx: fbin("div", fold_balanced("add", [r(idx) for r in rs]), Const(float(n), "f32"))}
 
 
 def _int_infer(g, node, p):
