@@ -13,7 +13,7 @@ from . import external_data
 from .graph import Graph, KilnError, Node, Subgraph, TensorType, UnsupportedError, as_kiln_array, captured
 from .onnx_attrs import attr_value, constant_value
 from .onnx_dtypes import onnx_to_dtype
-from .validate import check_constants_size, check_node, check_outputs_unique, check_tensor_size
+from .validate import check_constants_size, check_names_defined_once, check_node, check_tensor_size
 from .ops import op_def
 from .ops.compile_time import CONSTANT
 
@@ -160,6 +160,7 @@ def from_onnx(model, shapes: dict | None = None) -> Graph:
     opset = _opset(proto)
     gp = proto.graph
     g = Graph(inputs=[], outputs=[o.name for o in gp.output], nodes=[], opset=opset, name=gp.name or "model")
+    check_names_defined_once(gp, "the graph")
     check_constants_size(gp.initializer)
     for init in gp.initializer:
         g.add_constant(init.name, _initializer(init))
@@ -194,7 +195,6 @@ def from_onnx(model, shapes: dict | None = None) -> Graph:
         g.types[vi.name] = TensorType(tuple(shape), dtype)
 
     nodes = _nodes(gp.node, opset, g.add_constant)
-    check_outputs_unique(nodes)
     g.nodes = _topological(nodes, set(g.inputs) | set(g.constants))
     produced = {o for n in g.nodes for o in n.outputs} | set(g.inputs) | set(g.constants)
     for o in g.outputs:
@@ -221,6 +221,7 @@ def _initializer(init):
 def _subgraph(gp, opset: int, owner: str) -> Subgraph:
     """A graph attribute (a branch or a loop body), its nodes and constants as the main graph's."""
     constants: dict = {}
+    check_names_defined_once(gp, f"subgraph '{gp.name or owner}'")
     check_constants_size(gp.initializer)
     for init in gp.initializer:
         constants[init.name] = _initializer(init)
@@ -228,7 +229,6 @@ def _subgraph(gp, opset: int, owner: str) -> Subgraph:
     def add_constant(name, value):
         constants[name] = value
     nodes = _nodes(gp.node, opset, add_constant)
-    check_outputs_unique(nodes)
     inputs = [vi.name for vi in gp.input]
     produced = {o for n in nodes for o in n.outputs if o}
     outer = ({i for n in nodes for i in n.inputs if i} | set().union(*map(captured, nodes))) - produced

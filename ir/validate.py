@@ -71,14 +71,27 @@ def check_node(node_proto, opset: int, describe: str) -> None:
                             f"{node_proto.op_type} expects {_type_name(spec.type)}")
 
 
-def check_outputs_unique(nodes) -> None:
-    seen = {}
-    for n in nodes:
-        for o in n.outputs:
-            if o and o in seen:
-                raise KilnError(f"{n.describe()}: output '{o}' is also produced by {seen[o].describe()}")
+def check_names_defined_once(gp, where: str) -> None:
+    """Every name of a graph (a GraphProto: the main graph or a subgraph) is defined once, as
+    single assignment requires: a graph input, an initializer (which may share its name with
+    the input it gives a default to) or a node's output, Constant nodes included."""
+    seen: dict = {}
+
+    def define(name: str, what: str) -> None:
+        if name in seen:
+            raise KilnError(f"{where}: '{name}' is defined twice, as {seen[name]} and as {what} "
+                            "(every name is assigned once)")
+        seen[name] = what
+    initializers = {init.name for init in gp.initializer}
+    for vi in gp.input:
+        if vi.name not in initializers:
+            define(vi.name, "a graph input")
+    for init in gp.initializer:
+        define(init.name, "an initializer")
+    for node in gp.node:
+        for o in node.output:
             if o:
-                seen[o] = n
+                define(o, f"the output of node '{node.name}' ({node.op_type})")
 
 
 def _range(lo: int, hi: int) -> str:

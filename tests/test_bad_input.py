@@ -150,3 +150,52 @@ def test_corrupt_bundle_weights(tmp_path):
     from modelkiln.artifacts import load
     with pytest.raises(KilnError, match="checksum"):
         load(path)
+
+
+def _twice(case: str) -> onnx.ModelProto:
+    """A graph that defines one name twice, in each way a graph can."""
+    from onnx import numpy_helper
+    b = numpy_helper.from_array(np.ones((1, 4), np.float32), "b")
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    nodes, inputs, inits = [helper.make_node("Add", ["b", "x"], ["y"])], [x], [b]
+    if case == "node_output_is_an_initializer":
+        nodes.insert(0, helper.make_node("Relu", ["x"], ["b"], name="relu"))
+    elif case == "constant_node_is_an_initializer":
+        nodes.insert(0, helper.make_node("Constant", [], ["b"], name="const",
+                                         value=numpy_helper.from_array(np.zeros((1, 4), np.float32))))
+    elif case == "node_output_is_a_graph_input":
+        nodes.insert(0, helper.make_node("Relu", ["b"], ["x"], name="relu"))
+    elif case == "two_initializers":
+        inits.append(numpy_helper.from_array(np.zeros((1, 4), np.float32), "b"))
+    elif case == "in_a_branch":
+        branch = helper.make_graph([helper.make_node("Relu", ["x"], ["t"], name="r1"),
+                                    helper.make_node("Neg", ["x"], ["t"], name="r2")], "then_branch", [],
+                                   [helper.make_tensor_value_info("t", TensorProto.FLOAT, None)])
+        other = helper.make_graph([helper.make_node("Neg", ["x"], ["e"])], "else_branch", [],
+                                  [helper.make_tensor_value_info("e", TensorProto.FLOAT, None)])
+        inputs.append(helper.make_tensor_value_info("c", TensorProto.BOOL, []))
+        nodes = [helper.make_node("If", ["c"], ["y"], then_branch=branch, else_branch=other)]
+    return helper.make_model(helper.make_graph(nodes, "g", inputs, [y], inits),
+                             opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+@pytest.mark.parametrize("case,named,onnxruntime_refuses", [
+    ("node_output_is_an_initializer", "'b' is defined twice, as an initializer and as the output of node 'relu'", True),
+    ("constant_node_is_an_initializer", "'b' is defined twice, as an initializer and as the output of node 'const'",
+     False),
+    ("node_output_is_a_graph_input", "'x' is defined twice, as a graph input and as the output of node 'relu'", True),
+    ("two_initializers", "'b' is defined twice, as an initializer and as an initializer", False),
+    ("in_a_branch", "subgraph 'then_branch': 't' is defined twice", True),
+])
+def test_a_name_defined_twice_is_refused_by_name(case, named, onnxruntime_refuses):
+    """ONNX graphs are single assignment: every name is defined once. onnxruntime refuses
+    three of these ("Duplicate definition"), and silently takes one of the two values in the
+    other two; Kiln had built several, using one value."""
+    import onnxruntime as ort
+    model = _twice(case)
+    if onnxruntime_refuses:
+        with pytest.raises(Exception, match="Duplicate definition"):
+            ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    with pytest.raises(KilnError, match=named.replace("(", r"\(").replace(")", r"\)")):
+        build(model, executor="inprocess", cache=None, progress=False)
