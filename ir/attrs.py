@@ -11,6 +11,15 @@ import numpy as np
 from .graph import Graph, Node, UnsupportedError
 
 
+class NotConstant(UnsupportedError):
+    """An input a node needs at compile time is computed at run time, so far: type inference
+    may fold its producers (ir/ops/inference.py) and ask again."""
+
+    def __init__(self, message: str, tensors: list):
+        super().__init__(message)
+        self.tensors = tensors
+
+
 def const_input(g: Graph, node: Node, index: int, what: str, required: bool = False):
     """The value of input `index` as a numpy array, or None if it is omitted."""
     if index >= len(node.inputs) or not node.inputs[index]:
@@ -19,9 +28,8 @@ def const_input(g: Graph, node: Node, index: int, what: str, required: bool = Fa
         return None
     name = node.inputs[index]
     if name not in g.constants:
-        raise UnsupportedError(
-            f"{node.describe()}: input '{name}' ({what}) must be known at compile time, "
-            "but it is computed at run time; Kiln compiles static shapes only")
+        raise NotConstant(f"{node.describe()}: input '{name}' ({what}) must be known at compile time, "
+                          "but it is computed at run time; Kiln compiles static shapes only", [name])
     return g.constants[name]
 
 

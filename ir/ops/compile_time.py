@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..attrs import NotConstant
 from ..graph import TensorType, UnsupportedError, as_kiln_array
 from ..validate import check_tensor_size
 from .registry import OPAQUE, OpDef, register
@@ -46,8 +47,9 @@ def _constant_of_shape_value(a, values, g, node):
 def _from_value(evaluate):
     """The type of a compile-time-only op is the type of its value."""
     def infer(g, node, p):
-        if not all(i in g.constants for i in node.inputs if i):
-            raise UnsupportedError(f"{node.describe()}: inputs must be known at compile time")
+        missing = [i for i in node.inputs if i and i not in g.constants]
+        if missing:
+            raise NotConstant(f"{node.describe()}: inputs must be known at compile time", missing)
         values = evaluate(node.attrs, [g.constants.get(i) if i else None for i in node.inputs], g, node)
         return [TensorType(tuple(v.shape), str(as_kiln_array(np.asarray(v)).dtype)) for v in values]
     return infer

@@ -9,6 +9,7 @@ import collections
 
 import numpy as np
 
+from ..attrs import NotConstant
 from ..dtypes import DTYPES, is_float, numpy_dtype
 from ..graph import Graph, KilnError, Node, UnsupportedError, as_kiln_array
 from ..validate import check_tensor_size
@@ -40,23 +41,88 @@ def fold(g: Graph, node: Node, values: list) -> list | None:
             for name, v in zip(node.outputs, out)]
 
 
+def _fold_producers(g: Graph, tensors: list, producer: dict, folded: set) -> bool:
+    """Make `tensors` constants by folding the kept nodes that compute them, back to the graph's
+    constants: what an op needs at compile time and is computed only from weights and static
+    shapes (an LSTM's W as torch's exporter slices and concatenates it, a Range over a Cast
+    of a Shape). Its outputs become weights, data like initializers. False where a tensor
+    depends on a graph input or on an op that does not fold."""
+    order, seen, stack = [], set(), list(tensors)
+    while stack:  # (explicit stack: a chain thousands of nodes long is fine)
+        name = stack.pop()
+        if name in g.constants or name in seen:
+            continue
+        node = producer.get(name)
+        if node is None or op_def(node.op).evaluate is None:
+            return False
+        seen.update(o for o in node.outputs if o)
+        order.append(node)
+        stack += [i for i in node.inputs if i]
+    for node in reversed(order):  # producers before what reads them (a DAG walked depth first)
+        if id(node) in folded:
+            continue
+        if any(i and i not in g.constants for i in node.inputs):  # order fixed below
+            return _fold_in_order(g, order, folded)
+        if not _fold_into_constants(g, node, folded):
+            return False
+    return True
+
+
+def _with_constants(g: Graph, step, producer: dict, folded: set):
+    """step(), again each time it asks for a tensor as a constant that can be folded (each
+    round folds another: an LSTM asks for W, then R, then B)."""
+    while True:
+        try:
+            return step()
+        except NotConstant as e:
+            if not _fold_producers(g, e.tensors, producer, folded):
+                raise
+
+
+def _fold_in_order(g: Graph, nodes: list, folded: set) -> bool:
+    """Fold `nodes` (each computable once its inputs are) in an order that works."""
+    left = [n for n in nodes if id(n) not in folded]
+    while left:
+        ready = [n for n in left if all(not i or i in g.constants for i in n.inputs)]
+        if not ready:
+            return False
+        for n in ready:
+            if not _fold_into_constants(g, n, folded):
+                return False
+        left = [n for n in left if id(n) not in folded]
+    return True
+
+
+def _fold_into_constants(g: Graph, node: Node, folded: set) -> bool:
+    if sum(g.types[o].size for o in node.outputs if o) > MAX_FOLDED_ELEMENTS:
+        return False
+    outs = fold(g, node, [g.constants.get(i) if i else None for i in node.inputs])
+    if outs is None:
+        return False
+    for name, value in zip(node.outputs, outs):
+        if name:
+            g.add_constant(name, value)
+    folded.add(id(node))
+    return True
+
+
 def resolve(g: Graph, fold_floats: bool) -> Graph:
     """Types and canonical parameters of every node (anew: passes before may have rewritten
-    nodes), folding what it may."""
+    nodes), folding what it may, and on demand what a node needs at compile time."""
     g.params = {}
-    kept = []
+    kept, producer, folded = [], {}, set()
     pending = collections.deque(g.nodes)
     while pending:
         node = pending.popleft()
         definition = op_def(node.op)
         if definition is not None and definition.expand is not None:  # its body takes its place
-            body = definition.expand(g, node)
+            body = _with_constants(g, lambda: definition.expand(g, node), producer, folded)
             for n in body:  # (a node in a branch decided at run time: so is what it expands to)
                 n.guard = n.guard or node.guard
             pending.extendleft(reversed(body))
             continue
         try:
-            types, g.params[node.key] = infer(g, node)
+            types, g.params[node.key] = _with_constants(g, lambda: infer(g, node), producer, folded)
         except KilnError as e:
             msg = str(e)
             raise type(e)(msg if node.describe() in msg else f"{node.describe()}: {msg}") from None
@@ -65,6 +131,8 @@ def resolve(g: Graph, fold_floats: bool) -> Graph:
                 check_tensor_size(name, t.shape, DTYPES[t.dtype].itemsize)
                 g.types[name] = t
         definition = op_def(node.op)
+        if definition.compile_time:  # (an op evaluated at compile time only: fold what feeds it)
+            _fold_producers(g, [i for i in node.inputs if i], producer, folded)
         inputs_const = all(i in g.constants for i in node.inputs if i) or definition.shape_only
         wanted = definition.compile_time or (inputs_const and (
             fold_floats or not any(is_float(t.dtype) for t in types)))
@@ -78,5 +146,6 @@ def resolve(g: Graph, fold_floats: bool) -> Graph:
         if definition.compile_time:
             raise KilnError(f"{node.describe()}: its inputs must be known at compile time")
         kept.append(node)
-    g.nodes = kept
+        producer.update((o, node) for o in node.outputs if o)
+    g.nodes = [n for n in kept if id(n) not in folded]
     return g
