@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..attrs import NotConstant
-from ..graph import TensorType, UnsupportedError, as_kiln_array
+from ..graph import TensorType, as_kiln_array
 from ..validate import check_tensor_size
 from .registry import OPAQUE, OpDef, register
 

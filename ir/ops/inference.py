@@ -47,7 +47,7 @@ def _fold_producers(g: Graph, tensors: list, producer: dict, folded: set) -> boo
     shapes (an LSTM's W as torch's exporter slices and concatenates it, a Range over a Cast
     of a Shape). Its outputs become weights, data like initializers. False where a tensor
     depends on a graph input or on an op that does not fold."""
-    order, seen, stack = [], set(), list(tensors)
+    needed, seen, stack = [], set(), list(tensors)
     while stack:  # (explicit stack: a chain thousands of nodes long is fine)
         name = stack.pop()
         if name in g.constants or name in seen:
@@ -56,15 +56,14 @@ def _fold_producers(g: Graph, tensors: list, producer: dict, folded: set) -> boo
         if node is None or op_def(node.op).evaluate is None:
             return False
         seen.update(o for o in node.outputs if o)
-        order.append(node)
+        needed.append(node)
         stack += [i for i in node.inputs if i]
-    for node in reversed(order):  # producers before what reads them (a DAG walked depth first)
-        if id(node) in folded:
-            continue
-        if any(i and i not in g.constants for i in node.inputs):  # order fixed below
-            return _fold_in_order(g, order, folded)
-        if not _fold_into_constants(g, node, folded):
+    left = [n for n in needed if id(n) not in folded]
+    while left:  # each round folds every node whose inputs are constants by now
+        ready = [n for n in left if all(not i or i in g.constants for i in n.inputs)]
+        if not ready or not all(_fold_into_constants(g, n, folded) for n in ready):
             return False
+        left = [n for n in left if id(n) not in folded]
     return True
 
 
@@ -77,20 +76,6 @@ def _with_constants(g: Graph, step, producer: dict, folded: set):
         except NotConstant as e:
             if not _fold_producers(g, e.tensors, producer, folded):
                 raise
-
-
-def _fold_in_order(g: Graph, nodes: list, folded: set) -> bool:
-    """Fold `nodes` (each computable once its inputs are) in an order that works."""
-    left = [n for n in nodes if id(n) not in folded]
-    while left:
-        ready = [n for n in left if all(not i or i in g.constants for i in n.inputs)]
-        if not ready:
-            return False
-        for n in ready:
-            if not _fold_into_constants(g, n, folded):
-                return False
-        left = [n for n in left if id(n) not in folded]
-    return True
 
 
 def _fold_into_constants(g: Graph, node: Node, folded: set) -> bool:
