@@ -15,9 +15,9 @@ class NotConstant(UnsupportedError):
     """An input a node needs at compile time is computed at run time, so far: type inference
     may fold its producers (ir/ops/inference.py) and ask again."""
 
-    def __init__(self, message: str, tensors: list):
+    def __init__(self, message: str, tensors: list = ()):  # (re-raised with its node's name: no tensors)
         super().__init__(message)
-        self.tensors = tensors
+        self.tensors = list(tensors)
 
 
 def const_input(g: Graph, node: Node, index: int, what: str, required: bool = False):
