@@ -37,6 +37,8 @@ ORPHAN_AGE_S = 3600.0  # a temp file older than this belongs to no running write
 
 
 DIGEST_RECORD_BYTES = 64 * 1024  # a file digest record is a few hundred bytes
+# A file digest record's fields (orchestrator/file_digests.py writes and reads them).
+DIGEST_RECORD_FIELDS = ("stamp", "recorded_ns", "value")
 
 
 def digest_record_problem(data: bytes) -> str:
@@ -45,8 +47,8 @@ def digest_record_problem(data: bytes) -> str:
         record = json.loads(data)
     except ValueError:
         return "not a JSON digest record"
-    if not isinstance(record, dict) or set(record) != {"stamp", "recorded_ns", "value"}:
-        return "not a digest record (stamp, recorded_ns, value)"
+    if not isinstance(record, dict) or set(record) != set(DIGEST_RECORD_FIELDS):
+        return f"not a digest record ({', '.join(DIGEST_RECORD_FIELDS)})"
     return ""
 
 

@@ -18,7 +18,7 @@ import stat
 import tempfile
 import time
 
-from ..artifacts.store import DIGEST_RECORD_BYTES, NotAnEntry, read_regular
+from ..artifacts.store import DIGEST_RECORD_BYTES, DIGEST_RECORD_FIELDS, NotAnEntry, read_regular
 
 RACY_NS = 2_000_000_000
 
@@ -56,7 +56,7 @@ def remembered(folder: str | None, path: str, compute) -> dict:
             return value
         fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=folder)
         with os.fdopen(fd, "w") as f:
-            json.dump({"stamp": stamp, "recorded_ns": time.time_ns(), "value": value}, f)
+            json.dump(dict(zip(DIGEST_RECORD_FIELDS, (stamp, time.time_ns(), value))), f)
         os.replace(tmp, record)
     except OSError:
         pass

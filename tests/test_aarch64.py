@@ -147,6 +147,10 @@ def test_without_a_cross_compiler_the_bundle_holds_objects(tmp_path, executor, m
     monkeypatch.setattr(bundle, "find_linker", lambda arch: None)
     result = build(model_zoo.cnn(), target="aarch64", executor=executor, cache=None, progress=False)
     path = result.export(str(tmp_path / "arm"))
-    assert "model.so" not in os.listdir(path) and os.listdir(os.path.join(path, "objects"))
+    objects = os.listdir(os.path.join(path, "objects"))
+    assert "model.so" not in os.listdir(path) and objects
+    with open(os.path.join(path, "objects", objects[0]), "rb") as f:
+        head = f.read(20)
+    assert head[:4] == b"\x7fELF" and int.from_bytes(head[18:20], "little") == 183  # EM_AARCH64
     with pytest.raises(KilnError, match="holds objects only"):
         load(path)
