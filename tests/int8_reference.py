@@ -8,7 +8,8 @@ onnxruntime stays a second opinion where its int8 is exact (`onnxruntime_int8_is
 
 The reference evaluator knows ONNX's own ops only; the com.microsoft QLinear ops that
 onnxruntime's QOperator format writes are defined here by their documentation: dequantize each
-quantized input, apply the float op, quantize the result.
+quantized input, apply the float op, quantize the result. DynamicQuantizeLSTM, whose
+documentation does not say how the activations are quantized, follows onnxruntime's kernel.
 """
 from __future__ import annotations
 
@@ -97,8 +98,82 @@ class QGemm(OpRun):
         return (y.astype(np.float32),) if sy is None else (_quantize(y, sy, zy),)
 
 
+def _dynamic_uint8(a: np.ndarray):
+    """onnxruntime's dynamic quantization of a float32 matrix to uint8 (its
+    GetQuantizationParameter): the range widened to hold 0, scale = range / 255 or 1 if the
+    range is empty, zero point round(-min / scale); then round(a / scale) + zp, saturated.
+    Returns the centred values (q - zp) and the scale."""
+    lo, hi = min(np.float32(a.min(initial=0)), np.float32(0)), max(np.float32(a.max(initial=0)), np.float32(0))
+    scale = np.float32(1) if hi == lo else np.float32(hi - lo) / np.float32(255)
+    zp = np.rint(np.clip(-(lo / scale), 0, 255))
+    q = np.clip(np.rint(a / scale) + zp, 0, 255)
+    return (q - zp).astype(np.int64), scale
+
+
+_LSTM_ACTIVATIONS = {"Sigmoid": lambda x: 1 / (1 + np.exp(-x)), "Tanh": np.tanh, "Relu": lambda x: np.maximum(x, 0)}
+
+
+class DynamicQuantizeLSTM(OpRun):
+    """An LSTM (gates i, o, f, c) with 8-bit W [dirs, input, 4H] and R [dirs, H, 4H], its
+    activations quantized as onnxruntime's kernel does: X (the steps up to the longest
+    sequence) once, h_prev at every step, both to uint8 with `_dynamic_uint8`; the products
+    sum exactly and are scaled by the two scales, the biases added after. A row's h_prev
+    counts as 0 once the row is past its sequence length (onnxruntime zeroes those rows of
+    Y). The activation names Sigmoid, Tanh and Relu are known."""
+    op_domain = "com.microsoft"
+
+    def _run(self, x, w, r, b=None, lens=None, h0=None, c0=None, p=None, w_scale=None, w_zero=None, r_scale=None,
+             r_zero=None, activation_alpha=None, activation_beta=None, activations=None, clip=None, direction=None,
+             hidden_size=None, input_forget=None):
+        seq, batch, _ = x.shape
+        dirs, hidden, gh = r.shape[0], r.shape[1], r.shape[2]
+        lens = np.full(batch, seq) if lens is None else lens.astype(np.int64)
+        longest = int(lens.max())
+        acts = [a.decode() if isinstance(a, bytes) else a for a in (activations or ["Sigmoid", "Tanh", "Tanh"] * dirs)]
+        acts = acts * 2 if len(acts) == 3 and dirs == 2 else acts
+        bias = np.zeros((dirs, 2 * gh), np.float32) if b is None else b
+        x_q, x_scale = _dynamic_uint8(x[:longest])
+        per_column = lambda v, d: np.broadcast_to(v.reshape(dirs, -1)[d], (gh,))  # noqa: E731
+        y = np.zeros((seq, dirs, batch, hidden), np.float32)
+        y_h, y_c = np.zeros((dirs, batch, hidden), np.float32), np.zeros((dirs, batch, hidden), np.float32)
+        for d in range(dirs):
+            sig, g_act, h_act = (_LSTM_ACTIVATIONS[n] for n in acts[3 * d:3 * d + 3])
+            wc = w[d].astype(np.int64) - per_column(w_zero, d).astype(np.int64)
+            rc = r[d].astype(np.int64) - per_column(r_zero, d).astype(np.int64)
+            xw = (x_q @ wc).astype(np.float32) * (x_scale * per_column(w_scale, d).astype(np.float32))
+            b_sum = bias[d, :gh] + bias[d, gh:]
+            h = np.zeros((batch, hidden), np.float32) if h0 is None else h0[d].copy()
+            c = np.zeros((batch, hidden), np.float32) if c0 is None else c0[d].copy()
+            prev = h.copy()  # the matrix onnxruntime quantizes: h0, then Y's rows
+            reverse = direction == "reverse" or (direction == "bidirectional" and d == 1)
+            for s in range(longest):
+                active = s < lens
+                t = np.where(active & reverse, lens - 1 - s, s)
+                h_q, h_scale = _dynamic_uint8(prev)
+                gates = (xw[t, np.arange(batch)] + (h_q @ rc).astype(np.float32) * (h_scale * per_column(r_scale, d))
+                         + b_sum)
+                if clip is not None:
+                    gates = np.clip(gates, -clip, clip)
+                gi, go, gf, gc = np.split(gates, 4, axis=1)
+                if p is not None:
+                    pi, po, pf = np.split(p[d], 3)
+                    gi, gf = gi + pi * c, gf + pf * c
+                i = sig(gi)
+                f = 1 - i if input_forget else sig(gf)
+                c_new = f * c + i * g_act(gc)
+                if p is not None:
+                    go = go + po * c_new
+                h_new = sig(go) * h_act(c_new)
+                c = np.where(active[:, None], c_new, c)
+                h = np.where(active[:, None], h_new, h)
+                prev = np.where(active[:, None], h_new, 0).astype(np.float32)
+                y[t[active], d, np.arange(batch)[active]] = h_new[active]
+            y_h[d], y_c[d] = h, c
+        return y, y_h, y_c
+
+
 CONTRIB_OPS = [QLinearAdd, QLinearMul, QLinearSigmoid, QLinearLeakyRelu, QLinearGlobalAveragePool, QLinearConcat,
-               QGemm]
+               QGemm, DynamicQuantizeLSTM]
 
 
 # The reference evaluator implements DequantizeLinear and QuantizeLinear from opset 19 on (which

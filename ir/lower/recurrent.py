@@ -10,13 +10,15 @@ The input projection of every step (X W^T + biases) was computed before, by one 
   gates, cell and hidden update             vectorized over hidden units; Y[t] written
 
 GRU with linear_before_reset=0 multiplies R_h by (r * h_prev), so it takes the reset gate
-first and runs a second product for the h columns. Steps past a row's sequence_lens leave
+first and runs a second product for the h columns. A quantized LSTM (onnxruntime's
+DynamicQuantizeLSTM, attribute `quantized`) quantizes h_prev to uint8 each step and sums
+its products with R's 8-bit values in int32 (`_quantized_recurrent_product`). Steps past a row's sequence_lens leave
 its state alone and its Y at zero; reverse directions walk each row from its own last step.
 """
 from __future__ import annotations
 
 from ..graph import Node
-from ..loop import Cast, Const, For, If, Let, Load, Store, Var, add, cmp, fbin, mul, select, sub
+from ..loop import Assign, Cast, Const, For, If, Let, Load, Local, Store, Var, add, call, cmp, fbin, mul, select, sub
 from .builder import KernelBuilder
 
 
@@ -48,6 +50,10 @@ def lower_recurrence(b: KernelBuilder, node: Node, activation) -> tuple:
     accs = [b.workspace(batch * gh) for _ in range(dirs)]
     rhs = [b.workspace(batch * hidden) if cell == "gru" and not a["linear_before_reset"] else None
            for _ in range(dirs)]
+    quantized = a.get("quantized", False)
+    if quantized:  # per direction: h_prev quantized, and the int32 sums
+        r_scale = b.in_param(node.inputs[7])
+        q_scratch = [(b.workspace(batch * hidden, "i32"), b.workspace(batch * gh, "i32")) for _ in range(dirs)]
     clip = a["clip"]
 
     def clipped(x):
@@ -97,7 +103,13 @@ def lower_recurrence(b: KernelBuilder, node: Node, activation) -> tuple:
                     if keep < gh else Load(xw, add(row, j)))], "vectorize")]
             stmts.append(loop(batch, load_input))
             first = 2 * hidden if rh is not None else gh
-            stmts += _recurrent_product(loop, rt, d, hidden, gh, batch, acc, h_ws, state, 0, first)
+            if quantized:
+                def active(bb):  # the rows whose h_prev onnxruntime quantizes: see below
+                    return cmp("le", s, length(bb)) if lens is not None else None
+                stmts += _quantized_recurrent_product(b, loop, rt, r_scale, d, hidden, gh, batch, acc, h_ws, state,
+                                                      active, *q_scratch[d])
+            else:
+                stmts += _recurrent_product(loop, rt, d, hidden, gh, batch, acc, h_ws, state, 0, first)
             if rh is not None:  # GRU: (r * h_prev) R_h^T
                 def reset_times_state(bb):
                     return [loop(hidden, lambda k: [Store(rh, add(mul(bb, hidden), k), fbin(
@@ -155,6 +167,63 @@ def _recurrent_product(loop, rt, d, hidden, gh, batch, acc, src, src_at, col0, c
             return [loop(width, column, "vectorize")]
         return [loop(batch, per_batch)]
     return [loop(hidden // u, lambda k: rows(mul(k, u)))]
+
+
+def _quantized_recurrent_product(b, loop, rt, r_scale, d, hidden, gh, batch, acc, h_src, src_at, active,
+                                 q_h, sums) -> list:
+    """acc[bb, :] += h_prev R^T as onnxruntime's DynamicQuantizeLSTM computes it.
+
+    h_prev of all batch rows is one matrix quantized to uint8: its range, widened to hold 0,
+    gives scale = range / 255 (1 if the range is empty) and zero point round(-min / scale).
+    The products with R's 8-bit values (R^T here already less its zero points, as int32) sum
+    exactly in int32; the sums are scaled by scale * R_scale[col]. onnxruntime zeroes the
+    rows of Y (its h_prev) once a row is past its sequence length, and zero is in the range
+    anyway, so a row counts while step <= its length (`active`; None: every row)."""
+    lo, hi, scale, zero = b.fresh("lo"), b.fresh("hi"), b.fresh("scale"), b.fresh("zp")
+
+    def h_at(bb, k):
+        h = Load(h_src, src_at(bb, k))
+        return h if active(bb) is None else select(active(bb), h, _f(0))
+
+    def widen(bb, k):
+        return [Assign(lo, fbin("min", Var(lo, "f32"), h_at(bb, k))), Assign(hi, fbin("max", Var(hi, "f32"), h_at(bb, k)))]
+
+    def quantize(bb, k):
+        q = fbin("min", fbin("max", fbin("add", call("round", fbin("div", h_at(bb, k), Var(scale, "f32"))),
+                                         Var(zero, "f32")), _f(0)), _f(255))
+        return [Store(q_h, add(mul(bb, hidden), k), fbin("sub", Cast("i32", q), Cast("i32", Var(zero, "f32"))))]
+
+    u = UNROLL if hidden % UNROLL == 0 else 1
+
+    def rows(k0):
+        def per_batch(bb):
+            qs = [Load(q_h, add(mul(bb, hidden), add(k0, i))) for i in range(u)]
+
+            def column(j):
+                total = Load(sums, add(mul(bb, gh), j))
+                for i in range(u):
+                    total = fbin("add", total, fbin("mul", qs[i], Load(rt, add(mul(add(mul(Const(d), hidden),
+                                                                                        add(k0, i)), gh), j))))
+                return [Store(sums, add(mul(bb, gh), j), total)]
+            return [loop(gh, column, "vectorize")]
+        return [loop(batch, per_batch)]
+
+    def scaled(bb, j):
+        at = add(mul(bb, gh), j)
+        multiplier = fbin("mul", Var(scale, "f32"), Load(r_scale, add(Const(d * gh), j)))
+        return [Store(acc, at, fbin("add", Load(acc, at), fbin("mul", Cast("f32", Load(sums, at)), multiplier)))]
+    return [
+        Local(lo, "f32", _f(0)), Local(hi, "f32", _f(0)),
+        loop(batch, lambda bb: [loop(hidden, lambda k: widen(bb, k))]),
+        Let(scale, select(cmp("eq", Var(hi, "f32"), Var(lo, "f32")), _f(1),
+                          fbin("div", fbin("sub", Var(hi, "f32"), Var(lo, "f32")), _f(255)))),
+        Let(zero, call("round", fbin("min", fbin("max", fbin("sub", _f(0), fbin("div", Var(lo, "f32"),
+                                                                                Var(scale, "f32"))), _f(0)), _f(255)))),
+        loop(batch, lambda bb: [loop(hidden, lambda k: quantize(bb, k), "vectorize")]),
+        loop(batch * gh, lambda i: [Store(sums, i, Const(0, "i32"))], "vectorize"),
+        loop(hidden // u, lambda k: rows(mul(k, u))),
+        loop(batch, lambda bb: [loop(gh, lambda j: scaled(bb, j), "vectorize")]),
+    ]
 
 
 def _cell_update(b, cell, a, act, clipped, g, at, h_ws, c_ws, peep, rec_bias, d, hidden, xw, xw_at, y_out, y_at):

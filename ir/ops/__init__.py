@@ -1,10 +1,10 @@
 """Kiln's operators, one definition each (see registry.py), grouped by family."""
-from . import (compile_time, control_flow, conv_gemm, elementwise, functions, indexing, quantize, recurrent, reduce,
-               shape)
+from . import (compile_time, control_flow, conv_gemm, elementwise, functions, indexing, quantize, recurrent,
+               recurrent_quantized, reduce, shape)
 from .registry import (BROADCAST, ELEMWISE, INJECTIVE, OPAQUE, OUT_EWISE_FUSABLE, REDUCTION, REGISTRY, OpDef,
                        op_def)
 
-FAMILIES = (elementwise, shape, indexing, reduce, conv_gemm, quantize, recurrent, control_flow, compile_time,
+FAMILIES = (elementwise, shape, indexing, reduce, conv_gemm, quantize, recurrent, recurrent_quantized, control_flow, compile_time,
             functions)  # importing each registers its ops
 SUPPORTED_OPS = sorted(REGISTRY)
 

@@ -22,6 +22,7 @@ from .registry import BROADCAST, ELEMWISE, OpDef, register
 
 # Ops other ops are built from (QLinear ops, recurrent nets, control flow).
 CAST, DIV, SIGMOID, TANH, LEAKY_RELU, AND = "Cast", "Div", "Sigmoid", "Tanh", "LeakyRelu", "And"
+SUB, MIN, MAX, CLIP, ROUND, EQUAL, LESS = "Sub", "Min", "Max", "Clip", "Round", "Equal", "Less"
 
 
 def _same(g, node, p):
@@ -166,7 +167,7 @@ register(
     _unary("Abs", lambda x, a, is_f, b, n: call("abs", x) if is_f else select(cmp("lt", x, Const(0)), sub(Const(0), x), x),
            lambda x, a: np.abs(x)),
     _unary("Not", lambda x, a, is_f, b, n: call("not", x), lambda x, a: np.logical_not(x), infer=_not_infer),
-    _unary("Clip", _clip, lambda x, a: np.clip(x, a["min"], a["max"]), infer=_clip_infer),
+    _unary(CLIP, _clip, lambda x, a: np.clip(x, a["min"], a["max"]), infer=_clip_infer),
     OpDef(CAST, ELEMWISE, _cast_infer, _cast_fold, _cast_reader),
     OpDef("CastLike", BROADCAST, _castlike_infer, _cast_fold, _cast_reader),
 )
@@ -275,11 +276,11 @@ def _mod_reader(b, node):
 
 
 register(
-    _arith(ADD, "add", lambda x, y, a: np.add(x, y)), _arith("Sub", "sub", lambda x, y, a: np.subtract(x, y)),
+    _arith(ADD, "add", lambda x, y, a: np.add(x, y)), _arith(SUB, "sub", lambda x, y, a: np.subtract(x, y)),
     _arith(MUL, "mul", lambda x, y, a: np.multiply(x, y)), _arith(DIV, "div", _div_fold),
-    _arith("Max", "max", lambda x, y, a: np.maximum(x, y), _variadic_infer),
-    _arith("Min", "min", lambda x, y, a: np.minimum(x, y), _variadic_infer),
-    _compare("Equal", "eq", np.equal), _compare("Less", "lt", np.less), _compare("Greater", "gt", np.greater),
+    _arith(MAX, "max", lambda x, y, a: np.maximum(x, y), _variadic_infer),
+    _arith(MIN, "min", lambda x, y, a: np.minimum(x, y), _variadic_infer),
+    _compare(EQUAL, "eq", np.equal), _compare(LESS, "lt", np.less), _compare("Greater", "gt", np.greater),
     OpDef("Pow", BROADCAST, _pow_infer, lambda a, v, g, node: [np.power(v[0], v[1])], _pow_reader, costly=True),
     OpDef("Mod", BROADCAST, _binary_infer,
           lambda a, v, g, node: [np.fmod(v[0], v[1]) if a.get("fmod", 0) else np.mod(v[0], v[1])], _mod_reader),
@@ -393,7 +394,7 @@ register(
            (np.isneginf(x) & bool(a.get("detect_negative", 1))), infer=_bool_infer),
     _unary("Floor", lambda x, a, is_f, b, n: call("floor", x), lambda x, a: np.floor(x)),
     _unary("Ceil", lambda x, a, is_f, b, n: call("ceil", x), lambda x, a: np.ceil(x)),
-    _unary("Round", lambda x, a, is_f, b, n: call("round", x), lambda x, a: np.round(x)),
+    _unary(ROUND, lambda x, a, is_f, b, n: call("round", x), lambda x, a: np.round(x)),
     _unary("Sign", _sign, lambda x, a: np.sign(x)),
     _unary("Softplus", lambda x, a, is_f, b, n: _softplus(x), lambda x, a: _np_softplus(x)),
     _unary("Softsign", lambda x, a, is_f, b, n: fbin("div", x, fbin("add", f32(1), call("abs", x))),

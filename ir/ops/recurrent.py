@@ -86,9 +86,9 @@ def _constant(g, node: Node, index: int, what: str) -> np.ndarray:
     return const_input(g, node, index, what, required=True).astype(np.float32)
 
 
-def expand_recurrent(g, node: Node) -> list[Node]:
-    cell = node.op
-    spec = CELLS[cell]
+def recurrent_geometry(g, node: Node, cell: str) -> dict:
+    """What every recurrent op's attributes and X say: direction, dirs, layout, seq, batch,
+    width (the input size)."""
     x = g.types[node.inputs[0]]
     if x.dtype != "float32":
         raise UnsupportedError(f"{node.describe()}: {cell} of {x.dtype} is not supported (float32)")
@@ -96,24 +96,46 @@ def expand_recurrent(g, node: Node) -> list[Node]:
                                      b"bidirectional"), "layout": (0, 1)})
     direction = node.attrs.get("direction", "forward")
     direction = direction.decode() if isinstance(direction, bytes) else direction
-    dirs = 2 if direction == "bidirectional" else 1
     layout = node.attrs.get("layout", 0)
     if len(x.shape) != 3:
         raise ShapeError(f"{node.describe()}: X is {x}, not [seq, batch, input] (or [batch, seq, input])")
     seq, batch, width = (x.shape[1], x.shape[0], x.shape[2]) if layout else x.shape
-    gates = spec["gates"]
+    return {"direction": direction, "dirs": 2 if direction == "bidirectional" else 1, "layout": layout,
+            "seq": seq, "batch": batch, "width": width}
+
+
+def check_hidden_size(node: Node, hidden: int, r_shape) -> None:
+    if "hidden_size" in node.attrs and node.attrs["hidden_size"] != hidden:
+        raise ShapeError(f"{node.describe()}: hidden_size={node.attrs['hidden_size']} but R is {list(r_shape)}")
+
+
+def recurrent_bias(g, node: Node, dirs: int, gates: int, hidden: int) -> np.ndarray:
+    """B as [dirs, 2 * gates * hidden] (Wb then Rb), zeros if omitted."""
+    if not _input(node, 3):
+        return np.zeros((dirs, 2 * gates * hidden), np.float32)
+    bias = _constant(g, node, 3, "B")
+    if bias.shape != (dirs, 2 * gates * hidden):
+        raise ShapeError(f"{node.describe()}: B is {list(bias.shape)}, expected {[dirs, 2 * gates * hidden]}")
+    return bias
+
+
+def steps_by_rows(body: NodeBuilder, node: Node, geo: dict) -> str:
+    """X as [seq, batch, input] (batch-first layout transposed)."""
+    return body.add(TRANSPOSE, [node.inputs[0]], perm=[1, 0, 2]) if geo["layout"] else node.inputs[0]
+
+
+def expand_recurrent(g, node: Node) -> list[Node]:
+    cell = node.op
+    spec = CELLS[cell]
+    geo = recurrent_geometry(g, node, cell)
+    dirs, width, gates = geo["dirs"], geo["width"], spec["gates"]
     w, r = _constant(g, node, 1, "W"), _constant(g, node, 2, "R")
     hidden = r.shape[-1]
-    if "hidden_size" in node.attrs and node.attrs["hidden_size"] != hidden:
-        raise ShapeError(f"{node.describe()}: hidden_size={node.attrs['hidden_size']} but R is {list(r.shape)}")
+    check_hidden_size(node, hidden, r.shape)
     if w.shape != (dirs, gates * hidden, width) or r.shape != (dirs, gates * hidden, hidden):
         raise ShapeError(f"{node.describe()}: W {list(w.shape)} and R {list(r.shape)} do not fit {dirs} direction(s) "
                          f"of {gates} gates x hidden {hidden} over input {width}")
-    bias = _constant(g, node, 3, "B") if _input(node, 3) else np.zeros((dirs, 2 * gates * hidden), np.float32)
-    if bias.shape != (dirs, 2 * gates * hidden):
-        raise ShapeError(f"{node.describe()}: B is {list(bias.shape)}, expected {[dirs, 2 * gates * hidden]}")
-    names, alphas, betas = _activations(node, cell, dirs)
-    linear_before_reset = int(node.attrs.get("linear_before_reset", 0))
+    bias = recurrent_bias(g, node, dirs, gates, hidden)
     wb, rb = bias[:, :gates * hidden], bias[:, gates * hidden:]
     # Biases that add linearly go into the projection; GRU's recurrent h-gate bias is inside
     # the reset gate's product (or added after it), so it stays with the recurrence.
@@ -123,26 +145,36 @@ def expand_recurrent(g, node: Node) -> list[Node]:
         rec_bias = np.ascontiguousarray(rb[:, 2 * hidden:])
 
     body = NodeBuilder(g, node)
-    xs = body.add(TRANSPOSE, [node.inputs[0]], perm=[1, 0, 2]) if layout else node.inputs[0]
-    flat = body.reshaped(xs, [seq * batch, width])
+    flat = body.reshaped(steps_by_rows(body, node, geo), [geo["seq"] * geo["batch"], width])
     w_all = np.ascontiguousarray(np.concatenate([w[d].T for d in range(dirs)], axis=1))
     xw = body.add(ADD, [body.add(MATMUL, [flat, body.const(w_all)]), body.const(proj_bias.reshape(-1))])
+    rt = np.ascontiguousarray(r.transpose(0, 2, 1))
+    return add_recurrence(body, node, cell, geo, hidden, xw, [body.const(rt), body.const(rec_bias)])
+
+
+def add_recurrence(body: NodeBuilder, node: Node, cell: str, geo: dict, hidden: int, xw: str,
+                   recurrent: list[str], extra: list[str] = (), **attrs) -> list[Node]:
+    """The kiln.Recurrence node of a recurrent op (and the layout's transposes around it).
+    xw: the projected input [seq * batch, dirs * gates * hidden], biases included;
+    recurrent: R^T and GRU's recurrent h bias; extra: inputs after P that `attrs` explain."""
+    g, spec, dirs, layout = body.g, CELLS[cell], geo["dirs"], geo["layout"]
+    names, alphas, betas = _activations(node, cell, dirs)
     states = []
     for index in (5, 6):
         s = _input(node, index)
         states.append(body.add(TRANSPOSE, [s], perm=[1, 0, 2]) if s and layout else s)
     peep = _input(node, 7)
-    inputs = [xw, body.const(np.ascontiguousarray(r.transpose(0, 2, 1))), body.const(rec_bias),
-              _input(node, 4), states[0], states[1] if cell == LSTM else "",
-              body.const(_constant(g, node, 7, "P")) if peep else ""]
+    inputs = [xw, *recurrent, _input(node, 4), states[0], states[1] if cell == LSTM else "",
+              body.const(_constant(g, node, 7, "P")) if peep else "", *extra]
     outs = [n for n in node.outputs] + [""] * (3 - len(node.outputs))
     inner = [f"{node.key}/{k}" if o and layout else o for o, k in zip(outs, ("y", "y_h", "y_c"))]
     body.nodes.append(Node(RECURRENCE, inputs, inner[:spec["outputs"]], {
-        "kind": spec["kind"], "gates": gates, "hidden": hidden, "seq": seq, "batch": batch,
-        "reverse": [d == 1 or direction == "reverse" for d in range(dirs)],
+        "kind": spec["kind"], "gates": spec["gates"], "hidden": hidden, "seq": geo["seq"], "batch": geo["batch"],
+        "reverse": [d == 1 or geo["direction"] == "reverse" for d in range(dirs)],
         "activations": names, "alphas": alphas, "betas": betas,
         "clip": float(node.attrs["clip"]) if "clip" in node.attrs else None,
-        "input_forget": int(node.attrs.get("input_forget", 0)), "linear_before_reset": linear_before_reset,
+        "input_forget": int(node.attrs.get("input_forget", 0)),
+        "linear_before_reset": int(node.attrs.get("linear_before_reset", 0)), **attrs,
     }, f"{node.name}/recurrence"))
     if layout:
         if outs[0]:

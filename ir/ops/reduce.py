@@ -15,6 +15,7 @@ from .conv_gemm import resolve_window
 from .registry import REDUCTION, OpDef, register
 
 GLOBAL_AVERAGE_POOL, MAX_POOL = "GlobalAveragePool", "MaxPool"
+REDUCE_MAX, REDUCE_MIN = "ReduceMax", "ReduceMin"
 
 
 def _reduce(g, node, p):
@@ -113,7 +114,7 @@ def _logsumexp(x, axis, keepdims):
 
 register(
     _reduction("ReduceSum", "sum", _reduce, np.sum), _reduction("ReduceMean", "mean", _reduce, np.mean),
-    _reduction("ReduceMax", "max", _reduce, np.max), _reduction("ReduceMin", "min", _reduce, np.min),
+    _reduction(REDUCE_MAX, "max", _reduce, np.max), _reduction(REDUCE_MIN, "min", _reduce, np.min),
     _reduction("ReduceProd", "prod", _reduce, np.prod),
     _reduction("ReduceL1", "l1", _reduce, lambda x, **k: np.sum(np.abs(x), **k)),
     _reduction("ReduceL2", "l2", _float_reduce, lambda x, **k: np.sqrt(np.sum(x * x, **k))),
