@@ -115,3 +115,49 @@ def test_range_over_a_cast_of_a_feature_maps_shape(executor):
                               [helper.make_tensor_value_info("y", F, None)], inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     _compare(model, {"x": rng.standard_normal((1, 3, 20, 26)).astype(np.float32)}, executor)
+
+
+def _lstm_body(kind: str, hidden: int = 4):
+    """A Loop or Scan body: an LSTM over the outer 'x' whose weights are Unsqueezed (and, for
+    R, Transposed twice) inside the body, its mean added to the carried sum."""
+    branch = _branch(f"{kind}_body", hidden, seed=5)
+    nodes = list(branch.node)
+    name = f"{kind}_body"
+    nodes[1] = helper.make_node("Transpose", [f"{name}_r"], [f"{name}_rt"], perm=[1, 0])
+    nodes.insert(2, helper.make_node("Transpose", [f"{name}_rt"], [f"{name}_rtt"], perm=[1, 0]))
+    nodes.insert(3, helper.make_node("Unsqueeze", [f"{name}_rtt", f"{name}_axis"], [f"{name}_R"]))
+    nodes.append(helper.make_node("Add", ["sum_in", f"{name}_out"], ["sum_out"]))
+    inputs = [helper.make_tensor_value_info("sum_in", F, [])]
+    outputs = [helper.make_tensor_value_info("sum_out", F, [])]
+    if kind == "loop":
+        nodes.append(helper.make_node("Identity", ["cond_in"], ["cond_out"]))
+        inputs = [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+                  helper.make_tensor_value_info("cond_in", TensorProto.BOOL, [])] + inputs
+        outputs = [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, [])] + outputs
+    else:  # a Scan also scans a row of 'rows' and adds it
+        nodes.append(helper.make_node("ReduceSum", ["row"], ["row_sum"], keepdims=0))
+        nodes[-2] = helper.make_node("Add", ["sum_in", f"{name}_out"], ["partial"])
+        nodes.append(helper.make_node("Add", ["partial", "row_sum"], ["sum_out"]))
+        inputs.append(helper.make_tensor_value_info("row", F, [3]))
+    return helper.make_graph(nodes, name, inputs, outputs, list(branch.initializer))
+
+
+@pytest.mark.parametrize("kind", ["loop", "scan"])
+def test_lstm_weights_computed_inside_loop_and_scan_bodies(kind, executor):
+    """The same chains inside a Loop (static trip count) and a Scan body."""
+    zero = numpy_helper.from_array(np.float32(0), "zero")
+    inputs = [helper.make_tensor_value_info("x", F, [5, 1, 3])]
+    if kind == "loop":
+        node = helper.make_node("Loop", ["trips", "", "zero"], ["total"], body=_lstm_body("loop"))
+        inits = [zero, _ints("trips", 3)]
+    else:
+        node = helper.make_node("Scan", ["zero", "rows"], ["total"], body=_lstm_body("scan"), num_scan_inputs=1)
+        inits = [zero]
+        inputs.append(helper.make_tensor_value_info("rows", F, [4, 3]))
+    graph = helper.make_graph([node], kind, inputs, [helper.make_tensor_value_info("total", F, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    rng = np.random.default_rng(6)
+    feeds = {"x": rng.standard_normal((5, 1, 3)).astype(np.float32)}
+    if kind == "scan":
+        feeds["rows"] = rng.standard_normal((4, 3)).astype(np.float32)
+    assert not _weight_ops(_compare(model, feeds, executor))
