@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import math
 
-from .manifest import ENTRY_ABI_VERSION, Manifest
+from .manifest import ENTRY_ABI_VERSION, Manifest, dim_text, dim_value
 
 HEADER = "kiln_model.h"
 _C_TYPES = {"float32": "float", "float64": "double", "float16": "uint16_t", "bfloat16": "uint16_t", "bool": "uint8_t",
@@ -25,18 +25,77 @@ def _array(c_type: str, name: str, values: list) -> str:
     return f"static const {c_type} {name}[{max(len(values), 1)}] = {{{', '.join(values) or '0'}}};"
 
 
-def _tensors(kind: str, specs: list) -> list[str]:
-    """The C arrays describing a model's inputs or outputs."""
+def _symbolic_dim_c(dim, symbols: list) -> str:
+    """A shape entry in kiln_*_shapes: the size, or -1 - k for symbol k, or KILN_DIM_EXPR."""
+    if isinstance(dim, int):
+        return str(dim)
+    if len(dim) == 1 and dim[0][1] == 1 and len(dim[0][0]) == 1:
+        return str(-1 - symbols.index(dim[0][0][0]))
+    return "KILN_DIM_EXPR"
+
+
+def _bytes_c(spec: dict, symbols: list) -> str:
+    """A tensor's bytes as a C expression of dims[] (the symbols' values)."""
+    terms = []
+    for dim in spec["shape"]:
+        if isinstance(dim, int):
+            terms.append(f"{dim}LL")
+        else:
+            terms.append("(" + " + ".join("*".join([f"{c}LL"] + [f"dims[{symbols.index(s)}]" for s in m])
+                                          for m, c in dim) + ")")
+    return "(size_t)(" + "*".join(terms + [str(_ITEMSIZE[spec["dtype"]])]) + ")"
+
+
+def _symbols(m: Manifest) -> list[str]:
+    """A symbolic model's symbols, and the byte counts of its inputs and outputs at run time."""
+    names = [s["name"] for s in m.symbols]
+    lines = ["/* Symbolic dims: kiln_run_dims takes each symbol's value, in this order, in dims[]; a",
+             " * shape entry -1 - k is symbol k, KILN_DIM_EXPR a polynomial of them (see kiln_*_bytes_at). */",
+             f"#define KILN_NUM_SYMBOLS {len(names)}", "#define KILN_DIM_EXPR (-1000000LL)",
+             _array("char* const", "kiln_symbol_names", [json.dumps(n) for n in names]),
+             _array("long long", "kiln_symbol_least", [str(s["least"]) for s in m.symbols]),
+             _array("long long", "kiln_symbol_greatest", [str(s["greatest"]) for s in m.symbols])]
+    for kind, specs in (("input", m.inputs), ("output", m.outputs)):
+        lines += [f"/* Bytes of {kind} i for these symbol values. */",
+                  f"static inline size_t kiln_{kind}_bytes_at(int i, const long long* dims) {{",
+                  "  (void)dims;", "  switch (i) {"]
+        lines += [f"    case {i}: return {_bytes_c(s, names)};  /* {s['name']}: "
+                  f"[{', '.join(dim_text(d) for d in s['shape'])}] */" for i, s in enumerate(specs)]
+        lines += ["  }", "  return 0;", "}"]
+    return lines
+
+
+def _tensors(kind: str, specs: list, symbols: list) -> list[str]:
+    """The C arrays describing a model's inputs or outputs (bytes at the symbols' bounds)."""
     rank = max([len(s["shape"]) for s in specs] + [1])
-    shapes = ["{" + ", ".join(map(str, list(s["shape"]) + [0] * (rank - len(s["shape"])))) + "}" for s in specs]
+    names = [s["name"] for s in symbols]
+    greatest = {s["name"]: s["greatest"] for s in symbols}
+    shapes = ["{" + ", ".join([_symbolic_dim_c(d, names) for d in s["shape"]] + ["0"] * (rank - len(s["shape"])))
+              + "}" for s in specs]
     return [f"#define KILN_NUM_{kind.upper()}S {len(specs)}",
             _array("char* const", f"kiln_{kind}_names", [json.dumps(s["name"]) for s in specs]),
             _array("char* const", f"kiln_{kind}_dtypes", [json.dumps(s["dtype"]) for s in specs]),
             _array("int", f"kiln_{kind}_ranks", [str(len(s["shape"])) for s in specs]),
             f"static const long long kiln_{kind}_shapes[{max(len(specs), 1)}][{rank}] = "
             f"{{{', '.join(shapes) or '{0}'}}};",
-            _array("size_t", f"kiln_{kind}_bytes", [str(math.prod(s["shape"]) * _ITEMSIZE[s["dtype"]]) for s in specs]),
+            _array("size_t", f"kiln_{kind}_bytes", [str(math.prod(dim_value(d, greatest) for d in s["shape"])
+                                                        * _ITEMSIZE[s["dtype"]]) for s in specs]),
             "/* element types, in order: " + ", ".join(f"{s['name']}: {_C_TYPES[s['dtype']]}" for s in specs) + " */"]
+
+
+_ENTRY_STATIC = [
+    "int kiln_run(char* weights, char* arena, void** inputs, void** outputs);",
+    "/* kiln_run on `threads` threads (<= 0: kiln_num_threads()); any count gives the same bytes. */",
+    "int kiln_run_threads(char* weights, char* arena, void** inputs, void** outputs, int threads);",
+    "int kiln_run_profiled(char* weights, char* arena, void** inputs, void** outputs, double* times_ms,",
+    "                      int threads);"]
+_ENTRY_DIMS = [
+    "/* Run with the symbols' values in dims[] (within their bounds: the caller checks; inputs and",
+    " * outputs hold kiln_*_bytes_at(i, dims) bytes each) on `threads` threads (<= 0: the default). */",
+    "int kiln_run_dims(char* weights, char* arena, void** inputs, void** outputs, const long long* dims,",
+    "                  int threads);",
+    "int kiln_run_dims_profiled(char* weights, char* arena, void** inputs, void** outputs, const long long* dims,",
+    "                           double* times_ms, int threads);"]
 
 
 def model_header(m: Manifest) -> str:
@@ -61,7 +120,8 @@ def model_header(m: Manifest) -> str:
              f"#define KILN_WEIGHTS_BYTES {m.weights_bytes}u",
              f"#define KILN_ARENA_BYTES {m.arena_bytes}u",
              f"#define KILN_SIGNATURE {json.dumps(m.signature())}  /* kiln_signature() of the library */",
-             *_tensors("input", m.inputs), *_tensors("output", m.outputs), "",
+             *_tensors("input", m.inputs, m.symbols), *_tensors("output", m.outputs, m.symbols), "",
+             *(_symbols(m) + [""] if m.symbols else []),
              "/* The library's entry points. */",
              "size_t kiln_arena_bytes(void);",
              "int kiln_abi_version(void);",
@@ -71,11 +131,7 @@ def model_header(m: Manifest) -> str:
              " * environment variable, or what kiln_set_num_threads set (n <= 0: back to the default). */",
              "int kiln_num_threads(void);",
              "int kiln_set_num_threads(int n);",
-             "int kiln_run(char* weights, char* arena, void** inputs, void** outputs);",
-             "/* kiln_run on `threads` threads (<= 0: kiln_num_threads()); any count gives the same bytes. */",
-             "int kiln_run_threads(char* weights, char* arena, void** inputs, void** outputs, int threads);",
-             "int kiln_run_profiled(char* weights, char* arena, void** inputs, void** outputs, double* times_ms,",
-             "                      int threads);",
+             *(_ENTRY_DIMS if m.symbols else _ENTRY_STATIC),
              "",
              "/* The weights file read into 64-byte-aligned memory (free() it), or NULL. */",
              "static inline char* kiln_load_weights(const char* path) {",

@@ -19,6 +19,26 @@ ENTRY_ABI_VERSION = 2  # of kiln_run & co. in the library; the library reports i
 MANIFEST = "manifest.json"
 
 
+def dim_value(dim, values: dict) -> int:
+    """A manifest dim's size: an int, or a polynomial of the symbols given their values."""
+    if isinstance(dim, int):
+        return dim
+    total = 0
+    for monomial, coef in dim:
+        term = int(coef)
+        for s in monomial:
+            term *= values[s]
+        total += term
+    return total
+
+
+def dim_text(dim) -> str:
+    """A manifest dim as people read it: 64, batch, 768*batch*seq."""
+    if isinstance(dim, int):
+        return str(dim)
+    return " + ".join("*".join(([str(c)] if c != 1 or not m else []) + list(m)) for m, c in dim)
+
+
 def io_signature(inputs: list, outputs: list, arena_bytes: int) -> str:
     """What the library was built to read and write: compiled into it (kiln_signature) and
     compared with the manifest at load, so a manifest edited to promise other shapes (a
@@ -48,9 +68,15 @@ class Manifest:
     kiln_version: str = KILN_VERSION
     format_version: int = FORMAT_VERSION
     abi_version: int = ENTRY_ABI_VERSION
+    # [{"name", "least", "greatest"}] of a model built with symbolic dims: a symbolic dim of a
+    # shape above is [[[symbol, ...], coefficient], ...], a polynomial (`dim_value`).
+    symbols: list = field(default_factory=list)
 
     def to_bytes(self) -> bytes:
-        return json.dumps(asdict(self), indent=2, sort_keys=True).encode()
+        fields_ = asdict(self)
+        if not self.symbols:  # (a static bundle's manifest is what it was before symbols)
+            del fields_["symbols"]
+        return json.dumps(fields_, indent=2, sort_keys=True).encode()
 
     @classmethod
     def from_bytes(cls, data: bytes, where: str) -> "Manifest":

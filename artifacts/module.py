@@ -18,7 +18,8 @@ import numpy as np
 from .element_types import kind, numpy_dtype
 from .errors import KilnError
 
-from .manifest import ENTRY_ABI_VERSION, KILN_VERSION, Manifest
+from .manifest import ENTRY_ABI_VERSION, KILN_VERSION, Manifest, dim_value
+from .symbols import Symbols
 from .cpu_features import host_arch, missing_on_host
 
 
@@ -67,6 +68,11 @@ def _read_bundle_file(path: str, nbytes: int, into: memoryview | None = None) ->
         os.close(fd)
 
 
+def _static(shape: list) -> tuple | None:
+    """A manifest shape as a tuple, or None where a dim is symbolic."""
+    return tuple(shape) if all(isinstance(d, int) for d in shape) else None
+
+
 class Module:
     def __init__(self, path: str, threads: int | None = None):
         self.path = path
@@ -93,15 +99,18 @@ class Module:
         self._lib = self._load_library(path, m)
         if threads is None:  # the library's default: KILN_NUM_THREADS, else the usable cores
             self.threads = self._lib.kiln_num_threads()
-        self._run = self._lib.kiln_run_threads
+        # A bundle with symbolic dims runs at any size within its bounds: its entry takes the
+        # symbols' values (artifacts/symbols.py), read from each call's input shapes.
+        self._symbols = Symbols(m.symbols, m.inputs, m.outputs) if m.symbols else None
+        self._run = self._lib.kiln_run_dims if self._symbols else self._lib.kiln_run_threads
         self._run.restype = ctypes.c_int
-        self._run.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int]
+        self._run.argtypes = [ctypes.c_void_p] * (5 if self._symbols else 4) + [ctypes.c_int]
         self._in_ptrs = (ctypes.c_void_p * max(len(self.inputs), 1))()
         self._out_ptrs = (ctypes.c_void_p * max(len(self.outputs), 1))()
         self._weights_ptr, self._arena_ptr = self._weights.ctypes.data, self._arena.ctypes.data
         # (name, numpy dtype, shape) of each input and output: what a call checks first
-        self._in_specs = [(s["name"], numpy_dtype(s["dtype"]), tuple(s["shape"])) for s in self.inputs]
-        self._out_specs = [(s["name"], numpy_dtype(s["dtype"]), tuple(s["shape"])) for s in self.outputs]
+        self._in_specs = [(s["name"], numpy_dtype(s["dtype"]), _static(s["shape"])) for s in self.inputs]
+        self._out_specs = [(s["name"], numpy_dtype(s["dtype"]), _static(s["shape"])) for s in self.outputs]
         self._in_names = {s["name"] for s in self.inputs}
         # One arena per module: calls from several threads take turns (ctypes drops the GIL).
         self._lock = threading.Lock()
@@ -155,7 +164,7 @@ class Module:
             if kind(arr.dtype) != kind(want) or not np.can_cast(arr.dtype, want, casting="same_kind"):
                 raise KilnError(f"input '{spec['name']}': expected dtype {spec['dtype']}, got {arr.dtype}")
             arr = arr.astype(want)
-        if list(arr.shape) != list(spec["shape"]):
+        if self._symbols is None and list(arr.shape) != list(spec["shape"]):
             raise KilnError(f"input '{spec['name']}': expected shape {tuple(spec['shape'])}, got {arr.shape}")
         return np.ascontiguousarray(arr)
 
@@ -170,13 +179,20 @@ class Module:
         arrays = []
         for i, (name, dt, shape) in enumerate(self._in_specs):
             a = inputs[name]
-            if not (type(a) is np.ndarray and a.dtype == dt and a.shape == shape and a.flags.c_contiguous):
+            if not (type(a) is np.ndarray and a.dtype == dt and (a.shape == shape or shape is None)
+                    and a.flags.c_contiguous):
                 a = self._check_input(self.inputs[i], a)  # converted where it may be, else a named error
-            self._in_ptrs[i] = _address(a)
             arrays.append(a)
+        out_specs = self._out_specs
+        if self._symbols is not None:  # the symbols' values from the shapes, checked before anything runs
+            values = self._symbols.bind([a.shape for a in arrays])
+            out_specs = [(name, dt, shape) for (name, dt, _), shape in
+                         zip(self._out_specs, self._symbols.output_shapes(values))]
+        for i, a in enumerate(arrays):
+            self._in_ptrs[i] = _address(a)
         if out is None:
-            out = {name: np.empty(shape, dt) for name, dt, shape in self._out_specs}
-        for i, (name, dt, shape) in enumerate(self._out_specs):
+            out = {name: np.empty(shape, dt) for name, dt, shape in out_specs}
+        for i, (name, dt, shape) in enumerate(out_specs):
             a = out.get(name) if isinstance(out, dict) else None
             if not (type(a) is np.ndarray and a.dtype == dt and a.shape == shape and a.flags.c_contiguous
                     and a.flags.writeable):
@@ -192,7 +208,8 @@ class Module:
         calls the model many times allocates nothing."""
         with self._lock:
             outs = self._bind(inputs, out)
-            rc = self._run(self._weights_ptr, self._arena_ptr, self._in_ptrs, self._out_ptrs, self._threads)
+            rc = self._run(self._weights_ptr, self._arena_ptr, self._in_ptrs, self._out_ptrs,
+                           *self._dims_arg(), self._threads)
         if rc != 0:
             raise KilnError(f"model '{self.path}' returned error code {rc}")
         return outs
@@ -200,26 +217,34 @@ class Module:
     def profile(self, inputs: dict | None = None, repeat: int = 20) -> list[dict]:
         """Median wall time of each kernel call, in call order."""
         calls = self.manifest.calls
-        fn = self._lib.kiln_run_profiled
-        fn.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int]
+        fn = self._lib.kiln_run_dims_profiled if self._symbols else self._lib.kiln_run_profiled
+        fn.argtypes = [ctypes.c_void_p] * (6 if self._symbols else 5) + [ctypes.c_int]
         times = np.zeros((repeat, len(calls)))
         inputs = inputs if inputs is not None else self.random_inputs()
         for r in range(repeat + 1):
             row = np.zeros(max(len(calls), 1))
             with self._lock:
                 outs = self._bind(inputs)
-                fn(self._weights_ptr, self._arena_ptr, self._in_ptrs, self._out_ptrs, row.ctypes.data, self._threads)
+                fn(self._weights_ptr, self._arena_ptr, self._in_ptrs, self._out_ptrs, *self._dims_arg(),
+                   row.ctypes.data, self._threads)
             if r:  # the first run warms caches
                 times[r - 1] = row[:len(calls)]
         del outs
         med = np.median(times, axis=0)
         return [{**c, "ms": float(ms)} for c, ms in zip(calls, med)]
 
-    def random_inputs(self, seed: int = 0) -> dict:
-        """Inputs of the right shapes and dtypes: standard normal floats, zero integers."""
+    def _dims_arg(self) -> tuple:
+        return (self._symbols.dims.ctypes.data,) if self._symbols else ()
+
+    def random_inputs(self, seed: int = 0, dims: dict | None = None) -> dict:
+        """Inputs of the right shapes and dtypes: standard normal floats, zero integers. A
+        symbolic dim takes its value in `dims`, else its greatest."""
         rng = np.random.default_rng(seed)
-        return {s["name"]: (rng.standard_normal(s["shape"]).astype(numpy_dtype(s["dtype"]))
-                            if s["dtype"].startswith(("float", "bfloat")) else np.zeros(s["shape"], numpy_dtype(s["dtype"])))
+        values = {**(self._symbols.greatest() if self._symbols else {}), **(dims or {})}
+        shapes = {s["name"]: [dim_value(d, values) for d in s["shape"]] for s in self.inputs}
+        return {s["name"]: (rng.standard_normal(shapes[s["name"]]).astype(numpy_dtype(s["dtype"]))
+                            if s["dtype"].startswith(("float", "bfloat"))
+                            else np.zeros(shapes[s["name"]], numpy_dtype(s["dtype"])))
                 for s in self.inputs}
 
     def __call__(self, *args, **kwargs) -> dict:

@@ -478,7 +478,9 @@ class FunctionEmitter:
         self.scopes.pop()
 
     def stmt(self, s) -> None:
-        if isinstance(s, For):
+        if isinstance(s, For) and not isinstance(s.extent, int):  # an extent known at run time
+            self.loop(s.var, 0, lambda: self.stmts(s.body), s.kind, lo="0", hi=self.expr(s.extent))
+        elif isinstance(s, For):
             whole = s.extent - s.extent % self.vw
             if s.kind == "vector_masked" and self.vw < MASK_REGISTER_LANES and self.vectorize and 0 < whole < s.extent:
                 # Without mask registers (AVX2, NEON) every predicated iteration recomputes its
@@ -634,7 +636,8 @@ class FunctionEmitter:
         b_ptr, _ = self.bufs[g.b_buf]
         a_off, b_off = self.expr(g.a_off), self.expr(g.b_off)
         full_panels, last_cols = divmod(g.n, nr)
-        full_blocks, last_rows = divmod(g.m, mr)
+        runtime_m = not isinstance(g.m, int)
+        full_blocks, last_rows = (self.int_op("udiv", self.expr(g.m), mr), None) if runtime_m else divmod(g.m, mr)
         # B in chunks of panels that stay in L2 (each k step of a panel is nr 4-byte lanes).
         chunk = max(1, PANEL_CHUNK_BYTES // (g.k * nr * 4))
         rows_range = lo is not None and g.split == "m"
@@ -667,6 +670,11 @@ class FunctionEmitter:
         def blocks(panels: tuple, partial) -> None:
             blk = f"{g.m_var}.blk"
             run = lambda: block(self.mul_const(self.lookup(blk)[1], mr), mr, panels, partial)  # noqa: E731
+            if runtime_m:
+                self.loop(blk, 0, run, lo="0", hi=full_blocks)
+                left_over_rows(self.mul_const(full_blocks, mr), self.int_op("urem", self.expr(g.m), mr),
+                               panels, partial)
+                return
             if not rows_range:
                 if full_blocks:
                     self.loop(blk, full_blocks, run)
@@ -678,6 +686,17 @@ class FunctionEmitter:
             if last_rows:
                 self.when(self.int_op("icmp sgt", hi, full_blocks),
                           lambda: block(str(full_blocks * mr), last_rows, panels, partial))
+
+        def left_over_rows(base: str, left: str, panels: tuple, partial) -> None:
+            """The last rows < mr, known at run time: blocks of the powers of two in their
+            count, largest first (rows 13 = 8 + 4 + 1: B streams three times, not 13)."""
+            size = 1 << (mr - 1).bit_length() - 1
+            while size:
+                def part(size=size):
+                    done = self.int_op("and", left, -(2 * size))  # the rows of the larger parts
+                    block(self.int_op("add", base, done), size, panels, partial)
+                self.when(self.int_op("icmp ne", self.int_op("and", left, size), 0), part)
+                size //= 2
 
         if lo is not None and g.split == "n":
             # Panels [lo, hi): the full ones in L2-sized chunks, then the partial one if in range.
@@ -752,7 +771,8 @@ class FunctionEmitter:
                 self.emit(f"{bv} = call {vt} @llvm.masked.load.v{vw}f32.p0(ptr {p}, i32 4, <{vw} x i1> <{mask}>, "
                           f"{vt} zeroinitializer)")
             bvec.append(bv)
-        if g.kind == "f32" and not g.in_place_b and g.k * g.n * 4 > PREFETCH_B_BYTES and g.m >= g.mr:
+        many_rows = not isinstance(g.m, int) or g.m >= g.mr  # (a run-time m: a prefill's many rows, or one)
+        if g.kind == "f32" and not g.in_place_b and g.k * g.n * 4 > PREFETCH_B_BYTES and many_rows:
             # B past L2 streams from memory on the first row block's pass over it: fetch the
             # next panel's lines for this k while this panel computes, or, for panels too
             # big for two to share L2 with A, this panel's a few k steps ahead. (With one row

@@ -1,8 +1,9 @@
 """ONNX -> ir.Graph. The only module that knows protobuf.
 
 Input shapes come from the model where they are concrete, or from the user's `shapes`
-where the model's are symbolic, zero or wrong. Output shapes declared in the model are
-ignored: inference computes them.
+where the model's are symbolic, zero or wrong. A symbolic dim (the model's dim_param, or a
+name the user writes in `shapes`) stays symbolic where the user bounds it in `dims`
+(ir/symbolic.py). Output shapes declared in the model are ignored: inference computes them.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from . import external_data
 from .graph import Graph, KilnError, Node, Subgraph, TensorType, UnsupportedError, as_kiln_array, captured
 from .onnx_attrs import attr_value, constant_value
 from .onnx_dtypes import onnx_to_dtype
+from .symbolic import Dim, greatest, symbols_of
 from .validate import check_constants_size, check_names_defined_once, check_node, check_tensor_size
 from .ops import op_def
 from .ops.compile_time import CONSTANT
@@ -115,10 +117,51 @@ def _opset(proto) -> int:
 
 
 def _declared_shape(value_info) -> list | None:
+    """Each dim: its value, its symbol's name (dim_param), or None (unknown or not positive)."""
     t = value_info.type.tensor_type
     if not t.HasField("shape"):
         return None
-    return [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None for d in t.shape.dim]
+    return [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else
+            d.dim_param if d.HasField("dim_param") and d.dim_param.isidentifier() else None for d in t.shape.dim]
+
+
+def _input_shapes(real_inputs, shapes: dict, dims: dict) -> dict:
+    """Each input's shape: ints, and Dims where a symbol is bounded in `dims`."""
+    unknown = set(shapes) - {vi.name for vi in real_inputs}
+    if unknown:
+        raise KilnError(f"--shape names {', '.join(sorted(unknown))}, which is not a model input "
+                        f"(inputs: {', '.join(vi.name for vi in real_inputs)})")
+    symbols = {name: Dim.symbol(name, *bounds) for name, bounds in dims.items()}
+    out, unbounded = {}, {}
+    for vi in real_inputs:
+        declared = _declared_shape(vi)
+        if vi.name in shapes:
+            shape = shapes[vi.name]
+            if declared is not None and len(declared) != len(shape):
+                raise KilnError(f"--shape {vi.name}={'x'.join(map(str, shape))} has rank {len(shape)}, "
+                                f"but the model declares rank {len(declared)}")
+            if min((d for d in shape if isinstance(d, int)), default=1) <= 0:
+                raise KilnError(f"--shape {vi.name}: every dimension must be positive, got {tuple(shape)} "
+                                "(a size that may be 0 is a symbol bounded with --dim, e.g. past=0..1024)")
+        elif declared is None or None in declared:
+            raise KilnError(f"input '{vi.name}' has an unknown shape {declared}; give it with --shape {vi.name}=DIMS "
+                            "(for example 1x3x224x224)")
+        else:
+            shape = declared
+        for d in shape:
+            if isinstance(d, str) and d not in symbols:
+                unbounded.setdefault(d, []).append(vi.name)
+        out[vi.name] = tuple(symbols.get(d, d) if isinstance(d, str) else int(d) for d in shape)
+    if unbounded:
+        named = "; ".join(f"'{s}' (in {', '.join(ins)})" for s, ins in sorted(unbounded.items()))
+        example = next(iter(sorted(unbounded)))
+        raise KilnError(f"symbolic dims without bounds: {named}. Bound each with --dim NAME=LEAST..GREATEST "
+                        f"(dims={{'{example}': (1, 512)}} in Python), or fix it with --shape")
+    used = {s for shape in out.values() for s in symbols_of(shape)}
+    if set(symbols) - used:
+        raise KilnError(f"--dim names {', '.join(sorted(set(symbols) - used))}, which no input's shape has "
+                        f"(symbols: {', '.join(sorted(used)) or 'none'})")
+    return out
 
 
 def _topological(nodes: list[Node], available: set[str]) -> list[Node]:
@@ -154,8 +197,9 @@ def _topological(nodes: list[Node], available: set[str]) -> list[Node]:
     return order
 
 
-def from_onnx(model, shapes: dict | None = None) -> Graph:
-    """Build a Graph from a path, bytes or ModelProto. `shapes` maps input name -> dims."""
+def from_onnx(model, shapes: dict | None = None, dims: dict | None = None) -> Graph:
+    """Build a Graph from a path, bytes or ModelProto. `shapes` maps input name -> dims (ints,
+    or symbol names); `dims` symbol -> (least, greatest)."""
     proto = load_model_proto(model)
     opset = _opset(proto)
     gp = proto.graph
@@ -165,32 +209,19 @@ def from_onnx(model, shapes: dict | None = None) -> Graph:
     for init in gp.initializer:
         g.add_constant(init.name, _initializer(init))
 
-    shapes = {k: tuple(int(d) for d in v) for k, v in (shapes or {}).items()}
+    shapes = {k: tuple(d if isinstance(d, str) else int(d) for d in v) for k, v in (shapes or {}).items()}
+    dims = {k: (int(lo), int(hi)) for k, (lo, hi) in (dims or {}).items()}
     real_inputs = [vi for vi in gp.input if vi.name not in g.constants]
-    unknown = set(shapes) - {vi.name for vi in real_inputs}
-    if unknown:
-        raise KilnError(f"--shape names {', '.join(sorted(unknown))}, which is not a model input "
-                        f"(inputs: {', '.join(vi.name for vi in real_inputs)})")
+    input_shapes = _input_shapes(real_inputs, shapes, dims)
+    g.symbols = {s: dims[s] for s in sorted({s for shape in input_shapes.values() for s in symbols_of(shape)})}
     for vi in real_inputs:
         kind = vi.type.WhichOneof("value")
         if kind != "tensor_type":
             raise UnsupportedError(f"input '{vi.name}' is a {kind or 'value of no type'}, not a tensor "
                                    "(Kiln compiles tensors only)")
         dtype = onnx_to_dtype(vi.type.tensor_type.elem_type, f"input '{vi.name}'")
-        declared = _declared_shape(vi)
-        if vi.name in shapes:
-            shape = shapes[vi.name]
-            if declared is not None and len(declared) != len(shape):
-                raise KilnError(f"--shape {vi.name}={'x'.join(map(str, shape))} has rank {len(shape)}, "
-                                f"but the model declares rank {len(declared)}")
-            if min(shape, default=1) <= 0:
-                raise KilnError(f"--shape {vi.name}: every dimension must be positive, got {shape}")
-        elif declared is None or None in declared:
-            raise KilnError(f"input '{vi.name}' has a symbolic or unknown shape {declared}; "
-                            f"give it with --shape {vi.name}=DIMS (for example 1x3x224x224)")
-        else:
-            shape = tuple(declared)
-        check_tensor_size(vi.name, shape, 4, "input")
+        shape = input_shapes[vi.name]
+        check_tensor_size(vi.name, [greatest(d) for d in shape], 4, "input")
         g.inputs.append(vi.name)
         g.types[vi.name] = TensorType(tuple(shape), dtype)
 

@@ -12,6 +12,7 @@ import numpy as np
 
 from .dtypes import DTYPES, kiln_name
 from .errors import KilnError
+from .symbolic import greatest, product, shape_is_static
 
 
 class UnsupportedError(KilnError):
@@ -24,19 +25,31 @@ class ShapeError(KilnError):
 
 @dataclass(frozen=True)
 class TensorType:
-    shape: tuple[int, ...]
+    shape: tuple  # ints, and ir.symbolic.Dim where a dim is known only at run time
     dtype: str
 
     @property
-    def size(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64))
+    def size(self):
+        """Elements: an int, or a Dim for a symbolic shape."""
+        if self.is_static:
+            return int(np.prod(self.shape, dtype=np.int64))
+        return product(self.shape)
 
     @property
-    def nbytes(self) -> int:
+    def nbytes(self):
         return self.size * DTYPES[self.dtype].itemsize
 
+    @property
+    def is_static(self) -> bool:
+        return shape_is_static(self.shape)
+
+    @property
+    def greatest_nbytes(self) -> int:
+        """Bytes at the symbols' upper bounds: what memory is planned for."""
+        return greatest(self.nbytes)
+
     def __str__(self) -> str:
-        return f"{self.dtype}[{'x'.join(map(str, self.shape))}]"
+        return f"{self.dtype}[{('x' if self.is_static else ' x ').join(map(str, self.shape))}]"
 
 
 @dataclass
@@ -98,6 +111,9 @@ class Graph:
     # and fusion's partition (lists of node keys, in run order; None before fusion).
     params: dict[str, dict] = field(default_factory=dict)
     groups: list[list[str]] | None = None
+    # The symbolic dims' bounds, symbol -> (least, greatest), in the order kernels and the
+    # entry function number them (ir/symbolic.py). Empty: a static model.
+    symbols: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     def copy(self) -> "Graph":
         # Constants and params are never mutated in place, so sharing them is safe.
@@ -105,6 +121,7 @@ class Graph:
         g.inputs, g.outputs = list(self.inputs), list(self.outputs)
         g.nodes = [Node(n.op, list(n.inputs), list(n.outputs), dict(n.attrs), n.name, n.guard) for n in self.nodes]
         g.types, g.constants, g.params = dict(self.types), dict(self.constants), dict(self.params)
+        g.symbols = dict(self.symbols)
         g.groups = None if self.groups is None else [list(m) for m in self.groups]
         return g
 

@@ -15,7 +15,10 @@ A Const is a literal: where it meets a non-constant operand (in a Bin, Cmp, Sele
 Store, Local or Assign) it takes that operand's type, so `x * 0.5` is written once for f32
 and f64 and `max(x, 0)` for every integer type. On its own it has its own `dtype`.
 
-Every loop runs from 0 to a static extent; all shapes are static.
+Every loop runs from 0 to its extent: an int, or for a model built with symbolic dims
+(ir/symbolic.py) an i64 expression of the symbols' run-time values, which a kernel reads from
+its buffer `SYMBOLS` (`Load(SYMBOLS, Const(k))` is symbol k's value). A Gemm's `m` may be
+such an expression too. A static kernel is exactly what it was before symbols existed.
 
 Threads. A kernel's body is a sequence of *phases* (`phases`): its top-level loops and
 Gemms, when it holds nothing else at top level but pure Lets; otherwise the whole body is
@@ -35,6 +38,7 @@ import math
 from dataclasses import dataclass, fields
 
 FORMAT_VERSION = 4
+SYMBOLS = "s"  # the kernel buffer of the symbols' run-time values (i64), where a kernel reads any
 
 INT_TYPES = ("i8", "i16", "i32", "i64", "u8", "u16", "u32", "u64")
 FLOAT_TYPES = ("f32", "f64")
@@ -153,7 +157,7 @@ class Stmt:
 @dataclass(frozen=True)
 class For(Stmt):
     var: str
-    extent: int
+    extent: "int | Expr"
     body: tuple
     # serial | vectorize | masked (vectorize; a short ragged tail masked) | unroll | forced_vector
     # (vectorize before LLVM's full unroll of a short loop can: rows of a converting or
@@ -418,8 +422,9 @@ def phases(body: tuple) -> tuple[tuple, tuple]:
     return (), (tuple(body),)
 
 
-def parallel_extent(phase) -> int:
-    """How many independent parts a phase divides into across threads (0: it runs whole)."""
+def parallel_extent(phase) -> "int | Expr":
+    """How many independent parts a phase divides into across threads (0: it runs whole); an
+    expression where that is known only at run time."""
     if isinstance(phase, For) and phase.parallel:
         return phase.extent
     if isinstance(phase, Gemm):
@@ -574,3 +579,35 @@ def unflatten(flat, shape) -> list:
         idx.append(rem(flat, d) if pos else flat)
         flat = div(flat, d)
     return idx[::-1]
+
+
+# ---- run-time extents: expressions of the symbols' values (see "Every loop runs ...") --------
+
+_EXTENT_OPS = {"add": ("+", lambda a, b: a + b), "sub": ("-", lambda a, b: a - b), "mul": ("*", lambda a, b: a * b),
+               "div": ("/", lambda a, b: a // b), "rem": ("%", lambda a, b: a % b)}
+
+
+def extent_value(e, symbols: list) -> int:
+    """An extent's value with symbol k = symbols[k] (its bound, or its run-time value)."""
+    if isinstance(e, int):
+        return e
+    if isinstance(e, Const):
+        return int(e.value)
+    if isinstance(e, Load) and e.buf == SYMBOLS and isinstance(e.index, Const):
+        return int(symbols[e.index.value])
+    if isinstance(e, Bin) and e.op in _EXTENT_OPS:
+        return _EXTENT_OPS[e.op][1](extent_value(e.a, symbols), extent_value(e.b, symbols))
+    raise ValueError(f"{e!r} is not an expression of the symbols")
+
+
+def extent_c(e, symbols: str = "dims") -> str:
+    """An extent as a C expression over the array of the symbols' values (long long)."""
+    if isinstance(e, int):
+        return str(e)
+    if isinstance(e, Const):
+        return str(int(e.value))
+    if isinstance(e, Load) and e.buf == SYMBOLS and isinstance(e.index, Const):
+        return f"{symbols}[{int(e.index.value)}]"
+    if isinstance(e, Bin) and e.op in _EXTENT_OPS:
+        return f"({extent_c(e.a, symbols)} {_EXTENT_OPS[e.op][0]} {extent_c(e.b, symbols)})"
+    raise ValueError(f"{e!r} is not an expression of the symbols")

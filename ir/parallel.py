@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import fields
 
 from .loop import (TRANSPOSE_LANES, Assign, Call, Expr, For, Gemm, If, Kernel, Let, Local, Store, TransposeBlock,
-                   WindowDot, parallel_extent, phases)
+                   WindowDot, extent_value, parallel_extent, phases)
 
 MIN_PIECE_WORK = 150_000  # estimated operations in one part
 MAX_PIECES = 64
@@ -31,21 +31,23 @@ def _expr_work(e, seen: set) -> int:
     return own + sum(_expr_work(c, seen) for c in children)
 
 
-def work(stmt) -> int:
-    """Estimated operations to run a statement (or a tuple of them) once."""
+def work(stmt, symbols: tuple = ()) -> int:
+    """Estimated operations to run a statement (or a tuple of them) once; run-time extents
+    count at the values `symbols` gives them (their bounds)."""
     if isinstance(stmt, tuple):
-        return sum(work(s) for s in stmt)
+        return sum(work(s, symbols) for s in stmt)
     if isinstance(stmt, For):
-        return stmt.extent * max(work(stmt.body), 1)
+        return extent_value(stmt.extent, symbols) * max(work(stmt.body, symbols), 1)
     if isinstance(stmt, Gemm):
-        macs = stmt.m * stmt.n * stmt.k * (4 if stmt.kind != "f32" else 1)
-        return macs // 2 + stmt.m * stmt.n * max(work(stmt.epilogue), 1)
+        m = extent_value(stmt.m, symbols)
+        macs = m * stmt.n * stmt.k * (4 if stmt.kind != "f32" else 1)
+        return macs // 2 + m * stmt.n * max(work(stmt.epilogue, symbols), 1)
     if isinstance(stmt, WindowDot):  # multiply-adds, counted as a Gemm's
         return stmt.width * (stmt.rows * stmt.taps // 2 + 1)
     if isinstance(stmt, TransposeBlock):  # a load, shuffles and a store per row
         return 6 * TRANSPOSE_LANES
     if isinstance(stmt, If):
-        return 1 + max(work(stmt.then), work(stmt.orelse))
+        return 1 + max(work(stmt.then, symbols), work(stmt.orelse, symbols))
     if isinstance(stmt, Store):
         return 1 + _expr_work(stmt.value, set())
     if isinstance(stmt, (Let, Assign, Local)):
@@ -53,12 +55,23 @@ def work(stmt) -> int:
     return 1
 
 
-def thread_plan(kernel: Kernel) -> list[tuple[int, int, int]]:
-    """(extent, pieces, grain) of each phase of the kernel, in order: pieces 1 runs it whole."""
+def thread_plan(kernel: Kernel, symbols: tuple = ()) -> list[tuple]:
+    """(extent, pieces, grain) of each phase of the kernel, in order: pieces 1 runs it whole.
+
+    A phase whose work depends on symbols (its extent, or a Gemm's m) gets a fourth item,
+    (scale, its value at the bounds, the work at the bounds): at run time the work is that
+    times scale / value, and the pieces follow it, up to those at the bounds. `symbols`:
+    the symbols' greatest values."""
     plan = []
     for part in phases(kernel.body)[1]:
         extent = parallel_extent(part)
         grain = VECTOR_GRAIN if isinstance(part, For) and part.kind == "vectorize" else 1
-        pieces = min(extent // grain, work(part) // MIN_PIECE_WORK, MAX_PIECES) if extent > 1 else 1
-        plan.append((max(extent, 1), max(pieces, 1), grain))
+        scale = extent if isinstance(part, For) else part.m if isinstance(part, Gemm) else 0
+        at_bound = extent_value(extent, symbols) if extent else 0
+        total = work(part, symbols)
+        pieces = min(at_bound // grain, total // MIN_PIECE_WORK, MAX_PIECES) if at_bound > 1 else 1
+        if isinstance(scale, int):
+            plan.append((max(extent, 1), max(pieces, 1), grain))
+        else:
+            plan.append((extent, max(pieces, 1), grain, (scale, max(extent_value(scale, symbols), 1), total)))
     return plan

@@ -130,8 +130,9 @@ class _Checker:
     # -- statements ----------------------------------------------------------------------
     def stmt(self, s) -> None:
         if isinstance(s, For):
-            if not isinstance(s.extent, int) or s.extent < 0 or s.kind not in _LOOP_KINDS:  # 0: no iterations
-                raise _Problem(f"loop {s.var}: extent {s.extent!r}, kind {s.kind!r}")
+            runtime = isinstance(s.extent, Expr) and self.expr(s.extent) == "i64"
+            if not (runtime or isinstance(s.extent, int) and s.extent >= 0) or s.kind not in _LOOP_KINDS:
+                raise _Problem(f"loop {s.var}: extent {s.extent!r}, kind {s.kind!r}")  # (0: no iterations)
             if not isinstance(s.parallel, bool):
                 raise _Problem(f"loop {s.var}: parallel is {s.parallel!r}")
             self.block(s.body, {s.var: ("i64", False)})
@@ -190,8 +191,9 @@ class _Checker:
                 raise _Problem(f"gemm k-offset table {s.a_ktab} is not an i64 buffer")
             if self.expr(s.a_off) != "i64" or self.expr(s.b_off) != "i64":
                 raise _Problem("gemm offsets are not i64")
-            if min(s.m, s.n, s.k, s.mr, s.nr) <= 0:
-                raise _Problem(f"gemm of shape m={s.m} n={s.n} k={s.k} tile {s.mr}x{s.nr}")
+            runtime_m = isinstance(s.m, Expr) and self.expr(s.m) == "i64" and s.split == "n"
+            if min(1 if runtime_m else s.m, s.n, s.k, s.mr, s.nr) <= 0:
+                raise _Problem(f"gemm of shape m={s.m} n={s.n} k={s.k} tile {s.mr}x{s.nr} split {s.split}")
             self.block(s.epilogue, {s.m_var: ("i64", False), s.n_var: ("i64", False), s.acc_var: ("f32" if s.kind == "f32" else "i32", False)})
         elif isinstance(s, WindowDot):
             for buf, want in ((s.p_buf, "u8"), (s.w_buf, "i32"), (s.out_buf, "i32")):

@@ -182,7 +182,7 @@ def build_many(models, options: BuildOptions | None = None, **overrides) -> Batc
         if todo:
             from .pipeline import plan_model  # the heavy imports: only when something is not found whole
         planned = {i: plan_model(entries[i][0], targets[entries[i][1]], o.opt_level, o.shapes, o.pass_context,
-                                 o.extra_passes, o.salt, o.inject) for i in todo}
+                                 o.extra_passes, o.salt, o.inject, o.dims) for i in todo}
         all_jobs = [j for p in planned.values() for j in p.jobs]
         jobs = unique_jobs(all_jobs)
         t_compile = time.perf_counter()

@@ -26,10 +26,36 @@ def _swaps(lowered, loop) -> bool:
     return any(lowered.storage(leave) in states[:i] + states[i + 1:] for i, (_, _, leave) in enumerate(loop.state))
 
 
+def _runtime_phases(parts: list) -> list:
+    """A kernel's thread plan with run-time extents as C expressions of `dims`."""
+    from ..ir.loop import extent_c
+    out = []
+    for part in parts:
+        if len(part) == 3:
+            out.append(part)
+            continue
+        extent, most, grain, (scale, bound, total) = part
+        out.append((extent_c(extent), f"kiln_pieces({extent_c(scale)}, {bound}, {total}, {most})", grain))
+    return out
+
+
+def _nbytes_c(t, symbols: list) -> "int | str":
+    """A tensor's bytes: an int, or a C expression of `dims` for a symbolic shape."""
+    if t.is_static:
+        return t.nbytes
+    terms = []
+    for monomial, coef in t.nbytes.terms:
+        terms.append("*".join([f"{coef}LL"] + [f"dims[{symbols.index(s)}]" for s in monomial]))
+    return f"(size_t)({' + '.join(terms)})"
+
+
 def _locations(lowered, weight_offsets, arena_offsets):
     """The entry function's plan: ("call", symbol, argument locations, guard, index, phases)
     and ("loop", ...) items (artifacts.link.entry_source), and the outputs' locations."""
+    from ..ir.loop import SYMBOLS
     from ..ir.parallel import thread_plan
+    symbols = list(lowered.symbols)
+    greatest = tuple(hi for _, hi in lowered.symbols.values())
 
     def loc(tensor: str) -> tuple:
         t = lowered.storage(tensor)
@@ -62,12 +88,16 @@ def _locations(lowered, weight_offsets, arena_offsets):
                 continue
             args = [loc(t) for t in st.outputs] + [loc(t) for t in st.inputs]
             args += [("arena", arena_offsets[f"ws:{index}:{j}"]) for j in range(len(st.workspaces))]
-            out.append(("call", st.kernel.symbol, args, guard(st.guard), index, thread_plan(st.kernel)))
+            if any(b.name == SYMBOLS for b in st.kernel.buffers):  # (its last buffer: see KernelBuilder.kernel)
+                args.append(("dims", 0))
+            parts = thread_plan(st.kernel, greatest)
+            out.append(("call", st.kernel.symbol, args, guard(st.guard), index,
+                        _runtime_phases(parts) if symbols else parts))
             index += 1
         return out
 
     plan = items(lowered.steps)
-    outputs = [(loc(o), lowered.types[o].nbytes) for o in lowered.outputs]
+    outputs = [(loc(o), _nbytes_c(lowered.types[o], symbols)) for o in lowered.outputs]
     return plan, outputs
 
 
@@ -92,7 +122,7 @@ def plan_memory(lowered):
             return
         span = lifetimes.setdefault(s, [first, last])
         span[0], span[1] = min(span[0], first), max(span[1], last)
-        sizes[s] = lowered.types[s].nbytes
+        sizes[s] = lowered.types[s].greatest_nbytes  # (planned at the symbols' bounds)
 
     index = 0
 
@@ -107,7 +137,7 @@ def plan_memory(lowered):
                 if _swaps(lowered, st):
                     for i, (_, state, _) in enumerate(st.state):
                         lifetimes[f"swap:{id(st)}:{i}"] = [first, time - 1]
-                        sizes[f"swap:{id(st)}:{i}"] = lowered.types[state].nbytes
+                        sizes[f"swap:{id(st)}:{i}"] = lowered.types[state].greatest_nbytes
                 continue
             for t in st.outputs + st.inputs + [t for t, _ in st.guard]:  # (a guard is read at the call)
                 use(t, time, time)
@@ -139,6 +169,9 @@ def assemble(lowered, objects: dict[str, bytes], target, manifest_extra: dict, s
     objects. With a store, the linked library is cached too: a warm build does not run the
     linker."""
     import numpy as np
+
+    from ..ir.parallel import MIN_PIECE_WORK
+    from ..ir.symbolic import dim_to_json
     linker = find_linker(target.arch)
     types = lowered.types
     weight_offsets, weights = pack_constants({k: np.ascontiguousarray(v) for k, v in lowered.constants.items()})
@@ -146,12 +179,16 @@ def assemble(lowered, objects: dict[str, bytes], target, manifest_extra: dict, s
     plan, outputs = _locations(lowered, weight_offsets, offsets)
     manifest = Manifest(
         **manifest_extra,
-        inputs=[{"name": n, "shape": list(types[n].shape), "dtype": types[n].dtype} for n in lowered.inputs],
-        outputs=[{"name": n, "shape": list(types[n].shape), "dtype": types[n].dtype} for n in lowered.outputs],
+        inputs=[{"name": n, "shape": [dim_to_json(d) for d in types[n].shape], "dtype": types[n].dtype}
+                for n in lowered.inputs],
+        outputs=[{"name": n, "shape": [dim_to_json(d) for d in types[n].shape], "dtype": types[n].dtype}
+                 for n in lowered.outputs],
+        symbols=[{"name": s, "least": lo, "greatest": hi} for s, (lo, hi) in lowered.symbols.items()],
         arena_bytes=arena_bytes, weights_bytes=len(weights), weights_sha256=hashlib.sha256(weights).hexdigest(),
         runnable=linker is not None,
         calls=[{"name": c.name, "symbol": c.kernel.symbol, "ops": c.ops} for c in lowered.calls])
-    entry = entry_source(plan, outputs, arena_bytes, manifest.signature())
+    entry = entry_source(plan, outputs, arena_bytes, manifest.signature(),
+                         MIN_PIECE_WORK if lowered.symbols else 0)
     files = {manifest.weights_file: weights, "kiln_entry.c": entry.encode()}
     if linker is not None:
         key = link_key(list(object_keys), entry, linker) if store is not None else None

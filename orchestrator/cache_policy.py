@@ -60,7 +60,7 @@ class CachePolicy:
         if self.store is None or o.bypasses_model_cache:
             return None
         memo = self.store.digests if self.writable else None
-        return model_cache.model_key(model, target, o.opt_level, o.shapes, o.salt, memo)
+        return model_cache.model_key(model, target, o.opt_level, o.shapes, o.salt, memo, o.dims)
 
     def find_bundle(self, key: str | None):
         """(files, report) of a bundle found whole, or None (a damaged entry is a miss)."""

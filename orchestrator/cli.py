@@ -28,10 +28,34 @@ def _parse_shapes(items) -> dict:
         try:
             if not sep or not name:
                 raise ValueError
-            shapes[name] = [int(d) for d in dims.lower().replace(",", "x").split("x")]
+            # A number fixes a dim; a name makes it a symbol (bounded with --dim).
+            shapes[name] = [int(d) if d.strip().isdigit() else _symbol_name(d, item)
+                            for d in dims.replace(",", "x").split("x")]
         except ValueError:
-            raise KilnError(f"--shape {item!r}: expected NAME=DIMS, for example x=1x3x224x224") from None
+            raise KilnError(f"--shape {item!r}: expected NAME=DIMS, for example x=1x3x224x224 "
+                            "(or x=batchx3x224x224, batch bounded with --dim)") from None
     return shapes
+
+
+def _symbol_name(text: str, item: str) -> str:
+    if not text.strip().isidentifier():
+        raise ValueError(item)
+    return text.strip()
+
+
+def _parse_dims(items) -> dict | None:
+    """--dim NAME=LEAST..GREATEST (or NAME=GREATEST, least 1): a symbol's bounds."""
+    dims = {}
+    for item in items or []:
+        name, sep, bounds = item.partition("=")
+        least, dots, greatest = bounds.partition("..")
+        try:
+            if not sep or not name.strip().isidentifier():
+                raise ValueError
+            dims[name.strip()] = (int(least), int(greatest)) if dots else (1, int(least))
+        except ValueError:
+            raise KilnError(f"--dim {item!r}: expected NAME=LEAST..GREATEST, for example seq=1..512") from None
+    return dims or None
 
 
 def _parse_size(text: str) -> int:
@@ -66,6 +90,9 @@ def _add_build_flags(p):
                                                    "or 'llvm -mcpu=.. -mattr=.. -cl-opt=..'")
     p.add_argument("--opt-level", type=int, default=3, choices=range(0, 4))
     p.add_argument("--shape", action="append", metavar="NAME=DIMS", help="static input shape, e.g. x=1x3x224x224")
+    p.add_argument("--dim", action="append", metavar="NAME=LEAST..GREATEST",
+                   help="keep a symbolic dim (the model's dim_param, or a name in --shape) with these bounds, "
+                        "e.g. seq=1..512: one build runs every size in them")
     p.add_argument("--workers", type=int, default=None, help="codegen processes (default: usable cores)")
     p.add_argument("--executor", default="local", choices=("local", "ray", "inprocess"))
     p.add_argument("--ray-address", default=None, help="join this Ray cluster (default: RAY_ADDRESS, the cluster of "
@@ -97,6 +124,7 @@ def _build_options(args):
     only if a job needs compiling (a build served whole from the store must not start Ray)."""
     from .options import BuildOptions
     return BuildOptions(target=args.target, opt_level=args.opt_level, shapes=_parse_shapes(args.shape),
+                        dims=_parse_dims(args.dim),
                         executor=args.executor, workers=args.workers, ray_address=args.ray_address,
                         ray_ship=args.ship_kiln, ray_resource=args.ray_resource,
                         ray_local_fallback=args.ray_fallback_local,
@@ -210,6 +238,7 @@ def cmd_bench(args) -> int:
 def cmd_explain(args) -> int:
     from .explain import explain
     print(explain(args.model, target=args.target, opt_level=args.opt_level, shapes=_parse_shapes(args.shape),
+                  dims=_parse_dims(args.dim),
                   cache=_cache_arg(args)))
     return 0
 
@@ -313,6 +342,7 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--target", default="llvm")
     p.add_argument("--opt-level", type=int, default=3)
     p.add_argument("--shape", action="append", metavar="NAME=DIMS")
+    p.add_argument("--dim", action="append", metavar="NAME=LEAST..GREATEST")
     p.add_argument("--cache", default=None)
     p.add_argument("--no-cache", action="store_true")
     p.set_defaults(fn=cmd_explain)

@@ -12,9 +12,9 @@ from .cache_policy import open_store
 from .target import parse_target
 
 
-def explain(model, target="llvm", opt_level: int = 3, shapes=None, cache=None) -> str:
+def explain(model, target="llvm", opt_level: int = 3, shapes=None, cache=None, dims=None) -> str:
     tgt = parse_target(target)
-    g, timings = optimize(model, shapes, opt_level)
+    g, timings = optimize(model, shapes, opt_level, dims=dims)
     lowered = lower(g, schedule_for(tgt))
     store = open_store(cache, readonly=True) if cache is not None else None
     before = previous_parts(store.root, g.name) if store else {}

@@ -19,6 +19,7 @@ class BuildOptions:
     target: object = "llvm"  # a target string, a preset name or a Target; a model may bring its own
     opt_level: int = 3  # 0-3: graph passes and LLVM
     shapes: dict | None = None  # input name -> dims, where the model's are symbolic, zero or wrong
+    dims: dict | None = None  # symbol -> (least, greatest): a dim left symbolic, run at any size in its bounds
     executor: object = "local"  # "local", "ray", "inprocess", or an Executor to reuse across builds
     workers: int | None = None  # codegen processes or actors (default: usable cores)
     ray_address: str | None = None  # join this Ray cluster (default: RAY_ADDRESS, a pool's, else a local Ray)

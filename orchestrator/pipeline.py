@@ -18,9 +18,10 @@ from .plan import make_job
 from .target import Target
 
 
-def optimize(model, shapes=None, opt_level: int = 3, pass_context: PassContext | None = None, extra_passes=()):
+def optimize(model, shapes=None, opt_level: int = 3, pass_context: PassContext | None = None, extra_passes=(),
+             dims=None):
     """Frontend + graph passes: the graph that lowering sees, and per-pass timings."""
-    g = from_onnx(model, shapes)
+    g = from_onnx(model, shapes, dims)
     ctx = pass_context or PassContext(opt_level=opt_level)
     timing = PassTimingInstrument()
     ctx.instruments = list(ctx.instruments) + [timing]
@@ -46,8 +47,8 @@ def schedule_for(target: Target) -> ScheduleConfig:
     return ScheduleConfig.for_target(target.vector_width, target.arch == "x86_64", byte_dot_widths(target.features))
 
 
-def plan_model(model, target, opt_level, shapes, pass_context, extra_passes, salt, inject) -> PlannedModel:
-    g, timings = optimize(model, shapes, opt_level, pass_context, extra_passes)
+def plan_model(model, target, opt_level, shapes, pass_context, extra_passes, salt, inject, dims=None) -> PlannedModel:
+    g, timings = optimize(model, shapes, opt_level, pass_context, extra_passes, dims)
     lowered = lower(g, schedule_for(target))
     for call in lowered.calls:  # a malformed kernel is a clear error here, not an LLVM error in a child
         verify_kernel(call.kernel, call.name, call.ops)

@@ -83,7 +83,7 @@ def _parameters(model) -> set:
 
 
 def _needs_static(detail: str) -> bool:
-    return "known at compile time" in detail or "symbolic or unknown shape" in detail
+    return any(s in detail for s in ("known at compile time", "unknown shape", "symbolic dims without bounds"))
 
 
 _NAMED_PARAMETER = re.compile(r"input '([^']+)' \([^)]*\) must be known at compile time")

@@ -18,7 +18,8 @@ import numpy as np
 
 from ..dtypes import dtype
 from ..graph import Graph, TensorType
-from ..loop import Buffer, Const, For, Kernel, Load, Var, flat_index
+from ..loop import SYMBOLS, Buffer, Const, Expr, For, Kernel, Load, Var, add, flat_index, mul
+from ..symbolic import Dim, greatest
 
 
 SHORT_ROW = 63  # innermost extents up to this are vectorized along themselves, tails masked
@@ -73,6 +74,7 @@ class KernelBuilder:
     # Float sums keep the order written (no reassociation): a depthwise window's per-row
     # partial sums, which LLVM otherwise folds back into one long dependent chain.
     ordered_sums: bool = False
+    reads_symbols: bool = False  # a run-time size is read: the kernel takes the SYMBOLS buffer
     _n: int = 0
 
     def fresh(self, base: str) -> str:
@@ -80,7 +82,24 @@ class KernelBuilder:
         return f"{base}{self._n}"
 
     def shape(self, name: str) -> tuple:
-        return self.shapes.get(name, self.g.types[name].shape)
+        """The shape a kernel indexes a tensor by: its symbolic dims are loop-IR expressions of
+        the symbols' run-time values (`dim`)."""
+        shape = self.shapes.get(name, self.g.types[name].shape)
+        return shape if all(isinstance(d, int) for d in shape) else tuple(self.dim(d) for d in shape)
+
+    def dim(self, d):
+        """A dim as a kernel computes it: an int, or an i64 expression reading the symbols."""
+        if not isinstance(d, Dim):
+            return d
+        order = list(self.g.symbols)
+        total = Const(0)
+        for monomial, coef in d.terms:
+            term = Const(coef)
+            for s in monomial:
+                term = mul(term, Load(SYMBOLS, Const(order.index(s))))
+            total = add(total, term)
+        self.reads_symbols = True
+        return total
 
     def type(self, name: str) -> TensorType:
         return self.g.types[name]
@@ -134,10 +153,12 @@ class KernelBuilder:
         `parallel`, the outermost loop may be divided across threads: the caller promises
         that points write only their own outputs."""
         vars_ = [self.fresh("i") for _ in shape]
-        idx = [Var(v) if d > 1 else Const(0) for v, d in zip(vars_, shape)]
+        runs = [isinstance(d, Expr) or d > 1 for d in shape]  # (a run-time extent always loops)
+        idx = [Var(v) if r else Const(0) for v, r in zip(vars_, runs)]
         body = tuple(body_fn(idx))
-        real = [pos for pos, d in enumerate(shape) if d > 1]
-        if inner_kind == "vectorize" and len(real) > 1 and shape[real[-1]] <= SHORT_ROW:
+        real = [pos for pos, r in enumerate(runs) if r]
+        if inner_kind == "vectorize" and len(real) > 1 and isinstance(shape[real[-1]], int) and \
+                shape[real[-1]] <= SHORT_ROW:
             # (left to itself, LLVM unrolled a short row whole and vectorized the loop around
             # it across rows with gathers and scatters: a [960, 49] multiply ran 10x slower)
             inner_kind = "vector_masked"
@@ -149,10 +170,12 @@ class KernelBuilder:
     def kernel(self, body) -> Kernel:
         def buffer(param, name):
             t = self.g.types[name]
-            return Buffer(param, dtype(t.dtype).storage, t.size)
+            return Buffer(param, dtype(t.dtype).storage, greatest(t.size))
         bufs = [buffer(f"o{i}", n) for i, n in enumerate(self.outputs)]
         bufs += [buffer(f"i{i}", n) for i, n in enumerate(self.inputs)]
         bufs += [Buffer(f"w{i}", t, n) for i, (t, n) in enumerate(self.workspace_types)]
+        if self.reads_symbols:  # (last: the entry passes the symbols' values after the workspaces)
+            bufs.append(Buffer(SYMBOLS, "i64", len(self.g.symbols)))
         schedule = (("vector_width", self.config.vector_width), ("vectorize", self.config.vectorize))
         if self.ordered_sums:
             schedule += (("reassociate", False),)

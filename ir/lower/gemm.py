@@ -489,8 +489,26 @@ def _plain_product(b: KernelBuilder, oshape, k: int, a_at, b_at, store, t: str) 
     return b.loops(oshape, point, inner_kind="serial", parallel=True)
 
 
+def _lower_matmul_rows(b: KernelBuilder, node: Node, store) -> tuple:
+    """[..., K] x [K, N] with symbolic leading dims: one GEMM over their product, the rows,
+    known at run time (one row for a decoding step), B packed at build time. Threads share
+    the weight panels (split "n"), so a single row still streams each weight once."""
+    a_name, b_name = node.inputs[0], node.inputs[1]
+    sb, out = b.type(b_name).shape, b.shape(node.outputs[0])
+    if b_name not in b.g.constants or len(sb) != 2 or b.compute(a_name) != "f32" or len(out) != 2:
+        raise TypeError("a MatMul over symbolic dims takes constant 2-D float32 weights and an epilogue whose "
+                        "tensors merge the leading dims")
+    k, n = sb
+    b_param = b.constant_param(f"{b_name}_packed", pack_panels(b.g.constants[b_name].astype(np.float32),
+                                                                b.config.tile(n)[1]))
+    return (gemm_stmt(b, b.in_param(a_name), Const(0), k, 1, b_param, Const(0), out[0], n, k,
+                      lambda mm, nn, acc: store([mm, nn], acc), split="n"),)
+
+
 def lower_matmul(b: KernelBuilder, node: Node, store) -> tuple:
     a_name, b_name = node.inputs[0], node.inputs[1]
+    if not b.type(a_name).is_static:
+        return _lower_matmul_rows(b, node, store)
     sa, sb = list(b.type(a_name).shape), list(b.type(b_name).shape)
     va, vb = len(sa) == 1, len(sb) == 1
     sa = [1] + sa if va else sa

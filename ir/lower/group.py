@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from ..errors import InternalError
 from ..graph import Graph, Node, UnsupportedError
+from ..symbolic import SymbolError
 from ..loop import Kernel, Let, Store, Var, flat_index
 from ..ops import BROADCAST, OUT_EWISE_FUSABLE, REDUCTION, op_def
 from ..ops.control_flow import ENTRY_LOOP
@@ -45,6 +46,7 @@ class LoweredModel:
     types: dict  # tensor name -> TensorType, every tensor a call or the model's I/O names
     constants: dict  # name -> array: the weights the calls read (packed forms included)
     aliases: dict[str, str] = field(default_factory=dict)  # view -> tensor that holds its data
+    symbols: dict = field(default_factory=dict)  # the graph's: symbol -> (least, greatest)
 
     def storage(self, name: str) -> str:
         while name in self.aliases:
@@ -113,6 +115,13 @@ def lower_group(g: Graph, members: list[Node], config: ScheduleConfig) -> Kernel
         body = _lower_anchored(b, members, anchors[0]) if anchors else _lower_plain(b, members)
     except UnsupportedError:
         raise
+    except (TypeError, SymbolError) as e:  # (lowering that compares a run-time size with a number)
+        if not g.symbols or all(g.types[t].is_static for m in members for t in m.inputs + m.outputs if t):
+            raise InternalError(f"Kiln bug: cannot lower the fused group {', '.join(m.describe() for m in members)}: "
+                                f"{e!r}") from e
+        raise UnsupportedError(f"{members[0].describe()} and its fused group ({', '.join(m.op for m in members)}): "
+                               f"lowering with symbolic dimensions is not supported yet ({e}). Fix those dims with "
+                               "--shape to build this model") from None
     except Exception as e:  # a lowering bug: name the group so it can be reported
         raise InternalError(f"Kiln bug: cannot lower the fused group {', '.join(m.describe() for m in members)}: "
                             f"{e!r}") from e
@@ -141,7 +150,7 @@ def lower(graph: Graph, config: ScheduleConfig | None = None) -> LoweredModel:
             aliases.update({out: state for (_, state, _), out in zip(loop.state, root.outputs) if out})
         else:
             steps.append(lower_group(g, members, config))
-    model = LoweredModel(steps, list(g.inputs), list(g.outputs), types, {}, aliases)
+    model = LoweredModel(steps, list(g.inputs), list(g.outputs), types, {}, aliases, dict(g.symbols))
     used = {model.storage(t) for c in model.calls for t in c.inputs} | {model.storage(o) for o in g.outputs}
     used |= {model.storage(t) for loop in all_loops(steps) for t in loop.tensors()}
     model.constants = {name: value for name, value in {**g.constants, **body_constants}.items() if name in used}

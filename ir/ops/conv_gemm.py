@@ -8,6 +8,7 @@ import numpy as np
 from ..attrs import check_attrs
 from ..dtypes import dtype
 from ..graph import ShapeError, TensorType, UnsupportedError
+from ..symbolic import is_symbolic
 from ..lower.builder import collapse_shapes
 from ..lower.gemm import is_depthwise, lower_conv, lower_conv_transpose, lower_einsum, lower_gemm, lower_matmul
 from .broadcast import broadcast
@@ -112,6 +113,8 @@ def infer_matmul(g, node, p):
     sa = [1] + sa if va else sa
     sb = sb + [1] if vb else sb
     if sa[-1] != sb[-2]:
+        if is_symbolic(sa[-1]) or is_symbolic(sb[-2]):
+            raise TypeError(f"inner dimensions {sa[-1]} and {sb[-2]} must agree at run time")
         raise ShapeError(f"{node.describe()}: inner dimensions of {a} and {b} differ")
     batch = broadcast([tuple(sa[:-2]), tuple(sb[:-2])], node)
     out = list(batch) + ([] if va else [sa[-2]]) + ([] if vb else [sb[-1]])
@@ -130,6 +133,13 @@ def _gemm(g, node, p):
     return TensorType((m, n), a.dtype)
 
 
+def collapse_symbolic_rows(b, node, names) -> None:
+    """A MatMul over symbolic rows ([batch, seq, K] x [K, N]) computes [rows, N]: its epilogue
+    indexes (row, column) where every epilogue tensor lets the leading dims merge."""
+    if not b.g.types[node.inputs[0]].is_static:
+        collapse_shapes(b, names, b.shape(node.outputs[0]), into=2)
+
+
 def _collapse_conv_epilogue(b, node, names) -> None:
     """A GEMM conv's epilogue indexes (batch, channel, pixel) where every epilogue tensor lets
     the spatial dims merge into one; else (a constant broadcast along W alone, or along H)
@@ -145,7 +155,8 @@ register(
           prepare_epilogue=_collapse_conv_epilogue),
     OpDef(CONV_TRANSPOSE, OUT_EWISE_FUSABLE, _conv_transpose,
           anchor=lambda b, node, store, out: lower_conv_transpose(b, node, store)),
-    OpDef(MATMUL, OUT_EWISE_FUSABLE, infer_matmul, anchor=lambda b, node, store, out: lower_matmul(b, node, store)),
+    OpDef(MATMUL, OUT_EWISE_FUSABLE, infer_matmul, anchor=lambda b, node, store, out: lower_matmul(b, node, store),
+          prepare_epilogue=collapse_symbolic_rows),
     OpDef(GEMM, OUT_EWISE_FUSABLE, _gemm, anchor=lambda b, node, store, out: lower_gemm(b, node, store)),
 )
 

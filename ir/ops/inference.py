@@ -12,6 +12,7 @@ import numpy as np
 from ..attrs import NotConstant
 from ..dtypes import DTYPES, is_float, numpy_dtype
 from ..graph import Graph, KilnError, Node, UnsupportedError, as_kiln_array
+from ..symbolic import SymbolError, greatest
 from ..validate import check_tensor_size
 from .registry import op_def
 
@@ -91,6 +92,18 @@ def _fold_into_constants(g: Graph, node: Node, folded: set) -> bool:
     return True
 
 
+def _symbolic_unsupported(g: Graph, node: Node, why) -> UnsupportedError:
+    shapes = ", ".join(f"{i}: {g.types[i]}" for i in node.inputs if i and not g.types[i].is_static)
+    return UnsupportedError(f"{node.describe()}: {node.op} with symbolic dimensions is not supported yet ({shapes}; "
+                            f"{why}). Fix those dims with --shape to build this model")
+
+
+def _check_symbolic_support(g: Graph, node: Node, definition) -> None:
+    """Ops that would fold a run-time size into a constant (Shape, Size) take static inputs."""
+    if definition.shape_only and any(not g.types[i].is_static for i in node.inputs if i):
+        raise _symbolic_unsupported(g, node, "its result would be a run-time value")
+
+
 def resolve(g: Graph, fold_floats: bool) -> Graph:
     """Types and canonical parameters of every node (anew: passes before may have rewritten
     nodes), folding what it may, and on demand what a node needs at compile time."""
@@ -107,13 +120,18 @@ def resolve(g: Graph, fold_floats: bool) -> Graph:
             pending.extendleft(reversed(body))
             continue
         try:
+            _check_symbolic_support(g, node, definition)
             types, g.params[node.key] = _with_constants(g, lambda: infer(g, node), producer, folded)
         except KilnError as e:
             msg = str(e)
             raise type(e)(msg if node.describe() in msg else f"{node.describe()}: {msg}") from None
+        except (TypeError, SymbolError) as e:  # (code comparing a run-time dim with a number)
+            if all(g.types[i].is_static for i in node.inputs if i):
+                raise
+            raise _symbolic_unsupported(g, node, e) from None
         for name, t in zip(node.outputs, types):
             if name:
-                check_tensor_size(name, t.shape, DTYPES[t.dtype].itemsize)
+                check_tensor_size(name, [greatest(d) for d in t.shape], DTYPES[t.dtype].itemsize)
                 g.types[name] = t
         definition = op_def(node.op)
         if definition.compile_time:  # (an op evaluated at compile time only: fold what feeds it)
@@ -121,7 +139,7 @@ def resolve(g: Graph, fold_floats: bool) -> Graph:
         inputs_const = all(i in g.constants for i in node.inputs if i) or definition.shape_only
         wanted = definition.compile_time or (inputs_const and (
             fold_floats or not any(is_float(t.dtype) for t in types)))
-        if wanted and inputs_const and sum(t.size for t in types) <= MAX_FOLDED_ELEMENTS:
+        if wanted and inputs_const and sum(greatest(t.size) for t in types) <= MAX_FOLDED_ELEMENTS:
             outs = fold(g, node, [g.constants.get(i) if i else None for i in node.inputs])
             if outs is not None:
                 for name, value in zip(node.outputs, outs):

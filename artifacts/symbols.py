@@ -1,0 +1,75 @@
+"""The symbols of a bundle built with symbolic dims, at run time: their values read from the
+input arrays' shapes, checked (ranks, fixed sizes, one value per symbol, bounds) before
+anything runs, and the output shapes they give.
+
+A shape in the manifest holds ints and symbolic dims: a polynomial of the symbols, as
+[[[symbol, ...], coefficient], ...] (`manifest.dim_value`). An input's dims are plain
+symbols or ints (the frontend names no others).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .errors import KilnError
+from .manifest import dim_text, dim_value
+
+
+def _plain_symbol(dim) -> str | None:
+    if isinstance(dim, list) and len(dim) == 1 and dim[0][1] == 1 and len(dim[0][0]) == 1:
+        return dim[0][0][0]
+    return None
+
+
+def shape_text(shape) -> str:
+    return "[" + ", ".join(dim_text(d) for d in shape) + "]"
+
+
+class Symbols:
+    """Binds a call's symbol values; `order` is the entry function's (dims[k])."""
+
+    def __init__(self, symbols: list, inputs: list, outputs: list):
+        self.order = [s["name"] for s in symbols]
+        self.bounds = {s["name"]: (int(s["least"]), int(s["greatest"])) for s in symbols}
+        self.inputs, self.outputs = inputs, outputs
+        self.dims = np.zeros(max(len(self.order), 1), np.int64)  # what the entry function reads
+
+    def bind(self, shapes: list) -> dict:
+        """The symbols' values from the inputs' shapes (in the manifest's input order), checked;
+        also written to `self.dims`."""
+        values, source = {}, {}
+        for spec, shape in zip(self.inputs, shapes):
+            want = spec["shape"]
+            if len(shape) != len(want):
+                raise KilnError(f"input '{spec['name']}': expected rank {len(want)} {shape_text(want)}, "
+                                f"got shape {tuple(shape)}")
+            for axis, (dim, size) in enumerate(zip(want, shape)):
+                symbol = _plain_symbol(dim)
+                if symbol is None:
+                    continue
+                if symbol in values and values[symbol] != size:
+                    raise KilnError(f"input '{spec['name']}': dim {axis} is {symbol} = {size}, but input "
+                                    f"'{source[symbol]}' has {symbol} = {values[symbol]}: the two must agree")
+                least, greatest = self.bounds[symbol]
+                if not least <= size <= greatest:
+                    raise KilnError(f"input '{spec['name']}': dim {axis} is {symbol} = {size}, outside the bounds "
+                                    f"the bundle was built for ({symbol} = {least}..{greatest})")
+                values.setdefault(symbol, size)
+                source.setdefault(symbol, spec["name"])
+        missing = [s for s in self.order if s not in values]
+        if missing:  # (the frontend only makes symbols that inputs name; a hand-edited manifest could not)
+            raise KilnError(f"no input gives the value of {', '.join(missing)}")
+        for spec, shape in zip(self.inputs, shapes):
+            for axis, (dim, size) in enumerate(zip(spec["shape"], shape)):
+                if dim_value(dim, values) != size:
+                    value = "" if isinstance(dim, int) else f" = {dim_value(dim, values)}"
+                    raise KilnError(f"input '{spec['name']}': dim {axis} must be {dim_text(dim)}{value}, got {size} "
+                                    f"(expected {shape_text(spec['shape'])})")
+        for k, s in enumerate(self.order):
+            self.dims[k] = values[s]
+        return values
+
+    def output_shapes(self, values: dict) -> list[tuple]:
+        return [tuple(dim_value(d, values) for d in spec["shape"]) for spec in self.outputs]
+
+    def greatest(self) -> dict:
+        return {s: hi for s, (_, hi) in self.bounds.items()}

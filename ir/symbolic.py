@@ -1,0 +1,205 @@
+"""Symbolic dimensions: sizes known only at run time, bounded at build time.
+
+A `Dim` is a polynomial with integer coefficients over named symbols (`batch`, `seq`),
+each symbol with the bounds the user gave (`--dim seq=1..512`). Sums, differences and
+products of dims are dims again; a result that is constant is a plain int, so a shape is a
+tuple of ints and dims, and a static shape is exactly what it was before symbols existed.
+
+Two dims are equal when their polynomials are; whether `seq` equals 64 is a run-time
+question, so comparing a dim with an int is an error (TypeError) rather than a guess: code
+that has not been taught symbols fails loudly and the op is refused by name. Bounds travel
+with each dim so that any holder can ask for its least and greatest value (the memory
+plan sizes buffers at the greatest).
+
+This module imports nothing else of Kiln.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+class SymbolError(ValueError):
+    """A symbol or dim used where it cannot be (the message says which)."""
+
+
+def _key(term):
+    return term[0]
+
+
+@dataclass(frozen=True, eq=False)
+class Dim:
+    terms: tuple  # ((monomial: sorted tuple of symbol names, coefficient), ...) sorted, no zero coefficients
+    bounds: tuple  # ((symbol, least, greatest), ...) of the symbols in the terms, sorted
+
+    # -- construction --------------------------------------------------------------------
+    @staticmethod
+    def symbol(name: str, least: int, greatest: int) -> "Dim":
+        if not 0 <= least <= greatest:
+            raise SymbolError(f"symbol '{name}': bounds {least}..{greatest} must satisfy 0 <= least <= greatest")
+        return Dim((((name,), 1),), ((name, int(least), int(greatest)),))
+
+    @staticmethod
+    def _make(terms: dict, bounds: dict):
+        terms = {m: c for m, c in terms.items() if c}
+        if not terms:
+            return 0
+        if set(terms) == {()}:
+            return terms[()]
+        used = {s for m in terms for s in m}
+        return Dim(tuple(sorted(terms.items(), key=_key)), tuple(sorted((s, *bounds[s]) for s in used)))
+
+    def _parts(self):
+        return dict(self.terms), {s: (lo, hi) for s, lo, hi in self.bounds}
+
+    # -- arithmetic ----------------------------------------------------------------------
+    def __add__(self, other):
+        a, ab = self._parts()
+        b, bb = _parts_of(other)
+        for m, c in b.items():
+            a[m] = a.get(m, 0) + c
+        return Dim._make(a, {**ab, **bb})
+
+    __radd__ = __add__
+
+    def __neg__(self):
+        a, ab = self._parts()
+        return Dim._make({m: -c for m, c in a.items()}, ab)
+
+    def __sub__(self, other):
+        return self + (-other if isinstance(other, Dim) else -int(other))
+
+    def __rsub__(self, other):
+        return (-self) + other
+
+    def __mul__(self, other):
+        if not isinstance(other, (Dim, int)):
+            return NotImplemented
+        a, ab = self._parts()
+        b, bb = _parts_of(other)
+        out: dict = {}
+        for ma, ca in a.items():
+            for mb, cb in b.items():
+                m = tuple(sorted(ma + mb))
+                out[m] = out.get(m, 0) + ca * cb
+        return Dim._make(out, {**ab, **bb})
+
+    __rmul__ = __mul__
+
+    def __floordiv__(self, other):
+        """Exact division by an int that divides every coefficient (else a SymbolError)."""
+        if isinstance(other, Dim) and other == self:
+            return 1
+        if not isinstance(other, int) or other == 0 or any(c % other for _, c in self.terms):
+            raise SymbolError(f"{self} // {other} is not a polynomial of the symbols")
+        a, ab = self._parts()
+        return Dim._make({m: c // other for m, c in a.items()}, ab)
+
+    def __mod__(self, other):
+        if isinstance(other, int) and other and all(c % other == 0 for _, c in self.terms):
+            return 0
+        raise SymbolError(f"{self} % {other} is not a polynomial of the symbols")
+
+    # -- comparison ----------------------------------------------------------------------
+    def __eq__(self, other):
+        return isinstance(other, Dim) and self.terms == other.terms
+
+    def __hash__(self):
+        return hash(self.terms)
+
+    def _undecided(self, other):
+        raise TypeError(f"whether {self} compares with {other} is known only at run time")
+
+    __lt__ = __le__ = __gt__ = __ge__ = _undecided
+
+    def __bool__(self):
+        raise TypeError(f"whether {self} is zero is known only at run time")
+
+    def __index__(self):
+        raise TypeError(f"{self} is a symbolic dimension, not a number")
+
+    __int__ = __index__
+
+    # -- facts ---------------------------------------------------------------------------
+    @property
+    def symbols(self) -> tuple:
+        return tuple(s for s, _, _ in self.bounds)
+
+    def evaluate(self, values: dict) -> int:
+        return sum(c * math.prod(values[s] for s in m) for m, c in self.terms)
+
+    def least(self) -> int:
+        return _interval(self)[0]
+
+    def greatest(self) -> int:
+        return _interval(self)[1]
+
+    def __str__(self) -> str:
+        parts = []
+        for m, c in sorted(self.terms, key=lambda t: (-len(t[0]), t[0])):  # (highest degree first)
+            names = "*".join(m)
+            parts.append(names if c == 1 and names else f"{c}*{names}" if names else str(c))
+        return " + ".join(parts).replace("+ -", "- ")
+
+    __repr__ = __str__
+
+    def to_json(self) -> list:
+        return [[list(m), c] for m, c in self.terms]
+
+
+def _parts_of(x):
+    if isinstance(x, Dim):
+        return x._parts()
+    return {(): int(x)}, {}
+
+
+def _interval(d: Dim) -> tuple[int, int]:
+    bounds = {s: (lo, hi) for s, lo, hi in d.bounds}
+    lo_sum = hi_sum = 0
+    for m, c in d.terms:
+        lo_m, hi_m = math.prod(bounds[s][0] for s in m), math.prod(bounds[s][1] for s in m)  # (symbols >= 0)
+        lo_sum += c * (lo_m if c > 0 else hi_m)
+        hi_sum += c * (hi_m if c > 0 else lo_m)
+    return lo_sum, hi_sum
+
+
+def is_symbolic(x) -> bool:
+    return isinstance(x, Dim)
+
+
+def shape_is_static(shape) -> bool:
+    return not any(isinstance(d, Dim) for d in shape)
+
+
+def least(x) -> int:
+    return x.least() if isinstance(x, Dim) else int(x)
+
+
+def greatest(x) -> int:
+    return x.greatest() if isinstance(x, Dim) else int(x)
+
+
+def evaluate(x, values: dict) -> int:
+    return x.evaluate(values) if isinstance(x, Dim) else int(x)
+
+
+def product(dims) -> "int | Dim":
+    out = 1
+    for d in dims:
+        out = out * d if isinstance(out, Dim) or isinstance(d, Dim) else out * int(d)
+    return out
+
+
+def symbols_of(shape) -> set:
+    return {s for d in shape if isinstance(d, Dim) for s in d.symbols}
+
+
+def dim_from_json(value, bounds: dict):
+    """A dim or int from `to_json`'s form (an int stays an int); bounds: symbol -> (lo, hi)."""
+    if isinstance(value, int):
+        return value
+    return Dim._make({tuple(m): int(c) for m, c in value}, bounds)
+
+
+def dim_to_json(x):
+    return x.to_json() if isinstance(x, Dim) else int(x)
