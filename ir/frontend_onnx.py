@@ -131,6 +131,9 @@ def _input_shapes(real_inputs, shapes: dict, dims: dict) -> dict:
     if unknown:
         raise KilnError(f"--shape names {', '.join(sorted(unknown))}, which is not a model input "
                         f"(inputs: {', '.join(vi.name for vi in real_inputs)})")
+    for name, (least, greatest_) in dims.items():
+        if not 0 <= least <= greatest_:
+            raise KilnError(f"--dim {name}={least}..{greatest_}: bounds must satisfy 0 <= least <= greatest")
     symbols = {name: Dim.symbol(name, *bounds) for name, bounds in dims.items()}
     out, unbounded = {}, {}
     for vi in real_inputs:

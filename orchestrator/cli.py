@@ -58,6 +58,17 @@ def _parse_dims(items) -> dict | None:
     return dims or None
 
 
+def _parse_sizes(items) -> dict:
+    """--dim NAME=N of `kiln run`: a symbol's value for the random inputs."""
+    sizes = {}
+    for item in items or []:
+        name, sep, value = item.partition("=")
+        if not sep or not value.strip().isdigit():
+            raise KilnError(f"--dim {item!r}: expected NAME=N, for example seq=128")
+        sizes[name.strip()] = int(value)
+    return sizes
+
+
 def _parse_size(text: str) -> int:
     units = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
     t = text.strip().upper().rstrip("B").rstrip("I")
@@ -209,8 +220,11 @@ def cmd_run(args) -> int:
         with np.load(args.inputs) as data:
             inputs = {k: data[k] for k in data.files}
     else:
-        inputs = module.random_inputs(args.seed)
-        print(f"no --inputs: using random inputs (seed {args.seed})")
+        sizes = _parse_sizes(args.dim)
+        inputs = module.random_inputs(args.seed, sizes)
+        symbols = ", ".join(f"{s['name']}={sizes.get(s['name'], s['greatest'])}" for s in module.manifest.symbols)
+        print(f"no --inputs: using random inputs (seed {args.seed}"
+              + (f"; symbols {symbols}: --dim NAME=N sets one)" if symbols else ")"))
     outputs = module.run(inputs)
     if args.outputs:
         np.savez(args.outputs, **outputs)
@@ -326,6 +340,8 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--inputs", help=".npz with one array per model input (random if omitted)")
     p.add_argument("--outputs", help="write the outputs to this .npz")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dim", action="append", metavar="NAME=N",
+                   help="a symbolic dim's size for the random inputs (default: its greatest)")
     p.add_argument("--threads", type=_positive_int, default=None, help="threads to run on (default: KILN_NUM_THREADS, else the usable cores)")
     p.set_defaults(fn=cmd_run)
 

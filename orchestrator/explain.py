@@ -12,13 +12,33 @@ from .cache_policy import open_store
 from .target import parse_target
 
 
+HUGE_ARENA_BYTES = 1 << 30  # an arena planned at the bounds past this gets a warning
+
+
+def _symbols(g, lowered) -> list[str]:
+    """What a build with symbolic dims runs: the bounds, the shapes, the arena they need."""
+    from .bundle import plan_memory
+    _, arena = plan_memory(lowered)
+    lines = ["symbols (one build runs every size within these bounds):",
+             "  " + ", ".join(f"{s} = {lo}..{hi}" for s, (lo, hi) in g.symbols.items())]
+    lines += [f"  input  {n}: {g.types[n]}" for n in g.inputs]
+    lines += [f"  output {n}: {g.types[n]}" for n in g.outputs]
+    lines.append(f"  arena at the bounds: {arena / 2**20:.1f} MiB (a call touches what its sizes need)")
+    if arena > HUGE_ARENA_BYTES:
+        lines.append(f"  warning: the bounds make the arena {arena / 2**30:.1f} GiB; tighter --dim bounds shrink it")
+    return lines + [""]
+
+
 def explain(model, target="llvm", opt_level: int = 3, shapes=None, cache=None, dims=None) -> str:
     tgt = parse_target(target)
     g, timings = optimize(model, shapes, opt_level, dims=dims)
     lowered = lower(g, schedule_for(tgt))
     store = open_store(cache, readonly=True) if cache is not None else None
     before = previous_parts(store.root, g.name) if store else {}
-    lines = [f"model {g.name}: {len(g.nodes)} nodes after passes; target {tgt.describe()}", "", "passes:"]
+    lines = [f"model {g.name}: {len(g.nodes)} nodes after passes; target {tgt.describe()}", ""]
+    if g.symbols:
+        lines += _symbols(g, lowered)
+    lines += ["passes:"]
     lines += [f"  {name:28s} {ms:8.2f} ms" for name, ms in timings]
     lines += ["", f"kernels ({len(lowered.calls)} calls):"]
     for call in lowered.calls:

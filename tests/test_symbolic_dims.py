@@ -1,0 +1,172 @@
+"""Symbolic dims (issue 23): one build serves every size within the bounds the user gives.
+
+Each model is built once with symbols and run at many shapes (odd sizes, the bounds, zero
+where the bound allows it) against onnxruntime on the same inputs. Bad calls (a size out of
+bounds, two inputs disagreeing on a symbol, a wrong rank or fixed dim) are refused by name
+before anything runs; ops not yet taught symbols are refused by name at build time.
+"""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from modelkiln.artifacts.errors import KilnError
+from modelkiln.ir.graph import UnsupportedError
+from modelkiln.orchestrator.api import build
+from tests import model_zoo
+
+F = TensorProto.FLOAT
+
+
+def _weights(rng, *shape, scale=0.1):
+    return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+
+def feed_forward_block(hidden=64, inner=96, seed=0, mask=False) -> onnx.ModelProto:
+    """A transformer block's second half over x [batch, seq, hidden]: MatMul, bias, Relu,
+    MatMul, bias, the residual, LayerNorm, then Softmax over the hidden units; with `mask`,
+    a second input [batch, seq, 1] multiplies the result (the two share both symbols)."""
+    rng = np.random.default_rng(seed)
+    inits = {"w1": _weights(rng, hidden, inner), "b1": _weights(rng, inner), "w2": _weights(rng, inner, hidden),
+             "b2": _weights(rng, hidden), "gamma": 1 + _weights(rng, hidden), "beta": _weights(rng, hidden)}
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("Add", ["h", "b1"], ["hb"]),
+             helper.make_node("Relu", ["hb"], ["r"]), helper.make_node("MatMul", ["r", "w2"], ["o"]),
+             helper.make_node("Add", ["o", "b2"], ["ob"]), helper.make_node("Add", ["ob", "x"], ["res"]),
+             helper.make_node("LayerNormalization", ["res", "gamma", "beta"], ["ln"], axis=-1, epsilon=1e-5),
+             helper.make_node("Softmax", ["ln"], ["y" if not mask else "sm"], axis=-1)]
+    inputs = [helper.make_tensor_value_info("x", F, ["batch", "seq", hidden])]
+    if mask:
+        nodes.append(helper.make_node("Mul", ["sm", "m"], ["y"]))
+        inputs.append(helper.make_tensor_value_info("m", F, ["batch", "seq", 1]))
+    graph = helper.make_graph(nodes, "block", inputs, [helper.make_tensor_value_info("y", F, ["batch", "seq", hidden])],
+                              [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+BOUNDS = {"batch": (1, 4), "seq": (0, 80)}
+
+
+@pytest.fixture(scope="module")
+def block_build(executor):
+    model = feed_forward_block(mask=True)
+    return model, build(model, dims=BOUNDS, executor=executor, cache=None, progress=False)
+
+
+@pytest.mark.parametrize("batch,seq", [(1, 1), (1, 17), (2, 16), (3, 33), (4, 80), (1, 79), (2, 0)])
+def test_one_build_runs_every_shape_in_its_bounds(block_build, batch, seq):
+    model, result = block_build
+    rng = np.random.default_rng(batch * 100 + seq)
+    feeds = {"x": rng.standard_normal((batch, seq, 64)).astype(np.float32),
+             "m": (rng.random((batch, seq, 1)) > 0.3).astype(np.float32)}
+    got = result.load().run(feeds)["y"]
+    want = model_zoo.onnxruntime_outputs(model, feeds)["y"]
+    assert got.shape == want.shape == (batch, seq, 64)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_threads_change_no_byte(block_build):
+    _, result = block_build
+    feeds = {"x": np.random.default_rng(1).standard_normal((3, 77, 64)).astype(np.float32),
+             "m": np.ones((3, 77, 1), np.float32)}
+    one, two = result.load(threads=1).run(feeds)["y"], result.load(threads=2).run(feeds)["y"]
+    np.testing.assert_array_equal(one, two)
+
+
+def test_the_kernels_read_the_sizes_once_built(block_build):
+    """No kernel is specialised to a size: the same bundle, the same kernels for every call."""
+    _, result = block_build
+    assert all(any(b.name == "s" for b in c.kernel.buffers) for c in result.lowered.calls)
+
+
+@pytest.mark.parametrize("feeds,message", [
+    ({"x": (5, 3, 64), "m": (5, 3, 1)}, "dim 0 is batch = 5, outside the bounds the bundle was built for (batch = 1..4)"),
+    ({"x": (1, 81, 64), "m": (1, 81, 1)}, "dim 1 is seq = 81, outside the bounds"),
+    ({"x": (2, 3, 64), "m": (2, 4, 1)}, "input 'm': dim 1 is seq = 4, but input 'x' has seq = 3: the two must agree"),
+    ({"x": (2, 3, 32), "m": (2, 3, 1)}, "input 'x': dim 2 must be 64, got 32"),
+    ({"x": (2, 64), "m": (2, 3, 1)}, "input 'x': expected rank 3 [batch, seq, 64], got shape (2, 64)"),
+])
+def test_bad_sizes_are_refused_before_anything_runs(block_build, feeds, message):
+    _, result = block_build
+    module = result.load()
+    out = {"y": np.full((2, 3, 64), 7.0, np.float32)}
+    with pytest.raises(KilnError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")
+                       .replace("]", r"\]")):
+        module.run({k: np.zeros(v, np.float32) for k, v in feeds.items()}, out=out)
+    assert (out["y"] == 7.0).all()
+
+
+def test_out_arrays_take_the_actual_shape(block_build):
+    _, result = block_build
+    module = result.load()
+    feeds = {"x": np.ones((2, 5, 64), np.float32), "m": np.ones((2, 5, 1), np.float32)}
+    with pytest.raises(KilnError, match=r"out\['y'\]: expected a writable C-contiguous float32 array of shape \(2, 5, 64\)"):
+        module.run(feeds, out={"y": np.empty((4, 80, 64), np.float32)})
+    out = {"y": np.empty((2, 5, 64), np.float32)}
+    assert module.run(feeds, out=out) is out
+
+
+def test_the_manifest_and_header_name_the_symbols(block_build, tmp_path):
+    _, result = block_build
+    result.export(str(tmp_path / "b"))
+    manifest = json.loads((tmp_path / "b" / "manifest.json").read_text())
+    assert manifest["symbols"] == [{"name": "batch", "least": 1, "greatest": 4}, {"name": "seq", "least": 0, "greatest": 80}]
+    header = (tmp_path / "b" / "kiln_model.h").read_text()
+    assert "#define KILN_NUM_SYMBOLS 2" in header and "int kiln_run_dims(" in header
+    # Input x: batch, seq, 64; bytes at the bounds: 4 * 80 * 64 * 4.
+    assert "static const long long kiln_input_shapes[2][3] = {{-1, -2, 64}, {-1, -2, 1}};" in header
+    assert f"kiln_input_bytes[2] = {{{4 * 80 * 64 * 4}, {4 * 80 * 4}}}" in header
+
+
+def test_a_symbol_without_bounds_is_named_with_its_inputs(executor):
+    model = feed_forward_block(mask=True)
+    with pytest.raises(KilnError, match=r"symbolic dims without bounds: 'seq' \(in x, m\)\. Bound each with --dim"):
+        build(model, dims={"batch": (1, 2)}, executor=executor, cache=None, progress=False)
+    with pytest.raises(KilnError, match="--dim names sequence, which no input's shape has"):
+        build(model, dims={**BOUNDS, "sequence": (1, 2)}, executor=executor, cache=None, progress=False)
+    with pytest.raises(KilnError, match="--dim batch=5..2: bounds must satisfy 0 <= least <= greatest"):
+        build(model, dims={"batch": (5, 2), "seq": (1, 2)}, executor=executor, cache=None, progress=False)
+
+
+def test_a_fixed_dim_builds_static_and_a_named_one_symbolic(executor):
+    """--shape still fixes a dim (a static build, as before symbols); a name in --shape makes
+    a dim of an unnamed model symbolic."""
+    model = feed_forward_block()
+    static = build(model, shapes={"x": [2, 9, 64]}, executor=executor, cache=None, progress=False)
+    assert not static.lowered.symbols and not any(b.name == "s" for c in static.lowered.calls for b in c.kernel.buffers)
+    named = build(model, shapes={"x": ["n", 9, 64]}, dims={"n": (1, 3)}, executor=executor, cache=None, progress=False)
+    feeds = {"x": np.random.default_rng(2).standard_normal((3, 9, 64)).astype(np.float32)}
+    np.testing.assert_allclose(named.load().run(feeds)["y"], model_zoo.onnxruntime_outputs(model, feeds)["y"],
+                               rtol=1e-5, atol=1e-6)
+
+
+def test_an_op_not_taught_symbols_is_refused_by_name(executor):
+    nodes = [helper.make_node("Shape", ["x"], ["s"]), helper.make_node("Reshape", ["x", "s"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", F, ["n", 4])],
+                              [helper.make_tensor_value_info("y", F, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    with pytest.raises(UnsupportedError, match=r"node 'Shape_0' \(Shape\): Shape with symbolic dimensions is not supported "
+                                               r"yet \(x: float32\[n x 4\]"):
+        build(model, dims={"n": (1, 8)}, executor=executor, cache=None, progress=False)
+
+
+def test_cli_builds_runs_and_explains_with_dims(tmp_path):
+    path = str(tmp_path / "block.onnx")
+    onnx.save(feed_forward_block(), path)
+    kiln = [sys.executable, "-m", "modelkiln.orchestrator.cli"]
+    env = {**os.environ, "KILN_CACHE_DIR": str(tmp_path / "cache")}
+    subprocess.run(kiln + ["build", path, "-o", str(tmp_path / "out"), "--dim", "batch=1..2", "--dim", "seq=1..40"],
+                   check=True, env=env, capture_output=True)
+    ran = subprocess.run(kiln + ["run", str(tmp_path / "out"), "--dim", "seq=7"], check=True, env=env,
+                         capture_output=True, text=True).stdout
+    assert "symbols batch=2, seq=7" in ran and "y: float32[2, 7, 64]" in ran
+    explained = subprocess.run(kiln + ["explain", path, "--dim", "batch=1..2", "--dim", "seq=1..40"], check=True,
+                               env=env, capture_output=True, text=True).stdout
+    assert "batch = 1..2, seq = 1..40" in explained and "input  x: float32[batch x seq x 64]" in explained
+    bad = subprocess.run(kiln + ["build", path, "-o", str(tmp_path / "bad"), "--dim", "seq=1-40"], env=env,
+                         capture_output=True, text=True)
+    assert bad.returncode != 0 and "--dim 'seq=1-40': expected NAME=LEAST..GREATEST" in bad.stderr
