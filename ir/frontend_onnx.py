@@ -158,8 +158,10 @@ def _input_shapes(real_inputs, shapes: dict, dims: dict) -> dict:
     if unbounded:
         named = "; ".join(f"'{s}' (in {', '.join(ins)})" for s, ins in sorted(unbounded.items()))
         example = next(iter(sorted(unbounded)))
+        first_input = unbounded[example][0]
         raise KilnError(f"symbolic dims without bounds: {named}. Bound each with --dim NAME=LEAST..GREATEST "
-                        f"(dims={{'{example}': (1, 512)}} in Python), or fix it with --shape")
+                        f"(dims={{'{example}': (1, 512)}} in Python), or fix the dims with --shape "
+                        f"{first_input}=DIMS (for example --shape {first_input}=1x...)")
     used = {s for shape in out.values() for s in symbols_of(shape)}
     if set(symbols) - used:
         raise KilnError(f"--dim names {', '.join(sorted(set(symbols) - used))}, which no input's shape has "

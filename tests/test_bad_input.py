@@ -76,8 +76,11 @@ def test_wrong_shape_override(tmp_path):
     r = kiln("build", str(path), "-o", str(tmp_path / "o"), "--shape", "x=1x5x32x32")
     assert r.returncode == 2 and "Conv" in r.stderr and "does not match weight" in r.stderr
     # not a shape at all
-    r = kiln("build", str(path), "-o", str(tmp_path / "o"), "--shape", "x=1xax3")
+    r = kiln("build", str(path), "-o", str(tmp_path / "o"), "--shape", "x=1x?x3")
     assert r.returncode == 2 and "NAME=DIMS" in r.stderr
+    # a name makes a dim symbolic, which needs its bounds
+    r = kiln("build", str(path), "-o", str(tmp_path / "o"), "--shape", "x=1x3xhx32")
+    assert r.returncode == 2 and "symbolic dims without bounds: 'h' (in x)" in r.stderr and "--dim" in r.stderr
 
 
 def test_symbolic_shape_needs_override():
