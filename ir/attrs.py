@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from .graph import Graph, Node, UnsupportedError
+from .symbolic import Dim
 
 
 class NotConstant(UnsupportedError):
@@ -27,6 +28,8 @@ def const_input(g: Graph, node: Node, index: int, what: str, required: bool = Fa
             raise UnsupportedError(f"{node.describe()}: input {index} ({what}) is required")
         return None
     name = node.inputs[index]
+    if name in g.symbolic_values:  # (an object array of ints and symbolic Dims)
+        return g.symbolic_values[name]
     if name not in g.constants:
         raise NotConstant(f"{node.describe()}: input '{name}' ({what}) must be known at compile time, "
                           "but it is computed at run time; Kiln compiles static shapes only", [name])
@@ -40,6 +43,8 @@ def attr_or_input(g: Graph, node: Node, attr: str, index: int, default=None):
     value = const_input(g, node, index, attr)
     if value is None:
         return default
+    if value.dtype == object:  # symbolic values: ints and Dims
+        return [v if isinstance(v, Dim) else int(v) for v in value.reshape(-1)]
     return [int(v) if np.issubdtype(value.dtype, np.integer) else float(v) for v in value.reshape(-1)]
 
 

@@ -114,6 +114,12 @@ class Graph:
     # The symbolic dims' bounds, symbol -> (least, greatest), in the order kernels and the
     # entry function number them (ir/symbolic.py). Empty: a static model.
     symbols: dict[str, tuple[int, int]] = field(default_factory=dict)
+    # Integer tensors whose values type inference knows as expressions of the symbols (a
+    # Shape of a symbolic tensor, what Gather/Concat/... make of it): numpy object arrays of
+    # ints and Dims. An op that needs a parameter at compile time reads them like constants
+    # (ir/attrs.const_input); one that reads them at run time reads the tensor a
+    # kiln.SymbolicValue node writes.
+    symbolic_values: dict[str, np.ndarray] = field(default_factory=dict)
 
     def copy(self) -> "Graph":
         # Constants and params are never mutated in place, so sharing them is safe.
@@ -121,7 +127,7 @@ class Graph:
         g.inputs, g.outputs = list(self.inputs), list(self.outputs)
         g.nodes = [Node(n.op, list(n.inputs), list(n.outputs), dict(n.attrs), n.name, n.guard) for n in self.nodes]
         g.types, g.constants, g.params = dict(self.types), dict(self.constants), dict(self.params)
-        g.symbols = dict(self.symbols)
+        g.symbols, g.symbolic_values = dict(self.symbols), dict(self.symbolic_values)
         g.groups = None if self.groups is None else [list(m) for m in self.groups]
         return g
 

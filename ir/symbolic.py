@@ -87,13 +87,33 @@ class Dim:
     __rmul__ = __mul__
 
     def __floordiv__(self, other):
-        """Exact division by an int that divides every coefficient (else a SymbolError)."""
+        """Exact division by an int or a single term (3*seq) that divides every term (else a
+        SymbolError): what a Reshape's -1 asks of a size."""
         if isinstance(other, Dim) and other == self:
             return 1
-        if not isinstance(other, int) or other == 0 or any(c % other for _, c in self.terms):
+        if isinstance(other, Dim) and len(other.terms) == 1:
+            (divisor, coef), = other.terms
+        elif isinstance(other, int) and other:
+            divisor, coef = (), other
+        else:
             raise SymbolError(f"{self} // {other} is not a polynomial of the symbols")
         a, ab = self._parts()
-        return Dim._make({m: c // other for m, c in a.items()}, ab)
+        out = {}
+        for m, c in a.items():
+            rest = list(m)
+            for s in divisor:
+                if s not in rest:
+                    raise SymbolError(f"{self} // {other} is not a polynomial of the symbols")
+                rest.remove(s)
+            if c % coef:
+                raise SymbolError(f"{self} // {other} is not a polynomial of the symbols")
+            out[tuple(rest)] = c // coef
+        return Dim._make(out, ab)
+
+    def __rfloordiv__(self, other):
+        if other == 0:
+            return 0
+        raise SymbolError(f"{other} // {self} is not a polynomial of the symbols")
 
     def __mod__(self, other):
         if isinstance(other, int) and other and all(c % other == 0 for _, c in self.terms):

@@ -18,7 +18,7 @@ from onnx import TensorProto, helper, numpy_helper
 from modelkiln.artifacts.errors import KilnError
 from modelkiln.ir.graph import UnsupportedError
 from modelkiln.orchestrator.api import build
-from tests import model_zoo
+from tests import dynamic_zoo, model_zoo
 
 F = TensorProto.FLOAT
 
@@ -145,13 +145,27 @@ def test_a_fixed_dim_builds_static_and_a_named_one_symbolic(executor):
 
 
 def test_an_op_not_taught_symbols_is_refused_by_name(executor):
-    nodes = [helper.make_node("Shape", ["x"], ["s"]), helper.make_node("Reshape", ["x", "s"], ["y"])]
+    """A Range up to a symbolic size needs a kernel that computes it at run time: not yet."""
+    nodes = [helper.make_node("Shape", ["x"], ["s"]),
+             helper.make_node("Gather", ["s", "zero"], ["n"], axis=0),
+             helper.make_node("Range", ["zero", "n", "one"], ["r"], name="positions"),
+             helper.make_node("Cast", ["r"], ["y"], to=F)]
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", F, ["n", 4])],
+                              [helper.make_tensor_value_info("y", F, None)],
+                              [numpy_helper.from_array(np.array(0, np.int64), "zero"),
+                               numpy_helper.from_array(np.array(1, np.int64), "one")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    with pytest.raises(UnsupportedError, match=r"node 'positions' \(Range\): Range with symbolic dimensions is not "
+                                               r"supported yet"):
+        build(model, dims={"n": (1, 8)}, executor=executor, cache=None, progress=False)
+    # The same chain into a Reshape is shape arithmetic, done at build time.
+    reshape = [helper.make_node("Shape", ["x"], ["s"]), helper.make_node("Reshape", ["x", "s"], ["y"])]
+    graph = helper.make_graph(reshape, "g", [helper.make_tensor_value_info("x", F, ["n", 4])],
                               [helper.make_tensor_value_info("y", F, None)])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
-    with pytest.raises(UnsupportedError, match=r"node 'Shape_0' \(Shape\): Shape with symbolic dimensions is not supported "
-                                               r"yet \(x: float32\[n x 4\]"):
-        build(model, dims={"n": (1, 8)}, executor=executor, cache=None, progress=False)
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    got = build(model, dims={"n": (1, 8)}, executor=executor, cache=None, progress=False).load().run({"x": x})
+    np.testing.assert_array_equal(got["y"], x)
 
 
 def test_cli_builds_runs_and_explains_with_dims(tmp_path):
@@ -170,3 +184,52 @@ def test_cli_builds_runs_and_explains_with_dims(tmp_path):
     bad = subprocess.run(kiln + ["build", path, "-o", str(tmp_path / "bad"), "--dim", "seq=1-40"], env=env,
                          capture_output=True, text=True)
     assert bad.returncode != 0 and "--dim 'seq=1-40': expected NAME=LEAST..GREATEST" in bad.stderr
+
+
+# ---- a BERT exported with dynamic axes ----------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def bert_build(executor):
+    model, feeds = dynamic_zoo.bert_encoder_dynamic()
+    return model, feeds, build(model, dims={"batch": (1, 4), "seq": (1, 64)}, executor=executor, cache=None,
+                               progress=False)
+
+
+@pytest.mark.parametrize("batch,seq", [(1, 1), (1, 7), (2, 16), (3, 33), (4, 64), (2, 63)])
+def test_a_bert_with_dynamic_axes_runs_every_shape_from_one_build(bert_build, batch, seq):
+    """Heads split and merged by Reshapes to shapes computed from Shape, position ids sliced
+    to seq, token types expanded to [batch, seq], a padding mask per row."""
+    model, feeds, result = bert_build
+    f = feeds(batch, seq, seed=batch * 100 + seq)
+    got = result.load().run(f)
+    want = model_zoo.onnxruntime_outputs(model, f)
+    for name in want:
+        assert got[name].shape == want[name].shape
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-4, atol=2e-5, err_msg=name)
+
+
+def test_the_shape_arithmetic_left_no_kernel(bert_build):
+    """Shape -> Gather -> Unsqueeze -> Concat chains are sizes known to type inference: no
+    kernel computes or copies them (the Reshapes they feed are views)."""
+    _, _, result = bert_build
+    ops = {op for c in result.lowered.calls for op in c.ops}
+    assert not ops & {"Shape", "Concat", "kiln.SymbolicValue"}, ops
+
+
+def test_sizes_read_at_run_time_are_computed_then(executor):
+    """A Shape used as data (here scaled and added to the input's rows) is written by a kernel
+    from the symbols' values at each call."""
+    nodes = [helper.make_node("Shape", ["x"], ["s"]),
+             helper.make_node("Cast", ["s"], ["sf"], to=F),
+             helper.make_node("Mul", ["sf", "half"], ["scaled"]),
+             helper.make_node("Add", ["x", "scaled"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", F, ["n", 2])],
+                              [helper.make_tensor_value_info("y", F, None), helper.make_tensor_value_info("s", TensorProto.INT64, None)],
+                              [numpy_helper.from_array(np.float32(0.5), "half")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    module = build(model, dims={"n": (0, 9)}, executor=executor, cache=None, progress=False).load()
+    for n in (0, 1, 5, 9):
+        x = np.random.default_rng(n).standard_normal((n, 2)).astype(np.float32)
+        got, want = module.run({"x": x}), model_zoo.onnxruntime_outputs(model, {"x": x})
+        np.testing.assert_array_equal(got["s"], want["s"])
+        np.testing.assert_allclose(got["y"], want["y"], rtol=1e-6)

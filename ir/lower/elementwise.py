@@ -29,11 +29,19 @@ def clamp(x, lo, hi):
     return fbin("min", fbin("max", x, lo), hi)
 
 
-def iclamp(e, lo: int, hi: int):
-    return fbin("min", fbin("max", e, Const(lo)), Const(hi))
+def iclamp(e, lo, hi, t: str = "i64"):
+    """e (of integer type t) within [lo, hi]; a bound may be a run-time size (i64)."""
+    return fbin("min", fbin("max", e, as_index(lo, t)), as_index(hi, t))
 
 
-def view_reader(b: KernelBuilder, src: str, oshape):
+def as_index(d, t: str = "i64"):
+    """A size (an int, or a run-time i64 expression) as an operand of type t."""
+    if isinstance(d, int):
+        return Const(d)
+    return d if t == "i64" else Cast(t, d)
+
+
+def view_reader(b: KernelBuilder, src: str, oshape, view_out: str | None = None):
     """A reshape inside a group: same row-major data, so go through the flat index, one run
     of dims at a time: where both shapes have a boundary at the same element count (the
     [197, 384] -> [197, 6, 64] of attention heads), the dims between two boundaries map
@@ -44,7 +52,12 @@ def view_reader(b: KernelBuilder, src: str, oshape):
         return x
     if 0 in sshape:
         return lambda idx: x(unflatten(flat_index(idx, oshape), sshape))
-    runs = _common_runs(list(oshape), list(sshape))
+    if all(isinstance(d, int) for d in list(sshape) + list(oshape)):
+        runs = _common_runs(list(oshape), list(sshape))
+    elif src not in b.shapes and view_out is not None and view_out not in b.shapes:
+        runs = _common_runs_symbolic(list(b.type(view_out).shape), list(b.type(src).shape))
+    else:
+        return lambda idx: x(unflatten(flat_index(idx, oshape), sshape))
 
     def read(idx):
         src_idx = [Const(0)] * len(sshape)
@@ -65,6 +78,22 @@ def _common_runs(a: list, b: list) -> list[tuple[list, list]]:
     def dims(shape, prefix, lo, hi):
         return [k for k in range(len(shape)) if shape[k] > 1 and lo < prefix[k + 1] <= hi]
     return [(dims(a, pa, lo, hi), dims(b, pb, lo, hi)) for lo, hi in zip(cuts, cuts[1:])]
+
+
+def _common_runs_symbolic(a: list, b: list) -> list[tuple[list, list]]:
+    """`_common_runs` of shapes with symbolic dims: the element counts are polynomials, equal
+    where they are the same polynomial (batch*seq | heads | dh of [batch, seq, heads*dh])."""
+    def prefixes(shape):
+        out = [1]
+        for d in shape:
+            out.append(out[-1] * d)
+        return out
+    pa, pb = prefixes(a), prefixes(b)
+    cuts = [(i, pb.index(v)) for i, v in enumerate(pa) if v in pb]
+
+    def real(shape, lo, hi):
+        return [k for k in range(lo, hi) if not (isinstance(shape[k], int) and shape[k] == 1)]
+    return [(real(a, ia, ja), real(b, ib, jb)) for (ia, ib), (ja, jb) in zip(cuts, cuts[1:]) if ja > ia or jb > ib]
 
 
 def concat_reader(b: KernelBuilder, node: Node):
@@ -89,7 +118,7 @@ def concat_reader(b: KernelBuilder, node: Node):
             if hi - lo == 1:
                 return part(lo)
             mid = (lo + hi) // 2
-            return select(cmp("lt", idx[axis], Const(parts[mid][0])), pick(lo, mid), pick(mid, hi))
+            return select(cmp("lt", idx[axis], as_index(parts[mid][0])), pick(lo, mid), pick(mid, hi))
         return pick(0, len(parts))
     return concat
 
@@ -128,12 +157,13 @@ def gather_reader(b: KernelBuilder, node: Node):
     axis = b.attrs(node)["axis"]
     x, ind = b.reader(node.inputs[0]), b.reader(node.inputs[1])
     r = len(b.shape(node.inputs[1]))
-    dim = b.shape(node.inputs[0])[axis]
+    dim, t = b.shape(node.inputs[0])[axis], b.compute(node.inputs[1])
 
     def gather(idx):
         i = ind(idx[axis:axis + r])
-        i = select(cmp("lt", i, Const(0)), add(i, Const(dim)), i)
-        return x(list(idx[:axis]) + [iclamp(i, 0, dim - 1)] + list(idx[axis + r:]))
+        i = select(cmp("lt", i, Const(0)), add(i, as_index(dim, t)), i)
+        return x(list(idx[:axis]) + [iclamp(i, 0, dim - 1, t)]
+                 + list(idx[axis + r:]))
     return gather
 
 

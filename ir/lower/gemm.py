@@ -489,6 +489,34 @@ def _plain_product(b: KernelBuilder, oshape, k: int, a_at, b_at, store, t: str) 
     return b.loops(oshape, point, inner_kind="serial", parallel=True)
 
 
+def _lower_matmul_symbolic(b: KernelBuilder, node: Node, store) -> tuple:
+    """A MatMul over symbolic dims: one GEMM over the rows where B is constant weights, else
+    (attention's products of two run-time tensors) a dot product per output element, for now."""
+    a_name, b_name = node.inputs[0], node.inputs[1]
+    if b_name in b.g.constants and len(b.type(b_name).shape) == 2 and b.compute(a_name) == "f32":
+        return _lower_matmul_rows(b, node, store)
+    sa, sb = list(b.type(a_name).shape), list(b.type(b_name).shape)
+    va, vb = len(sa) == 1, len(sb) == 1
+    sa, sb = ([1] + sa if va else sa), (sb + [1] if vb else sb)
+    oshape = b.shape(node.outputs[0])
+    batch = list(oshape[:len(oshape) - (0 if va else 1) - (0 if vb else 1)])
+    la, lb = [b.dim(d) for d in sa], [b.dim(d) for d in sb]
+    ra, rb, nb = b.reader(a_name), b.reader(b_name), len(batch)
+
+    def split(idx):  # output index -> (batch index, row, column); a vector operand has none
+        rest = list(idx[nb:])
+        return list(idx[:nb]), (None if va else rest.pop(0)), (None if vb else rest.pop(0))
+
+    def a_at(idx, kk):
+        bi, mi, _ = split(idx)
+        return ra(broadcast_index(bi, batch, la[:-2]) + ([] if va else [mi]) + [kk])
+
+    def b_at(idx, kk):
+        bi, _, ni = split(idx)
+        return rb([kk] if vb else broadcast_index(bi, batch, lb[:-2]) + [kk, ni])
+    return _plain_product(b, oshape, la[-1], a_at, b_at, store, b.compute(a_name))
+
+
 def _lower_matmul_rows(b: KernelBuilder, node: Node, store) -> tuple:
     """[..., K] x [K, N] with symbolic leading dims: one GEMM over their product, the rows,
     known at run time (one row for a decoding step), B packed at build time. Threads share
@@ -507,8 +535,8 @@ def _lower_matmul_rows(b: KernelBuilder, node: Node, store) -> tuple:
 
 def lower_matmul(b: KernelBuilder, node: Node, store) -> tuple:
     a_name, b_name = node.inputs[0], node.inputs[1]
-    if not b.type(a_name).is_static:
-        return _lower_matmul_rows(b, node, store)
+    if not (b.type(a_name).is_static and b.type(b_name).is_static):
+        return _lower_matmul_symbolic(b, node, store)
     sa, sb = list(b.type(a_name).shape), list(b.type(b_name).shape)
     va, vb = len(sa) == 1, len(sb) == 1
     sa = [1] + sa if va else sa

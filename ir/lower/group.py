@@ -16,6 +16,7 @@ from ..graph import Graph, Node, UnsupportedError
 from ..symbolic import SymbolError
 from ..loop import Kernel, Let, Store, Var, flat_index
 from ..ops import BROADCAST, OUT_EWISE_FUSABLE, REDUCTION, op_def
+from ..ops.compile_time import SYMBOLIC_VALUE
 from ..ops.control_flow import ENTRY_LOOP
 from ..passes.fuse_ops import call_guard, groups_of, kind_of
 from .builder import KernelBuilder, ScheduleConfig, collapse_shapes
@@ -121,7 +122,7 @@ def lower_group(g: Graph, members: list[Node], config: ScheduleConfig) -> Kernel
                                 f"{e!r}") from e
         raise UnsupportedError(f"{members[0].describe()} and its fused group ({', '.join(m.op for m in members)}): "
                                f"lowering with symbolic dimensions is not supported yet ({e}). Fix those dims with "
-                               "--shape to build this model") from None
+                               "--shape to build this model") from e
     except Exception as e:  # a lowering bug: name the group so it can be reported
         raise InternalError(f"Kiln bug: cannot lower the fused group {', '.join(m.describe() for m in members)}: "
                             f"{e!r}") from e
@@ -129,6 +130,19 @@ def lower_group(g: Graph, members: list[Node], config: ScheduleConfig) -> Kernel
     name = "fused_" + "_".join(dict.fromkeys(o.lower() for o in ops))
     return KernelCall(b.kernel(body), list(b.outputs), list(b.inputs), list(b.workspaces), name[:60], ops,
                       [m.name for m in members], call_guard(members))
+
+
+def _without_unread_sizes(steps: list, aliases: dict, outputs: list) -> list:
+    """Drop the kernels writing symbolic values (sizes) that no kernel reads: the ops using
+    them read them at build time (a Reshape's shape), not from a buffer."""
+    def storage(t):
+        while t in aliases:
+            t = aliases[t]
+        return t
+    read = {storage(t) for c in flatten(steps) for t in c.inputs} | {storage(t) for t in outputs}
+    read |= {storage(t) for loop in all_loops(steps) for t in loop.tensors()}
+    return [s for s in steps if not (isinstance(s, KernelCall) and s.ops == [SYMBOLIC_VALUE]
+                                     and not any(storage(o) in read for o in s.outputs))]
 
 
 def lower(graph: Graph, config: ScheduleConfig | None = None) -> LoweredModel:
@@ -150,6 +164,7 @@ def lower(graph: Graph, config: ScheduleConfig | None = None) -> LoweredModel:
             aliases.update({out: state for (_, state, _), out in zip(loop.state, root.outputs) if out})
         else:
             steps.append(lower_group(g, members, config))
+    steps = _without_unread_sizes(steps, aliases, g.outputs)
     model = LoweredModel(steps, list(g.inputs), list(g.outputs), types, {}, aliases, dict(g.symbols))
     used = {model.storage(t) for c in model.calls for t in c.inputs} | {model.storage(o) for o in g.outputs}
     used |= {model.storage(t) for loop in all_loops(steps) for t in loop.tensors()}

@@ -6,7 +6,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..attrs import NotConstant
-from ..graph import TensorType, as_kiln_array
+from ..graph import Node, TensorType, UnsupportedError, as_kiln_array
+from ..loop import Cast, Const, Store
+from ..symbolic import Dim, dim_from_json, dim_to_json
 from ..validate import check_tensor_size
 from .registry import OPAQUE, OpDef, register
 
@@ -19,9 +21,15 @@ def _shape(g, node, p):
     return TensorType((len(range(rank)[slice(start, end)]),), "int64")
 
 
+def _sizes(values) -> np.ndarray:
+    """int64 sizes, or an object array where some are symbolic (Dims)."""
+    symbolic = any(isinstance(v, Dim) for v in np.asarray(values, dtype=object).reshape(-1))
+    return np.array(values, dtype=object if symbolic else np.int64)
+
+
 def _shape_value(a, values, g, node):
     shape = g.types[node.inputs[0]].shape
-    return [np.array(shape[slice(a.get("start", 0), a.get("end", len(shape)))], dtype=np.int64)]
+    return [_sizes(list(shape[slice(a.get("start", 0), a.get("end", len(shape)))]))]
 
 
 def _size(g, node, p):
@@ -29,7 +37,7 @@ def _size(g, node, p):
 
 
 def _size_value(a, values, g, node):
-    return [np.array(g.types[node.inputs[0]].size, dtype=np.int64)]
+    return [_sizes(g.types[node.inputs[0]].size)]
 
 
 def _range_value(a, values, g, node):
@@ -48,6 +56,10 @@ def _from_value(evaluate):
     """The type of a compile-time-only op is the type of its value."""
     def infer(g, node, p):
         missing = [i for i in node.inputs if i and i not in g.constants]
+        if any(i in g.symbolic_values for i in missing):
+            raise UnsupportedError(f"{node.describe()}: {node.op} with symbolic dimensions is not supported yet (its "
+                                   f"inputs {', '.join(missing)} are sizes known at run time). Fix those dims with "
+                                   "--shape to build this model")
         if missing:
             raise NotConstant(f"{node.describe()}: inputs must be known at compile time", missing)
         values = evaluate(node.attrs, [g.constants.get(i) if i else None for i in node.inputs], g, node)
@@ -59,6 +71,28 @@ def _constant_value(a, values, g, node):
     return [a["value"]]
 
 
+# A tensor whose values are sizes known as expressions of the symbols, where a kernel reads
+# it at run time (ir/ops/inference.py makes these): each element computed from the symbols.
+SYMBOLIC_VALUE = "kiln.SymbolicValue"
+
+
+def symbolic_value_node(name: str, values: np.ndarray, dtype: str) -> Node:
+    return Node(SYMBOLIC_VALUE, [], [name], {"values": [dim_to_json(v) for v in values.reshape(-1)],
+                                             "shape": list(values.shape), "dtype": dtype}, f"{name}/value")
+
+
+def symbolic_values_of(g, node) -> np.ndarray:
+    values = [dim_from_json(v, g.symbols) for v in node.attrs["values"]]
+    return np.array(values, dtype=object).reshape(node.attrs["shape"])
+
+
+def _lower_symbolic_value(b, node) -> tuple:
+    out, t = b.out_param(node.outputs[0]), b.compute(node.outputs[0])
+    values = symbolic_values_of(b.g, node).reshape(-1)
+    return tuple(Store(out, Const(i), Cast(t, b.dim(v)) if isinstance(v, Dim) and t != "i64" else
+                       b.dim(v) if isinstance(v, Dim) else Const(int(v), t)) for i, v in enumerate(values))
+
+
 CONSTANT = "Constant"  # the frontend turns these into graph constants directly
 register(
     OpDef("Shape", OPAQUE, _shape, _shape_value, compile_time=True, shape_only=True),
@@ -67,4 +101,6 @@ register(
     OpDef("Range", OPAQUE, _from_value(_range_value), _range_value, compile_time=True),
     OpDef("ConstantOfShape", OPAQUE, _from_value(_constant_of_shape_value), _constant_of_shape_value,
           compile_time=True),
+    OpDef(SYMBOLIC_VALUE, OPAQUE, lambda g, node, p: TensorType(tuple(node.attrs["shape"]), node.attrs["dtype"]),
+          alone=_lower_symbolic_value),
 )

@@ -136,7 +136,8 @@ def _gemm(g, node, p):
 def collapse_symbolic_rows(b, node, names) -> None:
     """A MatMul over symbolic rows ([batch, seq, K] x [K, N]) computes [rows, N]: its epilogue
     indexes (row, column) where every epilogue tensor lets the leading dims merge."""
-    if not b.g.types[node.inputs[0]].is_static:
+    if not b.g.types[node.inputs[0]].is_static and node.inputs[1] in b.g.constants and \
+            len(b.g.types[node.inputs[1]].shape) == 2:
         collapse_shapes(b, names, b.shape(node.outputs[0]), into=2)
 
 

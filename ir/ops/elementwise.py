@@ -133,8 +133,11 @@ def _cast_reader(b, node):
 
 
 def _cast_fold(a, values, g, node):
+    to = numpy_dtype(g.types[node.outputs[0]].dtype)
+    if values[0].dtype == object and np.issubdtype(to, np.integer):  # sizes stay sizes (symbolic values)
+        return [values[0]]
     with np.errstate(all="ignore"):  # NaN or out of range to an integer: whatever numpy gives
-        return [values[0].astype(numpy_dtype(g.types[node.outputs[0]].dtype))]
+        return [values[0].astype(to)]
 
 
 def _not_infer(g, node, p):
@@ -224,9 +227,17 @@ def _compare(name, op, fold):
 
 
 def _div_fold(x, y, a):
+    if x.dtype == object or y.dtype == object:  # sizes (symbolic values): exact division where it is one
+        return np.vectorize(_exact_quotient, otypes=[object])(x, y)
     if np.issubdtype(x.dtype, np.integer):
         return np.trunc(x / y).astype(x.dtype)  # ONNX integer Div truncates toward zero
     return x / y
+
+
+def _exact_quotient(x, y):
+    if isinstance(x, int) and isinstance(y, int):
+        return int(np.trunc(x / y))
+    return x // y  # (a Dim divides exactly, or raises: the Div then runs at run time)
 
 
 def _pow_infer(g, node, p):

@@ -12,12 +12,14 @@ import numpy as np
 from ..attrs import NotConstant
 from ..dtypes import DTYPES, is_float, numpy_dtype
 from ..graph import Graph, KilnError, Node, UnsupportedError, as_kiln_array
-from ..symbolic import SymbolError, greatest
+from ..symbolic import Dim, SymbolError, greatest
+from .compile_time import SYMBOLIC_VALUE, symbolic_value_node, symbolic_values_of
 from ..validate import check_tensor_size
 from .registry import op_def
 
 # Do not materialize folded tensors larger than this (e.g. an Expand of a constant).
 MAX_FOLDED_ELEMENTS = 1 << 24
+MAX_SYMBOLIC_ELEMENTS = 64  # sizes computed on the symbols: shape vectors, not data
 
 
 def infer(g: Graph, node: Node) -> tuple[list, dict]:
@@ -98,16 +100,49 @@ def _symbolic_unsupported(g: Graph, node: Node, why) -> UnsupportedError:
                             f"{why}). Fix those dims with --shape to build this model")
 
 
-def _check_symbolic_support(g: Graph, node: Node, definition) -> None:
-    """Ops that would fold a run-time size into a constant (Shape, Size) take static inputs."""
-    if definition.shape_only and any(not g.types[i].is_static for i in node.inputs if i):
-        raise _symbolic_unsupported(g, node, "its result would be a run-time value")
+def _has_dims(value) -> bool:
+    return np.asarray(value).dtype == object and any(isinstance(v, Dim) for v in np.asarray(value).reshape(-1))
+
+
+def _fold_symbolic(g: Graph, node: Node, definition, types: list) -> list | None:
+    """The node's outputs computed on sizes: where it reads a symbolic value (and constants)
+    or takes the Shape or Size of a symbolic tensor. Arrays of ints and Dims; None where the
+    op cannot compute on them (then it runs at run time, on the values' tensors)."""
+    ins = [i for i in node.inputs if i]
+    of_shape = definition.shape_only and any(not g.types[i].is_static for i in ins)
+    reads = any(i in g.symbolic_values for i in ins) and all(i in g.constants or i in g.symbolic_values for i in ins)
+    if definition.evaluate is None or not (of_shape or reads):
+        return None
+    if not all(t.is_static and t.size <= MAX_SYMBOLIC_ELEMENTS and t.dtype != "bool" for t in types):
+        return None  # (whether a size equals 0 is a run-time question: comparisons run then)
+    values = [g.symbolic_values.get(i, g.constants.get(i)) if i else None for i in node.inputs]
+    try:
+        with np.errstate(all="ignore"):
+            out = definition.evaluate({**node.attrs, **g.params.get(node.key, {})}, values, g, node)
+    except (TypeError, SymbolError, ValueError, ArithmeticError):
+        return None
+    return [np.asarray(v, dtype=object if _has_dims(v) else None) for v in out]
+
+
+def _record_symbolic(g: Graph, node: Node, values: list) -> list[Node]:
+    """Outputs that are sizes become symbolic values (each with a kiln.SymbolicValue node
+    writing it, for whatever reads it at run time), the rest constants."""
+    nodes = []
+    for name, value in zip(node.outputs, values):
+        if not name:
+            continue
+        if _has_dims(value):
+            g.symbolic_values[name] = value
+            nodes.append(symbolic_value_node(name, value, g.types[name].dtype))
+        else:
+            g.add_constant(name, as_kiln_array(value.astype(numpy_dtype(g.types[name].dtype))))
+    return nodes
 
 
 def resolve(g: Graph, fold_floats: bool) -> Graph:
     """Types and canonical parameters of every node (anew: passes before may have rewritten
     nodes), folding what it may, and on demand what a node needs at compile time."""
-    g.params = {}
+    g.params, g.symbolic_values = {}, {}
     kept, producer, folded = [], {}, set()
     pending = collections.deque(g.nodes)
     while pending:
@@ -120,7 +155,6 @@ def resolve(g: Graph, fold_floats: bool) -> Graph:
             pending.extendleft(reversed(body))
             continue
         try:
-            _check_symbolic_support(g, node, definition)
             types, g.params[node.key] = _with_constants(g, lambda: infer(g, node), producer, folded)
         except KilnError as e:
             msg = str(e)
@@ -134,6 +168,15 @@ def resolve(g: Graph, fold_floats: bool) -> Graph:
                 check_tensor_size(name, [greatest(d) for d in t.shape], DTYPES[t.dtype].itemsize)
                 g.types[name] = t
         definition = op_def(node.op)
+        if node.op == SYMBOLIC_VALUE:
+            g.symbolic_values[node.outputs[0]] = symbolic_values_of(g, node)
+        elif (sizes := _fold_symbolic(g, node, definition, types)) is not None:
+            for n in _record_symbolic(g, node, sizes):
+                kept.append(n)
+                producer[n.outputs[0]] = n
+            continue
+        elif definition.shape_only and any(not g.types[i].is_static for i in node.inputs if i):
+            raise _symbolic_unsupported(g, node, "its sizes are not known at compile time")
         if definition.compile_time:  # (an op evaluated at compile time only: fold what feeds it)
             _fold_producers(g, [i for i in node.inputs if i], producer, folded)
         inputs_const = all(i in g.constants for i in node.inputs if i) or definition.shape_only
@@ -147,6 +190,8 @@ def resolve(g: Graph, fold_floats: bool) -> Graph:
                         g.add_constant(name, value)
                 continue
         if definition.compile_time:
+            if any(i in g.symbolic_values for i in node.inputs):
+                raise _symbolic_unsupported(g, node, "it would need its inputs' values at compile time")
             raise KilnError(f"{node.describe()}: its inputs must be known at compile time")
         kept.append(node)
         producer.update((o, node) for o in node.outputs if o)

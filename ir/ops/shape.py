@@ -16,20 +16,23 @@ from ..graph import ShapeError, TensorType, UnsupportedError
 from ..loop import Const, add, mul
 from ..lower.elementwise import (bcast_reader, concat_by_slabs, concat_reader, gather_reader, pad_reader,
                                  resize_by_phases, resize_reader, split_readers, view_reader)
+from ..symbolic import greatest, is_symbolic, least, product
 from .broadcast import broadcast
 from .registry import ELEMWISE, INJECTIVE, OpDef, one_output, register
 
 
 def _view_def(name, infer, kind=INJECTIVE):
     def reader(b, node):
-        return {node.outputs[0]: view_reader(b, node.inputs[0], b.shape(node.outputs[0]))}
+        return {node.outputs[0]: view_reader(b, node.inputs[0], b.shape(node.outputs[0]), node.outputs[0])}
     return OpDef(name, kind, infer, lambda a, v, g, node: [v[0].reshape(g.types[node.outputs[0]].shape)], reader,
                  view=True)
 
 
 def _reshape(g, node, p):
     x = g.types[node.inputs[0]]
-    target = [int(v) for v in const_input(g, node, 1, "shape", required=True).reshape(-1)]
+    target = _sizes(const_input(g, node, 1, "shape", required=True))
+    if not x.is_static or any(is_symbolic(d) for d in target):
+        return _reshape_symbolic(node, x, target)
     allowzero = node.attrs.get("allowzero", 0)
     out = [x.shape[i] if d == 0 and not allowzero else d for i, d in enumerate(target)]
     if out.count(-1) > 1:
@@ -44,10 +47,33 @@ def _reshape(g, node, p):
     return TensorType(tuple(out), x.dtype)
 
 
+def _sizes(value) -> list:
+    """A shape parameter's entries: ints, and Dims where it is a symbolic value."""
+    return [v if is_symbolic(v) else int(v) for v in np.asarray(value).reshape(-1)]
+
+
+def _reshape_symbolic(node, x: TensorType, target: list) -> TensorType:
+    """Reshape where sizes are symbolic: 0 copies the input's dim, -1 is what the others leave
+    (an exact division of the polynomials), and the sizes must multiply to the same polynomial."""
+    if node.attrs.get("allowzero", 0):
+        raise TypeError("allowzero with symbolic sizes")
+    out = [x.shape[i] if isinstance(d, int) and d == 0 else d for i, d in enumerate(target)]
+    if sum(1 for d in out if isinstance(d, int) and d == -1) > 1:
+        raise ShapeError(f"{node.describe()}: more than one -1 in shape {target}")
+    known = product([d for d in out if not (isinstance(d, int) and d == -1)])
+    if any(isinstance(d, int) and d == -1 for d in out):
+        out = [x.size // known if isinstance(d, int) and d == -1 else d for d in out]  # (SymbolError if inexact)
+    if product(out) != x.size:
+        raise ShapeError(f"{node.describe()}: cannot reshape {x} to [{', '.join(map(str, target))}]")
+    return TensorType(tuple(out), x.dtype)
+
+
 def _flatten(g, node, p):
     x = g.types[node.inputs[0]]
     axis = node.attrs.get("axis", 1)
     axis = axis + len(x.shape) if axis < 0 else axis
+    if not x.is_static:
+        return TensorType((product(x.shape[:axis]), product(x.shape[axis:])), x.dtype)
     return TensorType((int(np.prod(x.shape[:axis])), int(np.prod(x.shape[axis:]))), x.dtype)
 
 
@@ -146,15 +172,45 @@ def _slice(g, node, p):
         a = normalize_axis(a, rank, node)
         if st == 0:
             raise ShapeError(f"{node.describe()}: step 0 on axis {a}")
+        if is_symbolic(s) or is_symbolic(e) or is_symbolic(x.shape[a]):
+            begin[a], step[a], shape[a] = _symbolic_range(x.shape[a], s, e, st)
+            continue
         r = range(x.shape[a])[slice(int(s), int(e), int(st))]
         begin[a], step[a], shape[a] = r.start, r.step, len(r)
     p["begin"], p["step"] = begin, step
     return TensorType(tuple(shape), x.dtype)
 
 
+def _symbolic_range(size, start, end, step) -> tuple:
+    """(begin, step, length) of start:end:step over a dim where some are symbolic: step 1,
+    starts and ends within the dim by the symbols' bounds (what exporters write:
+    buffer[:, :seq], x[:, :n], x[:, n:]); otherwise a TypeError (not supported yet)."""
+    if step != 1:
+        raise TypeError(f"a slice with step {step} over symbolic sizes")
+
+    def clamp(v):
+        if isinstance(v, int) and v < 0:
+            v = size + v
+        if isinstance(v, int) and is_symbolic(size) and v >= size.greatest():
+            return size  # (an end past the greatest size: the whole dim)
+        if isinstance(v, int) and not is_symbolic(size):
+            return min(max(v, 0), size)
+        if least(v) >= 0 and greatest(v) <= least(size) or v == size:
+            return v
+        if is_symbolic(v) and isinstance(v - size, int) and v - size <= 0 and least(v) >= 0:
+            return v  # (size - 1, an end counted from the back)
+        raise TypeError(f"slice bound {v} may fall outside the dim {size}")
+    begin, stop = clamp(start), clamp(end)
+    length = stop - begin
+    if least(length) < 0:
+        raise TypeError(f"a slice {start}:{end} of {size} may be empty at some sizes")
+    return begin, 1, length
+
+
 def _slice_reader(b, node):
     x, a = b.reader(node.inputs[0]), b.attrs(node)
-    return {node.outputs[0]: lambda idx: x([add(bg, mul(st, i)) for i, bg, st in zip(idx, a["begin"], a["step"])])}
+    return {node.outputs[0]: lambda idx: x([add(b.dim(bg), mul(st, i))
+                                            for i, bg, st in zip(idx, a["begin"], a["step"])])}
 
 
 def _slice_fold(a, values, g, node):
@@ -166,7 +222,7 @@ def _slice_fold(a, values, g, node):
 
 def _expand(g, node, p):
     x = g.types[node.inputs[0]]
-    shape = [int(v) for v in const_input(g, node, 1, "shape", required=True).reshape(-1)]
+    shape = _sizes(const_input(g, node, 1, "shape", required=True))
     return TensorType(broadcast([x.shape, tuple(shape)], node), x.dtype)
 
 
