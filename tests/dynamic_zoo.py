@@ -12,7 +12,7 @@ import numpy as np
 from onnx import TensorProto, helper
 
 from .model_zoo import GraphMaker
-from .transformer_zoo import FLOAT_MIN, _gelu_erf, _i64, _layernorm, _model, _out
+from .transformer_zoo import FLOAT_MIN, _gelu_erf, _gelu_tanh, _i64, _layernorm, _model, _out
 
 
 def _size(g: GraphMaker, tensor: str, axis: int) -> str:
@@ -74,3 +74,76 @@ def bert_encoder_dynamic(d: int = 64, heads: int = 4, layers: int = 2, vocab: in
             mask[row, seq - (row * seq) // (batch + 1):] = 0
         return {"input_ids": rng.integers(0, vocab, (batch, seq)).astype(np.int64), "attention_mask": mask}
     return model, feeds
+
+
+def gpt2_decoder_dynamic(d: int = 64, heads: int = 4, layers: int = 2, vocab: int = 96, max_positions: int = 128):
+    """A GPT-2 causal LM with a KV cache, as exported with `past_key_values`: inputs input_ids
+    and position_ids [batch, seq] and past_key_i / past_value_i [batch, heads, past, dh];
+    outputs logits [batch, seq, vocab] and present_key_i / present_value_i [batch, heads,
+    past + seq, dh] (the past concatenated with this step's keys and values). The causal mask
+    is a Slice of the [1, 1, max_positions, max_positions] lower-triangular buffer at rows
+    key_length - query_length .. key_length, both computed from shapes. (The LM head is a
+    weight of its own: GPT-2 ties it to the word embedding, which with random weights makes
+    greedy decoding repeat its last token.)"""
+    g = GraphMaker(41)
+    dh = d // heads
+    wte = (g.rng.standard_normal((vocab, d)) * 0.5).astype(np.float32)
+    h = g.op("Add", [g.op("Gather", [g.const(wte, "wte"), "input_ids"], axis=0),
+                     g.op("Gather", [g.const((g.rng.standard_normal((max_positions, d)) * 0.1).astype(np.float32), "wpe"),
+                                     "position_ids"], axis=0)])
+    causal = g.const(np.tril(np.ones((max_positions, max_positions), bool))[None, None], "bias")
+    inputs, outputs = [("input_ids", TensorProto.INT64, ["batch", "seq"]),
+                       ("position_ids", TensorProto.INT64, ["batch", "seq"])], []
+    for layer in range(layers):
+        past_k, past_v = f"past_key_{layer}", f"past_value_{layer}"
+        inputs += [(past_k, TensorProto.FLOAT, ["batch", heads, "past", dh]),
+                   (past_v, TensorProto.FLOAT, ["batch", heads, "past", dh])]
+        qkv = g.linear(_layernorm(g, h, d), d, 3 * d)
+        q, k, v = g.op("Split", [qkv, g.const(_i64(d, d, d))], n_out=3, axis=2)
+        q, k, v = (_split_heads_back(g, t, heads, dh) for t in (q, k, v))
+        k = g.op("Concat", [past_k, k], axis=-2)
+        v = g.op("Concat", [past_v, v], axis=-2)
+        outputs += [_out(g, k, f"present_key_{layer}"), _out(g, v, f"present_value_{layer}")]
+        scores = g.op("Div", [g.op("MatMul", [q, g.op("Transpose", [k], perm=[0, 1, 3, 2])]),
+                              g.const(np.float32(math.sqrt(dh)))])
+        query_length = g.op("Unsqueeze", [g.op("Gather", [g.op("Shape", [q]), g.const(np.array(-2, np.int64))],
+                                              axis=0), g.const(_i64(0))])
+        key_length = g.op("Unsqueeze", [g.op("Gather", [g.op("Shape", [k]), g.const(np.array(-2, np.int64))],
+                                            axis=0), g.const(_i64(0))])
+        rows = g.op("Slice", [causal, g.op("Sub", [key_length, query_length]), key_length, g.const(_i64(2))])
+        mask = g.op("Slice", [rows, g.const(_i64(0)), key_length, g.const(_i64(3))])
+        scores = g.op("Where", [mask, scores, g.const(FLOAT_MIN)])
+        attn = _merge_heads(g, g.op("MatMul", [g.op("Softmax", [scores], axis=-1), v]), d)
+        h = g.op("Add", [h, g.linear(attn, d, d)])
+        h = g.op("Add", [h, g.linear(_gelu_tanh(g, g.linear(_layernorm(g, h, d), d, 4 * d)), 4 * d, d)])
+    logits = g.op("MatMul", [_layernorm(g, h, d), g.weight((d, vocab), scale=2 / math.sqrt(d), base="lm_head")])
+    model = _model(g, inputs, [_out(g, logits, "logits")] + outputs, opset=17, name="gpt2_dynamic")
+    return model, {"heads": heads, "dh": dh, "layers": layers, "vocab": vocab}
+
+
+def _split_heads_back(g: GraphMaker, t: str, heads: int, dh: int) -> str:
+    """[batch, seq, d] -> [batch, heads, seq, dh], the new shape as `x.size()[:-1] + (heads, dh)`."""
+    prefix = g.op("Slice", [g.op("Shape", [t]), g.const(_i64(0)), g.const(_i64(-1))])
+    shape = g.op("Concat", [prefix, g.const(_i64(heads, dh))], axis=0)
+    return g.op("Transpose", [g.op("Reshape", [t, shape])], perm=[0, 2, 1, 3])
+
+
+def greedy_tokens(run, info: dict, prompt: list, steps: int) -> tuple[list, list]:
+    """Greedy generation with a KV cache: the prompt in one call (past length 0), then one token
+    per call. run(feeds) -> outputs. Returns the tokens and each call's last logits."""
+    layers, heads, dh = info["layers"], info["heads"], info["dh"]
+    past = {f"past_{kind}_{i}": np.zeros((1, heads, 0, dh), np.float32) for i in range(layers)
+            for kind in ("key", "value")}
+    ids, tokens, logits = np.array([prompt], np.int64), [], []
+    start = 0
+    for _ in range(steps + 1):
+        positions = np.arange(start, start + ids.shape[1], dtype=np.int64)[None]
+        out = run({"input_ids": ids, "position_ids": positions, **past})
+        last = out["logits"][0, -1]
+        logits.append(last)
+        token = int(np.argmax(last))
+        tokens.append(token)
+        past = {f"past_{kind}_{i}": out[f"present_{kind}_{i}"] for i in range(layers) for kind in ("key", "value")}
+        start += ids.shape[1]
+        ids = np.array([[token]], np.int64)
+    return tokens, logits

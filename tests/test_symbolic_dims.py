@@ -233,3 +233,24 @@ def test_sizes_read_at_run_time_are_computed_then(executor):
         got, want = module.run({"x": x}), model_zoo.onnxruntime_outputs(model, {"x": x})
         np.testing.assert_array_equal(got["s"], want["s"])
         np.testing.assert_allclose(got["y"], want["y"], rtol=1e-6)
+
+
+# ---- GPT-2 decoding with a KV cache ---------------------------------------------------------------
+
+def test_gpt2_decodes_onnxruntime_tokens_from_one_build_starting_from_an_empty_cache(executor):
+    """One build with past = 0..100: the prompt with an empty cache (past 0), then 32 greedy
+    steps of one token, each feeding the previous step's present keys and values back; the
+    presents' length past + seq is a polynomial of two symbols."""
+    model, info = dynamic_zoo.gpt2_decoder_dynamic()
+    result = build(model, dims={"batch": (1, 1), "seq": (1, 16), "past": (0, 100)}, executor=executor, cache=None,
+                   progress=False)
+    manifest = json.loads(result.files["manifest.json"])
+    manifest_presents = [o["shape"] for o in manifest["outputs"] if o["name"].startswith("present")]
+    assert all(s[2] == [[["past"], 1], [["seq"], 1]] for s in manifest_presents), manifest_presents
+    prompt = [5, 17, 3, 40, 11]
+    want_tokens, want_logits = dynamic_zoo.greedy_tokens(lambda f: model_zoo.onnxruntime_outputs(model, f), info,
+                                                         prompt, 32)
+    got_tokens, got_logits = dynamic_zoo.greedy_tokens(result.load().run, info, prompt, 32)
+    assert got_tokens == want_tokens
+    for step, (got, want) in enumerate(zip(got_logits, want_logits)):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=f"step {step}")

@@ -75,6 +75,7 @@ class KernelBuilder:
     # partial sums, which LLVM otherwise folds back into one long dependent chain.
     ordered_sums: bool = False
     reads_symbols: bool = False  # a run-time size is read: the kernel takes the SYMBOLS buffer
+    members: tuple = ()  # the group's nodes, in order
     _n: int = 0
 
     def fresh(self, base: str) -> str:

@@ -523,14 +523,14 @@ def _lower_matmul_rows(b: KernelBuilder, node: Node, store) -> tuple:
     the weight panels (split "n"), so a single row still streams each weight once."""
     a_name, b_name = node.inputs[0], node.inputs[1]
     sb, out = b.type(b_name).shape, b.shape(node.outputs[0])
-    if b_name not in b.g.constants or len(sb) != 2 or b.compute(a_name) != "f32" or len(out) != 2:
-        raise TypeError("a MatMul over symbolic dims takes constant 2-D float32 weights and an epilogue whose "
-                        "tensors merge the leading dims")
     k, n = sb
+    rows = out[0] if len(out) == 2 else math.prod(out[:-1])  # (ints and run-time sizes multiply as Exprs)
+
+    def epilogue(mm, nn, acc):  # (uncollapsed: the row's index in the leading dims, by division)
+        return store([mm, nn] if len(out) == 2 else unflatten(mm, list(out[:-1])) + [nn], acc)
     b_param = b.constant_param(f"{b_name}_packed", pack_panels(b.g.constants[b_name].astype(np.float32),
                                                                 b.config.tile(n)[1]))
-    return (gemm_stmt(b, b.in_param(a_name), Const(0), k, 1, b_param, Const(0), out[0], n, k,
-                      lambda mm, nn, acc: store([mm, nn], acc), split="n"),)
+    return (gemm_stmt(b, b.in_param(a_name), Const(0), k, 1, b_param, Const(0), rows, n, k, epilogue, split="n"),)
 
 
 def lower_matmul(b: KernelBuilder, node: Node, store) -> tuple:

@@ -110,7 +110,7 @@ def _lower_anchored(b: KernelBuilder, members: list[Node], anchor: Node) -> tupl
 
 
 def lower_group(g: Graph, members: list[Node], config: ScheduleConfig) -> KernelCall:
-    b = KernelBuilder(g, config)
+    b = KernelBuilder(g, config, members=tuple(members))
     anchors = [m for m in members if op_def(m.op).kind in (REDUCTION, OUT_EWISE_FUSABLE)]
     try:
         body = _lower_anchored(b, members, anchors[0]) if anchors else _lower_plain(b, members)

@@ -12,7 +12,7 @@ from ..symbolic import is_symbolic
 from ..lower.builder import collapse_shapes
 from ..lower.gemm import is_depthwise, lower_conv, lower_conv_transpose, lower_einsum, lower_gemm, lower_matmul
 from .broadcast import broadcast
-from .registry import OUT_EWISE_FUSABLE, OpDef, register
+from .registry import BROADCAST, OUT_EWISE_FUSABLE, OpDef, op_def, register
 
 
 def resolve_window(node, p, spatial, kernel, is_transpose=False, out_padding=None, auto=None):
@@ -137,7 +137,8 @@ def collapse_symbolic_rows(b, node, names) -> None:
     """A MatMul over symbolic rows ([batch, seq, K] x [K, N]) computes [rows, N]: its epilogue
     indexes (row, column) where every epilogue tensor lets the leading dims merge."""
     if not b.g.types[node.inputs[0]].is_static and node.inputs[1] in b.g.constants and \
-            len(b.g.types[node.inputs[1]].shape) == 2:
+            len(b.g.types[node.inputs[1]].shape) == 2 and \
+            all(m is node or op_def(m.op).kind <= BROADCAST for m in b.members):  # (readers that index the full shape)
         collapse_shapes(b, names, b.shape(node.outputs[0]), into=2)
 
 
