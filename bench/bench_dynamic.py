@@ -1,0 +1,112 @@
+"""Symbolic dims: one Kiln build for every shape, against a build per shape and the peers.
+
+    python bench/bench_dynamic.py [--repeat 20] [--rounds 2] [--parts bert,gpt2] [--layers 2]
+
+BERT: an encoder at BERT-base widths (d=768, 12 heads, ffn 3072; `--layers` of them) exported
+with dynamic axes (tests/dynamic_zoo.py), built once by Kiln with batch=1..8, seq=1..512 and
+run at sequence 1, 16, 64, 128, 384, 512 and batch 1 and 4; beside it Kiln built statically
+for each shape, onnxruntime and OpenVINO (float32, INFERENCE_PRECISION_HINT=f32) on the same
+dynamic-axes model. GPT-2: a decoder at GPT-2 124M widths (d=768, 12 heads, vocab 50257;
+`--layers` of them) built once with past=0..1024, one token per call at past lengths 16, 128,
+512 and 1024, beside onnxruntime and OpenVINO. Each at 1 thread and at every usable core, in
+interleaved rounds (the runners take turns: this machine is noisy), the better median of each.
+Prints Markdown tables (the ones in the README) and each build's time.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench.bench_models import THREADS, interleaved, openvino_runner, ort_session  # noqa: E402
+from modelkiln.orchestrator.api import build  # noqa: E402
+from tests import dynamic_zoo  # noqa: E402
+
+BERT_SHAPES = [(b, s) for b in (1, 4) for s in (1, 16, 64, 128, 384, 512)]
+PAST_LENGTHS = (16, 128, 512, 1024)
+
+
+def _timed_build(model, **kwargs):
+    t0 = time.perf_counter()
+    result = build(model, cache=None, progress=False, **kwargs)
+    return result, time.perf_counter() - t0
+
+
+def _ratio(a: float, b: float) -> str:
+    return f"{a / b:.2f}" if np.isfinite(a) and np.isfinite(b) and b > 0 else "n/a"
+
+
+def bench_bert(args) -> list[str]:
+    model, feeds = dynamic_zoo.bert_encoder_dynamic(d=768, heads=12, layers=args.layers, vocab=8000, ffn=3072,
+                                                    max_positions=512)
+    dynamic, seconds = _timed_build(model, dims={"batch": (1, 8), "seq": (1, 512)})
+    print(f"bert: Kiln dynamic build {seconds:.1f} s", flush=True)
+    lines = [f"BERT encoder, d=768, 12 heads, {args.layers} layers: median ms ({THREADS} = every usable core)", "",
+             "| batch x seq | threads | Kiln dynamic | Kiln static | onnxruntime | OpenVINO | dynamic / static "
+             "| dynamic / best peer |", "|---|---|---|---|---|---|---|---|"]
+    for batch, seq in BERT_SHAPES:
+        f = feeds(batch, seq)
+        static, static_s = _timed_build(model, shapes={"input_ids": [batch, seq], "attention_mask": [batch, seq]})
+        print(f"bert {batch}x{seq}: static build {static_s:.1f} s", flush=True)
+        for threads in sorted({1, THREADS}):
+            kd, ks = dynamic.load(threads=threads), static.load(threads=threads)
+            sess, ov = ort_session(model, threads), openvino_runner(model, threads)
+            runs = {"dyn": lambda: kd.run(f), "static": lambda: ks.run(f), "ort": lambda: sess.run(None, f)}
+            if ov is not None:
+                runs["ov"] = lambda: ov(f)
+            ms = interleaved(runs, args.warmup, args.repeat, args.rounds)
+            best_peer = min(ms["ort"], ms.get("ov", float("inf")))
+            lines.append(f"| {batch} x {seq} | {threads} | {ms['dyn']:.2f} | {ms['static']:.2f} | {ms['ort']:.2f} | "
+                         f"{ms.get('ov', float('nan')):.2f} | {_ratio(ms['dyn'], ms['static'])} | "
+                         f"{_ratio(ms['dyn'], best_peer)} |")
+            print(lines[-1], flush=True)
+    return lines
+
+
+def bench_gpt2(args) -> list[str]:
+    model, info = dynamic_zoo.gpt2_decoder_dynamic(d=768, heads=12, layers=args.layers, vocab=50257,
+                                                   max_positions=1025)
+    result, seconds = _timed_build(model, dims={"batch": (1, 1), "seq": (1, 16), "past": (0, 1024)})
+    print(f"gpt2: Kiln build {seconds:.1f} s", flush=True)
+    lines = [f"GPT-2 decoding, d=768, 12 heads, vocab 50257, {args.layers} layers: ms per token", "",
+             "| past | threads | Kiln | onnxruntime | OpenVINO | Kiln / best peer |", "|---|---|---|---|---|---|"]
+    rng = np.random.default_rng(0)
+    for past in PAST_LENGTHS:
+        f = {"input_ids": np.array([[7]], np.int64), "position_ids": np.array([[past]], np.int64)}
+        for i in range(info["layers"]):
+            for kind in ("key", "value"):
+                f[f"past_{kind}_{i}"] = rng.standard_normal((1, info["heads"], past, info["dh"])).astype(np.float32)
+        for threads in sorted({1, THREADS}):
+            kiln, sess, ov = result.load(threads=threads), ort_session(model, threads), openvino_runner(model, threads)
+            runs = {"kiln": lambda: kiln.run(f), "ort": lambda: sess.run(None, f)}
+            if ov is not None:
+                runs["ov"] = lambda: ov(f)
+            ms = interleaved(runs, args.warmup, args.repeat, args.rounds)
+            best_peer = min(ms["ort"], ms.get("ov", float("inf")))
+            lines.append(f"| {past} | {threads} | {ms['kiln']:.2f} | {ms['ort']:.2f} | "
+                         f"{ms.get('ov', float('nan')):.2f} | {_ratio(ms['kiln'], best_peer)} |")
+            print(lines[-1], flush=True)
+    return lines
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--repeat", type=int, default=20)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--parts", default="bert,gpt2")
+    args = p.parse_args()
+    tables = []
+    for part in args.parts.split(","):
+        tables += {"bert": bench_bert, "gpt2": bench_gpt2}[part](args) + [""]
+    print("\n".join(tables))
+
+
+if __name__ == "__main__":
+    main()
