@@ -16,7 +16,7 @@ import math
 import numpy as np
 
 from ..graph import Node
-from ..loop import (Assign, Const, Expr, For, Gemm, If, Let, Load, Local, Store, Var, add, cmp, div, fbin, flat_index,
+from ..loop import (Assign, Const, Expr, For, Gemm, If, Let, Load, Local, Store, Var, add, cmp, div, fbin, flat_index, fold_balanced,
                     loop, mul, rem, select, sub, unflatten)
 from .builder import KernelBuilder, broadcast_index
 from .planes import phase_split_copy
@@ -489,9 +489,10 @@ def _plain_product(b: KernelBuilder, oshape, k: int, a_at, b_at, store, t: str) 
     return b.loops(oshape, point, inner_kind="serial", parallel=True)
 
 
-def _lower_matmul_symbolic(b: KernelBuilder, node: Node, store) -> tuple:
+def _lower_matmul_symbolic(b: KernelBuilder, node: Node, store, out: str = "") -> tuple:
     """A MatMul over symbolic dims: one GEMM over the rows where B is constant weights, else
-    (attention's products of two run-time tensors) a dot product per output element, for now."""
+    (attention's products of two run-time tensors) rows accumulated in the output buffer
+    (`_accumulated_rows`) or, where that buffer cannot hold the sums, a dot product per element."""
     a_name, b_name = node.inputs[0], node.inputs[1]
     if b_name in b.g.constants and len(b.type(b_name).shape) == 2 and b.compute(a_name) == "f32":
         return _lower_matmul_rows(b, node, store)
@@ -514,7 +515,63 @@ def _lower_matmul_symbolic(b: KernelBuilder, node: Node, store) -> tuple:
     def b_at(idx, kk):
         bi, _, ni = split(idx)
         return rb([kk] if vb else broadcast_index(bi, batch, lb[:-2]) + [kk, ni])
+    root = b.outputs[int(out[1:])] if out else ""
+    if root and not vb and b.compute(a_name) == "f32" and b.compute(root) == "f32" and b.shape(root) == oshape:
+        return _accumulated_rows(b, oshape, la[-1], a_at, b_at, store, out)
     return _plain_product(b, oshape, la[-1], a_at, b_at, store, b.compute(a_name))
+
+
+ROW_K_UNROLL = 4  # k steps per pass over the accumulated rows: 4 multiply-adds per load and store of a row
+ROW_BLOCK = 4  # output rows per pass: each row of B read once for all of them
+
+
+def _accumulated_rows(b: KernelBuilder, oshape, k, a_at, b_at, store, out: str) -> tuple:
+    """Output rows as sum_k a[m, k] * B[k, :], accumulated in the output buffer itself
+    (float32, the group's result of the same shape): ROW_BLOCK rows at a time, ROW_K_UNROLL
+    rows of B per pass, each B row read along its contiguous dim once for the block, the
+    loop over columns vectorized (a dot product per element would walk B down a column).
+    The epilogue then runs over the rows in place. The leading dims (batch, heads) are one
+    loop, divided across threads."""
+    lead, m, n = list(oshape[:-2]), oshape[-2], oshape[-1]
+
+    def cols(fn):
+        v = b.fresh("n")
+        return For(v, n, tuple(fn(Var(v))), "vectorize")
+
+    def block(bidx, m0, rows: int) -> list:
+        ridx = [list(bidx) + [add(m0, r)] for r in range(rows)]
+        at = lambda r, nn: flat_index(ridx[r] + [nn], oshape)  # noqa: E731
+
+        def steps(first, count: int) -> list:
+            """rows += sum over k = first .. first + count - 1 of a[row, k] * B[k, :]"""
+            a = [[b.fresh("a") for _ in range(count)] for _ in range(rows)]
+            lets = [Let(a[r][i], a_at(ridx[r] + [Const(0)], add(first, i))) for r in range(rows) for i in range(count)]
+
+            def update(nn):
+                bv = [b.fresh("bv") for _ in range(count)]
+                stmts = [Let(bv[i], b_at(ridx[0] + [nn], add(first, i))) for i in range(count)]
+                for r in range(rows):
+                    total = fold_balanced("add", [fbin("mul", Var(a[r][i], "f32"), Var(bv[i], "f32"))
+                                                  for i in range(count)])
+                    stmts.append(Store(out, at(r, nn), fbin("add", Load(out, at(r, nn)), total)))
+                return stmts
+            return lets + [cols(update)]
+        kq, kr = b.fresh("kq"), b.fresh("kr")
+        passes, left = div(k, ROW_K_UNROLL), rem(k, ROW_K_UNROLL)
+        return [cols(lambda nn: [Store(out, at(r, nn), Const(0.0, "f32")) for r in range(rows)]),
+                For(kq, passes, tuple(steps(mul(Var(kq), ROW_K_UNROLL), ROW_K_UNROLL))),
+                For(kr, left, tuple(steps(add(mul(passes, ROW_K_UNROLL), Var(kr)), 1))),
+                *[cols(lambda nn, r=r: store(ridx[r] + [nn], Load(out, at(r, nn)))) for r in range(rows)]]
+
+    def matrix(bidx) -> list:
+        mb, mr = b.fresh("mb"), b.fresh("mr")
+        full = div(m, ROW_BLOCK)
+        return [For(mb, full, tuple(block(bidx, mul(Var(mb), ROW_BLOCK), ROW_BLOCK))),
+                For(mr, rem(m, ROW_BLOCK), tuple(block(bidx, add(mul(full, ROW_BLOCK), Var(mr)), 1)))]
+    if not lead:
+        return tuple(matrix([]))
+    bh = b.fresh("bh")
+    return (For(bh, math.prod(lead), tuple(matrix(unflatten(Var(bh), lead))), "serial", True),)
 
 
 def _lower_matmul_rows(b: KernelBuilder, node: Node, store) -> tuple:
@@ -533,10 +590,10 @@ def _lower_matmul_rows(b: KernelBuilder, node: Node, store) -> tuple:
     return (gemm_stmt(b, b.in_param(a_name), Const(0), k, 1, b_param, Const(0), rows, n, k, epilogue, split="n"),)
 
 
-def lower_matmul(b: KernelBuilder, node: Node, store) -> tuple:
+def lower_matmul(b: KernelBuilder, node: Node, store, out: str = "") -> tuple:
     a_name, b_name = node.inputs[0], node.inputs[1]
     if not (b.type(a_name).is_static and b.type(b_name).is_static):
-        return _lower_matmul_symbolic(b, node, store)
+        return _lower_matmul_symbolic(b, node, store, out)
     sa, sb = list(b.type(a_name).shape), list(b.type(b_name).shape)
     va, vb = len(sa) == 1, len(sb) == 1
     sa = [1] + sa if va else sa

@@ -157,7 +157,7 @@ register(
           prepare_epilogue=_collapse_conv_epilogue),
     OpDef(CONV_TRANSPOSE, OUT_EWISE_FUSABLE, _conv_transpose,
           anchor=lambda b, node, store, out: lower_conv_transpose(b, node, store)),
-    OpDef(MATMUL, OUT_EWISE_FUSABLE, infer_matmul, anchor=lambda b, node, store, out: lower_matmul(b, node, store),
+    OpDef(MATMUL, OUT_EWISE_FUSABLE, infer_matmul, anchor=lambda b, node, store, out: lower_matmul(b, node, store, out),
           prepare_epilogue=collapse_symbolic_rows),
     OpDef(GEMM, OUT_EWISE_FUSABLE, _gemm, anchor=lambda b, node, store, out: lower_gemm(b, node, store)),
 )
