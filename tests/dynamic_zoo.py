@@ -88,9 +88,9 @@ def gpt2_decoder_dynamic(d: int = 64, heads: int = 4, layers: int = 2, vocab: in
     g = GraphMaker(41)
     dh = d // heads
     wte = (g.rng.standard_normal((vocab, d)) * 0.5).astype(np.float32)
+    wpe = (g.rng.standard_normal((max_positions, d)) * 0.1).astype(np.float32)
     h = g.op("Add", [g.op("Gather", [g.const(wte, "wte"), "input_ids"], axis=0),
-                     g.op("Gather", [g.const((g.rng.standard_normal((max_positions, d)) * 0.1).astype(np.float32), "wpe"),
-                                     "position_ids"], axis=0)])
+                     g.op("Gather", [g.const(wpe, "wpe"), "position_ids"], axis=0)])
     causal = g.const(np.tril(np.ones((max_positions, max_positions), bool))[None, None], "bias")
     inputs, outputs = [("input_ids", TensorProto.INT64, ["batch", "seq"]),
                        ("position_ids", TensorProto.INT64, ["batch", "seq"])], []

@@ -25,10 +25,10 @@ def _compile(bundle: str, out: str, cc: str | None = None) -> str:
 
 
 def _run_from_c(bundle: str, tmp_path, feeds: dict, outputs: list, threads: int | None = None, cc: str | None = None,
-                launcher: tuple = ()) -> dict:
+                launcher: tuple = (), sizes: tuple = ()) -> dict:
     """docs/example_run.c compiled with `cc` (default: this machine's) against the bundle and
-    run (through `launcher`, e.g. qemu-user for another architecture) on `feeds`: the raw
-    outputs as arrays of the given (name, dtype)."""
+    run (through `launcher`, e.g. qemu-user for another architecture) on `feeds`, a symbolic
+    bundle at `sizes` (NAME=N arguments): the raw outputs as arrays of the given (name, dtype)."""
     program = _compile(bundle, str(tmp_path / "run_model"), cc)
     ins = []
     for name, value in feeds.items():
@@ -36,7 +36,7 @@ def _run_from_c(bundle: str, tmp_path, feeds: dict, outputs: list, threads: int 
         np.ascontiguousarray(value).tofile(ins[-1])
     outs = [str(tmp_path / f"{i}.out") for i in range(len(outputs))]
     env = {**os.environ, "KILN_NUM_THREADS": str(threads)} if threads else None
-    proc = subprocess.run([*launcher, program, bundle, *ins, *outs], capture_output=True, text=True, env=env)
+    proc = subprocess.run([*launcher, program, bundle, *sizes, *ins, *outs], capture_output=True, text=True, env=env)
     assert proc.returncode == 0, proc.stderr
     if threads:
         assert f"running on {threads} thread(s)" in proc.stdout
@@ -103,3 +103,23 @@ def test_the_header_loader_refuses_weights_of_another_size(cnn_bundle, tmp_path,
     model_zoo.random_inputs(model_zoo.cnn())["x"].tofile(x)
     proc = subprocess.run([program, bundle, str(x), str(tmp_path / "y.out")], capture_output=True, text=True)
     assert proc.returncode == 1 and "cannot load" in proc.stderr
+
+
+def test_the_example_runs_a_symbolic_bundle_at_the_sizes_given(tmp_path, executor):
+    """One bundle built with --dim batch=1..4 --dim seq=0..80, run from C at two sizes given
+    as NAME=N: kiln_*_bytes_at sizes the buffers, kiln_run_dims runs them; a size out of
+    bounds is refused before anything runs."""
+    from tests.test_symbolic_dims import BOUNDS, feed_forward_block
+    model = feed_forward_block(mask=True)
+    bundle = str(tmp_path / "bundle")
+    build(model, dims=BOUNDS, executor=executor, cache=None, progress=False).export(bundle)
+    for batch, seq in ((1, 5), (3, 80)):
+        rng = np.random.default_rng(seq)
+        feeds = {"x": rng.standard_normal((batch, seq, 64)).astype(np.float32),
+                 "m": np.ones((batch, seq, 1), np.float32)}
+        got = _run_from_c(bundle, tmp_path, feeds, [("y", np.float32)], sizes=(f"batch={batch}", f"seq={seq}"))
+        want = model_zoo.onnxruntime_outputs(model, feeds)["y"]
+        np.testing.assert_allclose(got["y"].reshape(want.shape), want, rtol=1e-5, atol=1e-6)
+    proc = subprocess.run([str(tmp_path / "run_model"), bundle, "batch=9", "seq=5", "a", "b", "c"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2 and "batch=9: the bundle runs batch = 1..4" in proc.stderr

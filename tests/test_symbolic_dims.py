@@ -84,7 +84,8 @@ def test_the_kernels_read_the_sizes_once_built(block_build):
 
 
 @pytest.mark.parametrize("feeds,message", [
-    ({"x": (5, 3, 64), "m": (5, 3, 1)}, "dim 0 is batch = 5, outside the bounds the bundle was built for (batch = 1..4)"),
+    ({"x": (5, 3, 64), "m": (5, 3, 1)},
+     "dim 0 is batch = 5, outside the bounds the bundle was built for (batch = 1..4)"),
     ({"x": (1, 81, 64), "m": (1, 81, 1)}, "dim 1 is seq = 81, outside the bounds"),
     ({"x": (2, 3, 64), "m": (2, 4, 1)}, "input 'm': dim 1 is seq = 4, but input 'x' has seq = 3: the two must agree"),
     ({"x": (2, 3, 32), "m": (2, 3, 1)}, "input 'x': dim 2 must be 64, got 32"),
@@ -104,7 +105,8 @@ def test_out_arrays_take_the_actual_shape(block_build):
     _, result = block_build
     module = result.load()
     feeds = {"x": np.ones((2, 5, 64), np.float32), "m": np.ones((2, 5, 1), np.float32)}
-    with pytest.raises(KilnError, match=r"out\['y'\]: expected a writable C-contiguous float32 array of shape \(2, 5, 64\)"):
+    with pytest.raises(KilnError, match=r"out\['y'\]: expected a writable C-contiguous float32 array of shape "
+                                        r"\(2, 5, 64\)"):
         module.run(feeds, out={"y": np.empty((4, 80, 64), np.float32)})
     out = {"y": np.empty((2, 5, 64), np.float32)}
     assert module.run(feeds, out=out) is out
@@ -114,7 +116,8 @@ def test_the_manifest_and_header_name_the_symbols(block_build, tmp_path):
     _, result = block_build
     result.export(str(tmp_path / "b"))
     manifest = json.loads((tmp_path / "b" / "manifest.json").read_text())
-    assert manifest["symbols"] == [{"name": "batch", "least": 1, "greatest": 4}, {"name": "seq", "least": 0, "greatest": 80}]
+    assert manifest["symbols"] == [{"name": "batch", "least": 1, "greatest": 4},
+                                   {"name": "seq", "least": 0, "greatest": 80}]
     header = (tmp_path / "b" / "kiln_model.h").read_text()
     assert "#define KILN_NUM_SYMBOLS 2" in header and "int kiln_run_dims(" in header
     # Input x: batch, seq, 64; bytes at the bounds: 4 * 80 * 64 * 4.
@@ -224,7 +227,8 @@ def test_sizes_read_at_run_time_are_computed_then(executor):
              helper.make_node("Mul", ["sf", "half"], ["scaled"]),
              helper.make_node("Add", ["x", "scaled"], ["y"])]
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", F, ["n", 2])],
-                              [helper.make_tensor_value_info("y", F, None), helper.make_tensor_value_info("s", TensorProto.INT64, None)],
+                              [helper.make_tensor_value_info("y", F, None),
+                               helper.make_tensor_value_info("s", TensorProto.INT64, None)],
                               [numpy_helper.from_array(np.float32(0.5), "half")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     module = build(model, dims={"n": (0, 9)}, executor=executor, cache=None, progress=False).load()

@@ -16,8 +16,8 @@ import math
 import numpy as np
 
 from ..graph import Node
-from ..loop import (Assign, Const, Expr, For, Gemm, If, Let, Load, Local, Store, Var, add, cmp, div, fbin, flat_index, fold_balanced,
-                    loop, mul, rem, select, sub, unflatten)
+from ..loop import (Assign, Const, Expr, For, Gemm, If, Let, Load, Local, Store, Var, add, cmp, div, fbin, flat_index,
+                    fold_balanced, loop, mul, rem, select, sub, unflatten)
 from .builder import KernelBuilder, broadcast_index
 from .planes import phase_split_copy
 
