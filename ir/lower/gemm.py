@@ -489,6 +489,26 @@ def _plain_product(b: KernelBuilder, oshape, k: int, a_at, b_at, store, t: str) 
     return b.loops(oshape, point, inner_kind="serial", parallel=True)
 
 
+def _operand_readers(b: KernelBuilder, a_name: str, b_name: str, batch: list, sa: list, sb: list, va: bool,
+                     vb: bool) -> tuple:
+    """a_at(idx, k) and b_at(idx, k): A's and B's elements for output index idx (its batch
+    dims, row and column; a vector operand has no row, or no column) at k."""
+    ra, rb, nb = b.reader(a_name), b.reader(b_name), len(batch)
+
+    def split(idx):
+        rest = list(idx[nb:])
+        return list(idx[:nb]), (None if va else rest.pop(0)), (None if vb else rest.pop(0))
+
+    def a_at(idx, kk):
+        bi, mi, _ = split(idx)
+        return ra(broadcast_index(bi, batch, sa[:-2]) + ([] if va else [mi]) + [kk])
+
+    def b_at(idx, kk):
+        bi, _, ni = split(idx)
+        return rb([kk] if vb else broadcast_index(bi, batch, sb[:-2]) + [kk, ni])
+    return a_at, b_at
+
+
 def _lower_matmul_symbolic(b: KernelBuilder, node: Node, store, out: str = "") -> tuple:
     """A MatMul over symbolic dims: one GEMM over the rows where B is constant weights, else
     (attention's products of two run-time tensors) rows accumulated in the output buffer
@@ -502,19 +522,7 @@ def _lower_matmul_symbolic(b: KernelBuilder, node: Node, store, out: str = "") -
     oshape = b.shape(node.outputs[0])
     batch = list(oshape[:len(oshape) - (0 if va else 1) - (0 if vb else 1)])
     la, lb = [b.dim(d) for d in sa], [b.dim(d) for d in sb]
-    ra, rb, nb = b.reader(a_name), b.reader(b_name), len(batch)
-
-    def split(idx):  # output index -> (batch index, row, column); a vector operand has none
-        rest = list(idx[nb:])
-        return list(idx[:nb]), (None if va else rest.pop(0)), (None if vb else rest.pop(0))
-
-    def a_at(idx, kk):
-        bi, mi, _ = split(idx)
-        return ra(broadcast_index(bi, batch, la[:-2]) + ([] if va else [mi]) + [kk])
-
-    def b_at(idx, kk):
-        bi, _, ni = split(idx)
-        return rb([kk] if vb else broadcast_index(bi, batch, lb[:-2]) + [kk, ni])
+    a_at, b_at = _operand_readers(b, a_name, b_name, batch, la, lb, va, vb)
     root = b.outputs[int(out[1:])] if out else ""
     if root and not vb and b.compute(a_name) == "f32" and b.compute(root) == "f32" and b.shape(root) == oshape:
         return _accumulated_rows(b, oshape, la[-1], a_at, b_at, store, out)
@@ -602,19 +610,7 @@ def lower_matmul(b: KernelBuilder, node: Node, store, out: str = "") -> tuple:
     oshape = b.type(node.outputs[0]).shape
     batch = list(np.broadcast_shapes(tuple(sa[:-2]), tuple(sb[:-2])))
     if b.compute(a_name) != "f32":
-        ra, rb, nb = b.reader(a_name), b.reader(b_name), len(batch)
-
-        def split(idx):  # output index -> (batch index, row, column); a vector operand has none
-            rest = list(idx[nb:])
-            return list(idx[:nb]), (None if va else rest.pop(0)), (None if vb else rest.pop(0))
-
-        def a_at(idx, kk):
-            bi, mi, _ = split(idx)
-            return ra(broadcast_index(bi, batch, sa[:-2]) + ([] if va else [mi]) + [kk])
-
-        def b_at(idx, kk):
-            bi, _, ni = split(idx)
-            return rb([kk] if vb else broadcast_index(bi, batch, sb[:-2]) + [kk, ni])
+        a_at, b_at = _operand_readers(b, a_name, b_name, batch, sa, sb, va, vb)
         return _plain_product(b, oshape, k, a_at, b_at, store, b.compute(a_name))
     a_param = b.in_param(a_name)
     const_b = b_name in b.g.constants

@@ -149,7 +149,7 @@ def lower_recurrence(b: KernelBuilder, node: Node, activation) -> tuple:
 
 def _recurrent_product(loop, rt, d, hidden, gh, batch, acc, src, src_at, col0, col1) -> list:
     """acc[bb, col0:col1] += sum_k src[bb, k] * R^T[d][k][col]: UNROLL rows of R^T per pass,
-    each streamed once for every batch row."""
+    each streamed once for every batch row (float32, or int32 sums of a quantized LSTM)."""
     width = col1 - col0
     u = UNROLL if hidden % UNROLL == 0 else 1
 
@@ -186,27 +186,13 @@ def _quantized_recurrent_product(b, loop, rt, r_scale, d, hidden, gh, batch, acc
         return h if active(bb) is None else select(active(bb), h, _f(0))
 
     def widen(bb, k):
-        return [Assign(lo, fbin("min", Var(lo, "f32"), h_at(bb, k))), Assign(hi, fbin("max", Var(hi, "f32"), h_at(bb, k)))]
+        return [Assign(lo, fbin("min", Var(lo, "f32"), h_at(bb, k))),
+                Assign(hi, fbin("max", Var(hi, "f32"), h_at(bb, k)))]
 
     def quantize(bb, k):
         q = fbin("min", fbin("max", fbin("add", call("round", fbin("div", h_at(bb, k), Var(scale, "f32"))),
                                          Var(zero, "f32")), _f(0)), _f(255))
         return [Store(q_h, add(mul(bb, hidden), k), fbin("sub", Cast("i32", q), Cast("i32", Var(zero, "f32"))))]
-
-    u = UNROLL if hidden % UNROLL == 0 else 1
-
-    def rows(k0):
-        def per_batch(bb):
-            qs = [Load(q_h, add(mul(bb, hidden), add(k0, i))) for i in range(u)]
-
-            def column(j):
-                total = Load(sums, add(mul(bb, gh), j))
-                for i in range(u):
-                    total = fbin("add", total, fbin("mul", qs[i], Load(rt, add(mul(add(mul(Const(d), hidden),
-                                                                                        add(k0, i)), gh), j))))
-                return [Store(sums, add(mul(bb, gh), j), total)]
-            return [loop(gh, column, "vectorize")]
-        return [loop(batch, per_batch)]
 
     def scaled(bb, j):
         at = add(mul(bb, gh), j)
@@ -221,7 +207,7 @@ def _quantized_recurrent_product(b, loop, rt, r_scale, d, hidden, gh, batch, acc
                                                                                 Var(scale, "f32"))), _f(0)), _f(255)))),
         loop(batch, lambda bb: [loop(hidden, lambda k: quantize(bb, k), "vectorize")]),
         loop(batch * gh, lambda i: [Store(sums, i, Const(0, "i32"))], "vectorize"),
-        loop(hidden // u, lambda k: rows(mul(k, u))),
+        *_recurrent_product(loop, rt, d, hidden, gh, batch, sums, q_h, lambda bb, k: add(mul(bb, hidden), k), 0, gh),
         loop(batch, lambda bb: [loop(gh, lambda j: scaled(bb, j), "vectorize")]),
     ]
 
