@@ -32,11 +32,14 @@ def _merge_heads(g: GraphMaker, t: str, d: int) -> str:
 
 
 def bert_encoder_dynamic(d: int = 64, heads: int = 4, layers: int = 2, vocab: int = 120, ffn: int = 128,
-                         max_positions: int = 128):
+                         max_positions: int = 128, exporter: str = "torchscript"):
     """BERT with input_ids and attention_mask of [batch, seq]: word, position (a Slice of the
     position-id buffer up to seq) and token-type (a Slice expanded to [batch, seq]) embeddings,
-    the mask as (1 - mask) * finfo.min, post-norm layers whose heads are split and merged by
-    Reshapes to shapes computed from Shape, and the pooler over [CLS]."""
+    post-norm layers whose heads are split and merged by Reshapes to shapes computed from
+    Shape, and the pooler over [CLS]. TorchScript writes the mask as (1 - mask) * finfo.min
+    and picks [CLS] with Gather; dynamo compares (GreaterOrEqual), Expands the comparison to
+    [batch, heads, seq, seq] with sizes from shapes, chooses with Where, and slices [CLS]
+    (Slice, Squeeze)."""
     g = GraphMaker(31)
     dh = d // heads
     seq = _size(g, "input_ids", 1)
@@ -52,8 +55,13 @@ def bert_encoder_dynamic(d: int = 64, heads: int = 4, layers: int = 2, vocab: in
     token_type = g.op("Gather", [g.const((g.rng.standard_normal((2, d)) * 0.5).astype(np.float32), "tt"),
                                  token_types])
     h = _layernorm(g, g.op("Add", [g.op("Add", [word, pos]), token_type]), d)
-    m = g.op("Cast", [g.op("Unsqueeze", ["attention_mask", g.const(_i64(1, 2))])], to=TensorProto.FLOAT)
-    mask = g.op("Mul", [g.op("Sub", [g.const(np.float32(1)), m]), g.const(FLOAT_MIN)])
+    if exporter == "dynamo":
+        keep = g.op("Unsqueeze", [g.op("GreaterOrEqual", ["attention_mask", g.const(_i64(1))]), g.const(_i64(1, 2))])
+        scores_shape = g.op("Concat", [_size(g, "input_ids", 0), g.const(_i64(heads)), seq, seq], axis=0)
+        mask = g.op("Where", [g.op("Expand", [keep, scores_shape]), g.const(np.float32(0)), g.const(FLOAT_MIN)])
+    else:
+        m = g.op("Cast", [g.op("Unsqueeze", ["attention_mask", g.const(_i64(1, 2))])], to=TensorProto.FLOAT)
+        mask = g.op("Mul", [g.op("Sub", [g.const(np.float32(1)), m]), g.const(FLOAT_MIN)])
     for _ in range(layers):
         q, k, v = (_split_heads(g, g.linear(h, d, d), heads, dh) for _ in range(3))
         scores = g.op("Div", [g.op("MatMul", [q, g.op("Transpose", [k], perm=[0, 1, 3, 2])]),
@@ -61,11 +69,16 @@ def bert_encoder_dynamic(d: int = 64, heads: int = 4, layers: int = 2, vocab: in
         attn = g.op("MatMul", [g.op("Softmax", [g.op("Add", [scores, mask])], axis=-1), v])
         h = _layernorm(g, g.op("Add", [h, g.linear(_merge_heads(g, attn, d), d, d)]), d)
         h = _layernorm(g, g.op("Add", [h, g.linear(_gelu_erf(g, g.linear(h, d, ffn)), ffn, d)]), d)
-    cls = g.op("Gather", [h, g.const(np.array(0, np.int64))], axis=1)
+    if exporter == "dynamo":
+        first = g.op("Slice", [h, g.const(_i64(0)), g.const(_i64(1)), g.const(_i64(1))])
+        cls = g.op("Squeeze", [first, g.const(_i64(1))])
+    else:
+        cls = g.op("Gather", [h, g.const(np.array(0, np.int64))], axis=1)
     pooled = g.op("Tanh", [g.linear(cls, d, d)])
     model = _model(g, [("input_ids", TensorProto.INT64, ["batch", "seq"]),
                        ("attention_mask", TensorProto.INT64, ["batch", "seq"])],
-                   [_out(g, h, "last_hidden_state"), _out(g, pooled, "pooler_output")], opset=17, name="bert_dynamic")
+                   [_out(g, h, "last_hidden_state"), _out(g, pooled, "pooler_output")], opset=17,
+                   name=f"bert_dynamic_{exporter}")
 
     def feeds(batch: int, seq: int, seed: int = 0) -> dict:
         rng = np.random.default_rng(seed)

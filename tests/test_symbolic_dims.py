@@ -191,9 +191,9 @@ def test_cli_builds_runs_and_explains_with_dims(tmp_path):
 
 # ---- a BERT exported with dynamic axes ----------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def bert_build(executor):
-    model, feeds = dynamic_zoo.bert_encoder_dynamic()
+@pytest.fixture(scope="module", params=["torchscript", "dynamo"])
+def bert_build(executor, request):
+    model, feeds = dynamic_zoo.bert_encoder_dynamic(exporter=request.param)
     return model, feeds, build(model, dims={"batch": (1, 4), "seq": (1, 64)}, executor=executor, cache=None,
                                progress=False)
 
@@ -201,7 +201,8 @@ def bert_build(executor):
 @pytest.mark.parametrize("batch,seq", [(1, 1), (1, 7), (2, 16), (3, 33), (4, 64), (2, 63)])
 def test_a_bert_with_dynamic_axes_runs_every_shape_from_one_build(bert_build, batch, seq):
     """Heads split and merged by Reshapes to shapes computed from Shape, position ids sliced
-    to seq, token types expanded to [batch, seq], a padding mask per row."""
+    to seq, token types expanded to [batch, seq], a padding mask per row, in the spellings of
+    both torch exporters."""
     model, feeds, result = bert_build
     f = feeds(batch, seq, seed=batch * 100 + seq)
     got = result.load().run(f)
