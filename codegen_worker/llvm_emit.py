@@ -478,8 +478,11 @@ class FunctionEmitter:
         self.scopes.pop()
 
     def stmt(self, s) -> None:
-        if isinstance(s, For) and not isinstance(s.extent, int):  # an extent known at run time
-            self.loop(s.var, 0, lambda: self.stmts(s.body), s.kind, lo="0", hi=self.expr(s.extent))
+        if isinstance(s, For) and not isinstance(s.extent, int):  # an extent known at run time:
+            # LLVM vectorizes it with a remainder where it can (a forced or masked form it may
+            # not manage, and says so in a warning)
+            kind = "vectorize" if s.kind in ("masked", "forced_vector", "vector_masked") else s.kind
+            self.loop(s.var, 0, lambda: self.stmts(s.body), kind, lo="0", hi=self.expr(s.extent))
         elif isinstance(s, For):
             whole = s.extent - s.extent % self.vw
             if s.kind == "vector_masked" and self.vw < MASK_REGISTER_LANES and self.vectorize and 0 < whole < s.extent:

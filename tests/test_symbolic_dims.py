@@ -259,3 +259,22 @@ def test_gpt2_decodes_onnxruntime_tokens_from_one_build_starting_from_an_empty_c
     assert got_tokens == want_tokens
     for step, (got, want) in enumerate(zip(got_logits, want_logits)):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=f"step {step}")
+
+
+# ---- CNNs with a symbolic batch -------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["residual_cnn", "mobilenet_v2"])
+def test_a_cnn_with_a_symbolic_batch(name, executor):
+    """Convolutions (implicit GEMM, 1x1, depthwise), pools and the classifier's Gemm over a
+    batch known at run time: the images one after another, each as in a static build."""
+    model = model_zoo.ALL.get(name, getattr(model_zoo, name))()
+    x = model.graph.input[0]
+    x.type.tensor_type.shape.dim[0].dim_param = "n"
+    image = [d.dim_value for d in x.type.tensor_type.shape.dim][1:]
+    module = build(model, dims={"n": (1, 4)}, executor=executor, cache=None, progress=False).load()
+    for n in (1, 3):
+        feeds = {x.name: np.random.default_rng(n).standard_normal([n] + image).astype(np.float32)}
+        got, want = module.run(feeds), model_zoo.onnxruntime_outputs(model, feeds)
+        for k in want:
+            assert got[k].shape == want[k].shape
+            np.testing.assert_allclose(got[k], want[k], rtol=1e-4, atol=1e-5 * float(np.abs(want[k]).max()), err_msg=k)

@@ -149,7 +149,7 @@ def lower_conv(b: KernelBuilder, node: Node, store) -> tuple:
     xs, ws_ = b.type(x_name).shape, b.type(w_name).shape
     a = b.attrs(node)
     groups = a.get("group", 1)
-    batch, cin = xs[0], xs[1]
+    batch, cin = b.dim(xs[0]), xs[1]  # (a symbolic batch: a loop over images at run time)
     cout, cg = ws_[0], ws_[1]
     kernel, strides, dil, pads = a["kernel_shape"], a["strides"], a["dilations"], a["pads"]
     nsp = len(kernel)
@@ -305,7 +305,7 @@ def lower_pointwise(b: KernelBuilder, node: Node, store) -> tuple:
     most of the work, and the other orientation scatters it across channel planes."""
     x_name, w_name = node.inputs[0], node.inputs[1]
     xs, (cout, cg) = b.type(x_name).shape, b.type(w_name).shape[:2]
-    batch, cin, groups = xs[0], xs[1], b.attrs(node).get("group", 1)
+    batch, cin, groups = b.dim(xs[0]), xs[1], b.attrs(node).get("group", 1)
     cog, out_sp = cout // groups, b.type(node.outputs[0]).shape[2:]
     pixels = math.prod(out_sp)
     bias = b.reader(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] else None
@@ -336,6 +336,7 @@ def lower_depthwise(b: KernelBuilder, node: Node, store, value=lambda v: v, weig
     (`weights`, a kernel parameter) and `out` (the float sum -> its output value)."""
     x_name, w_name = node.inputs[0], node.inputs[1]
     batch, cin, h, w_ = b.type(x_name).shape
+    batch = b.dim(batch)
     cout = b.type(w_name).shape[0]
     mult = cout // cin
     a = b.attrs(node)
@@ -421,7 +422,7 @@ def lower_conv_transpose(b: KernelBuilder, node: Node, store) -> tuple:
     GEMM does the Cin-deep work at full speed; the gather is Cin times cheaper than direct."""
     x_name, w_name, xs, wsh, groups, kernel, strides, dil, pads = conv_operands(b, node)
     nsp = len(kernel)
-    batch, cin, cog = xs[0], xs[1], wsh[1]
+    batch, cin, cog = b.dim(xs[0]), xs[1], wsh[1]
     cig = cin // groups
     in_sp = list(xs[2:])
     m = math.prod(in_sp)
@@ -656,6 +657,10 @@ def lower_gemm(b: KernelBuilder, node: Node, store) -> tuple:
     sa, sb = b.type(a_name).shape, b.type(b_name).shape
     m, k = (sa[1], sa[0]) if ta else sa
     n = sb[0] if tb else sb[1]
+    rows_at_run_time = not isinstance(m, int)  # (a symbolic batch: the rows GEMM of a MatMul over symbolic rows)
+    if rows_at_run_time and (ta or b_name not in b.g.constants or b.compute(a_name) != "f32"):
+        raise TypeError("a Gemm over symbolic rows takes constant float32 weights and A not transposed")
+    m = b.dim(m)
     nr = b.config.tile(n)[1]
     c = b.reader(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] and beta != 0 else None
     cshape = b.shape(node.inputs[2]) if c else None
@@ -680,7 +685,7 @@ def lower_gemm(b: KernelBuilder, node: Node, store) -> tuple:
         b_param = b.workspace(-(-n // nr) * k * nr)
         stmts += _runtime_pack(b, b.in_param(b_name), Const(0), k, n, 1 if tb else n, k if tb else 1, b_param)
     stmts.append(gemm_stmt(b, a_param, Const(0), 1 if ta else k, m if ta else 1, b_param, Const(0), m, n, k,
-                       lambda mm, nn, acc: finish([mm, nn], acc)))
+                       lambda mm, nn, acc: finish([mm, nn], acc), split="n" if rows_at_run_time else ""))
     return tuple(stmts)
 
 
