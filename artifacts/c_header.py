@@ -90,8 +90,9 @@ _ENTRY_STATIC = [
     "int kiln_run_profiled(char* weights, char* arena, void** inputs, void** outputs, double* times_ms,",
     "                      int threads);"]
 _ENTRY_DIMS = [
-    "/* Run with the symbols' values in dims[] (within their bounds: the caller checks; inputs and",
-    " * outputs hold kiln_*_bytes_at(i, dims) bytes each) on `threads` threads (<= 0: the default). */",
+    "/* Run with the symbols' values in dims[] (inputs and outputs hold kiln_*_bytes_at(i, dims)",
+    " * bytes each) on `threads` threads (<= 0: the default). Returns 0, or before running",
+    " * anything 2 (a symbol outside its bounds) or 3 (sizes the model needs equal differ). */",
     "int kiln_run_dims(char* weights, char* arena, void** inputs, void** outputs, const long long* dims,",
     "                  int threads);",
     "int kiln_run_dims_profiled(char* weights, char* arena, void** inputs, void** outputs, const long long* dims,",

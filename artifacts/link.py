@@ -119,7 +119,7 @@ def _body(plan: list, timed: bool, depth: int = 1) -> list[str]:
 
 
 def entry_source(plan: list, outputs: list[tuple[tuple, int]], arena_bytes: int, signature: str = "",
-                 min_piece_work: int = 0) -> str:
+                 min_piece_work: int = 0, preconditions: list = ()) -> str:
     """plan: the steps in order:
       ("call", symbol, [location of each argument], guard, index, phases): guard is
         [(location of a bool, value)], the call runs only where each holds; index its
@@ -135,8 +135,9 @@ def entry_source(plan: list, outputs: list[tuple[tuple, int]], arena_bytes: int,
 
     A model with symbolic dims (min_piece_work given) has extents, pieces and nbytes that are
     C expressions of `dims`, the symbols' values: its entry is kiln_run_dims (and
-    kiln_run_dims_profiled), which take them after the outputs. A static model's entry is
-    exactly what it was before symbols existed."""
+    kiln_run_dims_profiled), which take them after the outputs and return the error code of
+    the first of `preconditions` ((C condition, code)) that fails before running anything.
+    A static model's entry is exactly what it was before symbols existed."""
     calls = list(_calls(plan))
     symbolic = bool(min_piece_work)
     dims_param = "const long long* dims, " if symbolic else ""
@@ -179,6 +180,7 @@ def entry_source(plan: list, outputs: list[tuple[tuple, int]], arena_bytes: int,
         lines += [f"int {name}(char* weights, char* arena, void** inputs, void** outputs, {dims_param}"
                   f"{extra[2:] + ', ' if timed else ''}int threads) {{",
                   f"  struct kiln_ctx ctx = {{weights, arena, inputs{', dims' * symbolic}}};", "  (void)ctx;",
+                  *[f"  if (!({cond})) return {code};" for cond, code in preconditions],
                   "  if (threads <= 0) threads = kiln_num_threads();"]
         if timed:
             lines += [f"  for (int i = 0; i < {len(calls)}; ++i) times[i] = 0;", "  double t0 = kiln_now(), t1;"]

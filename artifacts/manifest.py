@@ -71,11 +71,14 @@ class Manifest:
     # [{"name", "least", "greatest"}] of a model built with symbolic dims: a symbolic dim of a
     # shape above is [[[symbol, ...], coefficient], ...], a polynomial (`dim_value`).
     symbols: list = field(default_factory=list)
+    # [{"left", "right", "where"}]: sizes (dims as above) that must be equal at run time
+    checks: list = field(default_factory=list)
 
     def to_bytes(self) -> bytes:
         fields_ = asdict(self)
-        if not self.symbols:  # (a static bundle's manifest is what it was before symbols)
-            del fields_["symbols"]
+        for name in ("symbols", "checks"):  # (a static bundle's manifest is what it was before symbols)
+            if not fields_[name]:
+                del fields_[name]
         return json.dumps(fields_, indent=2, sort_keys=True).encode()
 
     @classmethod

@@ -120,6 +120,9 @@ class Graph:
     # (ir/attrs.const_input); one that reads them at run time reads the tensor a
     # kiln.SymbolicValue node writes.
     symbolic_values: dict[str, np.ndarray] = field(default_factory=dict)
+    # (size, size, where) pairs of sizes that must be equal at run time, one at least symbolic
+    # (two inputs broadcast together, a MatMul's inner dims): the module checks them first.
+    checks: list = field(default_factory=list)
 
     def copy(self) -> "Graph":
         # Constants and params are never mutated in place, so sharing them is safe.
@@ -127,7 +130,7 @@ class Graph:
         g.inputs, g.outputs = list(self.inputs), list(self.outputs)
         g.nodes = [Node(n.op, list(n.inputs), list(n.outputs), dict(n.attrs), n.name, n.guard) for n in self.nodes]
         g.types, g.constants, g.params = dict(self.types), dict(self.constants), dict(self.params)
-        g.symbols, g.symbolic_values = dict(self.symbols), dict(self.symbolic_values)
+        g.symbols, g.symbolic_values, g.checks = dict(self.symbols), dict(self.symbolic_values), list(self.checks)
         g.groups = None if self.groups is None else [list(m) for m in self.groups]
         return g
 

@@ -15,6 +15,8 @@ This module imports nothing else of Kiln.
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
 from dataclasses import dataclass
 
@@ -223,3 +225,32 @@ def dim_from_json(value, bounds: dict):
 
 def dim_to_json(x):
     return x.to_json() if isinstance(x, Dim) else int(x)
+
+
+# ---- sizes that must agree at run time ---------------------------------------------------------
+
+_CHECKS: contextvars.ContextVar = contextvars.ContextVar("kiln_symbol_checks", default=None)
+
+
+@contextlib.contextmanager
+def collecting_checks(into: list):
+    """While type inference runs: the equalities ops require of symbolic sizes go to `into`."""
+    token = _CHECKS.set(into)
+    try:
+        yield into
+    finally:
+        _CHECKS.reset(token)
+
+
+def require_equal(a, b, where: str):
+    """a and b (sizes, one at least symbolic) must be equal: an equality the module checks
+    before it runs (`collecting_checks`); returns the size to go on with. Outside type
+    inference a TypeError (not supported there)."""
+    if a == b:
+        return a
+    checks = _CHECKS.get()
+    if checks is None:
+        raise TypeError(f"{a} and {b} must agree at run time")
+    if (a, b, where) not in checks:
+        checks.append((a, b, where))
+    return a if isinstance(a, int) else b if isinstance(b, int) else a

@@ -39,14 +39,26 @@ def _runtime_phases(parts: list) -> list:
     return out
 
 
+def _dim_c(d, symbols: list) -> str:
+    """A size as a C expression of `dims` (long long)."""
+    if isinstance(d, int):
+        return f"{d}LL"
+    terms = ["*".join([f"{coef}LL"] + [f"dims[{symbols.index(s)}]" for s in monomial]) for monomial, coef in d.terms]
+    return f"({' + '.join(terms)})"
+
+
 def _nbytes_c(t, symbols: list) -> "int | str":
     """A tensor's bytes: an int, or a C expression of `dims` for a symbolic shape."""
-    if t.is_static:
-        return t.nbytes
-    terms = []
-    for monomial, coef in t.nbytes.terms:
-        terms.append("*".join([f"{coef}LL"] + [f"dims[{symbols.index(s)}]" for s in monomial]))
-    return f"(size_t)({' + '.join(terms)})"
+    return t.nbytes if t.is_static else f"(size_t){_dim_c(t.nbytes, symbols)}"
+
+
+def _preconditions(lowered) -> list[tuple[str, int]]:
+    """What kiln_run_dims checks before it runs anything, (C condition, error code): each
+    symbol within its bounds (2), each pair of sizes that must agree equal (3)."""
+    symbols = list(lowered.symbols)
+    out = [(f"dims[{k}] >= {lo}LL && dims[{k}] <= {hi}LL", 2) for k, (lo, hi) in enumerate(lowered.symbols.values())]
+    out += [(f"{_dim_c(a, symbols)} == {_dim_c(b, symbols)}", 3) for a, b, _ in lowered.checks]
+    return out
 
 
 def _locations(lowered, weight_offsets, arena_offsets):
@@ -184,11 +196,12 @@ def assemble(lowered, objects: dict[str, bytes], target, manifest_extra: dict, s
         outputs=[{"name": n, "shape": [dim_to_json(d) for d in types[n].shape], "dtype": types[n].dtype}
                  for n in lowered.outputs],
         symbols=[{"name": s, "least": lo, "greatest": hi} for s, (lo, hi) in lowered.symbols.items()],
+        checks=[{"left": dim_to_json(a), "right": dim_to_json(b), "where": where} for a, b, where in lowered.checks],
         arena_bytes=arena_bytes, weights_bytes=len(weights), weights_sha256=hashlib.sha256(weights).hexdigest(),
         runnable=linker is not None,
         calls=[{"name": c.name, "symbol": c.kernel.symbol, "ops": c.ops} for c in lowered.calls])
     entry = entry_source(plan, outputs, arena_bytes, manifest.signature(),
-                         MIN_PIECE_WORK if lowered.symbols else 0)
+                         MIN_PIECE_WORK if lowered.symbols else 0, _preconditions(lowered))
     files = {manifest.weights_file: weights, "kiln_entry.c": entry.encode()}
     if linker is not None:
         key = link_key(list(object_keys), entry, linker) if store is not None else None

@@ -123,3 +123,23 @@ def test_the_example_runs_a_symbolic_bundle_at_the_sizes_given(tmp_path, executo
     proc = subprocess.run([str(tmp_path / "run_model"), bundle, "batch=9", "seq=5", "a", "b", "c"],
                           capture_output=True, text=True)
     assert proc.returncode == 2 and "batch=9: the bundle runs batch = 1..4" in proc.stderr
+
+
+def test_a_symbolic_bundle_refuses_sizes_that_must_agree_from_c(tmp_path, executor):
+    """kiln_run_dims checks the sizes the model needs equal (here x [n, m] + y [n, k]) and
+    the bounds before running anything: 3 and 2, not a read past a buffer."""
+    graph = helper.make_graph([helper.make_node("Add", ["x", "y"], ["z"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", "m"]),
+                               helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", "k"])],
+                              [helper.make_tensor_value_info("z", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    bundle = str(tmp_path / "bundle")
+    build(model, dims={"n": (1, 4), "m": (1, 8), "k": (1, 8)}, executor=executor, cache=None,
+          progress=False).export(bundle)
+    program = _compile(bundle, str(tmp_path / "run_model"))
+    x, y = (np.ones((2, m), np.float32) for m in (3, 5))
+    x.tofile(tmp_path / "x.in")
+    y.tofile(tmp_path / "y.in")
+    proc = subprocess.run([program, bundle, "k=5", "m=3", "n=2", str(tmp_path / "x.in"), str(tmp_path / "y.in"),
+                           str(tmp_path / "z.out")], capture_output=True, text=True)
+    assert proc.returncode == 1 and "kiln_run returned 3" in proc.stderr

@@ -278,3 +278,31 @@ def test_a_cnn_with_a_symbolic_batch(name, executor):
         for k in want:
             assert got[k].shape == want[k].shape
             np.testing.assert_allclose(got[k], want[k], rtol=1e-4, atol=1e-5 * float(np.abs(want[k]).max()), err_msg=k)
+
+
+# ---- sizes that must agree at run time ------------------------------------------------------------
+
+def test_sizes_that_must_agree_are_checked_before_running(executor, tmp_path):
+    """x [n, m] + y [n, k] needs m = k, and x [n, m] @ w [k, 3] needs them equal too: the
+    module runs where they are and refuses by name where they are not, from Python and from C
+    (kiln_run_dims returns 3 without running)."""
+    nodes = [helper.make_node("Add", ["x", "y"], ["s"], name="sum"), helper.make_node("MatMul", ["s", "w"], ["z"],
+                                                                                    name="product")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", F, ["n", "m"]),
+                                           helper.make_tensor_value_info("y", F, ["n", "k"]),
+                                           helper.make_tensor_value_info("w", F, ["k", 3])],
+                              [helper.make_tensor_value_info("z", F, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    result = build(model, dims={"n": (1, 5), "m": (1, 6), "k": (1, 6)}, executor=executor, cache=None, progress=False)
+    module = result.load()
+    rng = np.random.default_rng(3)
+    feeds = {"x": rng.standard_normal((2, 4)).astype(np.float32), "y": rng.standard_normal((2, 4)).astype(np.float32),
+             "w": rng.standard_normal((4, 3)).astype(np.float32)}
+    np.testing.assert_allclose(module.run(feeds)["z"], model_zoo.onnxruntime_outputs(model, feeds)["z"], rtol=1e-5)
+    feeds["y"], feeds["w"] = np.zeros((2, 5), np.float32), np.zeros((5, 3), np.float32)
+    with pytest.raises(KilnError, match=r"node 'sum' \(Add\), axis 1: [mk] = [45] and [mk] = [45] must be equal"):
+        module.run(feeds)
+    header = result.files["kiln_model.h"].decode()
+    assert "3 (sizes the model needs equal differ)" in header
+    entry = result.files["kiln_entry.c"].decode()
+    assert entry.count("return 3;") == 4  # (m = k twice: the Add and the MatMul; in both entry points)

@@ -48,6 +48,7 @@ class LoweredModel:
     constants: dict  # name -> array: the weights the calls read (packed forms included)
     aliases: dict[str, str] = field(default_factory=dict)  # view -> tensor that holds its data
     symbols: dict = field(default_factory=dict)  # the graph's: symbol -> (least, greatest)
+    checks: list = field(default_factory=list)  # the graph's: (size, size, where) equal at run time
 
     def storage(self, name: str) -> str:
         while name in self.aliases:
@@ -165,7 +166,7 @@ def lower(graph: Graph, config: ScheduleConfig | None = None) -> LoweredModel:
         else:
             steps.append(lower_group(g, members, config))
     steps = _without_unread_sizes(steps, aliases, g.outputs)
-    model = LoweredModel(steps, list(g.inputs), list(g.outputs), types, {}, aliases, dict(g.symbols))
+    model = LoweredModel(steps, list(g.inputs), list(g.outputs), types, {}, aliases, dict(g.symbols), list(g.checks))
     used = {model.storage(t) for c in model.calls for t in c.inputs} | {model.storage(o) for o in g.outputs}
     used |= {model.storage(t) for loop in all_loops(steps) for t in loop.tensors()}
     model.constants = {name: value for name, value in {**g.constants, **body_constants}.items() if name in used}

@@ -8,7 +8,7 @@ import numpy as np
 from ..attrs import check_attrs
 from ..dtypes import dtype
 from ..graph import ShapeError, TensorType, UnsupportedError
-from ..symbolic import is_symbolic
+from ..symbolic import is_symbolic, require_equal
 from ..lower.builder import collapse_shapes
 from ..lower.gemm import is_depthwise, lower_conv, lower_conv_transpose, lower_einsum, lower_gemm, lower_matmul
 from .broadcast import broadcast
@@ -113,9 +113,9 @@ def infer_matmul(g, node, p):
     sa = [1] + sa if va else sa
     sb = sb + [1] if vb else sb
     if sa[-1] != sb[-2]:
-        if is_symbolic(sa[-1]) or is_symbolic(sb[-2]):
-            raise TypeError(f"inner dimensions {sa[-1]} and {sb[-2]} must agree at run time")
-        raise ShapeError(f"{node.describe()}: inner dimensions of {a} and {b} differ")
+        if not (is_symbolic(sa[-1]) or is_symbolic(sb[-2])):
+            raise ShapeError(f"{node.describe()}: inner dimensions of {a} and {b} differ")
+        sa[-1] = sb[-2] = require_equal(sa[-1], sb[-2], f"{node.describe()}: the inner dimensions")
     batch = broadcast([tuple(sa[:-2]), tuple(sb[:-2])], node)
     out = list(batch) + ([] if va else [sa[-2]]) + ([] if vb else [sb[-1]])
     return TensorType(tuple(out), a.dtype)

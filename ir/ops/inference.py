@@ -12,7 +12,7 @@ import numpy as np
 from ..attrs import NotConstant
 from ..dtypes import DTYPES, is_float, numpy_dtype
 from ..graph import Graph, KilnError, Node, UnsupportedError, as_kiln_array
-from ..symbolic import Dim, SymbolError, greatest
+from ..symbolic import Dim, SymbolError, collecting_checks, greatest
 from .compile_time import SYMBOLIC_VALUE, symbolic_value_node, symbolic_values_of
 from ..validate import check_tensor_size
 from .registry import op_def
@@ -141,7 +141,14 @@ def _record_symbolic(g: Graph, node: Node, values: list) -> list[Node]:
 
 def resolve(g: Graph, fold_floats: bool) -> Graph:
     """Types and canonical parameters of every node (anew: passes before may have rewritten
-    nodes), folding what it may, and on demand what a node needs at compile time."""
+    nodes), folding what it may, and on demand what a node needs at compile time; the
+    equalities of symbolic sizes the ops require go to `g.checks`."""
+    g.checks = []
+    with collecting_checks(g.checks):
+        return _resolve(g, fold_floats)
+
+
+def _resolve(g: Graph, fold_floats: bool) -> Graph:
     g.params, g.symbolic_values = {}, {}
     kept, producer, folded = [], {}, set()
     pending = collections.deque(g.nodes)
