@@ -89,24 +89,34 @@ def bert_encoder_dynamic(d: int = 64, heads: int = 4, layers: int = 2, vocab: in
     return model, feeds
 
 
-def gpt2_decoder_dynamic(d: int = 64, heads: int = 4, layers: int = 2, vocab: int = 96, max_positions: int = 128):
+def gpt2_decoder_dynamic(d: int = 64, heads: int = 4, layers: int = 2, vocab: int = 96, max_positions: int = 128,
+                         positions: str = "input"):
     """A GPT-2 causal LM with a KV cache, as exported with `past_key_values`: inputs input_ids
     and position_ids [batch, seq] and past_key_i / past_value_i [batch, heads, past, dh];
     outputs logits [batch, seq, vocab] and present_key_i / present_value_i [batch, heads,
     past + seq, dh] (the past concatenated with this step's keys and values). The causal mask
     is a Slice of the [1, 1, max_positions, max_positions] lower-triangular buffer at rows
-    key_length - query_length .. key_length, both computed from shapes. (The LM head is a
+    key_length - query_length .. key_length, both computed from shapes. Position ids are an
+    input, or (positions="range") computed as TorchScript traces `arange(past, past + seq)`
+    from the shapes of past_key_0 and input_ids. (The LM head is a
     weight of its own: GPT-2 ties it to the word embedding, which with random weights makes
     greedy decoding repeat its last token.)"""
     g = GraphMaker(41)
     dh = d // heads
     wte = (g.rng.standard_normal((vocab, d)) * 0.5).astype(np.float32)
     wpe = (g.rng.standard_normal((max_positions, d)) * 0.1).astype(np.float32)
+    position_ids = "position_ids"
+    if positions == "range":
+        past = g.op("Gather", [g.op("Shape", ["past_key_0"]), g.const(np.array(2, np.int64))], axis=0)
+        seq = g.op("Gather", [g.op("Shape", ["input_ids"]), g.const(np.array(1, np.int64))], axis=0)
+        position_ids = g.op("Unsqueeze", [g.op("Range", [past, g.op("Add", [past, seq]), g.const(np.int64(1))]),
+                                          g.const(_i64(0))])
     h = g.op("Add", [g.op("Gather", [g.const(wte, "wte"), "input_ids"], axis=0),
-                     g.op("Gather", [g.const(wpe, "wpe"), "position_ids"], axis=0)])
+                     g.op("Gather", [g.const(wpe, "wpe"), position_ids], axis=0)])
     causal = g.const(np.tril(np.ones((max_positions, max_positions), bool))[None, None], "bias")
-    inputs, outputs = [("input_ids", TensorProto.INT64, ["batch", "seq"]),
-                       ("position_ids", TensorProto.INT64, ["batch", "seq"])], []
+    inputs, outputs = [("input_ids", TensorProto.INT64, ["batch", "seq"])], []
+    if positions == "input":
+        inputs.append(("position_ids", TensorProto.INT64, ["batch", "seq"]))
     for layer in range(layers):
         past_k, past_v = f"past_key_{layer}", f"past_value_{layer}"
         inputs += [(past_k, TensorProto.FLOAT, ["batch", heads, "past", dh]),
@@ -131,7 +141,7 @@ def gpt2_decoder_dynamic(d: int = 64, heads: int = 4, layers: int = 2, vocab: in
         h = g.op("Add", [h, g.linear(_gelu_tanh(g, g.linear(_layernorm(g, h, d), d, 4 * d)), 4 * d, d)])
     logits = g.op("MatMul", [_layernorm(g, h, d), g.weight((d, vocab), scale=2 / math.sqrt(d), base="lm_head")])
     model = _model(g, inputs, [_out(g, logits, "logits")] + outputs, opset=17, name="gpt2_dynamic")
-    return model, {"heads": heads, "dh": dh, "layers": layers, "vocab": vocab}
+    return model, {"heads": heads, "dh": dh, "layers": layers, "vocab": vocab, "positions": positions}
 
 
 def _split_heads_back(g: GraphMaker, t: str, heads: int, dh: int) -> str:
@@ -150,8 +160,10 @@ def greedy_tokens(run, info: dict, prompt: list, steps: int) -> tuple[list, list
     ids, tokens, logits = np.array([prompt], np.int64), [], []
     start = 0
     for _ in range(steps + 1):
-        positions = np.arange(start, start + ids.shape[1], dtype=np.int64)[None]
-        out = run({"input_ids": ids, "position_ids": positions, **past})
+        feeds = {"input_ids": ids, **past}
+        if info["positions"] == "input":
+            feeds["position_ids"] = np.arange(start, start + ids.shape[1], dtype=np.int64)[None]
+        out = run(feeds)
         last = out["logits"][0, -1]
         logits.append(last)
         token = int(np.argmax(last))

@@ -148,20 +148,21 @@ def test_a_fixed_dim_builds_static_and_a_named_one_symbolic(executor):
 
 
 def test_an_op_not_taught_symbols_is_refused_by_name(executor):
-    """A Range up to a symbolic size needs a kernel that computes it at run time: not yet."""
-    nodes = [helper.make_node("Shape", ["x"], ["s"]),
-             helper.make_node("Gather", ["s", "zero"], ["n"], axis=0),
-             helper.make_node("Range", ["zero", "n", "one"], ["r"], name="positions"),
-             helper.make_node("Cast", ["r"], ["y"], to=F)]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", F, ["n", 4])],
+    """A convolution over a symbolic height needs its window loops taught run-time extents:
+    not yet, and the error says which node and which shapes."""
+    conv = helper.make_node("Conv", ["x", "w"], ["y"], kernel_shape=[3, 3], pads=[1, 1, 1, 1], name="conv")
+    graph = helper.make_graph([conv], "g", [helper.make_tensor_value_info("x", F, [1, 3, "h", 8])],
                               [helper.make_tensor_value_info("y", F, None)],
-                              [numpy_helper.from_array(np.array(0, np.int64), "zero"),
-                               numpy_helper.from_array(np.array(1, np.int64), "one")])
+                              [numpy_helper.from_array(np.ones((4, 3, 3, 3), np.float32), "w")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
-    with pytest.raises(UnsupportedError, match=r"node 'positions' \(Range\): Range with symbolic dimensions is not "
-                                               r"supported yet"):
-        build(model, dims={"n": (1, 8)}, executor=executor, cache=None, progress=False)
-    # The same chain into a Reshape is shape arithmetic, done at build time.
+    with pytest.raises(UnsupportedError, match=r"node 'conv' \(Conv\): Conv with symbolic dimensions is not supported "
+                                               r"yet \(x: float32\[1 x 3 x h x 8\].*Fix those dims with --shape"):
+        build(model, dims={"h": (1, 16)}, executor=executor, cache=None, progress=False)
+
+
+def test_shape_chains_and_ranges_over_sizes(executor):
+    """A Shape into a Reshape is shape arithmetic, done at build time; a Range up to a size
+    computes its values at run time."""
     reshape = [helper.make_node("Shape", ["x"], ["s"]), helper.make_node("Reshape", ["x", "s"], ["y"])]
     graph = helper.make_graph(reshape, "g", [helper.make_tensor_value_info("x", F, ["n", 4])],
                               [helper.make_tensor_value_info("y", F, None)])
@@ -169,6 +170,19 @@ def test_an_op_not_taught_symbols_is_refused_by_name(executor):
     x = np.arange(12, dtype=np.float32).reshape(3, 4)
     got = build(model, dims={"n": (1, 8)}, executor=executor, cache=None, progress=False).load().run({"x": x})
     np.testing.assert_array_equal(got["y"], x)
+    nodes = [helper.make_node("Shape", ["x"], ["s"]),
+             helper.make_node("Gather", ["s", "zero"], ["n"], axis=0),
+             helper.make_node("Range", ["two", "n", "one"], ["r"], name="positions"),
+             helper.make_node("Cast", ["r"], ["y"], to=F)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", F, ["n", 4])],
+                              [helper.make_tensor_value_info("y", F, None)],
+                              [numpy_helper.from_array(np.array(v, np.int64), k)
+                               for k, v in {"zero": 0, "one": 1, "two": 2}.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    module = build(model, dims={"n": (2, 8)}, executor=executor, cache=None, progress=False).load()
+    for n in (2, 3, 8):
+        feeds = {"x": np.zeros((n, 4), np.float32)}
+        np.testing.assert_array_equal(module.run(feeds)["y"], model_zoo.onnxruntime_outputs(model, feeds)["y"])
 
 
 def test_cli_builds_runs_and_explains_with_dims(tmp_path):
@@ -242,11 +256,13 @@ def test_sizes_read_at_run_time_are_computed_then(executor):
 
 # ---- GPT-2 decoding with a KV cache ---------------------------------------------------------------
 
-def test_gpt2_decodes_onnxruntime_tokens_from_one_build_starting_from_an_empty_cache(executor):
+@pytest.mark.parametrize("positions", ["input", "range"])
+def test_gpt2_decodes_onnxruntime_tokens_from_one_build_starting_from_an_empty_cache(executor, positions):
     """One build with past = 0..100: the prompt with an empty cache (past 0), then 32 greedy
     steps of one token, each feeding the previous step's present keys and values back; the
-    presents' length past + seq is a polynomial of two symbols."""
-    model, info = dynamic_zoo.gpt2_decoder_dynamic()
+    presents' length past + seq is a polynomial of two symbols. Position ids are an input, or
+    a Range(past, past + seq) over sizes, computed at run time."""
+    model, info = dynamic_zoo.gpt2_decoder_dynamic(positions=positions)
     result = build(model, dims={"batch": (1, 1), "seq": (1, 16), "past": (0, 100)}, executor=executor, cache=None,
                    progress=False)
     manifest = json.loads(result.files["manifest.json"])

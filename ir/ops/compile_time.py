@@ -7,7 +7,7 @@ import numpy as np
 
 from ..attrs import NotConstant
 from ..graph import Node, TensorType, UnsupportedError, as_kiln_array
-from ..loop import Cast, Const, Store
+from ..loop import Cast, Const, Store, add, mul
 from ..symbolic import Dim, dim_from_json, dim_to_json
 from ..validate import check_tensor_size
 from .registry import OPAQUE, OpDef, register
@@ -43,6 +43,35 @@ def _size_value(a, values, g, node):
 def _range_value(a, values, g, node):
     start, limit, delta = (v.reshape(()) for v in values)
     return [np.arange(start, limit, delta).astype(start.dtype)]
+
+
+def _range_infer(g, node, p):
+    """Range: a constant where its inputs are; over sizes known at run time (arange(past,
+    past + seq) of a decoder's positions), an op computing start + i * delta at run time, its
+    length a symbolic size (`at_run_time` in its parameters)."""
+    if not any(i in g.symbolic_values for i in node.inputs):
+        return _from_value(_range_value)(g, node, p)
+    start, limit, delta = (np.asarray(g.symbolic_values.get(i, g.constants.get(i))).reshape(()).item()
+                           if i in g.symbolic_values or i in g.constants else None for i in node.inputs)
+    if start is None or limit is None or not isinstance(delta, (int, np.integer)) or delta == 0:
+        raise TypeError("a Range over run-time sizes needs a constant integer step")
+    start, limit, delta = (v if isinstance(v, Dim) else int(v) for v in (start, limit, delta))
+    length = (limit - start) if delta == 1 else (limit - start + delta - (1 if delta > 0 else -1)) // delta
+    if isinstance(length, Dim) and length.least() < 0:
+        raise TypeError(f"Range({start}, {limit}, {delta}) may have a negative length at some sizes")
+    p["at_run_time"], p["start"], p["delta"] = True, dim_to_json(start), int(delta)
+    return TensorType((length,), g.types[node.inputs[0]].dtype)
+
+
+def _range_reader(b, node):
+    """start + i * delta, computed in i64 and converted to the Range's type."""
+    a, t = b.attrs(node), b.compute(node.outputs[0])
+    start = b.dim(dim_from_json(a["start"], b.g.symbols))
+
+    def value(idx):
+        v = add(start, mul(idx[0], a["delta"]))
+        return v if t == "i64" else Cast(t, v)
+    return {node.outputs[0]: value}
 
 
 def _constant_of_shape_value(a, values, g, node):
@@ -98,7 +127,7 @@ register(
     OpDef("Shape", OPAQUE, _shape, _shape_value, compile_time=True, shape_only=True),
     OpDef("Size", OPAQUE, _size, _size_value, compile_time=True, shape_only=True),
     OpDef(CONSTANT, OPAQUE, _from_value(_constant_value), _constant_value, compile_time=True),
-    OpDef("Range", OPAQUE, _from_value(_range_value), _range_value, compile_time=True),
+    OpDef("Range", OPAQUE, _range_infer, _range_value, _range_reader, compile_time=True),
     OpDef("ConstantOfShape", OPAQUE, _from_value(_constant_of_shape_value), _constant_of_shape_value,
           compile_time=True),
     OpDef(SYMBOLIC_VALUE, OPAQUE, lambda g, node, p: TensorType(tuple(node.attrs["shape"]), node.attrs["dtype"]),

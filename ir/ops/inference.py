@@ -196,7 +196,7 @@ def _resolve(g: Graph, fold_floats: bool) -> Graph:
                     if name:
                         g.add_constant(name, value)
                 continue
-        if definition.compile_time:
+        if definition.compile_time and not g.params[node.key].get("at_run_time"):
             if any(i in g.symbolic_values for i in node.inputs):
                 raise _symbolic_unsupported(g, node, "it would need its inputs' values at compile time")
             raise KilnError(f"{node.describe()}: its inputs must be known at compile time")
