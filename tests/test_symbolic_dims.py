@@ -162,7 +162,7 @@ def test_an_op_not_taught_symbols_is_refused_by_name(executor):
 
 def test_shape_chains_and_ranges_over_sizes(executor):
     """A Shape into a Reshape is shape arithmetic, done at build time; a Range up to a size
-    computes its values at run time."""
+    and a ConstantOfShape of sizes compute their values at run time."""
     reshape = [helper.make_node("Shape", ["x"], ["s"]), helper.make_node("Reshape", ["x", "s"], ["y"])]
     graph = helper.make_graph(reshape, "g", [helper.make_tensor_value_info("x", F, ["n", 4])],
                               [helper.make_tensor_value_info("y", F, None)])
@@ -173,16 +173,24 @@ def test_shape_chains_and_ranges_over_sizes(executor):
     nodes = [helper.make_node("Shape", ["x"], ["s"]),
              helper.make_node("Gather", ["s", "zero"], ["n"], axis=0),
              helper.make_node("Range", ["two", "n", "one"], ["r"], name="positions"),
-             helper.make_node("Cast", ["r"], ["y"], to=F)]
+             helper.make_node("Cast", ["r"], ["y"], to=F),
+             helper.make_node("ConstantOfShape", ["s"], ["fill"],
+                              value=numpy_helper.from_array(np.array([3], np.int64))),
+             helper.make_node("ConstantOfShape", ["s"], ["half"],
+                              value=numpy_helper.from_array(np.array([0.5], np.float32))),
+             helper.make_node("Add", ["x", "half"], ["z"])]
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", F, ["n", 4])],
-                              [helper.make_tensor_value_info("y", F, None)],
+                              [helper.make_tensor_value_info(o, t, None)
+                               for o, t in (("y", F), ("fill", TensorProto.INT64), ("z", F))],
                               [numpy_helper.from_array(np.array(v, np.int64), k)
                                for k, v in {"zero": 0, "one": 1, "two": 2}.items()])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     module = build(model, dims={"n": (2, 8)}, executor=executor, cache=None, progress=False).load()
     for n in (2, 3, 8):
-        feeds = {"x": np.zeros((n, 4), np.float32)}
-        np.testing.assert_array_equal(module.run(feeds)["y"], model_zoo.onnxruntime_outputs(model, feeds)["y"])
+        feeds = {"x": np.random.default_rng(n).standard_normal((n, 4)).astype(np.float32)}
+        got, want = module.run(feeds), model_zoo.onnxruntime_outputs(model, feeds)
+        for name in want:
+            np.testing.assert_array_equal(got[name], want[name], err_msg=name)
 
 
 def test_cli_builds_runs_and_explains_with_dims(tmp_path):

@@ -1,6 +1,7 @@
-"""Ops evaluated at compile time only: Shape, Size, Constant, Range, ConstantOfShape. Their
-outputs are always constants (a Shape needs only its input's shape); an input that is not
-known at compile time is an error naming the node."""
+"""Ops evaluated at compile time: Shape, Size, Constant, Range, ConstantOfShape. Their
+outputs are constants (a Shape needs only its input's shape); an input that is not known at
+compile time is an error naming the node. Range and ConstantOfShape over sizes known only
+at run time (symbolic values) are the exception: they compute at run time."""
 from __future__ import annotations
 
 import numpy as np
@@ -8,7 +9,7 @@ import numpy as np
 from ..attrs import NotConstant
 from ..graph import Node, TensorType, UnsupportedError, as_kiln_array
 from ..loop import Cast, Const, Store, add, mul
-from ..symbolic import Dim, dim_from_json, dim_to_json
+from ..symbolic import Dim, dim_from_json, dim_to_json, least
 from ..validate import check_tensor_size
 from .registry import OPAQUE, OpDef, register
 
@@ -81,6 +82,24 @@ def _constant_of_shape_value(a, values, g, node):
     return [np.full(shape, value.reshape(-1)[0], dtype=value.dtype)]
 
 
+def _constant_of_shape_infer(g, node, p):
+    """ConstantOfShape: a constant, or over sizes known at run time an op filling its output
+    (`at_run_time` in its parameters) whose shape holds symbolic sizes."""
+    if node.inputs[0] not in g.symbolic_values:
+        return _from_value(_constant_of_shape_value)(g, node, p)
+    value = node.attrs.get("value", np.zeros(1, np.float32))
+    shape = tuple(v if isinstance(v, Dim) else int(v) for v in g.symbolic_values[node.inputs[0]].reshape(-1))
+    if any(least(d) < 0 for d in shape):
+        raise TypeError(f"ConstantOfShape of {list(shape)} may have a negative size")
+    p["at_run_time"], p["fill"] = True, value.reshape(-1)[0].item()
+    return TensorType(shape, str(as_kiln_array(value).dtype))
+
+
+def _constant_of_shape_reader(b, node):
+    fill, t = b.attrs(node)["fill"], b.compute(node.outputs[0])
+    return {node.outputs[0]: lambda idx: Const(float(fill) if t in ("f32", "f64") else int(fill), t)}
+
+
 def _from_value(evaluate):
     """The type of a compile-time-only op is the type of its value."""
     def infer(g, node, p):
@@ -128,7 +147,7 @@ register(
     OpDef("Size", OPAQUE, _size, _size_value, compile_time=True, shape_only=True),
     OpDef(CONSTANT, OPAQUE, _from_value(_constant_value), _constant_value, compile_time=True),
     OpDef("Range", OPAQUE, _range_infer, _range_value, _range_reader, compile_time=True),
-    OpDef("ConstantOfShape", OPAQUE, _from_value(_constant_of_shape_value), _constant_of_shape_value,
+    OpDef("ConstantOfShape", OPAQUE, _constant_of_shape_infer, _constant_of_shape_value, _constant_of_shape_reader,
           compile_time=True),
     OpDef(SYMBOLIC_VALUE, OPAQUE, lambda g, node, p: TensorType(tuple(node.attrs["shape"]), node.attrs["dtype"]),
           alone=_lower_symbolic_value),
