@@ -330,3 +330,13 @@ def test_sizes_that_must_agree_are_checked_before_running(executor, tmp_path):
     assert "3 (sizes the model needs equal differ)" in header
     entry = result.files["kiln_entry.c"].decode()
     assert entry.count("return 3;") == 4  # (m = k twice: the Add and the MatMul; in both entry points)
+
+
+def test_the_generation_example_gives_onnxruntime_tokens(tmp_path):
+    """docs/example_generate.py: one build, the prompt with an empty cache, then a token per call."""
+    example = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "example_generate.py")
+    env = {**os.environ, "KILN_CACHE_DIR": str(tmp_path / "cache")}
+    out = subprocess.run([sys.executable, example, "--layers", "1", "--width", "128", "--vocab", "300", "--tokens", "12",
+                          "--past", "64", "--check"], check=True, env=env, capture_output=True, text=True).stdout
+    assert "built once" in out and "ms per token (median of 12)" in out
+    assert "(the same)" in out, out
