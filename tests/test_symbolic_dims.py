@@ -336,7 +336,7 @@ def test_the_generation_example_gives_onnxruntime_tokens(tmp_path):
     """docs/example_generate.py: one build, the prompt with an empty cache, then a token per call."""
     example = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "example_generate.py")
     env = {**os.environ, "KILN_CACHE_DIR": str(tmp_path / "cache")}
-    out = subprocess.run([sys.executable, example, "--layers", "1", "--width", "128", "--vocab", "300", "--tokens", "12",
-                          "--past", "64", "--check"], check=True, env=env, capture_output=True, text=True).stdout
+    flags = ["--layers", "1", "--width", "128", "--vocab", "300", "--tokens", "12", "--past", "64", "--check"]
+    out = subprocess.run([sys.executable, example, *flags], check=True, env=env, capture_output=True, text=True).stdout
     assert "built once" in out and "ms per token (median of 12)" in out
     assert "(the same)" in out, out
