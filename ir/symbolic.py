@@ -5,9 +5,11 @@ each symbol with the bounds the user gave (`--dim seq=1..512`). Sums, difference
 products of dims are dims again; a result that is constant is a plain int, so a shape is a
 tuple of ints and dims, and a static shape is exactly what it was before symbols existed.
 
-Two dims are equal when their polynomials are; whether `seq` equals 64 is a run-time
-question, so comparing a dim with an int is an error (TypeError) rather than a guess: code
-that has not been taught symbols fails loudly and the op is refused by name. Bounds travel
+Two dims are equal when their polynomials are (a dim never equals an int: `seq == 1` is
+False, so a symbolic dim is never taken for a broadcast 1). Whether `seq` is below 64 is a
+run-time question, so ordering a dim against a number, or using it as one, is an error
+(TypeError) rather than a guess: code that has not been taught symbols fails loudly and the
+op is refused by name. Bounds travel
 with each dim so that any holder can ask for its least and greatest value (the memory
 plan sizes buffers at the greatest).
 

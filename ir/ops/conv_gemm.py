@@ -8,9 +8,9 @@ import numpy as np
 from ..attrs import check_attrs
 from ..dtypes import dtype
 from ..graph import ShapeError, TensorType, UnsupportedError
-from ..symbolic import is_symbolic, require_equal
 from ..lower.builder import collapse_shapes
 from ..lower.gemm import is_depthwise, lower_conv, lower_conv_transpose, lower_einsum, lower_gemm, lower_matmul
+from ..symbolic import is_symbolic, require_equal
 from .broadcast import broadcast
 from .registry import BROADCAST, OUT_EWISE_FUSABLE, OpDef, op_def, register
 

@@ -13,8 +13,8 @@ from ..attrs import NotConstant
 from ..dtypes import DTYPES, is_float, numpy_dtype
 from ..graph import Graph, KilnError, Node, UnsupportedError, as_kiln_array
 from ..symbolic import Dim, SymbolError, collecting_checks, greatest
-from .compile_time import SYMBOLIC_VALUE, symbolic_value_node, symbolic_values_of
 from ..validate import check_tensor_size
+from .compile_time import SYMBOLIC_VALUE, symbolic_value_node, symbolic_values_of
 from .registry import op_def
 
 # Do not materialize folded tensors larger than this (e.g. an Expand of a constant).

@@ -204,7 +204,7 @@ def _symbolic_range(size, start, end, step) -> tuple:
     begin, stop = clamp(start), clamp(end)
     length = stop - begin
     if least(length) < 0:
-        raise TypeError(f"a slice {start}:{end} of {size} may be empty at some sizes")
+        raise TypeError(f"a slice {start}:{end} of {size} may end before it starts at some sizes")
     return begin, 1, length
 
 
