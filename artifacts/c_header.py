@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import math
 
-from .manifest import ENTRY_ABI_VERSION, Manifest, dim_text, dim_value
+from .manifest import ENTRY_ABI_VERSION, Manifest, dim_c, dim_text, dim_value
 
 HEADER = "kiln_model.h"
 _C_TYPES = {"float32": "float", "float64": "double", "float16": "uint16_t", "bfloat16": "uint16_t", "bool": "uint8_t",
@@ -36,14 +36,7 @@ def _symbolic_dim_c(dim, symbols: list) -> str:
 
 def _bytes_c(spec: dict, symbols: list) -> str:
     """A tensor's bytes as a C expression of dims[] (the symbols' values)."""
-    terms = []
-    for dim in spec["shape"]:
-        if isinstance(dim, int):
-            terms.append(f"{dim}LL")
-        else:
-            terms.append("(" + " + ".join("*".join([f"{c}LL"] + [f"dims[{symbols.index(s)}]" for s in m])
-                                          for m, c in dim) + ")")
-    return "(size_t)(" + "*".join(terms + [str(_ITEMSIZE[spec["dtype"]])]) + ")"
+    return "(size_t)(" + "*".join([dim_c(d, symbols) for d in spec["shape"]] + [str(_ITEMSIZE[spec["dtype"]])]) + ")"
 
 
 def _symbols(m: Manifest) -> list[str]:

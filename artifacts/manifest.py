@@ -32,6 +32,14 @@ def dim_value(dim, values: dict) -> int:
     return total
 
 
+def dim_c(dim, order: list) -> str:
+    """A manifest dim as a C expression (long long) of dims[], the symbols' values in `order`."""
+    if isinstance(dim, int):
+        return f"{dim}LL"
+    terms = ["*".join([f"{c}LL"] + [f"dims[{order.index(s)}]" for s in m]) for m, c in dim]
+    return f"({' + '.join(terms)})"
+
+
 def dim_text(dim) -> str:
     """A manifest dim as people read it: 64, batch, 768*batch*seq."""
     if isinstance(dim, int):

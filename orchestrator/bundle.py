@@ -11,7 +11,7 @@ import tempfile
 from ..artifacts.c_header import HEADER, model_header
 from ..artifacts.link import entry_source, find_linker, link_key, link_shared
 from ..artifacts.errors import KilnError
-from ..artifacts.manifest import MANIFEST, Manifest
+from ..artifacts.manifest import MANIFEST, Manifest, dim_c
 from ..artifacts.memory_plan import pack_constants, plan_arena
 
 
@@ -40,11 +40,9 @@ def _runtime_phases(parts: list) -> list:
 
 
 def _dim_c(d, symbols: list) -> str:
-    """A size as a C expression of `dims` (long long)."""
-    if isinstance(d, int):
-        return f"{d}LL"
-    terms = ["*".join([f"{coef}LL"] + [f"dims[{symbols.index(s)}]" for s in monomial]) for monomial, coef in d.terms]
-    return f"({' + '.join(terms)})"
+    """A size (an int or a Dim) as a C expression of `dims` (long long)."""
+    from ..ir.symbolic import dim_to_json
+    return dim_c(dim_to_json(d), symbols)
 
 
 def _nbytes_c(t, symbols: list) -> "int | str":

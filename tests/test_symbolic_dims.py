@@ -19,6 +19,7 @@ from modelkiln.artifacts.errors import KilnError
 from modelkiln.ir.graph import UnsupportedError
 from modelkiln.orchestrator.api import build
 from tests import dynamic_zoo, model_zoo
+from tests.isa import X86_TARGETS, run_or_inspect
 
 F = TensorProto.FLOAT
 
@@ -67,6 +68,24 @@ def test_one_build_runs_every_shape_in_its_bounds(block_build, batch, seq):
     want = model_zoo.onnxruntime_outputs(model, feeds)["y"]
     assert got.shape == want.shape == (batch, seq, 64)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("target", X86_TARGETS)
+def test_symbolic_kernels_for_each_x86_target(target, executor):
+    """The run-time loops and the run-time-rows GEMM for AVX2 and for AVX-512: run where this
+    host can, else their assembly checked for the target's vectors (tests/isa.py)."""
+    model = feed_forward_block(mask=True)
+    result = build(model, target=target, dims=BOUNDS, executor=executor, cache=None, progress=False)
+
+    def run():
+        module = result.load()
+        for batch, seq in ((1, 1), (2, 37)):
+            rng = np.random.default_rng(seq)
+            feeds = {"x": rng.standard_normal((batch, seq, 64)).astype(np.float32),
+                     "m": np.ones((batch, seq, 1), np.float32)}
+            np.testing.assert_allclose(module.run(feeds)["y"], model_zoo.onnxruntime_outputs(model, feeds)["y"],
+                                       rtol=1e-5, atol=1e-6)
+    run_or_inspect(result, run)
 
 
 def test_threads_change_no_byte(block_build):

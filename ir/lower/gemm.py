@@ -588,14 +588,13 @@ def _lower_matmul_rows(b: KernelBuilder, node: Node, store) -> tuple:
     known at run time (one row for a decoding step), B packed at build time. Threads share
     the weight panels (split "n"), so a single row still streams each weight once."""
     a_name, b_name = node.inputs[0], node.inputs[1]
-    sb, out = b.type(b_name).shape, b.shape(node.outputs[0])
-    k, n = sb
-    rows = out[0] if len(out) == 2 else math.prod(out[:-1])  # (ints and run-time sizes multiply as Exprs)
+    (k, n), lead = b.type(b_name).shape, list(b.shape(node.outputs[0])[:-1])
 
-    def epilogue(mm, nn, acc):  # (uncollapsed: the row's index in the leading dims, by division)
-        return store([mm, nn] if len(out) == 2 else unflatten(mm, list(out[:-1])) + [nn], acc)
+    def epilogue(mm, nn, acc):  # (leading dims not collapsed into one: the row's index in them, by division)
+        return store(unflatten(mm, lead) + [nn], acc)
     b_param = b.constant_param(f"{b_name}_packed", pack_panels(b.g.constants[b_name].astype(np.float32),
                                                                 b.config.tile(n)[1]))
+    rows = math.prod(lead)  # (ints and run-time sizes multiply as Exprs)
     return (gemm_stmt(b, b.in_param(a_name), Const(0), k, 1, b_param, Const(0), rows, n, k, epilogue, split="n"),)
 
 

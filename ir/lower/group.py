@@ -133,17 +133,18 @@ def lower_group(g: Graph, members: list[Node], config: ScheduleConfig) -> Kernel
                       [m.name for m in members], call_guard(members))
 
 
-def _without_unread_sizes(steps: list, aliases: dict, outputs: list) -> list:
-    """Drop the kernels writing symbolic values (sizes) that no kernel reads: the ops using
-    them read them at build time (a Reshape's shape), not from a buffer."""
-    def storage(t):
-        while t in aliases:
-            t = aliases[t]
-        return t
-    read = {storage(t) for c in flatten(steps) for t in c.inputs} | {storage(t) for t in outputs}
-    read |= {storage(t) for loop in all_loops(steps) for t in loop.tensors()}
-    return [s for s in steps if not (isinstance(s, KernelCall) and s.ops == [SYMBOLIC_VALUE]
-                                     and not any(storage(o) in read for o in s.outputs))]
+def _read(model: LoweredModel) -> set:
+    """The storage of every tensor a kernel, a loop or the model's outputs read."""
+    read = {model.storage(t) for c in model.calls for t in c.inputs} | {model.storage(o) for o in model.outputs}
+    return read | {model.storage(t) for loop in all_loops(model.steps) for t in loop.tensors()}
+
+
+def _without_unread_sizes(model: LoweredModel) -> list:
+    """The steps but the kernels writing symbolic values (sizes) that nothing reads: the ops
+    using them read them at build time (a Reshape's shape), not from a buffer."""
+    read = _read(model)
+    return [s for s in model.steps if not (isinstance(s, KernelCall) and s.ops == [SYMBOLIC_VALUE]
+                                           and not any(model.storage(o) in read for o in s.outputs))]
 
 
 def lower(graph: Graph, config: ScheduleConfig | None = None) -> LoweredModel:
@@ -165,9 +166,8 @@ def lower(graph: Graph, config: ScheduleConfig | None = None) -> LoweredModel:
             aliases.update({out: state for (_, state, _), out in zip(loop.state, root.outputs) if out})
         else:
             steps.append(lower_group(g, members, config))
-    steps = _without_unread_sizes(steps, aliases, g.outputs)
     model = LoweredModel(steps, list(g.inputs), list(g.outputs), types, {}, aliases, dict(g.symbols), list(g.checks))
-    used = {model.storage(t) for c in model.calls for t in c.inputs} | {model.storage(o) for o in g.outputs}
-    used |= {model.storage(t) for loop in all_loops(steps) for t in loop.tensors()}
+    model.steps = _without_unread_sizes(model)
+    used = _read(model)
     model.constants = {name: value for name, value in {**g.constants, **body_constants}.items() if name in used}
     return model

@@ -12,8 +12,9 @@ The input projection of every step (X W^T + biases) was computed before, by one 
 GRU with linear_before_reset=0 multiplies R_h by (r * h_prev), so it takes the reset gate
 first and runs a second product for the h columns. A quantized LSTM (onnxruntime's
 DynamicQuantizeLSTM, attribute `quantized`) quantizes h_prev to uint8 each step and sums
-its products with R's 8-bit values in int32 (`_quantized_recurrent_product`). Steps past a row's sequence_lens leave
-its state alone and its Y at zero; reverse directions walk each row from its own last step.
+its products with R's 8-bit values in int32 (`_quantized_recurrent_product`). Steps past a
+row's sequence_lens leave its state alone and its Y at zero; reverse directions walk each
+row from its own last step.
 """
 from __future__ import annotations
 

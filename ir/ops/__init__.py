@@ -4,8 +4,8 @@ from . import (compile_time, control_flow, conv_gemm, elementwise, functions, in
 from .registry import (BROADCAST, ELEMWISE, INJECTIVE, OPAQUE, OUT_EWISE_FUSABLE, REDUCTION, REGISTRY, OpDef,
                        op_def)
 
-FAMILIES = (elementwise, shape, indexing, reduce, conv_gemm, quantize, recurrent, recurrent_quantized, control_flow, compile_time,
-            functions)  # importing each registers its ops
+FAMILIES = (elementwise, shape, indexing, reduce, conv_gemm, quantize, recurrent, recurrent_quantized, control_flow,
+            compile_time, functions)  # importing each registers its ops
 SUPPORTED_OPS = sorted(REGISTRY)
 
 __all__ = ["FAMILIES", "OpDef", "op_def", "REGISTRY", "SUPPORTED_OPS", "ELEMWISE", "BROADCAST", "INJECTIVE", "REDUCTION",

@@ -439,7 +439,8 @@ def _trig(name, fold):
 
 def _mean_reader(b, node):
     rs, n = _readers(b, node), len(node.inputs)
-    return {node.outputs[0]: lambda idx: fbin("div", fold_balanced("add", [r(idx) for r in rs]), Const(float(n), "f32"))}
+    return {node.outputs[0]: lambda idx: fbin("div", fold_balanced("add", [r(idx) for r in rs]),
+                                              Const(float(n), "f32"))}
 
 
 def _int_infer(g, node, p):

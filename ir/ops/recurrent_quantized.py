@@ -105,9 +105,8 @@ def expand_dynamic_quantize_lstm(g, node: Node) -> list[Node]:
     xw = body.add(ADD, [projected, body.const((bias[:, :gh] + bias[:, gh:]).reshape(-1))])
     # R^T less its zero points, as int32: the recurrence sums its products exactly.
     r_centred = r.astype(np.int32) - r_zero.astype(np.int32)[:, None, :]
-    return add_recurrence(body, node, LSTM, geo, hidden, xw,
-                          [body.const(np.ascontiguousarray(r_centred)), body.const(np.zeros((dirs, hidden), np.float32))],
-                          extra=[body.const(r_scale)], quantized=True)
+    recurrent = [body.const(np.ascontiguousarray(r_centred)), body.const(np.zeros((dirs, hidden), np.float32))]
+    return add_recurrence(body, node, LSTM, geo, hidden, xw, recurrent, extra=[body.const(r_scale)], quantized=True)
 
 
 register(OpDef(DYNAMIC_QUANTIZE_LSTM, OPAQUE, expanded_only, expand=expand_dynamic_quantize_lstm))
