@@ -33,16 +33,22 @@ def plan_arena(lifetimes: dict[str, tuple[int, int]], sizes: dict[str, int]) -> 
     return offsets, max((e for _, e, _, _ in placed), default=0)
 
 
-def pack_constants(arrays: dict[str, "object"]) -> tuple[dict[str, int], bytes]:
-    """Lay constants out back to back (64-byte aligned) in one blob: the weights file."""
+def pack_constants(arrays: dict, out, pieces=lambda v: (v,)) -> dict[str, int]:
+    """Lay constants out back to back (64-byte aligned, by name) in one blob, written to
+    `out` (anything with write()): the weights file. Returns their offsets. pieces(entry)
+    gives an entry's values as arrays in order, so one may be computed just when it is
+    written (ir/deferred.py): a few MB are held at a time, never the whole blob."""
     offsets, pos = {}, 0
     for name in sorted(arrays):
         offsets[name] = pos
         pos += _align(arrays[name].nbytes)
-    blob = bytearray(pos)  # zero padding between arrays; one copy per array, no joins
-    view = memoryview(blob)
+    written = 0
     for name, off in offsets.items():
-        # As bytes: a buffer of float16 or bfloat16 elements has no memoryview format.
-        data = memoryview(arrays[name].reshape(-1).view("u1")) if arrays[name].nbytes else b""
-        view[off:off + len(data)] = data
-    return offsets, bytes(blob)
+        out.write(bytes(off - written))  # (zero padding)
+        written = off
+        for piece in pieces(arrays[name]):
+            if piece.nbytes:  # as bytes: a buffer of float16 or bfloat16 elements has no memoryview format
+                out.write(memoryview(piece.reshape(-1).view("u1")))
+            written += piece.nbytes
+    out.write(bytes(pos - written))
+    return offsets

@@ -24,7 +24,7 @@ import time
 import urllib.parse
 import warnings
 
-from .store import Store
+from .store import Store, TemporaryBlob, mapped
 
 DEFAULT_TIMEOUT_S = 5.0  # per request; KILN_CACHE_TIMEOUT overrides
 _READ_CHUNK = 1 << 20
@@ -197,5 +197,14 @@ class RemoteStore(Store):
     def put_blob(self, data) -> str:
         digest = super().put_blob(data)
         if not self.remote_readonly and not self.remote.has(f"cas/{digest}"):
-            self.remote.put(f"cas/{digest}", bytes(data))
+            local = self.blob_path(digest)
+            if isinstance(data, TemporaryBlob) and os.path.isfile(local):  # (sent from the file, not memory)
+                view = mapped(local)
+                try:
+                    with memoryview(view) as body:
+                        self.remote.put(f"cas/{digest}", body)
+                finally:
+                    view.close()
+            else:
+                self.remote.put(f"cas/{digest}", bytes(data))
         return digest

@@ -128,9 +128,9 @@ class Store:
         return os.path.join(self.root, "blobs", digest[:2], digest[2:])
 
     def put_blob(self, data) -> str:
-        """Store raw content under its sha256; returns the digest (also when read-only, so
-        the caller can still name it)."""
-        digest = hashlib.sha256(data).hexdigest()
+        """Store raw content (bytes, or a TemporaryBlob: copied, never read into memory) under
+        its sha256; returns the digest (also when read-only, so the caller can still name it)."""
+        digest = data.sha256 if isinstance(data, TemporaryBlob) else hashlib.sha256(data).hexdigest()
         path = self.blob_path(digest)
         if self.readonly or Store.blob(self, digest) is not None:  # this folder's copy, not a remote's
             return digest
@@ -139,7 +139,7 @@ class Store:
             fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=os.path.dirname(path))
             try:
                 with os.fdopen(fd, "wb") as f:
-                    f.write(data)
+                    data.copy_to(f) if isinstance(data, TemporaryBlob) else f.write(data)
                 os.chmod(tmp, 0o444)  # an exported hard link must not be edited in place
                 os.replace(tmp, path)
             except BaseException:
@@ -405,6 +405,67 @@ class Store:
             freed += size
             removed += 1
         return {"removed": removed, "freed_bytes": freed, "bytes": total}
+
+
+_COPY_CHUNK = 16 << 20
+
+
+class TemporaryBlob:
+    """A bundle file too large to hold in memory (a model's weights), written once, piece by
+    piece, to an unnamed temporary file: the page cache holds it, not this process, and it
+    is gone with its last reference, even after a crash. Read, compared and exported like
+    StoredFile; its sha256 is known from the writing."""
+
+    def __init__(self):
+        self._file = tempfile.TemporaryFile(prefix="kiln-blob-")
+        self._hash = hashlib.sha256()
+        self.size = 0
+
+    def write(self, data) -> None:
+        self._file.write(data)
+        self._hash.update(data)
+        self.size += memoryview(data).nbytes
+
+    @property
+    def sha256(self) -> str:
+        return self._hash.hexdigest()
+
+    def copy_to(self, f) -> None:
+        """Write the whole content into the open binary file f."""
+        self._file.flush()
+        fd, pos = self._file.fileno(), 0
+        while pos < self.size:
+            chunk = os.pread(fd, min(_COPY_CHUNK, self.size - pos), pos)
+            if not chunk:
+                raise OSError(f"a temporary blob ended at {pos} of its {self.size} bytes")
+            f.write(chunk)
+            pos += len(chunk)
+
+    def __bytes__(self) -> bytes:
+        out = _BytesSink()
+        self.copy_to(out)
+        return b"".join(out.parts)
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __eq__(self, other) -> bool:
+        return bytes(self) == bytes(other)
+
+    def __hash__(self):
+        return hash(self.sha256)
+
+    def write_to(self, dest: str) -> None:
+        with open(dest, "wb") as f:
+            self.copy_to(f)
+
+
+class _BytesSink:
+    def __init__(self):
+        self.parts = []
+
+    def write(self, data) -> None:
+        self.parts.append(data)
 
 
 class StoredFile:

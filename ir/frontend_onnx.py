@@ -7,10 +7,14 @@ name the user writes in `shapes`) stays symbolic where the user bounds it in `di
 """
 from __future__ import annotations
 
+import io
+import math
 import os
+import sys
 
+import numpy as np
 
-from . import external_data
+from . import external_data, onnx_file
 from .graph import Graph, KilnError, Node, Subgraph, TensorType, UnsupportedError, as_kiln_array, captured
 from .onnx_attrs import attr_value, constant_value
 from .onnx_dtypes import onnx_to_dtype
@@ -57,37 +61,57 @@ def _check_node_opset(node: Node, opset: int) -> None:
 
 
 def load_model_proto(model):
+    """The model's ModelProto with every tensor's data in it."""
+    proto, payloads = load_model(model)
+    for init in proto.graph.initializer:
+        if init.name in payloads:
+            init.raw_data = payloads[init.name].tobytes()
+    return proto
+
+
+def load_model(model):
+    """(ModelProto, {main-graph initializer name: its raw bytes}): from a path or bytes, the
+    large initializers' bytes are read into arrays of their own and left out of the message
+    (ir/onnx_file.py), so that a model's weights are held once."""
     import onnx
     from google.protobuf.message import DecodeError
 
     if isinstance(model, onnx.ModelProto):
-        _load_external_data(model, None, "the model")
-        return model
+        _load_external_data(model, None, "the model", {})
+        return model, {}
     model_dir = None
     if isinstance(model, (bytes, bytearray)):
-        data, where = bytes(model), "model bytes"
+        where = "model bytes"
+        data, payloads = onnx_file.split_weights(io.BytesIO(model), len(model), where)
     else:
         path = os.fspath(model)
         if not os.path.exists(path):
             raise KilnError(f"model file '{path}' does not exist")
-        with open(path, "rb") as f:
-            data = f.read()
         where = f"model file '{path}'"
         model_dir = os.path.dirname(os.path.abspath(path))
+        with open(path, "rb") as f:
+            data, payloads = onnx_file.split_weights(f, os.fstat(f.fileno()).st_size, where)
     try:
         proto = onnx.ModelProto.FromString(data)
     except (DecodeError, ValueError, RuntimeError) as e:
         raise KilnError(f"{where} is not a valid ONNX model (truncated or corrupt?): {e}") from None
     if not proto.graph.node and not proto.graph.output:
         raise KilnError(f"{where} is not a valid ONNX model: it has no graph")
-    _load_external_data(proto, model_dir, where)
-    return proto
+    _load_external_data(proto, model_dir, where, payloads)
+    return proto, payloads
 
 
-def _load_external_data(proto, model_dir: str | None, where: str) -> None:
-    """Read every external tensor's bytes from the model's folder (never the current one)."""
+def _load_external_data(proto, model_dir: str | None, where: str, payloads: dict) -> None:
+    """Read every external tensor's bytes from the model's folder (never the current one):
+    the main graph's initializers into `payloads`, any other tensor into its message."""
     from onnx.external_data_helper import _get_all_tensors, load_external_data_for_tensor, uses_external_data
 
+    if model_dir is not None:
+        for init in proto.graph.initializer:
+            if uses_external_data(init) and init.name not in payloads:
+                payloads[init.name] = onnx_file.read_external(init, model_dir, where)
+                del init.external_data[:]
+                init.data_location = init.DEFAULT
     for tensor in _get_all_tensors(proto):
         if not uses_external_data(tensor):
             continue
@@ -205,14 +229,14 @@ def _topological(nodes: list[Node], available: set[str]) -> list[Node]:
 def from_onnx(model, shapes: dict | None = None, dims: dict | None = None) -> Graph:
     """Build a Graph from a path, bytes or ModelProto. `shapes` maps input name -> dims (ints,
     or symbol names); `dims` symbol -> (least, greatest)."""
-    proto = load_model_proto(model)
+    proto, payloads = load_model(model)
     opset = _opset(proto)
     gp = proto.graph
     g = Graph(inputs=[], outputs=[o.name for o in gp.output], nodes=[], opset=opset, name=gp.name or "model")
     check_names_defined_once(gp, "the graph")
     check_constants_size(gp.initializer)
     for init in gp.initializer:
-        g.add_constant(init.name, _initializer(init))
+        g.add_constant(init.name, _initializer(init, payloads.pop(init.name, None)))
 
     shapes = {k: tuple(d if isinstance(d, str) else int(d) for d in v) for k, v in (shapes or {}).items()}
     dims = {k: (int(lo), int(hi)) for k, (lo, hi) in (dims or {}).items()}
@@ -239,10 +263,22 @@ def from_onnx(model, shapes: dict | None = None, dims: dict | None = None) -> Gr
     return g
 
 
-def _initializer(init):
-    """An initializer's value, checked: its size, its data against its dims, its dtype."""
+# ONNX element types whose raw bytes are numpy's (little-endian) as they are.
+_RAW_AS_NUMPY = {1: np.float32, 2: np.uint8, 3: np.int8, 4: np.uint16, 5: np.int16, 6: np.int32, 7: np.int64,
+                 9: np.bool_, 10: np.float16, 11: np.float64, 12: np.uint32, 13: np.uint64}
+
+
+def _initializer(init, payload=None):
+    """An initializer's value, checked: its size, its data against its dims, its dtype.
+    payload: its raw bytes read apart from the message (load_model), used in place."""
     from onnx import numpy_helper
     check_tensor_size(init.name, init.dims, 1, "initializer")
+    if payload is not None:
+        dtype, shape = _RAW_AS_NUMPY.get(init.data_type), tuple(int(d) for d in init.dims)
+        fits = payload.nbytes == np.dtype(dtype or np.uint8).itemsize * math.prod(shape)
+        if dtype is not None and sys.byteorder == "little" and fits:
+            return as_kiln_array(payload.view(dtype).reshape(shape))
+        init.raw_data = payload.tobytes()  # the rarer types, or data that disagrees: onnx decodes or names the fault
     try:
         value = numpy_helper.to_array(init)
     except Exception as e:  # noqa: BLE001 - whatever onnx raises on inconsistent protobuf data

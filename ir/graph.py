@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .deferred import DeferredArray
 from .dtypes import DTYPES, kiln_name
 from .errors import KilnError
 from .symbolic import greatest, product, shape_is_static
@@ -149,8 +150,9 @@ class Graph:
                     uses.setdefault(i, []).append(n)
         return uses
 
-    def add_constant(self, name: str, value: np.ndarray) -> str:
-        value = _contiguous(value)
+    def add_constant(self, name: str, value) -> str:
+        """value: an array, or a DeferredArray (ir/deferred.py) that lowering packs later."""
+        value = value if isinstance(value, DeferredArray) else _contiguous(value)
         self.constants[name] = value
         self.types[name] = TensorType(tuple(int(d) for d in value.shape), normalize_dtype(value.dtype))
         return name

@@ -155,7 +155,8 @@ def _assemble(p, results: dict, cache: CachePolicy, model_key, o: BuildOptions, 
                     "executor": ex_name, "workers": workers, "totals": report.totals(model_results, len(p.jobs)),
                     "kernels": report.kernel_rows(p, results),
                     "passes": [{"name": n, "ms": round(ms, 3)} for n, ms in p.timings],
-                    "timing": {"total_s": round(time.time() - t_start, 3), "compile_s": round(compile_s, 3)}}
+                    "timing": {"total_s": round(time.time() - t_start, 3), "compile_s": round(compile_s, 3),
+                               "driver_peak_rss_mb": report.peak_rss_mb()}}
     cache.keep_bundle(model_key, files, model_report, degraded)
     return BuildResult(p.target, p.graph, p.lowered, files, model_report, p.timings)
 
@@ -223,7 +224,7 @@ def build_many(models, options: BuildOptions | None = None, **overrides) -> Batc
                                        "totals": result.report["totals"],
                                        **({"whole_model_hit": True} if i in whole else {})})
         out.append(result)
-    batch_report["timing"]["total_s"] = round(time.time() - t_start, 3)
+    batch_report["timing"].update(total_s=round(time.time() - t_start, 3), driver_peak_rss_mb=report.peak_rss_mb())
     return BatchResult(out, batch_report)
 
 

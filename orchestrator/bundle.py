@@ -13,6 +13,7 @@ from ..artifacts.link import entry_source, find_linker, link_key, link_shared
 from ..artifacts.errors import KilnError
 from ..artifacts.manifest import MANIFEST, Manifest, dim_c
 from ..artifacts.memory_plan import pack_constants, plan_arena
+from ..artifacts.store import TemporaryBlob
 
 
 def _is_loop(step) -> bool:
@@ -178,13 +179,13 @@ def assemble(lowered, objects: dict[str, bytes], target, manifest_extra: dict, s
     compiler (a cross compiler for another architecture), or where there is none keeps the
     objects. With a store, the linked library is cached too: a warm build does not run the
     linker."""
-    import numpy as np
-
+    from ..ir.deferred import pieces
     from ..ir.parallel import MIN_PIECE_WORK
     from ..ir.symbolic import dim_to_json
     linker = find_linker(target.arch)
     types = lowered.types
-    weight_offsets, weights = pack_constants({k: np.ascontiguousarray(v) for k, v in lowered.constants.items()})
+    weights = TemporaryBlob()  # (written as packed, one constant at a time: never held whole)
+    weight_offsets = pack_constants(lowered.constants, weights, pieces)
     offsets, arena_bytes = plan_memory(lowered)
     plan, outputs = _locations(lowered, weight_offsets, offsets)
     manifest = Manifest(
@@ -195,7 +196,7 @@ def assemble(lowered, objects: dict[str, bytes], target, manifest_extra: dict, s
                  for n in lowered.outputs],
         symbols=[{"name": s, "least": lo, "greatest": hi} for s, (lo, hi) in lowered.symbols.items()],
         checks=[{"left": dim_to_json(a), "right": dim_to_json(b), "where": where} for a, b, where in lowered.checks],
-        arena_bytes=arena_bytes, weights_bytes=len(weights), weights_sha256=hashlib.sha256(weights).hexdigest(),
+        arena_bytes=arena_bytes, weights_bytes=len(weights), weights_sha256=weights.sha256,
         runnable=linker is not None,
         calls=[{"name": c.name, "symbol": c.kernel.symbol, "ops": c.ops} for c in lowered.calls])
     entry = entry_source(plan, outputs, arena_bytes, manifest.signature(),

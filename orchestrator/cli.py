@@ -154,7 +154,8 @@ def _summary(report) -> str:
     t = report["totals"]
     return (f"{t['kernels']} kernels: {t['compiled']} compiled, {t['cached']} cached, {t['failed']} failed, "
             f"{t['retried']} retried, {t['fallback']} fallback; {report['timing']['total_s']:.2f}s "
-            f"({report['executor']}, {report['workers']} workers)")
+            f"({report['executor']}, {report['workers']} workers)"
+            + (f"; peak memory {peak:.0f} MiB" if (peak := report["timing"].get("driver_peak_rss_mb")) else ""))
 
 
 def _print_job_logs(report) -> None:

@@ -1,7 +1,21 @@
 """The build report: per-kernel rows, totals, the Chrome trace of the compile."""
 from __future__ import annotations
 
+import resource
+
 from .plan import JobResult
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident memory so far, MiB: for a `kiln build` process, its build's
+    (the memory a model's weights cost the driver; compile workers are separate processes).
+    Linux's VmHWM where there is one: ru_maxrss would carry over the peak of the process that
+    forked this one."""
+    try:
+        with open("/proc/self/status") as f:
+            return round(next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) / 1024, 1)
+    except (OSError, StopIteration, ValueError, IndexError):
+        return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
 
 
 def kernel_rows(planned, results: dict[str, JobResult]) -> list[dict]:

@@ -15,6 +15,7 @@ import math
 
 import numpy as np
 
+from ..deferred import DeferredArray
 from ..graph import Node
 from ..loop import (Assign, Const, Expr, For, Gemm, If, Let, Load, Local, Store, Var, add, cmp, div, fbin, flat_index,
                     fold_balanced, loop, mul, rem, select, sub, unflatten)
@@ -63,13 +64,34 @@ def row_blocks_filled(width: int, mr: int) -> float:
     return 0.0 if width < mr else width / (-(-width // mr) * mr)
 
 
-def pack_panels(bmat: np.ndarray, nr: int) -> np.ndarray:
-    """[K, N] -> [ceil(N/nr), K, nr], zero past N: the layout the micro-kernel streams."""
+DEFERRED_PIECE_BYTES = 8 << 20
+
+
+def pack_panels(bmat: np.ndarray, nr: int, out: np.ndarray | None = None) -> np.ndarray:
+    """[K, N] -> [ceil(N/nr), K, nr] float32, zero past N: the layout the micro-kernel
+    streams (written into `out` where given)."""
     k, n = bmat.shape
-    panels = -(-n // nr)
-    padded = np.zeros((k, panels * nr), np.float32)
-    padded[:, :n] = bmat
-    return np.ascontiguousarray(padded.reshape(k, panels, nr).transpose(1, 0, 2))
+    panels, full = -(-n // nr), n // nr
+    out = np.empty((panels, k, nr), np.float32) if out is None else out
+    out[:full] = bmat[:, :full * nr].reshape(k, full, nr).transpose(1, 0, 2)
+    if full < panels:
+        out[full, :, :n - full * nr] = bmat[:, full * nr:]
+        out[full, :, n - full * nr:] = 0
+    return out
+
+
+def deferred_panels(mats: np.ndarray, nr: int) -> DeferredArray:
+    """pack_panels of each [K, N] matrix of `mats` ([..., K, N], a view of a weight), computed
+    when the weights file is written (ir/deferred.py), a few panels at a time: shape
+    [..., ceil(N/nr), K, nr]."""
+    *lead, k, n = mats.shape
+    step = max(1, DEFERRED_PIECE_BYTES // (4 * k * nr))  # panels a piece
+
+    def panels():
+        for mat in mats.reshape(-1, k, n):
+            for start in range(0, n, step * nr):
+                yield pack_panels(mat[:, start:start + step * nr], nr)
+    return DeferredArray((*lead, -(-n // nr), k, nr), np.float32, panels)
 
 
 def gemm_stmt(b: KernelBuilder, a_buf, a_off, a_sm, a_sk, b_buf, b_off, m, n, k, epilogue_fn, a_ktab: str = "",
@@ -185,8 +207,7 @@ def lower_conv(b: KernelBuilder, node: Node, store) -> tuple:
         w_rows = b.constant_param(f"{w_name}_rows", b.g.constants[w_name].reshape(groups * cog, kk))
     else:
         w = b.g.constants[w_name].reshape(groups, cog, kk)
-        packed = np.stack([pack_panels(w[gi].T, nr) for gi in range(groups)])
-        wparam = b.constant_param(f"{w_name}_packed", packed)
+        wparam = b.constant_param(f"{w_name}_packed", deferred_panels(w.transpose(0, 2, 1), nr))
     bias = b.reader(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] else None
     xparam = b.in_param(x_name)
     spatial = list(xs[2:])
@@ -435,7 +456,7 @@ def lower_conv_transpose(b: KernelBuilder, node: Node, store) -> tuple:
     panel_stride = -(-n // nr) * cig * nr
     if w_name in b.g.constants:
         w = b.g.constants[w_name].reshape(groups, cig, n)
-        wparam = b.constant_param(f"{w_name}_packed", np.stack([pack_panels(w[gi], nr) for gi in range(groups)]))
+        wparam = b.constant_param(f"{w_name}_packed", deferred_panels(w, nr))
         prologue = ()
     else:
         wparam = b.workspace(groups * panel_stride)
@@ -592,8 +613,7 @@ def _lower_matmul_rows(b: KernelBuilder, node: Node, store) -> tuple:
 
     def epilogue(mm, nn, acc):  # (leading dims not collapsed into one: the row's index in them, by division)
         return store(unflatten(mm, lead) + [nn], acc)
-    b_param = b.constant_param(f"{b_name}_packed", pack_panels(b.g.constants[b_name].astype(np.float32),
-                                                                b.config.tile(n)[1]))
+    b_param = b.constant_param(f"{b_name}_packed", deferred_panels(b.g.constants[b_name], b.config.tile(n)[1]))
     rows = math.prod(lead)  # (ints and run-time sizes multiply as Exprs)
     return (gemm_stmt(b, b.in_param(a_name), Const(0), k, 1, b_param, Const(0), rows, n, k, epilogue, split="n"),)
 
@@ -620,8 +640,7 @@ def lower_matmul(b: KernelBuilder, node: Node, store, out: str = "") -> tuple:
     if const_b:
         bm = b.g.constants[b_name].reshape(sb)
         flat = bm.reshape(-1, k, n)
-        packed = np.stack([pack_panels(mat, nr) for mat in flat]) if flat.shape[0] > 1 else pack_panels(flat[0], nr)
-        b_param = b.constant_param(f"{b_name}_packed", packed)
+        b_param = b.constant_param(f"{b_name}_packed", deferred_panels(flat if flat.shape[0] > 1 else flat[0], nr))
     else:
         b_src = b.in_param(b_name)
         # One packed B per batch element (attention: per head) lets the heads run in
@@ -679,7 +698,7 @@ def lower_gemm(b: KernelBuilder, node: Node, store) -> tuple:
     stmts = []
     if b_name in b.g.constants:
         mat = b.g.constants[b_name]
-        b_param = b.constant_param(f"{b_name}_packed", pack_panels(mat.T if tb else mat, nr))
+        b_param = b.constant_param(f"{b_name}_packed", deferred_panels(mat.T if tb else mat, nr))
     else:
         b_param = b.workspace(-(-n // nr) * k * nr)
         stmts += _runtime_pack(b, b.in_param(b_name), Const(0), k, n, 1 if tb else n, k if tb else 1, b_param)

@@ -95,7 +95,8 @@ def _fold_into_constants(g: Graph, node: Node, folded: set) -> bool:
 
 
 def _symbolic_unsupported(g: Graph, node: Node, why) -> UnsupportedError:
-    shapes = ", ".join(f"{i}: {g.types[i]}" for i in node.inputs if i and not g.types[i].is_static)
+    shapes = ", ".join(f"{i}: {g.types[i]}" if i not in g.symbolic_values else f"{i} = {g.symbolic_values[i].tolist()}"
+                       for i in node.inputs if i and (not g.types[i].is_static or i in g.symbolic_values))
     return UnsupportedError(f"{node.describe()}: {node.op} with symbolic dimensions is not supported yet ({shapes}; "
                             f"{why}). Fix those dims with --shape to build this model")
 
@@ -167,7 +168,7 @@ def _resolve(g: Graph, fold_floats: bool) -> Graph:
             msg = str(e)
             raise type(e)(msg if node.describe() in msg else f"{node.describe()}: {msg}") from None
         except (TypeError, SymbolError) as e:  # (code comparing a run-time dim with a number)
-            if all(g.types[i].is_static for i in node.inputs if i):
+            if all(g.types[i].is_static and i not in g.symbolic_values for i in node.inputs if i):
                 raise
             raise _symbolic_unsupported(g, node, e) from None
         for name, t in zip(node.outputs, types):

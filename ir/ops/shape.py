@@ -199,8 +199,8 @@ def _symbolic_range(size, start, end, step) -> tuple:
             return v
         if is_symbolic(v) and isinstance(v - size, int) and v - size <= 0 and least(v) >= 0:
             return v  # (size - 1, an end counted from the back)
-        raise TypeError(f"the bounds let slice bound {v} reach {least(v)}..{greatest(v)}, outside the dim of size "
-                        f"{size}: narrow the --dim bounds so it cannot")
+        raise ShapeError(f"the bounds let slice bound {v} reach {least(v)}..{greatest(v)}, outside the dim of size "
+                         f"{size}: narrow the --dim bounds so it cannot")
     begin, stop = clamp(start), clamp(end)
     length = stop - begin
     if least(length) < 0:
