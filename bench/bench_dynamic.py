@@ -1,6 +1,6 @@
 """Symbolic dims: one Kiln build for every shape, against a build per shape and the peers.
 
-    python bench/bench_dynamic.py [--repeat 20] [--rounds 2] [--parts bert,gpt2] [--layers 2]
+    python bench/bench_dynamic.py [--repeat 20] [--rounds 2] [--parts bert,gpt2,big] [--layers 2] [--big-dir D]
 
 BERT: an encoder at BERT-base widths (d=768, 12 heads, ffn 3072; `--layers` of them) exported
 with dynamic axes (tests/dynamic_zoo.py), built once by Kiln with batch=1..8, seq=1..512 and
@@ -10,18 +10,27 @@ dynamic-axes model. GPT-2: a decoder at GPT-2 124M widths (d=768, 12 heads, voca
 `--layers` of them) built once with past=0..1024, one token per call at past lengths 16, 128,
 512 and 1024, beside onnxruntime and OpenVINO. Each at 1 thread and at every usable core, in
 interleaved rounds (the runners take turns: this machine is noisy), the better median of each.
+Big: a 1B-parameter GPT-2-style decoder from a config (d=2048, 16 heads, 16 layers, vocab
+50257, random weights: 4 GB in external data, written once into --big-dir and kept there),
+built by `kiln build` in a process of its own: its build time and the driver's peak memory
+beside the model's bytes, then ms per token at past 16, 128 and 512 beside the peers.
 Prints Markdown tables (the ones in the README) and each build's time.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import shutil
+import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
 
 from bench.bench_models import THREADS, interleaved, openvino_runner, ort_session  # noqa: E402
 from modelkiln.orchestrator.api import build  # noqa: E402
@@ -94,17 +103,89 @@ def bench_gpt2(args) -> list[str]:
     return lines
 
 
+BIG = {"d": 2048, "heads": 16, "layers": 16, "vocab": 50257, "max_positions": 1040}
+BIG_PAST = (16, 128, 512)
+
+
+def write_big(path: str) -> None:
+    """The 1B decoder with its weights in `decoder.data` beside `path` (run in a process of its
+    own: generating holds the weights twice, and that memory must not count for the runs)."""
+    import onnx
+    model, _ = dynamic_zoo.gpt2_decoder_dynamic(**BIG)
+    onnx.save_model(model, path, save_as_external_data=True, location="decoder.data")
+
+
+def _decode_feeds(info: dict, past: int) -> dict:
+    rng = np.random.default_rng(0)
+    f = {"input_ids": np.array([[7]], np.int64), "position_ids": np.array([[past]], np.int64)}
+    for i in range(info["layers"]):
+        for kind in ("key", "value"):
+            f[f"past_{kind}_{i}"] = rng.standard_normal((1, info["heads"], past, info["dh"])).astype(np.float32)
+    return f
+
+
+def bench_big(args) -> list[str]:
+    folder = args.big_dir or tempfile.mkdtemp(prefix="kiln-bench-big-")
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, "decoder.onnx")
+    try:
+        if not os.path.exists(path):
+            t0 = time.perf_counter()
+            subprocess.run([sys.executable, os.path.abspath(__file__), "--write-big", path], check=True)
+            print(f"big: wrote the model in {time.perf_counter() - t0:.0f} s", flush=True)
+        model_bytes = sum(os.path.getsize(os.path.join(folder, n)) for n in ("decoder.onnx", "decoder.data"))
+        bundle, report = os.path.join(folder, "bundle"), os.path.join(folder, "report.json")
+        shutil.rmtree(bundle, ignore_errors=True)
+        t0 = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "modelkiln.orchestrator.cli", "build", path, "-o", bundle,
+                        "--dim", "batch=1..1", "--dim", "seq=1..16", "--dim", "past=0..1024", "--no-cache", "--quiet",
+                        "--report", report], check=True, env={**os.environ, "PYTHONPATH": ROOT})
+        seconds = time.perf_counter() - t0
+        with open(report) as f:
+            peak = json.load(f)["timing"]["driver_peak_rss_mb"] * 2**20
+        params = (model_bytes - os.path.getsize(path)) / 4
+        lines = [f"A {params / 1e9:.2f}B-parameter decoder (GPT-2 style, d={BIG['d']}, {BIG['heads']} heads, "
+                 f"{BIG['layers']} layers, vocab {BIG['vocab']}; {model_bytes / 2**30:.2f} GiB of float32 weights): "
+                 f"`kiln build` {seconds:.0f} s (a process of its own, cold, {THREADS} workers), the driver's peak "
+                 f"memory {peak / 2**30:.2f} GiB = {peak / model_bytes:.2f}x the model's bytes; ms per token", "",
+                 "| past | threads | Kiln | onnxruntime | OpenVINO | Kiln / best peer |", "|---|---|---|---|---|---|"]
+        print(lines[0], flush=True)
+        from modelkiln.artifacts.module import Module
+        info = {"layers": BIG["layers"], "heads": BIG["heads"], "dh": BIG["d"] // BIG["heads"]}
+        for threads in sorted({1, THREADS}):
+            kiln, sess, ov = Module(bundle, threads), ort_session(path, threads), openvino_runner(path, threads)
+            for past in BIG_PAST:
+                f = _decode_feeds(info, past)
+                runs = {"kiln": lambda: kiln.run(f), "ort": lambda: sess.run(None, f)}
+                if ov is not None:
+                    runs["ov"] = lambda: ov(f)
+                ms = interleaved(runs, 2, max(3, args.repeat // 4), args.rounds)
+                best_peer = min(ms["ort"], ms.get("ov", float("inf")))
+                lines.append(f"| {past} | {threads} | {ms['kiln']:.1f} | {ms['ort']:.1f} | "
+                             f"{ms.get('ov', float('nan')):.1f} | {_ratio(ms['kiln'], best_peer)} |")
+                print(lines[-1], flush=True)
+            del kiln, sess, ov
+        return lines
+    finally:
+        if not args.big_dir:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--repeat", type=int, default=20)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--layers", type=int, default=2)
-    p.add_argument("--parts", default="bert,gpt2")
+    p.add_argument("--parts", default="bert,gpt2,big")
+    p.add_argument("--big-dir", help="keep the 1B model here (written once, reused by later runs)")
+    p.add_argument("--write-big", help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.write_big:
+        return write_big(args.write_big)
     tables = []
     for part in args.parts.split(","):
-        tables += {"bert": bench_bert, "gpt2": bench_gpt2}[part](args) + [""]
+        tables += {"bert": bench_bert, "gpt2": bench_gpt2, "big": bench_big}[part](args) + [""]
     print("\n".join(tables))
 
 

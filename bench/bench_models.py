@@ -75,26 +75,29 @@ THREADS = len(os.sched_getaffinity(0))
 
 
 def ort_session(model, threads: int = 1):
+    """model: a ModelProto, or a path (a model with external data)."""
     import onnxruntime as ort
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = threads
     opts.inter_op_num_threads = 1
-    return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    source = model if isinstance(model, str) else model.SerializeToString()
+    return ort.InferenceSession(source, opts, providers=["CPUExecutionProvider"])
 
 
 def openvino_runner(model, threads: int):
-    """OpenVINO's CPU plugin on the same model in float32 at `threads` threads, or None
-    where OpenVINO is not installed or cannot read the model (onnxruntime's QOperator
-    format: its com.microsoft ops)."""
+    """OpenVINO's CPU plugin on the same model (a ModelProto or a path) in float32 at
+    `threads` threads, or None where OpenVINO is not installed or cannot read the model
+    (onnxruntime's QOperator format: its com.microsoft ops)."""
     try:
         import openvino as ov
     except ImportError:
         return None
     import tempfile
     with tempfile.TemporaryDirectory(prefix="kiln-bench-ov-") as tmp:
-        path = os.path.join(tmp, "model.onnx")
-        with open(path, "wb") as f:
-            f.write(model.SerializeToString())
+        path = model if isinstance(model, str) else os.path.join(tmp, "model.onnx")
+        if not isinstance(model, str):
+            with open(path, "wb") as f:
+                f.write(model.SerializeToString())
         try:
             compiled = ov.Core().compile_model(ov.Core().read_model(path), "CPU", {
                 "INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY"})

@@ -18,7 +18,7 @@ import numpy as np
 
 from ..dtypes import dtype
 from ..graph import Graph, TensorType
-from ..loop import SYMBOLS, Buffer, Const, Expr, For, Kernel, Load, Var, add, flat_index, mul
+from ..loop import SYMBOLS, Buffer, Const, Expr, For, Kernel, Let, Load, Var, add, div, flat_index, mul, rem
 from ..symbolic import Dim, greatest
 
 
@@ -163,9 +163,18 @@ class KernelBuilder:
             # (left to itself, LLVM unrolled a short row whole and vectorized the loop around
             # it across rows with gathers and scatters: a [960, 49] multiply ran 10x slower)
             inner_kind = "vector_masked"
-        for pos in reversed(real):
+        # A run-time outermost extent (a batch of 1 while decoding) would leave the threads
+        # nothing to divide: it and the static loop inside it run as one loop, split by threads.
+        fuse = parallel and len(real) > 2 and isinstance(shape[real[0]], Expr) and isinstance(shape[real[1]], int)
+        for pos in reversed(real[2:] if fuse else real):
             kind = inner_kind if pos == real[-1] else "serial"
             body = (For(vars_[pos], shape[pos], body, kind, parallel and pos == real[0]),)
+        if fuse:
+            (outer, o_var), (inner, i_var) = ((shape[p], vars_[p]) for p in real[:2])
+            both = self.fresh("i")
+            body = (For(both, mul(outer, Const(inner)), (Let(o_var, div(Var(both), Const(inner))),
+                                                         Let(i_var, rem(Var(both), Const(inner))), *body),
+                        "serial", True),)
         return body
 
     def kernel(self, body) -> Kernel:
