@@ -29,14 +29,15 @@ def _symbolic_dim_c(dim, symbols: list) -> str:
     """A shape entry in kiln_*_shapes: the size, or -1 - k for symbol k, or KILN_DIM_EXPR."""
     if isinstance(dim, int):
         return str(dim)
-    if len(dim) == 1 and dim[0][1] == 1 and len(dim[0][0]) == 1:
+    if len(dim) == 1 and dim[0][1] == 1 and len(dim[0][0]) == 1 and dim[0][0][0] in symbols:
         return str(-1 - symbols.index(dim[0][0][0]))
     return "KILN_DIM_EXPR"
 
 
-def _bytes_c(spec: dict, symbols: list) -> str:
+def _bytes_c(spec: dict, symbols: list, derived: list) -> str:
     """A tensor's bytes as a C expression of dims[] (the symbols' values)."""
-    return "(size_t)(" + "*".join([dim_c(d, symbols) for d in spec["shape"]] + [str(_ITEMSIZE[spec["dtype"]])]) + ")"
+    return "(size_t)(" + "*".join([dim_c(d, symbols, derived) for d in spec["shape"]]
+                                  + [str(_ITEMSIZE[spec["dtype"]])]) + ")"
 
 
 def _symbols(m: Manifest) -> list[str]:
@@ -52,17 +53,17 @@ def _symbols(m: Manifest) -> list[str]:
         lines += [f"/* Bytes of {kind} i for these symbol values. */",
                   f"static inline size_t kiln_{kind}_bytes_at(int i, const long long* dims) {{",
                   "  (void)dims;", "  switch (i) {"]
-        lines += [f"    case {i}: return {_bytes_c(s, names)};  /* {s['name']}: "
+        lines += [f"    case {i}: return {_bytes_c(s, names, m.derived)};  /* {s['name']}: "
                   f"[{', '.join(dim_text(d) for d in s['shape'])}] */" for i, s in enumerate(specs)]
         lines += ["  }", "  return 0;", "}"]
     return lines
 
 
-def _tensors(kind: str, specs: list, symbols: list) -> list[str]:
+def _tensors(kind: str, specs: list, symbols: list, derived: list) -> list[str]:
     """The C arrays describing a model's inputs or outputs (bytes at the symbols' bounds)."""
     rank = max([len(s["shape"]) for s in specs] + [1])
     names = [s["name"] for s in symbols]
-    greatest = {s["name"]: s["greatest"] for s in symbols}
+    greatest = {s["name"]: s["greatest"] for s in symbols + derived}
     shapes = ["{" + ", ".join([_symbolic_dim_c(d, names) for d in s["shape"]] + ["0"] * (rank - len(s["shape"])))
               + "}" for s in specs]
     return [f"#define KILN_NUM_{kind.upper()}S {len(specs)}",
@@ -114,8 +115,9 @@ def model_header(m: Manifest) -> str:
              f"#define KILN_WEIGHTS_BYTES {m.weights_bytes}u",
              f"#define KILN_ARENA_BYTES {m.arena_bytes}u",
              f"#define KILN_SIGNATURE {json.dumps(m.signature())}  /* kiln_signature() of the library */",
-             *_tensors("input", m.inputs, m.symbols), *_tensors("output", m.outputs, m.symbols), "",
-             *(_symbols(m) + [""] if m.symbols else []),
+             *(_symbols(m) + [""] if m.symbols else []),  # (first: the shapes below use KILN_DIM_EXPR)
+             *_tensors("input", m.inputs, m.symbols, m.derived), *_tensors("output", m.outputs, m.symbols, m.derived),
+             "",
              "/* The library's entry points. */",
              "size_t kiln_arena_bytes(void);",
              "int kiln_abi_version(void);",

@@ -119,7 +119,7 @@ def _body(plan: list, timed: bool, depth: int = 1) -> list[str]:
 
 
 def entry_source(plan: list, outputs: list[tuple[tuple, int]], arena_bytes: int, signature: str = "",
-                 min_piece_work: int = 0, preconditions: list = ()) -> str:
+                 min_piece_work: int = 0, preconditions: list = (), derived: tuple = ()) -> str:
     """plan: the steps in order:
       ("call", symbol, [location of each argument], guard, index, phases): guard is
         [(location of a bool, value)], the call runs only where each holds; index its
@@ -137,6 +137,8 @@ def entry_source(plan: list, outputs: list[tuple[tuple, int]], arena_bytes: int,
     C expressions of `dims`, the symbols' values: its entry is kiln_run_dims (and
     kiln_run_dims_profiled), which take them after the outputs and return the error code of
     the first of `preconditions` ((C condition, code)) that fails before running anything.
+    `derived` (base count, [C expression of dims[] for each derived symbol]): symbols the
+    entry computes from the caller's (ir/symbolic.floor_div), after them in dims[].
     A static model's entry is exactly what it was before symbols existed."""
     calls = list(_calls(plan))
     symbolic = bool(min_piece_work)
@@ -175,10 +177,16 @@ def entry_source(plan: list, outputs: list[tuple[tuple, int]], arena_bytes: int,
     # kiln_run_profiled also writes each call's wall time (ms) to times[i]: `kiln bench --profile`.
     names = (("kiln_run_dims", False), ("kiln_run_dims_profiled", True)) if symbolic else \
         (("kiln_run_threads", False), ("kiln_run_profiled", True))
+    if derived:
+        base, values = derived
+        dims_param = "const long long* given, "
+        compute = [f"  long long dims[{base + len(values)}];", *[f"  dims[{k}] = given[{k}];" for k in range(base)],
+                   *[f"  dims[{base + j}] = {expr};" for j, expr in enumerate(values)]]
     for name, timed in names:
         extra = ", double* times" if timed else ""
         lines += [f"int {name}(char* weights, char* arena, void** inputs, void** outputs, {dims_param}"
                   f"{extra[2:] + ', ' if timed else ''}int threads) {{",
+                  *(compute if derived else []),
                   f"  struct kiln_ctx ctx = {{weights, arena, inputs{', dims' * symbolic}}};", "  (void)ctx;",
                   *[f"  if (!({cond})) return {code};" for cond, code in preconditions],
                   "  if (threads <= 0) threads = kiln_num_threads();"]

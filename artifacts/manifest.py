@@ -32,11 +32,18 @@ def dim_value(dim, values: dict) -> int:
     return total
 
 
-def dim_c(dim, order: list) -> str:
-    """A manifest dim as a C expression (long long) of dims[], the symbols' values in `order`."""
+def dim_c(dim, order: list, derived: list = ()) -> str:
+    """A manifest dim as a C expression (long long) of dims[], the symbols' values in `order`;
+    a derived symbol not in `order` written out from its definition (the manifest's `derived`)."""
     if isinstance(dim, int):
         return f"{dim}LL"
-    terms = ["*".join([f"{c}LL"] + [f"dims[{order.index(s)}]" for s in m]) for m, c in dim]
+
+    def value(s: str) -> str:
+        if s in order:
+            return f"dims[{order.index(s)}]"
+        d = next(d for d in derived if d["name"] == s)
+        return f"({dim_c(d['numerator'], order, derived)} / {int(d['divisor'])}LL)"
+    terms = ["*".join([f"{c}LL"] + [value(s) for s in m]) for m, c in dim]
     return f"({' + '.join(terms)})"
 
 
@@ -81,10 +88,14 @@ class Manifest:
     symbols: list = field(default_factory=list)
     # [{"left", "right", "where"}]: sizes (dims as above) that must be equal at run time
     checks: list = field(default_factory=list)
+    # [{"name", "numerator", "divisor", "least", "greatest"}]: symbols whose value is
+    # floor(numerator / divisor) of those before them (a strided conv's output height); the
+    # entry computes them, and a caller passes only `symbols`
+    derived: list = field(default_factory=list)
 
     def to_bytes(self) -> bytes:
         fields_ = asdict(self)
-        for name in ("symbols", "checks"):  # (a static bundle's manifest is what it was before symbols)
+        for name in ("symbols", "checks", "derived"):  # (a static bundle's manifest is what it was before symbols)
             if not fields_[name]:
                 del fields_[name]
         return json.dumps(fields_, indent=2, sort_keys=True).encode()

@@ -27,10 +27,10 @@ def shape_text(shape) -> str:
 class Symbols:
     """Binds a call's symbol values; `order` is the entry function's (dims[k])."""
 
-    def __init__(self, symbols: list, inputs: list, outputs: list, checks: list = ()):
+    def __init__(self, symbols: list, inputs: list, outputs: list, checks: list = (), derived: list = ()):
         self.order = [s["name"] for s in symbols]
         self.bounds = {s["name"]: (int(s["least"]), int(s["greatest"])) for s in symbols}
-        self.inputs, self.outputs, self.checks = inputs, outputs, list(checks)
+        self.inputs, self.outputs, self.checks, self.derived = inputs, outputs, list(checks), list(derived)
         self.dims = np.zeros(max(len(self.order), 1), np.int64)  # what the entry function reads
 
     def bind(self, shapes: list) -> dict:
@@ -64,6 +64,8 @@ class Symbols:
                     value = "" if isinstance(dim, int) else f" = {dim_value(dim, values)}"
                     raise KilnError(f"input '{spec['name']}': dim {axis} must be {dim_text(dim)}{value}, got {size} "
                                     f"(expected {shape_text(spec['shape'])})")
+        for d in self.derived:  # (in order: each may use those before it)
+            values[d["name"]] = dim_value(d["numerator"], values) // int(d["divisor"])
         for check in self.checks:  # (sizes the model needs equal: two inputs broadcast together, ...)
             left, right = dim_value(check["left"], values), dim_value(check["right"], values)
             if left != right:

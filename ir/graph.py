@@ -115,6 +115,9 @@ class Graph:
     # The symbolic dims' bounds, symbol -> (least, greatest), in the order kernels and the
     # entry function number them (ir/symbolic.py). Empty: a static model.
     symbols: dict[str, tuple[int, int]] = field(default_factory=dict)
+    # Symbols defined from the others (in `symbols` too, after those they are computed from):
+    # name -> (numerator, divisor), the value floor(numerator / divisor) (ir/symbolic.floor_div).
+    derived: dict[str, tuple] = field(default_factory=dict)
     # Integer tensors whose values type inference knows as expressions of the symbols (a
     # Shape of a symbolic tensor, what Gather/Concat/... make of it): numpy object arrays of
     # ints and Dims. An op that needs a parameter at compile time reads them like constants
@@ -132,6 +135,7 @@ class Graph:
         g.nodes = [Node(n.op, list(n.inputs), list(n.outputs), dict(n.attrs), n.name, n.guard) for n in self.nodes]
         g.types, g.constants, g.params = dict(self.types), dict(self.constants), dict(self.params)
         g.symbols, g.symbolic_values, g.checks = dict(self.symbols), dict(self.symbolic_values), list(self.checks)
+        g.derived = dict(self.derived)
         g.groups = None if self.groups is None else [list(m) for m in self.groups]
         return g
 

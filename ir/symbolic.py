@@ -218,6 +218,80 @@ def symbols_of(shape) -> set:
     return {s for d in shape if isinstance(d, Dim) for s in d.symbols}
 
 
+def floor_div(x, d: int):
+    """floor(x / d) of a size x and an int d > 0: an int or a polynomial where the terms d
+    divides are all that is symbolic; the rest, r, a derived symbol `(r)//d` (see
+    deriving_symbols), so (H - 1)//2 + 1, a strided conv's output height, is one symbol."""
+    if not isinstance(x, Dim):
+        return int(x) // d
+    terms, bounds = x._parts()
+    whole = {m: c // d for m, c in terms.items() if m and c % d == 0}
+    rest = {m: c for m, c in terms.items() if m and c % d}
+    out = Dim._make(whole, bounds)
+    if not rest:
+        return out + terms.get((), 0) // d
+    rest[()] = terms.get((), 0)
+    return out + _derived_symbol(Dim._make(rest, bounds), d)
+
+
+_DERIVED: contextvars.ContextVar = contextvars.ContextVar("kiln_derived_symbols", default=None)
+
+
+@contextlib.contextmanager
+def deriving_symbols(symbols: dict, derived: dict):
+    """While type inference runs: a size that is no polynomial of the symbols becomes a symbol
+    of its own, defined from the others: its bounds go to `symbols`, its definition
+    (numerator, divisor) to `derived`, in the order they must be computed. The module
+    computes their values before it runs."""
+    token = _DERIVED.set((symbols, derived))
+    try:
+        yield
+    finally:
+        _DERIVED.reset(token)
+
+
+def _derived_symbol(numerator: Dim, d: int) -> Dim:
+    place = _DERIVED.get()
+    if place is None:
+        raise TypeError(f"({numerator}) // {d} is not a polynomial of the symbols")
+    symbols, derived = place
+    name = f"({numerator})//{d}"
+    if name not in derived:
+        if numerator.least() < 0:  # (C's division truncates: a derived size is never negative)
+            raise TypeError(f"({numerator}) // {d} divides a size that may be negative")
+        symbols[name] = (numerator.least() // d, numerator.greatest() // d)
+        derived[name] = (numerator, d)
+    return Dim.symbol(name, *symbols[name])
+
+
+def at_most(a, b) -> bool:
+    """Whether a <= b at every value of the symbols in their bounds, as far as intervals tell,
+    after a derived symbol D = floor(N / d) in a linear term c*D is replaced by what bounds it
+    in the right direction: c*N/d above (c > 0), c*(N - d + 1)/d below, where d divides c
+    (2*((h - 1)//2) <= h - 1, the size a 2x upsample of a stride-2 map gives back)."""
+    e = a - b
+    place = _DERIVED.get()
+    derived = place[1] if place else {}
+    for _ in range(len(derived) + 1):
+        if not isinstance(e, Dim):
+            return e <= 0
+        if e.greatest() <= 0:
+            return True
+        terms, _ = e._parts()
+        hit = next(((m[0], c) for m, c in terms.items() if len(m) == 1 and m[0] in derived
+                    and c % derived[m[0]][1] == 0), None)
+        if hit is None:
+            return False
+        name, c = hit
+        numerator, d = derived[name]
+        e = e - c * Dim.symbol(name, *_bounds_of(e, name)) + (c // d) * (numerator if c > 0 else numerator - d + 1)
+    return False
+
+
+def _bounds_of(d: Dim, name: str) -> tuple:
+    return next((lo, hi) for s, lo, hi in d.bounds if s == name)
+
+
 def dim_from_json(value, bounds: dict):
     """A dim or int from `to_json`'s form (an int stays an int); bounds: symbol -> (lo, hi)."""
     if isinstance(value, int):

@@ -55,9 +55,20 @@ def _preconditions(lowered) -> list[tuple[str, int]]:
     """What kiln_run_dims checks before it runs anything, (C condition, error code): each
     symbol within its bounds (2), each pair of sizes that must agree equal (3)."""
     symbols = list(lowered.symbols)
-    out = [(f"dims[{k}] >= {lo}LL && dims[{k}] <= {hi}LL", 2) for k, (lo, hi) in enumerate(lowered.symbols.values())]
+    out = [(f"dims[{k}] >= {lo}LL && dims[{k}] <= {hi}LL", 2) for k, (s, (lo, hi)) in enumerate(lowered.symbols.items())
+           if s not in lowered.derived]
     out += [(f"{_dim_c(a, symbols)} == {_dim_c(b, symbols)}", 3) for a, b, _ in lowered.checks]
     return out
+
+
+def _derived(lowered) -> tuple:
+    """entry_source's `derived`: the caller's symbols (they come first), and each derived
+    one's value as C, floor(numerator / divisor), the numerator never negative in bounds."""
+    if not lowered.derived:
+        return ()
+    symbols = list(lowered.symbols)
+    return (len(symbols) - len(lowered.derived),
+            [f"{_dim_c(num, symbols)} / {d}LL" for num, d in lowered.derived.values()])
 
 
 def _locations(lowered, weight_offsets, arena_offsets):
@@ -194,13 +205,16 @@ def assemble(lowered, objects: dict[str, bytes], target, manifest_extra: dict, s
                 for n in lowered.inputs],
         outputs=[{"name": n, "shape": [dim_to_json(d) for d in types[n].shape], "dtype": types[n].dtype}
                  for n in lowered.outputs],
-        symbols=[{"name": s, "least": lo, "greatest": hi} for s, (lo, hi) in lowered.symbols.items()],
+        symbols=[{"name": s, "least": lo, "greatest": hi} for s, (lo, hi) in lowered.symbols.items()
+                 if s not in lowered.derived],
+        derived=[{"name": s, "numerator": dim_to_json(num), "divisor": d, "least": lowered.symbols[s][0],
+                  "greatest": lowered.symbols[s][1]} for s, (num, d) in lowered.derived.items()],
         checks=[{"left": dim_to_json(a), "right": dim_to_json(b), "where": where} for a, b, where in lowered.checks],
         arena_bytes=arena_bytes, weights_bytes=len(weights), weights_sha256=weights.sha256,
         runnable=linker is not None,
         calls=[{"name": c.name, "symbol": c.kernel.symbol, "ops": c.ops} for c in lowered.calls])
     entry = entry_source(plan, outputs, arena_bytes, manifest.signature(),
-                         MIN_PIECE_WORK if lowered.symbols else 0, _preconditions(lowered))
+                         MIN_PIECE_WORK if lowered.symbols else 0, _preconditions(lowered), _derived(lowered))
     files = {manifest.weights_file: weights, "kiln_entry.c": entry.encode()}
     if linker is not None:
         key = link_key(list(object_keys), entry, linker) if store is not None else None

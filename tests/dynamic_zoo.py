@@ -172,3 +172,97 @@ def greedy_tokens(run, info: dict, prompt: list, steps: int) -> tuple[list, list
         start += ids.shape[1]
         ids = np.array([[token]], np.int64)
     return tokens, logits
+
+
+def _silu_conv(g: GraphMaker, x: str, cin: int, cout: int, k: int, stride: int = 1) -> str:
+    h = g.conv(x, cin, cout, k, stride=stride)
+    return g.op("Mul", [h, g.op("Sigmoid", [h])])
+
+
+def _anchors(g: GraphMaker, feature: str, stride: float) -> tuple[str, str]:
+    """YOLOv8's make_anchors as its dynamic export computes it from the feature map's shape:
+    cell centres ([h*w, 2], x then y) from float Ranges over Casts of Shape entries, and a
+    [h*w, 1] column of the stride from ConstantOfShape."""
+    def size(axis):
+        return g.op("Gather", [g.op("Shape", [feature]), g.const(np.array(axis, np.int64))], axis=0)
+    h, w = size(2), size(3)
+    half, one = g.const(np.float32(0.5)), g.const(np.float32(1))
+    sx = g.op("Add", [g.op("Range", [g.const(np.float32(0)), g.op("Cast", [w], to=TensorProto.FLOAT), one]), half])
+    sy = g.op("Add", [g.op("Range", [g.const(np.float32(0)), g.op("Cast", [h], to=TensorProto.FLOAT), one]), half])
+    hw = g.op("Concat", [g.op("Unsqueeze", [h, g.const(_i64(0))]), g.op("Unsqueeze", [w, g.const(_i64(0))])], axis=0)
+    gx = g.op("Expand", [g.op("Unsqueeze", [sx, g.const(_i64(0))]), hw])
+    gy = g.op("Expand", [g.op("Unsqueeze", [sy, g.const(_i64(1))]), hw])
+    grid = g.op("Concat", [g.op("Unsqueeze", [gx, g.const(_i64(-1))]), g.op("Unsqueeze", [gy, g.const(_i64(-1))])],
+                axis=-1)
+    points = g.op("Reshape", [grid, g.const(_i64(-1, 2))])
+    count = g.op("Unsqueeze", [g.op("Mul", [h, w]), g.const(_i64(0))])
+    strides = g.op("ConstantOfShape", [g.op("Concat", [count, g.const(_i64(1))], axis=0)],
+                   value=helper.make_tensor("v", TensorProto.FLOAT, [1], [stride]))
+    return points, strides
+
+
+def yolo_style_dynamic(classes: int = 3):
+    """A YOLOv8-style detector exported with dynamic axes: images [batch, 3, height, width],
+    SiLU convs down to strides 8 and 16 (3x3 stride 2, so odd sizes round up), a C2f-like
+    block (Split, Concat), SPPF (three 5x5 max pools), a nearest 2x upsample joined to the
+    stride-8 map, and a head per scale whose boxes are decoded against anchors computed from
+    the feature maps' shapes (`_anchors`). Output [batch, 4 + classes, anchors]: boxes as
+    centre and size in pixels, then class scores."""
+    g = GraphMaker(61)
+    x = _silu_conv(g, "images", 3, 8, 3, 2)
+    x = _silu_conv(g, x, 8, 16, 3, 2)
+    a, b = g.op("Split", [_silu_conv(g, x, 16, 16, 1), g.const(_i64(8, 8))], n_out=2, axis=1)
+    x = _silu_conv(g, g.op("Concat", [a, b, _silu_conv(g, b, 8, 8, 3)], axis=1), 24, 16, 1)
+    p3 = _silu_conv(g, x, 16, 32, 3, 2)
+    p4 = _silu_conv(g, _silu_conv(g, p3, 32, 32, 3, 2), 32, 16, 1)
+    pools = [p4]
+    for _ in range(3):
+        pools.append(g.op("MaxPool", [pools[-1]], kernel_shape=[5, 5], strides=[1, 1], pads=[2, 2, 2, 2]))
+    p4 = _silu_conv(g, g.op("Concat", pools, axis=1), 64, 32, 1)
+    up = g.op("Resize", [p4, "", g.const(np.array([1, 1, 2, 2], np.float32))], mode="nearest",
+              coordinate_transformation_mode="asymmetric", nearest_mode="floor")
+    p3 = _silu_conv(g, g.op("Concat", [up, p3], axis=1), 64, 32, 3)
+    no = 4 + classes
+    heads, points, strides = [], [], []
+    for feature, stride in ((p3, 8.0), (p4, 16.0)):
+        y = g.conv(_silu_conv(g, feature, 32, 32, 3), 32, no, 1)
+        batch = g.op("Unsqueeze", [g.op("Gather", [g.op("Shape", [y]), g.const(np.array(0, np.int64))], axis=0),
+                                   g.const(_i64(0))])
+        heads.append(g.op("Reshape", [y, g.op("Concat", [batch, g.const(_i64(no, -1))], axis=0)]))
+        p, s = _anchors(g, feature, stride)
+        points.append(p)
+        strides.append(s)
+    out = g.op("Concat", heads, axis=2)
+    anchors = g.op("Transpose", [g.op("Concat", points, axis=0)], perm=[1, 0])
+    stride_row = g.op("Transpose", [g.op("Concat", strides, axis=0)], perm=[1, 0])
+    box = g.op("Slice", [out, g.const(_i64(0)), g.const(_i64(4)), g.const(_i64(1))])
+    cls = g.op("Slice", [out, g.const(_i64(4)), g.const(_i64(no)), g.const(_i64(1))])
+    lt = g.op("Slice", [box, g.const(_i64(0)), g.const(_i64(2)), g.const(_i64(1))])
+    rb = g.op("Slice", [box, g.const(_i64(2)), g.const(_i64(4)), g.const(_i64(1))])
+    x1y1, x2y2 = g.op("Sub", [anchors, lt]), g.op("Add", [anchors, rb])
+    centre = g.op("Div", [g.op("Add", [x1y1, x2y2]), g.const(np.float32(2))])
+    boxes = g.op("Mul", [g.op("Concat", [centre, g.op("Sub", [x2y2, x1y1])], axis=1), stride_row])
+    y = g.op("Concat", [boxes, g.op("Sigmoid", [cls])], axis=1)
+    return _model(g, [("images", TensorProto.FLOAT, ["batch", 3, "height", "width"])], [_out(g, y, "output0")],
+                  opset=17, name="yolo_style_dynamic")
+
+
+def cnn_dynamic_image():
+    """A CNN over images [batch, 3, height, width] of any size in its bounds, odd ones too:
+    a strided conv whose output height is ceil(h / 2), SiLU, a depthwise 3x3, average and
+    max pools with padding, a nearest 2x upsample joined back, a 1x1 conv, and a classifier
+    over the global average (Flatten, Gemm) beside the feature map."""
+    g = GraphMaker(71)
+    x = _silu_conv(g, "images", 3, 8, 3, 2)
+    x = g.conv(x, 8, 8, 3, group=8)
+    x = g.op("AveragePool", [x], kernel_shape=[3, 3], strides=[1, 1], pads=[1, 1, 1, 1])
+    small = g.op("MaxPool", [x], kernel_shape=[2, 2], strides=[2, 2])
+    up = g.op("Resize", [_silu_conv(g, small, 8, 8, 3), "", g.const(np.array([1, 1, 2, 2], np.float32))],
+              mode="nearest")
+    cropped = g.op("Slice", [x, g.const(_i64(0, 0)), g.op("Slice", [g.op("Shape", [up]), g.const(_i64(2)),
+                                                                      g.const(_i64(4))]), g.const(_i64(2, 3))])
+    features = g.conv(g.op("Concat", [cropped, up], axis=1), 16, 12, 1)
+    pooled = g.op("Flatten", [g.op("GlobalAveragePool", [features])], axis=1)
+    logits = g.op("Gemm", [pooled, g.weight((5, 12)), g.const(np.zeros(5, np.float32))], transB=1)
+    return _model(g, [("images", TensorProto.FLOAT, ["batch", 3, "height", "width"])],
+                  [_out(g, features, "features"), _out(g, logits, "logits")], opset=17, name="cnn_dynamic_image")

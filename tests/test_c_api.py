@@ -125,6 +125,25 @@ def test_the_example_runs_a_symbolic_bundle_at_the_sizes_given(tmp_path, executo
     assert proc.returncode == 2 and "batch=9: the bundle runs batch = 1..4" in proc.stderr
 
 
+def test_a_c_caller_passes_only_the_sizes_it_knows(tmp_path, executor):
+    """A CNN over any image size: the output's height is a symbol derived from the input's
+    (ceil(h / 2) after a stride-2 conv). The caller passes batch, height and width alone;
+    kiln_output_bytes_at and kiln_run_dims compute the rest."""
+    from tests import dynamic_zoo
+    model = dynamic_zoo.cnn_dynamic_image()
+    bundle = str(tmp_path / "bundle")
+    build(model, dims={"batch": (1, 2), "height": (6, 40), "width": (6, 40)}, executor=executor, cache=None,
+          progress=False).export(bundle)
+    for shape in ((1, 3, 7, 19), (2, 3, 40, 33)):
+        feeds = {"images": np.random.default_rng(shape[2]).standard_normal(shape).astype(np.float32)}
+        got = _run_from_c(bundle, tmp_path, feeds, [("features", np.float32), ("logits", np.float32)],
+                          sizes=(f"batch={shape[0]}", f"height={shape[2]}", f"width={shape[3]}"))
+        want = model_zoo.onnxruntime_outputs(model, feeds)
+        for name in ("features", "logits"):
+            assert got[name].size == want[name].size, name
+            np.testing.assert_allclose(got[name].reshape(want[name].shape), want[name], rtol=1e-4, atol=1e-5)
+
+
 def test_a_symbolic_bundle_refuses_sizes_that_must_agree_from_c(tmp_path, executor):
     """kiln_run_dims checks the sizes the model needs equal (here x [n, m] + y [n, k]) and
     the bounds before running anything: 3 and 2, not a read past a buffer."""

@@ -167,15 +167,16 @@ def test_a_fixed_dim_builds_static_and_a_named_one_symbolic(executor):
 
 
 def test_an_op_not_taught_symbols_is_refused_by_name(executor):
-    """A convolution over a symbolic height needs its window loops taught run-time extents:
-    not yet, and the error says which node and which shapes."""
-    conv = helper.make_node("Conv", ["x", "w"], ["y"], kernel_shape=[3, 3], pads=[1, 1, 1, 1], name="conv")
-    graph = helper.make_graph([conv], "g", [helper.make_tensor_value_info("x", F, [1, 3, "h", 8])],
+    """A linear Resize of a run-time height would need its weights computed at run time: not
+    yet, and the error says which node and which shapes."""
+    resize = helper.make_node("Resize", ["x", "", "scales"], ["y"], mode="linear", name="resize")
+    graph = helper.make_graph([resize], "g", [helper.make_tensor_value_info("x", F, [1, 3, "h", 8])],
                               [helper.make_tensor_value_info("y", F, None)],
-                              [numpy_helper.from_array(np.ones((4, 3, 3, 3), np.float32), "w")])
+                              [numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "scales")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
-    with pytest.raises(UnsupportedError, match=r"node 'conv' \(Conv\): Conv with symbolic dimensions is not supported "
-                                               r"yet \(x: float32\[1 x 3 x h x 8\].*Fix those dims with --shape"):
+    with pytest.raises(UnsupportedError, match=r"node 'resize' \(Resize\): Resize with symbolic dimensions is not "
+                                               r"supported yet \(x: float32\[1 x 3 x h x 8\].*linear Resize by 2.0.*"
+                                               r"Fix those dims with --shape"):
         build(model, dims={"h": (1, 16)}, executor=executor, cache=None, progress=False)
 
 
@@ -321,6 +322,50 @@ def test_a_cnn_with_a_symbolic_batch(name, executor):
         for k in want:
             assert got[k].shape == want[k].shape
             np.testing.assert_allclose(got[k], want[k], rtol=1e-4, atol=1e-5 * float(np.abs(want[k]).max()), err_msg=k)
+
+
+# ---- CNNs with a dynamic height and width ---------------------------------------------------------
+
+def _assert_like_onnxruntime(module, model, feeds):
+    got, want = module.run(feeds), model_zoo.onnxruntime_outputs(model, feeds)
+    for k in want:
+        assert got[k].shape == want[k].shape, k
+        np.testing.assert_allclose(got[k], want[k], rtol=1e-4, atol=1e-5 * float(np.abs(want[k]).max()), err_msg=k)
+
+
+def test_a_cnn_with_dynamic_batch_height_and_width(executor):
+    """One build for every image size in the bounds, odd ones too: a stride-2 conv's output
+    height ceil(h / 2) is a symbol derived from h (the manifest says how; the module computes
+    it), the depthwise conv, pools, upsample, crop and global average run at run-time sizes."""
+    model = dynamic_zoo.cnn_dynamic_image()
+    result = build(model, dims={"batch": (1, 3), "height": (6, 48), "width": (6, 48)}, executor=executor,
+                   cache=None, progress=False)
+    derived = json.loads(result.files["manifest.json"])["derived"]
+    assert derived[0] == {"name": "(height - 1)//2", "numerator": [[[], -1], [["height"], 1]], "divisor": 2,
+                          "least": 2, "greatest": 23}
+    module = result.load()
+    for shape in [(1, 3, 6, 6), (2, 3, 17, 33), (3, 3, 48, 48), (1, 3, 9, 47), (1, 3, 31, 7)]:
+        _assert_like_onnxruntime(module, model, {"images": np.random.default_rng(shape[2]).standard_normal(shape)
+                                                 .astype(np.float32)})
+
+
+def test_a_yolo_style_detector_builds_with_dynamic_axes(executor):
+    """YOLOv8's export with dynamic axes: anchors computed from the feature maps' shapes
+    (Shape -> Gather -> Cast -> Range), SPPF, an upsample joined to the stride-8 map. One
+    build serves every size whose maps line up (multiples of 16 here); where they do not,
+    the module names the Concat and runs nothing (onnxruntime fails there too)."""
+    model = dynamic_zoo.yolo_style_dynamic()
+    module = build(model, dims={"batch": (1, 2), "height": (32, 96), "width": (32, 96)}, executor=executor,
+                   cache=None, progress=False).load()
+    for shape in [(1, 3, 32, 32), (2, 3, 64, 96), (1, 3, 48, 80), (1, 3, 96, 32)]:
+        _assert_like_onnxruntime(module, model, {"images": np.random.default_rng(shape[3]).standard_normal(shape)
+                                                 .astype(np.float32)})
+    odd = {"images": np.zeros((1, 3, 33, 47), np.float32)}
+    with pytest.raises(KilnError, match=r"node 'Concat_\d+' \(Concat\): dim 2 of its inputs: .* = 6 and .* = 5 must "
+                                        r"be equal"):
+        module.run(odd)
+    with pytest.raises(Exception):
+        model_zoo.onnxruntime_outputs(model, odd)
 
 
 # ---- sizes that must agree at run time ------------------------------------------------------------

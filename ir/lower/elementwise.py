@@ -8,7 +8,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..graph import Node
-from ..loop import Cast, Const, For, Load, Store, Var, add, cmp, const, fbin, flat_index, mul, select, sub, unflatten
+from ..loop import (Cast, Const, Expr, For, Load, Store, Var, add, cmp, const, div, fbin, flat_index, mul, select, sub,
+                    unflatten)
 from .builder import KernelBuilder, broadcast_index
 
 
@@ -278,6 +279,19 @@ def _resize_axis(b: KernelBuilder, node: Node, ax: int):
                                bool(a.get("exclude_outside", 0)), a["scales"][ax], bool(a.get("antialias", 0)))
 
 
+def _nearest_by_whole_scales(x, node: Node, scales: list):
+    """A nearest Resize of run-time sizes by whole scales s: output i reads input i // s,
+    which is what ONNX's coordinates give for half-pixel modes with any rounding, and for
+    asymmetric ones rounding down (other modes are refused by name)."""
+    coords = node.attrs.get("coordinate_transformation_mode", "half_pixel")
+    rounding = node.attrs.get("nearest_mode", "round_prefer_floor")
+    if coords not in ("half_pixel", "pytorch_half_pixel") and not (
+            coords in ("asymmetric", "tf_half_pixel_for_nearest") and rounding == "floor"):
+        raise TypeError(f"a nearest Resize of run-time sizes with {coords} coordinates rounding {rounding}")
+    whole = [int(s) for s in scales]
+    return lambda idx, passthrough=(): x([div(i, s) if s != 1 else i for i, s in zip(idx, whole)])
+
+
 def resize_reader(b: KernelBuilder, node: Node):
     """Resize through per-axis index (and weight) tables computed at compile time in float64:
     exact where ONNX's coordinates land on .5, and a gather per element at run time. With
@@ -289,6 +303,8 @@ def resize_reader(b: KernelBuilder, node: Node):
     a = b.attrs(node)
     mode = a.get("mode", "nearest")
     scales, roi, rank = a["scales"], a.get("roi"), len(ishape)
+    if any(isinstance(d, Expr) for d in ishape):
+        return _nearest_by_whole_scales(x, node, scales)
     wtype = np.float64 if b.compute(node.inputs[0]) == "f64" else np.float32
     resized = [ax for ax in range(rank) if ishape[ax] != oshape[ax] or scales[ax] != 1 or roi]
     tables, outside = {}, {}
@@ -347,6 +363,8 @@ def resize_by_phases(b: KernelBuilder, node: Node) -> tuple:
 
     def generic():
         return b.loops(oshape, lambda idx: [Store(param, flat_index(idx, oshape), reader(idx))], parallel=True)
+    if any(isinstance(d, Expr) for d in ishape):
+        return generic()
     a = b.attrs(node)
     n_in, n_out = ishape[last], oshape[last]
     if a.get("roi") or a.get("mode", "nearest") == "cubic" or n_out % n_in or n_out // n_in < 2:

@@ -19,6 +19,7 @@ from ..deferred import DeferredArray
 from ..graph import Node
 from ..loop import (Assign, Const, Expr, For, Gemm, If, Let, Load, Local, Store, Var, add, cmp, div, fbin, flat_index,
                     fold_balanced, loop, mul, rem, select, sub, unflatten)
+from ..symbolic import greatest
 from .builder import KernelBuilder, broadcast_index
 from .planes import phase_split_copy
 
@@ -166,9 +167,63 @@ def _runtime_pack(b: KernelBuilder, src: str, off, k: int, n: int, s_k: int, s_n
 
 # ---- convolution -------------------------------------------------------------------------
 
+def lower_conv_symbolic(b: KernelBuilder, node: Node, store) -> tuple:
+    """A conv over spatial sizes known only at run time (an image of any height and width):
+    per image and group, im2col into a workspace planned at the bounds, then one GEMM over
+    the run-time pixel count against weights packed at build time. A tap in the padding
+    reads zero through a check (a padded copy would need a run-time size)."""
+    x_name, w_name = node.inputs[0], node.inputs[1]
+    if w_name not in b.g.constants or b.compute(x_name) != "f32":
+        raise TypeError("a conv over run-time sizes takes constant float32 weights")
+    xs, (cout, cg) = b.type(x_name).shape, b.type(w_name).shape[:2]
+    a = b.attrs(node)
+    groups, kernel, strides, dil, pads = a.get("group", 1), a["kernel_shape"], a["strides"], a["dilations"], a["pads"]
+    nsp, cog, kk = len(kernel), cout // groups, cg * math.prod(kernel)
+    out_dims = b.type(node.outputs[0]).shape[2:]
+    in_sp, out_sp = [b.dim(d) for d in xs[2:]], [b.dim(d) for d in out_dims]
+    pixels, pixels_bound = math.prod(out_sp), math.prod(greatest(d) for d in out_dims)
+    nr = b.config.tile(cog)[1]
+    w = b.g.constants[w_name].reshape(groups, cog, kk)
+    wparam = b.constant_param(f"{w_name}_packed", deferred_panels(w.transpose(0, 2, 1), nr))
+    panel_stride = -(-cog // nr) * kk * nr
+    col = b.workspace(kk * pixels_bound)
+    bias = b.reader(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] else None
+    xparam = b.in_param(x_name)
+    bv, gv, ci = b.fresh("b"), b.fresh("g"), b.fresh("ci")
+    kv, ov = [b.fresh("kp") for _ in range(nsp)], [b.fresh("op") for _ in range(nsp)]
+
+    # col[(ci, kpos)][pixel] = x[image][channel][pixel*stride + kpos*dilation - pad], 0 in the padding
+    pos = [add(sub(mul(Var(ov[i]), strides[i]), pads[i]), mul(Var(kv[i]), dil[i])) for i in range(nsp)]
+    inside = None
+    for i in range(nsp):
+        if pads[i] or pads[nsp + i]:
+            within = fbin("and", cmp("ge", pos[i], Const(0)), cmp("lt", pos[i], in_sp[i]))
+            inside = within if inside is None else fbin("and", inside, within)
+            pos[i] = fbin("min", fbin("max", pos[i], Const(0)), sub(in_sp[i], 1))
+    chan = add(add(mul(Var(bv), xs[1]), mul(Var(gv), cg)), Var(ci))
+    value = Load(xparam, flat_index([chan] + pos, [mul(b.dim(xs[0]), xs[1])] + in_sp))
+    if inside is not None:
+        value = select(inside, value, Const(0.0, "f32"))
+    krow = flat_index([Var(ci)] + [Var(v) for v in kv], [cg] + list(kernel))
+    copy = (Store(col, add(mul(krow, pixels_bound), flat_index([Var(v) for v in ov], out_sp)), value),)
+    for i in range(nsp - 1, -1, -1):
+        copy = (For(ov[i], out_sp[i], copy, "vectorize" if i == nsp - 1 else "serial"),)
+    for i in range(nsp - 1, -1, -1):
+        copy = (For(kv[i], kernel[i], copy),)
+
+    def epilogue(mm, nn, acc):
+        co = add(mul(Var(gv), cog), nn)
+        return store([Var(bv), co] + unflatten(mm, out_sp), acc if bias is None else fbin("add", acc, bias([co])))
+    product = gemm_stmt(b, col, Const(0), 1, pixels_bound, wparam, mul(Var(gv), panel_stride), pixels, cog, kk,
+                        epilogue, split="n")
+    return loop(bv, b.dim(xs[0]), loop(gv, groups, [For(ci, cg, copy), product]))
+
+
 def lower_conv(b: KernelBuilder, node: Node, store) -> tuple:
     x_name, w_name = node.inputs[0], node.inputs[1]
     xs, ws_ = b.type(x_name).shape, b.type(w_name).shape
+    if not all(isinstance(d, int) for d in xs[2:]):
+        return lower_conv_symbolic(b, node, store)
     a = b.attrs(node)
     groups = a.get("group", 1)
     batch, cin = b.dim(xs[0]), xs[1]  # (a symbolic batch: a loop over images at run time)

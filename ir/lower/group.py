@@ -49,6 +49,7 @@ class LoweredModel:
     aliases: dict[str, str] = field(default_factory=dict)  # view -> tensor that holds its data
     symbols: dict = field(default_factory=dict)  # the graph's: symbol -> (least, greatest)
     checks: list = field(default_factory=list)  # the graph's: (size, size, where) equal at run time
+    derived: dict = field(default_factory=dict)  # the graph's: symbol -> (numerator, divisor)
 
     def storage(self, name: str) -> str:
         while name in self.aliases:
@@ -166,7 +167,8 @@ def lower(graph: Graph, config: ScheduleConfig | None = None) -> LoweredModel:
             aliases.update({out: state for (_, state, _), out in zip(loop.state, root.outputs) if out})
         else:
             steps.append(lower_group(g, members, config))
-    model = LoweredModel(steps, list(g.inputs), list(g.outputs), types, {}, aliases, dict(g.symbols), list(g.checks))
+    model = LoweredModel(steps, list(g.inputs), list(g.outputs), types, {}, aliases, dict(g.symbols), list(g.checks),
+                         dict(g.derived))
     model.steps = _without_unread_sizes(model)
     used = _read(model)
     model.constants = {name: value for name, value in {**g.constants, **body_constants}.items() if name in used}

@@ -11,7 +11,7 @@ import itertools
 import math
 
 from ..graph import Node
-from ..loop import (Assign, Cast, Const, For, If, Let, Load, Local, Store, Var, add, call, cmp, fbin, flat_index, highest, lowest,
+from ..loop import (Assign, Cast, Const, Expr, For, If, Let, Load, Local, Store, Var, add, call, cmp, fbin, flat_index, highest, lowest,
                     mul, select, sub)
 from .builder import KernelBuilder, broadcast_index
 
@@ -83,7 +83,9 @@ def lower_reduce(b: KernelBuilder, node: Node, store, kind: str) -> tuple:
         body += _accumulate(b, xshape, axes, lambda iidx: [
             Assign(acc, fbin(_COMBINE[kind], Var(acc, t), prep_(at(iidx))))])
         value = Var(acc, t)
-        if kind == "mean":
+        if kind == "mean" and isinstance(count, Expr):  # (a count known at run time)
+            value = fbin("div", value, Cast(t, count))
+        elif kind == "mean":
             value = fbin("mul", value, _f(1 / count)) if t in ("f32", "f64") else fbin("div", value, Const(count))
         elif kind == "l2":
             value = call("sqrt", value)
@@ -270,8 +272,13 @@ def lower_pool(b: KernelBuilder, node: Node, store, is_max: bool) -> tuple:
         lo = -(-pads[i] // strides[i])
         hi = (spatial[i] - 1 - (kernel[i] - 1) * dil[i] + pads[i]) // strides[i] + 1
         return min(lo, oshape[2 + i]), max(min(hi, oshape[2 + i]), min(lo, oshape[2 + i]))
-    # Axes where some window leaves the input need bounds checks.
-    checked = [inside(i) != (0, oshape[2 + i]) for i in range(nsp)]
+    # Axes where some window leaves the input need bounds checks (every axis where sizes are
+    # known only at run time).
+    at_run_time = any(isinstance(d, Expr) for d in spatial)
+    checked = [True] * nsp if at_run_time else [inside(i) != (0, oshape[2 + i]) for i in range(nsp)]
+
+    def size(i: int, plus: int = 0):
+        return add(spatial[i], plus) if isinstance(spatial[i], Expr) else Const(spatial[i] + plus)
 
     def point(oidx, unchecked_last: bool = False):
         def tap(kidx):
@@ -280,12 +287,11 @@ def lower_pool(b: KernelBuilder, node: Node, store, is_max: bool) -> tuple:
             for i in range(nsp):
                 pos = add(sub(mul(oidx[2 + i], strides[i]), pads[i]), mul(kidx[i], dil[i]))
                 if checked[i] and not (unchecked_last and i == nsp - 1):
-                    within = fbin("and", cmp("ge", pos, Const(0)), cmp("lt", pos, Const(spatial[i])))
-                    padded = fbin("and", cmp("ge", pos, Const(-pads[i])),
-                                  cmp("lt", pos, Const(spatial[i] + pads[nsp + i])))
+                    within = fbin("and", cmp("ge", pos, Const(0)), cmp("lt", pos, size(i)))
+                    padded = fbin("and", cmp("ge", pos, Const(-pads[i])), cmp("lt", pos, size(i, pads[nsp + i])))
                     ok = within if ok is None else fbin("and", ok, within)
                     in_pad = padded if in_pad is None else fbin("and", in_pad, padded)
-                    pos = fbin("min", fbin("max", pos, Const(0)), Const(spatial[i] - 1))
+                    pos = fbin("min", fbin("max", pos, Const(0)), size(i, -1))
                 src.append(pos)
             return x(src), ok, in_pad
 
@@ -317,7 +323,7 @@ def lower_pool(b: KernelBuilder, node: Node, store, is_max: bool) -> tuple:
         value = Var(acc, t) if is_max else fbin("div", Var(acc, t), Var(cnt, t))
         return body + list(store(oidx, value))
 
-    if not checked[-1]:
+    if not checked[-1] or at_run_time:
         return b.loops(oshape, point, inner_kind="serial", parallel=True)
 
     # Along the last axis, the outputs whose windows lie inside run without checks: their

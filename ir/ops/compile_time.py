@@ -46,16 +46,21 @@ def _range_value(a, values, g, node):
     return [np.arange(start, limit, delta).astype(start.dtype)]
 
 
+def _whole(v):
+    """A float that is a whole number as an int (arange(0.0, float(w), 1.0) counts like ints)."""
+    return int(v) if isinstance(v, float) and v.is_integer() else v
+
+
 def _range_infer(g, node, p):
     """Range: a constant where its inputs are; over sizes known at run time (arange(past,
     past + seq) of a decoder's positions), an op computing start + i * delta at run time, its
     length a symbolic size (`at_run_time` in its parameters)."""
     if not any(i in g.symbolic_values for i in node.inputs):
         return _from_value(_range_value)(g, node, p)
-    start, limit, delta = (np.asarray(g.symbolic_values.get(i, g.constants.get(i))).reshape(()).item()
+    start, limit, delta = (_whole(np.asarray(g.symbolic_values.get(i, g.constants.get(i))).reshape(()).item())
                            if i in g.symbolic_values or i in g.constants else None for i in node.inputs)
-    if start is None or limit is None or not isinstance(delta, (int, np.integer)) or delta == 0:
-        raise TypeError("a Range over run-time sizes needs a constant integer step")
+    if start is None or limit is None or not isinstance(delta, int) or delta == 0 or isinstance(start, float):
+        raise TypeError("a Range over run-time sizes needs a constant whole start and step")
     start, limit, delta = (v if isinstance(v, Dim) else int(v) for v in (start, limit, delta))
     length = (limit - start) if delta == 1 else (limit - start + delta - (1 if delta > 0 else -1)) // delta
     if isinstance(length, Dim) and length.least() < 0:

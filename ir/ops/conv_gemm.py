@@ -10,7 +10,7 @@ from ..dtypes import dtype
 from ..graph import ShapeError, TensorType, UnsupportedError
 from ..lower.builder import collapse_shapes
 from ..lower.gemm import is_depthwise, lower_conv, lower_conv_transpose, lower_einsum, lower_gemm, lower_matmul
-from ..symbolic import is_symbolic, require_equal
+from ..symbolic import floor_div, is_symbolic, least, require_equal
 from .broadcast import broadcast
 from .registry import BROADCAST, OUT_EWISE_FUSABLE, OpDef, op_def, register
 
@@ -67,8 +67,9 @@ def infer_conv(g, node, p, check_type=True):
         raise ShapeError(f"{node.describe()}: input {x} does not match weight {w} with group={group}")
     strides, dil, pads = resolve_window(node, p, spatial, kernel)
     n = len(spatial)
-    out = [(spatial[i] + pads[i] + pads[i + n] - ((kernel[i] - 1) * dil[i] + 1)) // strides[i] + 1 for i in range(n)]
-    if min(out) <= 0:
+    out = [floor_div(spatial[i] + pads[i] + pads[i + n] - ((kernel[i] - 1) * dil[i] + 1), strides[i]) + 1
+           for i in range(n)]
+    if min(least(o) for o in out) <= 0:
         raise ShapeError(f"{node.describe()}: kernel {kernel} does not fit input {x}")
     return TensorType((x.shape[0], w.shape[0]) + tuple(out), x.dtype)
 

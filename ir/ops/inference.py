@@ -12,7 +12,7 @@ import numpy as np
 from ..attrs import NotConstant
 from ..dtypes import DTYPES, is_float, numpy_dtype
 from ..graph import Graph, KilnError, Node, UnsupportedError, as_kiln_array
-from ..symbolic import Dim, SymbolError, collecting_checks, greatest
+from ..symbolic import Dim, SymbolError, collecting_checks, deriving_symbols, greatest
 from ..validate import check_tensor_size
 from .compile_time import SYMBOLIC_VALUE, symbolic_value_node, symbolic_values_of
 from .registry import op_def
@@ -117,10 +117,12 @@ def _fold_symbolic(g: Graph, node: Node, definition, types: list) -> list | None
     if not all(t.is_static and t.size <= MAX_SYMBOLIC_ELEMENTS and t.dtype != "bool" for t in types):
         return None  # (whether a size equals 0 is a run-time question: comparisons run then)
     values = [g.symbolic_values.get(i, g.constants.get(i)) if i else None for i in node.inputs]
+    if node.op == "Cast" and is_float(types[0].dtype) and node.inputs[0] in g.symbolic_values:
+        return [values[0].copy()]  # (a size as a float is still that size: arange(float(w)) counts w)
     try:
         with np.errstate(all="ignore"):
             out = definition.evaluate({**node.attrs, **g.params.get(node.key, {})}, values, g, node)
-    except (TypeError, SymbolError, ValueError, ArithmeticError):
+    except (TypeError, SymbolError, ValueError, ArithmeticError, AttributeError):
         return None
     return [np.asarray(v, dtype=object if _has_dims(v) else None) for v in out]
 
@@ -145,7 +147,7 @@ def resolve(g: Graph, fold_floats: bool) -> Graph:
     nodes), folding what it may, and on demand what a node needs at compile time; the
     equalities of symbolic sizes the ops require go to `g.checks`."""
     g.checks = []
-    with collecting_checks(g.checks):
+    with collecting_checks(g.checks), deriving_symbols(g.symbols, g.derived):
         return _resolve(g, fold_floats)
 
 

@@ -9,6 +9,7 @@ from ..attrs import attr_or_input, normalize_axis
 from ..loop import add, fbin, mul
 from ..dtypes import is_float
 from ..graph import ShapeError, TensorType, UnsupportedError
+from ..symbolic import floor_div, least
 from ..lower.reduce import (lower_hardmax, lower_layernorm, lower_lp_normalize, lower_normalize, lower_pool,
                             lower_reduce, lower_softmax)
 from .conv_gemm import resolve_window
@@ -89,11 +90,11 @@ def _pool(g, node, p):
     out = []
     for i in range(n):
         span = spatial[i] + pads[i] + pads[i + n] - ((kernel[i] - 1) * dil[i] + 1)
-        o = (-(-span // strides[i]) if ceil_mode else span // strides[i]) + 1
-        if ceil_mode and (o - 1) * strides[i] >= spatial[i] + pads[i]:
+        o = floor_div(span + (strides[i] - 1 if ceil_mode else 0), strides[i]) + 1
+        if ceil_mode and (o - 1) * strides[i] >= spatial[i] + pads[i]:  # (symbolic: refused by name)
             o -= 1  # the last window must start inside the input or its left padding
         out.append(o)
-    if min(out) <= 0:
+    if min(least(o) for o in out) <= 0:
         raise ShapeError(f"{node.describe()}: window {kernel} does not fit input {x}")
     return TensorType(x.shape[:2] + tuple(out), x.dtype)
 

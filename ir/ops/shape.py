@@ -16,7 +16,7 @@ from ..graph import ShapeError, TensorType, UnsupportedError
 from ..loop import Const, add, mul
 from ..lower.elementwise import (bcast_reader, concat_by_slabs, concat_reader, gather_reader, pad_reader,
                                  resize_by_phases, resize_reader, split_readers, view_reader)
-from ..symbolic import greatest, is_symbolic, least, product
+from ..symbolic import at_most, greatest, is_symbolic, least, product, require_equal
 from .broadcast import broadcast
 from .registry import ELEMWISE, INJECTIVE, OpDef, one_output, register
 
@@ -133,8 +133,12 @@ def _concat(g, node, p):
     axis = normalize_axis(node.attrs["axis"], rank, node)
     p["axis"] = axis
     for t in types:
-        if len(t.shape) != rank or any(t.shape[i] != types[0].shape[i] for i in range(rank) if i != axis):
+        if len(t.shape) != rank or any(t.shape[i] != types[0].shape[i] and not is_symbolic(t.shape[i])
+                                       and not is_symbolic(types[0].shape[i]) for i in range(rank) if i != axis):
             raise ShapeError(f"{node.describe()}: inputs {', '.join(map(str, types))} do not concatenate on axis {axis}")
+        for i in range(rank):  # (sizes known at run time only: the module checks they agree)
+            if i != axis:
+                require_equal(types[0].shape[i], t.shape[i], f"{node.describe()}: dim {i} of its inputs")
     out = list(types[0].shape)
     out[axis] = sum(t.shape[axis] for t in types)
     return TensorType(tuple(out), types[0].dtype)
@@ -199,6 +203,8 @@ def _symbolic_range(size, start, end, step) -> tuple:
             return v
         if is_symbolic(v) and isinstance(v - size, int) and v - size <= 0 and least(v) >= 0:
             return v  # (size - 1, an end counted from the back)
+        if is_symbolic(v) and least(v) >= 0 and at_most(v, size):
+            return v
         raise ShapeError(f"the bounds let slice bound {v} reach {least(v)}..{greatest(v)}, outside the dim of size "
                          f"{size}: narrow the --dim bounds so it cannot")
     begin, stop = clamp(start), clamp(end)
@@ -291,7 +297,13 @@ def _resize(g, node, p):
             out_scale[a] = int(s) / x.shape[a]
     elif scales is not None and scales.size:
         for a, s in zip(axes, scales.reshape(-1)):
-            shape[a] = int(math.floor(x.shape[a] * float(s)))
+            if is_symbolic(x.shape[a]) and float(s) != 1:
+                if not float(s).is_integer() or node.attrs.get("mode", "nearest") != "nearest":
+                    raise TypeError(f"a {node.attrs.get('mode', 'nearest')} Resize by {float(s)} of a run-time size "
+                                    "(nearest by whole scales only)")
+                shape[a] = x.shape[a] * int(s)
+            else:
+                shape[a] = x.shape[a] if float(s) == 1 else int(math.floor(x.shape[a] * float(s)))
             out_scale[a] = float(s)
     else:
         raise UnsupportedError(f"{node.describe()}: Resize needs constant scales or sizes")
