@@ -95,12 +95,14 @@ def _body(plan: list, timed: bool, depth: int = 1) -> list[str]:
             if timed:  # (+=: a call in a loop adds up over its iterations)
                 lines.append(f"{pad}t1 = kiln_now(); times[{index}] += t1 - t0; t0 = t1;")
             continue
-        _, trip, iteration, inits, feeds, body, carries, swap, scans, guard = item
+        _, trip, iteration, inits, feeds, body, carries, swap, scans, guard, start_if, until = item
         inner = "  " * (depth + 1)
-        row = lambda rev: f"({trip - 1} - it)" if rev else "it"  # noqa: E731
+        row = lambda rev: f"({trip - 1} - it)" if rev else "it"  # noqa: E731  (scans: a static trip)
         lines.append(f"{pad}if ({_guard(guard)}) {{" if guard else f"{pad}{{")
         lines += [f"{inner}memcpy({_pointer(dst)}, {_pointer(src)}, {n});" for src, dst, n in inits]
-        lines.append(f"{inner}for (long long it = 0; it < {trip}; ++it) {{")
+        limit = "" if trip is None else str(trip) if isinstance(trip, int) else f"*(const long long*){_pointer(trip)}"
+        runs = f"{inner}if (*(const unsigned char*){_pointer(start_if)}) " if start_if else inner
+        lines.append(f"{runs}for (long long it = 0;{f' it < {limit};' if limit else ';'} ++it) {{")
         if iteration:
             lines.append(f"{inner}  *(long long*){_pointer(iteration)} = it;")
         lines += [f"{inner}  memcpy({_pointer(part)}, (const char*){_pointer(whole)} + {row(rev)} * {n}, {n});"
@@ -114,6 +116,8 @@ def _body(plan: list, timed: bool, depth: int = 1) -> list[str]:
             lines += [f"{inner}  memcpy({_pointer(dst)}, {_pointer(tmp)}, {n});" for (_, dst, n), tmp in zip(carries, swap)]
         else:
             lines += [f"{inner}  memmove({_pointer(dst)}, {_pointer(src)}, {n});" for src, dst, n in carries]
+        if until:
+            lines.append(f"{inner}  if (!*(const unsigned char*){_pointer(until)}) break;")
         lines += [f"{inner}}}", f"{pad}}}"]
     return lines
 
@@ -126,10 +130,12 @@ def entry_source(plan: list, outputs: list[tuple[tuple, int]], arena_bytes: int,
         position among all calls (profiling, dispatch); phases [(extent, pieces, grain)] of
         each kernel phase in order (ir.parallel.thread_plan): pieces > 1 may divide it
         across threads, in parts on multiples of grain;
-      ("loop", trip count, location of the iteration number or None, [(initial value, state,
-        nbytes)], [(scanned tensor, slice, slice nbytes, reversed)], body plan, [(new value,
-        state, nbytes)], scratch locations or None, [(slice, stacked output, slice nbytes,
-        reversed)], guard).
+      ("loop", trip count (an int, the location of an int64 read at run time, or None: no
+        limit), location of the iteration number or None, [(initial value, state, nbytes)],
+        [(scanned tensor, slice, slice nbytes, reversed)], body plan, [(new value, state,
+        nbytes)], scratch locations or None, [(slice, stacked output, slice nbytes,
+        reversed)], guard, location of the bool it runs only if or None, location of the
+        bool that stops it after an iteration where it is false or None).
     outputs: (location, nbytes); signature: the I/O signature (artifacts.manifest.io_signature)
     the library reports to the loader.
 

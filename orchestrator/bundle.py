@@ -100,13 +100,15 @@ def _locations(lowered, weight_offsets, arena_offsets):
                 nbytes = [lowered.types[s].nbytes for _, s, _ in st.state]
                 swap = [("arena", arena_offsets[f"swap:{id(st)}:{i}"]) for i in range(len(st.state))] \
                     if _swaps(lowered, st) else None
-                out.append(("loop", st.trip, loc(st.iteration) if st.iteration else None,
+                trip = loc(st.count) if st.count else st.trip if st.trip or not st.until else None
+                out.append(("loop", trip, loc(st.iteration) if st.iteration else None,
                             [(loc(init), loc(state), n) for (init, state, _), n in zip(st.state, nbytes)],
                             [(loc(whole), loc(part), lowered.types[part].nbytes, rev) for whole, part, rev in st.feeds],
                             items(st.steps),
                             [(loc(leave), loc(state), n) for (_, state, leave), n in zip(st.state, nbytes)], swap,
                             [(loc(part), loc(whole), lowered.types[part].nbytes, rev) for part, whole, rev in st.scans],
-                            guard(st.guard)))
+                            guard(st.guard), loc(st.start_if) if st.start_if else None,
+                            loc(st.until) if st.until else None))
                 continue
             args = [loc(t) for t in st.outputs] + [loc(t) for t in st.inputs]
             args += [("arena", arena_offsets[f"ws:{index}:{j}"]) for j in range(len(st.workspaces))]

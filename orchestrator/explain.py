@@ -20,7 +20,9 @@ def _symbols(g, lowered) -> list[str]:
     from .bundle import plan_memory
     _, arena = plan_memory(lowered)
     lines = ["symbols (one build runs every size within these bounds):",
-             "  " + ", ".join(f"{s} = {lo}..{hi}" for s, (lo, hi) in g.symbols.items())]
+             "  " + ", ".join(f"{s} = {lo}..{hi}" for s, (lo, hi) in g.symbols.items() if s not in g.derived)]
+    lines += [f"  derived {s} = floor(({num}) / {d}), {lo}..{hi}"
+              for s, (num, d) in g.derived.items() for lo, hi in [g.symbols[s]]]
     lines += [f"  input  {n}: {g.types[n]}" for n in g.inputs]
     lines += [f"  output {n}: {g.types[n]}" for n in g.outputs]
     lines.append(f"  arena at the bounds: {arena / 2**20:.1f} MiB (a call touches what its sizes need)")

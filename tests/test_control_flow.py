@@ -164,12 +164,45 @@ def test_scan_with_reverse_input_and_output_axis():
                     "xs2": rng.standard_normal((6, 4)).astype(np.float32)}])
 
 
-def test_loop_with_a_run_time_trip_count_is_refused_by_name():
+def test_loop_with_a_run_time_trip_count():
+    """`for i in range(n)` with n an input (torch.jit.script's export): one body, run by the
+    entry function n times, for any n, 0 and negative included (no iterations)."""
     body = _loop_body([helper.make_node("Identity", ["cond_in"], ["cond_out"]),
-                       helper.make_node("Neg", ["v0"], ["v0_out"])], [[2]])
+                       helper.make_node("Cast", ["i"], ["fi"], to=F),
+                       helper.make_node("Mul", ["v0", "half"], ["h"]),
+                       helper.make_node("Add", ["h", "fi"], ["v0_out"])], [[2]], inits=[("half", np.float32(0.5))])
     model = _model([helper.make_node("Loop", ["n", "", "v_init"], ["v_final"], body=body, name="steps")],
                    [("v_init", F, [2]), ("n", I64, [])], [("v_final", F)])
-    with pytest.raises(KilnError, match="steps.*trip count 'n' is computed at run time"):
+    result = _build(model)
+    assert "it < *(const long long*)" in result.files["kiln_entry.c"].decode()
+    _check(model, [{"v_init": np.array([1.0, -3.0], np.float32), "n": np.array(n, np.int64)}
+                   for n in (0, 1, 7, 300, -2)], result)
+
+
+def test_while_loop_runs_until_its_condition_fails():
+    """A Loop without a trip count (torch's while_loop): it runs while the body's condition
+    holds, or not at all when the initial condition is false; with a trip count as well it
+    stops at whichever comes first."""
+    body = _loop_body([helper.make_node("Mul", ["v0", "two"], ["v0_out"]),
+                       helper.make_node("ReduceSum", ["v0_out"], ["s"], keepdims=0),
+                       helper.make_node("Less", ["s", "limit"], ["cond_out"])], [[3]], inits=[("two", np.float32(2))])
+    while_model = _model([helper.make_node("Loop", ["", "go", "v_init"], ["v_final"], body=body)],
+                         [("v_init", F, [3]), ("limit", F, []), ("go", B, [])], [("v_final", F)])
+    both = _model([helper.make_node("Loop", ["n", "go", "v_init"], ["v_final"], body=body)],
+                  [("v_init", F, [3]), ("limit", F, []), ("go", B, []), ("n", I64, [])], [("v_final", F)])
+    feeds = [{"v_init": np.array([0.5, 1, 0.25], np.float32), "limit": np.array(lim, np.float32), "go": np.array(go)}
+             for lim, go in ((5.0, True), (1000.0, True), (1.0, True), (1e30, True), (50.0, False))]
+    _check(while_model, feeds)
+    _check(both, [{**f, "n": np.array(n, np.int64)} for f in feeds for n in (0, 3, 50)])
+
+
+def test_a_run_time_loop_with_scan_outputs_is_refused_by_name():
+    body = _loop_body([helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+                       helper.make_node("Neg", ["v0"], ["v0_out"]), helper.make_node("Abs", ["v0"], ["y"])], [[2]],
+                      scans=["y"])
+    model = _model([helper.make_node("Loop", ["n", "", "v_init"], ["v_final", "ys"], body=body, name="steps")],
+                   [("v_init", F, [2]), ("n", I64, [])], [("v_final", F), ("ys", F)])
+    with pytest.raises(KilnError, match="steps.*trip count 'n' is computed at run time and it has scan outputs"):
         _build(model)
 
 

@@ -8,10 +8,12 @@ its tensors are renamed into the model's namespace under the node's key. The ent
 then runs:
 
     state <- initial values
-    for it in 0 .. trip - 1:
+    (if start_if holds:)
+    for it in 0 .. trip - 1 (trip read from `count` at run time, or no limit):
         iteration <- it;  each slice <- row it of its scanned tensor (from the end: reversed)
         the body's kernels
         row it of each scan output <- the body's slice;  state <- the values the body leaves
+        (with `until`: stop if the body's condition output is false)
     (the node's state outputs are the state buffers)
 """
 from __future__ import annotations
@@ -29,13 +31,17 @@ class LoopCall:
     scans: list  # (one iteration's slice, the stacked output, reversed?) per scan output
     name: str
     guard: tuple = ()
+    count: str = ""  # an int64 scalar: the trip count, read at run time ("": `trip`, or none)
+    start_if: str = ""  # a bool: the loop runs only if it holds ("": always)
+    until: str = ""  # the body's bool condition output: the loop stops after an iteration leaving it false
 
     def kernel_calls(self) -> list:
         return flatten(self.steps)
 
     def tensors(self) -> set:
         """The tensors the loop's own copies touch (not its body's kernels')."""
-        return ({self.iteration} - {""}) | {t for triple in self.state for t in triple} | \
+        return ({self.iteration, self.count, self.start_if, self.until} - {""}) | \
+            {t for triple in self.state for t in triple} | \
             {t for whole, part, _ in self.feeds + self.scans for t in (whole, part)}
 
 
@@ -77,7 +83,8 @@ def lower_loop(g, node, config, lower) -> tuple:
                     [(init, rename(s), inner.storage(rename(o))) for init, s, o in zip(node.inputs, state_in, leaves)],
                     [(whole, rename(s), bool(d)) for whole, s, d in zip(node.inputs[n:], slices_in, a["in_dirs"])],
                     [(inner.storage(rename(o)), out, bool(d)) for o, out, d in zip(scans, node.outputs[n:], a["out_dirs"])],
-                    f"loop_{node.name}"[:60], node.guard)
+                    f"loop_{node.name}"[:60], node.guard, a.get("count", ""), a.get("start_if", ""),
+                    inner.storage(rename(node.attrs["body"].outputs[0])) if a.get("until") else "")
     return call, inner
 
 
@@ -91,7 +98,8 @@ def renamed(model, rename):
                            state=[tuple(map(rename, t)) for t in s.state],
                            feeds=[(rename(w), rename(p), r) for w, p, r in s.feeds],
                            scans=[(rename(p), rename(w), r) for p, w, r in s.scans],
-                           guard=tuple((rename(t), v) for t, v in s.guard))
+                           guard=tuple((rename(t), v) for t, v in s.guard), count=rename(s.count),
+                           start_if=rename(s.start_if), until=rename(s.until))
         return replace(s, outputs=[rename(t) for t in s.outputs], inputs=[rename(t) for t in s.inputs],
                        guard=tuple((rename(t), v) for t, v in s.guard))
     return replace(model, steps=[step(s) for s in model.steps], inputs=[rename(t) for t in model.inputs],

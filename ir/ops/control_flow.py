@@ -7,6 +7,11 @@
   before the call. Each output is then `kiln.IfMerge(cond, then_value, else_value)`, a kernel
   that copies the taken branch's value into the If's output, so later kernels have one
   buffer to read. Both branches' outputs must have the same static type.
+- Loop whose trip count is known only at run time (a graph input, `for _ in range(n)`) or
+  that has none (a while loop), without scan outputs: one `kiln.Loop` node too; the entry
+  function reads the count from its tensor and stops after an iteration whose condition
+  output is false (`count`, `until` in its attributes). With scan outputs it is refused by
+  name: their length would be known at run time only.
 - Loop with a trip count known at compile time whose condition stays true (none, a true
   constant, or the body handing its condition back) and more than UNROLLED_ITERATIONS
   iterations becomes one `kiln.Loop` node: its body is compiled once, as a graph of its own,
@@ -136,13 +141,13 @@ def expand_loop(g: Graph, node: Node) -> list[Node]:
     if len(body.inputs) != 2 + n_carried or n_scan < 0 or len(node.outputs) != n_carried + n_scan:
         raise ShapeError(f"{node.describe()}: its body takes {len(body.inputs)} inputs and gives {len(body.outputs)} "
                          f"outputs for {n_carried} carried values")
-    if not trip:
-        raise UnsupportedError(f"{node.describe()}: a Loop without a trip count (a while loop) is not supported; "
-                               "Kiln unrolls loops whose trip count is known at compile time")
-    count = _scalar_constant(g, trip)
-    if count is None:
-        raise UnsupportedError(f"{node.describe()}: its trip count '{trip}' is computed at run time; Kiln unrolls "
-                               "loops whose trip count is known at compile time")
+    count = _scalar_constant(g, trip) if trip else None
+    if count is None:  # (a count read at run time, or none: a while loop)
+        if n_scan:
+            what = f"its trip count '{trip}' is computed at run time" if trip else "it has no trip count (a while loop)"
+            raise UnsupportedError(f"{node.describe()}: {what} and it has scan outputs, whose length would then be "
+                                   "known at run time only")
+        return [_entry_loop(node, body, 0, carried, [], [], [], count=trip, start_if=cond, until=True)]
     start = node.attrs.get("_start", 0)
     slices = node.attrs.get("_slices") or [[] for _ in range(n_scan)]
     known = True if not cond else _scalar_constant(g, cond)
@@ -191,15 +196,19 @@ def _keeps_going(body: Subgraph) -> bool:
 
 
 def _entry_loop(node: Node, body: Subgraph, trip: int, state: list, scanned: list, in_dirs: list,
-                out_dirs: list) -> Node:
+                out_dirs: list, count: str = "", start_if: str = "", until: bool = False) -> Node:
     """A kiln.Loop node: a Loop (the body takes the iteration number and the condition first)
     or a Scan (its scan inputs sliced along axis 0 each iteration), run by the entry function.
     Its inputs are the initial state, the scanned tensors and everything the body reads from
-    around it, so those stay alive and in order."""
+    around it, so those stay alive and in order; then the int64 scalar giving its trip count
+    at run time (`count`, else `trip` or, with neither, no limit) and the bool it runs only
+    if (`start_if`). With `until`, it stops after an iteration whose condition output is false."""
     captured = sorted(body.free_names())
-    return Node(ENTRY_LOOP, state + scanned + captured, list(node.outputs),
+    extra = [t for t in (count, start_if) if t]
+    return Node(ENTRY_LOOP, state + scanned + captured + extra, list(node.outputs),
                 {"body": body, "trip": trip, "captured": captured, "n_state": len(state), "n_scanned": len(scanned),
-                 "counted": node.op == LOOP, "in_dirs": in_dirs, "out_dirs": out_dirs}, node.name, node.guard)
+                 "counted": node.op == LOOP, "in_dirs": in_dirs, "out_dirs": out_dirs, "count": count,
+                 "start_if": start_if, "until": until}, node.name, node.guard)
 
 
 def loop_body_graph(g: Graph, node: Node) -> tuple:

@@ -134,7 +134,8 @@ def _cast_reader(b, node):
 
 def _cast_fold(a, values, g, node):
     to = numpy_dtype(g.types[node.outputs[0]].dtype)
-    if values[0].dtype == object and np.issubdtype(to, np.integer):  # sizes stay sizes (symbolic values)
+    # Sizes stay sizes (symbolic values), as floats too: arange(float(w)) counts w.
+    if values[0].dtype == object and (np.issubdtype(to, np.integer) or to in (np.float32, np.float64)):
         return [values[0]]
     with np.errstate(all="ignore"):  # NaN or out of range to an integer: whatever numpy gives
         return [values[0].astype(to)]

@@ -117,8 +117,6 @@ def _fold_symbolic(g: Graph, node: Node, definition, types: list) -> list | None
     if not all(t.is_static and t.size <= MAX_SYMBOLIC_ELEMENTS and t.dtype != "bool" for t in types):
         return None  # (whether a size equals 0 is a run-time question: comparisons run then)
     values = [g.symbolic_values.get(i, g.constants.get(i)) if i else None for i in node.inputs]
-    if node.op == "Cast" and is_float(types[0].dtype) and node.inputs[0] in g.symbolic_values:
-        return [values[0].copy()]  # (a size as a float is still that size: arange(float(w)) counts w)
     try:
         with np.errstate(all="ignore"):
             out = definition.evaluate({**node.attrs, **g.params.get(node.key, {})}, values, g, node)
