@@ -97,10 +97,11 @@ def _body(plan: list, timed: bool, depth: int = 1) -> list[str]:
             continue
         _, trip, iteration, inits, feeds, body, carries, swap, scans, guard, start_if, until = item
         inner = "  " * (depth + 1)
-        row = lambda rev: f"({trip - 1} - it)" if rev else "it"  # noqa: E731  (scans: a static trip)
+        last = trip - 1 if isinstance(trip, int) else f"{trip} - 1"  # (scans: a trip known when the loop starts)
+        row = lambda rev: f"({last} - it)" if rev else "it"  # noqa: E731
         lines.append(f"{pad}if ({_guard(guard)}) {{" if guard else f"{pad}{{")
         lines += [f"{inner}memcpy({_pointer(dst)}, {_pointer(src)}, {n});" for src, dst, n in inits]
-        limit = "" if trip is None else str(trip) if isinstance(trip, int) else f"*(const long long*){_pointer(trip)}"
+        limit = "" if trip is None else f"*(const long long*){_pointer(trip)}" if isinstance(trip, tuple) else trip
         runs = f"{inner}if (*(const unsigned char*){_pointer(start_if)}) " if start_if else inner
         lines.append(f"{runs}for (long long it = 0;{f' it < {limit};' if limit else ';'} ++it) {{")
         if iteration:
@@ -130,8 +131,8 @@ def entry_source(plan: list, outputs: list[tuple[tuple, int]], arena_bytes: int,
         position among all calls (profiling, dispatch); phases [(extent, pieces, grain)] of
         each kernel phase in order (ir.parallel.thread_plan): pieces > 1 may divide it
         across threads, in parts on multiples of grain;
-      ("loop", trip count (an int, the location of an int64 read at run time, or None: no
-        limit), location of the iteration number or None, [(initial value, state, nbytes)],
+      ("loop", trip count (an int, a C expression of dims, the location of an int64 read at
+        run time, or None: no limit), location of the iteration number or None, [(initial value, state, nbytes)],
         [(scanned tensor, slice, slice nbytes, reversed)], body plan, [(new value, state,
         nbytes)], scratch locations or None, [(slice, stacked output, slice nbytes,
         reversed)], guard, location of the bool it runs only if or None, location of the

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import io
 import json
 import mmap
 import os
@@ -410,7 +411,18 @@ class Store:
 _COPY_CHUNK = 16 << 20
 
 
-class TemporaryBlob:
+class _FileContent:
+    """A bundle file kept on disk: sized and compared like bytes, read only when asked."""
+    size: int
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __eq__(self, other) -> bool:
+        return bytes(self) == bytes(other)
+
+
+class TemporaryBlob(_FileContent):
     """A bundle file too large to hold in memory (a model's weights), written once, piece by
     piece, to an unnamed temporary file: the page cache holds it, not this process, and it
     is gone with its last reference, even after a crash. Read, compared and exported like
@@ -442,15 +454,9 @@ class TemporaryBlob:
             pos += len(chunk)
 
     def __bytes__(self) -> bytes:
-        out = _BytesSink()
+        out = io.BytesIO()
         self.copy_to(out)
-        return b"".join(out.parts)
-
-    def __len__(self) -> int:
-        return self.size
-
-    def __eq__(self, other) -> bool:
-        return bytes(self) == bytes(other)
+        return out.getvalue()
 
     def __hash__(self):
         return hash(self.sha256)
@@ -460,15 +466,7 @@ class TemporaryBlob:
             self.copy_to(f)
 
 
-class _BytesSink:
-    def __init__(self):
-        self.parts = []
-
-    def write(self, data) -> None:
-        self.parts.append(data)
-
-
-class StoredFile:
+class StoredFile(_FileContent):
     """A bundle file that is a verified blob in the store: written out by hard link (or a
     copy across file systems), read only if someone asks for its bytes."""
 
@@ -478,12 +476,6 @@ class StoredFile:
     def __bytes__(self) -> bytes:
         with open(self.path, "rb") as f:
             return f.read()
-
-    def __len__(self) -> int:
-        return self.size
-
-    def __eq__(self, other) -> bool:
-        return bytes(self) == bytes(other)
 
     def __hash__(self):
         return hash(self.path)

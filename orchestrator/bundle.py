@@ -100,7 +100,12 @@ def _locations(lowered, weight_offsets, arena_offsets):
                 nbytes = [lowered.types[s].nbytes for _, s, _ in st.state]
                 swap = [("arena", arena_offsets[f"swap:{id(st)}:{i}"]) for i in range(len(st.state))] \
                     if _swaps(lowered, st) else None
-                trip = loc(st.count) if st.count else st.trip if st.trip or not st.until else None
+                if st.count:  # (read at run time)
+                    trip = loc(st.count)
+                elif not isinstance(st.trip, int):  # (a size: a C expression of dims)
+                    trip = _dim_c(st.trip, symbols)
+                else:
+                    trip = st.trip if st.trip or not st.until else None  # (None: a while loop's no limit)
                 out.append(("loop", trip, loc(st.iteration) if st.iteration else None,
                             [(loc(init), loc(state), n) for (init, state, _), n in zip(st.state, nbytes)],
                             [(loc(whole), loc(part), lowered.types[part].nbytes, rev) for whole, part, rev in st.feeds],

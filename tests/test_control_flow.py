@@ -282,3 +282,31 @@ def test_long_scan_runs_in_the_entry_function(in_dirs, out_dirs):
     _check(model, [{"a0": rng.standard_normal(4).astype(np.float32) * 0.1,
                     "xs": rng.standard_normal((60, 4)).astype(np.float32) * 0.1,
                     "xs2": rng.standard_normal((60, 4)).astype(np.float32)}], result)
+
+
+def test_scan_and_loop_over_a_symbolic_length():
+    """A Scan along a length known at run time (a sequence of any length), forward and
+    reversed, and `for i in range(x.shape[0])` with a scan output: one build, trip count and
+    stacked outputs as long as the input."""
+    body = helper.make_graph([helper.make_node("Add", ["acc", "xi"], ["acc_out"]),
+                              helper.make_node("Mul", ["acc_out", "xr"], ["y"])], "body",
+                             [_vi("acc", F, [4]), _vi("xi", F, [4]), _vi("xr", F, [4])],
+                             [_vi("acc_out", F, [4]), _vi("y", F, [4])])
+    scan = _model([helper.make_node("Scan", ["a0", "xs", "xs2"], ["af", "ys"], body=body, num_scan_inputs=2,
+                                    scan_input_directions=[0, 1], scan_output_directions=[1])],
+                  [("a0", F, [4]), ("xs", F, ["steps", 4]), ("xs2", F, ["steps", 4])], [("af", F), ("ys", F)])
+    loop_body = _loop_body([helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+                            helper.make_node("Gather", ["xs", "i"], ["row"], axis=0),
+                            helper.make_node("Add", ["v0", "row"], ["v0_out"]),
+                            helper.make_node("Tanh", ["v0_out"], ["y"])], [[4]], scans=["y"])
+    loop = _model([helper.make_node("Shape", ["xs"], ["shape"]),
+                   helper.make_node("Gather", ["shape", "zero"], ["n"], axis=0),
+                   helper.make_node("Loop", ["n", "", "a0"], ["af", "ys"], body=loop_body)],
+                  [("a0", F, [4]), ("xs", F, ["steps", 4])], [("af", F), ("ys", F)], [("zero", np.array(0, np.int64))])
+    rng = np.random.default_rng(8)
+    for model in (scan, loop):
+        result = build(model, dims={"steps": (1, 40)}, executor="inprocess", cache=None, progress=False)
+        feeds = [{"a0": rng.standard_normal(4).astype(np.float32),
+                  **{x: rng.standard_normal((steps, 4)).astype(np.float32) for x in ("xs", "xs2")
+                     if x in [i.name for i in model.graph.input]}} for steps in (1, 5, 17, 40)]
+        _check(model, feeds, result)

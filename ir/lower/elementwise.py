@@ -285,6 +285,9 @@ def _nearest_by_whole_scales(x, node: Node, scales: list):
     asymmetric ones rounding down (other modes are refused by name)."""
     coords = node.attrs.get("coordinate_transformation_mode", "half_pixel")
     rounding = node.attrs.get("nearest_mode", "round_prefer_floor")
+    if node.attrs.get("mode", "nearest") != "nearest" or not all(float(s).is_integer() for s in scales):
+        raise TypeError(f"a {node.attrs.get('mode', 'nearest')} Resize by {list(scales)} of run-time sizes "
+                        "(nearest by whole scales only)")
     if coords not in ("half_pixel", "pytorch_half_pixel") and not (
             coords in ("asymmetric", "tf_half_pixel_for_nearest") and rounding == "floor"):
         raise TypeError(f"a nearest Resize of run-time sizes with {coords} coordinates rounding {rounding}")

@@ -20,10 +20,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..symbolic import Dim
+
 
 @dataclass
 class LoopCall:
-    trip: int
+    trip: "int | Dim"  # iterations (a Dim: a size known at run time)
     steps: list  # KernelCall | LoopCall: the body, in the model's tensor names
     iteration: str  # the int64 scalar holding the iteration number ("": the body takes none)
     state: list  # (initial value, state buffer the body reads, value the body leaves) per carried value
@@ -79,7 +81,7 @@ def lower_loop(g, node, config, lower) -> tuple:
         return t if not t or t in keep else prefix + t
     inner = renamed(inner, rename)
     a, n = node.attrs, len(state_in)
-    call = LoopCall(int(a["trip"]), inner.steps, rename(iteration),
+    call = LoopCall(a["trip"] if isinstance(a["trip"], Dim) else int(a["trip"]), inner.steps, rename(iteration),
                     [(init, rename(s), inner.storage(rename(o))) for init, s, o in zip(node.inputs, state_in, leaves)],
                     [(whole, rename(s), bool(d)) for whole, s, d in zip(node.inputs[n:], slices_in, a["in_dirs"])],
                     [(inner.storage(rename(o)), out, bool(d)) for o, out, d in zip(scans, node.outputs[n:], a["out_dirs"])],

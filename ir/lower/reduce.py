@@ -11,8 +11,8 @@ import itertools
 import math
 
 from ..graph import Node
-from ..loop import (Assign, Cast, Const, Expr, For, If, Let, Load, Local, Store, Var, add, call, cmp, fbin, flat_index, highest, lowest,
-                    mul, select, sub)
+from ..loop import (Assign, Cast, Const, Expr, For, If, Let, Load, Local, Store, Var, add, call, cmp, fbin, flat_index,
+                    highest, lowest, mul, select, sub)
 from .builder import KernelBuilder, broadcast_index
 
 # How each reduction kind starts, combines its elements and finishes.

@@ -23,7 +23,9 @@
   merges the new and the old); a run-time condition with scan outputs is refused, since
   their length would be known at run time only.
 - Scan over axis 0 with more than UNROLLED_ITERATIONS steps becomes a `kiln.Loop` too (the
-  entry copies a row of each scanned tensor in and of each scan output out per iteration).
+  entry copies a row of each scanned tensor in and of each scan output out per iteration),
+  and so does one over a symbolic length, and a Loop whose trip count is a size (`for i in
+  range(x.shape[0])`): their `trip` is a Dim, their scan outputs that long.
   Other Scans are unrolled over their (static) scan axis: Gather one slice per iteration,
   run the body, stack each scan output with Unsqueeze and Concat.
 
@@ -35,6 +37,7 @@ import numpy as np
 
 from ..graph import Graph, KilnError, Node, ShapeError, Subgraph, TensorType, UnsupportedError
 from ..loop import Const, For, If, Load, Store, Var
+from ..symbolic import is_symbolic
 from .elementwise import AND
 from .inference import resolve
 from .registry import OPAQUE, OpDef, expanded_only, register
@@ -142,11 +145,15 @@ def expand_loop(g: Graph, node: Node) -> list[Node]:
         raise ShapeError(f"{node.describe()}: its body takes {len(body.inputs)} inputs and gives {len(body.outputs)} "
                          f"outputs for {n_carried} carried values")
     count = _scalar_constant(g, trip) if trip else None
+    size = g.symbolic_values[trip].reshape(-1)[0] if trip in g.symbolic_values else None
+    if is_symbolic(size) and (not cond or _scalar_constant(g, cond)) and _keeps_going(body):
+        return [_entry_loop(node, body, size, carried, [], [], [0] * n_scan)]  # (a size: scan outputs that long)
     if count is None:  # (a count read at run time, or none: a while loop)
         if n_scan:
             what = f"its trip count '{trip}' is computed at run time" if trip else "it has no trip count (a while loop)"
             raise UnsupportedError(f"{node.describe()}: {what} and it has scan outputs, whose length would then be "
-                                   "known at run time only")
+                                   "known at run time only: such a Loop needs its trip count known at compile time, "
+                                   "or a size of an input")
         return [_entry_loop(node, body, 0, carried, [], [], [], count=trip, start_if=cond, until=True)]
     start = node.attrs.get("_start", 0)
     slices = node.attrs.get("_slices") or [[] for _ in range(n_scan)]
@@ -227,7 +234,7 @@ def loop_body_graph(g: Graph, node: Node) -> tuple:
     runtime = [name for name in outer if name not in g.constants]
     graph = Graph(inputs=([iteration] if iteration else []) + state + slices + runtime, outputs=list(body.outputs),
                   nodes=[Node(m.op, list(m.inputs), list(m.outputs), dict(m.attrs), m.name) for m in body.nodes],
-                  opset=g.opset, name=f"{g.name}/{node.name}")
+                  opset=g.opset, name=f"{g.name}/{node.name}", symbols=dict(g.symbols), derived=dict(g.derived))
     if iteration:
         graph.types[iteration] = TensorType((), "int64")
         graph.add_constant(body.inputs[1], np.array(True))
@@ -300,7 +307,10 @@ def expand_scan(g: Graph, node: Node) -> list[Node]:
     if len(lengths) != 1:
         raise ShapeError(f"{node.describe()}: its scan inputs have different lengths {sorted(lengths)}")
     steps = lengths.pop()
-    if steps > UNROLLED_ITERATIONS and not any(in_axes) and not any(out_axes):  # (rows of axis 0: contiguous)
+    if is_symbolic(steps) and (any(in_axes) or any(out_axes)):
+        raise UnsupportedError(f"{node.describe()}: a Scan over a symbolic length ({steps}) along an axis other "
+                               "than 0 is not supported yet")
+    if (is_symbolic(steps) or steps > UNROLLED_ITERATIONS) and not any(in_axes) and not any(out_axes):
         return [_entry_loop(node, body, steps, states, scanned, in_dirs, out_dirs)]
     if steps * max(len(body.nodes), 1) > MAX_UNROLLED_NODES:
         raise UnsupportedError(f"{node.describe()}: {steps} iterations of a {len(body.nodes)}-node body unroll to more "
