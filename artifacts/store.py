@@ -129,8 +129,9 @@ class Store:
         return os.path.join(self.root, "blobs", digest[:2], digest[2:])
 
     def put_blob(self, data) -> str:
-        """Store raw content (bytes, or a TemporaryBlob: copied, never read into memory) under
-        its sha256; returns the digest (also when read-only, so the caller can still name it)."""
+        """Store raw content (bytes, or a TemporaryBlob: linked or copied, never read into
+        memory) under its sha256; returns the digest (also when read-only, so the caller can
+        still name it)."""
         digest = data.sha256 if isinstance(data, TemporaryBlob) else hashlib.sha256(data).hexdigest()
         path = self.blob_path(digest)
         if self.readonly or Store.blob(self, digest) is not None:  # this folder's copy, not a remote's
@@ -139,8 +140,13 @@ class Store:
             os.makedirs(os.path.dirname(path), exist_ok=True)
             fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=os.path.dirname(path))
             try:
-                with os.fdopen(fd, "wb") as f:
-                    data.copy_to(f) if isinstance(data, TemporaryBlob) else f.write(data)
+                if isinstance(data, TemporaryBlob):  # (its name reserved; the blob takes it)
+                    os.close(fd)
+                    os.unlink(tmp)
+                    data.write_to(tmp)
+                else:
+                    with os.fdopen(fd, "wb") as f:
+                        f.write(data)
                 os.chmod(tmp, 0o444)  # an exported hard link must not be edited in place
                 os.replace(tmp, path)
             except BaseException:
@@ -429,7 +435,10 @@ class TemporaryBlob(_FileContent):
     StoredFile; its sha256 is known from the writing."""
 
     def __init__(self):
-        self._file = tempfile.TemporaryFile(prefix="kiln-blob-")
+        try:  # (O_TMPFILE without O_EXCL, unlike tempfile's: the file may be given a name later)
+            self._file = os.fdopen(os.open(tempfile.gettempdir(), os.O_TMPFILE | os.O_RDWR, 0o600), "w+b")
+        except (AttributeError, OSError):  # no O_TMPFILE here: a file unlinked at once
+            self._file = tempfile.TemporaryFile(prefix="kiln-blob-")
         self._hash = hashlib.sha256()
         self.size = 0
 
@@ -462,6 +471,18 @@ class TemporaryBlob(_FileContent):
         return hash(self.sha256)
 
     def write_to(self, dest: str) -> None:
+        """A new file `dest` with the content: the unnamed file itself given that name where
+        the system allows (an O_TMPFILE file on the same file system: nothing copied)."""
+        self._file.flush()
+        try:  # (a src_dir_fd makes Python call linkat, which follows /proc's link to the file)
+            root = os.open("/", os.O_RDONLY)
+            try:
+                os.link(f"/proc/self/fd/{self._file.fileno()}", dest, src_dir_fd=root, follow_symlinks=True)
+            finally:
+                os.close(root)
+            return
+        except OSError:  # another file system, no /proc, or a file already unlinked: copy
+            pass
         with open(dest, "wb") as f:
             self.copy_to(f)
 
