@@ -185,7 +185,7 @@ class Module:
             arrays.append(a)
         out_specs = self._out_specs
         if self._symbols is not None:  # the symbols' values from the shapes, checked before anything runs
-            values = self._symbols.bind([a.shape for a in arrays])
+            values = self._symbols.bind([a.shape for a in arrays], arrays)
             out_specs = [(name, dt, shape) for (name, dt, _), shape in
                          zip(self._out_specs, self._symbols.output_shapes(values))]
         for i, a in enumerate(arrays):

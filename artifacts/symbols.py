@@ -33,9 +33,10 @@ class Symbols:
         self.inputs, self.outputs, self.checks, self.derived = inputs, outputs, list(checks), list(derived)
         self.dims = np.zeros(max(len(self.order), 1), np.int64)  # what the entry function reads
 
-    def bind(self, shapes: list) -> dict:
+    def bind(self, shapes: list, arrays: list = ()) -> dict:
         """The symbols' values from the inputs' shapes (in the manifest's input order), checked;
-        also written to `self.dims`."""
+        also written to `self.dims`. `arrays` (the inputs) decide checks that hold unless a
+        bool input has a value."""
         values, source = {}, {}
         for spec, shape in zip(self.inputs, shapes):
             want = spec["shape"]
@@ -66,7 +67,12 @@ class Symbols:
                                     f"(expected {shape_text(spec['shape'])})")
         for d in self.derived:  # (in order: each may use those before it)
             values[d["name"]] = dim_value(d["numerator"], values) // int(d["divisor"])
+        names = [spec["name"] for spec in self.inputs]
         for check in self.checks:  # (sizes the model needs equal: two inputs broadcast together, ...)
+            unless = check.get("unless")
+            if unless and arrays and bool(np.asarray(arrays[names.index(unless["input"])]).reshape(-1)[0]) == \
+                    bool(unless["value"]):
+                continue
             left, right = dim_value(check["left"], values), dim_value(check["right"], values)
             if left != right:
                 raise KilnError(f"{check['where']}: {dim_text(check['left'])} = {left} and "

@@ -318,15 +318,16 @@ def collecting_checks(into: list):
         _CHECKS.reset(token)
 
 
-def require_equal(a, b, where: str):
+def require_equal(a, b, where: str, unless: tuple | None = None):
     """a and b (sizes, one at least symbolic) must be equal: an equality the module checks
-    before it runs (`collecting_checks`); returns the size to go on with. Outside type
-    inference a TypeError (not supported there)."""
+    before it runs (`collecting_checks`), unless the bool input unless[0] has the value
+    unless[1]; returns the size to go on with. Outside type inference a TypeError (not
+    supported there)."""
     if a == b:
         return a
     checks = _CHECKS.get()
     if checks is None:
         raise TypeError(f"{a} and {b} must agree at run time")
-    if (a, b, where) not in checks:
-        checks.append((a, b, where))
+    if (a, b, where, unless) not in checks:
+        checks.append((a, b, where, unless))
     return a if isinstance(a, int) else b if isinstance(b, int) else a

@@ -57,7 +57,10 @@ def _preconditions(lowered) -> list[tuple[str, int]]:
     symbols = list(lowered.symbols)
     out = [(f"dims[{k}] >= {lo}LL && dims[{k}] <= {hi}LL", 2) for k, (s, (lo, hi)) in enumerate(lowered.symbols.items())
            if s not in lowered.derived]
-    out += [(f"{_dim_c(a, symbols)} == {_dim_c(b, symbols)}", 3) for a, b, _ in lowered.checks]
+    for a, b, _, unless in lowered.checks:
+        skip = f"*(const unsigned char*)inputs[{lowered.inputs.index(unless[0])}] == {int(unless[1])} || " \
+            if unless else ""
+        out.append((f"{skip}{_dim_c(a, symbols)} == {_dim_c(b, symbols)}", 3))
     return out
 
 
@@ -216,7 +219,9 @@ def assemble(lowered, objects: dict[str, bytes], target, manifest_extra: dict, s
                  if s not in lowered.derived],
         derived=[{"name": s, "numerator": dim_to_json(num), "divisor": d, "least": lowered.symbols[s][0],
                   "greatest": lowered.symbols[s][1]} for s, (num, d) in lowered.derived.items()],
-        checks=[{"left": dim_to_json(a), "right": dim_to_json(b), "where": where} for a, b, where in lowered.checks],
+        checks=[{"left": dim_to_json(a), "right": dim_to_json(b), "where": where,
+                 **({"unless": {"input": unless[0], "value": unless[1]}} if unless else {})}
+                for a, b, where, unless in lowered.checks],
         arena_bytes=arena_bytes, weights_bytes=len(weights), weights_sha256=weights.sha256,
         runnable=linker is not None,
         calls=[{"name": c.name, "symbol": c.kernel.symbol, "ops": c.ops} for c in lowered.calls])

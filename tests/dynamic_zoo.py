@@ -90,7 +90,7 @@ def bert_encoder_dynamic(d: int = 64, heads: int = 4, layers: int = 2, vocab: in
 
 
 def gpt2_decoder_dynamic(d: int = 64, heads: int = 4, layers: int = 2, vocab: int = 96, max_positions: int = 128,
-                         positions: str = "input"):
+                         positions: str = "input", with_past: bool = True):
     """A GPT-2 causal LM with a KV cache, as exported with `past_key_values`: inputs input_ids
     and position_ids [batch, seq] and past_key_i / past_value_i [batch, heads, past, dh];
     outputs logits [batch, seq, vocab] and present_key_i / present_value_i [batch, heads,
@@ -100,7 +100,8 @@ def gpt2_decoder_dynamic(d: int = 64, heads: int = 4, layers: int = 2, vocab: in
     input, or (positions="range") computed as TorchScript traces `arange(past, past + seq)`
     from the shapes of past_key_0 and input_ids. (The LM head is a
     weight of its own: GPT-2 ties it to the word embedding, which with random weights makes
-    greedy decoding repeat its last token.)"""
+    greedy decoding repeat its last token.) Without `with_past`, the prefill-only export:
+    no past inputs, presents of this step's keys and values alone (same weights)."""
     g = GraphMaker(41)
     dh = d // heads
     wte = (g.rng.standard_normal((vocab, d)) * 0.5).astype(np.float32)
@@ -119,13 +120,15 @@ def gpt2_decoder_dynamic(d: int = 64, heads: int = 4, layers: int = 2, vocab: in
         inputs.append(("position_ids", TensorProto.INT64, ["batch", "seq"]))
     for layer in range(layers):
         past_k, past_v = f"past_key_{layer}", f"past_value_{layer}"
-        inputs += [(past_k, TensorProto.FLOAT, ["batch", heads, "past", dh]),
-                   (past_v, TensorProto.FLOAT, ["batch", heads, "past", dh])]
+        if with_past:
+            inputs += [(past_k, TensorProto.FLOAT, ["batch", heads, "past", dh]),
+                       (past_v, TensorProto.FLOAT, ["batch", heads, "past", dh])]
         qkv = g.linear(_layernorm(g, h, d), d, 3 * d)
         q, k, v = g.op("Split", [qkv, g.const(_i64(d, d, d))], n_out=3, axis=2)
         q, k, v = (_split_heads_back(g, t, heads, dh) for t in (q, k, v))
-        k = g.op("Concat", [past_k, k], axis=-2)
-        v = g.op("Concat", [past_v, v], axis=-2)
+        if with_past:
+            k = g.op("Concat", [past_k, k], axis=-2)
+            v = g.op("Concat", [past_v, v], axis=-2)
         outputs += [_out(g, k, f"present_key_{layer}"), _out(g, v, f"present_value_{layer}")]
         scores = g.op("Div", [g.op("MatMul", [q, g.op("Transpose", [k], perm=[0, 1, 3, 2])]),
                               g.const(np.float32(math.sqrt(dh)))])
@@ -142,6 +145,46 @@ def gpt2_decoder_dynamic(d: int = 64, heads: int = 4, layers: int = 2, vocab: in
     logits = g.op("MatMul", [_layernorm(g, h, d), g.weight((d, vocab), scale=2 / math.sqrt(d), base="lm_head")])
     model = _model(g, inputs, [_out(g, logits, "logits")] + outputs, opset=17, name="gpt2_dynamic")
     return model, {"heads": heads, "dh": dh, "layers": layers, "vocab": vocab, "positions": positions}
+
+
+def gpt2_merged_decoder(**config):
+    """HF optimum's merged decoder: one model whose If on `use_cache_branch` ([1] bool) runs
+    the decoder with past (then) or the prefill-only one (else: the past inputs, given empty,
+    go unread), each branch reading the model's inputs and weights from around it."""
+    with_past, info = gpt2_decoder_dynamic(**config)
+    no_past, _ = gpt2_decoder_dynamic(**config, with_past=False)
+    then_branch, then_weights = _as_branch(with_past.graph, "then/")
+    else_branch, else_weights = _as_branch(no_past.graph, "else/")
+    outputs = [o.name for o in with_past.graph.output]
+    choose = helper.make_node("If", ["use_cache_branch"], outputs, then_branch=then_branch, else_branch=else_branch,
+                              name="optimum::if")
+    inputs = list(with_past.graph.input) + [helper.make_tensor_value_info("use_cache_branch", TensorProto.BOOL, [1])]
+    graph = helper.make_graph([choose], "gpt2_merged", inputs,
+                              [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outputs],
+                              then_weights + else_weights)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    return model, {**info, "merged": True}
+
+
+def _as_branch(graph, prefix: str) -> tuple:
+    """A model's graph as an If branch: no inputs (it reads the outer ones by name), every
+    tensor it makes and every weight renamed under `prefix`, the weights handed back to go
+    to the outer graph."""
+    own = {i.name for i in graph.initializer} | {o for n in graph.node for o in n.output}
+
+    def name(t: str) -> str:
+        return prefix + t if t in own else t
+    nodes = [helper.make_node(n.op_type, [name(i) for i in n.input], [name(o) for o in n.output],
+                              name=prefix + n.name, **{a.name: helper.get_attribute_value(a) for a in n.attribute})
+             for n in graph.node]
+    weights = []
+    for init in graph.initializer:
+        renamed = TensorProto()
+        renamed.CopyFrom(init)
+        renamed.name = name(init.name)
+        weights.append(renamed)
+    outputs = [helper.make_tensor_value_info(name(o.name), TensorProto.FLOAT, None) for o in graph.output]
+    return helper.make_graph(nodes, prefix.strip("/"), [], outputs), weights
 
 
 def _split_heads_back(g: GraphMaker, t: str, heads: int, dh: int) -> str:
@@ -161,6 +204,8 @@ def greedy_tokens(run, info: dict, prompt: list, steps: int) -> tuple[list, list
     start = 0
     for _ in range(steps + 1):
         feeds = {"input_ids": ids, **past}
+        if info.get("merged"):  # (optimum's merged decoder: the prefill takes the branch without past)
+            feeds["use_cache_branch"] = np.array([start > 0])
         if info["positions"] == "input":
             feeds["position_ids"] = np.arange(start, start + ids.shape[1], dtype=np.int64)[None]
         out = run(feeds)

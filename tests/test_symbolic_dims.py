@@ -305,6 +305,32 @@ def test_gpt2_decodes_onnxruntime_tokens_from_one_build_starting_from_an_empty_c
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=f"step {step}")
 
 
+def test_an_optimum_merged_decoder_generates_onnxruntime_tokens(executor):
+    """HF optimum's merged decoder: an If on `use_cache_branch` between the decoder with past
+    and the prefill-only one, whose presents are seq long where the other's are past + seq.
+    One build: the prefill (past 0, use_cache_branch false) and 32 greedy steps give
+    onnxruntime's tokens. The prefill branch with a non-empty past, where the two presents
+    could not share a shape, is refused by name and nothing runs."""
+    model, info = dynamic_zoo.gpt2_merged_decoder()
+    result = build(model, dims={"batch": (1, 1), "seq": (1, 16), "past": (0, 100)}, executor=executor, cache=None,
+                   progress=False)
+    prompt = [5, 17, 3, 40, 11]
+    want_tokens, want_logits = dynamic_zoo.greedy_tokens(lambda f: model_zoo.onnxruntime_outputs(model, f), info,
+                                                         prompt, 32)
+    module = result.load()
+    got_tokens, got_logits = dynamic_zoo.greedy_tokens(module.run, info, prompt, 32)
+    assert got_tokens == want_tokens
+    for step, (got, want) in enumerate(zip(got_logits, want_logits)):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=f"step {step}")
+    feeds = {"input_ids": np.array([[4]], np.int64), "position_ids": np.array([[3]], np.int64),
+             "use_cache_branch": np.array([False]),
+             **{f"past_{kind}_{i}": np.zeros((1, info["heads"], 3, info["dh"]), np.float32)
+                for i in range(info["layers"]) for kind in ("key", "value")}}
+    with pytest.raises(KilnError, match=r"'optimum::if' \(If\): output \d+ when 'use_cache_branch' is false: "
+                                        r"past \+ seq = 4 and seq = 1 must be equal"):
+        module.run(feeds)
+
+
 # ---- CNNs with a symbolic batch -------------------------------------------------------------------
 
 @pytest.mark.parametrize("name", ["residual_cnn", "mobilenet_v2"])

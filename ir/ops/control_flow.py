@@ -37,7 +37,7 @@ import numpy as np
 
 from ..graph import Graph, KilnError, Node, ShapeError, Subgraph, TensorType, UnsupportedError
 from ..loop import Const, For, If, Load, Store, Var
-from ..symbolic import is_symbolic
+from ..symbolic import is_symbolic, require_equal
 from .elementwise import AND
 from .inference import resolve
 from .registry import OPAQUE, OpDef, expanded_only, register
@@ -114,10 +114,21 @@ def expand_if(g: Graph, node: Node) -> list[Node]:
 
 
 def _if_merge_infer(g, node, p):
+    """The then branch's type. Sizes that differ between the branches where one is symbolic
+    (optimum's merged decoder: past + seq with the cache, seq without) must agree whenever
+    the else branch is taken: a check the module makes before it runs, so the condition
+    must be a model input."""
     t, e = g.types[node.inputs[1]], g.types[node.inputs[2]]
-    if t != e:
+    cond = node.inputs[0]
+    differ = [(a, b) for a, b in zip(t.shape, e.shape) if a != b]
+    if t.dtype != e.dtype or len(t.shape) != len(e.shape) or \
+            any(not (is_symbolic(a) or is_symbolic(b)) for a, b in differ) or (differ and cond not in g.inputs):
         raise ShapeError(f"{node.attrs['owner']}: output {node.attrs['index']} is {t} in the then branch and {e} in "
-                         "the else branch; Kiln compiles one static type per output (make both branches agree)")
+                         "the else branch; Kiln compiles one static type per output (make both branches agree), or "
+                         "sizes that differ symbolically when the condition is a model input")
+    for a, b in differ:
+        require_equal(a, b, f"{node.attrs['owner']}: output {node.attrs['index']} when '{cond}' is false",
+                      unless=(cond, True))
     return t
 
 
@@ -125,7 +136,7 @@ def _if_merge_kernel(b, node):
     """Copy the taken branch's value: the condition is tested once, outside the loops."""
     out = b.out_param(node.outputs[0])
     cond, then_, else_ = (b.in_param(i) for i in node.inputs)
-    n = b.type(node.outputs[0]).size
+    n = b.dim(b.type(node.outputs[0]).size)
 
     def copy(src):
         i = b.fresh("i")
