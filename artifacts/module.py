@@ -19,6 +19,7 @@ from .element_types import kind, numpy_dtype
 from .errors import KilnError
 
 from .manifest import ENTRY_ABI_VERSION, KILN_VERSION, Manifest, dim_value
+from .output_pool import OutputPool
 from .symbols import Symbols
 from .cpu_features import host_arch, missing_on_host
 
@@ -114,6 +115,7 @@ class Module:
         self._in_names = {s["name"] for s in self.inputs}
         # One arena per module: calls from several threads take turns (ctypes drops the GIL).
         self._lock = threading.Lock()
+        self._outputs = OutputPool()
 
     @property
     def threads(self) -> int:
@@ -190,8 +192,9 @@ class Module:
                          zip(self._out_specs, self._symbols.output_shapes(values))]
         for i, a in enumerate(arrays):
             self._in_ptrs[i] = _address(a)
-        if out is None:
-            out = {name: np.empty(shape, dt) for name, dt, shape in out_specs}
+        self._keep = None  # (the last call's inputs: buffers the pool may hand out again)
+        if out is None:  # (views of buffers the caller let go of, where outputs are large: artifacts/output_pool.py)
+            out = {name: self._outputs.array(shape, dt) for name, dt, shape in out_specs}
         for i, (name, dt, shape) in enumerate(out_specs):
             a = out.get(name) if isinstance(out, dict) else None
             if not (type(a) is np.ndarray and a.dtype == dt and a.shape == shape and a.flags.c_contiguous
