@@ -37,7 +37,7 @@ class OutputPool:
                 small = buf
         if best is None:
             if small is not None:  # (a free buffer too small for what is asked now: its memory goes back)
-                self._buffers.remove(small)
+                self._buffers = [b for b in self._buffers if b is not small]
             best = np.empty(int(nbytes * SLACK), np.uint8)
             self._buffers.append(best)
         return best[:nbytes].view(dtype).reshape(shape)

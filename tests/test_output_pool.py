@@ -42,6 +42,9 @@ def test_a_dropped_output_s_memory_serves_the_next_call(executor):
     held = y.ctypes.data
     z = module.run({"x": np.full((1, 256, 1024), 3, np.float32)})["y"]  # smaller: fits a free buffer
     assert z.ctypes.data != held and np.all(y == 3) and np.all(z == 7)
+    del z
+    w = module.run({"x": np.full((4, 256, 1024), 5, np.float32)})  # larger than any free buffer: a new one
+    assert np.all(w["y"] == 11) and np.all(w["z"] == 25) and np.all(y == 3)
 
 
 def test_small_outputs_are_plain_arrays():
