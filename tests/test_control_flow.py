@@ -151,11 +151,16 @@ def test_a_long_loop_runs_in_the_entry_function():
            result)
 
 
-def test_scan_with_reverse_input_and_output_axis():
-    body = helper.make_graph([helper.make_node("Add", ["acc", "xi"], ["acc_out"]),
+def _accumulating_scan_body():
+    """acc <- acc + xi; y = acc * xr (two scan inputs, one state, one scan output of [4])."""
+    return helper.make_graph([helper.make_node("Add", ["acc", "xi"], ["acc_out"]),
                               helper.make_node("Mul", ["acc_out", "xr"], ["y"])], "body",
                              [_vi("acc", F, [4]), _vi("xi", F, [4]), _vi("xr", F, [4])],
                              [_vi("acc_out", F, [4]), _vi("y", F, [4])])
+
+
+def test_scan_with_reverse_input_and_output_axis():
+    body = _accumulating_scan_body()
     model = _model([helper.make_node("Scan", ["a0", "xs", "xs2"], ["af", "ys"], body=body, num_scan_inputs=2,
                                      scan_input_directions=[0, 1], scan_output_axes=[1])],
                    [("a0", F, [4]), ("xs", F, [6, 4]), ("xs2", F, [6, 4])], [("af", F), ("ys", F)])
@@ -288,10 +293,7 @@ def test_scan_and_loop_over_a_symbolic_length():
     """A Scan along a length known at run time (a sequence of any length), forward and
     reversed, and `for i in range(x.shape[0])` with a scan output: one build, trip count and
     stacked outputs as long as the input."""
-    body = helper.make_graph([helper.make_node("Add", ["acc", "xi"], ["acc_out"]),
-                              helper.make_node("Mul", ["acc_out", "xr"], ["y"])], "body",
-                             [_vi("acc", F, [4]), _vi("xi", F, [4]), _vi("xr", F, [4])],
-                             [_vi("acc_out", F, [4]), _vi("y", F, [4])])
+    body = _accumulating_scan_body()
     scan = _model([helper.make_node("Scan", ["a0", "xs", "xs2"], ["af", "ys"], body=body, num_scan_inputs=2,
                                     scan_input_directions=[0, 1], scan_output_directions=[1])],
                   [("a0", F, [4]), ("xs", F, ["steps", 4]), ("xs2", F, ["steps", 4])], [("af", F), ("ys", F)])
