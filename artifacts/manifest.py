@@ -54,13 +54,15 @@ def dim_text(dim) -> str:
     return " + ".join("*".join(([str(c)] if c != 1 or not m else []) + list(m)) for m, c in dim)
 
 
-def io_signature(inputs: list, outputs: list, arena_bytes: int) -> str:
+def io_signature(inputs: list, outputs: list, arena_bytes: int, derived: list = ()) -> str:
     """What the library was built to read and write: compiled into it (kiln_signature) and
     compared with the manifest at load, so a manifest edited to promise other shapes (a
-    smaller output buffer: a heap overrun) is refused before the first call."""
+    smaller output buffer: a heap overrun) is refused before the first call. Derived
+    symbols' definitions too, where there are any: output sizes are computed from them."""
     def spec(kind, s):
         return f"{kind}:{s['name']}:{s['dtype']}:{'x'.join(map(str, s['shape']))}"
-    return ";".join([spec("in", s) for s in inputs] + [spec("out", s) for s in outputs] + [f"arena:{arena_bytes}"])
+    return ";".join([spec("in", s) for s in inputs] + [spec("out", s) for s in outputs] + [f"arena:{arena_bytes}"]
+                    + [f"derived:{d['name']}={json.dumps(d['numerator'])}//{d['divisor']}" for d in derived])
 
 
 @dataclass
@@ -128,7 +130,7 @@ class Manifest:
         return manifest
 
     def signature(self) -> str:
-        return io_signature(self.inputs, self.outputs, self.arena_bytes)
+        return io_signature(self.inputs, self.outputs, self.arena_bytes, self.derived)
 
     @classmethod
     def read(cls, folder: str) -> "Manifest":

@@ -430,3 +430,17 @@ def test_the_generation_example_gives_onnxruntime_tokens(tmp_path):
     out = subprocess.run([sys.executable, example, *flags], check=True, env=env, capture_output=True, text=True).stdout
     assert "built once" in out and "ms per token (median of 12)" in out
     assert "(the same)" in out, out
+
+
+def test_a_manifest_edited_to_redefine_a_derived_symbol_is_refused(executor, tmp_path):
+    """Output sizes follow the derived symbols' definitions: the library carries them in its
+    signature, so a manifest that redefines one (smaller outputs: a heap overrun) never loads."""
+    from modelkiln.artifacts.module import Module
+    from tests.conftest import bundle_copy
+    bundle = build(dynamic_zoo.cnn_dynamic_image(), dims={"batch": (1, 2), "height": (6, 40), "width": (6, 40)},
+                   executor=executor, cache=None, progress=False).export(str(tmp_path / "cnn"))
+
+    def halve_the_height(m):
+        m["derived"][0]["divisor"] = 4
+    with pytest.raises(KilnError, match="describes inputs, outputs or arena other than the library was built for"):
+        Module(bundle_copy(bundle, tmp_path, halve_the_height))
