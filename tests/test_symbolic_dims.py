@@ -373,6 +373,11 @@ def test_a_cnn_with_dynamic_batch_height_and_width(executor):
     for shape in [(1, 3, 6, 6), (2, 3, 17, 33), (3, 3, 48, 48), (1, 3, 9, 47), (1, 3, 31, 7)]:
         _assert_like_onnxruntime(module, model, {"images": np.random.default_rng(shape[2]).standard_normal(shape)
                                                  .astype(np.float32)})
+    one_image = build(model, shapes={"images": [1, 3, "height", "width"]}, dims={"height": (6, 48), "width": (6, 48)},
+                      executor=executor, cache=None, progress=False).load(threads=2)  # (its phases divide)
+    for shape in [(1, 3, 6, 6), (1, 3, 47, 19)]:
+        _assert_like_onnxruntime(one_image, model, {"images": np.random.default_rng(shape[3]).standard_normal(shape)
+                                                    .astype(np.float32)})
 
 
 def test_a_yolo_style_detector_builds_with_dynamic_axes(executor):

@@ -216,7 +216,9 @@ def lower_conv_symbolic(b: KernelBuilder, node: Node, store) -> tuple:
         return store([Var(bv), co] + unflatten(mm, out_sp), acc if bias is None else fbin("add", acc, bias([co])))
     product = gemm_stmt(b, col, Const(0), 1, pixels_bound, wparam, mul(Var(gv), panel_stride), pixels, cog, kk,
                         epilogue, split="n")
-    return loop(bv, b.dim(xs[0]), loop(gv, groups, [For(ci, cg, copy), product]))
+    # (A batch of 1 and one group leave both top level: threads divide the channels' im2col
+    # and the GEMM's weight panels.)
+    return loop(bv, b.dim(xs[0]), loop(gv, groups, [For(ci, cg, copy, parallel=True), product]))
 
 
 def lower_conv(b: KernelBuilder, node: Node, store) -> tuple:
