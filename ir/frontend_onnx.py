@@ -60,15 +60,6 @@ def _check_node_opset(node: Node, opset: int) -> None:
                                f"which Kiln does not support (it implements {node.op} as of opset {FULL_OPSET})")
 
 
-def load_model_proto(model):
-    """The model's ModelProto with every tensor's data in it."""
-    proto, payloads = load_model(model)
-    for init in proto.graph.initializer:
-        if init.name in payloads:
-            init.raw_data = payloads[init.name].tobytes()
-    return proto
-
-
 def load_model(model):
     """(ModelProto, {main-graph initializer name: its raw bytes}): from a path or bytes, the
     large initializers' bytes are read into arrays of their own and left out of the message
