@@ -49,7 +49,7 @@ def _symbols(m: Manifest) -> list[str]:
              _array("char* const", "kiln_symbol_names", [json.dumps(n) for n in names]),
              _array("long long", "kiln_symbol_least", [str(s["least"]) for s in m.symbols]),
              _array("long long", "kiln_symbol_greatest", [str(s["greatest"]) for s in m.symbols])]
-    for kind, specs in (("input", m.inputs), ("output", m.outputs)):
+    for kind, specs in (("input", m.inputs), ("output", _cache_buffers(m))):
         lines += [f"/* Bytes of {kind} i for these symbol values. */",
                   f"static inline size_t kiln_{kind}_bytes_at(int i, const long long* dims) {{",
                   "  (void)dims;", "  switch (i) {"]
@@ -57,6 +57,36 @@ def _symbols(m: Manifest) -> list[str]:
                   f"[{', '.join(dim_text(d) for d in s['shape'])}] */" for i, s in enumerate(specs)]
         lines += ["  }", "  return 0;", "}"]
     return lines
+
+
+def _cache_buffers(m: Manifest) -> list:
+    """The outputs, a KV cache's present as the buffer it is written in: capacity entries."""
+    specs = []
+    for s in m.outputs:
+        for c in m.caches:
+            if c["present"] == s["name"]:
+                shape = list(s["shape"])
+                shape[c["axis"]] = [[[c["capacity"]], 1]]
+                s = {**s, "shape": shape}
+        specs.append(s)
+    return specs
+
+
+def _caches(m: Manifest) -> list[str]:
+    """The KV caches kept in place: which input and output share a buffer."""
+    inputs, outputs, symbols = ([s["name"] for s in specs] for specs in (m.inputs, m.outputs, m.symbols))
+    return ["/* KV caches kept in place: input kiln_cache_inputs[c] (the past) and output",
+            " * kiln_cache_outputs[c] (the present: the past and this call's entries after it, along",
+            " * axis kiln_cache_axes[c]) may be one buffer, kiln_output_bytes_at(kiln_cache_outputs[c],",
+            " * dims) bytes, with dims[kiln_cache_capacity[c]] the entries it has room for: a call then",
+            " * reads the past where it lies and appends only its own entries. Passed as two buffers",
+            " * (the past dense, the capacity the present's length), the past is copied in first.",
+            " * Returns 4, running nothing, where the present would not fit in the capacity. */",
+            f"#define KILN_NUM_CACHES {len(m.caches)}",
+            _array("int", "kiln_cache_inputs", [str(inputs.index(c["past"])) for c in m.caches]),
+            _array("int", "kiln_cache_outputs", [str(outputs.index(c["present"])) for c in m.caches]),
+            _array("int", "kiln_cache_axes", [str(c["axis"]) for c in m.caches]),
+            _array("int", "kiln_cache_capacity", [str(symbols.index(c["capacity"])) for c in m.caches])]
 
 
 def _tensors(kind: str, specs: list, symbols: list, derived: list) -> list[str]:
@@ -86,7 +116,8 @@ _ENTRY_STATIC = [
 _ENTRY_DIMS = [
     "/* Run with the symbols' values in dims[] (inputs and outputs hold kiln_*_bytes_at(i, dims)",
     " * bytes each) on `threads` threads (<= 0: the default). Returns 0, or before running",
-    " * anything 2 (a symbol outside its bounds) or 3 (sizes the model needs equal differ). */",
+    " * anything 2 (a symbol outside its bounds), 3 (sizes the model needs equal differ) or 4 (a",
+    " * KV cache's present longer than its capacity). */",
     "int kiln_run_dims(char* weights, char* arena, void** inputs, void** outputs, const long long* dims,",
     "                  int threads);",
     "int kiln_run_dims_profiled(char* weights, char* arena, void** inputs, void** outputs, const long long* dims,",
@@ -116,6 +147,7 @@ def model_header(m: Manifest) -> str:
              f"#define KILN_ARENA_BYTES {m.arena_bytes}u",
              f"#define KILN_SIGNATURE {json.dumps(m.signature())}  /* kiln_signature() of the library */",
              *(_symbols(m) + [""] if m.symbols else []),  # (first: the shapes below use KILN_DIM_EXPR)
+             *(_caches(m) + [""] if m.caches else []),
              *_tensors("input", m.inputs, m.symbols, m.derived), *_tensors("output", m.outputs, m.symbols, m.derived),
              "",
              "/* The library's entry points. */",

@@ -25,6 +25,8 @@ def _pointer(loc: tuple) -> str:
     space, where = loc
     if space == "input":
         return f"inputs[{where}]"
+    if space == "output":  # (a KV cache's present: written in the caller's buffer)
+        return f"outputs[{where}]"
     if space == "dims":
         return "(void*)dims"
     base = {"arena": "arena", "weights": "weights"}[space]
@@ -124,7 +126,7 @@ def _body(plan: list, timed: bool, depth: int = 1) -> list[str]:
 
 
 def entry_source(plan: list, outputs: list[tuple[tuple, int]], arena_bytes: int, signature: str = "",
-                 min_piece_work: int = 0, preconditions: list = (), derived: tuple = ()) -> str:
+                 min_piece_work: int = 0, preconditions: list = (), derived: tuple = (), caches: tuple = ()) -> str:
     """plan: the steps in order:
       ("call", symbol, [location of each argument], guard, index, phases): guard is
         [(location of a bool, value)], the call runs only where each holds; index its
@@ -146,6 +148,10 @@ def entry_source(plan: list, outputs: list[tuple[tuple, int]], arena_bytes: int,
     the first of `preconditions` ((C condition, code)) that fails before running anything.
     `derived` (base count, [C expression of dims[] for each derived symbol]): symbols the
     entry computes from the caller's (ir/symbolic.floor_div), after them in dims[].
+    `caches` (input count, [(input index, output index, blocks, past block bytes, capacity block bytes)]),
+    sizes as C expressions: KV caches whose kernels read the past input from the present
+    output's buffer, at its capacity; where the caller passed two buffers, the entry first
+    copies the past's blocks there (an output at ("output", i) is written in place, not copied).
     A static model's entry is exactly what it was before symbols existed."""
     calls = list(_calls(plan))
     symbolic = bool(min_piece_work)
@@ -168,12 +174,13 @@ def entry_source(plan: list, outputs: list[tuple[tuple, int]], arena_bytes: int,
               "static double kiln_now(void) {",
               "  struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec * 1e3 + t.tv_nsec * 1e-6;", "}",
               "", "struct kiln_ctx { char* weights; char* arena; void** inputs;"
-              + " const long long* dims;" * symbolic + " };",
+              + " const long long* dims;" * symbolic + " void** outputs;" * bool(caches) + " };",
               "", "/* Runs [lo, hi) of one phase of a call: what a pool thread is given. */",
               "static void kiln_piece(void* c, long call, long phase, long lo, long hi) {",
               "  const struct kiln_ctx* ctx = (const struct kiln_ctx*)c;",
               "  char* weights = ctx->weights; char* arena = ctx->arena; void** inputs = ctx->inputs;"
-              + (" const long long* dims = ctx->dims; (void)dims;" if symbolic else ""),
+              + (" const long long* dims = ctx->dims; (void)dims;" if symbolic else "")
+              + (" void** outputs = ctx->outputs;" if caches else ""),
               "  (void)weights; (void)arena; (void)inputs;",
               "  switch (call) {"]
     for _, sym, args, _, index, parts in calls:
@@ -194,19 +201,37 @@ def entry_source(plan: list, outputs: list[tuple[tuple, int]], arena_bytes: int,
         lines += [f"int {name}(char* weights, char* arena, void** inputs, void** outputs, {dims_param}"
                   f"{extra[2:] + ', ' if timed else ''}int threads) {{",
                   *(compute if derived else []),
-                  f"  struct kiln_ctx ctx = {{weights, arena, inputs{', dims' * symbolic}}};", "  (void)ctx;",
                   *[f"  if (!({cond})) return {code};" for cond, code in preconditions],
+                  *_bind_caches(caches),
+                  f"  struct kiln_ctx ctx = {{weights, arena, inputs{', dims' * symbolic}{', outputs' * bool(caches)}}};",
+                  "  (void)ctx;",
                   "  if (threads <= 0) threads = kiln_num_threads();"]
         if timed:
             lines += [f"  for (int i = 0; i < {len(calls)}; ++i) times[i] = 0;", "  double t0 = kiln_now(), t1;"]
         lines += _body(plan, timed)
         for i, (loc, nbytes) in enumerate(outputs):
-            lines.append(f"  memcpy(outputs[{i}], {_pointer(loc)}, {nbytes});")
+            if loc != ("output", i):
+                lines.append(f"  memcpy(outputs[{i}], {_pointer(loc)}, {nbytes});")
         lines += ["  return 0;", "}", ""]
     if not symbolic:
         lines += ["int kiln_run(char* weights, char* arena, void** inputs, void** outputs) {",
                   "  return kiln_run_threads(weights, arena, inputs, outputs, 0);", "}", ""]
     return "\n".join(lines)
+
+
+def _bind_caches(caches: tuple) -> list[str]:
+    """The entry's lines pointing each KV cache's past input at its present's buffer."""
+    if not caches:
+        return []
+    inputs, caches = caches
+    lines = [f"  void* bound[{inputs}];", f"  for (int i = 0; i < {inputs}; ++i) bound[i] = inputs[i];"]
+    for i, o, blocks, past_bytes, capacity_bytes in caches:
+        lines += [f"  if (inputs[{i}] != outputs[{o}])  /* two buffers: the past moves into the present's */",
+                  f"    for (long long b = 0; b < {blocks}; ++b)",
+                  f"      memcpy((char*)outputs[{o}] + b * {capacity_bytes}, (const char*)inputs[{i}] + b * {past_bytes}, "
+                  f"{past_bytes});",
+                  f"  bound[{i}] = outputs[{o}];"]
+    return lines + ["  inputs = bound;"]
 
 
 LINK_FLAGS = ("-shared", "-fPIC", "-O2", "-pthread")

@@ -54,15 +54,17 @@ def dim_text(dim) -> str:
     return " + ".join("*".join(([str(c)] if c != 1 or not m else []) + list(m)) for m, c in dim)
 
 
-def io_signature(inputs: list, outputs: list, arena_bytes: int, derived: list = ()) -> str:
+def io_signature(inputs: list, outputs: list, arena_bytes: int, derived: list = (), caches: list = ()) -> str:
     """What the library was built to read and write: compiled into it (kiln_signature) and
     compared with the manifest at load, so a manifest edited to promise other shapes (a
     smaller output buffer: a heap overrun) is refused before the first call. Derived
-    symbols' definitions too, where there are any: output sizes are computed from them."""
+    symbols' definitions too, where there are any: output sizes are computed from them; and
+    the KV caches, whose buffers the library indexes by their capacity."""
     def spec(kind, s):
         return f"{kind}:{s['name']}:{s['dtype']}:{'x'.join(map(str, s['shape']))}"
     return ";".join([spec("in", s) for s in inputs] + [spec("out", s) for s in outputs] + [f"arena:{arena_bytes}"]
-                    + [f"derived:{d['name']}={json.dumps(d['numerator'])}//{d['divisor']}" for d in derived])
+                    + [f"derived:{d['name']}={json.dumps(d['numerator'])}//{d['divisor']}" for d in derived]
+                    + [f"cache:{c['past']}>{c['present']}@{c['axis']}:{c['capacity']}" for c in caches])
 
 
 @dataclass
@@ -94,10 +96,14 @@ class Manifest:
     # floor(numerator / divisor) of those before them (a strided conv's output height); the
     # entry computes them, and a caller passes only `symbols`
     derived: list = field(default_factory=list)
+    # [{"past", "present", "axis", "capacity"}]: an input and an output that share one buffer
+    # (a KV cache appended in place, ir/passes/kv_cache.py), `capacity` (a symbol) entries
+    # long along `axis`: the library reads the past from the present's buffer
+    caches: list = field(default_factory=list)
 
     def to_bytes(self) -> bytes:
         fields_ = asdict(self)
-        for name in ("symbols", "checks", "derived"):  # (a static bundle's manifest is what it was before symbols)
+        for name in ("symbols", "checks", "derived", "caches"):  # (a static bundle's manifest is what it was before symbols)
             if not fields_[name]:
                 del fields_[name]
         return json.dumps(fields_, indent=2, sort_keys=True).encode()
@@ -130,7 +136,7 @@ class Manifest:
         return manifest
 
     def signature(self) -> str:
-        return io_signature(self.inputs, self.outputs, self.arena_bytes, self.derived)
+        return io_signature(self.inputs, self.outputs, self.arena_bytes, self.derived, self.caches)
 
     @classmethod
     def read(cls, folder: str) -> "Manifest":

@@ -17,6 +17,7 @@ import numpy as np
 
 from .element_types import kind, numpy_dtype
 from .errors import KilnError
+from .kv_cache import KVCache
 
 from .manifest import ENTRY_ABI_VERSION, KILN_VERSION, Manifest, dim_value
 from .output_pool import OutputPool
@@ -102,7 +103,7 @@ class Module:
             self.threads = self._lib.kiln_num_threads()
         # A bundle with symbolic dims runs at any size within its bounds: its entry takes the
         # symbols' values (artifacts/symbols.py), read from each call's input shapes.
-        self._symbols = Symbols(m.symbols, m.inputs, m.outputs, m.checks, m.derived) if m.symbols else None
+        self._symbols = Symbols(m.symbols, m.inputs, m.outputs, m.checks, m.derived, m.caches) if m.symbols else None
         self._run = self._lib.kiln_run_dims if self._symbols else self._lib.kiln_run_threads
         self._run.restype = ctypes.c_int
         self._run.argtypes = [ctypes.c_void_p] * (5 if self._symbols else 4) + [ctypes.c_int]
@@ -170,9 +171,35 @@ class Module:
             raise KilnError(f"input '{spec['name']}': expected shape {tuple(spec['shape'])}, got {arr.shape}")
         return np.ascontiguousarray(arr)
 
-    def _bind(self, inputs: dict, out: dict | None = None) -> dict:
+    def new_cache(self, capacity: int | None = None, **dims) -> KVCache:
+        """Buffers for the model's KV caches (`run(..., cache=)`), empty: `capacity` entries
+        each (default: the most the bundle was built for), at the sizes `dims` give the
+        symbols they name (a symbol left out: its least, e.g. a batch of 1)."""
+        m = self.manifest
+        if not m.caches:
+            raise KilnError(f"model '{self.path}' keeps no KV cache in place: it has no past input that a present "
+                            "output extends (or was built with the bind_kv_caches pass disabled)")
+        bounds = self._symbols.bounds
+        unknown = [s for s in dims if s not in bounds or any(s == c["capacity"] for c in m.caches)]
+        if unknown:
+            raise KilnError(f"new_cache: no symbol {', '.join(unknown)} to size (the model's: "
+                            f"{', '.join(s for s in bounds if not any(s == c['capacity'] for c in m.caches))})")
+        values = {s: max(lo, 1) if s not in dims else dims[s] for s, (lo, hi) in bounds.items()}
+        for c in m.caches:
+            values[c["capacity"]] = bounds[c["capacity"]][1] if capacity is None else capacity
+        for s, v in values.items():
+            lo, hi = bounds[s]
+            if not lo <= v <= hi:
+                raise KilnError(f"new_cache: {s} = {v} is outside the bounds the bundle was built for ({s} = {lo}..{hi})")
+        return KVCache(m, values)
+
+    def _bind(self, inputs: dict, out: dict | None = None, cache: KVCache | None = None) -> dict:
         """Validate inputs, point the call's argument arrays at them; return the outputs to
-        write (fresh arrays, or the caller's `out`, checked)."""
+        write (fresh arrays, or the caller's `out`, checked). With a cache, each past input is
+        the entries it holds and each present is written into it: both point at its buffer."""
+        shared = {}  # input or output name -> the cache buffer it points at
+        if cache is not None:
+            inputs = self._with_cache(inputs, cache, shared)
         if inputs.keys() != self._in_names:
             names = [s["name"] for s in self.inputs]
             missing = [n for n in names if n not in inputs]
@@ -181,21 +208,27 @@ class Module:
         arrays = []
         for i, (name, dt, shape) in enumerate(self._in_specs):
             a = inputs[name]
-            if not (type(a) is np.ndarray and a.dtype == dt and (a.shape == shape or shape is None)
-                    and a.flags.c_contiguous):
+            if name not in shared and not (type(a) is np.ndarray and a.dtype == dt and
+                                           (a.shape == shape or shape is None) and a.flags.c_contiguous):
                 a = self._check_input(self.inputs[i], a)  # converted where it may be, else a named error
             arrays.append(a)
         out_specs = self._out_specs
         if self._symbols is not None:  # the symbols' values from the shapes, checked before anything runs
-            values = self._symbols.bind([a.shape for a in arrays], arrays)
+            capacities = {c["capacity"]: cache.buffers[c["present"]].shape[c["axis"]]
+                          for c in cache.specs} if cache is not None else None
+            values = self._symbols.bind([a.shape for a in arrays], arrays, capacities)
             out_specs = [(name, dt, shape) for (name, dt, _), shape in
                          zip(self._out_specs, self._symbols.output_shapes(values))]
-        for i, a in enumerate(arrays):
-            self._in_ptrs[i] = _address(a)
+        for i, ((name, _, _), a) in enumerate(zip(self._in_specs, arrays)):
+            self._in_ptrs[i] = _address(shared[name]) if name in shared else _address(a)
         self._keep = None  # (the last call's inputs: buffers the pool may hand out again)
         if out is None:  # (views of buffers the caller let go of, where outputs are large: artifacts/output_pool.py)
-            out = {name: self._outputs.array(shape, dt) for name, dt, shape in out_specs}
+            out = {name: self._outputs.array(shape, dt) for name, dt, shape in out_specs if name not in shared}
         for i, (name, dt, shape) in enumerate(out_specs):
+            if name in shared:  # (a present: the cache's buffer, which holds this many entries after the call)
+                self._out_ptrs[i] = _address(shared[name])
+                self._cache_length = shape[next(c["axis"] for c in cache.specs if c["present"] == name)]
+                continue
             a = out.get(name) if isinstance(out, dict) else None
             if not (type(a) is np.ndarray and a.dtype == dt and a.shape == shape and a.flags.c_contiguous
                     and a.flags.writeable):
@@ -205,16 +238,34 @@ class Module:
         self._keep = arrays  # the pointers above must outlive the call
         return out
 
-    def run(self, inputs: dict, out: dict | None = None) -> dict:
+    def _with_cache(self, inputs: dict, cache: KVCache, shared: dict) -> dict:
+        """The inputs with each past input taken from the cache (its entries so far)."""
+        if not isinstance(cache, KVCache) or cache.specs != self.manifest.caches:
+            raise KilnError("cache: expected a KVCache from this module's new_cache()")
+        given = [c["past"] for c in cache.specs if c["past"] in inputs]
+        if given:
+            raise KilnError(f"inputs: {', '.join(given)} come from the cache; leave them out when passing cache=")
+        inputs = dict(inputs)
+        for c in cache.specs:
+            inputs[c["past"]] = cache.past(c)
+            shared[c["past"]] = shared[c["present"]] = cache.buffers[c["present"]]
+        return inputs
+
+    def run(self, inputs: dict, out: dict | None = None, cache: KVCache | None = None) -> dict:
         """The model's outputs for `inputs` (name -> array). With `out` (name -> array of each
         output's dtype and shape), they are written there and `out` is returned: a loop that
-        calls the model many times allocates nothing."""
+        calls the model many times allocates nothing. With `cache` (`new_cache()`), the past
+        inputs come from it, this call's entries are appended to it in place, and the
+        presents returned are views of it."""
         with self._lock:
-            outs = self._bind(inputs, out)
+            outs = self._bind(inputs, out, cache)
             rc = self._run(self._weights_ptr, self._arena_ptr, self._in_ptrs, self._out_ptrs,
                            *self._dims_arg(), self._threads)
         if rc != 0:
             raise KilnError(f"model '{self.path}' returned error code {rc}")
+        if cache is not None:
+            cache.length = self._cache_length
+            outs = {**outs, **{c["present"]: cache.past(c) for c in cache.specs}}
         return outs
 
     def profile(self, inputs: dict | None = None, repeat: int = 20) -> list[dict]:

@@ -27,16 +27,19 @@ def shape_text(shape) -> str:
 class Symbols:
     """Binds a call's symbol values; `order` is the entry function's (dims[k])."""
 
-    def __init__(self, symbols: list, inputs: list, outputs: list, checks: list = (), derived: list = ()):
+    def __init__(self, symbols: list, inputs: list, outputs: list, checks: list = (), derived: list = (),
+                 caches: list = ()):
         self.order = [s["name"] for s in symbols]
         self.bounds = {s["name"]: (int(s["least"]), int(s["greatest"])) for s in symbols}
         self.inputs, self.outputs, self.checks, self.derived = inputs, outputs, list(checks), list(derived)
+        self.caches = list(caches)
         self.dims = np.zeros(max(len(self.order), 1), np.int64)  # what the entry function reads
 
-    def bind(self, shapes: list, arrays: list = ()) -> dict:
+    def bind(self, shapes: list, arrays: list = (), capacities: dict | None = None) -> dict:
         """The symbols' values from the inputs' shapes (in the manifest's input order), checked;
         also written to `self.dims`. `arrays` (the inputs) decide checks that hold unless a
-        bool input has a value."""
+        bool input has a value. A KV cache's capacity is the buffer's (`capacities`, symbol ->
+        entries) or, for separate arrays, the present's length."""
         values, source = {}, {}
         for spec, shape in zip(self.inputs, shapes):
             want = spec["shape"]
@@ -56,6 +59,7 @@ class Symbols:
                                     f"the bundle was built for ({symbol} = {least}..{greatest})")
                 values.setdefault(symbol, size)
                 source.setdefault(symbol, spec["name"])
+        self._bind_capacities(values, capacities or {})
         missing = [s for s in self.order if s not in values]
         if missing:  # (the frontend only makes symbols that inputs name; a hand-edited manifest could not)
             raise KilnError(f"no input gives the value of {', '.join(missing)}")
@@ -80,6 +84,20 @@ class Symbols:
         for k, s in enumerate(self.order):
             self.dims[k] = values[s]
         return values
+
+    def _bind_capacities(self, values: dict, capacities: dict) -> None:
+        for c in self.caches:
+            present = next(s for s in self.outputs if s["name"] == c["present"])
+            length = dim_value(present["shape"][c["axis"]], values)
+            capacity = capacities.get(c["capacity"], length)
+            if length > capacity:
+                raise KilnError(f"the KV cache is full: '{c['present']}' would hold {length} entries along axis "
+                                f"{c['axis']}, its buffer has room for {capacity}")
+            least, greatest = self.bounds[c["capacity"]]
+            if not least <= capacity <= greatest:
+                raise KilnError(f"'{c['present']}': a cache of {capacity} entries is outside the bounds the bundle was "
+                                f"built for ({c['capacity']} = {least}..{greatest})")
+            values[c["capacity"]] = capacity
 
     def output_shapes(self, values: dict) -> list[tuple]:
         return [tuple(dim_value(d, values) for d in spec["shape"]) for spec in self.outputs]

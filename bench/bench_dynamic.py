@@ -8,7 +8,8 @@ run at sequence 1, 16, 64, 128, 384, 512 and batch 1 and 4; beside it Kiln built
 for each shape, onnxruntime and OpenVINO (float32, INFERENCE_PRECISION_HINT=f32) on the same
 dynamic-axes model. GPT-2: a decoder at GPT-2 124M widths (d=768, 12 heads, vocab 50257;
 `--layers` of them) built once with past=0..1024, one token per call at past lengths 16, 128,
-512 and 1024, beside onnxruntime and OpenVINO. Each at 1 thread and at every usable core, in
+512 and 1024, beside onnxruntime and OpenVINO: Kiln fed the past as arrays (and returning the
+presents, as the peers do) and Kiln appending to its cache in place (`Module.new_cache`). Each at 1 thread and at every usable core, in
 interleaved rounds (the runners take turns: this machine is noisy), the better median of each.
 Big: a 1B-parameter GPT-2-style decoder from a config (d=2048, 16 heads, 16 layers, vocab
 50257, random weights: 4 GB in external data, written once into --big-dir and kept there),
@@ -77,28 +78,47 @@ def bench_bert(args) -> list[str]:
     return lines
 
 
+def _decode_runs(kiln, f: dict, info: dict, past: int) -> dict:
+    """Kiln's two ways of decoding one token: the past fed as arrays (presents returned as
+    new arrays, as the peers do), and the cache kept in place (filled to `past` entries, each
+    run appending one after them)."""
+    cache = kiln.new_cache()
+    for i in range(info["layers"]):
+        for kind in ("key", "value"):
+            cache.buffers[f"present_{kind}_{i}"][:, :, :past] = f[f"past_{kind}_{i}"]
+    fed = {k: v for k, v in f.items() if not k.startswith("past_")}
+
+    def in_place():
+        cache.length = past
+        return kiln.run(fed, cache=cache)
+    return {"kiln": lambda: kiln.run(f), "in_place": in_place}
+
+
+GPT2_TABLE = ["| past | threads | Kiln, past as arrays | Kiln, cache in place | onnxruntime | OpenVINO | "
+              "in place / best peer |", "|---|---|---|---|---|---|---|"]
+
+
+def _decode_row(past: int, threads: int, ms: dict, digits: int) -> str:
+    best_peer = min(ms["ort"], ms.get("ov", float("inf")))
+    return (f"| {past} | {threads} | {ms['kiln']:.{digits}f} | {ms['in_place']:.{digits}f} | {ms['ort']:.{digits}f} | "
+            f"{ms.get('ov', float('nan')):.{digits}f} | {_ratio(ms['in_place'], best_peer)} |")
+
+
 def bench_gpt2(args) -> list[str]:
     model, info = dynamic_zoo.gpt2_decoder_dynamic(d=768, heads=12, layers=args.layers, vocab=50257,
                                                    max_positions=1040)
     result, seconds = _timed_build(model, dims={"batch": (1, 1), "seq": (1, 16), "past": (0, 1024)})
     print(f"gpt2: Kiln build {seconds:.1f} s", flush=True)
-    lines = [f"GPT-2 decoding, d=768, 12 heads, vocab 50257, {args.layers} layers: ms per token", "",
-             "| past | threads | Kiln | onnxruntime | OpenVINO | Kiln / best peer |", "|---|---|---|---|---|---|"]
-    rng = np.random.default_rng(0)
+    lines = [f"GPT-2 decoding, d=768, 12 heads, vocab 50257, {args.layers} layers: ms per token", "", *GPT2_TABLE]
     for past in PAST_LENGTHS:
-        f = {"input_ids": np.array([[7]], np.int64), "position_ids": np.array([[past]], np.int64)}
-        for i in range(info["layers"]):
-            for kind in ("key", "value"):
-                f[f"past_{kind}_{i}"] = rng.standard_normal((1, info["heads"], past, info["dh"])).astype(np.float32)
+        f = _decode_feeds(info, past)
         for threads in sorted({1, THREADS}):
             kiln, sess, ov = result.load(threads=threads), ort_session(model, threads), openvino_runner(model, threads)
-            runs = {"kiln": lambda: kiln.run(f), "ort": lambda: sess.run(None, f)}
+            runs = {**_decode_runs(kiln, f, info, past), "ort": lambda: sess.run(None, f)}
             if ov is not None:
                 runs["ov"] = lambda: ov(f)
             ms = interleaved(runs, args.warmup, args.repeat, args.rounds)
-            best_peer = min(ms["ort"], ms.get("ov", float("inf")))
-            lines.append(f"| {past} | {threads} | {ms['kiln']:.2f} | {ms['ort']:.2f} | "
-                         f"{ms.get('ov', float('nan')):.2f} | {_ratio(ms['kiln'], best_peer)} |")
+            lines.append(_decode_row(past, threads, ms, 2))
             print(lines[-1], flush=True)
     return lines
 
@@ -148,7 +168,7 @@ def bench_big(args) -> list[str]:
                  f"{BIG['layers']} layers, vocab {BIG['vocab']}; {model_bytes / 2**30:.2f} GiB of float32 weights): "
                  f"`kiln build` {seconds:.0f} s (a process of its own, cold, {THREADS} workers), the driver's peak "
                  f"memory {peak / 2**30:.2f} GiB = {peak / model_bytes:.2f}x the model's bytes; ms per token", "",
-                 "| past | threads | Kiln | onnxruntime | OpenVINO | Kiln / best peer |", "|---|---|---|---|---|---|"]
+                 *GPT2_TABLE]
         print(lines[0], flush=True)
         from modelkiln.artifacts.module import Module
         info = {"layers": BIG["layers"], "heads": BIG["heads"], "dh": BIG["d"] // BIG["heads"]}
@@ -156,13 +176,11 @@ def bench_big(args) -> list[str]:
             kiln, sess, ov = Module(bundle, threads), ort_session(path, threads), openvino_runner(path, threads)
             for past in BIG_PAST:
                 f = _decode_feeds(info, past)
-                runs = {"kiln": lambda: kiln.run(f), "ort": lambda: sess.run(None, f)}
+                runs = {**_decode_runs(kiln, f, info, past), "ort": lambda: sess.run(None, f)}
                 if ov is not None:
                     runs["ov"] = lambda: ov(f)
                 ms = interleaved(runs, 2, max(3, args.repeat // 4), args.rounds)
-                best_peer = min(ms["ort"], ms.get("ov", float("inf")))
-                lines.append(f"| {past} | {threads} | {ms['kiln']:.1f} | {ms['ort']:.1f} | "
-                             f"{ms.get('ov', float('nan')):.1f} | {_ratio(ms['kiln'], best_peer)} |")
+                lines.append(_decode_row(past, threads, ms, 1))
                 print(lines[-1], flush=True)
             del kiln, sess, ov
         return lines

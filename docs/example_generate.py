@@ -3,9 +3,12 @@
     python docs/example_generate.py [--layers 2] [--width 768] [--tokens 32] [--check]
 
 Builds a GPT-2-shaped causal LM with `past_key_values` (random weights, tests/dynamic_zoo.py;
-your own export goes the same way) once, with past = 0..PAST: the prompt runs with an empty
-cache (past 0), then each step feeds the token it chose and the presents it returned. Prints
-the tokens and the time per token; with --check, also onnxruntime's tokens on the same model.
+your own export goes the same way) once, with past = 0..PAST. Kiln keeps its KV cache in place:
+`module.new_cache()` holds one buffer per layer and kind, sized to the bound; the prompt runs
+with the cache empty (past 0), then each step feeds only the token it chose, and the module
+reads the past where it lies and appends the new keys and values after it (a step copies
+nothing that grows with the past). Prints the tokens and the time per token; with --check,
+also onnxruntime's tokens on the same model (fed the presents back as arrays, as usual).
 """
 from __future__ import annotations
 
@@ -36,14 +39,15 @@ def main() -> None:
                         progress=False).load()
     print(f"built once in {time.perf_counter() - t0:.1f} s: past 0..{args.past}, prompts of 1..16 tokens")
     prompt = [11, 22, 33, 44, 55]
+    cache = module.new_cache()  # (zeros for past + seq up to the bound, each layer's keys and values)
     times = []
 
     def run(feeds):
         start = time.perf_counter()
-        out = module.run(feeds)
+        out = module.run(feeds, cache=cache)
         times.append(time.perf_counter() - start)
         return out
-    tokens, _ = dynamic_zoo.greedy_tokens(run, info, prompt, args.tokens)
+    tokens, _ = dynamic_zoo.greedy_tokens(run, info, prompt, args.tokens, feed_past=False)
     print("tokens:", " ".join(map(str, tokens)))
     steps = sorted(times[1:])
     print(f"prompt of {len(prompt)}: {times[0] * 1e3:.2f} ms; then {steps[len(steps) // 2] * 1e3:.2f} ms per token "

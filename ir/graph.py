@@ -13,7 +13,7 @@ import numpy as np
 from .deferred import DeferredArray
 from .dtypes import DTYPES, kiln_name
 from .errors import KilnError
-from .symbolic import greatest, product, shape_is_static
+from .symbolic import Dim, greatest, product, shape_is_static
 
 
 class UnsupportedError(KilnError):
@@ -98,6 +98,18 @@ def captured(node: Node) -> set[str]:
     return set().union(*(v.free_names() for v in node.attrs.values() if isinstance(v, Subgraph)))
 
 
+@dataclass(frozen=True)
+class KVCache:
+    """A graph input and output that share one caller-owned buffer: `present` is `past` with
+    this call's entries appended along `axis` (an LLM's KV cache), written in place. The
+    buffer holds `capacity` (a symbol the caller gives) entries along that axis, whatever the
+    lengths, so both tensors are indexed with that stride (ir/passes/kv_cache.py)."""
+    past: str
+    present: str
+    axis: int
+    capacity: str
+
+
 @dataclass
 class Graph:
     inputs: list[str]
@@ -127,6 +139,7 @@ class Graph:
     # (size, size, where) pairs of sizes that must be equal at run time, one at least symbolic
     # (two inputs broadcast together, a MatMul's inner dims): the module checks them first.
     checks: list = field(default_factory=list)
+    caches: list = field(default_factory=list)  # KVCache: inputs and outputs sharing a buffer
 
     def copy(self) -> "Graph":
         # Constants and params are never mutated in place, so sharing them is safe.
@@ -135,9 +148,14 @@ class Graph:
         g.nodes = [Node(n.op, list(n.inputs), list(n.outputs), dict(n.attrs), n.name, n.guard) for n in self.nodes]
         g.types, g.constants, g.params = dict(self.types), dict(self.constants), dict(self.params)
         g.symbols, g.symbolic_values, g.checks = dict(self.symbols), dict(self.symbolic_values), list(self.checks)
-        g.derived = dict(self.derived)
+        g.derived, g.caches = dict(self.derived), list(self.caches)
         g.groups = None if self.groups is None else [list(m) for m in self.groups]
         return g
+
+    def storage_shape(self, name: str) -> tuple | None:
+        """The shape `name` is laid out by where that is not its own (a KV cache's tensors:
+        the capacity along the cache's axis), else None."""
+        return storage_shape(self.caches, self.types, self.symbols, name)
 
     def params_of(self, node: Node) -> dict:
         """The canonical parameters type inference found for `node`."""
@@ -179,6 +197,16 @@ class Graph:
         for o in self.outputs:
             lines.append(f"  output {o}: {self.types.get(o)}")
         return "\n".join(lines)
+
+
+def storage_shape(caches: list, types: dict, symbols: dict, name: str) -> tuple | None:
+    """Graph.storage_shape, from the parts a LoweredModel keeps too."""
+    for c in caches:
+        if name in (c.past, c.present):
+            shape = list(types[c.present].shape)
+            shape[c.axis] = Dim.symbol(c.capacity, *symbols[c.capacity])
+            return tuple(shape)
+    return None
 
 
 def normalize_dtype(dt) -> str:

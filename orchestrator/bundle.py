@@ -4,6 +4,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import math
 import os
 import shutil
 import tempfile
@@ -53,7 +54,8 @@ def _nbytes_c(t, symbols: list) -> "int | str":
 
 def _preconditions(lowered) -> list[tuple[str, int]]:
     """What kiln_run_dims checks before it runs anything, (C condition, error code): each
-    symbol within its bounds (2), each pair of sizes that must agree equal (3)."""
+    symbol within its bounds (2), each pair of sizes that must agree equal (3), each KV
+    cache's new length within its capacity (4)."""
     symbols = list(lowered.symbols)
     out = [(f"dims[{k}] >= {lo}LL && dims[{k}] <= {hi}LL", 2) for k, (s, (lo, hi)) in enumerate(lowered.symbols.items())
            if s not in lowered.derived]
@@ -61,7 +63,28 @@ def _preconditions(lowered) -> list[tuple[str, int]]:
         skip = f"*(const unsigned char*)inputs[{lowered.inputs.index(unless[0])}] == {int(unless[1])} || " \
             if unless else ""
         out.append((f"{skip}{_dim_c(a, symbols)} == {_dim_c(b, symbols)}", 3))
+    for c in lowered.caches:
+        out.append((f"{_dim_c(lowered.types[c.present].shape[c.axis], symbols)} <= dims[{symbols.index(c.capacity)}]",
+                    4))
     return out
+
+
+def _caches(lowered) -> tuple:
+    """entry_source's `caches`: each KV cache's input and output, and its blocks (the dims
+    before its axis) with their bytes at the past's length and at the capacity."""
+    if not lowered.caches:
+        return ()
+    from ..ir.dtypes import DTYPES
+    symbols = list(lowered.symbols)
+    pairs = []
+    for c in lowered.caches:
+        t, layout = lowered.types[c.past], lowered.cache_layout(c.present)
+        shape = t.shape
+        row = math.prod(shape[c.axis + 1:]) * DTYPES[t.dtype].itemsize  # (bytes of one entry)
+        pairs.append((lowered.inputs.index(c.past), lowered.outputs.index(c.present),
+                      _dim_c(math.prod(shape[:c.axis]), symbols),
+                      f"({_dim_c(shape[c.axis] * row, symbols)})", f"({_dim_c(layout[c.axis] * row, symbols)})"))
+    return len(lowered.inputs), pairs
 
 
 def _derived(lowered) -> tuple:
@@ -82,10 +105,14 @@ def _locations(lowered, weight_offsets, arena_offsets):
     symbols = list(lowered.symbols)
     greatest = tuple(hi for _, hi in lowered.symbols.values())
 
+    presents = {c.present for c in lowered.caches}
+
     def loc(tensor: str) -> tuple:
         t = lowered.storage(tensor)
         if t in lowered.inputs:
             return ("input", lowered.inputs.index(t))
+        if t in presents:  # (a KV cache: written in place in the caller's buffer)
+            return ("output", lowered.outputs.index(t))
         if t in weight_offsets:
             return ("weights", weight_offsets[t])
         return ("arena", arena_offsets[t])
@@ -146,7 +173,7 @@ def plan_memory(lowered):
     are kernel calls in order; what a loop touches lives through all of its steps."""
     lifetimes: dict[str, list[int]] = {}
     sizes: dict[str, int] = {}
-    external = set(lowered.inputs) | set(lowered.constants)
+    external = set(lowered.inputs) | set(lowered.constants) | {c.present for c in lowered.caches}
 
     def use(t: str, first: int, last: int) -> None:
         s = lowered.storage(t)
@@ -222,11 +249,13 @@ def assemble(lowered, objects: dict[str, bytes], target, manifest_extra: dict, s
         checks=[{"left": dim_to_json(a), "right": dim_to_json(b), "where": where,
                  **({"unless": {"input": unless[0], "value": unless[1]}} if unless else {})}
                 for a, b, where, unless in lowered.checks],
+        caches=[{"past": c.past, "present": c.present, "axis": c.axis, "capacity": c.capacity} for c in lowered.caches],
         arena_bytes=arena_bytes, weights_bytes=len(weights), weights_sha256=weights.sha256,
         runnable=linker is not None,
         calls=[{"name": c.name, "symbol": c.kernel.symbol, "ops": c.ops} for c in lowered.calls])
     entry = entry_source(plan, outputs, arena_bytes, manifest.signature(),
-                         MIN_PIECE_WORK if lowered.symbols else 0, _preconditions(lowered), _derived(lowered))
+                         MIN_PIECE_WORK if lowered.symbols else 0, _preconditions(lowered), _derived(lowered),
+                         _caches(lowered))
     files = {manifest.weights_file: weights, "kiln_entry.c": entry.encode()}
     if linker is not None:
         key = link_key(list(object_keys), entry, linker) if store is not None else None

@@ -25,6 +25,8 @@ def _symbols(g, lowered) -> list[str]:
               for s, (num, d) in g.derived.items() for lo, hi in [g.symbols[s]]]
     lines += [f"  input  {n}: {g.types[n]}" for n in g.inputs]
     lines += [f"  output {n}: {g.types[n]}" for n in g.outputs]
+    lines += [f"  KV cache in place: {c.past} -> {c.present}, appended along axis {c.axis} in one buffer of "
+              f"{c.capacity} entries" for c in g.caches]
     lines.append(f"  arena at the bounds: {arena / 2**20:.1f} MiB (a call touches what its sizes need)")
     if arena > HUGE_ARENA_BYTES:
         lines.append(f"  warning: the bounds make the arena {arena / 2**30:.1f} GiB; tighter --dim bounds shrink it")

@@ -194,16 +194,17 @@ def _split_heads_back(g: GraphMaker, t: str, heads: int, dh: int) -> str:
     return g.op("Transpose", [g.op("Reshape", [t, shape])], perm=[0, 2, 1, 3])
 
 
-def greedy_tokens(run, info: dict, prompt: list, steps: int) -> tuple[list, list]:
+def greedy_tokens(run, info: dict, prompt: list, steps: int, feed_past: bool = True) -> tuple[list, list]:
     """Greedy generation with a KV cache: the prompt in one call (past length 0), then one token
-    per call. run(feeds) -> outputs. Returns the tokens and each call's last logits."""
+    per call. run(feeds) -> outputs. Returns the tokens and each call's last logits. Without
+    `feed_past`, the feeds hold no past: `run` keeps the cache itself (Kiln's `cache=`)."""
     layers, heads, dh = info["layers"], info["heads"], info["dh"]
     past = {f"past_{kind}_{i}": np.zeros((1, heads, 0, dh), np.float32) for i in range(layers)
             for kind in ("key", "value")}
     ids, tokens, logits = np.array([prompt], np.int64), [], []
     start = 0
     for _ in range(steps + 1):
-        feeds = {"input_ids": ids, **past}
+        feeds = {"input_ids": ids, **(past if feed_past else {})}
         if info.get("merged"):  # (optimum's merged decoder: the prefill takes the branch without past)
             feeds["use_cache_branch"] = np.array([start > 0])
         if info["positions"] == "input":

@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..dtypes import dtype
-from ..graph import Graph, TensorType
+from ..graph import Graph, TensorType, UnsupportedError
 from ..loop import SYMBOLS, Buffer, Const, Expr, For, Kernel, Let, Load, Var, add, div, flat_index, mul, rem
-from ..symbolic import Dim, greatest
+from ..symbolic import Dim, greatest, product
 
 
 SHORT_ROW = 63  # innermost extents up to this are vectorized along themselves, tails masked
@@ -88,6 +88,12 @@ class KernelBuilder:
         shape = self.shapes.get(name, self.g.types[name].shape)
         return shape if all(isinstance(d, int) for d in shape) else tuple(self.dim(d) for d in shape)
 
+    def storage(self, name: str) -> tuple:
+        """The shape a tensor's elements are laid out by: its own, except for a KV cache's
+        tensors, which lie in a buffer with the cache's capacity along its axis."""
+        shape = self.g.storage_shape(name)
+        return self.shape(name) if shape is None else tuple(self.dim(d) for d in shape)
+
     def dim(self, d):
         """A dim as a kernel computes it: an int, or an i64 expression reading the symbols."""
         if not isinstance(d, Dim):
@@ -122,7 +128,12 @@ class KernelBuilder:
             self.outputs.append(name)
         return f"o{self.outputs.index(name)}"
 
-    def in_param(self, name: str) -> str:
+    def in_param(self, name: str, strided: bool = False) -> str:
+        """The parameter reading `name`. A KV cache's tensor is strided (`storage`): only code
+        that indexes by it may take it (`strided`), never a kernel that assumes a dense buffer."""
+        if not strided and self.g.storage_shape(name) is not None:
+            raise UnsupportedError(f"tensor '{name}' lies in a KV cache buffer (strided by its capacity), which "
+                                   f"{', '.join(m.describe() for m in self.members)} cannot read")
         if name not in self.inputs:
             self.inputs.append(name)
         return f"i{self.inputs.index(name)}"
@@ -145,8 +156,8 @@ class KernelBuilder:
         """Reader of tensor `name`: inline if computed in this group, else a parameter load."""
         if name in self.readers:
             return self.readers[name]
-        param = self.in_param(name)
-        shape = self.shape(name)
+        param = self.in_param(name, strided=True)
+        shape = self.storage(name)
         return lambda idx: Load(param, flat_index(idx, shape))
 
     def loops(self, shape, body_fn, inner_kind="vectorize", parallel: bool = False):
@@ -179,8 +190,8 @@ class KernelBuilder:
 
     def kernel(self, body) -> Kernel:
         def buffer(param, name):
-            t = self.g.types[name]
-            return Buffer(param, dtype(t.dtype).storage, greatest(t.size))
+            t, layout = self.g.types[name], self.g.storage_shape(name)
+            return Buffer(param, dtype(t.dtype).storage, greatest(t.size if layout is None else product(layout)))
         bufs = [buffer(f"o{i}", n) for i, n in enumerate(self.outputs)]
         bufs += [buffer(f"i{i}", n) for i, n in enumerate(self.inputs)]
         bufs += [Buffer(f"w{i}", t, n) for i, (t, n) in enumerate(self.workspace_types)]
@@ -213,6 +224,8 @@ def collapse_shapes(b: KernelBuilder, names, out_shape, fixed: int = 0, into: in
     loops, no div/mod. The first `fixed` dims are kept as they are. With `into`, only a
     merge into exactly that many dims is made. Returns whether the shapes were merged."""
     rank = len(out_shape)
+    if any(b.g.storage_shape(n) is not None for n in names):
+        return False  # (a KV cache's tensor is strided: its dims do not merge)
     aligned = {n: _aligned(b.shape(n), rank) for n in names}
     if any(len(s) != rank for s in aligned.values()):
         return False

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..errors import InternalError
-from ..graph import Graph, Node, UnsupportedError
+from ..graph import Graph, Node, UnsupportedError, storage_shape
 from ..symbolic import SymbolError
 from ..loop import Kernel, Let, Store, Var, flat_index
 from ..ops import BROADCAST, OUT_EWISE_FUSABLE, REDUCTION, op_def
@@ -50,11 +50,16 @@ class LoweredModel:
     symbols: dict = field(default_factory=dict)  # the graph's: symbol -> (least, greatest)
     checks: list = field(default_factory=list)  # the graph's: (size, size, where) equal at run time
     derived: dict = field(default_factory=dict)  # the graph's: symbol -> (numerator, divisor)
+    caches: list = field(default_factory=list)  # the graph's: ir.graph.KVCache, inputs and outputs sharing a buffer
 
     def storage(self, name: str) -> str:
         while name in self.aliases:
             name = self.aliases[name]
         return name
+
+    def cache_layout(self, name: str) -> tuple | None:
+        """A KV cache tensor's layout (its capacity along the cache's axis), else None."""
+        return storage_shape(self.caches, self.types, self.symbols, name)
 
     @property
     def calls(self) -> list[KernelCall]:
@@ -168,7 +173,7 @@ def lower(graph: Graph, config: ScheduleConfig | None = None) -> LoweredModel:
         else:
             steps.append(lower_group(g, members, config))
     model = LoweredModel(steps, list(g.inputs), list(g.outputs), types, {}, aliases, dict(g.symbols), list(g.checks),
-                         dict(g.derived))
+                         dict(g.derived), list(g.caches))
     model.steps = _without_unread_sizes(model)
     used = _read(model)
     model.constants = {name: value for name, value in {**g.constants, **body_constants}.items() if name in used}
