@@ -146,7 +146,7 @@ def model_header(m: Manifest) -> str:
              f"#define KILN_WEIGHTS_BYTES {m.weights_bytes}u",
              f"#define KILN_ARENA_BYTES {m.arena_bytes}u",
              f"#define KILN_SIGNATURE {json.dumps(m.signature())}  /* kiln_signature() of the library */",
-             *(_symbols(m) + [""] if m.symbols else []),  # (first: the shapes below use KILN_DIM_EXPR)
+             *(_symbols(m) + [""] if m.symbols or m.derived else []),  # (first: the shapes below use KILN_DIM_EXPR)
              *(_caches(m) + [""] if m.caches else []),
              *_tensors("input", m.inputs, m.symbols, m.derived), *_tensors("output", m.outputs, m.symbols, m.derived),
              "",
@@ -159,7 +159,7 @@ def model_header(m: Manifest) -> str:
              " * environment variable, or what kiln_set_num_threads set (n <= 0: back to the default). */",
              "int kiln_num_threads(void);",
              "int kiln_set_num_threads(int n);",
-             *(_ENTRY_DIMS if m.symbols else _ENTRY_STATIC),
+             *(_ENTRY_DIMS if m.symbols or m.derived else _ENTRY_STATIC),
              "",
              "/* The weights file read into 64-byte-aligned memory (free() it), or NULL. */",
              "static inline char* kiln_load_weights(const char* path) {",

@@ -18,6 +18,7 @@ import tempfile
 
 from .cpu_features import host_arch
 from .errors import KilnError
+from .expressions import C_HELPERS
 from .manifest import ENTRY_ABI_VERSION
 
 
@@ -167,6 +168,8 @@ def entry_source(plan: list, outputs: list[tuple[tuple, int]], arena_bytes: int,
         lines.append(f"void {sym}({', '.join(['void*'] * n + ['long long'] * 3)});")
     if symbolic:
         lines += ["", _RUNTIME_PIECES_C % min_piece_work]
+    if derived and any("kiln_" in value for value in derived[1]):  # (a value symbol's expression)
+        lines += ["", *C_HELPERS]
     lines += ["", f"size_t kiln_arena_bytes(void) {{ return {arena_bytes}u; }}",
               f"int kiln_abi_version(void) {{ return {ENTRY_ABI_VERSION}; }}",
               f"const char* kiln_signature(void) {{ return {json.dumps(signature)}; }}",

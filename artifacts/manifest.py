@@ -42,6 +42,8 @@ def dim_c(dim, order: list, derived: list = ()) -> str:
         if s in order:
             return f"dims[{order.index(s)}]"
         d = next(d for d in derived if d["name"] == s)
+        if "expr" in d:  # (read from an input's values: where there are none, its greatest)
+            return f"{int(d['greatest'])}LL"
         return f"({dim_c(d['numerator'], order, derived)} / {int(d['divisor'])}LL)"
     terms = ["*".join([f"{c}LL"] + [value(s) for s in m]) for m, c in dim]
     return f"({' + '.join(terms)})"
@@ -63,7 +65,8 @@ def io_signature(inputs: list, outputs: list, arena_bytes: int, derived: list = 
     def spec(kind, s):
         return f"{kind}:{s['name']}:{s['dtype']}:{'x'.join(map(str, s['shape']))}"
     return ";".join([spec("in", s) for s in inputs] + [spec("out", s) for s in outputs] + [f"arena:{arena_bytes}"]
-                    + [f"derived:{d['name']}={json.dumps(d['numerator'])}//{d['divisor']}" for d in derived]
+                    + [f"derived:{d['name']}={json.dumps(d['expr'])}" if "expr" in d else
+                       f"derived:{d['name']}={json.dumps(d['numerator'])}//{d['divisor']}" for d in derived]
                     + [f"cache:{c['past']}>{c['present']}@{c['axis']}:{c['capacity']}" for c in caches])
 
 

@@ -103,7 +103,8 @@ class Module:
             self.threads = self._lib.kiln_num_threads()
         # A bundle with symbolic dims runs at any size within its bounds: its entry takes the
         # symbols' values (artifacts/symbols.py), read from each call's input shapes.
-        self._symbols = Symbols(m.symbols, m.inputs, m.outputs, m.checks, m.derived, m.caches) if m.symbols else None
+        self._symbols = Symbols(m.symbols, m.inputs, m.outputs, m.checks, m.derived, m.caches) \
+            if m.symbols or m.derived else None
         self._run = self._lib.kiln_run_dims if self._symbols else self._lib.kiln_run_threads
         self._run.restype = ctypes.c_int
         self._run.argtypes = [ctypes.c_void_p] * (5 if self._symbols else 4) + [ctypes.c_int]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import expressions
 from .errors import KilnError
 from .manifest import dim_text, dim_value
 
@@ -70,7 +71,10 @@ class Symbols:
                     raise KilnError(f"input '{spec['name']}': dim {axis} must be {dim_text(dim)}{value}, got {size} "
                                     f"(expected {shape_text(spec['shape'])})")
         for d in self.derived:  # (in order: each may use those before it)
-            values[d["name"]] = dim_value(d["numerator"], values) // int(d["divisor"])
+            if "expr" in d:  # (read from an input's values: checked like a caller's)
+                values[d["name"]] = self._read_symbol(d, values, arrays)
+            else:
+                values[d["name"]] = dim_value(d["numerator"], values) // int(d["divisor"])
         names = [spec["name"] for spec in self.inputs]
         for check in self.checks:  # (sizes the model needs equal: two inputs broadcast together, ...)
             unless = check.get("unless")
@@ -84,6 +88,16 @@ class Symbols:
         for k, s in enumerate(self.order):
             self.dims[k] = values[s]
         return values
+
+    def _read_symbol(self, d: dict, values: dict, arrays: list) -> int:
+        names = [spec["name"] for spec in self.inputs]
+
+        def read(name: str, k: int) -> int:
+            return np.asarray(arrays[names.index(name)]).reshape(-1)[k]
+        value = expressions.value(d["expr"], values, read)
+        if not int(d["least"]) <= value <= int(d["greatest"]):
+            raise KilnError(f"{d['what']} is {value}, outside {d['least']}..{d['greatest']}")
+        return value
 
     def _bind_capacities(self, values: dict, capacities: dict) -> None:
         for c in self.caches:

@@ -20,6 +20,7 @@ from .onnx_attrs import attr_value, constant_value
 from .onnx_dtypes import onnx_to_dtype
 from .symbolic import Dim, greatest, symbols_of
 from .validate import check_constants_size, check_names_defined_once, check_node, check_tensor_size
+from .value_symbols import value_bounds
 from .ops import op_def
 from .ops.compile_time import CONSTANT
 
@@ -178,8 +179,10 @@ def _input_shapes(real_inputs, shapes: dict, dims: dict) -> dict:
                         f"(dims={{'{example}': (1, 512)}} in Python), or fix the dims with --shape "
                         f"{first_input}=DIMS (for example --shape {first_input}=1x...)")
     used = {s for shape in out.values() for s in symbols_of(shape)}
-    if set(symbols) - used:
-        raise KilnError(f"--dim names {', '.join(sorted(set(symbols) - used))}, which no input's shape has "
+    inputs = {vi.name for vi in real_inputs}  # (`x` or `x[k]`: bounds of input x's values, ir/value_symbols.py)
+    unused = {s for s in symbols if s not in used and s.partition("[")[0] not in inputs}
+    if unused:
+        raise KilnError(f"--dim names {', '.join(sorted(unused))}, which no input's shape has "
                         f"(symbols: {', '.join(sorted(used)) or 'none'})")
     return out
 
@@ -245,6 +248,7 @@ def from_onnx(model, shapes: dict | None = None, dims: dict | None = None) -> Gr
         g.inputs.append(vi.name)
         g.types[vi.name] = TensorType(tuple(shape), dtype)
 
+    g.value_bounds = value_bounds(g, {k: v for k, v in dims.items() if k not in g.symbols})
     nodes = _nodes(gp.node, opset, g.add_constant)
     g.nodes = _topological(nodes, set(g.inputs) | set(g.constants))
     produced = {o for n in g.nodes for o in n.outputs} | set(g.inputs) | set(g.constants)

@@ -140,6 +140,9 @@ class Graph:
     # (two inputs broadcast together, a MatMul's inner dims): the module checks them first.
     checks: list = field(default_factory=list)
     caches: list = field(default_factory=list)  # KVCache: inputs and outputs sharing a buffer
+    # Bounds the user gave for values a call reads from integer inputs (`--dim shape=1..64`,
+    # `--dim 'shape[1]=1..8'`): ir/value_symbols.py makes those inputs' elements symbols.
+    value_bounds: dict = field(default_factory=dict)
 
     def copy(self) -> "Graph":
         # Constants and params are never mutated in place, so sharing them is safe.
@@ -148,7 +151,7 @@ class Graph:
         g.nodes = [Node(n.op, list(n.inputs), list(n.outputs), dict(n.attrs), n.name, n.guard) for n in self.nodes]
         g.types, g.constants, g.params = dict(self.types), dict(self.constants), dict(self.params)
         g.symbols, g.symbolic_values, g.checks = dict(self.symbols), dict(self.symbolic_values), list(self.checks)
-        g.derived, g.caches = dict(self.derived), list(self.caches)
+        g.derived, g.caches, g.value_bounds = dict(self.derived), list(self.caches), dict(self.value_bounds)
         g.groups = None if self.groups is None else [list(m) for m in self.groups]
         return g
 

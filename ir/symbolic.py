@@ -278,8 +278,8 @@ def at_most(a, b) -> bool:
         if e.greatest() <= 0:
             return True
         terms, _ = e._parts()
-        hit = next(((m[0], c) for m, c in terms.items() if len(m) == 1 and m[0] in derived
-                    and c % derived[m[0]][1] == 0), None)
+        hit = next(((m[0], c) for m, c in terms.items() if len(m) == 1 and isinstance(derived.get(m[0]), tuple)
+                    and c % derived[m[0]][1] == 0), None)  # (a floor_div's; a value symbol's is no quotient)
         if hit is None:
             return False
         name, c = hit

@@ -54,11 +54,11 @@ def _nbytes_c(t, symbols: list) -> "int | str":
 
 def _preconditions(lowered) -> list[tuple[str, int]]:
     """What kiln_run_dims checks before it runs anything, (C condition, error code): each
-    symbol within its bounds (2), each pair of sizes that must agree equal (3), each KV
+    symbol within its bounds (2: the caller's, and those read from inputs' values), each pair of sizes that must agree equal (3), each KV
     cache's new length within its capacity (4)."""
     symbols = list(lowered.symbols)
     out = [(f"dims[{k}] >= {lo}LL && dims[{k}] <= {hi}LL", 2) for k, (s, (lo, hi)) in enumerate(lowered.symbols.items())
-           if s not in lowered.derived]
+           if not isinstance(lowered.derived.get(s), tuple)]  # (a floor_div's is within bounds by its definition)
     for a, b, _, unless in lowered.checks:
         skip = f"*(const unsigned char*)inputs[{lowered.inputs.index(unless[0])}] == {int(unless[1])} || " \
             if unless else ""
@@ -89,12 +89,27 @@ def _caches(lowered) -> tuple:
 
 def _derived(lowered) -> tuple:
     """entry_source's `derived`: the caller's symbols (they come first), and each derived
-    one's value as C, floor(numerator / divisor), the numerator never negative in bounds."""
+    one's value as C: floor(numerator / divisor), the numerator never negative in bounds, or
+    a value symbol's expression, which reads the inputs (ir/value_symbols.py)."""
     if not lowered.derived:
         return ()
+    from ..artifacts import expressions
+    from ..ir.value_symbols import to_json
     symbols = list(lowered.symbols)
     return (len(symbols) - len(lowered.derived),
-            [f"{_dim_c(num, symbols)} / {d}LL" for num, d in lowered.derived.values()])
+            [f"{_dim_c(d[0], symbols)} / {d[1]}LL" if isinstance(d, tuple) else
+             expressions.c(to_json(d.expr), symbols, lowered.inputs) for d in lowered.derived.values()])
+
+
+def _derived_json(name: str, definition, bounds: tuple) -> dict:
+    """The manifest's entry for a derived symbol."""
+    from ..ir.symbolic import dim_to_json
+    from ..ir.value_symbols import to_json
+    if isinstance(definition, tuple):
+        return {"name": name, "numerator": dim_to_json(definition[0]), "divisor": definition[1], "least": bounds[0],
+                "greatest": bounds[1]}
+    return {"name": name, "expr": to_json(definition.expr), "what": definition.what, "least": bounds[0],
+            "greatest": bounds[1]}
 
 
 def _locations(lowered, weight_offsets, arena_offsets):
@@ -244,8 +259,7 @@ def assemble(lowered, objects: dict[str, bytes], target, manifest_extra: dict, s
                  for n in lowered.outputs],
         symbols=[{"name": s, "least": lo, "greatest": hi} for s, (lo, hi) in lowered.symbols.items()
                  if s not in lowered.derived],
-        derived=[{"name": s, "numerator": dim_to_json(num), "divisor": d, "least": lowered.symbols[s][0],
-                  "greatest": lowered.symbols[s][1]} for s, (num, d) in lowered.derived.items()],
+        derived=[_derived_json(s, d, lowered.symbols[s]) for s, d in lowered.derived.items()],
         checks=[{"left": dim_to_json(a), "right": dim_to_json(b), "where": where,
                  **({"unless": {"input": unless[0], "value": unless[1]}} if unless else {})}
                 for a, b, where, unless in lowered.checks],

@@ -21,8 +21,7 @@ def _symbols(g, lowered) -> list[str]:
     _, arena = plan_memory(lowered)
     lines = ["symbols (one build runs every size within these bounds):",
              "  " + ", ".join(f"{s} = {lo}..{hi}" for s, (lo, hi) in g.symbols.items() if s not in g.derived)]
-    lines += [f"  derived {s} = floor(({num}) / {d}), {lo}..{hi}"
-              for s, (num, d) in g.derived.items() for lo, hi in [g.symbols[s]]]
+    lines += [f"  derived {s} = {_definition(d)}, {lo}..{hi}" for s, d in g.derived.items() for lo, hi in [g.symbols[s]]]
     lines += [f"  input  {n}: {g.types[n]}" for n in g.inputs]
     lines += [f"  output {n}: {g.types[n]}" for n in g.outputs]
     lines += [f"  KV cache in place: {c.past} -> {c.present}, appended along axis {c.axis} in one buffer of "
@@ -31,6 +30,13 @@ def _symbols(g, lowered) -> list[str]:
     if arena > HUGE_ARENA_BYTES:
         lines.append(f"  warning: the bounds make the arena {arena / 2**30:.1f} GiB; tighter --dim bounds shrink it")
     return lines + [""]
+
+
+def _definition(d) -> str:
+    """A derived symbol's definition as people read it."""
+    if isinstance(d, tuple):
+        return f"floor(({d[0]}) / {d[1]})"
+    return f"read at run time: {d.what}"
 
 
 def explain(model, target="llvm", opt_level: int = 3, shapes=None, cache=None, dims=None) -> str:

@@ -91,6 +91,8 @@ def _common_runs_symbolic(a: list, b: list) -> list[tuple[list, list]]:
         return out
     pa, pb = prefixes(a), prefixes(b)
     cuts = [(i, pb.index(v)) for i, v in enumerate(pa) if v in pb]
+    if cuts[-1] != (len(a), len(b)):  # (the whole is a cut even where the polynomials differ: a shape
+        cuts.append((len(a), len(b)))  # read at run time, whose product the module checks)
 
     def real(shape, lo, hi):
         return [k for k in range(lo, hi) if not (isinstance(shape[k], int) and shape[k] == 1)]
@@ -180,10 +182,10 @@ def pad_reader(b: KernelBuilder, node: Node):
         src, inside = [], None
         for a, i in enumerate(idx):
             before, n = pads[a], shape[a]
-            if not before and not pads[a + rank]:
+            if before == 0 and pads[a + rank] == 0:  # (a pad read at run time is a Dim: never 0 here)
                 src.append(i)
                 continue
-            j = sub(i, Const(before))
+            j = sub(i, as_index(b.dim(before)))
             if mode == "edge":
                 src.append(iclamp(j, 0, n - 1))
             elif mode == "reflect":

@@ -9,7 +9,8 @@ import numpy as np
 from ..attrs import NotConstant
 from ..graph import Node, TensorType, UnsupportedError, as_kiln_array
 from ..loop import Cast, Const, Store, add, mul
-from ..symbolic import Dim, dim_from_json, dim_to_json, least
+from ..symbolic import Dim, dim_from_json, dim_to_json, greatest, least
+from ..value_symbols import bounds_hint, define
 from ..validate import check_tensor_size
 from .registry import OPAQUE, OpDef, register
 
@@ -56,15 +57,19 @@ def _range_infer(g, node, p):
     past + seq) of a decoder's positions), an op computing start + i * delta at run time, its
     length a symbolic size (`at_run_time` in its parameters)."""
     if not any(i in g.symbolic_values for i in node.inputs):
-        return _from_value(_range_value)(g, node, p)
+        # (start and limit may be read at run time; a step may not: its sign decides the count)
+        return _from_value(_range_value, at_run_time=node.inputs[2] in g.constants)(g, node, p)
     start, limit, delta = (_whole(np.asarray(g.symbolic_values.get(i, g.constants.get(i))).reshape(()).item())
                            if i in g.symbolic_values or i in g.constants else None for i in node.inputs)
     if start is None or limit is None or not isinstance(delta, int) or delta == 0 or isinstance(start, float):
         raise TypeError("a Range over run-time sizes needs a constant whole start and step")
     start, limit, delta = (v if isinstance(v, Dim) else int(v) for v in (start, limit, delta))
-    length = (limit - start) if delta == 1 else (limit - start + delta - (1 if delta > 0 else -1)) // delta
-    if isinstance(length, Dim) and length.least() < 0:
-        raise TypeError(f"Range({start}, {limit}, {delta}) may have a negative length at some sizes")
+    span, step = (limit - start, delta) if delta > 0 else (start - limit, -delta)
+    if step == 1 and least(span) >= 0:
+        length = span  # (a polynomial: arange(past, past + seq) is seq long)
+    else:  # (a value symbol: the count, never negative, computed at the start of a call)
+        length = define(f"{node.outputs[0]}[0]", ("div", ("add", ("max", span, 0), step - 1), step), 0,
+                        max(0, -(-greatest(span) // step)), f"the length of {node.describe()}")
     p["at_run_time"], p["start"], p["delta"] = True, dim_to_json(start), int(delta)
     return TensorType((length,), g.types[node.inputs[0]].dtype)
 
@@ -91,7 +96,7 @@ def _constant_of_shape_infer(g, node, p):
     """ConstantOfShape: a constant, or over sizes known at run time an op filling its output
     (`at_run_time` in its parameters) whose shape holds symbolic sizes."""
     if node.inputs[0] not in g.symbolic_values:
-        return _from_value(_constant_of_shape_value)(g, node, p)
+        return _from_value(_constant_of_shape_value, at_run_time=True)(g, node, p)
     value = node.attrs.get("value", np.zeros(1, np.float32))
     shape = tuple(v if isinstance(v, Dim) else int(v) for v in g.symbolic_values[node.inputs[0]].reshape(-1))
     if any(least(d) < 0 for d in shape):
@@ -105,8 +110,9 @@ def _constant_of_shape_reader(b, node):
     return {node.outputs[0]: lambda idx: Const(float(fill) if t in ("f32", "f64") else int(fill), t)}
 
 
-def _from_value(evaluate):
-    """The type of a compile-time-only op is the type of its value."""
+def _from_value(evaluate, at_run_time: bool = False):
+    """The type of a compile-time-only op is the type of its value (`at_run_time`: or of sizes
+    read at run time, where its inputs' values are bounded: ir/value_symbols.py)."""
     def infer(g, node, p):
         missing = [i for i in node.inputs if i and i not in g.constants]
         if any(i in g.symbolic_values for i in missing):
@@ -114,7 +120,9 @@ def _from_value(evaluate):
                                    f"inputs {', '.join(missing)} are sizes known at run time). Fix those dims with "
                                    "--shape to build this model")
         if missing:
-            raise NotConstant(f"{node.describe()}: inputs must be known at compile time", missing)
+            hint = bounds_hint(g, missing) if at_run_time else ""
+            raise NotConstant(f"{node.describe()}: inputs {', '.join(repr(i) for i in missing)} must be known at "
+                              f"compile time, but are computed at run time{hint}", missing)
         values = evaluate(node.attrs, [g.constants.get(i) if i else None for i in node.inputs], g, node)
         return [TensorType(tuple(v.shape), str(as_kiln_array(np.asarray(v)).dtype)) for v in values]
     return infer

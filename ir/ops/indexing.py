@@ -12,6 +12,7 @@ import numpy as np
 
 from ..attrs import check_attrs, const_input, normalize_axis
 from ..graph import ShapeError, TensorType
+from ..symbolic import Dim, least
 from ..loop import (Assign, Cast, Const, For, If, Let, Load, Local, Store, Var, add, cmp, div, fbin, flat_index,
                     lowest, mul, rem, select, sub)
 from ..lower.elementwise import iclamp
@@ -138,8 +139,9 @@ def _trilu_fold(a, values, g, node):
 
 def _tile(g, node, p):
     x = g.types[node.inputs[0]]
-    reps = [int(r) for r in const_input(g, node, 1, "repeats", required=True).reshape(-1)]
-    if len(reps) != len(x.shape) or min(reps, default=1) < 0:
+    reps = [r if isinstance(r, Dim) else int(r) for r in const_input(g, node, 1, "repeats", required=True,
+                                                                                  at_run_time=True).reshape(-1)]
+    if len(reps) != len(x.shape) or min((least(r) for r in reps), default=1) < 0:
         raise ShapeError(f"{node.describe()}: repeats {reps} do not fit input {x}")
     p["repeats"] = reps
     return TensorType(tuple(d * r for d, r in zip(x.shape, reps)), x.dtype)

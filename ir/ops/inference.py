@@ -14,6 +14,7 @@ from ..dtypes import DTYPES, is_float, numpy_dtype
 from ..graph import Graph, KilnError, Node, UnsupportedError, as_kiln_array
 from ..symbolic import Dim, SymbolError, collecting_checks, deriving_symbols, greatest
 from ..validate import check_tensor_size
+from ..value_symbols import bind_fed_values
 from .compile_time import SYMBOLIC_VALUE, symbolic_value_node, symbolic_values_of
 from .registry import op_def
 
@@ -151,6 +152,7 @@ def resolve(g: Graph, fold_floats: bool) -> Graph:
 
 def _resolve(g: Graph, fold_floats: bool) -> Graph:
     g.params, g.symbolic_values = {}, {}
+    bind_fed_values(g)  # (integer inputs whose values the user bounded: sizes read at run time)
     kept, producer, folded = [], {}, set()
     pending = collections.deque(g.nodes)
     while pending:

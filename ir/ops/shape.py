@@ -17,6 +17,7 @@ from ..loop import Const, add, mul
 from ..lower.elementwise import (bcast_reader, concat_by_slabs, concat_reader, gather_reader, pad_reader,
                                  resize_by_phases, resize_reader, split_readers, view_reader)
 from ..symbolic import at_most, greatest, is_symbolic, least, product, require_equal
+from ..value_symbols import clamp, define, eq, lt, runtime_values, select
 from .broadcast import broadcast
 from .registry import ELEMWISE, INJECTIVE, OpDef, one_output, register
 
@@ -30,6 +31,9 @@ def _view_def(name, infer, kind=INJECTIVE):
 
 def _reshape(g, node, p):
     x = g.types[node.inputs[0]]
+    fed = runtime_values(g, node, 1)
+    if fed is not None:
+        return _reshape_to_values(g, node, x, fed)
     target = _sizes(const_input(g, node, 1, "shape", required=True))
     if not x.is_static or any(is_symbolic(d) for d in target):
         return _reshape_symbolic(node, x, target)
@@ -65,6 +69,26 @@ def _reshape_symbolic(node, x: TensorType, target: list) -> TensorType:
         out = [x.size // known if isinstance(d, int) and d == -1 else d for d in out]  # (SymbolError if inexact)
     if product(out) != x.size:
         raise ShapeError(f"{node.describe()}: cannot reshape {x} to [{', '.join(map(str, target))}]")
+    return TensorType(tuple(out), x.dtype)
+
+
+def _reshape_to_values(g, node, x: TensorType, fed: list) -> TensorType:
+    """Reshape to a shape fed at run time: each output dim a value symbol (0 copies the
+    input's dim unless allowzero, -1 is what the others leave), at most the input's elements;
+    the module checks that they multiply to the input's elements before it runs."""
+    total, shape_input = x.size, node.inputs[1]
+    known = [v if node.attrs.get("allowzero", 0) else select(eq(v, 0), x.shape[j] if j < len(x.shape) else 0, v)
+             for j, v in enumerate(fed)]
+    out = []
+    for j, v in enumerate(fed):
+        others = 1
+        for i, k in enumerate(known):
+            if i != j:
+                others = ("mul", others, select(eq(fed[i], -1), 1, k))
+        out.append(define(f"{node.outputs[0]}[{j}]", select(eq(v, -1), ("div", total, others), known[j]), 0,
+                          greatest(total), f"dim {j} of {node.describe()}'s output, read from input '{shape_input}'"))
+    require_equal(product(out), total, f"{node.describe()}: the sizes in '{shape_input}' multiply to the input's "
+                                       "elements")
     return TensorType(tuple(out), x.dtype)
 
 
@@ -167,8 +191,11 @@ def _split(g, node, p):
 def _slice(g, node, p):
     x = g.types[node.inputs[0]]
     rank = len(x.shape)
-    starts = attr_or_input(g, node, "starts", 1)
-    ends = attr_or_input(g, node, "ends", 2)
+    fed_starts, fed_ends = runtime_values(g, node, 1), runtime_values(g, node, 2)
+    starts = fed_starts or attr_or_input(g, node, "starts", 1)
+    ends = fed_ends or attr_or_input(g, node, "ends", 2)
+    if len(starts) != len(ends):
+        raise ShapeError(f"{node.describe()}: {len(starts)} starts and {len(ends)} ends")
     axes = attr_or_input(g, node, "axes", 3, list(range(len(starts))))
     steps = attr_or_input(g, node, "steps", 4, [1] * len(starts))
     begin, step, shape = [0] * rank, [1] * rank, list(x.shape)
@@ -176,6 +203,9 @@ def _slice(g, node, p):
         a = normalize_axis(a, rank, node)
         if st == 0:
             raise ShapeError(f"{node.describe()}: step 0 on axis {a}")
+        if fed_starts or fed_ends:
+            begin[a], step[a], shape[a] = _range_of_values(node, a, x.shape[a], s, e, int(st))
+            continue
         if is_symbolic(s) or is_symbolic(e) or is_symbolic(x.shape[a]):
             begin[a], step[a], shape[a] = _symbolic_range(x.shape[a], s, e, st)
             continue
@@ -214,6 +244,20 @@ def _symbolic_range(size, start, end, step) -> tuple:
     return begin, 1, length
 
 
+def _range_of_values(node, axis: int, size, start, end, step: int) -> tuple:
+    """(begin, step, length) of start:end:step over a dim where start or end is fed at run
+    time: value symbols for the first index read and the length, clamped as numpy slices."""
+    lo, hi = (0, size) if step > 0 else (-1, size - 1)
+    first, stop = (clamp(select(lt(v, 0), ("add", v, size), v), lo, hi) for v in (start, end))
+    span = ("max", ("sub", stop, first) if step > 0 else ("sub", first, stop), 0)
+    what = f"{node.describe()}'s slice of axis {axis} (starts '{node.inputs[1]}', ends '{node.inputs[2]}')"
+    out = node.outputs[0]
+    begin = define(f"{out}.begin[{axis}]", ("max", first, 0), 0, greatest(size), f"the first index of {what}")
+    length = define(f"{out}[{axis}]", ("div", ("add", span, abs(step) - 1), abs(step)), 0, greatest(size),
+                    f"the length of {what}")
+    return begin, step, length
+
+
 def _slice_reader(b, node):
     x, a = b.reader(node.inputs[0]), b.attrs(node)
     return {node.outputs[0]: lambda idx: x([add(b.dim(bg), mul(st, i))
@@ -229,7 +273,16 @@ def _slice_fold(a, values, g, node):
 
 def _expand(g, node, p):
     x = g.types[node.inputs[0]]
-    shape = _sizes(const_input(g, node, 1, "shape", required=True))
+    shape = _sizes(const_input(g, node, 1, "shape", required=True, at_run_time=True))
+    offset = len(shape) - len(x.shape)
+    for j, v in enumerate(shape):
+        d = x.shape[j - offset] if j >= offset else 1
+        if is_symbolic(v) and isinstance(d, int) and d != 1:
+            # (a size read at run time may be 1, which keeps the input's dim: else it must equal it)
+            agrees = define(f"{node.outputs[0]}.expand[{j}]", select(eq(v, 1), d, v), min(least(v), d),
+                            max(greatest(v), d), f"size {j} of the shape {node.describe()} expands to")
+            require_equal(agrees, d, f"{node.describe()}: size {j} of '{node.inputs[1]}' (1 or the input's {d})")
+            shape[j] = d
     return TensorType(broadcast([x.shape, tuple(shape)], node), x.dtype)
 
 
@@ -249,12 +302,12 @@ def _pad(g, node, p):
     x = g.types[node.inputs[0]]
     rank = len(x.shape)
     check_attrs(node, {"mode": ("constant", "reflect", "edge")})
-    pads = attr_or_input(g, node, "pads", 1)
+    pads = attr_or_input(g, node, "pads", 1, at_run_time=True)
     axes = attr_or_input(g, node, "axes", 3, list(range(rank)))
     axes = [normalize_axis(a, rank, node) for a in axes]
     full = [0] * (2 * rank)
     for i, a in enumerate(axes):
-        full[a], full[a + rank] = int(pads[i]), int(pads[i + len(axes)])
+        full[a], full[a + rank] = pads[i], pads[i + len(axes)]  # (ints, or Dims: pads read at run time)
     p["pads"], p["mode"] = full, node.attrs.get("mode", "constant")
     if len(node.inputs) > 2 and node.inputs[2] and node.inputs[2] not in g.constants:
         p["value"] = None  # computed at run time: the kernel reads it
@@ -263,7 +316,9 @@ def _pad(g, node, p):
         p["value"] = float(value.reshape(-1)[0]) if value is not None and value.size else \
             float(node.attrs.get("value", 0.0))
     shape = tuple(x.shape[i] + full[i] + full[i + rank] for i in range(rank))
-    if min(shape) < 0:
+    if any(is_symbolic(d) for d in x.shape):
+        raise TypeError("a Pad of run-time sizes")  # (its pads may be read at run time, of a fixed shape)
+    if not any(is_symbolic(v) for v in full) and min(shape) < 0:
         raise ShapeError(f"{node.describe()}: pads {full} make a negative dimension of {x}")
     return TensorType(shape, x.dtype)
 

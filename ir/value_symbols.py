@@ -1,0 +1,146 @@
+"""Symbols a call reads from its inputs' values: shape parameters fed at run time.
+
+ONNX lets a Reshape's shape, a Slice's starts and ends, an Expand's shape, a Tile's repeats,
+a Pad's pads, a Range's limits or a ConstantOfShape's shape arrive as graph inputs (onnx's
+own node test cases feed them so). Their values decide output sizes, so Kiln cannot know
+them when it builds; it can bound them. Where such a parameter is an integer graph input of
+a fixed shape, type inference makes each size it decides a *value symbol*: a symbol defined
+by an expression over the input's elements (`read`) and the other symbols, within bounds:
+  - those the op allows, where it allows any: a Reshape's dims at most the elements it has
+    (0 copying a dim and -1 inferred as ONNX says), a Slice's start and length within the dim;
+  - else those the user gives the input's values (`--dim shape=1..64` for every element,
+    `--dim 'shape[1]=1..8'` for one; `Graph.value_bounds`): its elements become symbols
+    `shape[k]` (`bind_fed_values`), a symbolic value like a Shape's (ir/ops/inference.py),
+    which every op taking sizes from a tensor reads.
+It is a derived symbol like `symbolic.floor_div`'s, so everything after inference
+treats it as any other symbol: `Graph.derived` holds its definition (a `Computed`), the
+module evaluates it at the start of a call after the caller's symbols, checks its bounds
+and the equalities the op needs (a Reshape's sizes must multiply to the elements), and the
+kernels read its value like any symbol's.
+
+Expressions are tuples: (op, *operands) with operands ints, Dims, `read`s and expressions.
+Ops: add, sub, mul, div (floor of a non-negative numerator by a positive divisor, 0 where
+the divisor is 0), min, max, select (c, a, b), eq, lt (1 or 0). `to_json` gives the form the
+manifest stores and artifacts/expressions.py evaluates (in Python and as C).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import KilnError
+from .symbolic import _DERIVED, Dim, dim_to_json
+
+MAX_VALUE_ELEMENTS = 64  # a shape parameter is a short vector, not data
+
+
+@dataclass(frozen=True)
+class Computed:
+    """A value symbol's definition (in Graph.derived), and where it comes from for messages."""
+    expr: tuple
+    what: str
+
+
+def _fed(g, name: str) -> bool:
+    """Can a call's values of `name` be read as a shape parameter: an integer graph input of
+    a fixed, small shape?"""
+    t = g.types.get(name)
+    return name in g.inputs and name not in g.constants and t is not None and t.dtype in ("int64", "int32") \
+        and t.is_static and t.size <= MAX_VALUE_ELEMENTS
+
+
+def runtime_values(g, node, index: int) -> list | None:
+    """The elements of input `index` of `node` as `read` expressions where it is fed at run
+    time (`_fed`), else None."""
+    if index >= len(node.inputs) or not node.inputs[index] or not _fed(g, node.inputs[index]):
+        return None
+    name, t = node.inputs[index], g.types[node.inputs[index]]
+    return [("read", name, k, t.dtype) for k in range(t.size)]
+
+
+def bounds_hint(g, names: list) -> str:
+    """What an error adds where an op could read these inputs' values at run time, given
+    bounds: how to give them."""
+    fed = [n for n in names if _fed(g, n)]
+    if not fed:
+        return ""
+    return (f"; to read its values at run time, bound them: --dim {fed[0]}=LEAST..GREATEST "
+            f"(dims={{'{fed[0]}': (0, 64)}} in Python)")
+
+
+def value_bounds(g, given: dict) -> dict:
+    """The user's bounds (`dims`) that name no input dim: each must name a fed input
+    (`shape`) or one of its elements (`shape[1]`)."""
+    for name in given:
+        tensor, _, rest = name.partition("[")
+        element = rest[:-1] if rest.endswith("]") else None
+        ok = _fed(g, tensor) and (not rest or (element is not None and element.isdigit() and
+                                               int(element) < g.types[tensor].size))
+        if not ok:
+            fed = [i for i in g.inputs if _fed(g, i)]
+            raise KilnError(f"--dim {name}: no input has a dim of that name, and it names no element of an integer "
+                            f"input whose values a call may read (dims: {', '.join(sorted(_dim_names(g))) or 'none'}; "
+                            f"such inputs: {', '.join(fed) or 'none'})")
+    return dict(given)
+
+
+def _dim_names(g) -> set:
+    return {s for name in g.inputs for d in g.types[name].shape if isinstance(d, Dim) for s in d.symbols}
+
+
+def bind_fed_values(g) -> None:
+    """Each fed input the user bounded becomes a symbolic value: its elements symbols
+    `name[k]`, read at the start of a call (type inference calls this first)."""
+    for name in g.inputs:
+        if not _fed(g, name):
+            continue
+        t = g.types[name]
+        bounds = [g.value_bounds.get(f"{name}[{k}]", g.value_bounds.get(name)) for k in range(t.size)]
+        if all(b is None for b in bounds):
+            continue
+        if any(b is None for b in bounds):
+            missing = [f"{name}[{k}]" for k, b in enumerate(bounds) if b is None]
+            raise KilnError(f"input '{name}': bounds given for some of its values but not {', '.join(missing)} "
+                            f"(--dim {name}=LEAST..GREATEST bounds them all)")
+        g.symbolic_values[name] = np.array(
+            [define(f"{name}[{k}]", ("read", name, k, t.dtype), lo, hi, f"element {k} of input '{name}'")
+             for k, (lo, hi) in enumerate(bounds)], dtype=object).reshape(t.shape)
+
+
+def define(name: str, expr, least: int, greatest: int, what: str) -> Dim:
+    """A value symbol `name` = expr (within [least, greatest]), recorded while type inference
+    runs (symbolic.deriving_symbols): a symbol after those it is computed from."""
+    place = _DERIVED.get()
+    if place is None:
+        raise TypeError(f"{what} is read from a tensor at run time")
+    symbols, derived = place
+    if name not in derived:
+        symbols[name] = (int(least), int(greatest))
+        derived[name] = Computed(expr, what)
+    return Dim.symbol(name, *symbols[name])
+
+
+def select(c, a, b):
+    return ("select", c, a, b)
+
+
+def eq(a, b):
+    return ("eq", a, b)
+
+
+def lt(a, b):
+    return ("lt", a, b)
+
+
+def clamp(v, lo, hi):
+    return ("min", ("max", v, lo), hi)
+
+
+def to_json(expr):
+    """The manifest's form: a Dim as ["dim", terms], a read as ["read", input, index, dtype]."""
+    if isinstance(expr, (int, np.integer)):
+        return int(expr)
+    if isinstance(expr, Dim):
+        return ["dim", dim_to_json(expr)]
+    return [expr[0], *(to_json(e) if not isinstance(e, str) else e for e in expr[1:])]
