@@ -774,7 +774,8 @@ class FunctionEmitter:
                 self.emit(f"{bv} = call {vt} @llvm.masked.load.v{vw}f32.p0(ptr {p}, i32 4, <{vw} x i1> <{mask}>, "
                           f"{vt} zeroinitializer)")
             bvec.append(bv)
-        many_rows = not isinstance(g.m, int) or g.m >= g.mr  # (a run-time m: a prefill's many rows, or one)
+        # (a run-time m: its full row blocks, a prefill's; not the rows left after them, a decoding step's one)
+        many_rows = g.m >= g.mr if isinstance(g.m, int) else rows == g.mr
         if g.kind == "f32" and not g.in_place_b and g.k * g.n * 4 > PREFETCH_B_BYTES and many_rows:
             # B past L2 streams from memory on the first row block's pass over it: fetch the
             # next panel's lines for this k while this panel computes, or, for panels too
@@ -1073,6 +1074,8 @@ class FunctionEmitter:
             self.loop("__wb_j", cols, lambda: self.loop("__wb_r", rows, element, "vector_masked"), "scalar")
         elif g.in_place_b:  # (a tile of pixels: measured, LLVM's own choice scatters)
             self.loop("__wb_r", rows, lambda: self.loop("__wb_j", cols, element, "vector_only"), "scalar")
+        elif not isinstance(g.m, int):  # (a run-time m: left to itself, LLVM scattered down the columns)
+            self.loop("__wb_r", rows, lambda: self.loop("__wb_j", cols, element, "vectorize"), "scalar")
         else:  # a row-major C: LLVM's own choice, measured best (BERT's GEMMs 13% slower forced)
             self.loop("__wb_r", rows, lambda: self.loop("__wb_j", cols, element, "vectorize"))
 
