@@ -292,15 +292,20 @@ class Module:
         return (self._symbols.dims.ctypes.data,) if self._symbols else ()
 
     def random_inputs(self, seed: int = 0, dims: dict | None = None) -> dict:
-        """Inputs of the right shapes and dtypes: standard normal floats, zero integers. A
-        symbolic dim takes its value in `dims`, else its greatest."""
+        """Inputs of the right shapes and dtypes: standard normal floats, zero integers (an
+        integer input whose values are read as sizes: their least). A symbolic dim takes its
+        value in `dims`, else its greatest."""
         rng = np.random.default_rng(seed)
         values = {**(self._symbols.greatest() if self._symbols else {}), **(dims or {})}
         shapes = {s["name"]: [dim_value(d, values) for d in s["shape"]] for s in self.inputs}
-        return {s["name"]: (rng.standard_normal(shapes[s["name"]]).astype(numpy_dtype(s["dtype"]))
-                            if s["dtype"].startswith(("float", "bfloat"))
-                            else np.zeros(shapes[s["name"]], numpy_dtype(s["dtype"])))
-                for s in self.inputs}
+        out = {s["name"]: (rng.standard_normal(shapes[s["name"]]).astype(numpy_dtype(s["dtype"]))
+                           if s["dtype"].startswith(("float", "bfloat"))
+                           else np.zeros(shapes[s["name"]], numpy_dtype(s["dtype"])))
+               for s in self.inputs}
+        for d in self.manifest.derived:  # (an element read as it is: ir/value_symbols.py)
+            if d.get("expr", [None])[0] == "read":
+                out[d["expr"][1]].reshape(-1)[d["expr"][2]] = d["least"]
+        return out
 
     def __call__(self, *args, **kwargs) -> dict:
         named = dict(zip((s["name"] for s in self.inputs), args))

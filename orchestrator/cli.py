@@ -44,13 +44,14 @@ def _symbol_name(text: str, item: str) -> str:
 
 
 def _parse_dims(items) -> dict | None:
-    """--dim NAME=LEAST..GREATEST (or NAME=GREATEST, least 1): a symbol's bounds."""
+    """--dim NAME=LEAST..GREATEST (or NAME=GREATEST, least 1): a symbol's bounds, or those of
+    the values of an integer input NAME (or its element NAME[k]) read at run time."""
     dims = {}
     for item in items or []:
         name, sep, bounds = item.partition("=")
         least, dots, greatest = bounds.partition("..")
         try:
-            if not sep or not name.strip().isidentifier():
+            if not sep or not name.strip() or any(c.isspace() for c in name.strip()):
                 raise ValueError
             dims[name.strip()] = (int(least), int(greatest)) if dots else (1, int(least))
         except ValueError:

@@ -133,6 +133,23 @@ def test_a_range_between_limits_fed_at_run_time(executor):
                                          for s, limit in ((0, 10), (3, 4), (5, 30), (9, 2))])
 
 
+def test_the_cli_takes_bounds_of_values(tmp_path):
+    """`kiln build --dim 'repeats[1]=1..4'` and `kiln run` on random inputs (each value read
+    as a size at its least)."""
+    import subprocess
+    import sys
+
+    import onnx
+    path = str(tmp_path / "tile.onnx")
+    onnx.save(_model([helper.make_node("Tile", ["x", "repeats"], ["y"])],
+                     [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3]), _fed("repeats", [2])]), path)
+    kiln = [sys.executable, "-m", "modelkiln.orchestrator.cli"]
+    subprocess.run(kiln + ["build", path, "-o", str(tmp_path / "out"), "--dim", "repeats[0]=2..2", "--dim",
+                           "repeats[1]=1..4", "--no-cache", "--quiet"], check=True, capture_output=True)
+    ran = subprocess.run(kiln + ["run", str(tmp_path / "out")], check=True, capture_output=True, text=True).stdout
+    assert "y: float32[4, 3]" in ran, ran
+
+
 def test_one_element_bounded_alone_and_a_misspelt_bound(executor):
     model = _model([helper.make_node("Tile", ["x", "repeats"], ["y"])],
                    [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3]), _fed("repeats", [2])])
