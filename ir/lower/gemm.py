@@ -649,12 +649,18 @@ def _accumulated_rows(b: KernelBuilder, oshape, k, a_at, b_at, store, out: str) 
                 For(kq, passes, tuple(steps(mul(Var(kq), ROW_K_UNROLL), ROW_K_UNROLL))),
                 For(kr, left, tuple(steps(add(mul(passes, ROW_K_UNROLL), Var(kr)), 1))),
                 *[cols(lambda nn, r=r: store(ridx[r] + [nn], Load(out, at(r, nn)))) for r in range(rows)]]
+    return by_row_blocks(b, lead, m, ROW_BLOCK, block)
 
+
+def by_row_blocks(b: KernelBuilder, lead: list, m, rows: int, block) -> tuple:
+    """Each matrix of a batch of them (the `lead` dims: one loop, divided across threads), its
+    m rows in blocks of `rows`, then those left one at a time: block(matrix index, first
+    row, row count) gives the statements of one block."""
     def matrix(bidx) -> list:
         mb, mr = b.fresh("mb"), b.fresh("mr")
-        full = div(m, ROW_BLOCK)
-        return [For(mb, full, tuple(block(bidx, mul(Var(mb), ROW_BLOCK), ROW_BLOCK))),
-                For(mr, rem(m, ROW_BLOCK), tuple(block(bidx, add(mul(full, ROW_BLOCK), Var(mr)), 1)))]
+        full = div(m, rows)
+        return [For(mb, full, tuple(block(bidx, mul(Var(mb), rows), rows))),
+                For(mr, rem(m, rows), tuple(block(bidx, add(mul(full, rows), Var(mr)), 1)))]
     if not lead:
         return tuple(matrix([]))
     bh = b.fresh("bh")

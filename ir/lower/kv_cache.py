@@ -4,11 +4,10 @@ as they lie. Both index the cache with its capacity as the stride (`KernelBuilde
 so nothing that grows with the past is copied."""
 from __future__ import annotations
 
-import math
-
 from ..graph import Node
-from ..loop import Assign, Const, For, Local, Store, Var, add, div, fbin, flat_index, mul, rem, unflatten
+from ..loop import Assign, Const, For, Local, Store, Var, add, fbin, flat_index
 from .builder import KernelBuilder, broadcast_index
+from .gemm import by_row_blocks
 
 DOT_ROWS = 4  # rows of A per pass over the keys: each cached key is loaded once for all of them
 
@@ -53,13 +52,4 @@ def lower_matmul_transposed_b(b: KernelBuilder, node: Node, store, out: str) -> 
         for r in range(count):
             body += store(list(bidx) + [row[r], Var(col)], Var(acc[r], t))
         return [For(col, n, tuple(body))]
-
-    def matrix(bidx) -> list:
-        mb, mr = b.fresh("mb"), b.fresh("mr")
-        full = div(m, DOT_ROWS)
-        return [For(mb, full, tuple(rows(bidx, mul(Var(mb), DOT_ROWS), DOT_ROWS))),
-                For(mr, rem(m, DOT_ROWS), tuple(rows(bidx, add(mul(full, DOT_ROWS), Var(mr)), 1)))]
-    if not lead:
-        return tuple(matrix([]))
-    bh = b.fresh("bh")
-    return (For(bh, math.prod(lead), tuple(matrix(unflatten(Var(bh), lead))), "serial", True),)
+    return by_row_blocks(b, lead, m, DOT_ROWS, rows)
