@@ -206,7 +206,8 @@ def entry_source(plan: list, outputs: list[tuple[tuple, int]], arena_bytes: int,
                   *(compute if derived else []),
                   *[f"  if (!({cond})) return {code};" for cond, code in preconditions],
                   *_bind_caches(caches),
-                  f"  struct kiln_ctx ctx = {{weights, arena, inputs{', dims' * symbolic}{', outputs' * bool(caches)}}};",
+                  f"  struct kiln_ctx ctx = {{weights, arena, inputs{', dims' * symbolic}"
+                  f"{', outputs' * bool(caches)}}};",
                   "  (void)ctx;",
                   "  if (threads <= 0) threads = kiln_num_threads();"]
         if timed:
@@ -231,8 +232,8 @@ def _bind_caches(caches: tuple) -> list[str]:
     for i, o, blocks, past_bytes, capacity_bytes in caches:
         lines += [f"  if (inputs[{i}] != outputs[{o}])  /* two buffers: the past moves into the present's */",
                   f"    for (long long b = 0; b < {blocks}; ++b)",
-                  f"      memcpy((char*)outputs[{o}] + b * {capacity_bytes}, (const char*)inputs[{i}] + b * {past_bytes}, "
-                  f"{past_bytes});",
+                  f"      memcpy((char*)outputs[{o}] + b * {capacity_bytes}, "
+                  f"(const char*)inputs[{i}] + b * {past_bytes}, {past_bytes});",
                   f"  bound[{i}] = outputs[{o}];"]
     return lines + ["  inputs = bound;"]
 

@@ -106,7 +106,7 @@ class Manifest:
 
     def to_bytes(self) -> bytes:
         fields_ = asdict(self)
-        for name in ("symbols", "checks", "derived", "caches"):  # (a static bundle's manifest is what it was before symbols)
+        for name in ("symbols", "checks", "derived", "caches"):  # (a static bundle's: what it was before symbols)
             if not fields_[name]:
                 del fields_[name]
         return json.dumps(fields_, indent=2, sort_keys=True).encode()

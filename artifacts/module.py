@@ -175,7 +175,7 @@ class Module:
     def new_cache(self, capacity: int | None = None, **dims) -> KVCache:
         """Buffers for the model's KV caches (`run(..., cache=)`), empty: `capacity` entries
         each (default: the most the bundle was built for), at the sizes `dims` give the
-        symbols they name (a symbol left out: its least, e.g. a batch of 1)."""
+        symbols they name (a symbol left out: 1 where its bounds allow, e.g. a batch of 1)."""
         m = self.manifest
         if not m.caches:
             raise KilnError(f"model '{self.path}' keeps no KV cache in place: it has no past input that a present "
@@ -185,13 +185,14 @@ class Module:
         if unknown:
             raise KilnError(f"new_cache: no symbol {', '.join(unknown)} to size (the model's: "
                             f"{', '.join(s for s in bounds if not any(s == c['capacity'] for c in m.caches))})")
-        values = {s: max(lo, 1) if s not in dims else dims[s] for s, (lo, hi) in bounds.items()}
+        values = {s: dims[s] if s in dims else min(max(lo, 1), hi) for s, (lo, hi) in bounds.items()}
         for c in m.caches:
             values[c["capacity"]] = bounds[c["capacity"]][1] if capacity is None else capacity
         for s, v in values.items():
             lo, hi = bounds[s]
             if not lo <= v <= hi:
-                raise KilnError(f"new_cache: {s} = {v} is outside the bounds the bundle was built for ({s} = {lo}..{hi})")
+                raise KilnError(f"new_cache: {s} = {v} is outside the bounds the bundle was built for "
+                                f"({s} = {lo}..{hi})")
         return KVCache(m, values)
 
     def _bind(self, inputs: dict, out: dict | None = None, cache: KVCache | None = None) -> dict:

@@ -9,7 +9,8 @@ for each shape, onnxruntime and OpenVINO (float32, INFERENCE_PRECISION_HINT=f32)
 dynamic-axes model. GPT-2: a decoder at GPT-2 124M widths (d=768, 12 heads, vocab 50257;
 `--layers` of them) built once with past=0..1024, one token per call at past lengths 16, 128,
 512 and 1024, beside onnxruntime and OpenVINO: Kiln fed the past as arrays (and returning the
-presents, as the peers do) and Kiln appending to its cache in place (`Module.new_cache`). Each at 1 thread and at every usable core, in
+presents, as the peers do) and Kiln appending to its cache in place (`Module.new_cache`).
+Each at 1 thread and at every usable core, in
 interleaved rounds (the runners take turns: this machine is noisy), the better median of each.
 Big: a 1B-parameter GPT-2-style decoder from a config (d=2048, 16 heads, 16 layers, vocab
 50257, random weights: 4 GB in external data, written once into --big-dir and kept there),

@@ -99,7 +99,7 @@ def captured(node: Node) -> set[str]:
 
 
 @dataclass(frozen=True)
-class KVCache:
+class CachePair:
     """A graph input and output that share one caller-owned buffer: `present` is `past` with
     this call's entries appended along `axis` (an LLM's KV cache), written in place. The
     buffer holds `capacity` (a symbol the caller gives) entries along that axis, whatever the
@@ -128,8 +128,9 @@ class Graph:
     # entry function number them (ir/symbolic.py). Empty: a static model.
     symbols: dict[str, tuple[int, int]] = field(default_factory=dict)
     # Symbols defined from the others (in `symbols` too, after those they are computed from):
-    # name -> (numerator, divisor), the value floor(numerator / divisor) (ir/symbolic.floor_div).
-    derived: dict[str, tuple] = field(default_factory=dict)
+    # name -> (numerator, divisor), the value floor(numerator / divisor) (ir/symbolic.floor_div),
+    # or a value read from inputs at run time (an ir.value_symbols.Computed).
+    derived: dict = field(default_factory=dict)
     # Integer tensors whose values type inference knows as expressions of the symbols (a
     # Shape of a symbolic tensor, what Gather/Concat/... make of it): numpy object arrays of
     # ints and Dims. An op that needs a parameter at compile time reads them like constants
@@ -139,7 +140,7 @@ class Graph:
     # (size, size, where) pairs of sizes that must be equal at run time, one at least symbolic
     # (two inputs broadcast together, a MatMul's inner dims): the module checks them first.
     checks: list = field(default_factory=list)
-    caches: list = field(default_factory=list)  # KVCache: inputs and outputs sharing a buffer
+    caches: list = field(default_factory=list)  # CachePair: inputs and outputs sharing a buffer
     # Bounds the user gave for values a call reads from integer inputs (`--dim shape=1..64`,
     # `--dim 'shape[1]=1..8'`): ir/value_symbols.py makes those inputs' elements symbols.
     value_bounds: dict = field(default_factory=dict)

@@ -54,8 +54,8 @@ def _nbytes_c(t, symbols: list) -> "int | str":
 
 def _preconditions(lowered) -> list[tuple[str, int]]:
     """What kiln_run_dims checks before it runs anything, (C condition, error code): each
-    symbol within its bounds (2: the caller's, and those read from inputs' values), each pair of sizes that must agree equal (3), each KV
-    cache's new length within its capacity (4)."""
+    symbol within its bounds (2: the caller's, and those read from inputs' values), each pair
+    of sizes that must agree equal (3), each KV cache's new length within its capacity (4)."""
     symbols = list(lowered.symbols)
     out = [(f"dims[{k}] >= {lo}LL && dims[{k}] <= {hi}LL", 2) for k, (s, (lo, hi)) in enumerate(lowered.symbols.items())
            if not isinstance(lowered.derived.get(s), tuple)]  # (a floor_div's is within bounds by its definition)
@@ -80,7 +80,7 @@ def _caches(lowered) -> tuple:
     for c in lowered.caches:
         t, layout = lowered.types[c.past], lowered.cache_layout(c.present)
         shape = t.shape
-        row = math.prod(shape[c.axis + 1:]) * DTYPES[t.dtype].itemsize  # (bytes of one entry)
+        row = math.prod(shape[c.axis + 1:]) * DTYPES[t.dtype].itemsize  # (bytes of one entry of one block)
         pairs.append((lowered.inputs.index(c.past), lowered.outputs.index(c.present),
                       _dim_c(math.prod(shape[:c.axis]), symbols),
                       f"({_dim_c(shape[c.axis] * row, symbols)})", f"({_dim_c(layout[c.axis] * row, symbols)})"))

@@ -21,7 +21,8 @@ def _symbols(g, lowered) -> list[str]:
     _, arena = plan_memory(lowered)
     given = ", ".join(f"{s} = {lo}..{hi}" for s, (lo, hi) in g.symbols.items() if s not in g.derived)
     lines = ["symbols (one build runs every size within these bounds):", f"  {given or '(none the caller gives)'}"]
-    lines += [f"  derived {s} = {_definition(d)}, {lo}..{hi}" for s, d in g.derived.items() for lo, hi in [g.symbols[s]]]
+    lines += [f"  derived {s} = {_definition(d)}, {lo}..{hi}"
+              for s, d in g.derived.items() for lo, hi in [g.symbols[s]]]
     lines += [f"  input  {n}: {g.types[n]}" for n in g.inputs]
     lines += [f"  output {n}: {g.types[n]}" for n in g.outputs]
     lines += [f"  KV cache in place: {c.past} -> {c.present}, appended along axis {c.axis} in one buffer of "

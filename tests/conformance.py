@@ -248,8 +248,8 @@ def main() -> None:
             per_op[op][outcome] += 1
             if outcome == "fail":
                 print(f"FAIL {name}: {detail}")
-    print(f"{len(claimed_cases())} cases: {totals['pass']} pass, {totals['bounded']} pass with bounds for values read at "
-          f"run time, {totals['frozen']} pass built with static shapes, "
+    print(f"{len(claimed_cases())} cases: {totals['pass']} pass, {totals['bounded']} pass with bounds for values "
+          f"read at run time, {totals['frozen']} pass built with static shapes, "
           f"{totals['rejected']} rejected, {totals['fail']} fail")
     for op in sorted(per_op):
         c = per_op[op]

@@ -49,8 +49,8 @@ class LoweredModel:
     aliases: dict[str, str] = field(default_factory=dict)  # view -> tensor that holds its data
     symbols: dict = field(default_factory=dict)  # the graph's: symbol -> (least, greatest)
     checks: list = field(default_factory=list)  # the graph's: (size, size, where) equal at run time
-    derived: dict = field(default_factory=dict)  # the graph's: symbol -> (numerator, divisor)
-    caches: list = field(default_factory=list)  # the graph's: ir.graph.KVCache, inputs and outputs sharing a buffer
+    derived: dict = field(default_factory=dict)  # the graph's: symbol -> (numerator, divisor) or Computed
+    caches: list = field(default_factory=list)  # the graph's: ir.graph.CachePair, inputs and outputs sharing a buffer
 
     def storage(self, name: str) -> str:
         while name in self.aliases:

@@ -23,7 +23,7 @@ keeps the Concat, and the model runs as written.
 """
 from __future__ import annotations
 
-from ..graph import Graph, KVCache, Node
+from ..graph import CachePair, Graph, Node
 from ..ops.conv_gemm import MATMUL
 from ..ops.kv_cache import APPEND_CACHE, MATMUL_TRANSPOSED_B
 from ..ops.shape import CONCAT, IDENTITY, TRANSPOSE
@@ -47,7 +47,7 @@ def bind_kv_caches(g: Graph, ctx) -> Graph:
             capacities[length] = _fresh_symbol(g, "capacity")
             _add_symbol(g, capacities[length], (least(length), greatest(length)))
         _rewrite(g, concat, present, identity, scores)
-        g.caches.append(KVCache(past, present, axis, capacities[length]))
+        g.caches.append(CachePair(past, present, axis, capacities[length]))
     return g
 
 
