@@ -103,11 +103,13 @@ class CachePair:
     """A graph input and output that share one caller-owned buffer: `present` is `past` with
     this call's entries appended along `axis` (an LLM's KV cache), written in place. The
     buffer holds `capacity` (a symbol the caller gives) entries along that axis, whatever the
-    lengths, so both tensors are indexed with that stride (ir/passes/kv_cache.py)."""
+    lengths, so both tensors are indexed with that stride (ir/passes/kv_cache.py). `writers`:
+    other tensors that lie in the present's buffer (a merged decoder's branches' appends)."""
     past: str
     present: str
     axis: int
     capacity: str
+    writers: tuple = ()
 
 
 @dataclass
@@ -206,7 +208,7 @@ class Graph:
 def storage_shape(caches: list, types: dict, symbols: dict, name: str) -> tuple | None:
     """Graph.storage_shape, from the parts a LoweredModel keeps too."""
     for c in caches:
-        if name in (c.past, c.present):
+        if name in (c.past, c.present, *c.writers):
             shape = list(types[c.present].shape)
             shape[c.axis] = Dim.symbol(c.capacity, *symbols[c.capacity])
             return tuple(shape)

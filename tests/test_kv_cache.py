@@ -92,6 +92,29 @@ def test_a_step_writes_only_its_own_entries(decoder):
         assert np.shares_memory(got[name], buf) and got[name].shape == want[name].shape
 
 
+def test_an_optimum_merged_decoder_keeps_its_cache_in_place(executor):
+    """The merged decoder (an If on use_cache_branch between the decoder with past and the
+    prefill-only one): both branches append into the cache's buffer, and greedy decoding in
+    place gives onnxruntime's tokens; a prefill with entries already held is refused by name."""
+    model, info = dynamic_zoo.gpt2_merged_decoder()
+    result = build(model, dims={"batch": (1, 1), "seq": (1, 16), "past": (0, 60)}, executor=executor, cache=None,
+                   progress=False)
+    manifest = json.loads(result.files["manifest.json"])
+    assert len(manifest["caches"]) == 2 * info["layers"]
+    assert sum(call["ops"].count("kiln.AppendCache") for call in manifest["calls"]) == 4 * info["layers"]
+    module = result.load()
+    cache = module.new_cache()
+    want_tokens, want_logits = dynamic_zoo.greedy_tokens(_onnxruntime(model), info, PROMPT, 24)
+    got_tokens, got_logits = dynamic_zoo.greedy_tokens(lambda f: module.run(f, cache=cache), info, PROMPT, 24,
+                                                       feed_past=False)
+    assert got_tokens == want_tokens
+    np.testing.assert_allclose(got_logits[-1], want_logits[-1], rtol=1e-4, atol=1e-4)
+    with pytest.raises(KilnError, match=r"output \d+ when 'use_cache_branch' is false: past \+ seq = \d+ and seq = 1 "
+                                        r"must be equal"):
+        module.run({"input_ids": np.array([[3]], np.int64), "position_ids": np.array([[cache.length]], np.int64),
+                    "use_cache_branch": np.array([False])}, cache=cache)
+
+
 def test_past_as_arrays_still_runs_and_matches(decoder):
     """Without a cache the past comes as arrays and the presents go to new arrays, as before:
     the entry copies the past into the present's buffer first."""

@@ -172,6 +172,7 @@ def lower(graph: Graph, config: ScheduleConfig | None = None) -> LoweredModel:
             aliases.update({out: state for (_, state, _), out in zip(loop.state, root.outputs) if out})
         else:
             steps.append(lower_group(g, members, config))
+    aliases.update({w: c.present for c in g.caches for w in c.writers})  # (written in the present's buffer)
     model = LoweredModel(steps, list(g.inputs), list(g.outputs), types, {}, aliases, dict(g.symbols), list(g.checks),
                          dict(g.derived), list(g.caches))
     model.steps = _without_unread_sizes(model)

@@ -17,6 +17,13 @@ The entry then reads the past from the present's buffer. A caller that passes on
 for both (`Module.new_cache`, or the same pointer from C) copies nothing per call; one that
 passes separate arrays gets the past copied into the present first, as before.
 
+HF optimum's merged decoder chooses between the decoder with past and the prefill-only one
+with an If on `use_cache_branch` (ir/ops/control_flow.py inlines both branches, guarded,
+and a kiln.IfMerge copies the taken one's present out). There the Concat's result and an
+append of the prefill branch's entries (after a past that is empty whenever that branch
+runs: the module checks it) both lie in the present's buffer (`CachePair.writers`), and the
+IfMerge goes.
+
 A pair is bound only where every reader of the present can read it strided (the output
 itself, MatMuls taking it as B, a Transpose of its last two dims feeding one); anything else
 keeps the Concat, and the model runs as written.
@@ -24,6 +31,7 @@ keeps the Concat, and the model runs as written.
 from __future__ import annotations
 
 from ..graph import CachePair, Graph, Node
+from ..ops.control_flow import IF_MERGE
 from ..ops.conv_gemm import MATMUL
 from ..ops.kv_cache import APPEND_CACHE, MATMUL_TRANSPOSED_B
 from ..ops.shape import CONCAT, IDENTITY, TRANSPOSE
@@ -40,22 +48,23 @@ def bind_kv_caches(g: Graph, ctx) -> Graph:
         found = _cache_of(g, concat)
         if found is None:
             continue
-        present, identity, scores = found
+        present, namer, scores = found
         past, axis = concat.inputs[0], g.params_of(concat)["axis"]
         length = g.types[present].shape[axis]
         if length not in capacities:
             capacities[length] = _fresh_symbol(g, "capacity")
             _add_symbol(g, capacities[length], (least(length), greatest(length)))
-        _rewrite(g, concat, present, identity, scores)
-        g.caches.append(CachePair(past, present, axis, capacities[length]))
+        writers = _rewrite(g, concat, present, namer, scores)
+        g.caches.append(CachePair(past, present, axis, capacities[length], writers))
     return g
 
 
 def _cache_of(g: Graph, concat: Node):
-    """(present, the Identity naming it or None, [(Transpose, MatMul)] of the scores) where
-    `concat` appends to a past input a present output that can be kept in place, else None."""
+    """(present, the node naming it (an Identity, a merged decoder's IfMerge) or None,
+    [(Transpose, MatMul)] of the scores) where `concat` appends to a past input a present
+    output that can be kept in place, else None."""
     uses = g.consumers()
-    if len(concat.inputs) != 2 or concat.guard:
+    if len(concat.inputs) != 2:
         return None
     past, out = concat.inputs[0], concat.outputs[0]
     axis = g.params_of(concat)["axis"]
@@ -63,20 +72,20 @@ def _cache_of(g: Graph, concat: Node):
             g.types[out].dtype != "float32" or not is_symbolic(g.types[past].shape[axis]):
         return None
     readers = uses.get(out, [])
-    identities = [u for u in readers if u.op == IDENTITY and u.outputs[0] in g.outputs]
+    namers = [u for u in readers if u.outputs[0] in g.outputs and _names(g, u, concat)]
     if out in g.outputs:
-        present, identity = out, None
-        if identities:
+        present, namer = out, None
+        if namers or concat.guard:
             return None
-    elif len(identities) == 1:
-        present, identity = identities[0].outputs[0], identities[0]
+    elif len(namers) == 1:
+        present, namer = namers[0].outputs[0], namers[0]
     else:
         return None
     if g.outputs.count(present) != 1 or present in g.inputs:
         return None
     scores = []
-    for u in readers + (uses.get(present, []) if identity else []):  # (what reads either name reads the buffer)
-        if u is identity:
+    for u in readers + (uses.get(present, []) if namer else []):  # (what reads either name reads the buffer)
+        if u is namer:
             continue
         if u.op == MATMUL and _reads_as_b(g, u, out):
             continue
@@ -89,7 +98,18 @@ def _cache_of(g: Graph, concat: Node):
             scores.append((u, after[0]))
             continue
         return None  # a reader that would need the present dense
-    return present, identity, scores
+    return present, namer, scores
+
+
+def _names(g: Graph, node: Node, concat: Node) -> bool:
+    """Does `node` make the Concat's result a graph output: an Identity of it (both
+    unguarded), or the IfMerge of a merged decoder taking it from its then branch?"""
+    out = concat.outputs[0]
+    if node.op == IDENTITY:
+        return not node.guard and not concat.guard
+    return node.op == IF_MERGE and node.inputs[1] == out and node.inputs.count(out) == 1 and \
+        concat.guard == node.guard + ((node.inputs[0], True),) and \
+        g.types[node.inputs[2]].dtype == g.types[out].dtype
 
 
 def _reads_as_b(g: Graph, matmul: Node, tensor: str) -> bool:
@@ -99,24 +119,38 @@ def _reads_as_b(g: Graph, matmul: Node, tensor: str) -> bool:
     return b == tensor and a != tensor and a not in g.constants and len(g.types[a].shape) >= 2
 
 
-def _rewrite(g: Graph, concat: Node, present: str, identity: Node | None, scores: list) -> None:
-    out = concat.outputs[0]
-    replaced = {id(concat): Node(APPEND_CACHE, list(concat.inputs), [present], {"axis": g.params_of(concat)["axis"]},
-                                 concat.name, concat.guard)}
-    g.params[present] = {"axis": g.params_of(concat)["axis"]}
+def _rewrite(g: Graph, concat: Node, present: str, namer: Node | None, scores: list) -> tuple:
+    """The Concat as an append, the scores reading the keys as cached, the namer gone.
+    Returns the tensors other than the present written into its buffer (a merged decoder's
+    two branches' appends)."""
+    out, axis = concat.outputs[0], g.params_of(concat)["axis"]
+    merged = namer is not None and namer.op == IF_MERGE
+    written = out if merged else present  # (the name the append writes: each branch's own where merged)
+    replaced = {id(concat): Node(APPEND_CACHE, list(concat.inputs), [written], {"axis": axis}, concat.name,
+                                 concat.guard)}
+    g.params[written] = {"axis": axis}
+    writers = ()
+    if merged:  # (the prefill branch's entries, appended after a past the module checks is empty)
+        cond, _, prefill = namer.inputs
+        appended = g.fresh_name(f"{present}/prefill")
+        g.types[appended], g.params[appended] = g.types[present], {"axis": axis}
+        replaced[id(namer)] = Node(APPEND_CACHE, [concat.inputs[0], prefill], [appended], {"axis": axis},
+                                   namer.name, namer.guard + ((cond, False),))
+        writers = (out, appended)
+    elif namer is not None:
+        replaced[id(namer)] = None
     for transpose, matmul in scores:
         replaced[id(transpose)] = None
-        replaced[id(matmul)] = Node(MATMUL_TRANSPOSED_B, [matmul.inputs[0], present], list(matmul.outputs), {},
+        replaced[id(matmul)] = Node(MATMUL_TRANSPOSED_B, [matmul.inputs[0], written], list(matmul.outputs), {},
                                     matmul.name, matmul.guard)
-    if identity is not None:
-        replaced[id(identity)] = None
     nodes = []
     for n in g.nodes:
         n = replaced.get(id(n), n)
         if n is not None:
-            n.inputs = [present if i == out else i for i in n.inputs]
+            n.inputs = [written if i == out else i for i in n.inputs]
             nodes.append(n)
     g.nodes = nodes
+    return writers
 
 
 def _fresh_symbol(g: Graph, base: str) -> str:
