@@ -139,8 +139,8 @@ def _trilu_fold(a, values, g, node):
 
 def _tile(g, node, p):
     x = g.types[node.inputs[0]]
-    reps = [r if isinstance(r, Dim) else int(r) for r in const_input(g, node, 1, "repeats", required=True,
-                                                                                  at_run_time=True).reshape(-1)]
+    repeats = const_input(g, node, 1, "repeats", required=True, at_run_time=True)
+    reps = [r if isinstance(r, Dim) else int(r) for r in repeats.reshape(-1)]
     if len(reps) != len(x.shape) or min((least(r) for r in reps), default=1) < 0:
         raise ShapeError(f"{node.describe()}: repeats {reps} do not fit input {x}")
     p["repeats"] = reps
