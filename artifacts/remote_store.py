@@ -162,22 +162,22 @@ class RemoteStore(Store):
         self.remote = HttpCache(url, timeout)
         self.remote_readonly = remote_readonly
 
-    def get_view(self, key: str):
-        view = super().get_view(key)
+    def get_view(self, key: str, section: str = "objects"):
+        view = super().get_view(key, section)
         if view is not None:
             return view
-        data = self.remote.get(f"ac/{key}")
+        data = self.remote.get(f"ac/{key}")  # (records too: their keys are hashes of other parts)
         if data is None:
             return None
         payload, why = self.check(key, data)
         if payload is None:
             warnings.warn(f"kiln cache: {self.remote.url}/ac/{key} is invalid ({why}); compiling instead")
             return None
-        super().put(key, payload)
+        super().put(key, payload, section)
         return payload
 
-    def put(self, key: str, payload: bytes) -> None:
-        super().put(key, payload)
+    def put(self, key: str, payload: bytes, section: str = "objects") -> None:
+        super().put(key, payload, section)
         if not self.remote_readonly:
             self.remote.put(f"ac/{key}", self.encode(key, payload))
 

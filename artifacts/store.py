@@ -119,6 +119,11 @@ class Store:
         self.root = os.path.abspath(os.path.expanduser(root))
         self.readonly = readonly
         self.objects = os.path.join(self.root, "objects")
+        # Tuning records (orchestrator/tuning_records.py): entries like objects, kept apart so
+        # they can be counted and listed; and what finds them (a record filed under another
+        # key, a model's summary).
+        self.records = os.path.join(self.root, "records")
+        self.record_index = os.path.join(self.root, "record_index")
         # What is known about model files, by their stat (orchestrator/file_digests.py): one
         # small JSON record a file, no shards.
         self.digests = os.path.join(self.root, "digests")
@@ -198,8 +203,9 @@ class Store:
                 pass
         return path
 
-    def path(self, key: str) -> str:
-        return os.path.join(self.objects, key[:2], key[2:])
+    def path(self, key: str, section: str = "objects") -> str:
+        """Where the entry `key` lies: in `section`, "objects" (objects and bundles) or "records"."""
+        return os.path.join(self.root, section, key[:2], key[2:])
 
     @staticmethod
     def encode(key: str, payload: bytes) -> bytes:
@@ -228,9 +234,9 @@ class Store:
         view = self.get_view(key)
         return None if view is None else view.tobytes()
 
-    def get_view(self, key: str) -> memoryview | None:
+    def get_view(self, key: str, section: str = "objects") -> memoryview | None:
         """Like get, but a read-only view of the payload: no copy (for large entries)."""
-        path = self.path(key)
+        path = self.path(key, section)
         try:
             data = read_regular(path)
             payload, why = self.check(key, data)
@@ -253,10 +259,10 @@ class Store:
                 pass
         return payload
 
-    def put(self, key: str, payload: bytes) -> None:
+    def put(self, key: str, payload: bytes, section: str = "objects") -> None:
         if self.readonly:
             return
-        path = self.path(key)
+        path = self.path(key, section)
         folder = os.path.dirname(path)
         try:
             os.makedirs(folder, exist_ok=True)
@@ -288,10 +294,15 @@ class Store:
 
     def _walk(self):
         """(kind, key, path, lstat) of everything in the entry folders, links never followed:
-        kind is "entry", "blob", "digest" (a file digest record), "temp", or "foreign" (a link,
-        FIFO or folder where an entry belongs, a linked or non-folder shard)."""
+        kind is "entry", "record" (a tuning record), "index" (what finds one), "blob", "digest" (a
+        file digest record), "temp", or "foreign" (a link, FIFO or folder where an entry belongs, a linked or
+        non-folder shard)."""
         yield from self._walk_digests()
-        for top, kind in ((self.objects, "entry"), (os.path.join(self.root, "blobs"), "blob")):
+        tops = ((self.objects, "entry"), (self.records, "record"), (self.record_index, "index"),
+                (os.path.join(self.root, "blobs"), "blob"))
+        for top, kind in tops:
+            if kind in ("record", "index") and not os.path.lexists(top):  # (made by the first record written)
+                continue
             try:
                 if not stat.S_ISDIR(os.lstat(top).st_mode):
                     yield "foreign", "", top, None
@@ -345,7 +356,8 @@ class Store:
 
     def entries(self):
         """(key, path, size, mtime) of every entry and blob file, temp files excluded
-        (a blob's key is its digest)."""
+        (a blob's key is its digest). Tuning records are not among them: they are small, cost
+        measurements to remake, and gc keeps them."""
         for kind, key, path, st in self._walk():
             if kind not in ("entry", "blob"):
                 continue
@@ -363,9 +375,15 @@ class Store:
 
     def stats(self) -> dict:
         sizes = [size for _, _, size, _ in self.entries()]
+        records = [st.st_size for kind, _, _, st in self._walk() if kind == "record"]
         orphans = self._orphans()
-        return {"root": self.root, "entries": len(sizes), "bytes": sum(sizes), "orphaned_temp_files": len(orphans),
+        return {"root": self.root, "entries": len(sizes), "bytes": sum(sizes), "records": len(records),
+                "record_bytes": sum(records), "orphaned_temp_files": len(orphans),
                 "orphaned_bytes": sum(size for _, size in orphans)}
+
+    def record_keys(self) -> list[str]:
+        """The keys of the tuning records held here (not a remote cache's)."""
+        return [key for kind, key, _, _ in self._walk() if kind == "record"]
 
     def verify(self) -> list[tuple[str, str]]:
         """Re-hash every entry and blob; delete (unless read-only) and return the bad ones,

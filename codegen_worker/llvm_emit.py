@@ -17,6 +17,7 @@ from ..artifacts.cpu_features import byte_dot_widths
 from ..ir.loop import (FLOAT_TYPES, TRANSPOSE_LANES, WINDOW_DOT_LANES, Assign, Bin, Call, Cast, Cmp, Const, For, Gemm,
                       If, Kernel, Let, Load, Local, Select, Store, TransposeBlock, Var, WindowDot, bits, compute_type,
                       highest, is_unsigned, lowest, operand_type, phases)
+from ..ir.schedule import PANEL_CHUNK_KIB
 
 # LLVM's type for each loop-IR type. Integers are sign-less in LLVM: signedness picks the
 # instruction. f16 and bf16 are stored as i16 and converted in software (see _math_lib), so
@@ -184,7 +185,6 @@ def _clamped_within(e, dst: str) -> bool:
     return set(ops) == {"max", "min"} and lowest(dst) <= ops["max"] and ops["min"] <= highest(dst)
 
 
-PANEL_CHUNK_BYTES = 384 * 1024  # of packed B a GEMM keeps in L2 while all row blocks pass over it
 # Packed B larger than this (past L2) is prefetched into L2 as the micro-kernel runs: the
 # next panel where a panel is at most PREFETCH_NEXT_PANEL_BYTES, else PREFETCH_K_STEPS
 # ahead in the panel. Measured on ResNet-50/18, ViT and BERT: their 7x7-stage convs 1.36 ->
@@ -213,6 +213,9 @@ class FunctionEmitter:
         self.vw = int(kernel.option("vector_width", 8))
         self.vectorize = bool(kernel.option("vectorize", True))
         self.fmf = FMF if kernel.option("reassociate", True) else FMF.replace("reassoc ", "")
+        # The schedule's codegen knobs (ir/schedule.py): B's L2 chunk and its prefetching.
+        self.panel_chunk_bytes = int(kernel.option("panel_chunk_kib", PANEL_CHUNK_KIB)) * 1024
+        self.prefetch = kernel.option("prefetch", "auto")
         self.lines: list[str] = []
         self.allocas: list[str] = []
         self.meta: list[str] = []
@@ -642,7 +645,7 @@ class FunctionEmitter:
         runtime_m = not isinstance(g.m, int)
         full_blocks, last_rows = (self.int_op("udiv", self.expr(g.m), mr), None) if runtime_m else divmod(g.m, mr)
         # B in chunks of panels that stay in L2 (each k step of a panel is nr 4-byte lanes).
-        chunk = max(1, PANEL_CHUNK_BYTES // (g.k * nr * 4))
+        chunk = max(1, self.panel_chunk_bytes // (g.k * nr * 4))
         rows_range = lo is not None and g.split == "m"
 
         # Row blocks outside, panels inside: the block's A rows (k-major in conv) stay in
@@ -776,7 +779,8 @@ class FunctionEmitter:
             bvec.append(bv)
         # (a run-time m: its full row blocks, a prefill's; not the rows left after them, a decoding step's one)
         many_rows = g.m >= g.mr if isinstance(g.m, int) else rows == g.mr
-        if g.kind == "f32" and not g.in_place_b and g.k * g.n * 4 > PREFETCH_B_BYTES and many_rows:
+        prefetch = self.prefetch == "on" or (self.prefetch == "auto" and g.k * g.n * 4 > PREFETCH_B_BYTES)
+        if g.kind == "f32" and not g.in_place_b and prefetch and many_rows:
             # B past L2 streams from memory on the first row block's pass over it: fetch the
             # next panel's lines for this k while this panel computes, or, for panels too
             # big for two to share L2 with A, this panel's a few k steps ahead. (With one row

@@ -9,6 +9,7 @@ that is not an accumulator.
 from __future__ import annotations
 
 from .errors import InternalError
+from .schedule import CODEGEN_OPTIONS
 from .loop import (COMPUTE_TYPES, FLOAT_CALLS, FLOAT_TYPES, GEMM_KINDS, GEMM_SPLITS, INT_TYPES, STORAGE_TYPES,
                    TRANSPOSE_LANES, Assign, Bin, Buffer, Call, Cast, Cmp, Const, Expr, For, Gemm, If, Kernel, Let, Load,
                    Local, Select, Store, TransposeBlock, Var, WindowDot, compute_type, operand_type, window_dot_fits)
@@ -26,8 +27,22 @@ class _Problem(Exception):
     pass
 
 
+# Kernel.schedule: the options codegen reads, and what each accepts.
+_SCHEDULE_OPTIONS = {"vector_width": (4, 8, 16), "vectorize": (True, False), "reassociate": (True, False),
+                     **CODEGEN_OPTIONS}
+
+
+def _check_schedule(kernel: Kernel) -> None:
+    for key, value in kernel.schedule:
+        if key not in _SCHEDULE_OPTIONS:
+            raise _Problem(f"schedule option {key!r} is not one codegen reads ({', '.join(_SCHEDULE_OPTIONS)})")
+        if value not in _SCHEDULE_OPTIONS[key]:
+            raise _Problem(f"schedule option {key}={value!r} (accepted: {_SCHEDULE_OPTIONS[key]})")
+
+
 class _Checker:
     def __init__(self, kernel: Kernel):
+        self.vector_width = kernel.option("vector_width", 8)
         self.buffers: dict[str, Buffer] = {}
         for b in kernel.buffers:
             if b.name in self.buffers:
@@ -194,6 +209,8 @@ class _Checker:
             runtime_m = isinstance(s.m, Expr) and self.expr(s.m) == "i64" and s.split == "n"
             if min(1 if runtime_m else s.m, s.n, s.k, s.mr, s.nr) <= 0:
                 raise _Problem(f"gemm of shape m={s.m} n={s.n} k={s.k} tile {s.mr}x{s.nr} split {s.split}")
+            if s.nr % self.vector_width:
+                raise _Problem(f"gemm tile {s.mr}x{s.nr}: columns not whole vectors of {self.vector_width}")
             self.block(s.epilogue, {s.m_var: ("i64", False), s.n_var: ("i64", False), s.acc_var: ("f32" if s.kind == "f32" else "i32", False)})
         elif isinstance(s, WindowDot):
             for buf, want in ((s.p_buf, "u8"), (s.w_buf, "i32"), (s.out_buf, "i32")):
@@ -220,6 +237,7 @@ class _Checker:
 def verify_kernel(kernel: Kernel, name: str, ops) -> None:
     """Raise InternalError naming the kernel and its ops if it breaks the IR's contract."""
     try:
+        _check_schedule(kernel)
         _Checker(kernel).block(kernel.body)
     except _Problem as e:
         raise InternalError(f"kernel {name} (ops {', '.join(ops)}) is malformed: {e}") from None

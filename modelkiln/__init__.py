@@ -26,6 +26,7 @@ IMPORT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 _API = {
     "build": "orchestrator.api", "build_many": "orchestrator.api", "BuildOptions": "orchestrator.options",
+    "tune": "orchestrator.tuner",
     "BuildResult": "orchestrator.api", "BuildError": "orchestrator.api", "Target": "orchestrator.target",
     "parse_target": "orchestrator.target", "load": "artifacts", "Module": "artifacts.module",
     "KilnError": "artifacts.errors", "PassContext": "ir.transform", "graph_pass": "ir.transform",

@@ -11,8 +11,11 @@ def __getattr__(name):
     if name in _API:
         from . import api
         return getattr(api, name)
+    if name == "tune":
+        from .tuner import tune
+        return tune
     raise AttributeError(f"module '{__name__}' has no attribute '{name}'")
 
 
 def __dir__():
-    return sorted(list(globals()) + list(_API))
+    return sorted(list(globals()) + list(_API) + ["tune"])

@@ -155,6 +155,7 @@ def _assemble(p, results: dict, cache: CachePolicy, model_key, o: BuildOptions, 
                     "executor": ex_name, "workers": workers, "totals": report.totals(model_results, len(p.jobs)),
                     "kernels": report.kernel_rows(p, results),
                     "passes": [{"name": n, "ms": round(ms, 3)} for n, ms in p.timings],
+                    "tuning": report.tuning_summary(p, o),
                     "timing": {"total_s": round(time.time() - t_start, 3), "compile_s": round(compile_s, 3),
                                "driver_peak_rss_mb": report.peak_rss_mb()}}
     cache.keep_bundle(model_key, files, model_report, degraded)
@@ -183,7 +184,9 @@ def build_many(models, options: BuildOptions | None = None, **overrides) -> Batc
         if todo:
             from .pipeline import plan_model  # the heavy imports: only when something is not found whole
         planned = {i: plan_model(entries[i][0], targets[entries[i][1]], o.opt_level, o.shapes, o.pass_context,
-                                 o.extra_passes, o.salt, o.inject, o.dims) for i in todo}
+                                 o.extra_passes, o.salt, o.inject, o.dims,
+                                 cache.records(targets[entries[i][1]]) if o.tuning and cache.store else None)
+                   for i in todo}
         all_jobs = [j for p in planned.values() for j in p.jobs]
         jobs = unique_jobs(all_jobs)
         t_compile = time.perf_counter()

@@ -59,8 +59,24 @@ class CachePolicy:
         o = self.options
         if self.store is None or o.bypasses_model_cache:
             return None
+        key = self.untuned_model_key(model, target)
+        if key is None:
+            return None
+        if not o.tuning:
+            return model_cache.with_tuning(key, "off")
+        summary = self.records(target).summary_digest(key)
+        return key if summary is None else model_cache.with_tuning(key, summary)
+
+    def untuned_model_key(self, model, target) -> str | None:
+        """The whole-model key before tuning enters it: what a tune's summary is filed under."""
+        o = self.options
         memo = self.store.digests if self.writable else None
         return model_cache.model_key(model, target, o.opt_level, o.shapes, o.salt, memo, o.dims)
+
+    def records(self, target):
+        """The tuning records that apply to builds for `target` (orchestrator/tuning_records.py)."""
+        from .tuning_records import Records
+        return Records(self.store, target, self.options.tuning_threads)
 
     def find_bundle(self, key: str | None):
         """(files, report) of a bundle found whole, or None (a damaged entry is a miss)."""

@@ -4,6 +4,7 @@
     kiln build-many MODEL... -o OUTDIR
     kiln run OUT [--inputs in.npz] [--outputs out.npz]
     kiln bench OUT [--warmup N] [--repeat N]
+    kiln tune MODEL... [--budget 10m | --trials N] [--threads N] [--executor ray]
     kiln explain MODEL [--target T]
     kiln cache stats|gc|verify
     kiln workers up|status|down [--ray-address A] [-n N]
@@ -14,6 +15,7 @@ Errors the user can act on print one line (`kiln: error: ...`) and exit 2; no tr
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -117,6 +119,10 @@ def _add_build_flags(p):
     p.add_argument("--cache-readonly", action="store_true", help="read hits, write nothing (pull-request CI)")
     p.add_argument("--kernel-timeout", type=float, default=300.0, help="seconds per codegen job before it is killed")
     p.add_argument("--verify-cache", action="store_true", help="recompile cache hits and compare bytes")
+    p.add_argument("--no-tuning", action="store_true", help="build the hand-written schedules, ignoring `kiln tune`'s "
+                                                           "records")
+    p.add_argument("--tuning-threads", type=_positive_int, default=None,
+                   help="apply the records tuned at this thread count (default: the usable cores)")
     p.add_argument("--report", default=None, help="write the build report (JSON) here")
     p.add_argument("--trace", default=None, help="write a Chrome trace (chrome://tracing, Perfetto) of the compile")
     p.add_argument("--quiet", action="store_true")
@@ -142,7 +148,8 @@ def _build_options(args):
                         ray_local_fallback=args.ray_fallback_local,
                         cache=_cache_arg(args), cache_readonly=args.cache_readonly,
                         kernel_timeout=args.kernel_timeout, progress=False if args.quiet else None,
-                        verify_cache=args.verify_cache, trace=args.trace)
+                        verify_cache=args.verify_cache, trace=args.trace, tuning=not args.no_tuning,
+                        tuning_threads=args.tuning_threads)
 
 
 def _write_report(path, report) -> None:
@@ -156,7 +163,19 @@ def _summary(report) -> str:
     return (f"{t['kernels']} kernels: {t['compiled']} compiled, {t['cached']} cached, {t['failed']} failed, "
             f"{t['retried']} retried, {t['fallback']} fallback; {report['timing']['total_s']:.2f}s "
             f"({report['executor']}, {report['workers']} workers)"
-            + (f"; peak memory {peak:.0f} MiB" if (peak := report["timing"].get("driver_peak_rss_mb")) else ""))
+            + (f"; peak memory {peak:.0f} MiB" if (peak := report["timing"].get("driver_peak_rss_mb")) else "")
+            + _tuning_note(report.get("tuning")))
+
+
+def _tuning_note(tuning: dict | None) -> str:
+    if not tuning or not tuning.get("enabled"):
+        return ""
+    note = (f"; {tuning['tuned_kernels']} of {tuning['tunable_kernels']} kernels tuned at {tuning['threads']} threads"
+            if tuning["tuned_kernels"] else "")
+    if tuning["stale_records"]:
+        note += (f"; {len(tuning['stale_records'])} kernels' tuning records are from another Kiln or LLVM "
+                 "and not applied (`kiln tune` again starts from them)")
+    return note
 
 
 def _print_job_logs(report) -> None:
@@ -259,6 +278,37 @@ def cmd_explain(args) -> int:
     return 0
 
 
+def _parse_budget(text: str) -> float:
+    """--budget: seconds, or with a unit: 90s, 10m, 1h."""
+    units = {"s": 1, "m": 60, "h": 3600}
+    t = text.strip().lower()
+    try:
+        value = float(t[:-1]) * units[t[-1]] if t and t[-1] in units else float(t)
+    except ValueError:
+        value = -1
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a duration such as 600, 90s, 10m or 1h, got {text!r}")
+    return value
+
+
+def cmd_tune(args) -> int:
+    from .tuner import tune
+    options = dataclasses.replace(_build_options(args), progress=False if args.quiet else None)
+    result = tune(args.models, budget_s=args.budget, trials=args.trials, threads=args.threads, retune=args.retune,
+                  options=options)
+    _write_report(args.report, result.report)
+    if not args.quiet:
+        r = result.report
+        print(f"tuned {len(r['kernels'])} kernels of {', '.join(r['models'])} at {r['threads']} threads: "
+              f"{r['trials']} trials ({r['failed']} failed) in {r['seconds']:.0f} s, {r['kernels_resumed']} kept "
+              f"from earlier tunes; expected gain {100 * r['expected_gain']:.1f}% of "
+              f"{r['model_ms']:.2f} ms")
+        for row in r["kernels"]:
+            if row.get("schedule"):
+                print(f"  {row['name']:40s} {row['ms']:8.3f} ms  x{row['ratio']:.2f}  {json.dumps(row['schedule'])}")
+    return 0
+
+
 def cmd_cache(args) -> int:
     from .cache_policy import open_store
     store = open_store(_cache_arg(args))
@@ -266,7 +316,8 @@ def cmd_cache(args) -> int:
         raise KilnError("there is no usable store to inspect (see the warning above, or drop --no-cache)")
     if args.action == "stats":
         s = store.stats()
-        print(f"{s['root']}: {s['entries']} entries, {s['bytes'] / 1e6:.1f} MB")
+        print(f"{s['root']}: {s['entries']} entries, {s['bytes'] / 1e6:.1f} MB; "
+              f"{s['records']} tuning records ({s['record_bytes'] / 1e3:.1f} kB)")
         if s["orphaned_temp_files"]:
             print(f"{s['orphaned_temp_files']} orphaned temp files ({s['orphaned_bytes'] / 1e6:.1f} MB) from "
                   "interrupted writes: `kiln cache gc` removes them")
@@ -336,6 +387,16 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", required=True, help="folder for one bundle per model")
     _add_build_flags(p)
     p.set_defaults(fn=cmd_build_many)
+
+    p = sub.add_parser("tune", help="search the kernels' schedules on this machine; builds then follow the records")
+    p.add_argument("models", nargs="+")
+    p.add_argument("--budget", type=_parse_budget, default=None, help="time to spend (default 10m unless --trials)")
+    p.add_argument("--trials", type=_positive_int, default=None, help="candidates to measure at most")
+    p.add_argument("--threads", type=_positive_int, default=None, help="threads the module runs on (default: the "
+                                                                     "usable cores)")
+    p.add_argument("--retune", action="store_true", help="tune kernels that have records again, from their records")
+    _add_build_flags(p)
+    p.set_defaults(fn=cmd_tune)
 
     p = sub.add_parser("run", help="run a bundle on inputs from an .npz file")
     p.add_argument("bundle")

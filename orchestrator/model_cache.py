@@ -102,6 +102,12 @@ def model_key(model, target, opt_level: int, shapes, salt: str, memo: str | None
     return h.hexdigest()
 
 
+def with_tuning(key: str, tuning: str) -> str:
+    """A whole-model key for a build with tuning off ("off") or following a tune's summary (its
+    digest): the plain key is that of a build that found no summary."""
+    return hashlib.sha256(f"kiln-model-tuning\0{key}\0{tuning}".encode()).hexdigest()
+
+
 def pack(files: dict[str, bytes], report: dict, store=None) -> bytes:
     """A bundle and its build report as one payload: a JSON index, then the small files'
     bytes. Files above LARGE go to the store as blobs (named by their sha256 in the index),

@@ -35,6 +35,8 @@ class BuildOptions:
     pass_context: object = None  # an ir.PassContext (opt level, disabled passes, instruments)
     extra_passes: tuple = ()  # graph passes run after the built-in ones, before fusion
     salt: str = ""  # mixed into every cache key
+    tuning: bool = True  # apply the store's tuning records (kiln tune); False: the hand-written rules only
+    tuning_threads: int | None = None  # the thread count whose records apply (default: the usable cores)
     inject: dict | None = None  # tests only: kernel-name substring -> fault (see orchestrator.plan)
 
     @classmethod

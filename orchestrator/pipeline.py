@@ -5,7 +5,7 @@ lowering): a build that the store answers whole never imports this module.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..artifacts.cpu_features import byte_dot_widths
 from ..ir.frontend_onnx import from_onnx
@@ -40,6 +40,7 @@ class PlannedModel:
     lowered: object
     jobs: list
     timings: list
+    stale_records: list = field(default_factory=list)  # kernels whose tuning records no longer apply
 
 
 def schedule_for(target: Target) -> ScheduleConfig:
@@ -47,10 +48,12 @@ def schedule_for(target: Target) -> ScheduleConfig:
     return ScheduleConfig.for_target(target.vector_width, target.arch == "x86_64", byte_dot_widths(target.features))
 
 
-def plan_model(model, target, opt_level, shapes, pass_context, extra_passes, salt, inject, dims=None) -> PlannedModel:
+def plan_model(model, target, opt_level, shapes, pass_context, extra_passes, salt, inject, dims=None,
+               records=None) -> PlannedModel:
+    """records: an orchestrator.tuning_records.Records whose schedules the kernels follow, or None."""
     g, timings = optimize(model, shapes, opt_level, pass_context, extra_passes, dims)
-    lowered = lower(g, schedule_for(target))
+    lowered = lower(g, schedule_for(target), records.lookup if records is not None else None)
     for call in lowered.calls:  # a malformed kernel is a clear error here, not an LLVM error in a child
         verify_kernel(call.kernel, call.name, call.ops)
     jobs = [make_job(c, target, opt_level, salt, inject) for c in lowered.calls]
-    return PlannedModel(target, g, lowered, jobs, timings)
+    return PlannedModel(target, g, lowered, jobs, timings, list(records.stale) if records is not None else [])

@@ -1,6 +1,7 @@
 """The build report: per-kernel rows, totals, the Chrome trace of the compile."""
 from __future__ import annotations
 
+import os
 import resource
 
 from .plan import JobResult
@@ -26,8 +27,28 @@ def kernel_rows(planned, results: dict[str, JobResult]) -> list[dict]:
                      "nodes": call.nodes, "cache_hit": r.cached, "worker": r.worker,
                      "toolchain": r.toolchain,
                      "attempts": len(r.attempts), "attempt_log": r.attempts,
-                     "compile_ms": round(r.compile_ms, 2), "fallback": r.fallback, "ok": r.ok})
+                     "compile_ms": round(r.compile_ms, 2), "fallback": r.fallback, "ok": r.ok,
+                     **({"tuned": tuned_row(call.tuned)} if call.tuned else {})})
     return rows
+
+
+def tuned_row(record: dict) -> dict:
+    """What a kernel's tuning record says, for the report: its schedule and measured ratio
+    (tuned time / the rules' time; 1.0 where the rules measured best)."""
+    return {"schedule": record["schedule"], "ratio": record["ratio"] if record["schedule"] else 1.0,
+            "threads": record["parts"]["threads"], "measured_at": record.get("measured_at", "")}
+
+
+def tuning_summary(planned, options) -> dict:
+    """The model's tuning: off, or how many kernels follow records (and whose records are stale)."""
+    if not options.tuning:
+        return {"enabled": False}
+    calls = planned.lowered.calls
+    tuned = [c for c in calls if c.tuned]
+    return {"enabled": True, "threads": options.tuning_threads or len(os.sched_getaffinity(0)),
+            "tunable_kernels": sum(1 for c in calls if c.space), "tuned_kernels": len(tuned),
+            "changed_kernels": sum(1 for c in tuned if c.tuned["schedule"]),
+            "stale_records": list(planned.stale_records)}
 
 
 def totals(results: list[JobResult], calls: int) -> dict:

@@ -80,8 +80,8 @@ def test_a_malformed_kernel_stops_the_build_before_any_job(monkeypatch):
 
     real = lower_pkg.lower
 
-    def broken_lower(graph, config):
-        lowered = real(graph, config)
+    def broken_lower(graph, config, schedules=None):
+        lowered = real(graph, config, schedules)
         call = lowered.calls[0]
         call.kernel = Kernel(call.kernel.buffers, call.kernel.body + (Store("o9", Const(0), Const(0.0, "f32")),),
                              call.kernel.schedule)

@@ -18,7 +18,9 @@ import numpy as np
 
 from ..dtypes import dtype
 from ..graph import Graph, TensorType, UnsupportedError
+from ..errors import InternalError
 from ..loop import SYMBOLS, Buffer, Const, Expr, For, Kernel, Let, Load, Var, add, div, flat_index, mul, rem
+from ..schedule import CODEGEN_OPTIONS, KNOBS, ScheduleError, gemm_tiles, value_of
 from ..symbolic import Dim, greatest, product
 
 
@@ -76,7 +78,33 @@ class KernelBuilder:
     ordered_sums: bool = False
     reads_symbols: bool = False  # a run-time size is read: the kernel takes the SYMBOLS buffer
     members: tuple = ()  # the group's nodes, in order
+    tuning: dict = field(default_factory=dict)  # knob -> value: a tuned schedule (ir/schedule.py); {} = the rules
+    space: dict = field(default_factory=dict)  # knob -> (choices, default): what this kernel's code could vary
     _n: int = 0
+
+    def knob(self, name: str, default, choices):
+        """The value of knob `name` for this kernel: the tuned schedule's, else `default` (the
+        rule's). Records the choices, so lowering with the defaults also finds what to tune."""
+        if name not in KNOBS:
+            raise InternalError(f"knob '{name}' is not in ir/schedule.py's KNOBS")
+        choices = tuple(dict.fromkeys((default, *choices)))
+        if name in self.space and self.space[name][1] != default:
+            raise InternalError(f"knob '{name}' consulted twice in one kernel with different rules")
+        self.space[name] = (choices, default)
+        value = value_of(self.tuning.get(name, default))
+        if value not in choices:
+            raise ScheduleError(f"{name}={value!r} is not a choice for "
+                                f"{', '.join(m.describe() for m in self.members)} (choices: {choices})")
+        return value
+
+    def tile(self, n: int) -> tuple[int, int]:
+        """(mr, nr) of a float GEMM with n columns: the target's rule, or the schedule's."""
+        return self.knob("tile", self.config.tile(n), gemm_tiles(self.config.vector_width, n))
+
+    def schedule(self) -> dict:
+        """The knobs this kernel consulted that its schedule set away from their defaults."""
+        return {name: value_of(self.tuning[name]) for name, (_, default) in self.space.items()
+                if name in self.tuning and value_of(self.tuning[name]) != default}
 
     def fresh(self, base: str) -> str:
         self._n += 1
@@ -200,6 +228,7 @@ class KernelBuilder:
         schedule = (("vector_width", self.config.vector_width), ("vectorize", self.config.vectorize))
         if self.ordered_sums:
             schedule += (("reassociate", False),)
+        schedule += tuple((k, v) for k, v in self.schedule().items() if k in CODEGEN_OPTIONS)
         return Kernel(tuple(bufs), tuple(body), tuple(sorted(schedule)))
 
 

@@ -17,8 +17,9 @@ import numpy as np
 
 from ..deferred import DeferredArray
 from ..graph import Node
-from ..loop import (Assign, Const, Expr, For, Gemm, If, Let, Load, Local, Store, Var, add, cmp, div, fbin, flat_index,
-                    fold_balanced, loop, mul, rem, select, sub, unflatten)
+from ..loop import (GEMM_SPLITS, Assign, Const, Expr, For, Gemm, If, Let, Load, Local, Store, Var, add, cmp, div, fbin,
+                    flat_index, fold_balanced, loop, mul, rem, select, sub, unflatten)
+from ..schedule import CODEGEN_OPTIONS, PANEL_CHUNK_KIB
 from ..symbolic import greatest
 from .builder import KernelBuilder, broadcast_index
 from .planes import phase_split_copy
@@ -99,13 +100,22 @@ def gemm_stmt(b: KernelBuilder, a_buf, a_off, a_sm, a_sk, b_buf, b_off, m, n, k,
               kind: str = "f32", b_sk: int = 0, stores_along: str = "n", split: str = "", b_ktab: str = "",
               tile: tuple | None = None, b_words: bool = False) -> Gemm:
     """A Gemm statement; epilogue_fn(m_expr, n_expr, acc_expr) returns the epilogue statements.
-    B must have been packed with the panel width b.config.tile(n) gives (or `tile`'s), or (b_sk,
-    b_ktab) is read in place with that row stride or through that table of row offsets."""
+    B must have been packed with the panel width b.tile(n) gives (b.config.tile(n) for 8-bit
+    kinds; or `tile`'s), or (b_sk, b_ktab) is read in place with that row stride or through that
+    table of row offsets."""
     mv, nv, av = b.fresh("gm"), b.fresh("gn"), b.fresh("gacc")
     epi = tuple(epilogue_fn(Var(mv), Var(nv), Var(av, "f32" if kind == "f32" else "i32")))
-    mr, nr = tile or b.config.tile(n)
+    mr, nr = tile or (b.tile(n) if kind == "f32" else b.config.tile(n))
+    if not split:
+        split = b.knob("split", "rule", GEMM_SPLITS)
+        split = gemm_split(m, n, mr, nr) if split == "rule" else split
+    if kind == "f32" and not (b_sk or b_ktab):  # (codegen's choices for packed B: Kernel.schedule)
+        if isinstance(m, Expr) or m >= mr:
+            b.knob("prefetch", "auto", CODEGEN_OPTIONS["prefetch"])
+        if k * n * 4 > CODEGEN_OPTIONS["panel_chunk_kib"][0] * 1024:
+            b.knob("panel_chunk_kib", PANEL_CHUNK_KIB, CODEGEN_OPTIONS["panel_chunk_kib"])
     return Gemm(a_buf, a_off, a_sm, a_sk, b_buf, b_off, m, n, k, mr, nr, mv, nv, av, epi, a_ktab, kind,
-                split or gemm_split(m, n, mr, nr), b_sk, stores_along, b_ktab, b_words)
+                split, b_sk, stores_along, b_ktab, b_words)
 
 
 def gemm_split(m: int, n: int, mr: int, nr: int) -> str:
@@ -151,7 +161,7 @@ def padded_copy(b: KernelBuilder, src: str, src_off, channels: int, spatial: lis
 def _runtime_pack(b: KernelBuilder, src: str, off, k: int, n: int, s_k: int, s_n: int, ws: str,
                   dest_off=Const(0)) -> tuple:
     """Statements packing B (element (kk, nn) at off + kk*s_k + nn*s_n) into panels at ws[dest_off:]."""
-    nr = b.config.tile(n)[1]
+    nr = b.tile(n)[1]
     panels = -(-n // nr)
     p, kk, j = b.fresh("pp"), b.fresh("pk"), b.fresh("pj")
     col = add(mul(Var(p), nr), Var(j))
@@ -182,7 +192,7 @@ def lower_conv_symbolic(b: KernelBuilder, node: Node, store) -> tuple:
     out_dims = b.type(node.outputs[0]).shape[2:]
     in_sp, out_sp = [b.dim(d) for d in xs[2:]], [b.dim(d) for d in out_dims]
     pixels, pixels_bound = math.prod(out_sp), math.prod(greatest(d) for d in out_dims)
-    nr = b.config.tile(cog)[1]
+    nr = b.tile(cog)[1]
     w = b.g.constants[w_name].reshape(groups, cog, kk)
     wparam = b.constant_param(f"{w_name}_packed", deferred_panels(w.transpose(0, 2, 1), nr))
     panel_stride = -(-cog // nr) * kk * nr
@@ -236,26 +246,16 @@ def lower_conv(b: KernelBuilder, node: Node, store) -> tuple:
     if is_depthwise(b, node):
         return lower_depthwise(b, node, store)
     pointwise = all(k == 1 for k in kernel) and all(s == 1 for s in strides) and not any(pads)
-    if pointwise and cg <= POINTWISE_MAX_K and math.prod(xs[2:]) >= POINTWISE_MIN_PIXELS and \
-            w_name in b.g.constants and b.type(x_name).dtype == "float32":
-        return lower_pointwise(b, node, store)
     cog = cout // groups
+    runtime_w = w_name not in b.g.constants
+    path = b.knob("conv_path", *_conv_paths(b, node, pointwise, cog, out_sp, strides))
+    if path == "pointwise":
+        return lower_pointwise(b, node, store)
+    implicit, weights_as_rows = path in ("implicit", "weights_rows"), path == "weights_rows"
     kk = cg * math.prod(kernel)
     m = math.prod(out_sp)
-    nr = b.config.tile(cog)[1]
+    nr = NARROW_CONV_TILE[1] if weights_as_rows else b.tile(cog)[1]
     panel_stride = -(-cog // nr) * kk * nr
-    runtime_w = w_name not in b.g.constants
-    # Implicit GEMM when an output row fills its micro-kernel row blocks well enough
-    # (IMPLICIT_WASTE_LIMIT): the mr pixels of a block are then mr input positions `stride`
-    # apart in one input row, so A is read in place and im2col disappears. Narrower outputs
-    # use im2col (their M is small).
-    fill = row_blocks_filled(out_sp[-1], b.config.tile(cog)[0])
-    implicit = not pointwise and fill > 0 and (1 - fill) * cog <= IMPLICIT_WASTE_LIMIT
-    # With at most a vector of output channels, a tile of pixels x channels broadcasts one
-    # input value per FMA; with the weights as rows against two vectors of an input row, one
-    # weight feeds two FMAs.
-    weights_as_rows = (implicit and b.config.vector_width * 2 == NARROW_CONV_TILE[1] and cog <= b.config.vector_width
-                       and strides[-1] == 1 and not runtime_w and out_sp[-1] >= NARROW_CONV_TILE[1])
     w_rows = None
     if runtime_w:  # weights computed at run time: pack them in the kernel, once per call
         w_src = b.in_param(w_name)
@@ -375,6 +375,30 @@ def lower_conv(b: KernelBuilder, node: Node, store) -> tuple:
     return tuple(prologue) + loop(bv, batch, loop(gv, groups, body))
 
 
+def _conv_paths(b: KernelBuilder, node: Node, pointwise: bool, cog: int, out_sp, strides) -> tuple:
+    """(the rule's path, every path the conv can take): see the "conv_path" knob."""
+    x_name, w_name = node.inputs[0], node.inputs[1]
+    const_w = w_name in b.g.constants
+    if pointwise:  # (its "im2col" reads the input in place: no copy)
+        can = const_w and b.type(x_name).dtype == "float32"
+        cg, pixels = b.type(w_name).shape[1], math.prod(b.type(x_name).shape[2:])
+        rule = "pointwise" if can and cg <= POINTWISE_MAX_K and pixels >= POINTWISE_MIN_PIXELS else "im2col"
+        return rule, ("pointwise", "im2col") if can else ("im2col",)
+    # Implicit GEMM when an output row fills its micro-kernel row blocks well enough
+    # (IMPLICIT_WASTE_LIMIT): the mr pixels of a block are then mr input positions `stride`
+    # apart in one input row, so A is read in place and im2col disappears. Narrower outputs
+    # use im2col (their M is small). (The rule's tile decides, whatever tile is tuned.)
+    fill = row_blocks_filled(out_sp[-1], b.config.tile(cog)[0])
+    implicit = fill > 0 and (1 - fill) * cog <= IMPLICIT_WASTE_LIMIT
+    # With at most a vector of output channels, a tile of pixels x channels broadcasts one
+    # input value per FMA; with the weights as rows against two vectors of an input row, one
+    # weight feeds two FMAs.
+    can_rows = (b.config.vector_width * 2 == NARROW_CONV_TILE[1] and cog <= b.config.vector_width
+                and strides[-1] == 1 and const_w)
+    rule = ("weights_rows" if can_rows and out_sp[-1] >= NARROW_CONV_TILE[1] else "implicit") if implicit else "im2col"
+    return rule, ("implicit", "im2col") + (("weights_rows",) if can_rows else ())
+
+
 def lower_pointwise(b: KernelBuilder, node: Node, store) -> tuple:
     """A 1x1 stride-1 conv as C[cout][pixel] = W[cout][c] x X[c][pixel]: the weights, as they
     are, are the broadcast operand and the input is B read in place, pixels contiguous. A
@@ -460,6 +484,7 @@ def lower_depthwise(b: KernelBuilder, node: Node, store, value=lambda v: v, weig
     # rows each, summing into a row of partial sums: in one pass LLVM spilled the weights and
     # shuffled registers between every two FMAs (ConvNeXt's 96x56x56 at half OpenVINO's rate).
     per_pass = kh if kh * kw <= DEPTHWISE_ONE_PASS_WEIGHTS else max(1, DEPTHWISE_PASS_WEIGHTS // kw)
+    per_pass = b.knob("window_rows", per_pass, range(1, kh + 1))
     passes = [(u, min(per_pass, kh - u)) for u in range(0, kh, per_pass)]
     # (vector_masked: a row's ragged end runs as one masked vector, not a scalar remainder)
     steps = []
@@ -509,7 +534,7 @@ def lower_conv_transpose(b: KernelBuilder, node: Node, store) -> tuple:
     oshape = b.type(node.outputs[0]).shape
     bias = b.reader(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] else None
     xparam = b.in_param(x_name)
-    nr = b.config.tile(n)[1]
+    nr = b.tile(n)[1]
     panel_stride = -(-n // nr) * cig * nr
     if w_name in b.g.constants:
         w = b.g.constants[w_name].reshape(groups, cig, n)
@@ -676,7 +701,7 @@ def _lower_matmul_rows(b: KernelBuilder, node: Node, store) -> tuple:
 
     def epilogue(mm, nn, acc):  # (leading dims not collapsed into one: the row's index in them, by division)
         return store(unflatten(mm, lead) + [nn], acc)
-    b_param = b.constant_param(f"{b_name}_packed", deferred_panels(b.g.constants[b_name], b.config.tile(n)[1]))
+    b_param = b.constant_param(f"{b_name}_packed", deferred_panels(b.g.constants[b_name], b.tile(n)[1]))
     rows = math.prod(lead)  # (ints and run-time sizes multiply as Exprs)
     return (gemm_stmt(b, b.in_param(a_name), Const(0), k, 1, b_param, Const(0), rows, n, k, epilogue, split="n"),)
 
@@ -697,7 +722,7 @@ def lower_matmul(b: KernelBuilder, node: Node, store, out: str = "") -> tuple:
         return _plain_product(b, oshape, k, a_at, b_at, store, b.compute(a_name))
     a_param = b.in_param(a_name)
     const_b = b_name in b.g.constants
-    nr = b.config.tile(n)[1]
+    nr = b.tile(n)[1]
     panels = -(-n // nr)
     per_batch = False
     if const_b:
@@ -742,7 +767,7 @@ def lower_gemm(b: KernelBuilder, node: Node, store) -> tuple:
     if rows_at_run_time and (ta or b_name not in b.g.constants or b.compute(a_name) != "f32"):
         raise TypeError("a Gemm over symbolic rows takes constant float32 weights and A not transposed")
     m = b.dim(m)
-    nr = b.config.tile(n)[1]
+    nr = b.tile(n)[1]
     c = b.reader(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] and beta != 0 else None
     cshape = b.shape(node.inputs[2]) if c else None
 

@@ -9,12 +9,14 @@ aliases: no kernel, no copy.
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 
 from ..errors import InternalError
 from ..graph import Graph, Node, UnsupportedError, storage_shape
 from ..symbolic import SymbolError
 from ..loop import Kernel, Let, Store, Var, flat_index
+from ..schedule import ScheduleError
 from ..ops import BROADCAST, OUT_EWISE_FUSABLE, REDUCTION, op_def
 from ..ops.compile_time import SYMBOLIC_VALUE
 from ..ops.control_flow import ENTRY_LOOP
@@ -34,6 +36,11 @@ class KernelCall:
     nodes: list[str]
     # Runs only where each (bool tensor, value) holds: a branch of an If taken at run time.
     guard: tuple = ()
+    space: dict = field(default_factory=dict)  # knob -> (choices, default): what its code could vary
+    schedule: dict = field(default_factory=dict)  # the knobs set away from the rules (ir/schedule.py)
+    tuned: dict | None = None  # the record whose schedule it follows, if any (orchestrator/tuning_records.py)
+    default_digest: str = ""  # its kernel's digest under the rules: what a tuning record is keyed by
+    node_keys: tuple = ()  # its nodes' keys (Node.key), to lower the group again (relower)
 
 
 @dataclass
@@ -116,12 +123,14 @@ def _lower_anchored(b: KernelBuilder, members: list[Node], anchor: Node) -> tupl
     return definition.anchor(b, anchor, store, param)
 
 
-def lower_group(g: Graph, members: list[Node], config: ScheduleConfig) -> KernelCall:
-    b = KernelBuilder(g, config, members=tuple(members))
+def lower_group(g: Graph, members: list[Node], config: ScheduleConfig, tuning: dict | None = None) -> KernelCall:
+    """The group's kernel under the rules, or under `tuning` (knob -> value, ir/schedule.py):
+    a knob it names that the kernel never consults is a ScheduleError."""
+    b = KernelBuilder(g, config, members=tuple(members), tuning=dict(tuning or {}))
     anchors = [m for m in members if op_def(m.op).kind in (REDUCTION, OUT_EWISE_FUSABLE)]
     try:
         body = _lower_anchored(b, members, anchors[0]) if anchors else _lower_plain(b, members)
-    except UnsupportedError:
+    except (UnsupportedError, ScheduleError):
         raise
     except (TypeError, SymbolError) as e:  # (lowering that compares a run-time size with a number)
         if not g.symbols or all(g.types[t].is_static for m in members for t in m.inputs + m.outputs if t):
@@ -133,10 +142,43 @@ def lower_group(g: Graph, members: list[Node], config: ScheduleConfig) -> Kernel
     except Exception as e:  # a lowering bug: name the group so it can be reported
         raise InternalError(f"Kiln bug: cannot lower the fused group {', '.join(m.describe() for m in members)}: "
                             f"{e!r}") from e
+    unused = sorted(set(b.tuning) - set(b.space))
+    if unused:
+        raise ScheduleError(f"knob(s) {', '.join(unused)} do not apply to "
+                            f"{', '.join(m.describe() for m in members)}")
     ops = [m.op for m in members]
     name = "fused_" + "_".join(dict.fromkeys(o.lower() for o in ops))
-    return KernelCall(b.kernel(body), list(b.outputs), list(b.inputs), list(b.workspaces), name[:60], ops,
-                      [m.name for m in members], call_guard(members))
+    kernel = b.kernel(body)
+    return KernelCall(kernel, list(b.outputs), list(b.inputs), list(b.workspaces), name[:60], ops,
+                      [m.name for m in members], call_guard(members), b.space, b.schedule(), None, kernel.digest,
+                      tuple(m.key for m in members))
+
+
+def _tuned(g: Graph, members: list[Node], config: ScheduleConfig, schedules) -> KernelCall:
+    """The group's kernel under the rules, or under the schedule `schedules` has for it: a
+    callable from the rules' kernel to a tuning record (a dict with "schedule"), or None.
+    A record whose schedule does not fit the kernel is warned about and left unused."""
+    call = lower_group(g, members, config)
+    record = schedules(call) if schedules is not None and call.space else None
+    if not record or not record["schedule"]:  # (none, or the rules measured best)
+        call.tuned = record
+        return call
+    try:
+        tuned = lower_group(g, members, config, record["schedule"])
+    except ScheduleError as e:
+        warnings.warn(f"kiln: a tuning record for {call.name} does not fit its kernel ({e}); using the rules")
+        return call
+    tuned.tuned, tuned.default_digest = record, call.default_digest
+    return tuned
+
+
+def relower(g: Graph, call: KernelCall, config: ScheduleConfig, tuning: dict) -> KernelCall:
+    """`call`'s group lowered again under `tuning` (a tuner's candidate). g: a working copy of
+    the graph `call` was lowered from; it takes the packed weights the new kernel reads."""
+    by_key = {n.key: n for n in g.nodes}
+    if not all(k in by_key for k in call.node_keys):
+        raise InternalError(f"the nodes of {call.name} are not in the graph given to relower")
+    return lower_group(g, [by_key[k] for k in call.node_keys], config, tuning)
 
 
 def _read(model: LoweredModel) -> set:
@@ -153,9 +195,10 @@ def _without_unread_sizes(model: LoweredModel) -> list:
                                            and not any(model.storage(o) in read for o in s.outputs))]
 
 
-def lower(graph: Graph, config: ScheduleConfig | None = None) -> LoweredModel:
+def lower(graph: Graph, config: ScheduleConfig | None = None, schedules=None) -> LoweredModel:
     """The graph's fused groups as kernel calls. The graph itself is left as it was: packed
-    weights go into a working copy, and out through the LoweredModel."""
+    weights go into a working copy, and out through the LoweredModel. `schedules` (see _tuned)
+    gives tuned schedules; without it every kernel follows the rules."""
     config = config or ScheduleConfig()
     g = graph.copy()
     steps, aliases, types, body_constants = [], {}, dict(g.types), {}
@@ -171,7 +214,7 @@ def lower(graph: Graph, config: ScheduleConfig | None = None) -> LoweredModel:
             body_constants.update(body.constants)
             aliases.update({out: state for (_, state, _), out in zip(loop.state, root.outputs) if out})
         else:
-            steps.append(lower_group(g, members, config))
+            steps.append(_tuned(g, members, config, schedules))
     aliases.update({w: c.present for c in g.caches for w in c.writers})  # (written in the present's buffer)
     model = LoweredModel(steps, list(g.inputs), list(g.outputs), types, {}, aliases, dict(g.symbols), list(g.checks),
                          dict(g.derived), list(g.caches))

@@ -1,0 +1,83 @@
+"""Which schedules of one kernel to try next: a local search over its knobs.
+
+A kernel's space is the product of its knobs' choices (KernelCall.space), hundreds of points for
+a conv; a tune affords a few dozen trials per kernel. So the search walks it from the rules'
+point as a coordinate descent: first every single knob moved away from the rules (the knobs
+that matter most first: the conv's path, then the register tile), then, from the best point
+measured so far, every single move again, for as long as a move improves it. Starting points
+from earlier tunes (a record from another toolchain, a similar kernel's schedule) go first.
+
+Points lowering refuses (a tile that another path's GEMM cannot take) and points whose kernel
+is one already tried are skipped without a trial.
+"""
+from __future__ import annotations
+
+import json
+
+from ..ir.schedule import canonical, normalize
+
+# The order knobs are explored in: the ones that change most first.
+KNOB_ORDER = ("conv_path", "tile", "window_rows", "split", "prefetch", "panel_chunk_kib")
+IMPROVES = 0.97  # a point must measure this much faster than the best so far to move there
+
+
+def _ordered(space: dict) -> list:
+    return sorted(space, key=lambda k: KNOB_ORDER.index(k) if k in KNOB_ORDER else len(KNOB_ORDER))
+
+
+class KernelSearch:
+    """The search state of one kernel: what was tried, how it measured, what comes next."""
+
+    def __init__(self, space: dict, starts: list[dict] = ()):
+        self.space = space  # knob -> (choices, default)
+        self.tried: dict[str, float | None] = {canonical({}): 1.0}  # point -> ratio (None: failed or pending)
+        self.pending: set[str] = set()
+        self.best, self.best_ratio = {}, 1.0
+        self._queue = [normalize(s) for s in starts if s] + self._moves({})
+        self._center = canonical({})  # the point whose moves are queued
+
+    def _moves(self, center: dict) -> list[dict]:
+        moves = []
+        for knob in _ordered(self.space):
+            choices, default = self.space[knob]
+            for value in choices:
+                point = {**center, knob: value}
+                if value == default:
+                    point.pop(knob)
+                moves.append(normalize(point))
+        return moves
+
+    def next(self) -> dict | None:
+        """The next point to try, or None (nothing left until pending results come in)."""
+        while self._queue:
+            point = self._queue.pop(0)
+            key = canonical(point)
+            if key not in self.tried:
+                self.tried[key] = None
+                self.pending.add(key)
+                return point
+        if not self.pending and canonical(self.best) != self._center:  # moved: explore around the new best
+            self._center = canonical(self.best)
+            self._queue = self._moves(self.best)
+            return self.next()
+        return None
+
+    @property
+    def exhausted(self) -> bool:
+        return not self._queue and not self.pending and canonical(self.best) == self._center
+
+    def skip(self, point: dict) -> None:
+        """A point that is no trial (lowering refused it, or its kernel was already tried)."""
+        self.pending.discard(canonical(point))
+
+    def result(self, point: dict, ratio: float | None) -> None:
+        key = canonical(point)
+        self.pending.discard(key)
+        self.tried[key] = ratio
+        if ratio is not None and ratio < self.best_ratio * IMPROVES:
+            self.best, self.best_ratio = normalize(point), ratio
+
+    def ranked(self, n: int) -> list[tuple[dict, float]]:
+        """The n best measured points but the rules' own, best first."""
+        done = [(json.loads(k), r) for k, r in self.tried.items() if r is not None and k != canonical({})]
+        return sorted(done, key=lambda p: p[1])[:n]
