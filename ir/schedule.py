@@ -74,6 +74,7 @@ def check(schedule) -> dict:
     lists of ints. Raises ScheduleError naming what is wrong."""
     if not isinstance(schedule, dict):
         raise ScheduleError(f"a schedule is a dict of knobs, not {type(schedule).__name__}")
+    schedule = normalize(schedule)
     for name, value in schedule.items():
         if name not in KNOBS:
             raise ScheduleError(f"unknown knob '{name}' (known: {', '.join(KNOBS)})")
@@ -82,7 +83,7 @@ def check(schedule) -> dict:
             isinstance(v, int) and not isinstance(v, bool) for v in value)
         if not (plain or ints):
             raise ScheduleError(f"knob '{name}' has a value of the wrong kind: {value!r}")
-    return normalize(schedule)
+    return schedule
 
 
 def value_of(choice):

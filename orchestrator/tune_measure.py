@@ -17,6 +17,7 @@ child is replaced and measures the rest.
 """
 from __future__ import annotations
 
+import faulthandler
 import multiprocessing
 import os
 import shutil
@@ -104,6 +105,7 @@ def _kernel_ms(module, inputs, repeat: int) -> float:
 def _measure_in_child(conn, default_dir: str, candidates: list, threads: int, cpus: list, rounds: int) -> None:
     """The measuring child: pinned, A loaded once, each candidate checked then timed A/B/A."""
     from ..artifacts.module import Module
+    faulthandler.disable()  # (a candidate that crashes is an expected outcome, not a traceback to print)
     os.sched_setaffinity(0, cpus)
     a = Module(default_dir, threads)
     inputs = random_inputs(a, seed=1)

@@ -27,9 +27,10 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from ..ir.errors import KilnError
+from ..ir.errors import InternalError, KilnError
 from ..ir.lower.group import relower
 from ..ir.schedule import ScheduleError, canonical
+from ..ir.verify import verify_kernel
 
 from .api import _compile, _executor
 from .bundle import assemble, write_bundle
@@ -215,6 +216,11 @@ class Tuner:
                 task.search.skip(point)
                 continue
             task.kernels.add(call.kernel.digest)
+            try:
+                verify_kernel(call.kernel, call.name, call.ops)
+            except InternalError as e:
+                self._failed(task, point, f"malformed kernel: {e}")
+                continue
             batch.append((task, point, call))
         return batch
 
@@ -224,8 +230,8 @@ class Tuner:
         by_task: dict[str, list] = {}
         for (task, point, call), job in zip(batch, jobs):
             r = results[job.key]
-            if not r.ok:
-                self._failed(task, point, f"codegen failed: {r.kind}")
+            if not r.ok or r.fallback:  # (an object of the fallback schedule: codegen failed twice)
+                self._failed(task, point, f"codegen failed: {r.kind or r.attempts[0]['kind']}")
                 continue
             folder = self.work.folder()
             graph = self.graphs[task.model]
