@@ -1,22 +1,29 @@
-"""Measuring a kernel's schedules: one-kernel bundles, timed in a pinned child process.
+"""Measuring schedules: model variants timed in context, one-kernel bundles to isolate faults.
 
-A candidate is measured in isolation, as AutoTVM measures: its kernel call alone is linked into
-a bundle of its own (the call's tensors become the bundle's inputs and outputs, its weights
-the packed ones its schedule needs), with the same entry, arena and thread pool as a model's.
-The bundle of the rules' schedule (A) and a candidate's (B) run in a child process pinned to
-the measuring cores:
+Kernels are timed where they run: in the model. A *variant* is the model's bundle with some
+of its kernels swapped for candidates (one candidate per kernel, many kernels at once), and
+each kernel's time is its own wall time inside the module (`kiln_run_profiled`). Measured
+alone, with its weights left in cache by the run before, a kernel misleads: turning off the
+prefetch of weights that stream from memory in the model looked 7% faster alone and was 37%
+slower in ResNet-50.
 
-- first on the same random inputs: a candidate whose outputs differ from A's beyond float
-  reassociation is *wrong* and never chosen (integers must match exactly);
-- then timed A/B/A, interleaved, several rounds: each time is the median of the kernel's own
-  wall time over many calls (`kiln_run_profiled`, timed inside the module), each round's
-  ratio B / mean(A before, A after), and the candidate's ratio the median of its rounds.
+Both the rules' model (A) and a variant (B) are linked twice: as the model is (timed), and
+with every tuned kernel's output made a model output (checked, so each candidate's own output
+is compared, not only the model's). In a child process pinned to the measuring cores:
 
-A candidate that crashes the child, or takes past its deadline, is failed likewise; the
-child is replaced and measures the rest.
+- the checked bundles run on the same random inputs: a kernel whose output differs from A's
+  beyond float reassociation (integers: at all) is *wrong*; the first such in run order is
+  blamed (the ones after it read its wrong output);
+- the timed bundles run A/B/A, interleaved, for several rounds; each kernel's ratio is the
+  median over rounds of its time in B over the mean of its times in the two A runs.
+
+A variant that crashes the child or passes its deadline is taken apart: each of its
+candidates is checked alone, in a one-kernel bundle of its own (its call's tensors the
+bundle's inputs and outputs), which names the one at fault.
 """
 from __future__ import annotations
 
+import dataclasses
 import faulthandler
 import multiprocessing
 import os
@@ -32,11 +39,93 @@ from ..ir.lower.group import LoweredModel
 
 from .bundle import assemble, write_bundle
 
-ROUND_MS = 4.0  # each A, B timing of a round lasts about this long
+ROUND_MS = 4.0  # each A, B timing of a round lasts about this long (a one-kernel bundle)
+MODEL_ROUND_MS = 20.0  # ... and at least this long for a model variant
 ROUNDS = 5  # interleaved A/B/A rounds a candidate is timed over
 CONFIRM_ROUNDS = 11  # rounds for the best few, measured again before a record is written
 LOAD_DEADLINE_S = 30.0  # a candidate's load, check and timing past this much: hung
-PROFILE_DEADLINE_S = 600.0  # a whole model's profiled runs
+PROFILE_DEADLINE_S = 600.0  # a whole model's profiled runs, or a variant's check and timing
+
+
+def variant(lowered, swaps: dict, graph, exposed: list = ()) -> LoweredModel:
+    """The lowered model with calls swapped (id of a top-level call -> its candidate, lowered
+    in `graph`, which holds the candidates' packed weights) and the tensors `exposed` made
+    outputs too."""
+    steps = [swaps.get(id(s), s) for s in lowered.steps]
+    constants = dict(lowered.constants)
+    for call in swaps.values():
+        constants.update({t: graph.constants[t] for t in call.inputs if t in graph.constants})
+    outputs = list(lowered.outputs) + [t for t in exposed if t not in lowered.outputs]
+    return dataclasses.replace(lowered, steps=steps, outputs=outputs, constants=constants,
+                               types={**graph.types, **lowered.types})
+
+
+def write_model(model: LoweredModel, objects: dict, target, folder: str) -> str:
+    """objects: symbol -> object bytes, for every call of the model."""
+    files = assemble(model, {c.kernel.symbol: objects[c.kernel.symbol] for c in model.calls}, target,
+                     {"model": "tune", "target": target.to_dict(), "opt_level": 3, "cpu_features": []})
+    return write_bundle(files, folder)
+
+
+@dataclass
+class VariantResult:
+    """A variant's measurement: the exposed tensors whose values differ from A's (in run
+    order), or per round each call's time in A (mean of before and after) and in B, in ms.
+    None of either: the variant crashed or hung (`why`)."""
+    differing: list = field(default_factory=list)
+    a_ms: list = field(default_factory=list)  # rounds x calls
+    b_ms: list = field(default_factory=list)
+    why: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return not self.why and not self.differing
+
+
+def _variant_in_child(conn, a_timed: str, a_checked: str, b_timed: str, b_checked: str, threads: int, cpus: list,
+                      rounds: int) -> None:
+    from ..artifacts.module import Module
+    faulthandler.disable()  # (a candidate that crashes is an expected outcome, not a traceback to print)
+    os.sched_setaffinity(0, cpus)
+    a = Module(a_checked, threads)
+    inputs = random_inputs(a, seed=1)
+    reference = {k: np.array(v) for k, v in a.run(inputs).items()}
+    del a
+    got = Module(b_checked, threads).run(inputs)
+    differing = [name for name in reference if differs({name: reference[name]}, {name: got[name]})]
+    if differing:
+        conn.send(VariantResult(differing=differing))
+        return
+    a, b = Module(a_timed, threads), Module(b_timed, threads)
+    one = sum(row["ms"] for row in a.profile(inputs, 3))
+    repeat = int(min(50, max(1, MODEL_ROUND_MS / max(one, 1e-3))))
+    a_ms, b_ms = [], []
+    for _ in range(rounds):
+        first = [row["ms"] for row in a.profile(inputs, repeat)]
+        mid = [row["ms"] for row in b.profile(inputs, repeat)]
+        last = [row["ms"] for row in a.profile(inputs, repeat)]
+        a_ms.append([(x + y) / 2 for x, y in zip(first, last)])
+        b_ms.append(mid)
+    conn.send(VariantResult(a_ms=a_ms, b_ms=b_ms))
+
+
+def measure_variant(a_timed: str, a_checked: str, b_timed: str, b_checked: str, threads: int, cpus: list,
+                    deadline_s: float, rounds: int = ROUNDS) -> VariantResult:
+    """Check the variant against the rules' model, then time both A/B/A: see the module's docstring."""
+    ctx = multiprocessing.get_context("fork")
+    parent, child = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_variant_in_child,
+                       args=(child, a_timed, a_checked, b_timed, b_checked, threads, cpus, rounds), daemon=True)
+    proc.start()
+    child.close()
+    try:
+        result = _received(parent) if parent.poll(deadline_s) else VariantResult(why="hung")
+    finally:
+        if proc.is_alive():
+            proc.kill()
+        proc.join()
+        parent.close()
+    return result if result is not None else VariantResult(why=f"crashed (exit {proc.exitcode})")
 
 
 def kernel_model(call, types: dict, constants: dict) -> LoweredModel:

@@ -70,6 +70,13 @@ class KernelSearch:
         """A point that is no trial (lowering refused it, or its kernel was already tried)."""
         self.pending.discard(canonical(point))
 
+    def requeue(self, point: dict) -> None:
+        """A point whose measurement said nothing about it (another candidate's fault): again, next."""
+        key = canonical(point)
+        self.pending.discard(key)
+        self.tried.pop(key, None)
+        self._queue.insert(0, normalize(point))
+
     def result(self, point: dict, ratio: float | None) -> None:
         key = canonical(point)
         self.pending.discard(key)

@@ -3,20 +3,23 @@
     result = kiln.tune(["resnet50.onnx"], budget_s=600)     # or trials=200
     kiln.build("resnet50.onnx")                              # follows the records, measures nothing
 
-1. Each model is planned as a build plans it (rules only) and built; one profiled run on the
+1. Each model is planned as a build plans it (rules only) and built; a profiled run on the
    measuring cores says how long each kernel takes. Kernels are deduplicated across the
-   models by their digest (shared ones are tuned once) and weighted by their time in all.
-2. Rounds until the budget is spent: the kernels with the most expected gain (their time, less
-   for each trial that found nothing) each give their search's next point (tune_search);
-   the points are lowered (ir.lower.relower) and compiled as build jobs are, on the executor,
-   into the store; then each kernel's candidates are measured against its rules' kernel
-   (tune_measure): checked on random inputs, timed A/B/A on cores that compile nothing
-   meanwhile (compiling and measuring alternate).
-3. A kernel whose search is done (or the whole tune, at the end) has its best few points
-   measured again; the best, if faster than the rules by more than noise, is its record's
-   schedule, else the rules are (a record of {} says so). Records are written as kernels
-   finish, so an interrupted tune loses only the kernels in progress, and a new tune skips
-   every kernel that has a record (`retune` does them again, starting from their schedules).
+   models by their digest (one shared by several models is tuned once, in the first) and
+   weighted by their time in all of them. Kernels under MIN_SHARE of the time are left be.
+2. Rounds until the budget is spent or every search has run its course: every kernel still
+   searching gives its next point (tune_search), lowered at each of its call sites
+   (ir.lower.relower), compiled as build jobs are, on the executor and into the store;
+   then each model's *variant* (every such kernel swapped for its candidate) is checked and
+   timed A/B/A against the rules' model on cores that compile nothing meanwhile (compiling
+   and measuring alternate): tune_measure. A variant that fails has its candidates checked
+   alone to find the one at fault; the others go back in their queues.
+3. At the end each kernel's best few points are measured again, together (the k-th best of
+   every kernel in one variant); the best, if faster than the rules beyond noise, is its
+   record's schedule, else the rules are (a record of {} says so). Kernels that improved are
+   filed provisionally after every round, so an interrupted tune keeps what it measured,
+   and a new tune goes on from there; a kernel whose search ran its course is skipped by
+   later tunes (`retune` searches it again, from its record).
 4. Each model's summary (the records of its kernels) enters its whole-model key.
 """
 from __future__ import annotations
@@ -27,88 +30,65 @@ import sys
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from ..ir.errors import InternalError, KilnError
+from ..ir.loop import SYMBOLS
 from ..ir.lower.group import relower
 from ..ir.schedule import ScheduleError, canonical
 from ..ir.verify import verify_kernel
 
 from .api import _compile, _executor
-from .bundle import assemble, write_bundle
 from .cache_key import key_of
 from .cache_policy import CachePolicy
 from .options import BuildOptions
 from .pipeline import plan_model, schedule_for
 from .plan import make_job, unique_jobs
 from .target import parse_target
-from .tune_measure import CONFIRM_ROUNDS, Workspace, measure, profile_calls, write_kernel_bundle
+from .tune_measure import (CONFIRM_ROUNDS, LOAD_DEADLINE_S, MODEL_ROUND_MS, ROUNDS, Workspace, measure,
+                           measure_variant, profile_calls, variant, write_kernel_bundle, write_model)
 from .tune_search import IMPROVES, KernelSearch
 from .tuning_records import Records, make_record, record_parts, usable_cores
 
 MIN_SHARE = 0.002  # kernels taking less of the models' time than this are not tuned
-CONFIRM_BEST = 3  # points measured again before a record is written
-FRUITLESS_DECAY = 0.8  # a kernel's priority falls by this much with each trial that found nothing
+CONFIRM_BEST = 3  # points per kernel measured again before its record is written
 
 
 @dataclass
 class Task:
-    """One kernel to tune (the same kernel in several models is one task)."""
+    """One kernel to tune (the same kernel at several call sites, or in several models, is one)."""
     digest: str
-    call: object  # its KernelCall under the rules
-    model: int  # the planned model it is lowered from
+    model: int  # the model it is measured in: the first it appears in
+    sites: list = field(default_factory=list)  # its KernelCalls in that model (rules' schedule)
     ms: float = 0.0  # its time in all the models, per run
     search: KernelSearch | None = None
-    default_dir: str = ""
-    folders: dict = field(default_factory=dict)  # canonical point -> its bundle folder
     kernels: set = field(default_factory=set)  # digests of the kernels tried (equal kernels: one trial)
     trials: int = 0
     failed: list = field(default_factory=list)  # (point, why)
-    fruitless: int = 0
-    done: bool = False
     record: dict | None = None
+    done: bool = False  # has a complete record: not searched
 
     @property
-    def priority(self) -> float:
-        return self.ms * FRUITLESS_DECAY ** self.fruitless
+    def name(self) -> str:
+        return self.sites[0].name
+
+
+@dataclass
+class ModelState:
+    """A model being tuned: its plan, a graph the candidates are lowered in, its objects, and
+    the rules' bundles variants are measured against."""
+    plan: object
+    graph: object
+    objects: dict  # symbol -> object bytes
+    exposed: list  # tensors the checked bundles output: every tuned kernel's
+    a_timed: str = ""
+    a_checked: str = ""
+    ms: float = 0.0  # one run, measured
 
 
 @dataclass
 class TuneResult:
     report: dict
-
-
-def _planned_models(models, target, o: BuildOptions, cache, ex):
-    """Each model planned under the rules and built, with its bundle's folder in `work`."""
-    plans = [plan_model(m, target, o.opt_level, o.shapes, None, (), o.salt, None, o.dims) for m in models]
-    jobs = unique_jobs([j for p in plans for j in p.jobs])
-    results, _ = _compile(jobs, cache, ex, o)
-    failed = [j.name for j in jobs if not results[j.key].ok]
-    if failed:
-        raise KilnError(f"tune: the models do not build under the rules ({', '.join(failed[:5])} failed to compile)")
-    objects = {j.key: results[j.key].object for j in jobs}
-    return plans, objects
-
-
-def _tasks(plans, objects, profiles, records: Records, retune: bool) -> tuple[dict, int]:
-    """The tunable kernels by digest with their time in all models; and how many already have records."""
-    tasks: dict[str, Task] = {}
-    for index, (p, times) in enumerate(zip(plans, profiles)):
-        caches = {t for c in p.graph.caches for t in (c.past, c.present)}
-        for call, ms in zip(p.lowered.calls, times):
-            static = not any(b.name == "SYMBOLS" for b in call.kernel.buffers)
-            if not call.space or not static or caches & set(call.inputs + call.outputs):
-                continue
-            task = tasks.setdefault(call.default_digest, Task(call.default_digest, call, index))
-            task.ms += ms
-    total = sum(sum(t) for t in profiles) or 1.0
-    tasks = {d: t for d, t in tasks.items() if t.ms >= MIN_SHARE * total}
-    resumed = 0
-    for digest in list(tasks):
-        existing = records.find(digest)
-        tasks[digest].record = existing
-        if existing is not None and existing.get("complete", True) and not retune:
-            tasks[digest].done = True
-            resumed += 1
-    return tasks, resumed
 
 
 class Tuner:
@@ -130,33 +110,25 @@ class Tuner:
         self.records = Records(self.cache.store, self.target, threads)
         self.config = schedule_for(self.target)
         self.work = Workspace()
-        self.trials = self.failed = 0
+        self.tasks: dict[str, Task] = {}
+        self.states: list[ModelState] = []
+        self.trials = self.failed = self.resumed = 0
         self.t0 = time.monotonic()
 
-    # -- the loop -------------------------------------------------------------------------------
+    # -- the whole tune --------------------------------------------------------------------------
     def run(self) -> dict:
         try:
             with _executor(True, self.o) as ex:
                 self.ex = ex
-                plans, objects = _planned_models(self.models, self.target, self.o, self.cache, ex)
-                self.plans, self.objects = plans, objects
-                self.graphs = [p.graph.copy() for p in plans]
-                profiles = [self._profile(p) for p in plans]
-                self.tasks, resumed = _tasks(plans, objects, profiles, self.records, self.retune)
-                self.total_ms = sum(sum(t) for t in profiles)
-                for task in self.tasks.values():
-                    if not task.done:
-                        self._start(task)
-                while not self._out_of_budget():
-                    batch = self._next_batch()
-                    if not batch:
-                        break
-                    self._run_batch(batch)
-                for task in self.tasks.values():
-                    if not task.done:
-                        self._finish(task)
+                self._prepare()
+                try:
+                    while not self._out_of_budget() and self._round():
+                        pass
+                except KeyboardInterrupt:  # (keep what was measured: a second interrupt ends it all)
+                    sys.stderr.write("\nkiln tune: interrupted; confirming what was found\n")
+                self._confirm()
                 self._write_summaries()
-                return self._report(resumed)
+                return self._report()
         finally:
             self.work.close()
             self._line(final=True)
@@ -166,167 +138,290 @@ class Tuner:
             return True
         return self.budget_s is not None and time.monotonic() - self.t0 >= self.budget_s
 
-    def _profile(self, p) -> list[float]:
-        """Each kernel call's time in the model built under the rules, on the measuring cores."""
-        folder = self.work.folder()
-        files = assemble(p.lowered, {j.symbol: self.objects[j.key] for j in p.jobs}, self.target,
-                         {"model": p.graph.name, "target": self.target.to_dict(), "opt_level": self.o.opt_level,
-                          "cpu_features": []})
-        write_bundle(files, folder)
-        times = profile_calls(folder, self.threads, self.measure_cpus)
-        self.work.remove(folder)
-        return times
+    def _prepare(self) -> None:
+        """Plan and build every model under the rules; profile it; make the tasks."""
+        o = self.o
+        plans = [plan_model(m, self.target, o.opt_level, o.shapes, None, (), o.salt, None, o.dims)
+                 for m in self.models]
+        jobs = unique_jobs([j for p in plans for j in p.jobs])
+        results, _ = _compile(jobs, self.cache, self.ex, o)
+        failed = [j.name for j in jobs if not results[j.key].ok]
+        if failed:
+            raise KilnError(f"tune: the models do not build under the rules ({', '.join(failed[:5])} failed "
+                            "to compile)")
+        for index, p in enumerate(plans):
+            graph = p.graph.copy()
+            graph.types.update({t: v for t, v in p.lowered.types.items() if t not in graph.types})  # (names taken)
+            objects = {j.symbol: results[j.key].object for j in p.jobs}
+            state = ModelState(p, graph, objects, [])
+            self.states.append(state)
+            state.a_timed = write_model(p.lowered, objects, self.target, self.work.folder())
+            times = profile_calls(state.a_timed, self.threads, self.measure_cpus)
+            state.ms = sum(times)
+            for call, ms in zip(p.lowered.calls, times):
+                if not _tunable(call, p):
+                    continue
+                task = self.tasks.setdefault(call.default_digest, Task(call.default_digest, index))
+                task.ms += ms
+                if task.model == index:
+                    task.sites.append(call)
+        total = sum(s.ms for s in self.states) or 1.0
+        self.tasks = {d: t for d, t in self.tasks.items() if t.ms >= MIN_SHARE * total}
+        for state in self.states:
+            state.exposed = [o for c in state.plan.lowered.calls if c.default_digest in self.tasks
+                             for o in c.outputs]
+            state.a_checked = write_model(variant(state.plan.lowered, {}, state.graph, state.exposed), state.objects,
+                                          self.target, self.work.folder())
+        for task in self.tasks.values():
+            self._start(task)
 
     def _start(self, task: Task) -> None:
-        p = self.plans[task.model]
-        job = next(j for c, j in zip(p.lowered.calls, p.jobs) if c is task.call)
-        task.default_dir = self.work.folder()
-        write_kernel_bundle(task.call, p.lowered.types, p.lowered.constants, self.objects[job.key], self.target,
-                            task.default_dir)
-        seed = self.records.seed(task.digest)
-        starts = [seed["schedule"]] if seed and seed["schedule"] else []
-        if task.record and task.record["schedule"]:  # (retuning, or resuming: from where the last tune ended)
-            starts.insert(0, task.record["schedule"])
-        task.search = KernelSearch(task.call.space, starts)
-        task.kernels.add(task.call.kernel.digest)
+        record = self.records.find(task.digest)
+        task.record = record
+        if record is not None and record.get("complete", True) and not self.retune:
+            task.done = True
+            self.resumed += 1
+            return
+        starts = [record["schedule"]] if record and record["schedule"] else []  # (resuming, or retuning)
+        seed = self.records.seed(task.digest)  # (a record from another toolchain: a start, never applied)
+        if seed and seed["schedule"] and seed["schedule"] not in starts:
+            starts.append(seed["schedule"])
+        task.search = KernelSearch(task.sites[0].space, starts)
+        task.kernels.add(task.sites[0].kernel.digest)
 
-    def _next_batch(self) -> list:
-        """(task, point, candidate call) for the next round: the highest-priority kernels' next points."""
-        size = max(4, 2 * self.ex.workers)
-        if self.max_trials is not None:
-            size = min(size, self.max_trials - self.trials)
-        batch, idle = [], set()
-        while len(batch) < size:
-            live = [t for t in self.tasks.values() if not t.done and t.digest not in idle]
-            if not live:
+    # -- one round: a point for every kernel still searching ----------------------------------------
+    def _round(self) -> bool:
+        """Try the next point of every searching kernel; False when no kernel has one."""
+        swaps: dict[int, dict] = {}  # model -> {task digest: (point, candidate calls)}
+        budget = None if self.max_trials is None else self.max_trials - self.trials
+        for task in sorted((t for t in self.tasks.values() if not t.done), key=lambda t: -t.ms):
+            if budget is not None and sum(len(s) for s in swaps.values()) >= budget:
                 break
-            task = max(live, key=lambda t: t.priority / (1 + sum(1 for b in batch if b[0] is t)))
+            found = self._next_candidate(task)
+            if found is not None:
+                swaps.setdefault(task.model, {})[task.digest] = found
+        if not swaps:
+            return False
+        chosen = [(d, point, calls) for by_task in swaps.values() for d, (point, calls) in by_task.items()]
+        jobs = {id(c): make_job(c, self.target, self.o.opt_level, self.o.salt) for _, _, calls in chosen for c in calls}
+        results, _ = _compile(unique_jobs(list(jobs.values())), self.cache, self.ex,
+                              dataclasses.replace(self.o, progress=False))
+        for model, by_task in swaps.items():
+            state, live = self.states[model], {}
+            for digest, (point, calls) in by_task.items():
+                r = results[jobs[id(calls[0])].key]
+                if not r.ok or r.fallback:  # (an object of the fallback schedule: codegen failed twice)
+                    self._failed(self.tasks[digest], point, f"codegen failed: {r.kind or r.attempts[0]['kind']}")
+                else:
+                    live[digest] = (point, calls, r.object)
+            if live:
+                self._measure(state, live)
+        self._line()
+        return True
+
+    def _next_candidate(self, task: Task):
+        """(point, its call at every site) for the task's next point, or None."""
+        while True:
             point = task.search.next()
             if point is None:
-                idle.add(task.digest)
-                if task.search.exhausted:
-                    self._finish(task)
-                continue
+                return None
+            graph = self.states[task.model].graph
             try:
-                call = relower(self.graphs[task.model], task.call, self.config, point)
+                calls = [relower(graph, site, self.config, point) for site in task.sites]
             except ScheduleError:
                 task.search.skip(point)
                 continue
-            if call.kernel.digest in task.kernels:  # (the same kernel as a point tried: no trial)
+            if calls[0].kernel.digest in task.kernels:  # (the same kernel as a point tried: no trial)
                 task.search.skip(point)
                 continue
-            task.kernels.add(call.kernel.digest)
+            task.kernels.add(calls[0].kernel.digest)
             try:
-                verify_kernel(call.kernel, call.name, call.ops)
+                verify_kernel(calls[0].kernel, calls[0].name, calls[0].ops)
             except InternalError as e:
                 self._failed(task, point, f"malformed kernel: {e}")
                 continue
-            batch.append((task, point, call))
-        return batch
+            return point, calls
 
-    def _run_batch(self, batch: list) -> None:
-        jobs = [make_job(call, self.target, self.o.opt_level, self.o.salt) for _, _, call in batch]
-        results, _ = _compile(unique_jobs(jobs), self.cache, self.ex, dataclasses.replace(self.o, progress=False))
-        by_task: dict[str, list] = {}
-        for (task, point, call), job in zip(batch, jobs):
-            r = results[job.key]
-            if not r.ok or r.fallback:  # (an object of the fallback schedule: codegen failed twice)
-                self._failed(task, point, f"codegen failed: {r.kind or r.attempts[0]['kind']}")
-                continue
-            folder = self.work.folder()
-            graph = self.graphs[task.model]
-            write_kernel_bundle(call, {**self.plans[task.model].lowered.types, **graph.types}, graph.constants,
-                                r.object, self.target, folder)
-            by_task.setdefault(task.digest, []).append((point, folder))
-        for digest, points in by_task.items():
-            task = self.tasks[digest]
-            trials = measure(task.default_dir, [f for _, f in points], self.threads, self.measure_cpus)
-            for (point, folder), trial in zip(points, trials):
-                self.trials += 1
+    def _variant_dirs(self, state: ModelState, live: dict) -> tuple[str, str]:
+        """The timed and the checked bundle of the model with `live`'s candidates swapped in."""
+        lowered = state.plan.lowered
+        sites = {id(site): call for d, (_, calls, _) in live.items() for site, call in zip(self.tasks[d].sites, calls)}
+        objects = {**state.objects, **{calls[0].kernel.symbol: obj for _, calls, obj in live.values()}}
+        timed = write_model(variant(lowered, sites, state.graph), objects, self.target, self.work.folder())
+        checked = write_model(variant(lowered, sites, state.graph, state.exposed), objects, self.target,
+                              self.work.folder())
+        return timed, checked
+
+    def _measure(self, state: ModelState, live: dict, rounds: int = ROUNDS) -> None:
+        """Measure one variant; record each candidate's ratio (or failure)."""
+        timed, checked = self._variant_dirs(state, live)
+        deadline = LOAD_DEADLINE_S + 6 * rounds * max(MODEL_ROUND_MS, state.ms) / 1000 * 5
+        r = measure_variant(state.a_timed, state.a_checked, timed, checked, self.threads, self.measure_cpus,
+                            deadline, rounds)
+        self.work.remove(timed)
+        self.work.remove(checked)
+        if r.why:
+            self._isolate(state, live, r.why)
+        elif r.differing:
+            self._blame(state, live, r.differing)
+        else:
+            calls = state.plan.lowered.calls
+            for digest, (point, _, _) in live.items():
+                idx = [i for i, c in enumerate(calls) if c.default_digest == digest]
+                per_round = [sum(b[i] for i in idx) / max(sum(a[i] for i in idx), 1e-9) for a, b in zip(r.a_ms, r.b_ms)]
+                task = self.tasks[digest]
+                before = task.search.best
+                task.search.result(point, float(np.median(per_round)))
                 task.trials += 1
-                if not trial.ok:
-                    self._failed(task, point, trial.why)
-                    self.work.remove(folder)
-                    continue
-                before = task.search.best_ratio
-                task.search.result(point, trial.ratio)
-                task.fruitless = 0 if task.search.best_ratio < before else task.fruitless + 1
-                task.folders[canonical(point)] = folder
-            self._line()
+                self.trials += 1
+                if task.search.best != before:
+                    self._keep(task, task.search.best, task.search.best_ratio, per_round, complete=False)
+
+    def _blame(self, state: ModelState, live: dict, differing: list) -> None:
+        """The first candidate (in run order) at or before the first differing tensor is wrong;
+        the others are tried again in a later round (they read its output)."""
+        calls = state.plan.lowered.calls
+        producer = {o: i for i, c in enumerate(calls) for o in c.outputs}
+        first = min(producer.get(t, len(calls)) for t in differing)
+        swapped = sorted((i, c.default_digest) for i, c in enumerate(calls) if c.default_digest in live and i <= first)
+        culprit = swapped[-1][1] if swapped else min(live, key=lambda d: producer.get(live[d][1][0].outputs[0], 0))
+        for digest, (point, calls, _) in live.items():
+            if digest == culprit:
+                self._failed(self.tasks[digest], point, f"differs from the rules' schedule ({differing[0]})")
+            else:
+                _requeue(self.tasks[digest], point, calls)
+
+    def _isolate(self, state: ModelState, live: dict, why: str) -> None:
+        """A variant crashed or hung: check each candidate alone; fail those at fault, requeue the rest."""
+        p = state.plan
+        for digest, (point, calls, obj) in live.items():
+            task = self.tasks[digest]
+            site = task.sites[0]
+            default_dir = write_kernel_bundle(site, p.lowered.types, p.lowered.constants,
+                                              state.objects[site.kernel.symbol], self.target, self.work.folder())
+            cand_dir = write_kernel_bundle(calls[0], state.graph.types, state.graph.constants, obj, self.target,
+                                           self.work.folder())
+            [trial] = measure(default_dir, [cand_dir], self.threads, self.measure_cpus, rounds=1)
+            self.work.remove(default_dir)
+            self.work.remove(cand_dir)
+            if trial.ok:
+                _requeue(task, point, calls)
+            else:
+                self._failed(task, point, trial.why if trial.why else why)
 
     def _failed(self, task: Task, point: dict, why: str) -> None:
         task.search.result(point, None)
         task.failed.append((point, why))
-        task.fruitless += 1
+        task.trials += 1
+        self.trials += 1
         self.failed += 1
 
-    def _finish(self, task: Task) -> None:
-        """Measure the best few points again; keep the best as the kernel's record."""
-        task.done = True
-        if task.search is None or task.trials == 0:
-            return
-        best = task.search.ranked(CONFIRM_BEST)
-        schedule, ratio, ratios, default_ms = {}, 1.0, [], 0.0
-        if best and best[0][1] < IMPROVES:
-            folders = [task.folders[canonical(point)] for point, _ in best]
-            confirmed = measure(task.default_dir, folders, self.threads, self.measure_cpus, CONFIRM_ROUNDS)
-            good = [(t.ratio, point, t) for (point, _), t in zip(best, confirmed) if t.ok]
-            if good:
-                r, point, t = min(good, key=lambda g: g[0])
-                default_ms, ratios = t.default_ms, t.ratios
-                if r < IMPROVES:
-                    schedule, ratio = point, r
+    # -- the end: the best points measured again, records written ------------------------------
+    def _confirm(self) -> None:
+        for model, state in enumerate(self.states):
+            tasks = [t for t in self.tasks.values() if t.model == model and t.search and t.trials]
+            confirmed: dict[str, list] = {t.digest: [] for t in tasks}
+            for k in range(CONFIRM_BEST):
+                live = {}
+                for t in tasks:
+                    ranked = [(p, r) for p, r in t.search.ranked(CONFIRM_BEST) if r < IMPROVES]
+                    if k < len(ranked):
+                        calls = [relower(state.graph, site, self.config, ranked[k][0]) for site in t.sites]
+                        obj = self.cache.find_object(make_job(calls[0], self.target, self.o.opt_level,
+                                                              self.o.salt).key)
+                        if obj is not None:
+                            live[t.digest] = (ranked[k][0], calls, obj)
+                if not live:
+                    break
+                timed, checked = self._variant_dirs(state, live)
+                deadline = LOAD_DEADLINE_S + 30 * CONFIRM_ROUNDS * max(MODEL_ROUND_MS, state.ms) / 1000
+                r = measure_variant(state.a_timed, state.a_checked, timed, checked, self.threads, self.measure_cpus,
+                                    deadline, CONFIRM_ROUNDS)
+                self.work.remove(timed)
+                self.work.remove(checked)
+                if not r.ok:
+                    continue
+                calls = state.plan.lowered.calls
+                for digest, (point, _, _) in live.items():
+                    idx = [i for i, c in enumerate(calls) if c.default_digest == digest]
+                    rounds = [sum(b[i] for i in idx) / max(sum(a[i] for i in idx), 1e-9) for a, b in zip(r.a_ms, r.b_ms)]
+                    confirmed[digest].append((float(np.median(rounds)), point, rounds))
+            for t in tasks:
+                best = min(confirmed[t.digest], key=lambda c: c[0], default=None)
+                if best is not None and best[0] < IMPROVES:
+                    self._keep(t, best[1], best[0], best[2], t.search.exhausted)
+                else:
+                    self._keep(t, {}, 1.0, best[2] if best else [], t.search.exhausted)
+
+    def _keep(self, task: Task, schedule: dict, ratio: float, ratios: list, complete: bool) -> None:
         parts = record_parts(task.digest, self.target, self.threads)
-        task.record = make_record(parts, schedule, ratio, ratios, default_ms, task.trials, len(task.failed),
-                                  task.call.name, task.search.exhausted)
+        default_ms = task.ms
+        task.record = make_record(parts, schedule, ratio, ratios, default_ms, task.trials, len(task.failed), task.name,
+                                  complete)
         self.records.keep(task.record)
-        for folder in task.folders.values():
-            self.work.remove(folder)
-        task.folders.clear()
-        self.work.remove(task.default_dir)
 
     def _write_summaries(self) -> None:
-        for model, p in zip(self.models, self.plans):
+        for model, state in zip(self.models, self.states):
             key = self.cache.untuned_model_key(model, self.target)
             found = {c.default_digest: key_of(record_parts(c.default_digest, self.target, self.threads))
-                     for c in p.lowered.calls if c.default_digest in self.tasks and self.tasks[c.default_digest].record}
+                     for c in state.plan.lowered.calls
+                     if c.default_digest in self.tasks and self.tasks[c.default_digest].record}
             if key is not None and found:
                 self.records.keep_summary(key, found)
 
     # -- what the user sees -------------------------------------------------------------------
+    def _ratio(self, t: Task) -> float:
+        if t.record and t.record["schedule"]:
+            return t.record["ratio"]
+        return t.search.best_ratio if t.search and not t.record else 1.0
+
     def _gain(self) -> float:
         """The expected fraction of the models' time saved by the best points found so far."""
-        saved = sum(t.ms * (1 - (t.record["ratio"] if t.record else t.search.best_ratio if t.search else 1.0))
-                    for t in self.tasks.values())
-        return saved / self.total_ms if getattr(self, "total_ms", 0) else 0.0
+        total = sum(s.ms for s in self.states)
+        return sum(t.ms * (1 - self._ratio(t)) for t in self.tasks.values()) / total if total else 0.0
 
     def _line(self, final: bool = False) -> None:
-        if not self.progress or not hasattr(self, "tasks"):
+        if not self.progress or not self.states:
             return
         elapsed = time.monotonic() - self.t0
         left = f", {max(0, self.budget_s - elapsed):.0f} s left" if self.budget_s else ""
-        best = sorted((t for t in self.tasks.values() if t.search and t.search.best_ratio < 1),
-                      key=lambda t: t.search.best_ratio)[:3]
-        shown = ", ".join(f"{t.call.name[6:30]} {t.search.best_ratio:.2f}x" for t in best)
-        done = sum(t.done for t in self.tasks.values())
-        sys.stderr.write(f"\r\x1b[Ktune: {self.trials} trials ({self.failed} failed), {done}/{len(self.tasks)} kernels "
-                         f"done, expected gain {100 * self._gain():.1f}%{left}" + (f"; best {shown}" if shown else ""))
+        best = sorted((t for t in self.tasks.values() if self._ratio(t) < 1), key=self._ratio)[:3]
+        shown = ", ".join(f"{t.name[6:28]} {self._ratio(t):.2f}x" for t in best)
+        searching = sum(1 for t in self.tasks.values() if t.search and not t.search.exhausted)
+        sys.stderr.write(f"\r\x1b[Ktune: {self.trials} trials ({self.failed} failed), {searching} of "
+                         f"{len(self.tasks)} kernels searching, expected gain {100 * self._gain():.1f}%{left}"
+                         + (f"; best {shown}" if shown else ""))
         if final:
             sys.stderr.write("\n")
         sys.stderr.flush()
 
-    def _report(self, resumed: int) -> dict:
+    def _report(self) -> dict:
         kernels = []
         for t in sorted(self.tasks.values(), key=lambda t: -t.ms):
-            row = {"name": t.call.name, "digest": t.digest, "ms": round(t.ms, 4), "trials": t.trials,
+            row = {"name": t.name, "digest": t.digest, "ms": round(t.ms, 4), "trials": t.trials,
                    "failed": [{"schedule": p, "why": w} for p, w in t.failed]}
             if t.record:
-                row.update(schedule=t.record["schedule"], ratio=t.record["ratio"] if t.record["schedule"] else 1.0)
+                row.update(schedule=t.record["schedule"], ratio=t.record["ratio"] if t.record["schedule"] else 1.0,
+                           complete=t.record.get("complete", True))
             kernels.append(row)
-        return {"target": self.target.to_dict(), "threads": self.threads, "models": [p.graph.name for p in self.plans],
-                "trials": self.trials, "failed": self.failed, "seconds": round(time.monotonic() - self.t0, 1),
-                "kernels_tuned": sum(1 for t in self.tasks.values() if t.record), "kernels_resumed": resumed,
-                "expected_gain": round(self._gain(), 4), "model_ms": round(self.total_ms, 4), "kernels": kernels}
+        return {"target": self.target.to_dict(), "threads": self.threads,
+                "models": [s.plan.graph.name for s in self.states], "trials": self.trials, "failed": self.failed,
+                "seconds": round(time.monotonic() - self.t0, 1),
+                "kernels_tuned": sum(1 for t in self.tasks.values() if t.record), "kernels_resumed": self.resumed,
+                "expected_gain": round(self._gain(), 4), "model_ms": round(sum(s.ms for s in self.states), 4),
+                "kernels": kernels}
+
+
+def _requeue(task: Task, point: dict, calls: list) -> None:
+    task.kernels.discard(calls[0].kernel.digest)
+    task.search.requeue(point)
+
+
+def _tunable(call, plan) -> bool:
+    """A kernel tuned here: it has knobs, static sizes, no KV cache tensor, and always runs."""
+    caches = {t for c in plan.graph.caches for t in (c.past, c.present)}
+    return bool(call.space) and not call.guard and not any(b.name == SYMBOLS for b in call.kernel.buffers) \
+        and not caches & set(call.inputs + call.outputs)
 
 
 def tune(models, budget_s: float | None = None, trials: int | None = None, threads: int | None = None,
@@ -343,4 +438,3 @@ def tune(models, budget_s: float | None = None, trials: int | None = None, threa
     progress = o.progress if o.progress is not None else sys.stderr.isatty()
     tuner = Tuner(models, o, threads or usable_cores(), budget_s, trials, retune, progress)
     return TuneResult(tuner.run())
-
