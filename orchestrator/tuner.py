@@ -141,7 +141,7 @@ class Tuner:
     def _prepare(self) -> None:
         """Plan and build every model under the rules; profile it; make the tasks."""
         o = self.o
-        plans = [plan_model(m, self.target, o.opt_level, o.shapes, None, (), o.salt, None, o.dims)
+        plans = [plan_model(m, self.target, o.opt_level, o.shapes, None, (), o.salt, o.inject, o.dims)
                  for m in self.models]
         jobs = unique_jobs([j for p in plans for j in p.jobs])
         results, _ = _compile(jobs, self.cache, self.ex, o)
@@ -203,7 +203,8 @@ class Tuner:
         if not swaps:
             return False
         chosen = [(d, point, calls) for by_task in swaps.values() for d, (point, calls) in by_task.items()]
-        jobs = {id(c): make_job(c, self.target, self.o.opt_level, self.o.salt) for _, _, calls in chosen for c in calls}
+        jobs = {id(c): make_job(c, self.target, self.o.opt_level, self.o.salt, self.o.inject)
+                for _, _, calls in chosen for c in calls}
         results, _ = _compile(unique_jobs(list(jobs.values())), self.cache, self.ex,
                               dataclasses.replace(self.o, progress=False))
         for model, by_task in swaps.items():

@@ -151,6 +151,39 @@ def test_a_node_lost_mid_build(ray_cluster, ray_session, ray_executor):
     assert elapsed < 20 + ANSWER_MARGIN + 30
 
 
+def test_a_tune_on_the_cluster_survives_a_lost_node(ray_cluster, ray_session, ray_executor, tmp_path):
+    """`kiln tune` compiles its candidates on the cluster's actors. A fourth node dies while a
+    candidate compiles there (past the model's own build: its one kernel is the first job; every
+    job sleeps a second first, so the job is certainly in flight): only that job is lost,
+    compiled again elsewhere, and the tune ends with its records, which a build then follows."""
+    from modelkiln.orchestrator.tuner import tune
+    from tests.test_tuning import one_conv
+    model, store = one_conv(), str(tmp_path / "store")
+    ray_executor.close()
+    with extra_nodes(ray_cluster, "doomed") as [node]:
+        with RayExecutor(kernel_timeout=20) as ex:
+            def kill_mid_tune():
+                deadline = time.monotonic() + 120
+                while sum(ex.sent.values()) < 3 and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                sent = ex.sent[node.node_id]
+                while ex.sent[node.node_id] == sent and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                ray_cluster.remove_node(node, False)
+
+            killer = threading.Thread(target=kill_mid_tune)
+            killer.start()
+            report = tune([model], trials=24, threads=1, executor=ex, cache=store, progress=False,
+                          inject={"": "slow:always"}).report
+            killer.join()
+            lost = ex.describe()["lost"]
+    assert any(f"node {node.node_id[:8]} is gone" in why for why in lost)
+    assert report["trials"] >= 5 and report["failed"] == 0 and report["kernels_tuned"] == 1
+    result = build(model, executor=ray_executor, cache=store, progress=False, tuning_threads=1)
+    assert result.report["tuning"]["tuned_kernels"] == 1
+    assert_matches_oracle(result, model)
+
+
 def test_every_node_lost_fails_in_bounded_time_and_keeps_what_was_compiled(ray_cluster, ray_session, executor,
                                                                           tmp_path):
     model = model_zoo.resnet18()

@@ -294,3 +294,28 @@ def test_records_travel_through_the_shared_cache(executor, tmp_path, monkeypatch
         assert os.listdir(tmp_path / "machine_b" / "records")
     finally:
         server.stop()
+
+
+def test_concurrent_tuners_share_one_store(tmp_path):
+    """Two `kiln tune` processes on one store at once: both finish, every entry verifies, and a
+    build follows the records."""
+    import subprocess
+    import sys
+    import onnx
+    from modelkiln.artifacts.store import Store
+    from tests.conftest import ROOT
+    model = one_conv()
+    path, cache = str(tmp_path / "conv.onnx"), str(tmp_path / "store")
+    onnx.save(model, path)
+    cmd = [sys.executable, "-m", "modelkiln.orchestrator.cli", "tune", path, "--trials", "6", "--threads", "1",
+           "--cache", cache, "--quiet", "--workers", "1"]
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    procs = [subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for _ in range(2)]
+    for p in procs:
+        out, _ = p.communicate(timeout=300)
+        assert p.returncode == 0, out.decode()
+    assert Store(cache).verify() == []
+    assert Store(cache).stats()["records"] == 1
+    result = build(model, cache=cache, progress=False, tuning_threads=1)
+    assert result.report["tuning"]["tuned_kernels"] == 1
+    assert_matches_oracle(result, model)
