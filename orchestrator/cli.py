@@ -295,7 +295,7 @@ def cmd_tune(args) -> int:
     from .tuner import tune
     options = dataclasses.replace(_build_options(args), progress=False if args.quiet else None)
     result = tune(args.models, budget_s=args.budget, trials=args.trials, threads=args.threads, retune=args.retune,
-                  options=options)
+                  learn=not args.no_learning, options=options)
     _write_report(args.report, result.report)
     if not args.quiet:
         r = result.report
@@ -395,6 +395,7 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=_positive_int, default=None, help="threads the module runs on (default: the "
                                                                      "usable cores)")
     p.add_argument("--retune", action="store_true", help="tune kernels that have records again, from their records")
+    p.add_argument("--no-learning", action="store_true", help="search without the store's records of similar kernels")
     _add_build_flags(p)
     p.set_defaults(fn=cmd_tune)
 

@@ -19,6 +19,7 @@ from ..ir.schedule import canonical, normalize
 # The order knobs are explored in: the ones that change most first.
 KNOB_ORDER = ("conv_path", "tile", "window_rows", "split", "prefetch", "panel_chunk_kib")
 IMPROVES = 0.97  # a point must measure this much faster than the best so far to move there
+LOSES = 1.1  # a point predicted this much slower than the rules waits until the others are tried
 
 
 def _ordered(space: dict) -> list:
@@ -28,12 +29,17 @@ def _ordered(space: dict) -> list:
 class KernelSearch:
     """The search state of one kernel: what was tried, how it measured, what comes next."""
 
-    def __init__(self, space: dict, starts: list[dict] = ()):
+    def __init__(self, space: dict, starts: list[dict] = (), predict=None):
+        """predict: point -> expected ratio or None (orchestrator/tune_knowledge.py): the
+        queue is tried best-predicted first, points predicted to lose last."""
         self.space = space  # knob -> (choices, default)
+        self.predict = predict
         self.tried: dict[str, float | None] = {canonical({}): 1.0}  # point -> ratio (None: failed or pending)
         self.pending: set[str] = set()
+        self.skipped: set[str] = set()  # points that were no trial (see skip)
         self.best, self.best_ratio = {}, 1.0
         self._queue = [normalize(s) for s in starts if s] + self._moves({})
+        self._starts = len(self._queue) - len(self._moves({}))  # (tried first, whatever is predicted)
         self._center = canonical({})  # the point whose moves are queued
 
     def _moves(self, center: dict) -> list[dict]:
@@ -50,7 +56,8 @@ class KernelSearch:
     def next(self) -> dict | None:
         """The next point to try, or None (nothing left until pending results come in)."""
         while self._queue:
-            point = self._queue.pop(0)
+            point = self._queue.pop(0 if self._starts else self._most_promising())
+            self._starts = max(0, self._starts - 1)
             key = canonical(point)
             if key not in self.tried:
                 self.tried[key] = None
@@ -62,6 +69,21 @@ class KernelSearch:
             return self.next()
         return None
 
+    def _most_promising(self) -> int:
+        """The queue's index to try next: in order, unless predictions say otherwise."""
+        if self.predict is None:
+            return 0
+        guesses = [self.predict(p) for p in self._queue]
+        known = [(g, i) for i, g in enumerate(guesses) if g is not None]
+        if not known or min(known)[0] >= 1.0:  # (nothing expected to win: the usual order, losers last)
+            return next((i for i, g in enumerate(guesses) if g is None or g < LOSES), 0)
+        return min(known)[1]
+
+    def log(self) -> list:
+        """(point, ratio or None) of every point measured but the rules' own."""
+        return [(json.loads(k), r) for k, r in self.tried.items()
+                if k != canonical({}) and k not in self.pending and k not in self.skipped]
+
     @property
     def exhausted(self) -> bool:
         return not self._queue and not self.pending and canonical(self.best) == self._center
@@ -69,6 +91,7 @@ class KernelSearch:
     def skip(self, point: dict) -> None:
         """A point that is no trial (lowering refused it, or its kernel was already tried)."""
         self.pending.discard(canonical(point))
+        self.skipped.add(canonical(point))
 
     def requeue(self, point: dict) -> None:
         """A point whose measurement said nothing about it (another candidate's fault): again, next."""

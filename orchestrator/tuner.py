@@ -47,6 +47,7 @@ from .plan import make_job, unique_jobs
 from .target import parse_target
 from .tune_measure import (CONFIRM_ROUNDS, LOAD_DEADLINE_S, MODEL_ROUND_MS, ROUNDS, Workspace, measure,
                            measure_variant, profile_calls, variant, write_kernel_bundle, write_model)
+from .tune_knowledge import MAX_LOG, Knowledge, kernel_features
 from .tune_search import IMPROVES, KernelSearch
 from .tuning_records import Records, make_record, record_parts, usable_cores
 
@@ -67,6 +68,7 @@ class Task:
     failed: list = field(default_factory=list)  # (point, why)
     record: dict | None = None
     done: bool = False  # has a complete record: not searched
+    features: dict = field(default_factory=dict)  # orchestrator/tune_knowledge.py
 
     @property
     def name(self) -> str:
@@ -93,7 +95,7 @@ class TuneResult:
 
 class Tuner:
     def __init__(self, models, o: BuildOptions, threads: int, budget_s: float | None, trials: int | None,
-                 retune: bool, progress: bool):
+                 retune: bool, progress: bool, learn: bool = True):
         self.models, self.o = list(models), o
         self.target = parse_target(o.target)
         if not self.target.runnable:
@@ -108,6 +110,7 @@ class Tuner:
         if self.cache.store is None or not self.cache.writable:
             raise KilnError("tune: records are kept in the store; give a writable --cache")
         self.records = Records(self.cache.store, self.target, threads)
+        self.knowledge = Knowledge(self.cache.store, self.target, threads) if learn else None
         self.config = schedule_for(self.target)
         self.work = Workspace()
         self.tasks: dict[str, Task] = {}
@@ -184,9 +187,15 @@ class Tuner:
             return
         starts = [record["schedule"]] if record and record["schedule"] else []  # (resuming, or retuning)
         seed = self.records.seed(task.digest)  # (a record from another toolchain: a start, never applied)
-        if seed and seed["schedule"] and seed["schedule"] not in starts:
+        if seed and seed["schedule"]:
             starts.append(seed["schedule"])
-        task.search = KernelSearch(task.sites[0].space, starts)
+        task.features = kernel_features(task.sites[0])
+        predict = None
+        if self.knowledge is not None:
+            starts += self.knowledge.starts(task.features, task.digest)
+            predict = self.knowledge.predictor(task.features, task.digest)
+        unique = list({canonical(s): s for s in starts}.values())
+        task.search = KernelSearch(task.sites[0].space, unique, predict)
         task.kernels.add(task.sites[0].kernel.digest)
 
     # -- one round: a point for every kernel still searching ----------------------------------------
@@ -358,7 +367,7 @@ class Tuner:
         parts = record_parts(task.digest, self.target, self.threads)
         default_ms = task.ms
         task.record = make_record(parts, schedule, ratio, ratios, default_ms, task.trials, len(task.failed), task.name,
-                                  complete)
+                                  complete, features=task.features, log=task.search.log()[-MAX_LOG:])
         self.records.keep(task.record)
 
     def _write_summaries(self) -> None:
@@ -426,16 +435,17 @@ def _tunable(call, plan) -> bool:
 
 
 def tune(models, budget_s: float | None = None, trials: int | None = None, threads: int | None = None,
-         retune: bool = False, options: BuildOptions | None = None, **overrides) -> TuneResult:
+         retune: bool = False, learn: bool = True, options: BuildOptions | None = None, **overrides) -> TuneResult:
     """Tune the kernels of `models` (paths, bytes or ModelProtos) on this machine for
     `threads` threads (default: the usable cores), for `budget_s` seconds or `trials` trials
-    (default: 10 minutes), keeping the records in the store. Build settings (target,
-    executor, cache, shapes, ...) as for build()."""
+    (default: 10 minutes), keeping the records in the store. learn: start and steer the
+    searches from the store's records of similar kernels (tune_knowledge). Build settings
+    (target, executor, cache, shapes, ...) as for build()."""
     o = BuildOptions.of(options, overrides)
     if budget_s is None and trials is None:
         budget_s = 600.0
     if isinstance(models, (str, bytes, os.PathLike)) or hasattr(models, "SerializeToString"):
         models = [models]
     progress = o.progress if o.progress is not None else sys.stderr.isatty()
-    tuner = Tuner(models, o, threads or usable_cores(), budget_s, trials, retune, progress)
+    tuner = Tuner(models, o, threads or usable_cores(), budget_s, trials, retune, progress, learn)
     return TuneResult(tuner.run())

@@ -65,11 +65,14 @@ def machine_fingerprint() -> dict:
 
 
 def make_record(parts: dict, schedule: dict, ratio: float, ratios: list, default_ms: float, trials: int,
-                failed: int, name: str, complete: bool, sizes: dict | None = None) -> dict:
+                failed: int, name: str, complete: bool, sizes: dict | None = None, features: dict | None = None,
+                log: list = ()) -> dict:
     """complete: the search ran its course (a tune that ran out of budget first leaves it
-    incomplete, and the next tune goes on from its schedule)."""
+    incomplete, and the next tune goes on from its schedule). features and log: what later
+    tunes learn from (orchestrator/tune_knowledge.py)."""
     return {"format": RECORD_FORMAT, "parts": parts, "schedule": check(schedule), "ratio": round(float(ratio), 4),
-            "complete": bool(complete),
+            "complete": bool(complete), **({"features": features} if features else {}),
+            "log": [[check(p), None if r is None else round(float(r), 4)] for p, r in log],
             "ratios": [round(float(r), 4) for r in ratios], "default_ms": round(float(default_ms), 6),
             "trials": int(trials), "failed": int(failed), "name": name, "sizes": sizes or {},
             "machine": machine_fingerprint(),
@@ -100,8 +103,15 @@ def decode(payload, parts: dict | None) -> dict:
         raise ValueError(f"ratio {ratio!r}")
     try:
         record["schedule"] = check(record.get("schedule"))
-    except ScheduleError as e:
-        raise ValueError(str(e)) from None
+        record["log"] = [[check(p), r] for p, r in record.get("log", [])
+                         if r is None or (isinstance(r, (int, float)) and 0 < r < 100)]
+    except (ScheduleError, TypeError, ValueError) as e:
+        raise ValueError(f"its log: {e}") from None
+    features = record.get("features")
+    if features is not None and not (isinstance(features, dict) and isinstance(features.get("kind"), str)
+                                     and isinstance(features.get("sizes"), list)
+                                     and all(isinstance(s, (int, float)) for s in features["sizes"])):
+        raise ValueError("its features are not a kind and sizes")
     return record
 
 

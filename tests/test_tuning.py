@@ -319,3 +319,34 @@ def test_concurrent_tuners_share_one_store(tmp_path):
     result = build(model, cache=cache, progress=False, tuning_threads=1)
     assert result.report["tuning"]["tuned_kernels"] == 1
     assert_matches_oracle(result, model)
+
+
+def test_a_new_kernel_starts_from_similar_records_and_their_predictions(tmp_path):
+    """Records of one conv start and order the search of a similar one (same kind, near sizes):
+    its first point is the schedule that won there, then the points predicted best."""
+    from modelkiln.artifacts.store import Store
+    from modelkiln.orchestrator.tune_knowledge import Knowledge, kernel_features
+    from modelkiln.orchestrator.tune_search import KernelSearch
+    target = parse_target("llvm")
+    [a] = _spaces(one_conv(16, 32, 28), target)[2]
+    [b] = _spaces(one_conv(16, 32, 32), target)[2]
+    [far] = _spaces(depthwise_and_linear(), target)[2][:1]
+    tiles = [list(t) for t in a.space["tile"][0] if t != a.space["tile"][1]]
+    won, good, bad = {"tile": tiles[0], "split": "n"}, {"tile": tiles[1]}, {"tile": tiles[2]}
+    store = Store(str(tmp_path / "store"))
+    records = Records(store, target, 1)
+    parts = record_parts(a.default_digest, target, 1)
+    records.keep(make_record(parts, won, 0.8, [0.8], 1.0, 3, 1, a.name, True, features=kernel_features(a),
+                             log=[(won, 0.8), (good, 0.9), (bad, 1.4), ({"split": "n"}, None)]))
+    knowledge = Knowledge(store, target, 1)
+    features = kernel_features(b)
+    assert knowledge.starts(features, b.default_digest) == [check(won)]
+    assert knowledge.starts(kernel_features(far), far.default_digest) == []  # (another kind)
+    predict = knowledge.predictor(features, b.default_digest)
+    assert predict(good) == pytest.approx(0.9) and predict({"tile": tiles[3]}) is None
+    search = KernelSearch(b.space, knowledge.starts(features, b.default_digest), predict)
+    first, second = search.next(), search.next()
+    assert first == check(won) and second == check(good)
+    order = [search.next() for _ in range(20)]
+    assert check(bad) not in order[:5]  # (predicted to lose: tried late)
+    assert Knowledge(store, target, 2).records == []  # (another thread count learns nothing from it)
