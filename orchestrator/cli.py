@@ -278,6 +278,20 @@ def cmd_explain(args) -> int:
     return 0
 
 
+def _parse_tune_dims(items) -> dict | None:
+    """--tune-dims seq=128,512: the values of a symbol a tune measures at."""
+    dims = {}
+    for item in items or []:
+        name, sep, values = item.partition("=")
+        try:
+            if not sep or not name.strip():
+                raise ValueError
+            dims[name.strip()] = [int(v) for v in values.split(",")]
+        except ValueError:
+            raise KilnError(f"--tune-dims {item!r}: expected NAME=N[,N...], for example seq=128,512") from None
+    return dims or None
+
+
 def _parse_budget(text: str) -> float:
     """--budget: seconds, or with a unit: 90s, 10m, 1h."""
     units = {"s": 1, "m": 60, "h": 3600}
@@ -295,7 +309,7 @@ def cmd_tune(args) -> int:
     from .tuner import tune
     options = dataclasses.replace(_build_options(args), progress=False if args.quiet else None)
     result = tune(args.models, budget_s=args.budget, trials=args.trials, threads=args.threads, retune=args.retune,
-                  learn=not args.no_learning, options=options)
+                  learn=not args.no_learning, tune_dims=_parse_tune_dims(args.tune_dims), options=options)
     _write_report(args.report, result.report)
     if not args.quiet:
         r = result.report
@@ -396,6 +410,8 @@ def make_parser() -> argparse.ArgumentParser:
                                                                      "usable cores)")
     p.add_argument("--retune", action="store_true", help="tune kernels that have records again, from their records")
     p.add_argument("--no-learning", action="store_true", help="search without the store's records of similar kernels")
+    p.add_argument("--tune-dims", action="append", metavar="NAME=N,N..",
+                   help="sizes of a symbolic dim to measure at (default: its bounds' midpoint and top)")
     _add_build_flags(p)
     p.set_defaults(fn=cmd_tune)
 

@@ -17,6 +17,9 @@ is compared, not only the model's). In a child process pinned to the measuring c
 - the timed bundles run A/B/A, interleaved, for several rounds; each kernel's ratio is the
   median over rounds of its time in B over the mean of its times in the two A runs.
 
+A model with symbolic dims is run at each of the tune's sizes (symbol values): checked at
+each, and a round's ratio is the geometric mean of its ratios at the sizes.
+
 A variant that crashes the child or passes its deadline is taken apart: each of its
 candidates is checked alone, in a one-kernel bundle of its own (its call's tensors the
 bundle's inputs and outputs), which names the one at fault.
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import faulthandler
+import math
 import multiprocessing
 import os
 import shutil
@@ -33,14 +37,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..artifacts.element_types import numpy_dtype
 from ..ir.errors import KilnError
 from ..ir.lower.group import LoweredModel
 
 from .bundle import assemble, write_bundle
 
-ROUND_MS = 4.0  # each A, B timing of a round lasts about this long (a one-kernel bundle)
-MODEL_ROUND_MS = 20.0  # ... and at least this long for a model variant
+MODEL_ROUND_MS = 20.0  # each A, B timing of a round lasts at least this long
 ROUNDS = 5  # interleaved A/B/A rounds a candidate is timed over
 CONFIRM_ROUNDS = 11  # rounds for the best few, measured again before a record is written
 LOAD_DEADLINE_S = 30.0  # a candidate's load, check and timing past this much: hung
@@ -73,7 +75,7 @@ class VariantResult:
     order), or per round each call's time in A (mean of before and after) and in B, in ms.
     None of either: the variant crashed or hung (`why`)."""
     differing: list = field(default_factory=list)
-    a_ms: list = field(default_factory=list)  # rounds x calls
+    a_ms: list = field(default_factory=list)  # rounds x sizes x calls
     b_ms: list = field(default_factory=list)
     why: str = ""
 
@@ -83,39 +85,54 @@ class VariantResult:
 
 
 def _variant_in_child(conn, a_timed: str, a_checked: str, b_timed: str, b_checked: str, threads: int, cpus: list,
-                      rounds: int) -> None:
+                      sizes: list, rounds: int) -> None:
     from ..artifacts.module import Module
     faulthandler.disable()  # (a candidate that crashes is an expected outcome, not a traceback to print)
     os.sched_setaffinity(0, cpus)
-    a = Module(a_checked, threads)
-    inputs = random_inputs(a, seed=1)
-    reference = {k: np.array(v) for k, v in a.run(inputs).items()}
-    del a
-    got = Module(b_checked, threads).run(inputs)
-    differing = [name for name in reference if differs({name: reference[name]}, {name: got[name]})]
-    if differing:
-        conn.send(VariantResult(differing=differing))
-        return
+    a, b = Module(a_checked, threads), Module(b_checked, threads)
+    feeds = [random_inputs(a, 1, dims) for dims in sizes]
+    for inputs in feeds:
+        reference = {k: np.array(v) for k, v in a.run(inputs).items()}
+        got = b.run(inputs)
+        differing = [name for name in reference if differs({name: reference[name]}, {name: got[name]})]
+        if differing:
+            conn.send(VariantResult(differing=differing))
+            return
     a, b = Module(a_timed, threads), Module(b_timed, threads)
-    one = sum(row["ms"] for row in a.profile(inputs, 3))
-    repeat = int(min(50, max(1, MODEL_ROUND_MS / max(one, 1e-3))))
+    repeats = [int(min(50, max(1, MODEL_ROUND_MS / max(sum(row["ms"] for row in a.profile(inputs, 3)), 1e-3))))
+               for inputs in feeds]
     a_ms, b_ms = [], []
     for _ in range(rounds):
-        first = [row["ms"] for row in a.profile(inputs, repeat)]
-        mid = [row["ms"] for row in b.profile(inputs, repeat)]
-        last = [row["ms"] for row in a.profile(inputs, repeat)]
-        a_ms.append([(x + y) / 2 for x, y in zip(first, last)])
-        b_ms.append(mid)
+        a_ms.append([]), b_ms.append([])
+        for inputs, repeat in zip(feeds, repeats):
+            first = [row["ms"] for row in a.profile(inputs, repeat)]
+            mid = [row["ms"] for row in b.profile(inputs, repeat)]
+            last = [row["ms"] for row in a.profile(inputs, repeat)]
+            a_ms[-1].append([(x + y) / 2 for x, y in zip(first, last)])
+            b_ms[-1].append(mid)
     conn.send(VariantResult(a_ms=a_ms, b_ms=b_ms))
 
 
+def ratios_of(result: VariantResult, calls: list[int]) -> list[float]:
+    """Per round, the time of `calls` (indices) in B over their time in A: the geometric mean
+    over the sizes measured."""
+    out = []
+    for a_sizes, b_sizes in zip(result.a_ms, result.b_ms):
+        logs = [math.log(sum(b[i] for i in calls) / max(sum(a[i] for i in calls), 1e-9))
+                for a, b in zip(a_sizes, b_sizes)]
+        out.append(math.exp(sum(logs) / len(logs)))
+    return out
+
+
 def measure_variant(a_timed: str, a_checked: str, b_timed: str, b_checked: str, threads: int, cpus: list,
-                    deadline_s: float, rounds: int = ROUNDS) -> VariantResult:
-    """Check the variant against the rules' model, then time both A/B/A: see the module's docstring."""
+                    deadline_s: float, rounds: int = ROUNDS, sizes: list = ({},)) -> VariantResult:
+    """Check the variant against the rules' model, then time both A/B/A at every size (a dict
+    of symbol values; {} for a static model): see the module's docstring."""
     ctx = multiprocessing.get_context("fork")
     parent, child = ctx.Pipe(duplex=False)
     proc = ctx.Process(target=_variant_in_child,
-                       args=(child, a_timed, a_checked, b_timed, b_checked, threads, cpus, rounds), daemon=True)
+                       args=(child, a_timed, a_checked, b_timed, b_checked, threads, cpus, list(sizes), rounds),
+                       daemon=True)
     proc.start()
     child.close()
     try:
@@ -128,43 +145,40 @@ def measure_variant(a_timed: str, a_checked: str, b_timed: str, b_checked: str, 
     return result if result is not None else VariantResult(why=f"crashed (exit {proc.exitcode})")
 
 
-def kernel_model(call, types: dict, constants: dict) -> LoweredModel:
+def kernel_model(call, lowered, graph=None) -> LoweredModel:
     """The kernel call alone as a model: its tensors read from outside are inputs, except
-    constants (weights, packed or not); its outputs are the model's."""
+    constants (weights, packed or not: the lowered model's, or for a candidate those of the
+    graph it was lowered in); its outputs are the model's; the model's symbols are its own."""
+    constants = {**lowered.constants, **(graph.constants if graph is not None else {})}
+    types = {**(graph.types if graph is not None else {}), **lowered.types}
     inputs = [t for t in dict.fromkeys(call.inputs) if t not in constants]
     used = {t: constants[t] for t in call.inputs if t in constants}
-    return LoweredModel([call], inputs, list(call.outputs), types, used)
+    return LoweredModel([call], inputs, list(call.outputs), types, used, symbols=dict(lowered.symbols),
+                        derived=dict(lowered.derived))
 
 
-def write_kernel_bundle(call, types: dict, constants: dict, obj: bytes, target, folder: str) -> str:
-    files = assemble(kernel_model(call, types, constants), {call.kernel.symbol: obj}, target,
+def write_kernel_bundle(call, lowered, obj: bytes, target, folder: str, graph=None) -> str:
+    files = assemble(kernel_model(call, lowered, graph), {call.kernel.symbol: obj}, target,
                      {"model": call.name, "target": target.to_dict(), "opt_level": 3, "cpu_features": []})
     return write_bundle(files, folder)
 
 
 @dataclass
-class Trial:
-    """One candidate's measurement: ok with its ratio to the rules' schedule, or failed."""
+class Check:
+    """One candidate checked alone: ok, or why not ("differs ...", "crashed ...", "hung ...")."""
     ok: bool
-    ratio: float = float("nan")
-    ratios: list = field(default_factory=list)
-    default_ms: float = 0.0
-    why: str = ""  # a failure: "differs ...", "crashed", "hung", "load failed: ..."
+    why: str = ""
 
 
-def random_inputs(module, seed: int) -> dict:
-    """Normal floats, random bytes for 8-bit integers; wider integers zero (they may be indices)."""
+def random_inputs(module, seed: int, dims: dict | None = None) -> dict:
+    """The module's random inputs at these symbol values (normal floats; integers zero, as
+    they may be indices or sizes), with random bytes for 8-bit integers."""
     rng = np.random.default_rng(seed)
-    out = {}
-    for spec in module.inputs:
-        name, dt = spec["name"], np.dtype(numpy_dtype(spec["dtype"]))
-        shape = [int(d) for d in spec["shape"]]
-        if dt.kind == "f":
-            out[name] = rng.standard_normal(shape).astype(dt)
-        elif dt.itemsize == 1 and dt.kind in "iu":
-            out[name] = rng.integers(np.iinfo(dt).min, np.iinfo(dt).max + 1, shape).astype(dt)
-        else:
-            out[name] = np.zeros(shape, dt)
+    out = module.random_inputs(seed, dims or None)
+    for name, value in out.items():
+        if value.dtype.itemsize == 1 and value.dtype.kind in "iu":
+            info = np.iinfo(value.dtype)
+            out[name] = rng.integers(info.min, info.max + 1, value.shape).astype(value.dtype)
     return out
 
 
@@ -187,55 +201,41 @@ def differs(reference: dict, got: dict) -> str:
     return ""
 
 
-def _kernel_ms(module, inputs, repeat: int) -> float:
-    return module.profile(inputs, repeat)[0]["ms"]
-
-
-def _measure_in_child(conn, default_dir: str, candidates: list, threads: int, cpus: list, rounds: int) -> None:
-    """The measuring child: pinned, A loaded once, each candidate checked then timed A/B/A."""
+def _check_in_child(conn, default_dir: str, candidates: list, threads: int, cpus: list, sizes: list) -> None:
+    """The checking child: A loaded once, each candidate run on the same inputs at every size."""
     from ..artifacts.module import Module
     faulthandler.disable()  # (a candidate that crashes is an expected outcome, not a traceback to print)
     os.sched_setaffinity(0, cpus)
     a = Module(default_dir, threads)
-    inputs = random_inputs(a, seed=1)
-    reference = {k: np.array(v) for k, v in a.run(inputs).items()}
-    one = _kernel_ms(a, inputs, 20)
-    repeat = int(min(200, max(3, ROUND_MS / max(one, 1e-4))))
+    feeds = [random_inputs(a, 1, dims) for dims in sizes]
+    references = [{k: np.array(v) for k, v in a.run(inputs).items()} for inputs in feeds]
     conn.send("ready")
     for index, folder in candidates:
         try:
             b = Module(folder, threads)
         except Exception as e:  # (a bundle that does not load: its own failure, not the child's)
-            conn.send((index, Trial(False, why=f"load failed: {e}")))
+            conn.send((index, Check(False, f"load failed: {e}")))
             continue
-        wrong = differs(reference, b.run(inputs))
-        if wrong:
-            conn.send((index, Trial(False, why=f"differs from the rules' schedule: {wrong}")))
-            continue
-        ratios, a_ms = [], []
-        for _ in range(rounds):
-            first = _kernel_ms(a, inputs, repeat)
-            mid = _kernel_ms(b, inputs, repeat)
-            last = _kernel_ms(a, inputs, repeat)
-            ratios.append(mid / ((first + last) / 2))
-            a_ms += [first, last]
-        conn.send((index, Trial(True, float(np.median(ratios)), ratios, float(np.median(a_ms)))))
+        wrong = next((w for inputs, ref in zip(feeds, references) if (w := differs(ref, b.run(inputs)))), "")
+        conn.send((index, Check(False, f"differs from the rules' schedule: {wrong}") if wrong else Check(True)))
         del b
     conn.send(None)
 
 
-def _profile_in_child(conn, folder: str, threads: int, cpus: list) -> None:
+def _profile_in_child(conn, folder: str, threads: int, cpus: list, sizes: list) -> None:
     from ..artifacts.module import Module
     os.sched_setaffinity(0, cpus)
     module = Module(folder, threads)
-    conn.send([row["ms"] for row in module.profile(random_inputs(module, seed=1), repeat=20)])
+    times = [[row["ms"] for row in module.profile(random_inputs(module, 1, dims), repeat=20)] for dims in sizes]
+    conn.send([sum(column) for column in zip(*times)])
 
 
-def profile_calls(folder: str, threads: int, cpus: list) -> list[float]:
-    """Each kernel call's median time (ms) in a model's bundle, run in a child pinned to `cpus`."""
+def profile_calls(folder: str, threads: int, cpus: list, sizes: list = ({},)) -> list[float]:
+    """Each kernel call's median time (ms) in a model's bundle, summed over the sizes, run in a
+    child pinned to `cpus`."""
     ctx = multiprocessing.get_context("fork")
     parent, child = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_profile_in_child, args=(child, folder, threads, cpus), daemon=True)
+    proc = ctx.Process(target=_profile_in_child, args=(child, folder, threads, cpus, list(sizes)), daemon=True)
     proc.start()
     child.close()
     try:
@@ -250,15 +250,16 @@ def profile_calls(folder: str, threads: int, cpus: list) -> list[float]:
     return times
 
 
-def measure(default_dir: str, candidate_dirs: list[str], threads: int, cpus: list,
-            rounds: int = ROUNDS) -> list[Trial]:
-    """Each candidate bundle against the rules' one, in order: see the module's docstring."""
-    trials: list[Trial | None] = [None] * len(candidate_dirs)
+def check_alone(default_dir: str, candidate_dirs: list[str], threads: int, cpus: list,
+                sizes: list = ({},)) -> list[Check]:
+    """Each candidate's one-kernel bundle against the rules' one, run in a child that is
+    replaced when a candidate crashes or hangs it: which of a failed variant's is at fault."""
+    trials: list[Check | None] = [None] * len(candidate_dirs)
     ctx = multiprocessing.get_context("fork")
     while any(t is None for t in trials):
         todo = [(i, d) for i, d in enumerate(candidate_dirs) if trials[i] is None]
         parent, child = ctx.Pipe(duplex=False)
-        proc = ctx.Process(target=_measure_in_child, args=(child, default_dir, todo, threads, cpus, rounds),
+        proc = ctx.Process(target=_check_in_child, args=(child, default_dir, todo, threads, cpus, list(sizes)),
                            daemon=True)
         proc.start()
         child.close()
@@ -266,17 +267,17 @@ def measure(default_dir: str, candidate_dirs: list[str], threads: int, cpus: lis
         try:
             if not parent.poll(LOAD_DEADLINE_S) or _received(parent) != "ready":
                 for i in pending:
-                    trials[i] = Trial(False, why="the rules' kernel could not be measured "
-                                                 f"(its process {'hung' if proc.is_alive() else 'died'})")
+                    trials[i] = Check(False, "the rules' kernel could not be run alone "
+                                             f"(its process {'hung' if proc.is_alive() else 'died'})")
                 pending = []
             while pending:
                 if not parent.poll(LOAD_DEADLINE_S):
-                    trials[pending[0]] = Trial(False, why="hung: no answer within its deadline")
+                    trials[pending[0]] = Check(False, "hung: no answer within its deadline")
                     break
                 try:
                     message = parent.recv()
                 except EOFError:  # the child died on this candidate
-                    trials[pending[0]] = Trial(False, why=f"crashed the measuring process (exit {proc.exitcode})")
+                    trials[pending[0]] = Check(False, f"crashed the measuring process (exit {proc.exitcode})")
                     break
                 if message is None:
                     break

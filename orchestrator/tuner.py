@@ -33,7 +33,6 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..ir.errors import InternalError, KilnError
-from ..ir.loop import SYMBOLS
 from ..ir.lower.group import relower
 from ..ir.schedule import ScheduleError, canonical
 from ..ir.verify import verify_kernel
@@ -45,8 +44,8 @@ from .options import BuildOptions
 from .pipeline import plan_model, schedule_for
 from .plan import make_job, unique_jobs
 from .target import parse_target
-from .tune_measure import (CONFIRM_ROUNDS, LOAD_DEADLINE_S, MODEL_ROUND_MS, ROUNDS, Workspace, measure,
-                           measure_variant, profile_calls, variant, write_kernel_bundle, write_model)
+from .tune_measure import (CONFIRM_ROUNDS, LOAD_DEADLINE_S, MODEL_ROUND_MS, ROUNDS, Workspace, check_alone,
+                           measure_variant, profile_calls, ratios_of, variant, write_kernel_bundle, write_model)
 from .tune_knowledge import MAX_LOG, Knowledge, kernel_features
 from .tune_search import IMPROVES, KernelSearch
 from .tuning_records import Records, make_record, record_parts, usable_cores
@@ -85,7 +84,8 @@ class ModelState:
     exposed: list  # tensors the checked bundles output: every tuned kernel's
     a_timed: str = ""
     a_checked: str = ""
-    ms: float = 0.0  # one run, measured
+    ms: float = 0.0  # one run (at each size), measured
+    sizes: list = field(default_factory=lambda: [{}])  # symbol values it is measured at ({}: static)
 
 
 @dataclass
@@ -95,7 +95,7 @@ class TuneResult:
 
 class Tuner:
     def __init__(self, models, o: BuildOptions, threads: int, budget_s: float | None, trials: int | None,
-                 retune: bool, progress: bool, learn: bool = True):
+                 retune: bool, progress: bool, learn: bool = True, tune_dims: dict | None = None):
         self.models, self.o = list(models), o
         self.target = parse_target(o.target)
         if not self.target.runnable:
@@ -105,7 +105,7 @@ class Tuner:
             raise KilnError(f"tune: {threads} threads, but this process may use {len(cpus)} cores")
         self.threads, self.measure_cpus = threads, cpus[-threads:]
         self.budget_s, self.max_trials = budget_s, trials
-        self.retune, self.progress = retune, progress
+        self.retune, self.progress, self.tune_dims = retune, progress, tune_dims
         self.cache = CachePolicy(o)
         if self.cache.store is None or not self.cache.writable:
             raise KilnError("tune: records are kept in the store; give a writable --cache")
@@ -159,7 +159,8 @@ class Tuner:
             state = ModelState(p, graph, objects, [])
             self.states.append(state)
             state.a_timed = write_model(p.lowered, objects, self.target, self.work.folder())
-            times = profile_calls(state.a_timed, self.threads, self.measure_cpus)
+            state.sizes = tune_sizes(p.graph, self.tune_dims)
+            times = profile_calls(state.a_timed, self.threads, self.measure_cpus, state.sizes)
             state.ms = sum(times)
             for call, ms in zip(p.lowered.calls, times):
                 if not _tunable(call, p):
@@ -267,7 +268,7 @@ class Tuner:
         timed, checked = self._variant_dirs(state, live)
         deadline = LOAD_DEADLINE_S + 6 * rounds * max(MODEL_ROUND_MS, state.ms) / 1000 * 5
         r = measure_variant(state.a_timed, state.a_checked, timed, checked, self.threads, self.measure_cpus,
-                            deadline, rounds)
+                            deadline, rounds, state.sizes)
         self.work.remove(timed)
         self.work.remove(checked)
         if r.why:
@@ -277,8 +278,7 @@ class Tuner:
         else:
             calls = state.plan.lowered.calls
             for digest, (point, _, _) in live.items():
-                idx = [i for i, c in enumerate(calls) if c.default_digest == digest]
-                per_round = [sum(b[i] for i in idx) / max(sum(a[i] for i in idx), 1e-9) for a, b in zip(r.a_ms, r.b_ms)]
+                per_round = ratios_of(r, [i for i, c in enumerate(calls) if c.default_digest == digest])
                 task = self.tasks[digest]
                 before = task.search.best
                 task.search.result(point, float(np.median(per_round)))
@@ -303,15 +303,14 @@ class Tuner:
 
     def _isolate(self, state: ModelState, live: dict, why: str) -> None:
         """A variant crashed or hung: check each candidate alone; fail those at fault, requeue the rest."""
-        p = state.plan
+        lowered = state.plan.lowered
         for digest, (point, calls, obj) in live.items():
             task = self.tasks[digest]
             site = task.sites[0]
-            default_dir = write_kernel_bundle(site, p.lowered.types, p.lowered.constants,
-                                              state.objects[site.kernel.symbol], self.target, self.work.folder())
-            cand_dir = write_kernel_bundle(calls[0], state.graph.types, state.graph.constants, obj, self.target,
-                                           self.work.folder())
-            [trial] = measure(default_dir, [cand_dir], self.threads, self.measure_cpus, rounds=1)
+            default_dir = write_kernel_bundle(site, lowered, state.objects[site.kernel.symbol], self.target,
+                                              self.work.folder())
+            cand_dir = write_kernel_bundle(calls[0], lowered, obj, self.target, self.work.folder(), state.graph)
+            [trial] = check_alone(default_dir, [cand_dir], self.threads, self.measure_cpus, state.sizes)
             self.work.remove(default_dir)
             self.work.remove(cand_dir)
             if trial.ok:
@@ -346,15 +345,14 @@ class Tuner:
                 timed, checked = self._variant_dirs(state, live)
                 deadline = LOAD_DEADLINE_S + 30 * CONFIRM_ROUNDS * max(MODEL_ROUND_MS, state.ms) / 1000
                 r = measure_variant(state.a_timed, state.a_checked, timed, checked, self.threads, self.measure_cpus,
-                                    deadline, CONFIRM_ROUNDS)
+                                    deadline, CONFIRM_ROUNDS, state.sizes)
                 self.work.remove(timed)
                 self.work.remove(checked)
                 if not r.ok:
                     continue
                 calls = state.plan.lowered.calls
                 for digest, (point, _, _) in live.items():
-                    idx = [i for i, c in enumerate(calls) if c.default_digest == digest]
-                    rounds = [sum(b[i] for i in idx) / max(sum(a[i] for i in idx), 1e-9) for a, b in zip(r.a_ms, r.b_ms)]
+                    rounds = ratios_of(r, [i for i, c in enumerate(calls) if c.default_digest == digest])
                     confirmed[digest].append((float(np.median(rounds)), point, rounds))
             for t in tasks:
                 best = min(confirmed[t.digest], key=lambda c: c[0], default=None)
@@ -366,8 +364,10 @@ class Tuner:
     def _keep(self, task: Task, schedule: dict, ratio: float, ratios: list, complete: bool) -> None:
         parts = record_parts(task.digest, self.target, self.threads)
         default_ms = task.ms
+        sizes = self.states[task.model].sizes
         task.record = make_record(parts, schedule, ratio, ratios, default_ms, task.trials, len(task.failed), task.name,
-                                  complete, features=task.features, log=task.search.log()[-MAX_LOG:])
+                                  complete, {"measured_at": sizes} if sizes != [{}] else None, task.features,
+                                  task.search.log()[-MAX_LOG:])
         self.records.keep(task.record)
 
     def _write_summaries(self) -> None:
@@ -428,24 +428,48 @@ def _requeue(task: Task, point: dict, calls: list) -> None:
 
 
 def _tunable(call, plan) -> bool:
-    """A kernel tuned here: it has knobs, static sizes, no KV cache tensor, and always runs."""
+    """A kernel tuned here: it has knobs, no KV cache tensor, and always runs."""
     caches = {t for c in plan.graph.caches for t in (c.past, c.present)}
-    return bool(call.space) and not call.guard and not any(b.name == SYMBOLS for b in call.kernel.buffers) \
-        and not caches & set(call.inputs + call.outputs)
+    return bool(call.space) and not call.guard and not caches & set(call.inputs + call.outputs)
+
+
+def tune_sizes(graph, tune_dims: dict | None) -> list[dict]:
+    """The symbol values a model is measured at: each symbol the caller gives (not a derived
+    one) at the values `tune_dims` names, else at the midpoint and the top of its bounds; the
+    k-th size takes each symbol's k-th value (a shorter list repeats its last)."""
+    given = [s for s in graph.symbols if s not in graph.derived and not s.endswith("]")]
+    if not given:
+        return [{}]
+    values = {}
+    for s in given:
+        lo, hi = graph.symbols[s]
+        chosen = list((tune_dims or {}).get(s) or dict.fromkeys([(lo + hi) // 2, hi]))
+        bad = [v for v in chosen if not lo <= v <= hi]
+        if bad:
+            raise KilnError(f"tune: --tune-dims {s}={bad[0]} is outside its bounds {lo}..{hi}")
+        values[s] = chosen
+    unknown = sorted(set(tune_dims or {}) - set(given))
+    if unknown:
+        raise KilnError(f"tune: --tune-dims names {', '.join(unknown)}, not a symbol of {graph.name} "
+                        f"({', '.join(given)})")
+    count = max(len(v) for v in values.values())
+    return [{s: v[min(k, len(v) - 1)] for s, v in values.items()} for k in range(count)]
 
 
 def tune(models, budget_s: float | None = None, trials: int | None = None, threads: int | None = None,
-         retune: bool = False, learn: bool = True, options: BuildOptions | None = None, **overrides) -> TuneResult:
+         retune: bool = False, learn: bool = True, tune_dims: dict | None = None, options: BuildOptions | None = None,
+         **overrides) -> TuneResult:
     """Tune the kernels of `models` (paths, bytes or ModelProtos) on this machine for
     `threads` threads (default: the usable cores), for `budget_s` seconds or `trials` trials
     (default: 10 minutes), keeping the records in the store. learn: start and steer the
-    searches from the store's records of similar kernels (tune_knowledge). Build settings
-    (target, executor, cache, shapes, ...) as for build()."""
+    searches from the store's records of similar kernels (tune_knowledge). tune_dims: symbol ->
+    values a model with symbolic dims is measured at (tune_sizes). Build settings (target,
+    executor, cache, shapes, dims, ...) as for build()."""
     o = BuildOptions.of(options, overrides)
     if budget_s is None and trials is None:
         budget_s = 600.0
     if isinstance(models, (str, bytes, os.PathLike)) or hasattr(models, "SerializeToString"):
         models = [models]
     progress = o.progress if o.progress is not None else sys.stderr.isatty()
-    tuner = Tuner(models, o, threads or usable_cores(), budget_s, trials, retune, progress, learn)
+    tuner = Tuner(models, o, threads or usable_cores(), budget_s, trials, retune, progress, learn, tune_dims)
     return TuneResult(tuner.run())

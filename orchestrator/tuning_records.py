@@ -25,7 +25,6 @@ import math
 import os
 import warnings
 
-from ..ir.loop import SYMBOLS
 from ..ir.schedule import SPACE_VERSION, ScheduleError, check
 
 from .cache_key import key_of
@@ -124,10 +123,8 @@ class Records:
         self.stale: list[str] = []  # kernels tuned once whose records no longer apply (lookup)
 
     def lookup(self, call) -> dict | None:
-        """lower()'s `schedules`: the record for a kernel call, or None. A kernel over run-time
-        sizes has none yet (it is measured at named sizes: not implemented)."""
-        if any(b.name == SYMBOLS for b in call.kernel.buffers):
-            return None
+        """lower()'s `schedules`: the record for a kernel call, or None. (A kernel over run-time
+        sizes has one schedule for all of them, measured at the sizes its record names.)"""
         record = self.find(call.default_digest)
         if record is None and self.seed(call.default_digest) is not None:
             self.stale.append(call.name)

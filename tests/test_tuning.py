@@ -350,3 +350,33 @@ def test_a_new_kernel_starts_from_similar_records_and_their_predictions(tmp_path
     order = [search.next() for _ in range(20)]
     assert check(bad) not in order[:5]  # (predicted to lose: tried late)
     assert Knowledge(store, target, 2).records == []  # (another thread count learns nothing from it)
+
+
+def test_a_model_with_symbolic_dims_is_tuned_at_named_sizes(executor, tmp_path):
+    """A BERT with dynamic batch and sequence is measured at the sizes named (batch at its
+    bounds' midpoint and top, the default; seq at 16 and 64); its records say so; one build
+    follows them and runs every size within the bounds."""
+    from modelkiln.artifacts.store import Store
+    from modelkiln.orchestrator.tuner import tune
+    from modelkiln.orchestrator.tuning_records import SECTION
+    from tests import dynamic_zoo
+    model, feeds = dynamic_zoo.bert_encoder_dynamic()
+    dims, cache = {"batch": (1, 4), "seq": (1, 64)}, str(tmp_path / "store")
+    report = tune([model], trials=10, threads=1, tune_dims={"seq": [16, 64]}, executor=executor, cache=cache,
+                  dims=dims, progress=False).report
+    assert report["trials"] == 10 and report["kernels_tuned"] >= 1
+    store = Store(cache)
+    measured = [decode(store.get_view(k, SECTION), None)["sizes"] for k in store.record_keys()]
+    assert measured and all(m == {"measured_at": [{"batch": 2, "seq": 16}, {"batch": 4, "seq": 64}]}
+                            for m in measured)
+    result = build(model, dims=dims, executor=executor, cache=cache, progress=False, tuning_threads=1)
+    assert result.report["tuning"]["tuned_kernels"] >= 1
+    module = result.load()
+    for batch, seq in ((1, 7), (2, 16), (4, 64)):
+        f = feeds(batch, seq, seed=seq)
+        want = model_zoo.onnxruntime_outputs(model, f)
+        for name, value in module.run(f).items():
+            np.testing.assert_allclose(value, want[name], rtol=1e-4, atol=2e-5, err_msg=name)
+    with pytest.raises(Exception, match="outside its bounds"):
+        tune([model], trials=1, threads=1, tune_dims={"seq": [100]}, executor=executor, cache=cache, dims=dims,
+             progress=False)
