@@ -17,7 +17,7 @@ from ..artifacts.cpu_features import byte_dot_widths
 from ..ir.loop import (FLOAT_TYPES, TRANSPOSE_LANES, WINDOW_DOT_LANES, Assign, Bin, Call, Cast, Cmp, Const, For, Gemm,
                       If, Kernel, Let, Load, Local, Select, Store, TransposeBlock, Var, WindowDot, bits, compute_type,
                       highest, is_unsigned, lowest, operand_type, phases)
-from ..ir.schedule import PANEL_CHUNK_KIB
+from ..ir.schedule import PANEL_CHUNK_KIB, REDUCE_INTERLEAVE
 
 # LLVM's type for each loop-IR type. Integers are sign-less in LLVM: signedness picks the
 # instruction. f16 and bf16 are stored as i16 and converted in software (see _math_lib), so
@@ -216,6 +216,7 @@ class FunctionEmitter:
         # The schedule's codegen knobs (ir/schedule.py): B's L2 chunk and its prefetching.
         self.panel_chunk_bytes = int(kernel.option("panel_chunk_kib", PANEL_CHUNK_KIB)) * 1024
         self.prefetch = kernel.option("prefetch", "auto")
+        self.reduce_interleave = int(kernel.option("reduce_interleave", REDUCE_INTERLEAVE))
         self.lines: list[str] = []
         self.allocas: list[str] = []
         self.meta: list[str] = []
@@ -534,8 +535,8 @@ class FunctionEmitter:
         elif kind == "unroll":
             props.append('!{!"llvm.loop.unroll.full"}')
         elif kind == "reduce":  # (unrolled first, a short max reduction became a scalar chain)
-            props += ['!{!"llvm.loop.vectorize.enable", i1 true}', '!{!"llvm.loop.interleave.count", i32 4}',
-                      '!{!"llvm.loop.unroll.disable"}']
+            props += ['!{!"llvm.loop.vectorize.enable", i1 true}',
+                      f'!{{!"llvm.loop.interleave.count", i32 {self.reduce_interleave}}}', '!{!"llvm.loop.unroll.disable"}']
         elif kind in ("vector_only", "vector_masked", "forced_vector"):
             # (this loop, not the one around it once this is unrolled)
             props += ['!{!"llvm.loop.vectorize.enable", i1 true}', '!{!"llvm.loop.unroll.disable"}']

@@ -63,13 +63,14 @@ def thread_plan(kernel: Kernel, symbols: tuple = ()) -> list[tuple]:
     times scale / value, and the pieces follow it, up to those at the bounds. `symbols`:
     the symbols' greatest values."""
     plan = []
+    per_piece = int(kernel.option("piece_work", MIN_PIECE_WORK))  # (a tuned schedule's, ir/schedule.py)
     for part in phases(kernel.body)[1]:
         extent = parallel_extent(part)
         grain = VECTOR_GRAIN if isinstance(part, For) and part.kind == "vectorize" else 1
         scale = extent if isinstance(part, For) else part.m if isinstance(part, Gemm) else 0
         at_bound = extent_value(extent, symbols) if extent else 0
         total = work(part, symbols)
-        pieces = min(at_bound // grain, total // MIN_PIECE_WORK, MAX_PIECES) if at_bound > 1 else 1
+        pieces = min(at_bound // grain, total // per_piece, MAX_PIECES) if at_bound > 1 else 1
         if isinstance(scale, int):
             plan.append((max(extent, 1), max(pieces, 1), grain))
         else:

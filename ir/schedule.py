@@ -24,7 +24,9 @@ SPACE_VERSION = 1
 # name -> what it decides. The one list of knobs: lowering consults no other, and a schedule
 # naming anything else is refused.
 KNOBS = {
-    "tile": "a float GEMM's register tile (rows, columns): rows x columns/vector accumulators",
+    "tile": "a GEMM's register tile (rows, columns): rows x columns/vector accumulators",
+    "reduce_interleave": "partial results a vectorized reduction keeps in flight (LLVM's interleave count)",
+    "piece_work": "estimated operations in each part a phase is divided into across threads",
     "split": "how threads divide a GEMM phase: by row blocks ('m') or column panels ('n')",
     "conv_path": "a conv's GEMM form: 'implicit' (input read in place), 'im2col', 'pointwise' "
                  "(weights x input, 1x1) or 'weights_rows' (few output channels)",
@@ -34,8 +36,12 @@ KNOBS = {
 }
 
 # Knobs read by codegen, carried in Kernel.schedule, with the values it accepts.
-CODEGEN_OPTIONS = {"prefetch": ("auto", "off", "on"), "panel_chunk_kib": (96, 192, 384, 768, 1536)}
+CODEGEN_OPTIONS = {"prefetch": ("auto", "off", "on"), "panel_chunk_kib": (96, 192, 384, 768, 1536),
+                   "reduce_interleave": (1, 2, 4, 8), "piece_work": (37_500, 75_000, 150_000, 300_000, 600_000)}
 PANEL_CHUNK_KIB = 384  # the rule's: B's chunk stays in L2 with A's rows beside it
+REDUCE_INTERLEAVE = 4  # the rule's: one chain of vector adds or maxes waits on each step's latency
+# Knobs that only change how threads share a kernel: not tuned for one thread.
+THREAD_KNOBS = ("piece_work",)
 
 
 class ScheduleError(ValueError):

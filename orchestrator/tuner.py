@@ -34,7 +34,7 @@ import numpy as np
 
 from ..ir.errors import InternalError, KilnError
 from ..ir.lower.group import relower
-from ..ir.schedule import ScheduleError, canonical
+from ..ir.schedule import THREAD_KNOBS, ScheduleError, canonical
 from ..ir.verify import verify_kernel
 
 from .api import _compile, _executor
@@ -163,7 +163,7 @@ class Tuner:
             times = profile_calls(state.a_timed, self.threads, self.measure_cpus, state.sizes)
             state.ms = sum(times)
             for call, ms in zip(p.lowered.calls, times):
-                if not _tunable(call, p):
+                if not _tunable(call, p, self.threads):
                     continue
                 task = self.tasks.setdefault(call.default_digest, Task(call.default_digest, index))
                 task.ms += ms
@@ -196,7 +196,7 @@ class Tuner:
             starts += self.knowledge.starts(task.features, task.digest)
             predict = self.knowledge.predictor(task.features, task.digest)
         unique = list({canonical(s): s for s in starts}.values())
-        task.search = KernelSearch(task.sites[0].space, unique, predict)
+        task.search = KernelSearch(_space(task.sites[0], self.threads), unique, predict)
         task.kernels.add(task.sites[0].kernel.digest)
 
     # -- one round: a point for every kernel still searching ----------------------------------------
@@ -427,10 +427,15 @@ def _requeue(task: Task, point: dict, calls: list) -> None:
     task.search.requeue(point)
 
 
-def _tunable(call, plan) -> bool:
+def _space(call, threads: int) -> dict:
+    """The knobs tuned: all, but those that only divide work between threads for one thread."""
+    return {k: v for k, v in call.space.items() if threads > 1 or k not in THREAD_KNOBS}
+
+
+def _tunable(call, plan, threads: int) -> bool:
     """A kernel tuned here: it has knobs, no KV cache tensor, and always runs."""
     caches = {t for c in plan.graph.caches for t in (c.past, c.present)}
-    return bool(call.space) and not call.guard and not caches & set(call.inputs + call.outputs)
+    return bool(_space(call, threads)) and not call.guard and not caches & set(call.inputs + call.outputs)
 
 
 def tune_sizes(graph, tune_dims: dict | None) -> list[dict]:

@@ -19,7 +19,8 @@ import numpy as np
 from ..dtypes import dtype
 from ..graph import Graph, TensorType, UnsupportedError
 from ..errors import InternalError
-from ..loop import SYMBOLS, Buffer, Const, Expr, For, Kernel, Let, Load, Var, add, div, flat_index, mul, rem
+from ..loop import SYMBOLS, Buffer, Const, Expr, For, Gemm, Kernel, Let, Load, Var, add, div, flat_index, mul, phases, rem
+from ..parallel import MIN_PIECE_WORK
 from ..schedule import CODEGEN_OPTIONS, KNOBS, ScheduleError, gemm_tiles, value_of
 from ..symbolic import Dim, greatest, product
 
@@ -98,7 +99,7 @@ class KernelBuilder:
         return value
 
     def tile(self, n: int) -> tuple[int, int]:
-        """(mr, nr) of a float GEMM with n columns: the target's rule, or the schedule's."""
+        """(mr, nr) of a GEMM with n columns: the target's rule, or the schedule's."""
         return self.knob("tile", self.config.tile(n), gemm_tiles(self.config.vector_width, n))
 
     def schedule(self) -> dict:
@@ -225,6 +226,9 @@ class KernelBuilder:
         bufs += [Buffer(f"w{i}", t, n) for i, (t, n) in enumerate(self.workspace_types)]
         if self.reads_symbols:  # (last: the entry passes the symbols' values after the workspaces)
             bufs.append(Buffer(SYMBOLS, "i64", len(self.g.symbols)))
+        if not self.reads_symbols and any(isinstance(s, Gemm) or isinstance(s, For) and s.parallel
+                                          for s in phases(tuple(body))[1]):
+            self.knob("piece_work", MIN_PIECE_WORK, CODEGEN_OPTIONS["piece_work"])  # (read by ir.parallel)
         schedule = (("vector_width", self.config.vector_width), ("vectorize", self.config.vectorize))
         if self.ordered_sums:
             schedule += (("reassociate", False),)

@@ -100,12 +100,11 @@ def gemm_stmt(b: KernelBuilder, a_buf, a_off, a_sm, a_sk, b_buf, b_off, m, n, k,
               kind: str = "f32", b_sk: int = 0, stores_along: str = "n", split: str = "", b_ktab: str = "",
               tile: tuple | None = None, b_words: bool = False) -> Gemm:
     """A Gemm statement; epilogue_fn(m_expr, n_expr, acc_expr) returns the epilogue statements.
-    B must have been packed with the panel width b.tile(n) gives (b.config.tile(n) for 8-bit
-    kinds; or `tile`'s), or (b_sk, b_ktab) is read in place with that row stride or through that
-    table of row offsets."""
+    B must have been packed with the panel width b.tile(n) gives (or `tile`'s), or (b_sk, b_ktab)
+    is read in place with that row stride or through that table of row offsets."""
     mv, nv, av = b.fresh("gm"), b.fresh("gn"), b.fresh("gacc")
     epi = tuple(epilogue_fn(Var(mv), Var(nv), Var(av, "f32" if kind == "f32" else "i32")))
-    mr, nr = tile or (b.tile(n) if kind == "f32" else b.config.tile(n))
+    mr, nr = tile or b.tile(n)
     if not split:
         split = b.knob("split", "rule", GEMM_SPLITS)
         split = gemm_split(m, n, mr, nr) if split == "rule" else split

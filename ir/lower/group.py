@@ -142,13 +142,13 @@ def lower_group(g: Graph, members: list[Node], config: ScheduleConfig, tuning: d
     except Exception as e:  # a lowering bug: name the group so it can be reported
         raise InternalError(f"Kiln bug: cannot lower the fused group {', '.join(m.describe() for m in members)}: "
                             f"{e!r}") from e
+    kernel = b.kernel(body)
     unused = sorted(set(b.tuning) - set(b.space))
     if unused:
         raise ScheduleError(f"knob(s) {', '.join(unused)} do not apply to "
                             f"{', '.join(m.describe() for m in members)}")
     ops = [m.op for m in members]
     name = "fused_" + "_".join(dict.fromkeys(o.lower() for o in ops))
-    kernel = b.kernel(body)
     return KernelCall(kernel, list(b.outputs), list(b.inputs), list(b.workspaces), name[:60], ops,
                       [m.name for m in members], call_guard(members), b.space, b.schedule(), None, kernel.digest,
                       tuple(m.key for m in members))

@@ -142,7 +142,7 @@ def lower_matmul_integer(b: KernelBuilder, node: Node, store) -> tuple:
     m = math.prod(sa[:-1])
     quads = -(-k // 4)
     signed_a = b.type(a_name).dtype == "int8"
-    nr = b.config.tile(n)[1]
+    nr = b.tile(n)[1]
     w_param = _packed_weights(b, w_name, wc, nr)
     correction = _za_correction(b, za, za_name, signed_a, wc.astype(np.int32).sum(axis=0), w_name)
     a_param = b.in_param(a_name)
@@ -238,7 +238,7 @@ def lower_conv_integer(b: KernelBuilder, node: Node, store) -> tuple:
     wk[:, :, :cin, :] = wc.transpose(2, 3, 1, 0)
     wmat = wk.reshape(kh * kw * cp, cout)
     quads = kh * kw * cp // 4
-    nr = b.config.tile(cout)[1]
+    nr = b.tile(cout)[1]
     w_param = _packed_weights(b, w_name, wmat, nr)
     ktab = np.array([((ky * dh) * wp + kx * dw) * cp + 4 * c4 for ky in range(kh) for kx in range(kw)
                      for c4 in range(cp // 4)], np.int64)
@@ -349,7 +349,7 @@ def _pointwise(b: KernelBuilder, node: Node, store, wc: np.ndarray, zx, zx_name:
     a_rows[:, :cin] = wc
     w_param = b.constant_param(f"{node.inputs[1]}_rows_bytes", a_rows)
     correction = _za_correction(b, zx, zx_name, signed_x, wc.astype(np.int32).sum(axis=1), node.inputs[1])
-    nr = b.config.tile(pixels)[1]
+    nr = b.tile(pixels)[1]
     panels = -(-pixels // nr)
     packed = b.workspace(panels * quads * nr * 4, "u8")
     xparam = b.in_param(x_name)

@@ -13,6 +13,7 @@ import math
 from ..graph import Node
 from ..loop import (Assign, Cast, Const, Expr, For, If, Let, Load, Local, Store, Var, add, call, cmp, fbin, flat_index,
                     highest, lowest, mul, select, sub)
+from ..schedule import CODEGEN_OPTIONS, REDUCE_INTERLEAVE
 from .builder import KernelBuilder, broadcast_index
 
 # How each reduction kind starts, combines its elements and finishes.
@@ -53,6 +54,7 @@ def _merge(rank, outer_axes, outer_idx, inner_axes, inner_idx) -> list:
 def _accumulate(b: KernelBuilder, shape, axes, body_fn) -> tuple:
     """Loops over the reduced axes (serial except the innermost, vectorized with several
     partial results in flight: one chain of vector max or add waits on each step's latency)."""
+    b.knob("reduce_interleave", REDUCE_INTERLEAVE, CODEGEN_OPTIONS["reduce_interleave"])
     return b.loops([shape[a] for a in axes], body_fn, inner_kind="reduce")
 
 
