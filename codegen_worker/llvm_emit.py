@@ -536,7 +536,8 @@ class FunctionEmitter:
             props.append('!{!"llvm.loop.unroll.full"}')
         elif kind == "reduce":  # (unrolled first, a short max reduction became a scalar chain)
             props += ['!{!"llvm.loop.vectorize.enable", i1 true}',
-                      f'!{{!"llvm.loop.interleave.count", i32 {self.reduce_interleave}}}', '!{!"llvm.loop.unroll.disable"}']
+                      f'!{{!"llvm.loop.interleave.count", i32 {self.reduce_interleave}}}',
+                      '!{!"llvm.loop.unroll.disable"}']
         elif kind in ("vector_only", "vector_masked", "forced_vector"):
             # (this loop, not the one around it once this is unrolled)
             props += ['!{!"llvm.loop.vectorize.enable", i1 true}', '!{!"llvm.loop.unroll.disable"}']

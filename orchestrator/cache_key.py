@@ -13,8 +13,8 @@ import os
 
 ARTIFACT_FORMAT = 1
 # Sources whose change can change generated code, beyond the kernel bytes themselves.
-_CODEGEN_SOURCES = ("codegen_worker", os.path.join("ir", "lower"), os.path.join("ir", "ops"), os.path.join("ir", "loop.py"),
-                    os.path.join("ir", "schedule.py"))
+_CODEGEN_SOURCES = ("codegen_worker", os.path.join("ir", "lower"), os.path.join("ir", "ops"),
+                    os.path.join("ir", "loop.py"), os.path.join("ir", "schedule.py"))
 
 
 def hash_sources(entries, suffixes=(".py",)) -> str:

@@ -273,8 +273,8 @@ def cmd_bench(args) -> int:
 def cmd_explain(args) -> int:
     from .explain import explain
     print(explain(args.model, target=args.target, opt_level=args.opt_level, shapes=_parse_shapes(args.shape),
-                  dims=_parse_dims(args.dim),
-                  cache=_cache_arg(args)))
+                  dims=_parse_dims(args.dim), cache=_cache_arg(args), tuning=not args.no_tuning,
+                  tuning_threads=args.tuning_threads))
     return 0
 
 
@@ -441,6 +441,8 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--dim", action="append", metavar="NAME=LEAST..GREATEST")
     p.add_argument("--cache", default=None)
     p.add_argument("--no-cache", action="store_true")
+    p.add_argument("--no-tuning", action="store_true", help="explain the hand-written schedules")
+    p.add_argument("--tuning-threads", type=_positive_int, default=None, help="the records of this thread count")
     p.set_defaults(fn=cmd_explain)
 
     p = sub.add_parser("cache", help="inspect or clean the store")

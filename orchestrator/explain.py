@@ -1,6 +1,9 @@
 """`kiln explain`: the passes run, the fused kernels, and each kernel's cache key parts,
-with, for a kernel that would miss, the parts that changed since the last build."""
+with, for a kernel that would miss, the parts that changed since the last build, and what
+its schedule follows (the rules, or `kiln tune`'s record and the gain it measured)."""
 from __future__ import annotations
+
+import json
 
 from ..ir.lower import lower
 
@@ -10,6 +13,7 @@ from .cache_key import explain_difference
 from .plan import kernel_id, make_job
 from .cache_policy import open_store
 from .target import parse_target
+from .tuning_records import Records
 
 
 HUGE_ARENA_BYTES = 1 << 30  # an arena planned at the bounds past this gets a warning
@@ -40,11 +44,26 @@ def _definition(d) -> str:
     return f"read at run time: {d.what}"
 
 
-def explain(model, target="llvm", opt_level: int = 3, shapes=None, cache=None, dims=None) -> str:
+def _tuning(call) -> str:
+    """What a kernel's schedule follows: the rules, or a record (and what it measured)."""
+    if not call.space:
+        return ""
+    if not call.tuned:
+        return "    schedule: the rules (no tuning record)"
+    r = call.tuned
+    if not r["schedule"]:
+        return f"    schedule: the rules, measured best by kiln tune at {r['parts']['threads']} threads"
+    return (f"    schedule: tuned at {r['parts']['threads']} threads, x{r['ratio']:.2f} of the rules' time: "
+            f"{json.dumps(r['schedule'])}")
+
+
+def explain(model, target="llvm", opt_level: int = 3, shapes=None, cache=None, dims=None, tuning: bool = True,
+            tuning_threads: int | None = None) -> str:
     tgt = parse_target(target)
     g, timings = optimize(model, shapes, opt_level, dims=dims)
-    lowered = lower(g, schedule_for(tgt))
     store = open_store(cache, readonly=True) if cache is not None else None
+    records = Records(store, tgt, tuning_threads) if store is not None and tuning else None
+    lowered = lower(g, schedule_for(tgt), records.lookup if records is not None else None)
     before = previous_parts(store.root, g.name) if store else {}
     lines = [f"model {g.name}: {len(g.nodes)} nodes after passes; target {tgt.describe()}", ""]
     if g.symbols:
@@ -57,6 +76,10 @@ def explain(model, target="llvm", opt_level: int = 3, shapes=None, cache=None, d
         hit = store is not None and store.get(job.key) is not None
         state = "cached" if hit else ("miss" if store else "no cache")
         lines.append(f"  {call.name}  [{' -> '.join(call.ops)}]  {call.kernel.symbol}  {state}")
+        if _tuning(call):
+            lines.append(_tuning(call))
+        if records is not None and call.name in records.stale:
+            lines.append("    its tuning record is from another Kiln or LLVM: not applied (`kiln tune` starts from it)")
         lines.append(f"    key {job.key}")
         for part, value in job.parts.items():
             lines.append(f"      {part:18s} {value}")

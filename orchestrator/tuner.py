@@ -8,7 +8,8 @@
    models by their digest (one shared by several models is tuned once, in the first) and
    weighted by their time in all of them. Kernels under MIN_SHARE of the time are left be.
 2. Rounds until the budget is spent or every search has run its course: every kernel still
-   searching gives its next point (tune_search), lowered at each of its call sites
+   searching gives its next point (tune_search; one whose expected gain fell far below the
+   best's, by its time and its fruitless trials, every fourth round), lowered at each of its call sites
    (ir.lower.relower), compiled as build jobs are, on the executor and into the store;
    then each model's *variant* (every such kernel swapped for its candidate) is checked and
    timed A/B/A against the rules' model on cores that compile nothing meanwhile (compiling
@@ -52,6 +53,12 @@ from .tuning_records import Records, make_record, record_parts, usable_cores
 
 MIN_SHARE = 0.002  # kernels taking less of the models' time than this are not tuned
 CONFIRM_BEST = 3  # points per kernel measured again before its record is written
+# Expected gain steers the trials: a kernel's priority is its time, falling by FRUITLESS_DECAY
+# with each trial that found nothing; one under LOW_PRIORITY of the highest takes part in one
+# round of EVERY_NTH_ROUND only.
+FRUITLESS_DECAY = 0.8
+LOW_PRIORITY = 0.05
+EVERY_NTH_ROUND = 4
 
 
 @dataclass
@@ -68,6 +75,11 @@ class Task:
     record: dict | None = None
     done: bool = False  # has a complete record: not searched
     features: dict = field(default_factory=dict)  # orchestrator/tune_knowledge.py
+    fruitless: int = 0  # trials since its best point last improved
+
+    @property
+    def priority(self) -> float:
+        return self.ms * FRUITLESS_DECAY ** self.fruitless
 
     @property
     def name(self) -> str:
@@ -115,7 +127,7 @@ class Tuner:
         self.work = Workspace()
         self.tasks: dict[str, Task] = {}
         self.states: list[ModelState] = []
-        self.trials = self.failed = self.resumed = 0
+        self.trials = self.failed = self.resumed = self.rounds = 0
         self.t0 = time.monotonic()
 
     # -- the whole tune --------------------------------------------------------------------------
@@ -204,14 +216,21 @@ class Tuner:
         """Try the next point of every searching kernel; False when no kernel has one."""
         swaps: dict[int, dict] = {}  # model -> {task digest: (point, candidate calls)}
         budget = None if self.max_trials is None else self.max_trials - self.trials
-        for task in sorted((t for t in self.tasks.values() if not t.done), key=lambda t: -t.ms):
+        searching = sorted((t for t in self.tasks.values() if not t.done), key=lambda t: -t.priority)
+        top = searching[0].priority if searching else 0.0
+        self.rounds += 1
+        waiting = False  # (kernels left out of this round for their low priority)
+        for task in searching:
             if budget is not None and sum(len(s) for s in swaps.values()) >= budget:
                 break
+            if task.priority < LOW_PRIORITY * top and self.rounds % EVERY_NTH_ROUND:
+                waiting = True
+                continue
             found = self._next_candidate(task)
             if found is not None:
                 swaps.setdefault(task.model, {})[task.digest] = found
         if not swaps:
-            return False
+            return waiting
         chosen = [(d, point, calls) for by_task in swaps.values() for d, (point, calls) in by_task.items()]
         jobs = {id(c): make_job(c, self.target, self.o.opt_level, self.o.salt, self.o.inject)
                 for _, _, calls in chosen for c in calls}
@@ -284,6 +303,7 @@ class Tuner:
                 task.search.result(point, float(np.median(per_round)))
                 task.trials += 1
                 self.trials += 1
+                task.fruitless = 0 if task.search.best != before else task.fruitless + 1
                 if task.search.best != before:
                     self._keep(task, task.search.best, task.search.best_ratio, per_round, complete=False)
 
@@ -321,6 +341,7 @@ class Tuner:
     def _failed(self, task: Task, point: dict, why: str) -> None:
         task.search.result(point, None)
         task.failed.append((point, why))
+        task.fruitless += 1
         task.trials += 1
         self.trials += 1
         self.failed += 1

@@ -227,6 +227,15 @@ def test_kiln_tune_end_to_end_and_resume(executor, tmp_path, capsys):
     assert second["trials"] == 0 and second["kernels_resumed"] == 1
     assert main(["cache", "stats", "--cache", cache]) == 0
     assert "1 tuning records" in capsys.readouterr().out
+    import onnx
+    path = str(tmp_path / "conv.onnx")
+    onnx.save(model, path)
+    assert main(["explain", path, "--cache", cache, "--tuning-threads", "1"]) == 0
+    said = capsys.readouterr().out
+    tuned_line = "schedule: tuned at 1 threads" if row.get("schedule") else "measured best by kiln tune at 1 threads"
+    assert tuned_line in said
+    assert main(["explain", path, "--cache", cache, "--no-tuning"]) == 0
+    assert "schedule: the rules (no tuning record)" in capsys.readouterr().out
 
 
 def test_an_interrupted_tune_goes_on_from_its_record(executor, tmp_path):

@@ -19,7 +19,8 @@ import numpy as np
 from ..dtypes import dtype
 from ..graph import Graph, TensorType, UnsupportedError
 from ..errors import InternalError
-from ..loop import SYMBOLS, Buffer, Const, Expr, For, Gemm, Kernel, Let, Load, Var, add, div, flat_index, mul, phases, rem
+from ..loop import (SYMBOLS, Buffer, Const, Expr, For, Gemm, Kernel, Let, Load, Var, add, div, flat_index, mul, phases,
+                    rem)
 from ..parallel import MIN_PIECE_WORK
 from ..schedule import CODEGEN_OPTIONS, KNOBS, ScheduleError, gemm_tiles, value_of
 from ..symbolic import Dim, greatest, product

@@ -230,11 +230,11 @@ def lower_conv_symbolic(b: KernelBuilder, node: Node, store) -> tuple:
     return loop(bv, b.dim(xs[0]), loop(gv, groups, [For(ci, cg, copy, parallel=True), product]))
 
 
-def lower_conv(b: KernelBuilder, node: Node, store) -> tuple:
+def lower_conv_gemm(b: KernelBuilder, node: Node, store, path: str) -> tuple:
+    """A conv of static spatial sizes as GEMMs: `path` "implicit", "weights_rows" or "im2col"
+    (ir/lower/conv.py chooses)."""
     x_name, w_name = node.inputs[0], node.inputs[1]
     xs, ws_ = b.type(x_name).shape, b.type(w_name).shape
-    if not all(isinstance(d, int) for d in xs[2:]):
-        return lower_conv_symbolic(b, node, store)
     a = b.attrs(node)
     groups = a.get("group", 1)
     batch, cin = b.dim(xs[0]), xs[1]  # (a symbolic batch: a loop over images at run time)
@@ -242,14 +242,9 @@ def lower_conv(b: KernelBuilder, node: Node, store) -> tuple:
     kernel, strides, dil, pads = a["kernel_shape"], a["strides"], a["dilations"], a["pads"]
     nsp = len(kernel)
     out_sp = b.type(node.outputs[0]).shape[2:]
-    if is_depthwise(b, node):
-        return lower_depthwise(b, node, store)
     pointwise = all(k == 1 for k in kernel) and all(s == 1 for s in strides) and not any(pads)
     cog = cout // groups
     runtime_w = w_name not in b.g.constants
-    path = b.knob("conv_path", *_conv_paths(b, node, pointwise, cog, out_sp, strides))
-    if path == "pointwise":
-        return lower_pointwise(b, node, store)
     implicit, weights_as_rows = path in ("implicit", "weights_rows"), path == "weights_rows"
     kk = cg * math.prod(kernel)
     m = math.prod(out_sp)
@@ -372,30 +367,6 @@ def lower_conv(b: KernelBuilder, node: Node, store) -> tuple:
     if last:
         body += chunk(Const(full * rows_per_chunk), last)
     return tuple(prologue) + loop(bv, batch, loop(gv, groups, body))
-
-
-def _conv_paths(b: KernelBuilder, node: Node, pointwise: bool, cog: int, out_sp, strides) -> tuple:
-    """(the rule's path, every path the conv can take): see the "conv_path" knob."""
-    x_name, w_name = node.inputs[0], node.inputs[1]
-    const_w = w_name in b.g.constants
-    if pointwise:  # (its "im2col" reads the input in place: no copy)
-        can = const_w and b.type(x_name).dtype == "float32"
-        cg, pixels = b.type(w_name).shape[1], math.prod(b.type(x_name).shape[2:])
-        rule = "pointwise" if can and cg <= POINTWISE_MAX_K and pixels >= POINTWISE_MIN_PIXELS else "im2col"
-        return rule, ("pointwise", "im2col") if can else ("im2col",)
-    # Implicit GEMM when an output row fills its micro-kernel row blocks well enough
-    # (IMPLICIT_WASTE_LIMIT): the mr pixels of a block are then mr input positions `stride`
-    # apart in one input row, so A is read in place and im2col disappears. Narrower outputs
-    # use im2col (their M is small). (The rule's tile decides, whatever tile is tuned.)
-    fill = row_blocks_filled(out_sp[-1], b.config.tile(cog)[0])
-    implicit = fill > 0 and (1 - fill) * cog <= IMPLICIT_WASTE_LIMIT
-    # With at most a vector of output channels, a tile of pixels x channels broadcasts one
-    # input value per FMA; with the weights as rows against two vectors of an input row, one
-    # weight feeds two FMAs.
-    can_rows = (b.config.vector_width * 2 == NARROW_CONV_TILE[1] and cog <= b.config.vector_width
-                and strides[-1] == 1 and const_w)
-    rule = ("weights_rows" if can_rows and out_sp[-1] >= NARROW_CONV_TILE[1] else "implicit") if implicit else "im2col"
-    return rule, ("implicit", "im2col") + (("weights_rows",) if can_rows else ())
 
 
 def lower_pointwise(b: KernelBuilder, node: Node, store) -> tuple:

@@ -37,7 +37,6 @@ class KernelCall:
     # Runs only where each (bool tensor, value) holds: a branch of an If taken at run time.
     guard: tuple = ()
     space: dict = field(default_factory=dict)  # knob -> (choices, default): what its code could vary
-    schedule: dict = field(default_factory=dict)  # the knobs set away from the rules (ir/schedule.py)
     tuned: dict | None = None  # the record whose schedule it follows, if any (orchestrator/tuning_records.py)
     default_digest: str = ""  # its kernel's digest under the rules: what a tuning record is keyed by
     node_keys: tuple = ()  # its nodes' keys (Node.key), to lower the group again (relower)
@@ -150,7 +149,7 @@ def lower_group(g: Graph, members: list[Node], config: ScheduleConfig, tuning: d
     ops = [m.op for m in members]
     name = "fused_" + "_".join(dict.fromkeys(o.lower() for o in ops))
     return KernelCall(kernel, list(b.outputs), list(b.inputs), list(b.workspaces), name[:60], ops,
-                      [m.name for m in members], call_guard(members), b.space, b.schedule(), None, kernel.digest,
+                      [m.name for m in members], call_guard(members), b.space, None, kernel.digest,
                       tuple(m.key for m in members))
 
 

@@ -9,7 +9,8 @@ from ..attrs import check_attrs
 from ..dtypes import dtype
 from ..graph import ShapeError, TensorType, UnsupportedError
 from ..lower.builder import collapse_shapes
-from ..lower.gemm import is_depthwise, lower_conv, lower_conv_transpose, lower_einsum, lower_gemm, lower_matmul
+from ..lower.conv import lower_conv
+from ..lower.gemm import is_depthwise, lower_conv_transpose, lower_einsum, lower_gemm, lower_matmul
 from ..symbolic import floor_div, is_symbolic, least, require_equal
 from .broadcast import broadcast
 from .registry import BROADCAST, OUT_EWISE_FUSABLE, OpDef, op_def, register

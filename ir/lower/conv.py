@@ -1,0 +1,60 @@
+"""Which way a convolution is computed: the rules' choice, or a tuned schedule's (`conv_path`).
+
+Symbolic spatial sizes have one way (im2col over run-time pixels), depthwise convs another
+(direct windows); every other conv may be an implicit GEMM (the input read in place), an
+im2col GEMM, a 1x1 conv with the weights as the broadcast operand ("pointwise"), a conv of
+few output channels with the weights as rows ("weights_rows"), or for 3x3 stride-1 convs
+Winograd's F(2x2, 3x3) (never the rule: the tuner's to choose).
+"""
+from __future__ import annotations
+
+import math
+
+from ..graph import Node
+from .builder import KernelBuilder
+from .gemm import (IMPLICIT_WASTE_LIMIT, NARROW_CONV_TILE, POINTWISE_MAX_K, POINTWISE_MIN_PIXELS, is_depthwise,
+                   lower_conv_gemm, lower_conv_symbolic, lower_depthwise, lower_pointwise, row_blocks_filled)
+from .winograd import lower_winograd, winograd_fits
+
+
+def lower_conv(b: KernelBuilder, node: Node, store) -> tuple:
+    if not all(isinstance(d, int) for d in b.type(node.inputs[0]).shape[2:]):
+        return lower_conv_symbolic(b, node, store)
+    if is_depthwise(b, node):
+        return lower_depthwise(b, node, store)
+    path = b.knob("conv_path", *conv_paths(b, node))
+    if path == "winograd":
+        return lower_winograd(b, node, store)
+    if path == "pointwise":
+        return lower_pointwise(b, node, store)
+    return lower_conv_gemm(b, node, store, path)
+
+
+def conv_paths(b: KernelBuilder, node: Node) -> tuple:
+    """(the rule's path, every path the conv can take): see the "conv_path" knob."""
+    x_name, w_name = node.inputs[0], node.inputs[1]
+    a = b.attrs(node)
+    kernel, strides, pads = a["kernel_shape"], a["strides"], a["pads"]
+    cog = b.type(w_name).shape[0] // a.get("group", 1)
+    out_sp = b.type(node.outputs[0]).shape[2:]
+    const_w = w_name in b.g.constants
+    pointwise = all(k == 1 for k in kernel) and all(s == 1 for s in strides) and not any(pads)
+    if pointwise:  # (its "im2col" reads the input in place: no copy)
+        can = const_w and b.type(x_name).dtype == "float32"
+        cg, pixels = b.type(w_name).shape[1], math.prod(b.type(x_name).shape[2:])
+        rule = "pointwise" if can and cg <= POINTWISE_MAX_K and pixels >= POINTWISE_MIN_PIXELS else "im2col"
+        return rule, ("pointwise", "im2col") if can else ("im2col",)
+    # Implicit GEMM when an output row fills its micro-kernel row blocks well enough
+    # (IMPLICIT_WASTE_LIMIT): the mr pixels of a block are then mr input positions `stride`
+    # apart in one input row, so A is read in place and im2col disappears. Narrower outputs
+    # use im2col (their M is small). (The rule's tile decides, whatever tile is tuned.)
+    fill = row_blocks_filled(out_sp[-1], b.config.tile(cog)[0])
+    implicit = fill > 0 and (1 - fill) * cog <= IMPLICIT_WASTE_LIMIT
+    # With at most a vector of output channels, a tile of pixels x channels broadcasts one
+    # input value per FMA; with the weights as rows against two vectors of an input row, one
+    # weight feeds two FMAs.
+    can_rows = (b.config.vector_width * 2 == NARROW_CONV_TILE[1] and cog <= b.config.vector_width
+                and strides[-1] == 1 and const_w)
+    rule = ("weights_rows" if can_rows and out_sp[-1] >= NARROW_CONV_TILE[1] else "implicit") if implicit else "im2col"
+    return rule, ("implicit", "im2col") + (("weights_rows",) if can_rows else ()) + \
+        (("winograd",) if winograd_fits(b, node) else ())
