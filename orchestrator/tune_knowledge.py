@@ -74,7 +74,7 @@ class Knowledge:
         """(distance, record) of the same kind, nearest first."""
         same = [(_distance(features["sizes"], r["features"]["sizes"]), r) for r in self.records
                 if r["features"]["kind"] == features["kind"] and r["parts"]["kernel"] != exclude]
-        return sorted((d, r) for d, r in same if d < math.inf) if same else []
+        return sorted(((d, r) for d, r in same if d < math.inf), key=lambda pair: pair[0])
 
     def starts(self, features: dict, digest: str) -> list[dict]:
         """The winning schedules of the most similar tuned kernels."""

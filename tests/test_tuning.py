@@ -364,6 +364,8 @@ def test_a_new_kernel_starts_from_similar_records_and_their_predictions(tmp_path
     parts = record_parts(a.default_digest, target, 1)
     records.keep(make_record(parts, won, 0.8, [0.8], 1.0, 3, 1, a.name, True, features=kernel_features(a),
                              log=[(won, 0.8), (good, 0.9), (bad, 1.4), ({"split": "n"}, None)]))
+    twin = record_parts("ef" * 32, target, 1)  # (another kernel at the same distance: ties sort)
+    records.keep(make_record(twin, {}, 1.0, [1.0], 1.0, 3, 0, a.name, True, features=kernel_features(a)))
     knowledge = Knowledge(store, target, 1)
     features = kernel_features(b)
     assert knowledge.starts(features, b.default_digest) == [check(won)]
