@@ -165,16 +165,19 @@ def test_records_are_verified_and_never_code():
         check({"tile": [1, 2, 3, 4, 5]})
 
 
+def _conv_and_store(tmp_path):
+    """(model, target, store, the model's tunable calls, the store's records at 1 thread)."""
+    from modelkiln.artifacts.store import Store
+    model, target = one_conv(), parse_target("llvm")
+    store = Store(str(tmp_path / "store"))
+    return model, target, store, _spaces(model, target)[2], Records(store, target, 1)
+
+
 def test_a_record_from_another_toolchain_is_not_applied_but_named(executor, tmp_path):
     """A record whose toolchain (or search space) differs is never applied: the build says the
     kernel's record is stale, and builds the rules' kernel."""
-    from modelkiln.artifacts.store import Store
     from modelkiln.orchestrator import tuning_records
-    model = one_conv()
-    target = parse_target("llvm")
-    store = Store(str(tmp_path / "store"))
-    _, _, calls = _spaces(model, target)
-    records = Records(store, target, 1)
+    model, target, store, calls, records = _conv_and_store(tmp_path)
     for c in calls:
         old = {**record_parts(c.default_digest, target, 1), "kiln_codegen": "0" * 64}
         record = make_record(old, {"split": "n"}, 0.8, [0.8], 1.0, 5, 0, c.name, True)
@@ -193,12 +196,7 @@ def test_a_record_from_another_toolchain_is_not_applied_but_named(executor, tmp_
 
 
 def test_a_record_that_does_not_fit_its_kernel_is_warned_about(executor, tmp_path):
-    from modelkiln.artifacts.store import Store
-    model = one_conv()
-    target = parse_target("llvm")
-    store = Store(str(tmp_path / "store"))
-    _, _, calls = _spaces(model, target)
-    records = Records(store, target, 1)
+    model, _, store, calls, records = _conv_and_store(tmp_path)
     for c in calls:
         _keep(records, c, {"window_rows": 3})  # (a depthwise knob, on a dense conv)
     with pytest.warns(UserWarning, match="does not fit its kernel"):
