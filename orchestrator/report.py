@@ -1,7 +1,6 @@
 """The build report: per-kernel rows, totals, the Chrome trace of the compile."""
 from __future__ import annotations
 
-import os
 import resource
 
 from .plan import JobResult
@@ -45,7 +44,8 @@ def tuning_summary(planned, options) -> dict:
         return {"enabled": False}
     calls = planned.lowered.calls
     tuned = [c for c in calls if c.tuned]
-    return {"enabled": True, "threads": options.tuning_threads or len(os.sched_getaffinity(0)),
+    from .tuning_records import usable_cores
+    return {"enabled": True, "threads": options.tuning_threads or usable_cores(),
             "tunable_kernels": sum(1 for c in calls if c.space), "tuned_kernels": len(tuned),
             "changed_kernels": sum(1 for c in tuned if c.tuned["schedule"]),
             "stale_records": list(planned.stale_records)}

@@ -162,8 +162,9 @@ class Records:
 
     # -- a model's summary: which records its tune found ----------------------------------------
     def _summary_key(self, model_key: str) -> str:
+        # (the model's key already names every Kiln source: a whole-model hit hashes nothing more)
         return key_of({"kind": "kiln-tuning-summary", "model": model_key, "threads": self.threads,
-                       "space_version": SPACE_VERSION, "kiln_codegen": local_identity()["kiln_codegen"]})
+                       "space_version": SPACE_VERSION})
 
     def summary_digest(self, model_key: str) -> str | None:
         """The digest of the model's summary, if a tune wrote one: part of the whole-model key."""
