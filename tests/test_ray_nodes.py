@@ -120,6 +120,18 @@ def test_an_answer_from_another_toolchain_never_enters_the_store(ray_cluster, ra
     assert Store(str(store)).stats()["entries"] == 0
 
 
+def kill_at_its_first_job(cluster, ex, node) -> threading.Thread:
+    """A started thread that removes `node` as soon as the executor has sent it a job."""
+    def kill():
+        deadline = time.monotonic() + 60
+        while not ex.sent[node.node_id] and time.monotonic() < deadline:
+            time.sleep(0.01)
+        cluster.remove_node(node, False)
+    killer = threading.Thread(target=kill)
+    killer.start()
+    return killer
+
+
 def test_a_node_lost_mid_build(ray_cluster, ray_session, ray_executor):
     """A fourth node's raylet is killed while its actor compiles: the build ends correct on the
     other three, within the kernel deadline plus the margin, and the report shows the retry.
@@ -129,15 +141,8 @@ def test_a_node_lost_mid_build(ray_cluster, ray_session, ray_executor):
     ray_executor.close()
     with extra_nodes(ray_cluster, "doomed") as [node]:
         with RayExecutor(kernel_timeout=20) as ex:
-            def kill_once_a_job_is_there():
-                deadline = time.monotonic() + 60
-                while not ex.sent[node.node_id] and time.monotonic() < deadline:
-                    time.sleep(0.01)
-                ray_cluster.remove_node(node, False)
-
-            killer = threading.Thread(target=kill_once_a_job_is_there)
             t0 = time.monotonic()
-            killer.start()
+            killer = kill_at_its_first_job(ray_cluster, ex, node)
             result = build(model, executor=ex, cache=None, progress=False, inject={"": "slow:always"})
             elapsed = time.monotonic() - t0
             killer.join()
@@ -189,14 +194,7 @@ def test_a_tune_on_the_cluster_survives_a_lost_node(ray_cluster, ray_session, ra
     ray_executor.close()
     with extra_nodes(ray_cluster, "doomed") as [node]:
         with RayExecutor(kernel_timeout=20) as ex:
-            def kill_once_a_job_is_there():
-                deadline = time.monotonic() + 60
-                while not ex.sent[node.node_id] and time.monotonic() < deadline:
-                    time.sleep(0.01)
-                ray_cluster.remove_node(node, False)
-
-            killer = threading.Thread(target=kill_once_a_job_is_there)
-            killer.start()
+            killer = kill_at_its_first_job(ray_cluster, ex, node)
             report = tune([model], trials=12, threads=1, executor=ex, cache=store, progress=False,
                           inject={"": "slow:always"}).report
             killer.join()
