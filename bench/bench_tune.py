@@ -69,11 +69,9 @@ def bench_tables(args, store: str) -> None:
             ms = interleaved(runs, args.warmup, args.repeat, args.rounds)
             best = min(ms[k] for k in ("ort", "ov") if k in ms)
             ratios[threads].append(ms["tuned"] / best)
+            ov_ms = f"{ms['ov']:.3f}" if "ov" in ms else "n/a"
             print(f"| {name} | {threads} | {tune_s:.0f} | {report['trials']} | {100 * report['expected_gain']:.1f}% | "
-                  f"{ms['rules']:.3f} | {ms['tuned']:.3f} | {ms['ort']:.3f} | "
-                  f"{ms['ov']:.3f} | {ms['rules'] / best:.2f} | {ms['tuned'] / best:.2f} |" if "ov" in ms else
-                  f"| {name} | {threads} | {tune_s:.0f} | {report['trials']} | {100 * report['expected_gain']:.1f}% | "
-                  f"{ms['rules']:.3f} | {ms['tuned']:.3f} | {ms['ort']:.3f} | n/a | {ms['rules'] / best:.2f} | "
+                  f"{ms['rules']:.3f} | {ms['tuned']:.3f} | {ms['ort']:.3f} | {ov_ms} | {ms['rules'] / best:.2f} | "
                   f"{ms['tuned'] / best:.2f} |", flush=True)
     for threads, rs in ratios.items():
         if rs:

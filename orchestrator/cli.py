@@ -15,7 +15,6 @@ Errors the user can act on print one line (`kiln: error: ...`) and exit 2; no tr
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import sys
@@ -307,9 +306,9 @@ def _parse_budget(text: str) -> float:
 
 def cmd_tune(args) -> int:
     from .tuner import tune
-    options = dataclasses.replace(_build_options(args), progress=False if args.quiet else None)
     result = tune(args.models, budget_s=args.budget, trials=args.trials, threads=args.threads, retune=args.retune,
-                  learn=not args.no_learning, tune_dims=_parse_tune_dims(args.tune_dims), options=options)
+                  learn=not args.no_learning, tune_dims=_parse_tune_dims(args.tune_dims),
+                  options=_build_options(args))
     _write_report(args.report, result.report)
     if not args.quiet:
         r = result.report

@@ -22,7 +22,7 @@ each, and a round's ratio is the geometric mean of its ratios at the sizes.
 
 A variant that crashes the child or passes its deadline is taken apart: each of its
 candidates is checked alone, in a one-kernel bundle of its own (its call's tensors the
-bundle's inputs and outputs), which names the one at fault.
+bundle's inputs and outputs), in a child of its own, which names the one at fault.
 """
 from __future__ import annotations
 
@@ -45,8 +45,8 @@ from .bundle import assemble, write_bundle
 MODEL_ROUND_MS = 20.0  # each A, B timing of a round lasts at least this long
 ROUNDS = 5  # interleaved A/B/A rounds a candidate is timed over
 CONFIRM_ROUNDS = 11  # rounds for the best few, measured again before a record is written
-LOAD_DEADLINE_S = 30.0  # a candidate's load, check and timing past this much: hung
-PROFILE_DEADLINE_S = 600.0  # a whole model's profiled runs, or a variant's check and timing
+LOAD_DEADLINE_S = 30.0  # a one-kernel check past this much, or a variant past this plus its timing: hung
+PROFILE_DEADLINE_S = 600.0  # a whole model's profiled runs
 
 
 def variant(lowered, swaps: dict, graph, exposed: list = ()) -> LoweredModel:
@@ -94,7 +94,7 @@ def _variant_in_child(conn, a_timed: str, a_checked: str, b_timed: str, b_checke
     for inputs in feeds:
         reference = {k: np.array(v) for k, v in a.run(inputs).items()}
         got = b.run(inputs)
-        differing = [name for name in reference if differs({name: reference[name]}, {name: got[name]})]
+        differing = [name for name, want in reference.items() if _mismatch(name, want, got[name])]
         if differing:
             conn.send(VariantResult(differing=differing))
             return
@@ -128,21 +128,28 @@ def measure_variant(a_timed: str, a_checked: str, b_timed: str, b_checked: str, 
                     deadline_s: float, rounds: int = ROUNDS, sizes: list = ({},)) -> VariantResult:
     """Check the variant against the rules' model, then time both A/B/A at every size (a dict
     of symbol values; {} for a static model): see the module's docstring."""
+    result, why = _in_child(_variant_in_child, (a_timed, a_checked, b_timed, b_checked, threads, cpus, list(sizes),
+                                                rounds), deadline_s)
+    return result if result is not None else VariantResult(why=why)
+
+
+def _in_child(target, args: tuple, deadline_s: float):
+    """(the one message `target(conn, *args)` sends from a forked child, "") or, where it
+    sent none, (None, "hung" or "crashed (exit N)"). The child is gone when this returns."""
     ctx = multiprocessing.get_context("fork")
     parent, child = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_variant_in_child,
-                       args=(child, a_timed, a_checked, b_timed, b_checked, threads, cpus, list(sizes), rounds),
-                       daemon=True)
+    proc = ctx.Process(target=target, args=(child, *args), daemon=True)
     proc.start()
     child.close()
     try:
-        result = _received(parent) if parent.poll(deadline_s) else VariantResult(why="hung")
+        answered = parent.poll(deadline_s)  # (True too when the child died: its end of the pipe closed)
+        message = _received(parent) if answered else None
     finally:
         if proc.is_alive():
             proc.kill()
         proc.join()
         parent.close()
-    return result if result is not None else VariantResult(why=f"crashed (exit {proc.exitcode})")
+    return message, "" if message is not None else f"crashed (exit {proc.exitcode})" if answered else "hung"
 
 
 def kernel_model(call, lowered, graph=None) -> LoweredModel:
@@ -163,13 +170,6 @@ def write_kernel_bundle(call, lowered, obj: bytes, target, folder: str, graph=No
     return write_bundle(files, folder)
 
 
-@dataclass
-class Check:
-    """One candidate checked alone: ok, or why not ("differs ...", "crashed ...", "hung ...")."""
-    ok: bool
-    why: str = ""
-
-
 def random_inputs(module, seed: int, dims: dict | None = None) -> dict:
     """The module's random inputs at these symbol values (normal floats; integers zero, as
     they may be indices or sizes), with random bytes for 8-bit integers."""
@@ -182,44 +182,35 @@ def random_inputs(module, seed: int, dims: dict | None = None) -> dict:
     return out
 
 
-def differs(reference: dict, got: dict) -> str:
-    """'' if every output matches the reference (floats within reassociation's error)."""
-    for name, want in reference.items():
-        have = got[name]
-        if want.dtype.kind != "f":
-            bad = int(np.count_nonzero(want != have))
-            if bad:
-                return f"{name}: {bad} of {want.size} integers differ"
-            continue
-        finite = np.isfinite(want)
-        if not np.array_equal(finite, np.isfinite(have)) or not np.array_equal(want[~finite], have[~finite]):
-            return f"{name}: non-finite values differ"
-        scale = float(np.max(np.abs(want[finite]))) if finite.any() else 0.0
-        err = float(np.max(np.abs(want[finite].astype(np.float64) - have[finite]))) if finite.any() else 0.0
-        if err > 1e-3 * scale + 1e-5:
-            return f"{name}: off by {err:.3g} (values up to {scale:.3g})"
-    return ""
+def _mismatch(name: str, want: np.ndarray, have: np.ndarray) -> str:
+    """'' if `have` matches `want` (floats within reassociation's error, integers exactly)."""
+    if want.dtype.kind != "f":
+        bad = int(np.count_nonzero(want != have))
+        return f"{name}: {bad} of {want.size} integers differ" if bad else ""
+    finite = np.isfinite(want)
+    if not np.array_equal(finite, np.isfinite(have)) or not np.array_equal(want[~finite], have[~finite]):
+        return f"{name}: non-finite values differ"
+    if not finite.any():
+        return ""
+    scale = float(np.max(np.abs(want[finite])))
+    err = float(np.max(np.abs(want[finite].astype(np.float64) - have[finite])))
+    return f"{name}: off by {err:.3g} (values up to {scale:.3g})" if err > 1e-3 * scale + 1e-5 else ""
 
 
-def _check_in_child(conn, default_dir: str, candidates: list, threads: int, cpus: list, sizes: list) -> None:
-    """The checking child: A loaded once, each candidate run on the same inputs at every size."""
+def _check_in_child(conn, default_dir: str, candidate_dir: str, threads: int, cpus: list, sizes: list) -> None:
+    """The checking child: both one-kernel bundles run on the same inputs at every size."""
     from ..artifacts.module import Module
     faulthandler.disable()  # (a candidate that crashes is an expected outcome, not a traceback to print)
     os.sched_setaffinity(0, cpus)
-    a = Module(default_dir, threads)
-    feeds = [random_inputs(a, 1, dims) for dims in sizes]
-    references = [{k: np.array(v) for k, v in a.run(inputs).items()} for inputs in feeds]
-    conn.send("ready")
-    for index, folder in candidates:
-        try:
-            b = Module(folder, threads)
-        except Exception as e:  # (a bundle that does not load: its own failure, not the child's)
-            conn.send((index, Check(False, f"load failed: {e}")))
-            continue
-        wrong = next((w for inputs, ref in zip(feeds, references) if (w := differs(ref, b.run(inputs)))), "")
-        conn.send((index, Check(False, f"differs from the rules' schedule: {wrong}") if wrong else Check(True)))
-        del b
-    conn.send(None)
+    a, b = Module(default_dir, threads), Module(candidate_dir, threads)
+    for dims in sizes:
+        inputs = random_inputs(a, 1, dims)
+        want, got = a.run(inputs), b.run(inputs)
+        wrong = next((w for name in want if (w := _mismatch(name, np.array(want[name]), got[name]))), "")
+        if wrong:
+            conn.send(f"differs from the rules' schedule: {wrong}")
+            return
+    conn.send("")
 
 
 def _profile_in_child(conn, folder: str, threads: int, cpus: list, sizes: list) -> None:
@@ -233,63 +224,18 @@ def _profile_in_child(conn, folder: str, threads: int, cpus: list, sizes: list) 
 def profile_calls(folder: str, threads: int, cpus: list, sizes: list = ({},)) -> list[float]:
     """Each kernel call's median time (ms) in a model's bundle, summed over the sizes, run in a
     child pinned to `cpus`."""
-    ctx = multiprocessing.get_context("fork")
-    parent, child = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_profile_in_child, args=(child, folder, threads, cpus, list(sizes)), daemon=True)
-    proc.start()
-    child.close()
-    try:
-        times = _received(parent) if parent.poll(PROFILE_DEADLINE_S) else None
-    finally:
-        if proc.is_alive():
-            proc.kill()
-        proc.join()
-        parent.close()
+    times, why = _in_child(_profile_in_child, (folder, threads, cpus, list(sizes)), PROFILE_DEADLINE_S)
     if times is None:
-        raise KilnError(f"tune: the model built under the rules did not run (its process exited {proc.exitcode})")
+        raise KilnError(f"tune: the model built under the rules did not run (its process {why})")
     return times
 
 
-def check_alone(default_dir: str, candidate_dirs: list[str], threads: int, cpus: list,
-                sizes: list = ({},)) -> list[Check]:
-    """Each candidate's one-kernel bundle against the rules' one, run in a child that is
-    replaced when a candidate crashes or hangs it: which of a failed variant's is at fault."""
-    trials: list[Check | None] = [None] * len(candidate_dirs)
-    ctx = multiprocessing.get_context("fork")
-    while any(t is None for t in trials):
-        todo = [(i, d) for i, d in enumerate(candidate_dirs) if trials[i] is None]
-        parent, child = ctx.Pipe(duplex=False)
-        proc = ctx.Process(target=_check_in_child, args=(child, default_dir, todo, threads, cpus, list(sizes)),
-                           daemon=True)
-        proc.start()
-        child.close()
-        pending = [i for i, _ in todo]
-        try:
-            if not parent.poll(LOAD_DEADLINE_S) or _received(parent) != "ready":
-                for i in pending:
-                    trials[i] = Check(False, "the rules' kernel could not be run alone "
-                                             f"(its process {'hung' if proc.is_alive() else 'died'})")
-                pending = []
-            while pending:
-                if not parent.poll(LOAD_DEADLINE_S):
-                    trials[pending[0]] = Check(False, "hung: no answer within its deadline")
-                    break
-                try:
-                    message = parent.recv()
-                except EOFError:  # the child died on this candidate
-                    trials[pending[0]] = Check(False, f"crashed the measuring process (exit {proc.exitcode})")
-                    break
-                if message is None:
-                    break
-                index, trial = message
-                trials[index] = trial
-                pending.remove(index)
-        finally:
-            if proc.is_alive():
-                proc.kill()
-            proc.join()
-            parent.close()
-    return trials
+def check_alone(default_dir: str, candidate_dir: str, threads: int, cpus: list, sizes: list = ({},)) -> str:
+    """A candidate's one-kernel bundle against the rules' one, in a child of its own: '' if it
+    computes what the rules do, else what went wrong (it differs, crashed or hung)."""
+    why, failed = _in_child(_check_in_child, (default_dir, candidate_dir, threads, cpus, list(sizes)),
+                            LOAD_DEADLINE_S)
+    return why if why is not None else f"the measuring process {failed}"
 
 
 def _received(conn):

@@ -38,8 +38,9 @@ class KernelSearch:
         self.pending: set[str] = set()
         self.skipped: set[str] = set()  # points that were no trial (see skip)
         self.best, self.best_ratio = {}, 1.0
-        self._queue = [normalize(s) for s in starts if s] + self._moves({})
-        self._starts = len(self._queue) - len(self._moves({}))  # (tried first, whatever is predicted)
+        firsts = [normalize(s) for s in starts if s]
+        self._queue = firsts + self._moves({})
+        self._starts = len(firsts)  # (tried first, whatever is predicted)
         self._center = canonical({})  # the point whose moves are queued
 
     def _moves(self, center: dict) -> list[dict]:

@@ -282,22 +282,30 @@ class Tuner:
                               self.work.folder())
         return timed, checked
 
-    def _measure(self, state: ModelState, live: dict, rounds: int = ROUNDS) -> None:
-        """Measure one variant; record each candidate's ratio (or failure)."""
+    def _run_variant(self, state: ModelState, live: dict, rounds: int):
+        """The variant with `live`'s candidates, checked and timed against the rules' model:
+        (its VariantResult, digest -> that kernel's ratio in each round)."""
         timed, checked = self._variant_dirs(state, live)
-        deadline = LOAD_DEADLINE_S + 6 * rounds * max(MODEL_ROUND_MS, state.ms) / 1000 * 5
+        # (each round: three profiled runs of at least MODEL_ROUND_MS at each size; a wide margin)
+        deadline = LOAD_DEADLINE_S + 30 * rounds * len(state.sizes) * max(MODEL_ROUND_MS, state.ms) / 1000
         r = measure_variant(state.a_timed, state.a_checked, timed, checked, self.threads, self.measure_cpus,
                             deadline, rounds, state.sizes)
         self.work.remove(timed)
         self.work.remove(checked)
+        calls = state.plan.lowered.calls
+        return r, {digest: ratios_of(r, [i for i, c in enumerate(calls) if c.default_digest == digest])
+                   for digest in live} if r.ok else {}
+
+    def _measure(self, state: ModelState, live: dict) -> None:
+        """Measure one variant; record each candidate's ratio (or failure)."""
+        r, ratios = self._run_variant(state, live, ROUNDS)
         if r.why:
-            self._isolate(state, live, r.why)
+            self._isolate(state, live)
         elif r.differing:
             self._blame(state, live, r.differing)
         else:
-            calls = state.plan.lowered.calls
             for digest, (point, _, _) in live.items():
-                per_round = ratios_of(r, [i for i, c in enumerate(calls) if c.default_digest == digest])
+                per_round = ratios[digest]
                 task = self.tasks[digest]
                 before = task.search.best
                 task.search.result(point, float(np.median(per_round)))
@@ -321,7 +329,7 @@ class Tuner:
             else:
                 _requeue(self.tasks[digest], point, calls)
 
-    def _isolate(self, state: ModelState, live: dict, why: str) -> None:
+    def _isolate(self, state: ModelState, live: dict) -> None:
         """A variant crashed or hung: check each candidate alone; fail those at fault, requeue the rest."""
         lowered = state.plan.lowered
         for digest, (point, calls, obj) in live.items():
@@ -330,13 +338,13 @@ class Tuner:
             default_dir = write_kernel_bundle(site, lowered, state.objects[site.kernel.symbol], self.target,
                                               self.work.folder())
             cand_dir = write_kernel_bundle(calls[0], lowered, obj, self.target, self.work.folder(), state.graph)
-            [trial] = check_alone(default_dir, [cand_dir], self.threads, self.measure_cpus, state.sizes)
+            wrong = check_alone(default_dir, cand_dir, self.threads, self.measure_cpus, state.sizes)
             self.work.remove(default_dir)
             self.work.remove(cand_dir)
-            if trial.ok:
-                _requeue(task, point, calls)
+            if wrong:
+                self._failed(task, point, wrong)
             else:
-                self._failed(task, point, trial.why if trial.why else why)
+                _requeue(task, point, calls)
 
     def _failed(self, task: Task, point: dict, why: str) -> None:
         task.search.result(point, None)
@@ -363,18 +371,9 @@ class Tuner:
                             live[t.digest] = (ranked[k][0], calls, obj)
                 if not live:
                     break
-                timed, checked = self._variant_dirs(state, live)
-                deadline = LOAD_DEADLINE_S + 30 * CONFIRM_ROUNDS * max(MODEL_ROUND_MS, state.ms) / 1000
-                r = measure_variant(state.a_timed, state.a_checked, timed, checked, self.threads, self.measure_cpus,
-                                    deadline, CONFIRM_ROUNDS, state.sizes)
-                self.work.remove(timed)
-                self.work.remove(checked)
-                if not r.ok:
-                    continue
-                calls = state.plan.lowered.calls
-                for digest, (point, _, _) in live.items():
-                    rounds = ratios_of(r, [i for i, c in enumerate(calls) if c.default_digest == digest])
-                    confirmed[digest].append((float(np.median(rounds)), point, rounds))
+                _, ratios = self._run_variant(state, live, CONFIRM_ROUNDS)
+                for digest, rounds in ratios.items():
+                    confirmed[digest].append((float(np.median(rounds)), live[digest][0], rounds))
             for t in tasks:
                 best = min(confirmed[t.digest], key=lambda c: c[0], default=None)
                 if best is not None and best[0] < IMPROVES:
@@ -384,9 +383,8 @@ class Tuner:
 
     def _keep(self, task: Task, schedule: dict, ratio: float, ratios: list, complete: bool) -> None:
         parts = record_parts(task.digest, self.target, self.threads)
-        default_ms = task.ms
         sizes = self.states[task.model].sizes
-        task.record = make_record(parts, schedule, ratio, ratios, default_ms, task.trials, len(task.failed), task.name,
+        task.record = make_record(parts, schedule, ratio, ratios, task.ms, task.trials, len(task.failed), task.name,
                                   complete, {"measured_at": sizes} if sizes != [{}] else None, task.features,
                                   task.search.log()[-MAX_LOG:])
         self.records.keep(task.record)

@@ -174,13 +174,15 @@ def _conv_and_store(tmp_path):
     return model, target, store, _spaces(model, target)[2], Records(store, target, 1)
 
 
-def test_a_record_from_another_toolchain_is_not_applied_but_named(executor, tmp_path):
-    """A record whose toolchain (or search space) differs is never applied: the build says the
+@pytest.mark.parametrize("part,value", [("kiln_codegen", "0" * 64), ("llvm", "0.0"), ("space_version", 0)],
+                         ids=["kiln", "llvm", "search-space"])
+def test_a_record_from_another_toolchain_is_not_applied_but_named(part, value, executor, tmp_path):
+    """A record whose toolchain or search space differs is never applied: the build says the
     kernel's record is stale, and builds the rules' kernel."""
     from modelkiln.orchestrator import tuning_records
     model, target, store, calls, records = _conv_and_store(tmp_path)
     for c in calls:
-        old = {**record_parts(c.default_digest, target, 1), "kiln_codegen": "0" * 64}
+        old = {**record_parts(c.default_digest, target, 1), part: value}
         record = make_record(old, {"split": "n"}, 0.8, [0.8], 1.0, 5, 0, c.name, True)
         store.put(key_of(old), encode(record), tuning_records.SECTION)  # (as that toolchain filed it)
         store.put(key_of(tuning_records.seed_parts(c.default_digest, target, 1)), encode(record),
