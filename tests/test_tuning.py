@@ -84,7 +84,7 @@ def quantized_cnn():
 
 @pytest.mark.parametrize("make_model", [model_zoo.cnn, depthwise_and_linear, model_zoo.transformer_encoder,
                                         quantized_cnn], ids=["cnn", "depthwise_and_linear", "transformer", "int8"])
-@pytest.mark.parametrize("spec", ["llvm", "x86-64-v3"])
+@pytest.mark.parametrize("spec", ["llvm", "x86-64-v3", "cascadelake"])  # (the host; AVX2; AVX-512, run or inspected)
 def test_every_sampled_schedule_computes_what_the_rules_do(make_model, spec, executor, tmp_path):
     """Each build sets every tunable kernel to a sampled point; together the builds take every
     choice of every knob. Each is checked against onnxruntime; the int8 model against the
