@@ -2,23 +2,37 @@
 command its own process, the pool's actors outliving the process that started them."""
 import json
 import os
+import subprocess
+import sys
 
-from modelkiln.orchestrator import pool_lookup, ray_actor
 from modelkiln.orchestrator.api import build
 from tests.test_bad_input import ROOT, kiln
 
 EXAMPLE = os.path.join(ROOT, "configs", "examples", "cnn.onnx")
 
 
-def start_foreign_pool_actor(ray):
-    """A pool actor named for another toolchain, as an older Kiln's `workers up` leaves it."""
-    ray.cloudpickle.register_pickle_by_value(ray_actor)
-    actor = ray.remote(num_cpus=1)(ray_actor.CodegenActor).options(
-        name=f"{pool_lookup.PREFIX}0123456789abcdef-0", namespace=pool_lookup.NAMESPACE, lifetime="detached").remote()
-    ray.get(actor.hello.remote())
+# A pool actor named for another toolchain, as an older Kiln's `workers up` leaves it: started
+# by a driver of its own, as that Kiln's was (the suite's long-lived driver has seen nodes die
+# in earlier tests, and Ray has been seen to leave such a driver waiting forever for a new
+# actor's "alive" notice).
+FOREIGN_POOL_ACTOR = """
+import sys, ray
+from modelkiln.orchestrator import pool_lookup, ray_actor
+ray.init(address=sys.argv[1], namespace=pool_lookup.NAMESPACE, log_to_driver=False)
+ray.cloudpickle.register_pickle_by_value(ray_actor)
+actor = ray.remote(num_cpus=1)(ray_actor.CodegenActor).options(
+    name=pool_lookup.PREFIX + "0123456789abcdef-0", lifetime="detached").remote()
+ray.get(actor.hello.remote(), timeout=120)
+"""
 
 
-def test_a_warm_pool_is_used_and_an_old_one_never(ray_cluster, ray_session, ray_executor, executor, tmp_path):
+def start_foreign_pool_actor(address: str) -> None:
+    r = subprocess.run([sys.executable, "-c", FOREIGN_POOL_ACTOR, address], capture_output=True, text=True,
+                       timeout=300, cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT})
+    assert r.returncode == 0, r.stderr[-2000:]
+
+
+def test_a_warm_pool_is_used_and_an_old_one_never(ray_cluster, ray_executor, executor, tmp_path):
     ray_executor.close()  # the pool takes the cluster's CPUs
     address = ray_cluster.address
     try:
@@ -27,7 +41,7 @@ def test_a_warm_pool_is_used_and_an_old_one_never(ray_cluster, ray_session, ray_
         assert "2 actors (2 started now)" in up.stdout
         again = kiln("workers", "up", "--ray-address", address, "-n", "2")  # already up: nothing to start
         assert "2 actors (0 started now)" in again.stdout, again.stdout + again.stderr[-2000:]
-        start_foreign_pool_actor(ray_session)
+        start_foreign_pool_actor(address)
 
         status = kiln("workers", "status", "--ray-address", address)
         lines = status.stdout.strip().splitlines()
