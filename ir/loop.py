@@ -485,7 +485,23 @@ def add(a, b) -> Expr:
         return b
     if vb == 0:
         return a
-    return Bin("add", a, b)
+    return _refolded(a, b) or Bin("add", a, b)
+
+
+def _refolded(a: Expr, b: Expr) -> Expr | None:
+    """a + b without unflatten's division where it undoes one: (f / d) * d + f % d is f, and
+    (y + f / d) * d + f % d is y * d + f. So flat_index over unflatten(f) of a buffer's
+    trailing dims is its row's offset plus f, a unit stride LLVM vectorizes (a reduction over
+    H and W as one loop of H * W)."""
+    if not (isinstance(b, Bin) and b.op == "rem" and isinstance(a, Bin) and a.op == "mul" and a.b == b.b):
+        return None
+    f, d = b.a, b.b
+    quotient = Bin("div", f, d)
+    if a.a == quotient:
+        return f
+    if isinstance(a.a, Bin) and a.a.op == "add" and a.a.b == quotient:
+        return add(mul(a.a.a, d), f)
+    return None
 
 
 def sub(a, b) -> Expr:
