@@ -200,9 +200,6 @@ PREFETCH_K_STEPS = 64
 VPDPBUSD = {16: "llvm.x86.avx512.vpdpbusd.512", 8: "llvm.x86.avx512.vpdpbusd.256"}
 
 
-MASK_REGISTER_LANES = 16  # AVX-512's vectors: the targets with mask registers (k0-k7)
-
-
 class FunctionEmitter:
     def __init__(self, kernel: Kernel, symbol: str, dot_widths: frozenset = frozenset()):
         self.k = kernel
@@ -489,10 +486,12 @@ class FunctionEmitter:
             self.loop(s.var, 0, lambda: self.stmts(s.body), kind, lo="0", hi=self.expr(s.extent))
         elif isinstance(s, For):
             whole = s.extent - s.extent % self.vw
-            if s.kind == "vector_masked" and self.vw < MASK_REGISTER_LANES and self.vectorize and 0 < whole < s.extent:
-                # Without mask registers (AVX2, NEON) every predicated iteration recomputes its
-                # mask and loads through it (vmaskmovps): the whole vectors run unmasked, then
-                # one masked remainder. (A 14-wide depthwise row ran 2.6x its AVX-512 time.)
+            if s.kind == "vector_masked" and self.vectorize and 0 < whole < s.extent:
+                # The whole vectors run unmasked, then one masked remainder. A loop predicated
+                # throughout recomputes its mask every iteration: without mask registers (AVX2,
+                # NEON) it loads through it too (vmaskmovps; a 14-wide depthwise row ran 2.6x its
+                # AVX-512 time), and with them (AVX-512) the mask's six instructions made a
+                # 56-wide depthwise row 7% slower, a 3x3 stride-2 one at 28 wide 10%.
                 self.loop(s.var, whole, lambda: self.stmts(s.body), "vector_only")
                 self.loop(s.var, s.extent, lambda: self.stmts(s.body), s.kind, first=whole)
             else:
