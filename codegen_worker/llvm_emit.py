@@ -14,9 +14,9 @@ import math
 import struct
 
 from ..artifacts.cpu_features import byte_dot_widths
-from ..ir.loop import (FLOAT_TYPES, TRANSPOSE_LANES, WINDOW_DOT_LANES, Assign, Bin, Call, Cast, Cmp, Const, For, Gemm,
-                      If, Kernel, Let, Load, Local, Select, Store, TransposeBlock, Var, WindowDot, bits, compute_type,
-                      highest, is_unsigned, lowest, operand_type, phases)
+from ..ir.loop import (FLOAT_TYPES, TRANSPOSE_LANES, WINDOW_DOT_LANES, Assign, Bin, Call, Cast, Cmp, Const,
+                      Deinterleave, For, Gemm, If, Kernel, Let, Load, Local, Select, Store, TransposeBlock, Var,
+                      WindowDot, bits, compute_type, highest, is_unsigned, lowest, operand_type, phases)
 from ..ir.schedule import PANEL_CHUNK_KIB, REDUCE_INTERLEAVE
 
 # LLVM's type for each loop-IR type. Integers are sign-less in LLVM: signedness picks the
@@ -518,6 +518,8 @@ class FunctionEmitter:
             self.window_dot(s)
         elif isinstance(s, TransposeBlock):
             self.transpose_block(s)
+        elif isinstance(s, Deinterleave):
+            self.deinterleave(s)
         else:
             raise TypeError(f"cannot emit {s!r}")
 
@@ -1048,6 +1050,44 @@ class FunctionEmitter:
                           f"{mt} {lanes(s.rows)})")
             else:
                 self.emit(f"store {vt} {column}, ptr {p}, align 1")
+
+    def deinterleave(self, s: Deinterleave) -> None:
+        """ir.loop.Deinterleave: per vector of slots, one load of its `phases` vectors of
+        input, a shuffle per phase, a store per phase; the ragged last one through a masked
+        load and masked stores (constant masks)."""
+        vw, ph = self.vw, s.phases
+        wide, vt = f"<{vw * ph} x float>", f"<{vw} x float>"
+        src, dst = self.bufs[s.src][0], self.bufs[s.dst][0]
+        src_off, dst_off = self.expr(s.src_off), self.expr(s.dst_off)
+
+        def mask(lanes: int, count: int) -> str:
+            return "<" + ", ".join(f"i1 {'true' if i < count else 'false'}" for i in range(lanes)) + ">"
+
+        def slots(t0: str, count: int) -> None:
+            p = self.gep(src, "f32", self.int_op("add nsw", src_off, self.mul_const(t0, ph)))
+            row = self.tmp("dirow")
+            if count == vw:
+                self.emit(f"{row} = load {wide}, ptr {p}, align 4")
+            else:
+                self.decls.add(f"declare {wide} @llvm.masked.load.v{vw * ph}f32.p0(ptr, i32, <{vw * ph} x i1>, {wide})")
+                self.emit(f"{row} = call {wide} @llvm.masked.load.v{vw * ph}f32.p0(ptr {p}, i32 4, "
+                          f"<{vw * ph} x i1> {mask(vw * ph, count * ph)}, {wide} poison)")
+            for q in range(ph):
+                part = self.tmp("diph")
+                picks = ", ".join(f"i32 {q + ph * i}" for i in range(vw))
+                self.emit(f"{part} = shufflevector {wide} {row}, {wide} poison, <{vw} x i32> <{picks}>")
+                at = self.gep(dst, "f32", self.int_op("add nsw", self.int_op("add nsw", dst_off, q * s.dst_stride), t0))
+                if count == vw:
+                    self.emit(f"store {vt} {part}, ptr {at}, align 4")
+                else:
+                    self.decls.add(f"declare void @llvm.masked.store.v{vw}f32.p0({vt}, ptr, i32, <{vw} x i1>)")
+                    self.emit(f"call void @llvm.masked.store.v{vw}f32.p0({vt} {part}, ptr {at}, i32 4, "
+                              f"<{vw} x i1> {mask(vw, count)})")
+        whole, tail = divmod(s.count, vw)
+        if whole:
+            self.loop("__di_v", whole, lambda: slots(self.mul_const(self.lookup("__di_v")[1], vw), vw), "scalar")
+        if tail:
+            slots(str(whole * vw), tail)
 
     def writeback(self, g: Gemm, tile: str, m0: str, p: str, rows: int, cols: int) -> None:
         """The epilogue over the tile, vectorized along the direction its stores are contiguous

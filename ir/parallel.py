@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from dataclasses import fields
 
-from .loop import (TRANSPOSE_LANES, Assign, Call, Expr, For, Gemm, If, Kernel, Let, Local, Store, TransposeBlock,
-                   WindowDot, extent_value, parallel_extent, phases)
+from .loop import (TRANSPOSE_LANES, Assign, Call, Deinterleave, Expr, For, Gemm, If, Kernel, Let, Local, Store,
+                   TransposeBlock, WindowDot, extent_value, parallel_extent, phases)
 
 MIN_PIECE_WORK = 150_000  # estimated operations in one part
 MAX_PIECES = 64
@@ -44,6 +44,8 @@ def work(stmt, symbols: tuple = ()) -> int:
         return macs // 2 + m * stmt.n * max(work(stmt.epilogue, symbols), 1)
     if isinstance(stmt, WindowDot):  # multiply-adds, counted as a Gemm's
         return stmt.width * (stmt.rows * stmt.taps // 2 + 1)
+    if isinstance(stmt, Deinterleave):  # a load and a store per element, as the loop it replaces
+        return 2 * stmt.count * stmt.phases
     if isinstance(stmt, TransposeBlock):  # a load, shuffles and a store per row
         return 6 * TRANSPOSE_LANES
     if isinstance(stmt, If):

@@ -11,8 +11,9 @@ from __future__ import annotations
 from .errors import InternalError
 from .schedule import CODEGEN_OPTIONS
 from .loop import (COMPUTE_TYPES, FLOAT_CALLS, FLOAT_TYPES, GEMM_KINDS, GEMM_SPLITS, INT_TYPES, STORAGE_TYPES,
-                   TRANSPOSE_LANES, Assign, Bin, Buffer, Call, Cast, Cmp, Const, Expr, For, Gemm, If, Kernel, Let, Load,
-                   Local, Select, Store, TransposeBlock, Var, WindowDot, compute_type, operand_type, window_dot_fits)
+                   TRANSPOSE_LANES, Assign, Bin, Buffer, Call, Cast, Cmp, Const, Deinterleave, Expr, For, Gemm, If, Kernel,
+                   Let, Load, Local, Select, Store, TransposeBlock, Var, WindowDot, compute_type, operand_type,
+                   window_dot_fits)
 
 _FLOAT_OPS = {"add", "sub", "mul", "div", "rem", "max", "min", "pow"}
 _INT_OPS = {"add", "sub", "mul", "div", "rem", "max", "min", "and", "or", "xor", "shl", "shr"}
@@ -222,6 +223,14 @@ class _Checker:
                 raise _Problem(f"window dot of {s.rows}x{s.taps} taps over {s.width} outputs, stride {s.stride}")
             if not window_dot_fits(s.stride, s.dilation, s.taps):
                 raise _Problem(f"window dot stride {s.stride}, dilation {s.dilation}: 16 outputs span over 64 bytes")
+        elif isinstance(s, Deinterleave):
+            for buf in (s.src, s.dst):
+                if self.buffers.get(buf, Buffer("", "", 0)).dtype != "f32":
+                    raise _Problem(f"deinterleave operand {buf} is not a f32 buffer")
+            if self.expr(s.src_off) != "i64" or self.expr(s.dst_off) != "i64":
+                raise _Problem("deinterleave offsets are not i64")
+            if s.phases < 2 or s.count < 1 or s.dst_stride < s.count:
+                raise _Problem(f"deinterleave of {s.count} x {s.phases} phases into runs {s.dst_stride} apart")
         elif isinstance(s, TransposeBlock):
             for buf in (s.src, s.dst):
                 if buf not in self.buffers:

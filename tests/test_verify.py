@@ -3,8 +3,8 @@ through it); these are the malformed ones it must name before any codegen job st
 import pytest
 
 from modelkiln.ir.errors import InternalError
-from modelkiln.ir.loop import (Assign, Bin, Buffer, Cast, Const, For, Gemm, Kernel, Let, Load, Local, Store,
-                               TransposeBlock, Var, WindowDot)
+from modelkiln.ir.loop import (Assign, Bin, Buffer, Cast, Const, Deinterleave, For, Gemm, Kernel, Let, Load, Local,
+                               Store, TransposeBlock, Var, WindowDot)
 from modelkiln.ir.verify import verify_kernel
 
 BUFS = (Buffer("o0", "f32", 16), Buffer("i0", "f32", 16), Buffer("w0", "i64", 4))
@@ -54,6 +54,8 @@ def good():
     (_window_dot(stride=5), "16 outputs span over 64 bytes"),
     (Kernel(BYTE_BUFS, (TransposeBlock("t0", Const(0), 64, "p0", Const(0), 64, 17, 4),)), "17x4 elements"),
     (Kernel(BYTE_BUFS, (TransposeBlock("t9", Const(0), 64, "p0", Const(0), 64, 4, 4),)), "buffer t9 does not exist"),
+    (_kernel(Deinterleave("i0", Const(0), "w0", Const(0), 8, 2, 4)), "deinterleave operand w0 is not a f32 buffer"),
+    (_kernel(Deinterleave("i0", Const(0), "o0", Const(0), 3, 2, 4)), "4 x 2 phases into runs 3 apart"),
     (_byte_gemm(kind="s8u8"), "s8u8 gemm with B packed as 16-bit pairs"),
     (_byte_gemm(b_buf="b1"), "not byte buffers \\(A\\) and 16-bit pairs \\(B\\)"),
     (_byte_gemm(b_words=False), "not byte buffers"),
@@ -67,6 +69,7 @@ def test_malformed_kernel_is_named_with_its_ops(kernel, message):
 def test_well_formed_kernel_passes():
     verify_kernel(good(), "fused_ok", ["ReduceSum"])
     verify_kernel(_window_dot(stride=4), "fused_ok", ["ConvInteger"])
+    verify_kernel(_kernel(Deinterleave("i0", Const(0), "o0", Const(0), 8, 2, 4)), "fused_ok", ["Conv"])
     verify_kernel(_byte_gemm(), "fused_ok", ["MatMulInteger"])
     verify_kernel(_byte_gemm(b_buf="b1", b_words=False), "fused_ok", ["MatMulInteger"])
 

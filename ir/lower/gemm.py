@@ -16,6 +16,7 @@ import math
 import numpy as np
 
 from ..deferred import DeferredArray
+from ..dtypes import dtype
 from ..graph import Node
 from ..loop import (GEMM_SPLITS, Assign, Const, Expr, For, Gemm, If, Let, Load, Local, Store, Var, add, cmp, div, fbin,
                     flat_index, fold_balanced, loop, mul, rem, select, sub, unflatten)
@@ -426,9 +427,13 @@ def lower_depthwise(b: KernelBuilder, node: Node, store, value=lambda v: v, weig
     if sw == 1:
         pad_copy = padded_copy(b, xparam, mul(Var(bv), cin * h * w_), cin, [h, w_], [pt, pl, pb, pr], xp, value)
     else:
+        def row_start(c, i):
+            return xparam, add(mul(Var(bv), cin * h * w_), mul(add(mul(c, h), i), w_))
+
         def read(c, i, j):
-            return value(Load(xparam, add(mul(Var(bv), cin * h * w_), add(mul(add(mul(c, h), i), w_), j))))
-        pad_copy = phase_split_copy(b, read, cin, h, w_, pt, pl, sw, hp, wq, xp)
+            return value(Load(xparam, add(row_start(c, i)[1], j)))
+        plain = not weights and dtype(b.type(x_name).dtype).storage == "f32"  # (not ConvInteger's bytes)
+        pad_copy = phase_split_copy(b, read, cin, h, w_, pt, pl, sw, hp, wq, xp, row_start if plain else None)
     co, r, v, q = b.fresh("co"), b.fresh("r"), b.fresh("kx"), b.fresh("q")
     ch = div(Var(co), mult)
     kx = mul(Var(v), dw)  # a constant once the window loop is unrolled

@@ -3,16 +3,18 @@ depthwise convolution): once a plane is copied with its border filled, every tap
 window reads a contiguous run of the copy, with no bounds checks."""
 from __future__ import annotations
 
-from ..loop import Const, For, If, Store, Var, add, cmp, fbin, flat_index, mul, sub
+from ..loop import Const, Deinterleave, For, If, Store, Var, add, cmp, fbin, flat_index, mul, sub
 from .builder import KernelBuilder
 
 
 def phase_split_copy(b: KernelBuilder, read, channels: int, h: int, w: int, pt: int, pl: int, sw: int,
-                     hp: int, wq: int, dest: str) -> For:
+                     hp: int, wq: int, dest: str, row_start=None) -> For:
     """Copy `channels` planes of [h, w] into dest [channel][hp][sw][wq] with a zero border:
     padded row i, column phase ph, slot t holds input (i - pt, t*sw + ph - pl), so along an
     output row of a window strided by sw, a tap's inputs are contiguous. `read(c, i, j)` is
-    input element (c, i, j) as float32. Returns the loop over channels (parallel)."""
+    input element (c, i, j) as float32; where the input is float32 read as it is,
+    `row_start(c, i)` gives (its buffer, the offset of element (c, i, 0)), and the slots
+    every phase fills are one Deinterleave. Returns the loop over channels (parallel)."""
     c, i, t = b.fresh("c"), b.fresh("y"), b.fresh("t")
     zero = Const(0.0, "f32")
     row = sub(Var(i), pt)
@@ -37,7 +39,12 @@ def phase_split_copy(b: KernelBuilder, read, channels: int, h: int, w: int, pt: 
     for ph, (lo, hi) in enumerate(spans):
         inside += [*slots(ph, 0, lo, False), *slots(ph, lo, max(min(hi, lo_all) - lo, 0), True),
                    *slots(ph, max(hi_all, lo), hi - max(hi_all, lo), True), *slots(ph, hi, wq - hi, False)]
-    if hi_all > lo_all:
+    if hi_all > lo_all and row_start is not None:
+        src, start = row_start(Var(c), row)
+        inside.append(Deinterleave(src, add(start, lo_all * sw - pl), dest,
+                                   flat_index([Var(c), Var(i), Const(0), Const(lo_all)], [channels, hp, sw, wq]), wq, sw,
+                                   hi_all - lo_all))
+    elif hi_all > lo_all:
         every = tuple(s for ph in range(sw) for s in slots(ph, lo_all, hi_all - lo_all, True)[0].body)
         inside.append(For(t, hi_all - lo_all, every, "forced_vector"))
     border = tuple(s for ph in range(sw) for s in slots(ph, 0, wq, False))
