@@ -200,6 +200,14 @@ PREFETCH_K_STEPS = 64
 VPDPBUSD = {16: "llvm.x86.avx512.vpdpbusd.512", 8: "llvm.x86.avx512.vpdpbusd.256"}
 
 
+MASKED_SUFFIX = {"float": "f32", "i32": "i32"}  # llvm.masked.load/store's name for a vector's elements
+
+
+def first_lanes(lanes: int, count: int) -> str:
+    """A constant <lanes x i1> mask with the first `count` lanes on."""
+    return f"<{lanes} x i1> <" + ", ".join(f"i1 {'true' if i < count else 'false'}" for i in range(lanes)) + ">"
+
+
 class FunctionEmitter:
     def __init__(self, kernel: Kernel, symbol: str, dot_widths: frozenset = frozenset()):
         self.k = kernel
@@ -736,6 +744,7 @@ class FunctionEmitter:
 
     def microkernel(self, g: Gemm, a_ptr, a_off, b_ptr, bp, m0, rows, vt, tile, cols: int) -> None:
         vw, nv = self.vw, g.nr // self.vw
+        elt = "float" if g.kind == "f32" else "i32"
         rowbase = []
         for r in range(rows):
             t = self.tmp("row")
@@ -768,18 +777,9 @@ class FunctionEmitter:
             idx = self.tmp("bi")
             self.emit(f"{idx} = add nsw i64 {kbp}, {v * vw}")
             p = self.gep(b_ptr, "f32" if g.kind == "f32" else "i32", idx)
-            bv = self.tmp("bv")
             lanes = min(max(cols - v * vw, 0), vw) if g.in_place_b else vw
-            if lanes == vw:
-                self.emit(f"{bv} = load {vt}, ptr {p}, align 4")
-            elif lanes == 0:  # in place, wholly past N: nothing to read
-                bv = "zeroinitializer"
-            else:  # in place, partly past N: read only the columns that exist
-                self.decls.add(f"declare {vt} @llvm.masked.load.v{vw}f32.p0(ptr, i32, <{vw} x i1>, {vt})")
-                mask = ", ".join(f"i1 {int(i < lanes)}" for i in range(vw))
-                self.emit(f"{bv} = call {vt} @llvm.masked.load.v{vw}f32.p0(ptr {p}, i32 4, <{vw} x i1> <{mask}>, "
-                          f"{vt} zeroinitializer)")
-            bvec.append(bv)
+            # (in place, partly past N: only the columns that exist are read; wholly past: none)
+            bvec.append(self.load_first(p, elt, vw, lanes, 4) if lanes else "zeroinitializer")
         # (a run-time m: its full row blocks, a prefill's; not the rows left after them, a decoding step's one)
         many_rows = g.m >= g.mr if isinstance(g.m, int) else rows == g.mr
         prefetch = self.prefetch == "on" or (self.prefetch == "auto" and g.k * g.n * 4 > PREFETCH_B_BYTES)
@@ -823,7 +823,6 @@ class FunctionEmitter:
         self.emit(f"{c} = icmp ult i64 {knext}, {g.k}")
         self.emit(f"br i1 {c}, label %{head}, label %{exit_}")
         self.label(exit_)
-        elt = "float" if g.kind == "f32" else "i32"
         if g.stores_along == "m":
             # Column-major: each column's rows [j * R, j * R + rows), transposed in registers
             # vw x vw at a time (rows past the tile are zeros), so that the write-back reads
@@ -1017,72 +1016,59 @@ class FunctionEmitter:
             self.emit(f"store {vt} {sums[0]}, ptr {self.gep(o_ptr, 'i32', out)}, align 4")
         self.loop("__wd_v", s.vectors, one_vector, "scalar")
 
+    def load_first(self, ptr: str, elt: str, lanes: int, count: int, align: int) -> str:
+        """A <lanes x elt> vector (elt: float or i32) at ptr of which only the first `count`
+        lanes are read: a plain load, or one under a constant mask (the rest zero)."""
+        vt, v = f"<{lanes} x {elt}>", self.tmp("vec")
+        if count >= lanes:
+            self.emit(f"{v} = load {vt}, ptr {ptr}, align {align}")
+            return v
+        fn = f"@llvm.masked.load.v{lanes}{MASKED_SUFFIX[elt]}.p0"
+        self.decls.add(f"declare {vt} {fn}(ptr, i32, <{lanes} x i1>, {vt})")
+        self.emit(f"{v} = call {vt} {fn}(ptr {ptr}, i32 {align}, {first_lanes(lanes, count)}, {vt} zeroinitializer)")
+        return v
+
+    def store_first(self, value: str, ptr: str, elt: str, lanes: int, count: int, align: int) -> None:
+        """The first `count` lanes of a <lanes x elt> value stored at ptr (under a constant
+        mask where that is not all of them)."""
+        vt = f"<{lanes} x {elt}>"
+        if count >= lanes:
+            self.emit(f"store {vt} {value}, ptr {ptr}, align {align}")
+            return
+        fn = f"@llvm.masked.store.v{lanes}{MASKED_SUFFIX[elt]}.p0"
+        self.decls.add(f"declare void {fn}({vt}, ptr, i32, <{lanes} x i1>)")
+        self.emit(f"call void {fn}({vt} {value}, ptr {ptr}, i32 {align}, {first_lanes(lanes, count)})")
+
     def transpose_block(self, s: TransposeBlock) -> None:
         """ir.loop.TransposeBlock: rows loaded as vectors (a partial row through a masked
         load), transposed in registers, columns stored (partial ones through masked stores)."""
         n = TRANSPOSE_LANES
-        vt, mt = f"<{n} x i32>", f"<{n} x i1>"
         src, dst = self.bufs[s.src][0], self.bufs[s.dst][0]
         src_off, dst_off = self.expr(s.src_off), self.expr(s.dst_off)
-
-        def lanes(count: int) -> str:
-            return "<" + ", ".join(f"i1 {'true' if lane < count else 'false'}" for lane in range(n)) + ">"
-        if s.cols < n:
-            self.decls.add(f"declare {vt} @llvm.masked.load.v{n}i32.p0(ptr, i32, {mt}, {vt})")
-        if s.rows < n:
-            self.decls.add(f"declare void @llvm.masked.store.v{n}i32.p0({vt}, ptr, i32, {mt})")
-        rows = []
-        for i in range(n):
-            if i >= s.rows:
-                rows.append("zeroinitializer")
-                continue
-            p, v = self.gep(src, "u8", self.int_op("add nsw", src_off, i * s.src_stride)), self.tmp("trow")
-            if s.cols < n:
-                self.emit(f"{v} = call {vt} @llvm.masked.load.v{n}i32.p0(ptr {p}, i32 1, {mt} {lanes(s.cols)}, "
-                          f"{vt} zeroinitializer)")
-            else:
-                self.emit(f"{v} = load {vt}, ptr {p}, align 1")
-            rows.append(v)
-        for j, column in enumerate(self.transpose(rows, vt, n)[:s.cols]):
-            p = self.gep(dst, "u8", self.int_op("add nsw", dst_off, j * s.dst_stride))
-            if s.rows < n:
-                self.emit(f"call void @llvm.masked.store.v{n}i32.p0({vt} {column}, ptr {p}, i32 1, "
-                          f"{mt} {lanes(s.rows)})")
-            else:
-                self.emit(f"store {vt} {column}, ptr {p}, align 1")
+        rows = [self.load_first(self.gep(src, "u8", self.int_op("add nsw", src_off, i * s.src_stride)), "i32", n,
+                                s.cols, 1) if i < s.rows else "zeroinitializer" for i in range(n)]
+        for j, column in enumerate(self.transpose(rows, f"<{n} x i32>", n)[:s.cols]):
+            self.store_first(column, self.gep(dst, "u8", self.int_op("add nsw", dst_off, j * s.dst_stride)), "i32", n,
+                             s.rows, 1)
 
     def deinterleave(self, s: Deinterleave) -> None:
         """ir.loop.Deinterleave: per vector of slots, one load of its `phases` vectors of
         input, a shuffle per phase, a store per phase; the ragged last one through a masked
         load and masked stores (constant masks)."""
         vw, ph = self.vw, s.phases
-        wide, vt = f"<{vw * ph} x float>", f"<{vw} x float>"
+        wide = f"<{vw * ph} x float>"
         src, dst = self.bufs[s.src][0], self.bufs[s.dst][0]
         src_off, dst_off = self.expr(s.src_off), self.expr(s.dst_off)
 
-        def mask(lanes: int, count: int) -> str:
-            return "<" + ", ".join(f"i1 {'true' if i < count else 'false'}" for i in range(lanes)) + ">"
-
         def slots(t0: str, count: int) -> None:
-            p = self.gep(src, "f32", self.int_op("add nsw", src_off, self.mul_const(t0, ph)))
-            row = self.tmp("dirow")
-            if count == vw:
-                self.emit(f"{row} = load {wide}, ptr {p}, align 4")
-            else:
-                self.decls.add(f"declare {wide} @llvm.masked.load.v{vw * ph}f32.p0(ptr, i32, <{vw * ph} x i1>, {wide})")
-                self.emit(f"{row} = call {wide} @llvm.masked.load.v{vw * ph}f32.p0(ptr {p}, i32 4, "
-                          f"<{vw * ph} x i1> {mask(vw * ph, count * ph)}, {wide} poison)")
+            row = self.load_first(self.gep(src, "f32", self.int_op("add nsw", src_off, self.mul_const(t0, ph))),
+                                  "float", vw * ph, count * ph, 4)
             for q in range(ph):
                 part = self.tmp("diph")
                 picks = ", ".join(f"i32 {q + ph * i}" for i in range(vw))
                 self.emit(f"{part} = shufflevector {wide} {row}, {wide} poison, <{vw} x i32> <{picks}>")
                 at = self.gep(dst, "f32", self.int_op("add nsw", self.int_op("add nsw", dst_off, q * s.dst_stride), t0))
-                if count == vw:
-                    self.emit(f"store {vt} {part}, ptr {at}, align 4")
-                else:
-                    self.decls.add(f"declare void @llvm.masked.store.v{vw}f32.p0({vt}, ptr, i32, <{vw} x i1>)")
-                    self.emit(f"call void @llvm.masked.store.v{vw}f32.p0({vt} {part}, ptr {at}, i32 4, "
-                              f"<{vw} x i1> {mask(vw, count)})")
+                self.store_first(part, at, "float", vw, count, 4)
         whole, tail = divmod(s.count, vw)
         if whole:
             self.loop("__di_v", whole, lambda: slots(self.mul_const(self.lookup("__di_v")[1], vw), vw), "scalar")

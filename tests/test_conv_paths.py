@@ -176,7 +176,6 @@ def test_a_strided_depthwise_copies_its_column_phases_as_vectors(width, kernel, 
     assert copy.phases == stride and copy.count >= (width - kernel) // stride
 
 
-
 @pytest.mark.parametrize("target", X86_TARGETS)
 @pytest.mark.parametrize("cout", [256, 16])
 def test_ragged_row_blocks_take_im2col_where_the_waste_outweighs_the_copy(cout, target, executor):
