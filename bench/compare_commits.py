@@ -1,13 +1,15 @@
 """Kiln against Kiln: one model's module built by two commits, timed in one process.
 
     python bench/compare_commits.py MODEL [REV_A] [REV_B] [--rounds 7] [--repeat 100] [--threads 1]
+                                   [--target x86-64-v3]
 
 This machine's speed drifts by 10-30% within an hour, so two runs of bench_models.py an
 hour apart cannot tell a 5% kernel change from noise. Here each revision (default: HEAD~1
 and the working tree) is checked out into a temporary git worktree, the same ONNX file
 (written once, by this checkout's bench models) is built by each in a subprocess that
 imports that worktree's Kiln, and both modules are loaded here and timed in interleaved
-rounds. Prints each revision's median over rounds, its best round, its kernel sum
+rounds (`--target` builds for another target than the host's, e.g. AVX2 code on an
+AVX-512 host). Prints each revision's median over rounds, its best round, its kernel sum
 (`Module.profile`, best of rounds per kernel), and the kernels that moved by more than 8%.
 """
 from __future__ import annotations
@@ -37,20 +39,21 @@ def _checkout(rev: str, where: str) -> str:
     return where
 
 
-def _build(source: str, model_path: str, out: str) -> None:
+def _build(source: str, model_path: str, out: str, target: str) -> None:
     """Build with the Kiln in `source` (its folder first on the path, for the zygote too),
     refusing to go on if the subprocess imported another Kiln (an installed copy)."""
     env = dict(os.environ, PYTHONPATH=source + os.pathsep + os.environ.get("PYTHONPATH", ""))
     code = ("import sys, modelkiln; from modelkiln.orchestrator.api import build; "
-            "build(sys.argv[1], cache=None, progress=False).export(sys.argv[2]); print(modelkiln.IMPORT_ROOT)")
-    done = subprocess.run([sys.executable, "-c", code, model_path, out], check=True, env=env, cwd=source,
+            "build(sys.argv[1], target=sys.argv[3], cache=None, progress=False).export(sys.argv[2]); "
+            "print(modelkiln.IMPORT_ROOT)")
+    done = subprocess.run([sys.executable, "-c", code, model_path, out, target], check=True, env=env, cwd=source,
                           capture_output=True, text=True)
     imported = done.stdout.strip().splitlines()[-1]
     if os.path.realpath(imported) != os.path.realpath(source):
         raise RuntimeError(f"the build for {source} imported Kiln from {imported}")
 
 
-def compare(model_name: str, revs: list, rounds: int, repeat: int, threads: int) -> dict:
+def compare(model_name: str, revs: list, rounds: int, repeat: int, threads: int, target: str = "llvm") -> dict:
     """{rev: (median over rounds, best round, kernel sum, per-kernel ms)} for each revision."""
     model, inputs = MODELS[model_name]()
     with tempfile.TemporaryDirectory(prefix="kiln-compare-") as tmp:
@@ -63,7 +66,7 @@ def compare(model_name: str, revs: list, rounds: int, repeat: int, threads: int)
                 source = _checkout(rev, os.path.join(tmp, f"src{i}"))
                 if source != ROOT:
                     worktrees.append(source)
-                _build(source, model_path, os.path.join(tmp, f"bundle{i}"))
+                _build(source, model_path, os.path.join(tmp, f"bundle{i}"), target)
                 modules[rev] = load(os.path.join(tmp, f"bundle{i}"), threads=threads)
         finally:
             for w in worktrees:
@@ -87,9 +90,10 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--repeat", type=int, default=100)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--target", default="llvm", help="what to build for (default: this host)")
     args = ap.parse_args()
-    found = compare(args.model, [args.rev_a, args.rev_b], args.rounds, args.repeat, args.threads)
-    print(f"| {args.model}, {args.threads} thread(s) | median of rounds (ms) | best round (ms) | kernel sum (ms) |")
+    found = compare(args.model, [args.rev_a, args.rev_b], args.rounds, args.repeat, args.threads, args.target)
+    print(f"| {args.model}, {args.target}, {args.threads} thread(s) | median of rounds (ms) | best round (ms) | kernel sum (ms) |")
     print("|---|---:|---:|---:|")
     for rev, (median, best, kernel_sum, _) in found.items():
         print(f"| {rev} | {median:.4f} | {best:.4f} | {kernel_sum:.4f} |")

@@ -227,11 +227,15 @@ class Gemm(Stmt):
     "s8u8". This is the shape of AVX-512 VNNI's vpdpbusd (unsigned x signed, 4 products per
     i32 lane); targets without it get the same sums from widening multiplies.
 
-    With `b_words` (kinds "u8s8" and "s8s8", packed B), B is packed for 16-bit multiplies:
-    [panel][quad][pair][nr] i32 lanes, each holding two consecutive k of one column as int16
-    (low half the first). A's bytes are then zero-extended in pairs and each pair multiplied
-    with vpmaddwd: exact (two products of a byte and a signed byte fit an i32), where AVX2's
-    byte multiply (vpmaddubsw) saturates its 16-bit pair sums.
+    With `b_words` (kinds "u8s8" and "s8u8", packed B), both operands are 16-bit, for
+    vpmaddwd: A is an i16 buffer holding the values the kind names (a signed activation
+    already shifted by 128 by the lowering that widened it; quad q of row r is the four
+    elements at a_off + r*a_sm + 4*q), and B is packed [panel][quad][pair][nr] i32 lanes, each
+    holding two consecutive k of one column as int16 (low half the first). Each of A's pairs
+    is one 32-bit broadcast, multiplied by B's pair vector with vpmaddwd: exact (two products
+    of bytes fit an i32), where AVX2's byte multiply (vpmaddubsw) saturates its 16-bit pair
+    sums. (A widened once by the lowering costs a pass over it; widened by shuffles in the
+    micro-kernel, it cost two per row and quad, for every column panel.)
     """
     a_buf: str
     a_off: Expr

@@ -193,12 +193,13 @@ class _Checker:
             if s.b_ktab and (s.kind != "f32" or s.b_sk
                              or self.buffers.get(s.b_ktab, Buffer("", "", 0)).dtype != "i64"):
                 raise _Problem(f"{s.kind} gemm reads B in place through {s.b_ktab!r}: float32, an i64 table, no b_sk")
-            if s.b_words and (s.kind not in ("u8s8", "s8s8") or s.in_place_b):
-                raise _Problem(f"{s.kind} gemm with B packed as 16-bit pairs: only u8s8 and s8s8, B packed")
+            if s.b_words and (s.kind not in ("u8s8", "s8u8") or s.in_place_b):
+                raise _Problem(f"{s.kind} gemm with B packed as 16-bit pairs: only u8s8 and s8u8, B packed")
+            if s.b_words and (a_type != "i16" or b_type != "i16"):
+                raise _Problem(f"gemm operands {s.a_buf}, {s.b_buf} are not 16-bit buffers (B packed in pairs)")
             if s.kind != "f32":
-                if a_type not in ("i8", "u8") or b_type not in (("i16",) if s.b_words else ("i8", "u8")):
-                    raise _Problem(f"{s.kind} gemm operands {s.a_buf}, {s.b_buf} are not byte buffers"
-                                   + (" (A) and 16-bit pairs (B)" if s.b_words else ""))
+                if not s.b_words and (a_type not in ("i8", "u8") or b_type not in ("i8", "u8")):
+                    raise _Problem(f"{s.kind} gemm operands {s.a_buf}, {s.b_buf} are not byte buffers")
             elif a_type not in _GEMM_A_TYPES:
                 raise _Problem(f"gemm operand {s.a_buf} is not a float buffer computing in f32")
             elif b_type != "f32":

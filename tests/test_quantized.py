@@ -173,8 +173,9 @@ def test_matmul_integer_larger_than_l2():
 def test_conv_integer(x_type, case, target):
     """The channels-last implicit GEMM (pads hold the zero point; its input copy transposes
     blocks of up to 16 channel quads x 16 pixels, partial ones at the edges), the pointwise
-    GEMM (1x1; on AVX2 the channels-last one, B in 16-bit pairs) and the plain loop (groups;
-    weights whose centred values leave a byte): exact int32."""
+    GEMM (1x1, stride 1, no pads: weights as A, the activations packed as B) and the plain
+    loop (groups; weights whose centred values leave a byte): exact int32. On AVX2 both
+    operands are 16-bit (Gemm.b_words)."""
     case = dict(case)
     k, shape = case.pop("kernel", 3), case.pop("shape", [2, 10, 11, 13])
     weight_range = case.pop("weight_range", 200)
@@ -187,8 +188,8 @@ def test_conv_integer(x_type, case, target):
     result = _compare_for(model, feeds, target)
     gemms = [s for c in result.lowered.calls for s in kernel_statements(c.kernel.body) if type(s).__name__ == "Gemm"]
     assert bool(gemms) == (group == 1 and weight_range < 255) and reference_outputs(model, feeds)["y"].any()
-    assert all(g.b_words == (lanes(target) == 8) and g.kind in ("u8s8" if lanes(target) == 8 else ("u8s8", "s8u8"))
-               for g in gemms)
+    pointwise = k == 1 and not case
+    assert all(g.b_words == (lanes(target) == 8) and g.kind == ("s8u8" if pointwise else "u8s8") for g in gemms)
 
 
 def _depthwise_path(result) -> str:

@@ -22,12 +22,13 @@ def _window_dot(p_buf="p0", stride=1):
     return Kernel(BYTE_BUFS, (WindowDot(p_buf, Const(0), 20, stride, 1, "w1", Const(0), 3, 3, 16, "t0", Const(0)),))
 
 
-WORD_BUFS = (Buffer("o0", "i32", 64), Buffer("a0", "u8", 64), Buffer("b0", "i16", 64), Buffer("b1", "i8", 64))
+WORD_BUFS = (Buffer("o0", "i32", 64), Buffer("a0", "u8", 64), Buffer("b0", "i16", 64), Buffer("b1", "i8", 64),
+             Buffer("a1", "i16", 64))
 
 
-def _byte_gemm(b_buf="b0", kind="u8s8", b_words=True):
-    """An 8-bit 4x16 GEMM of 4 quads, A from a0, B from b_buf, storing its sums into o0."""
-    return Kernel(WORD_BUFS, (Gemm("a0", Const(0), 16, 1, b_buf, Const(0), 4, 16, 4, 4, 16, "m", "n", "acc",
+def _byte_gemm(b_buf="b0", kind="u8s8", b_words=True, a_buf="a1"):
+    """An 8-bit 4x16 GEMM of 4 quads, A from a_buf, B from b_buf, storing its sums into o0."""
+    return Kernel(WORD_BUFS, (Gemm(a_buf, Const(0), 16, 1, b_buf, Const(0), 4, 16, 4, 4, 16, "m", "n", "acc",
                                    (Store("o0", Bin("add", Bin("mul", Var("m"), Const(16)), Var("n")),
                                           Var("acc", "i32")),), kind=kind, b_words=b_words),))
 
@@ -56,9 +57,10 @@ def good():
     (Kernel(BYTE_BUFS, (TransposeBlock("t9", Const(0), 64, "p0", Const(0), 64, 4, 4),)), "buffer t9 does not exist"),
     (_kernel(Deinterleave("i0", Const(0), "w0", Const(0), 8, 2, 4)), "deinterleave operand w0 is not a f32 buffer"),
     (_kernel(Deinterleave("i0", Const(0), "o0", Const(0), 3, 2, 4)), "4 x 2 phases into runs 3 apart"),
-    (_byte_gemm(kind="s8u8"), "s8u8 gemm with B packed as 16-bit pairs"),
-    (_byte_gemm(b_buf="b1"), "not byte buffers \\(A\\) and 16-bit pairs \\(B\\)"),
-    (_byte_gemm(b_words=False), "not byte buffers"),
+    (_byte_gemm(kind="s8s8"), "s8s8 gemm with B packed as 16-bit pairs"),
+    (_byte_gemm(b_buf="b1"), "a1, b1 are not 16-bit buffers"),
+    (_byte_gemm(a_buf="a0"), "a0, b0 are not 16-bit buffers"),
+    (_byte_gemm(b_words=False, a_buf="a0"), "not byte buffers"),
 ])
 def test_malformed_kernel_is_named_with_its_ops(kernel, message):
     with pytest.raises(InternalError, match=message) as e:
@@ -71,7 +73,7 @@ def test_well_formed_kernel_passes():
     verify_kernel(_window_dot(stride=4), "fused_ok", ["ConvInteger"])
     verify_kernel(_kernel(Deinterleave("i0", Const(0), "o0", Const(0), 8, 2, 4)), "fused_ok", ["Conv"])
     verify_kernel(_byte_gemm(), "fused_ok", ["MatMulInteger"])
-    verify_kernel(_byte_gemm(b_buf="b1", b_words=False), "fused_ok", ["MatMulInteger"])
+    verify_kernel(_byte_gemm(b_buf="b1", b_words=False, a_buf="a0"), "fused_ok", ["MatMulInteger"])
 
 
 def test_a_malformed_kernel_stops_the_build_before_any_job(monkeypatch):

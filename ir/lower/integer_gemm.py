@@ -14,17 +14,18 @@ constant) and then runs whatever the group fuses after the product: the dequanti
 multiply, bias, activation and requantize.
 
 - MatMul reads A (activations, [M, K]) in place when K is a multiple of 4, else through a
-  padded copy; B (weights) is packed [panel][k/4][nr][4] at compile time, or on 8-lane x86
-  without a byte dot product as 16-bit pairs for vpmaddwd (Gemm.b_words; exact, where
-  AVX2's byte multiply saturates).
+  padded copy; B (weights) is packed [panel][k/4][nr][4] at compile time. On 8-lane x86
+  without a byte dot product (AVX2) both operands are 16-bit for vpmaddwd (Gemm.b_words;
+  exact, where AVX2's byte multiply saturates): B packed in pairs, A always copied, widened.
 - Conv first copies the input, once, into a zero-point-bordered channels-last workspace
   (`[row][column][channel]`, channels padded to 4, signed bytes shifted to unsigned; 16x16
   blocks of channel quads x pixels transposed in registers), so
   that for one output row the micro-kernel reads A in place: pixel m at stride*C bytes,
   quad q at a compile-time offset (`a_ktab`, the (ky, kx, c/4) position). No im2col. The
-  epilogue writes NCHW.
+  epilogue writes NCHW. (On AVX2 the workspace holds 16-bit elements.)
 - A 1x1 stride-1 conv instead packs the input into 4-channel panels and makes the weights
-  the broadcast operand ("s8u8"): the tile's columns are pixels, stored contiguously.
+  the broadcast operand ("s8u8"): the tile's columns are pixels, stored contiguously. (On
+  AVX2: the weights as 16-bit rows, the input packed in 16-bit pairs.)
 - A depthwise conv sums bytes along output rows (`WindowDot`: four taps of 16 outputs per
   vpdpbusd) over a zero-point-bordered byte copy of each plane; where that does not apply,
   the float32 direct kernel on x - zx and w - zw, exactly.
@@ -147,12 +148,18 @@ def lower_matmul_integer(b: KernelBuilder, node: Node, store) -> tuple:
     correction = _za_correction(b, za, za_name, signed_a, wc.astype(np.int32).sum(axis=0), w_name)
     a_param = b.in_param(a_name)
     stmts = []
-    if k % 4:  # rows padded to whole quads (the pad bytes meet zero weights)
-        storage = "i8" if signed_a else "u8"
+    words = b.config.int8_pairs
+    if k % 4 or words:
+        # Rows padded to whole quads (the pad elements meet zero weights); for 16-bit pairs,
+        # widened once here rather than in every column panel's pass over a row.
+        storage = "i16" if words else "i8" if signed_a else "u8"
         a_buf = b.workspace(m * quads * 4, storage)
         i, j = b.fresh("r"), b.fresh("k")
-        value = select(cmp("lt", Var(j), Const(k)), Load(a_param, add(mul(Var(i), k), fbin("min", Var(j), Const(k - 1)))),
-                       Const(0, storage))
+        value = Load(a_param, add(mul(Var(i), k), fbin("min", Var(j), Const(k - 1)) if k % 4 else Var(j)))
+        if words:
+            value = Cast("i16", fbin("add", Cast("i32", value), Const(128, "i32")) if signed_a else value)
+        if k % 4:
+            value = select(cmp("lt", Var(j), Const(k)), value, Const(0, storage))
         stmts.append(For(i, m, (For(j, quads * 4, (Store(a_buf, add(mul(Var(i), quads * 4), Var(j)), value),),
                                     "vectorize"),), parallel=True))
     else:
@@ -161,7 +168,7 @@ def lower_matmul_integer(b: KernelBuilder, node: Node, store) -> tuple:
     def epilogue(mm, nn, acc):
         return store(unflatten(mm, sa[:-1]) + [nn], fbin("sub", acc, correction(nn)))
     stmts.append(gemm_stmt(b, a_buf, Const(0), quads * 4, 1, w_param, Const(0), m, n, quads, epilogue,
-                           kind="s8s8" if signed_a else "u8s8", b_words=b.config.int8_pairs))
+                           kind="s8s8" if signed_a and not words else "u8s8", b_words=words))
     return tuple(stmts)
 
 
@@ -221,9 +228,7 @@ def lower_conv_integer(b: KernelBuilder, node: Node, store) -> tuple:
         wc = centered_weights(b.g.constants[w_name], zw, 0)
     if wc is None:
         return _plain_conv(b, node, store)
-    # (The pointwise layout has the activations as B, which 16-bit pairs would have to pack at
-    # run time: where B is packed in pairs, a 1x1 conv takes the channels-last path.)
-    if list(wsh[2:]) == [1, 1] and a["strides"] == [1, 1] and not any(a["pads"]) and not b.config.int8_pairs:
+    if list(wsh[2:]) == [1, 1] and a["strides"] == [1, 1] and not any(a["pads"]):
         return _pointwise(b, node, store, wc.reshape(wsh[0], -1), zx, zx_name)
     batch, cin, h, w_ = xs
     cout = wsh[0]
@@ -246,14 +251,15 @@ def lower_conv_integer(b: KernelBuilder, node: Node, store) -> tuple:
     correction = _za_correction(b, zx, zx_name, signed_x, wmat.astype(np.int32).sum(axis=0), w_name)
     za_u = _unsigned_zero_point(b, zx, zx_name, signed_x)
     xparam = b.in_param(x_name)
-    nhwc = b.workspace(hp * wp * cp, "u8")
+    nhwc = b.workspace(hp * wp * cp, "i16" if b.config.int8_pairs else "u8")
     bv = b.fresh("b")
 
     if b.config.vector_width >= TRANSPOSE_LANES:
         copy = _channels_last_copy(b, xparam, mul(Var(bv), cin * h * w_), cin, h, w_, a["pads"], cp, signed_x, za_u,
                                    nhwc)
     else:
-        copy = _channels_last_gather(b, xparam, Var(bv), cin, batch, h, w_, a["pads"], cp, signed_x, za_u, nhwc)
+        copy = _channels_last_gather(b, xparam, Var(bv), cin, batch, h, w_, a["pads"], cp, signed_x, za_u, nhwc,
+                                     b.config.int8_pairs)
 
     orow = b.fresh("oy")
 
@@ -315,8 +321,9 @@ def _channels_last_copy(b: KernelBuilder, xparam: str, base, cin: int, h: int, w
 
 
 def _channels_last_gather(b: KernelBuilder, xparam: str, bv, cin: int, batch: int, h: int, w_: int, pads: list,
-                          cp: int, signed_x: bool, za_u, nhwc: str) -> For:
-    """The same copy element by element, for targets with narrower vectors."""
+                          cp: int, signed_x: bool, za_u, nhwc: str, words: bool) -> For:
+    """The same copy element by element, for targets with narrower vectors; with `words`,
+    each byte widened to 16 bits (the GEMM's B is packed in 16-bit pairs)."""
     pt, pl, pb, pr = pads
     hp, wp = h + pt + pb, w_ + pl + pr
     y, xx, c = b.fresh("y"), b.fresh("x"), b.fresh("c")
@@ -329,8 +336,11 @@ def _channels_last_gather(b: KernelBuilder, xparam: str, bv, cin: int, batch: in
                       fbin("min", fbin("max", ix, Const(0)), Const(w_ - 1))], [batch * cin, h, w_])
     loaded = Load(xparam, src)
     as_unsigned = Cast("u8", fbin("add", Cast("i32", loaded), Const(128, "i32"))) if signed_x else loaded
+    value = select(inside, as_unsigned, za_u)
+    if words:  # (Gemm.b_words: A in 16-bit elements)
+        value = Cast("i16", value)
     return For(y, hp, (For(xx, wp, (For(c, cp, (Store(nhwc, flat_index([Var(y), Var(xx), Var(c)], [hp, wp, cp]),
-                                                      select(inside, as_unsigned, za_u)),), "vectorize"),)),),
+                                                      value),), "vectorize"),)),),
                parallel=True)
 
 
@@ -345,13 +355,14 @@ def _pointwise(b: KernelBuilder, node: Node, store, wc: np.ndarray, zx, zx_name:
     cp = -(-cin // 4) * 4
     quads = cp // 4
     signed_x = b.type(x_name).dtype == "int8"
-    a_rows = np.zeros((cout, cp), np.int8)
+    words = b.config.int8_pairs  # (Gemm.b_words: both operands in 16-bit elements)
+    a_rows = np.zeros((cout, cp), np.int16 if words else np.int8)
     a_rows[:, :cin] = wc
-    w_param = b.constant_param(f"{node.inputs[1]}_rows_bytes", a_rows)
+    w_param = b.constant_param(f"{node.inputs[1]}_rows_{'words' if words else 'bytes'}", a_rows)
     correction = _za_correction(b, zx, zx_name, signed_x, wc.astype(np.int32).sum(axis=1), node.inputs[1])
     nr = b.tile(pixels)[1]
     panels = -(-pixels // nr)
-    packed = b.workspace(panels * quads * nr * 4, "u8")
+    packed = b.workspace(panels * quads * nr * 4, "i16" if words else "u8")
     xparam = b.in_param(x_name)
     bv, q, p, j = b.fresh("b"), b.fresh("q"), b.fresh("p"), b.fresh("j")
 
@@ -368,7 +379,13 @@ def _pointwise(b: KernelBuilder, node: Node, store, wc: np.ndarray, zx, zx_name:
                     v = Cast("u8", fbin("add", Cast("i32", v), Const(128, "i32")))
                 if cin % 4:
                     v = select(cmp("lt", c, Const(cin)), v, Const(0, "u8"))
-            out.append(Store(packed, add(mul(add(mul(add(mul(panel, quads), Var(q)), nr), col), 4), kk), v))
+            row = add(mul(panel, quads), Var(q))
+            if words:  # [panel][quad][pair][column][2]
+                at = add(mul(add(mul(add(mul(row, 2), kk // 2), nr), col), 2), kk % 2)
+                v = Cast("i16", v)
+            else:  # [panel][quad][column][4]
+                at = add(mul(add(mul(row, nr), col), 4), kk)
+            out.append(Store(packed, at, v))
         return tuple(out)
     # The partial last panel has loops of its own: a clamped pixel index in one loop over
     # every panel made each load a byte gather (MobileNetV2's 784-pixel layers).
@@ -383,7 +400,7 @@ def _pointwise(b: KernelBuilder, node: Node, store, wc: np.ndarray, zx, zx_name:
         return store([Var(bv), mm] + unflatten(nn, [h, w_]), fbin("sub", acc, correction(mm)))
     # (Divided by rows of channels: by pixel panels, this few-quad GEMM ran 4x slower, measured.)
     gemm = gemm_stmt(b, w_param, Const(0), cp, 1, packed, Const(0), cout, pixels, quads, epilogue, kind="s8u8",
-                     split="m")
+                     split="m", b_words=words)
     return loop(bv, batch, (pack, gemm))
 
 
