@@ -425,7 +425,8 @@ def lower_depthwise(b: KernelBuilder, node: Node, store, value=lambda v: v, weig
     xp = b.workspace(cin * hp * sw * wq)
     bv = b.fresh("b")
     if sw == 1:
-        pad_copy = padded_copy(b, xparam, mul(Var(bv), cin * h * w_), cin, [h, w_], [pt, pl, pb, pr], xp, value)
+        pad_copy = padded_copy(b, xparam, mul(Var(bv), cin * h * w_), cin, [h, w_], [pt, pl, pb, pr], xp, value,
+                               row_kind="vector_masked")
     else:
         def row_start(c, i):
             return xparam, add(mul(Var(bv), cin * h * w_), mul(add(mul(c, h), i), w_))
