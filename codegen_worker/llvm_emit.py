@@ -746,13 +746,12 @@ class FunctionEmitter:
         vw, nv = self.vw, g.nr // self.vw
         elt = "float" if g.kind == "f32" else "i32"
         rowbase = []
+        block_base = self.tmp("ra")  # row m0's element: A's blocks are a_sb apart per row of m0
+        self.emit(f"{block_base} = add nsw i64 {self.mul_const(m0, g.a_sb or g.a_sm)}, {a_off}")
         for r in range(rows):
-            t = self.tmp("row")
-            self.emit(f"{t} = add nsw i64 {m0}, {r}")
-            t2 = self.mul_const(t, g.a_sm)
-            t3 = self.tmp("ra")
-            self.emit(f"{t3} = add nsw i64 {t2}, {a_off}")
-            rowbase.append(t3)
+            t = self.tmp("ra")
+            self.emit(f"{t} = add nsw i64 {block_base}, {r * g.a_sm}")
+            rowbase.append(t)
         self.n += 1
         pred, head, exit_ = self.block, f"K{self.n}.body", f"K{self.n}.exit"
         self.emit(f"br label %{head}")

@@ -207,6 +207,10 @@ class If(Stmt):
 class Gemm(Stmt):
     """C[m, n] = sum_k A[a_off + m*a_sm + k*a_sk] * Bp[b_off + panel(n)][k][n % nr], then `epilogue`.
 
+    With `a_sb` (A packed in row blocks, as im2col writes it: [m // mr][k][mr], a_sm 1 and
+    a_sk mr), the row term is m0*a_sb + (m - m0)*a_sm for m in the row block starting at m0:
+    each block's A is contiguous (a_sb = k).
+
     With `a_ktab` (an i64 buffer of k offsets), A's k term is a_ktab[k] instead of k*a_sk:
     the implicit-GEMM convolution reads its A operand straight from the (padded) input.
 
@@ -262,6 +266,7 @@ class Gemm(Stmt):
     stores_along: str = "n"
     b_ktab: str = ""
     b_words: bool = False
+    a_sb: int = 0
 
     @property
     def in_place_b(self) -> bool:

@@ -193,6 +193,8 @@ class _Checker:
             if s.b_ktab and (s.kind != "f32" or s.b_sk
                              or self.buffers.get(s.b_ktab, Buffer("", "", 0)).dtype != "i64"):
                 raise _Problem(f"{s.kind} gemm reads B in place through {s.b_ktab!r}: float32, an i64 table, no b_sk")
+            if s.a_sb < 0 or s.a_sb and (s.a_ktab or s.kind != "f32"):
+                raise _Problem(f"{s.kind} gemm with A in row blocks {s.a_sb} apart: float32 only, no a_ktab")
             if s.b_words and (s.kind not in ("u8s8", "s8u8") or s.in_place_b):
                 raise _Problem(f"{s.kind} gemm with B packed as 16-bit pairs: only u8s8 and s8u8, B packed")
             if s.b_words and (a_type != "i16" or b_type != "i16"):

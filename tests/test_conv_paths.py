@@ -24,6 +24,7 @@ CASES = {
                                                                       "dilations": [1, 2], "pads": [1, 2, 0, 2]}),
     "im2col_narrow_big_k": ((1, 64, 9, 9), (48, 64, 3, 3), {"pads": [1, 1, 1, 1]}),
     "im2col_chunked_rows": ((1, 96, 20, 12), (20, 96, 3, 3), {"pads": [0, 1, 0, 1]}),
+    "im2col_7x7_many_channels": ((1, 64, 7, 7), (128, 64, 3, 3), {"pads": [1, 1, 1, 1]}),  # im2col on any x86
     "pointwise": ((2, 24, 17, 19), (36, 24, 1, 1), {}),  # weights as rows: a partial pixel panel, 3 row blocks
     "pointwise_grouped": ((1, 32, 9, 9), (64, 16, 1, 1), {"group": 2}),
     "pointwise_wide_k": ((1, 320, 9, 9), (40, 320, 1, 1), {}),  # past POINTWISE_MAX_K: packed weights
@@ -86,6 +87,10 @@ def test_conv_path(name, target, executor):
         # (batch 2, or groups: the Gemm sits in loops)
         gemms = [s for c in result.lowered.calls for s in kernel_statements(c.kernel.body) if isinstance(s, Gemm)]
         assert gemms and all(g.in_place_b == expected for g in gemms)
+    if name.startswith("im2col"):  # col is written in row blocks, each one's A contiguous
+        [gemm] = [s for c in result.lowered.calls for s in kernel_statements(c.kernel.body) if isinstance(s, Gemm)]
+        if name == "im2col_7x7_many_channels" or not gemm.a_ktab:  # (AVX2 takes the others' rows implicit)
+            assert (gemm.a_sb, gemm.a_sm, gemm.a_sk) == (gemm.k, 1, gemm.mr) and gemm.m % gemm.mr
 
 
 @pytest.mark.parametrize("name", ["implicit_3x3_pad", "grouped", "pointwise", "im2col_narrow_big_k"])
