@@ -2,9 +2,10 @@
 
 Convolution (NCHW) computes C[pixel][cout] = col[pixel][k] x W[k][cout]: the weights are
 the B operand, packed at compile time into panels of nr columns ([panel][k][nr], zero
-padded), and the A operand is the im2col matrix stored k-major (col[k][pixel]), so the mr
-pixels a micro-kernel row block needs for one k are contiguous. A 1x1 stride-1 conv needs
-no im2col: the input already is col. The epilogue writes C transposed into NCHW.
+padded), and the A operand is the im2col matrix stored in row blocks
+(col[pixel // mr][k][pixel % mr]), so a micro-kernel row block's A is one contiguous run,
+its mr pixels for one k side by side. A 1x1 stride-1 conv needs no im2col: the input
+already is col (k-major). The epilogue writes C transposed into NCHW.
 
 MatMul/Gemm read A in place (row-major or transposed) and pack B: at compile time when it
 is a constant (weights), at run time into a workspace otherwise (attention).
