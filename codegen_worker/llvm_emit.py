@@ -746,12 +746,20 @@ class FunctionEmitter:
         vw, nv = self.vw, g.nr // self.vw
         elt = "float" if g.kind == "f32" else "i32"
         rowbase = []
-        block_base = self.tmp("ra")  # row m0's element: A's blocks are a_sb apart per row of m0
-        self.emit(f"{block_base} = add nsw i64 {self.mul_const(m0, g.a_sb or g.a_sm)}, {a_off}")
-        for r in range(rows):
-            t = self.tmp("ra")
-            self.emit(f"{t} = add nsw i64 {block_base}, {r * g.a_sm}")
-            rowbase.append(t)
+        if g.a_mtab:  # each row's offset from a table (a conv's output pixels over its input)
+            for r in range(rows):
+                idx, off, t = self.tmp("mi"), self.tmp("moff"), self.tmp("ra")
+                self.emit(f"{idx} = add nsw i64 {m0}, {r}")
+                self.emit(f"{off} = load i64, ptr {self.gep(self.bufs[g.a_mtab][0], 'i64', idx)}, align 8")
+                self.emit(f"{t} = add nsw i64 {off}, {a_off}")
+                rowbase.append(t)
+        else:
+            block_base = self.tmp("ra")  # row m0's element: A's blocks are a_sb apart per row of m0
+            self.emit(f"{block_base} = add nsw i64 {self.mul_const(m0, g.a_sb or g.a_sm)}, {a_off}")
+            for r in range(rows):
+                t = self.tmp("ra")
+                self.emit(f"{t} = add nsw i64 {block_base}, {r * g.a_sm}")
+                rowbase.append(t)
         self.n += 1
         pred, head, exit_ = self.block, f"K{self.n}.body", f"K{self.n}.exit"
         self.emit(f"br label %{head}")

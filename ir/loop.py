@@ -207,6 +207,9 @@ class If(Stmt):
 class Gemm(Stmt):
     """C[m, n] = sum_k A[a_off + m*a_sm + k*a_sk] * Bp[b_off + panel(n)][k][n % nr], then `epilogue`.
 
+    With `a_mtab` (an i64 buffer of m offsets), A's row term is a_mtab[m] instead (an implicit
+    GEMM over a conv's whole output plane: pixel m's window starts at a_mtab[m]).
+
     With `a_sb` (A packed in row blocks, as im2col writes it: [m // mr][k][mr], a_sm 1 and
     a_sk mr), the row term is m0*a_sb + (m - m0)*a_sm for m in the row block starting at m0:
     each block's A is contiguous (a_sb = k).
@@ -267,6 +270,7 @@ class Gemm(Stmt):
     b_ktab: str = ""
     b_words: bool = False
     a_sb: int = 0
+    a_mtab: str = ""
 
     @property
     def in_place_b(self) -> bool:

@@ -193,6 +193,8 @@ class _Checker:
             if s.b_ktab and (s.kind != "f32" or s.b_sk
                              or self.buffers.get(s.b_ktab, Buffer("", "", 0)).dtype != "i64"):
                 raise _Problem(f"{s.kind} gemm reads B in place through {s.b_ktab!r}: float32, an i64 table, no b_sk")
+            if s.a_mtab and (s.a_sb or self.buffers.get(s.a_mtab, Buffer("", "", 0)).dtype != "i64"):
+                raise _Problem(f"gemm row-offset table {s.a_mtab} is not an i64 buffer (or A is also in row blocks)")
             if s.a_sb < 0 or s.a_sb and (s.a_ktab or s.kind != "f32"):
                 raise _Problem(f"{s.kind} gemm with A in row blocks {s.a_sb} apart: float32 only, no a_ktab")
             if s.b_words and (s.kind not in ("u8s8", "s8u8") or s.in_place_b):

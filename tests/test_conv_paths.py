@@ -24,7 +24,8 @@ CASES = {
                                                                       "dilations": [1, 2], "pads": [1, 2, 0, 2]}),
     "im2col_narrow_big_k": ((1, 64, 9, 9), (48, 64, 3, 3), {"pads": [1, 1, 1, 1]}),
     "im2col_chunked_rows": ((1, 96, 20, 12), (20, 96, 3, 3), {"pads": [0, 1, 0, 1]}),
-    "im2col_7x7_many_channels": ((1, 64, 7, 7), (128, 64, 3, 3), {"pads": [1, 1, 1, 1]}),  # im2col on any x86
+    # 7-wide rows, 128 channels: im2col on AVX-512, one implicit GEMM over the plane on AVX2
+    "im2col_7x7_many_channels": ((1, 64, 7, 7), (128, 64, 3, 3), {"pads": [1, 1, 1, 1]}),
     "pointwise": ((2, 24, 17, 19), (36, 24, 1, 1), {}),  # weights as rows: a partial pixel panel, 3 row blocks
     "pointwise_grouped": ((1, 32, 9, 9), (64, 16, 1, 1), {"group": 2}),
     "pointwise_wide_k": ((1, 320, 9, 9), (40, 320, 1, 1), {}),  # past POINTWISE_MAX_K: packed weights
@@ -87,10 +88,12 @@ def test_conv_path(name, target, executor):
         # (batch 2, or groups: the Gemm sits in loops)
         gemms = [s for c in result.lowered.calls for s in kernel_statements(c.kernel.body) if isinstance(s, Gemm)]
         assert gemms and all(g.in_place_b == expected for g in gemms)
-    if name.startswith("im2col"):  # col is written in row blocks, each one's A contiguous
+    if name.startswith("im2col"):
         [gemm] = [s for c in result.lowered.calls for s in kernel_statements(c.kernel.body) if isinstance(s, Gemm)]
-        if name == "im2col_7x7_many_channels" or not gemm.a_ktab:  # (AVX2 takes the others' rows implicit)
+        if lanes(target) == 16:  # col is written in row blocks, each one's A contiguous
             assert (gemm.a_sb, gemm.a_sm, gemm.a_sk) == (gemm.k, 1, gemm.mr) and gemm.m % gemm.mr
+        else:  # AVX2's 6-row tiles run the input in place, over the whole output plane
+            assert gemm.a_ktab and gemm.a_mtab and gemm.m == np.prod(result.graph.types["c"].shape[2:])
 
 
 @pytest.mark.parametrize("name", ["implicit_3x3_pad", "grouped", "pointwise", "im2col_narrow_big_k"])
@@ -184,16 +187,17 @@ def test_a_strided_depthwise_copies_its_column_phases_as_vectors(width, kernel, 
 @pytest.mark.parametrize("target", X86_TARGETS)
 @pytest.mark.parametrize("cout", [256, 16])
 def test_ragged_row_blocks_take_im2col_where_the_waste_outweighs_the_copy(cout, target, executor):
-    """A 14-wide output row fills AVX2's three 6-row blocks to 78%: with 256 output channels
-    that waste outweighs im2col's copy (IMPLICIT_WASTE_LIMIT), with 16 it does not. On
-    AVX-512 one 14-row block is full for 256 channels; 16 channels use 28-row tiles (one
-    vector of columns), which 14 pixels do not fill: im2col."""
+    """On AVX-512 one 14-row block fills a 14-wide output row for 256 channels: implicit;
+    16 channels use 28-row tiles (one vector of columns), which 14 pixels do not fill:
+    im2col. AVX2's 6-row tiles run over the whole 196-pixel plane, one ragged block in 33
+    (Gemm.a_mtab): implicit for both."""
     from modelkiln.ir.loop import Gemm
     model = _conv_model("Conv", (1, 32, 14, 14), (cout, 32, 3, 3), {"pads": [1, 1, 1, 1]})
     result = build_and_compare_for(model, executor, target)
     [gemm] = [s for c in result.lowered.calls for s in kernel_statements(c.kernel.body) if isinstance(s, Gemm)]
     implicit = bool(gemm.a_ktab or gemm.b_ktab)
-    assert implicit == ((cout == 256) if lanes(target) == 16 else (cout == 16))
+    assert implicit == ((cout == 256) if lanes(target) == 16 else True)
+    assert bool(gemm.a_mtab) == (lanes(target) == 8)
 
 
 @pytest.mark.parametrize("target", X86_TARGETS)

@@ -61,6 +61,7 @@ def good():
     (_kernel(Deinterleave("i0", Const(0), "o0", Const(0), 3, 2, 4)), "4 x 2 phases into runs 3 apart"),
     (_byte_gemm(kind="s8s8"), "s8s8 gemm with B packed as 16-bit pairs"),
     (Kernel(WORD_BUFS, (replace(_byte_gemm().body[0], a_sb=4),)), "u8s8 gemm with A in row blocks 4 apart"),
+    (Kernel(WORD_BUFS, (replace(_byte_gemm().body[0], a_mtab="b0"),)), "row-offset table b0 is not an i64 buffer"),
     (_byte_gemm(b_buf="b1"), "a1, b1 are not 16-bit buffers"),
     (_byte_gemm(a_buf="a0"), "a0, b0 are not 16-bit buffers"),
     (_byte_gemm(b_words=False, a_buf="a0"), "not byte buffers"),

@@ -12,8 +12,9 @@ import math
 
 from ..graph import Node
 from .builder import KernelBuilder
-from .gemm import (IMPLICIT_WASTE_LIMIT, NARROW_CONV_TILE, POINTWISE_MAX_K, POINTWISE_MIN_PIXELS, is_depthwise,
-                   lower_conv_gemm, lower_conv_symbolic, lower_depthwise, lower_pointwise, row_blocks_filled)
+from .gemm import (IMPLICIT_WASTE_LIMIT, NARROW_CONV_TILE, POINTWISE_MAX_K, POINTWISE_MIN_PIXELS, implicit_over_plane,
+                   is_depthwise, lower_conv_gemm, lower_conv_symbolic, lower_depthwise, lower_pointwise,
+                   row_blocks_filled)
 from .winograd import lower_winograd, winograd_fits
 
 
@@ -44,11 +45,13 @@ def conv_paths(b: KernelBuilder, node: Node) -> tuple:
         cg, pixels = b.type(w_name).shape[1], math.prod(b.type(x_name).shape[2:])
         rule = "pointwise" if can and cg <= POINTWISE_MAX_K and pixels >= POINTWISE_MIN_PIXELS else "im2col"
         return rule, ("pointwise", "im2col") if can else ("im2col",)
-    # Implicit GEMM when an output row fills its micro-kernel row blocks well enough
-    # (IMPLICIT_WASTE_LIMIT): the mr pixels of a block are then mr input positions `stride`
-    # apart in one input row, so A is read in place and im2col disappears. Narrower outputs
-    # use im2col (their M is small). (The rule's tile decides, whatever tile is tuned.)
-    fill = row_blocks_filled(out_sp[-1], b.config.tile(cog)[0])
+    # Implicit GEMM when its row blocks are filled well enough (IMPLICIT_WASTE_LIMIT): A is
+    # read in place and im2col disappears. A tile of few rows runs over the whole output
+    # plane (`implicit_over_plane`), wasting only the plane's last block; a taller one over
+    # each output row, whose mr pixels are input positions `stride` apart: narrower rows use
+    # im2col. (The rule's tile decides, whatever tile is tuned.)
+    mr = b.config.tile(cog)[0]
+    fill = row_blocks_filled(math.prod(out_sp) if implicit_over_plane(mr) else out_sp[-1], mr)
     implicit = fill > 0 and (1 - fill) * cog <= IMPLICIT_WASTE_LIMIT
     # With at most a vector of output channels, a tile of pixels x channels broadcasts one
     # input value per FMA; with the weights as rows against two vectors of an input row, one

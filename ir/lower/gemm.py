@@ -63,6 +63,19 @@ NARROW_CONV_TILE = (8, 32)
 IMPLICIT_WASTE_LIMIT = 40
 
 
+# An implicit GEMM whose tile has at most this many rows runs over the whole output plane,
+# each row's input offset from a table of pixels (Gemm.a_mtab), so only the plane's last
+# block is ragged. The rows' offsets then live in general registers, one each: AVX2's 6 fit
+# (ResNet-18 on x86-64-v3 29.7 -> 28.7 ms, its 14- and 7-wide layers off im2col), AVX-512's
+# 14 spilled (ResNet-18 14.7 -> 26.2 ms), so taller tiles keep one GEMM per output row, whose
+# rows are a stride apart (constant displacements).
+PLANE_MAX_TILE_ROWS = 8
+
+
+def implicit_over_plane(mr: int) -> bool:
+    return mr <= PLANE_MAX_TILE_ROWS
+
+
 def row_blocks_filled(width: int, mr: int) -> float:
     """How full the register tiles' rows are when one output row of `width` pixels is cut in
     blocks of mr (0 where the row is narrower than one block)."""
@@ -101,7 +114,7 @@ def deferred_panels(mats: np.ndarray, nr: int) -> DeferredArray:
 
 def gemm_stmt(b: KernelBuilder, a_buf, a_off, a_sm, a_sk, b_buf, b_off, m, n, k, epilogue_fn, a_ktab: str = "",
               kind: str = "f32", b_sk: int = 0, stores_along: str = "n", split: str = "", b_ktab: str = "",
-              tile: tuple | None = None, b_words: bool = False, a_blocked: bool = False) -> Gemm:
+              tile: tuple | None = None, b_words: bool = False, a_blocked: bool = False, a_mtab: str = "") -> Gemm:
     """A Gemm statement; epilogue_fn(m_expr, n_expr, acc_expr) returns the epilogue statements.
     B must have been packed with the panel width b.tile(n) gives (or `tile`'s), or (b_sk, b_ktab)
     is read in place with that row stride or through that table of row offsets."""
@@ -119,7 +132,7 @@ def gemm_stmt(b: KernelBuilder, a_buf, a_off, a_sm, a_sk, b_buf, b_off, m, n, k,
     if a_blocked and (a_sm, a_sk) != (1, mr):
         raise InternalError(f"A blocked by {mr} rows is read with a_sm {a_sm}, a_sk {a_sk}")
     return Gemm(a_buf, a_off, a_sm, a_sk, b_buf, b_off, m, n, k, mr, nr, mv, nv, av, epi, a_ktab, kind,
-                split, b_sk, stores_along, b_ktab, b_words, k if a_blocked else 0)
+                split, b_sk, stores_along, b_ktab, b_words, k if a_blocked else 0, a_mtab)
 
 
 def gemm_split(m: int, n: int, mr: int, nr: int) -> str:
@@ -293,8 +306,10 @@ def lower_conv_gemm(b: KernelBuilder, node: Node, store, path: str) -> tuple:
         src_buf, src_shape = xp_ws, padded
 
     def implicit_rows() -> list:
-        """One GEMM per output row, the (padded) input read in place through a k-offset
-        table: as A (pixels are rows), or with few output channels as B (weights are rows)."""
+        """The (padded) input read in place through a k-offset table: one GEMM over the
+        output plane (a table of pixel offsets, for tiles of few rows: implicit_over_plane),
+        or one per output row, as A (pixels are rows) or with few output channels as B
+        (weights are rows)."""
         src_sp = src_shape
         chan_base = Const(0) if xp_ws else mul(chan0(), math.prod(spatial))
         ktab = np.zeros(kk, np.int64)
@@ -305,13 +320,20 @@ def lower_conv_gemm(b: KernelBuilder, node: Node, store, path: str) -> tuple:
         row_start = flat_index([mul(Var(v), st) for v, st in zip(rv, strides)] + [Const(0)], src_sp)
         row_index = flat_index([Var(v) for v in rv], out_sp[:-1])
 
-        def epilogue(channel, column, acc):
+        def at_pixel(channel, pixel, acc):
             co = add(mul(Var(gv), cog), channel)
             value = acc if bias is None else fbin("add", acc, bias([co]))
-            pixel = add(mul(row_index, out_sp[-1]), column)
-            spatial_idx = [pixel] if b.conv_collapsed else unflatten(pixel, out_sp)
-            return store([Var(bv), co] + spatial_idx, value)
+            return store([Var(bv), co] + ([pixel] if b.conv_collapsed else unflatten(pixel, out_sp)), value)
 
+        def epilogue(channel, column, acc):
+            return at_pixel(channel, add(mul(row_index, out_sp[-1]), column), acc)
+
+        if not weights_as_rows and implicit_over_plane(b.tile(cog)[0]):
+            starts = np.array([np.ravel_multi_index(tuple(o * s for o, s in zip(pixel, strides)), src_sp)
+                               for pixel in np.ndindex(*out_sp)], np.int64)
+            return [gemm_stmt(b, src_buf, chan_base, 0, 0, wparam, mul(Var(gv), panel_stride), m, cog, kk,
+                              lambda mm, nn, acc: at_pixel(nn, mm, acc), a_ktab=ktab_param, stores_along="m",
+                              a_mtab=b.constant_param("conv_pixel_offsets", starts))]
         if weights_as_rows:
             stmt = gemm_stmt(b, w_rows, mul(Var(gv), cog * kk), kk, 1, src_buf, add(chan_base, row_start),
                              cog, out_sp[-1], kk, epilogue, b_ktab=ktab_param, tile=NARROW_CONV_TILE)
