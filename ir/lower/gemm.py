@@ -66,7 +66,7 @@ IMPLICIT_WASTE_LIMIT = 40
 # An implicit GEMM whose tile has at most this many rows runs over the whole output plane,
 # each row's input offset from a table of pixels (Gemm.a_mtab), so only the plane's last
 # block is ragged. The rows' offsets then live in general registers, one each: AVX2's 6 fit
-# (ResNet-18 on x86-64-v3 29.7 -> 28.7 ms, its 14- and 7-wide layers off im2col), AVX-512's
+# (ResNet-18 on x86-64-v3 29.4 -> 27.9 ms, its 14- and 7-wide layers off im2col), AVX-512's
 # 14 spilled (ResNet-18 14.7 -> 26.2 ms), so taller tiles keep one GEMM per output row, whose
 # rows are a stride apart (constant displacements).
 PLANE_MAX_TILE_ROWS = 8
