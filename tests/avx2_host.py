@@ -17,9 +17,11 @@ Python command (the whole suite, or one script) as if on such a machine:
 
 Processes the guest starts (Kiln's codegen workers, a test's subprocess) run natively, on
 the real CPU: workers compile for the target the emulated parent resolved, so the code is the
-same. A child that builds for `llvm` on its own builds for the real CPU, and its bundle is
-refused by the emulated parent (bench/compare_commits.py, `kiln tune` in a subprocess): those
-few tests fail under emulation for that reason alone. Emulated Python runs about 6x slower.
+same. A child that builds for `llvm` on its own builds for the real CPU: its bundle is then
+refused by the emulated parent, or differs from the parent's build. On a Zen 5, 2026-11-24,
+the whole suite so: 2420 passed, and 6 failed for that reason alone (test_bench_tools' three,
+test_big_models' language model, test_tuning's concurrent tuners, test_worker_pool's warm
+pool); 31 minutes, against 13 natively.
 """
 from __future__ import annotations
 

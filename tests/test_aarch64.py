@@ -95,19 +95,21 @@ def test_lstm_matches_onnxruntime_under_emulation(tmp_path, emulator, executor):
 
 
 def test_int8_kernels_are_exact_under_emulation(tmp_path, emulator, executor):
-    """MatMulInteger, channels-last, pointwise and depthwise ConvInteger, and a requantizing
-    QLinearConv on aarch64's 4-lane kernels: exact against onnx's reference evaluator."""
+    """MatMulInteger, channels-last (one group and two), pointwise and depthwise ConvInteger,
+    and a requantizing QLinearConv on aarch64's 4-lane kernels: exact against onnx's
+    reference evaluator."""
     nodes = [helper.make_node("MatMulInteger", ["a", "w", "za"], ["m"]),
              helper.make_node("ConvInteger", ["x", "k3", "zx"], ["c3"], pads=[1, 1, 1, 1]),
              helper.make_node("ConvInteger", ["x", "k1", "zx"], ["c1"]),
+             helper.make_node("ConvInteger", ["x", "kg", "zx"], ["cg"], group=2, pads=[0, 1, 1, 0]),
              helper.make_node("ConvInteger", ["x", "kd", "zx"], ["dw"], group=8, strides=[2, 2], pads=[1, 1, 1, 1]),
              helper.make_node("QLinearConv", ["xu", "sx", "zu", "k3", "sw", "zw", "sy", "zy"], ["q"], pads=[1, 1, 1, 1])]
     inits = [("w", _bytes([36, 20], I8, 1)), ("za", np.array(3, np.uint8)), ("k3", _bytes([6, 8, 3, 3], I8, 2)),
-             ("k1", _bytes([6, 8, 1, 1], I8, 3)), ("kd", _bytes([8, 1, 3, 3], I8, 4)), ("zx", np.array(-5, np.int8)),
+             ("k1", _bytes([6, 8, 1, 1], I8, 3)), ("kg", _bytes([6, 4, 3, 3], I8, 7)), ("kd", _bytes([8, 1, 3, 3], I8, 4)), ("zx", np.array(-5, np.int8)),
              ("sx", np.float32(0.02)), ("zu", np.uint8(128)), ("sw", np.float32(0.01)), ("zw", np.int8(0)),
              ("sy", np.float32(0.3)), ("zy", np.uint8(120))]
     model = _model(nodes, [("a", U8, [7, 36]), ("x", I8, [1, 8, 9, 10]), ("xu", U8, [1, 8, 9, 10])],
-                   [("m", I32), ("c3", I32), ("c1", I32), ("dw", I32), ("q", U8)], inits)
+                   [("m", I32), ("c3", I32), ("c1", I32), ("cg", I32), ("dw", I32), ("q", U8)], inits)
     feeds = {"a": _bytes([7, 36], U8, 4), "x": _bytes([1, 8, 9, 10], I8, 5), "xu": _bytes([1, 8, 9, 10], U8, 6)}
     got = _run_on_aarch64(model, feeds, tmp_path, emulator, executor)
     want = reference_outputs(model, feeds)

@@ -1,6 +1,6 @@
 """The architectures the performance issue measures, in their real topology with random
 weights (tests/model_zoo.py's GraphMaker; nothing downloaded): ResNet-50, a MobileNetV3-style
-network, ConvNeXt-T's first stage and a ViT-S/16-style encoder."""
+network, RegNetY-400MF, ConvNeXt-T's first stage and a ViT-S/16-style encoder."""
 from __future__ import annotations
 
 import math
@@ -55,6 +55,32 @@ def mobilenet_v3(size: int = 224):
     h = g.op("Flatten", [g.op("GlobalAveragePool", [h])])
     y = g.op("Gemm", [h, g.weight((1000, 960), scale=0.03), g.const(np.zeros(1000, np.float32))], transB=1)
     return g.model({"x": [1, 3, size, size]}, [_rename_output(g, y, "logits")], name="mobilenet_v3")
+
+
+def regnety_400mf(size: int = 224):
+    """RegNetY-400MF: stages of 48, 104, 208 and 440 channels (1, 3, 6, 6 blocks); each block
+    a 1x1 conv, a 3x3 conv in groups of 8 channels (the first of a stage with stride 2),
+    squeeze-excite (a quarter of the block's input width, sigmoid), a 1x1 conv, and the
+    residual (projected where the shape changes). The last 1x1's weights are scaled down, as
+    trained ones are, so that 16 residual blocks of random weights keep activations near 1."""
+    g = GraphMaker(15)
+    h = g.op("Relu", [g.bn(g.conv("x", 3, 32, 3, stride=2, bias=False), 32)])
+    cin = 32
+    for width, blocks in ((48, 1), (104, 3), (208, 6), (440, 6)):
+        for i in range(blocks):
+            s = 2 if i == 0 else 1
+            y = g.op("Relu", [g.bn(g.conv(h, cin, width, 1, pad=0, bias=False), width)])
+            y = g.op("Relu", [g.bn(g.conv(y, width, width, 3, stride=s, group=width // 8, bias=False), width)])
+            se = g.op("Relu", [g.conv(g.op("GlobalAveragePool", [y]), width, cin // 4, 1, pad=0)])
+            y = g.op("Mul", [y, g.op("Sigmoid", [g.conv(se, cin // 4, width, 1, pad=0)])])
+            y = g.op("Conv", [y, g.weight((width, width, 1, 1), scale=0.3 / math.sqrt(width))], kernel_shape=[1, 1])
+            y = g.bn(y, width)
+            short = h if s == 1 and cin == width else g.bn(g.conv(h, cin, width, 1, stride=s, pad=0, bias=False),
+                                                           width)
+            h, cin = g.op("Relu", [g.op("Add", [y, short])]), width
+    h = g.op("Flatten", [g.op("GlobalAveragePool", [h])])
+    y = g.op("Gemm", [h, g.weight((1000, cin), scale=0.05), g.const(np.zeros(1000, np.float32))], transB=1)
+    return g.model({"x": [1, 3, size, size]}, [_rename_output(g, y, "logits")], name="regnety_400mf")
 
 
 def _layernorm(g: GraphMaker, x: str, d: int) -> str:
@@ -112,4 +138,5 @@ def vit_encoder(size: int = 224, patch: int = 16, d: int = 384, heads: int = 6, 
     return g.model({"x": [1, 3, size, size]}, [_rename_output(g, y, "logits")], name="vit_encoder")
 
 
-ALL = {"resnet50": resnet50, "mobilenet_v3": mobilenet_v3, "convnext_stage": convnext_stage, "vit_encoder": vit_encoder}
+ALL = {"resnet50": resnet50, "mobilenet_v3": mobilenet_v3, "regnety_400mf": regnety_400mf,
+       "convnext_stage": convnext_stage, "vit_encoder": vit_encoder}

@@ -22,7 +22,8 @@ multiply, bias, activation and requantize.
   blocks of channel quads x pixels transposed in registers), so
   that for one output row the micro-kernel reads A in place: pixel m at stride*C bytes,
   quad q at a compile-time offset (`a_ktab`, the (ky, kx, c/4) position). No im2col. The
-  epilogue writes NCHW. (On AVX2 the workspace holds 16-bit elements.)
+  epilogue writes NCHW. (On AVX2 the workspace holds 16-bit elements.) A grouped conv whose
+  groups hold 4k channels runs one such GEMM per group and row over the same copy.
 - A 1x1 stride-1 conv instead packs the input into 4-channel panels and makes the weights
   the broadcast operand ("s8u8"): the tile's columns are pixels, stored contiguously. (On
   AVX2: the weights as 16-bit rows, the input packed in 16-bit pairs.)
@@ -30,9 +31,9 @@ multiply, bias, activation and requantize.
   vpdpbusd) over a zero-point-bordered byte copy of each plane; where that does not apply,
   the float32 direct kernel on x - zx and w - zw, exactly.
 
-Everything else (a weight computed at run time, per-row zero points, grouped convolution,
-weights whose centred values do not fit a byte) runs a plain int32 dot-product loop:
-exact, and slower.
+Everything else (a weight computed at run time, per-row zero points, groups of other
+sizes, weights whose centred values do not fit a byte) runs a plain int32 dot-product loop:
+exact, scalar, and slower.
 """
 from __future__ import annotations
 
@@ -95,11 +96,17 @@ def pack_word_panels(mat: np.ndarray, nr: int) -> np.ndarray:
     return np.ascontiguousarray(padded.reshape(quads, 2, 2, panels, nr).transpose(3, 0, 1, 4, 2))
 
 
-def _packed_weights(b: KernelBuilder, name: str, mat: np.ndarray, nr: int) -> str:
+def _packed_panels(b: KernelBuilder, mat: np.ndarray, nr: int) -> np.ndarray:
     """B of an 8-bit GEMM as the target multiplies it: bytes in quads, or 16-bit pairs."""
-    if b.config.int8_pairs:
-        return b.constant_param(f"{name}_packed_words", pack_word_panels(mat, nr))
-    return b.constant_param(f"{name}_packed_bytes", pack_byte_panels(mat, nr))
+    return pack_word_panels(mat, nr) if b.config.int8_pairs else pack_byte_panels(mat, nr)
+
+
+_PACKED_NAME = {np.int8: "bytes", np.int16: "words"}
+
+
+def _packed_weights(b: KernelBuilder, name: str, mat: np.ndarray, nr: int) -> str:
+    packed = _packed_panels(b, mat, nr)
+    return b.constant_param(f"{name}_packed_{_PACKED_NAME[packed.dtype.type]}", packed)
 
 
 def _za_correction(b: KernelBuilder, za, za_name: str, signed_a: bool, wsum: np.ndarray, base: str):
@@ -223,32 +230,38 @@ def lower_conv_integer(b: KernelBuilder, node: Node, store) -> tuple:
     zw, _ = _zero_point(b, node, 3)
     if w_name in b.g.constants and zw is not None and is_depthwise(b, node):
         return _depthwise(b, node, store, zx, zx_name, centered_weights(b.g.constants[w_name], zw, 0, fits=None))
+    groups = a.get("group", 1)
     wc = None
-    if w_name in b.g.constants and a.get("group", 1) == 1 and len(xs) == 4 and zw is not None:
+    # (A group's channels start a quad of the channels-last copy when there are 4k of them.)
+    if w_name in b.g.constants and len(xs) == 4 and zw is not None and (groups == 1 or wsh[1] % 4 == 0):
         wc = centered_weights(b.g.constants[w_name], zw, 0)
     if wc is None:
         return _plain_conv(b, node, store)
-    if list(wsh[2:]) == [1, 1] and a["strides"] == [1, 1] and not any(a["pads"]):
+    if groups == 1 and list(wsh[2:]) == [1, 1] and a["strides"] == [1, 1] and not any(a["pads"]):
         return _pointwise(b, node, store, wc.reshape(wsh[0], -1), zx, zx_name)
     batch, cin, h, w_ = xs
-    cout = wsh[0]
+    cout, cg = wsh[0], wsh[1]
+    cog = cout // groups
     (kh, kw), (sh, sw), (dh, dw) = a["kernel_shape"], a["strides"], a["dilations"]
     pt, pl, pb, pr = a["pads"]
     oh, ow = b.type(node.outputs[0]).shape[2:]
     hp, wp = h + pt + pb, w_ + pl + pr
     cp = -(-cin // 4) * 4
     signed_x = b.type(x_name).dtype == "int8"
-    # Weights as B[k][cout] with k = (ky, kx, c): channels innermost, as the input copy lays them.
-    wk = np.zeros((kh, kw, cp, cout), np.int8)
-    wk[:, :, :cin, :] = wc.transpose(2, 3, 1, 0)
-    wmat = wk.reshape(kh * kw * cp, cout)
-    quads = kh * kw * cp // 4
-    nr = b.tile(cout)[1]
-    w_param = _packed_weights(b, w_name, wmat, nr)
+    # Each group's weights as B[k][cog] with k = (ky, kx, c): channels innermost, as the input
+    # copy lays them (one group: its channels padded to the copy's cp).
+    cgp = cp if groups == 1 else cg
+    wk = np.zeros((groups, kh, kw, cgp, cog), np.int8)
+    wk[:, :, :, :cg, :] = wc.reshape(groups, cog, cg, kh, kw).transpose(0, 3, 4, 2, 1)
+    quads = kh * kw * cgp // 4
+    nr = b.tile(cog)[1]
+    packed = [_packed_panels(b, wk[g].reshape(kh * kw * cgp, cog), nr) for g in range(groups)]
+    w_param = b.constant_param(f"{w_name}_packed_{_PACKED_NAME[packed[0].dtype.type]}", np.stack(packed))
+    group_panels = packed[0].nbytes // 4  # (Gemm.b_off counts the panels' 32-bit lanes)
     ktab = np.array([((ky * dh) * wp + kx * dw) * cp + 4 * c4 for ky in range(kh) for kx in range(kw)
-                     for c4 in range(cp // 4)], np.int64)
+                     for c4 in range(cgp // 4)], np.int64)
     ktab_param = b.constant_param("conv_quad_offsets", ktab)
-    correction = _za_correction(b, zx, zx_name, signed_x, wmat.astype(np.int32).sum(axis=0), w_name)
+    correction = _za_correction(b, zx, zx_name, signed_x, wc.reshape(cout, -1).astype(np.int32).sum(axis=1), w_name)
     za_u = _unsigned_zero_point(b, zx, zx_name, signed_x)
     xparam = b.in_param(x_name)
     nhwc = b.workspace(hp * wp * cp, "i16" if b.config.int8_pairs else "u8")
@@ -261,13 +274,15 @@ def lower_conv_integer(b: KernelBuilder, node: Node, store) -> tuple:
         copy = _channels_last_gather(b, xparam, Var(bv), cin, batch, h, w_, a["pads"], cp, signed_x, za_u, nhwc,
                                      b.config.int8_pairs)
 
-    orow = b.fresh("oy")
+    orow, gv = b.fresh("oy"), b.fresh("g")
 
     def epilogue(mm, nn, acc):
-        return store([Var(bv), nn, Var(orow), mm], fbin("sub", acc, correction(nn)))
-    gemm = gemm_stmt(b, nhwc, mul(Var(orow), sh * wp * cp), sw * cp, 0, w_param, Const(0), ow, cout, quads, epilogue,
-                     a_ktab=ktab_param, kind="u8s8", stores_along="m", b_words=b.config.int8_pairs)
-    return loop(bv, batch, (copy, For(orow, oh, (gemm,), parallel=True)))
+        channel = add(mul(Var(gv), cog), nn) if groups > 1 else nn
+        return store([Var(bv), channel, Var(orow), mm], fbin("sub", acc, correction(channel)))
+    gemm = gemm_stmt(b, nhwc, add(mul(Var(orow), sh * wp * cp), mul(Var(gv), cg)), sw * cp, 0, w_param,
+                     mul(Var(gv), group_panels), ow, cog, quads, epilogue, a_ktab=ktab_param, kind="u8s8",
+                     stores_along="m", b_words=b.config.int8_pairs)
+    return loop(bv, batch, (copy, For(orow, oh, loop(gv, groups, (gemm,)), parallel=True)))
 
 
 def _channels_last_copy(b: KernelBuilder, xparam: str, base, cin: int, h: int, w_: int, pads: list, cp: int,
