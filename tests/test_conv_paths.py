@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from tests import model_zoo
 from tests.conftest import build_and_compare, build_and_compare_for, kernel_statements
 from tests.isa import X86_TARGETS, lanes
 
@@ -94,6 +95,31 @@ def test_conv_path(name, target, executor):
             assert (gemm.a_sb, gemm.a_sm, gemm.a_sk) == (gemm.k, 1, gemm.mr) and gemm.m % gemm.mr
         else:  # AVX2's 6-row tiles run the input in place, over the whole output plane
             assert gemm.a_ktab and gemm.a_mtab and gemm.m == np.prod(result.graph.types["c"].shape[2:])
+
+
+@pytest.mark.parametrize("target", X86_TARGETS)
+@pytest.mark.parametrize("xshape, wshape, attrs", [
+    ((1, 64, 14, 14), (64, 8, 3, 3), {"group": 8, "pads": [1, 1, 1, 1]}),  # RegNet's groups of 8
+    ((1, 48, 31, 30), (48, 8, 3, 3), {"group": 6, "strides": [2, 2], "pads": [1, 1, 1, 1]}),
+    ((1, 12, 30, 30), (18, 4, 3, 3), {"group": 3, "pads": [0, 1, 1, 0]}),
+    ((1, 160, 9, 9), (40, 32, 3, 3), {"group": 5}),  # no padding: no bordered copy
+])
+def test_a_batch_1_grouped_conv_divides_its_groups_across_threads(xshape, wshape, attrs, target, executor):
+    """One group's GEMM is too small to split among threads, so the groups are the parallel
+    loop, each with its own slice of the workspaces (the bordered input is copied for all
+    groups first): against onnxruntime at 3 threads too, which divide the groups unevenly."""
+    from modelkiln.ir.loop import For, phases
+    from tests.isa import host_runs
+    model = _conv_model("Conv", xshape, wshape, attrs)
+    result = build_and_compare_for(model, executor, target)
+    [call] = [c for c in result.lowered.calls if "Conv" in c.ops]
+    loops = [p for p in phases(call.kernel.body)[1] if isinstance(p, For) and p.parallel]
+    assert loops and loops[-1].extent == attrs["group"], call.kernel.body
+    if host_runs(target):
+        module = result.load(threads=3)
+        inputs = model_zoo.random_inputs(model, 1)
+        np.testing.assert_allclose(module.run(inputs)["y"], model_zoo.onnxruntime_outputs(model, inputs)["y"],
+                                   rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("name", ["implicit_3x3_pad", "grouped", "pointwise", "im2col_narrow_big_k"])

@@ -32,6 +32,10 @@ COL_CHUNK_FLOATS = 96 * 1024  # 384 KiB of im2col per GEMM: L2-resident on curre
 # Up to this much im2col is written whole, then multiplied as one GEMM: two phases that
 # threads divide (a chunked im2col reuses one workspace per chunk, so it runs on one thread).
 WHOLE_COL_FLOATS = 1024 * 1024
+# A batch-1 grouped conv's groups divide across threads, each group with its own slice of the
+# workspaces, while those stay within this many floats. One group's GEMM is too small to
+# split (RegNet's: 8 output channels), so groups run one after another on one thread else.
+PARALLEL_GROUPS_FLOATS = 2 * 1024 * 1024
 RUNTIME_PACK_FLOATS = 4 * 1024 * 1024  # packed run-time B operands of a batched MatMul, all batches
 # 1x1 convs with at most this many input channels (per group) run weights-as-rows
 # (lower_pointwise). Measured on ResNet-50 and MobileNetV2 layers: up to 2x faster at 16-256
@@ -144,8 +148,8 @@ def gemm_split(m: int, n: int, mr: int, nr: int) -> str:
 
 
 def padded_copy(b: KernelBuilder, src: str, src_off, channels: int, spatial: list, pads: list, dest: str,
-                value=lambda v: v, border=Const(0.0, "f32"), row_kind: str = "masked") -> For:
-    """Copy `channels` planes of `spatial` from src[src_off:] into dest with borders holding
+                value=lambda v: v, border=Const(0.0, "f32"), row_kind: str = "masked", dest_off=Const(0)) -> For:
+    """Copy `channels` planes of `spatial` from src[src_off:] into dest[dest_off:] with borders holding
     `border` (zero), each element through `value` (an int8 input becomes float x - zero point).
     Rows inside the input copy contiguously (vectorized) between two border runs; rows in the
     padding are all border: no per-element bounds checks or clamped loads."""
@@ -155,7 +159,7 @@ def padded_copy(b: KernelBuilder, src: str, src_off, channels: int, spatial: lis
     rv = [b.fresh("pr") for _ in range(nsp - 1)]
     j = b.fresh("pj")
     row = [Var(ci)] + [Var(v) for v in rv]
-    dest_row = flat_index(row + [Const(0)], [channels] + padded)
+    dest_row = add(dest_off, flat_index(row + [Const(0)], [channels] + padded))
     src_row = add(src_off, flat_index([Var(ci)] + [sub(Var(v), pads[i]) for i, v in enumerate(rv)] + [Const(0)],
                                       [channels] + list(spatial)))
     left, width, right = pads[nsp - 1], spatial[-1], pads[2 * nsp - 1]
@@ -281,17 +285,25 @@ def lower_conv_gemm(b: KernelBuilder, node: Node, store, path: str) -> tuple:
     xparam = b.in_param(x_name)
     spatial = list(xs[2:])
     padded = [spatial[i] + pads[i] + pads[nsp + i] for i in range(nsp)]
-    xp_ws = b.workspace(cg * math.prod(padded)) if any(pads) and not pointwise else None
+    bordered = any(pads) and not pointwise
     # im2col in chunks of whole output rows, each small enough to stay in L2 for its GEMM.
     lead_rows, row_size = out_sp[0], math.prod(out_sp[1:])
     whole = pointwise or kk * m <= WHOLE_COL_FLOATS
     rows_per_chunk = lead_rows if whole else max(1, min(lead_rows, COL_CHUNK_FLOATS // max(kk * row_size, 1)))
-    col_ws, mr = None, 0
-    if not (pointwise or implicit):  # (whole row blocks: the last one's rows past m are never read)
-        mr = b.tile(cog)[0]
-        col_ws = b.workspace(kk * -(-rows_per_chunk * row_size // mr) * mr)
+    mr = 0 if pointwise or implicit else b.tile(cog)[0]
+    # (whole row blocks: the last one's rows past m are never read)
+    col_floats = kk * -(-rows_per_chunk * row_size // mr) * mr if mr else 0
+    bordered_floats = cg * math.prod(padded) if bordered else 0
+    parallel_groups = (groups > 1 and batch == 1 and not runtime_w
+                       and groups * (col_floats + bordered_floats) <= PARALLEL_GROUPS_FLOATS)
+    slices = groups if parallel_groups else 1
+    xp_ws = b.workspace(slices * bordered_floats) if bordered else None
+    col_ws = b.workspace(slices * col_floats) if mr else None
 
     bv, gv = b.fresh("b"), b.fresh("g")
+    # Where this group's slice of each workspace starts (all groups share one, serially).
+    group_col = mul(Var(gv), col_floats) if parallel_groups else Const(0)
+    group_chan = mul(Var(gv), cg) if parallel_groups else Const(0)  # its first channel in xp_ws
     prologue = []
     if runtime_w:
         gp = b.fresh("wg")
@@ -302,7 +314,8 @@ def lower_conv_gemm(b: KernelBuilder, node: Node, store, path: str) -> tuple:
     src_buf, src_shape = xparam, spatial
     if xp_ws:
         # Copy the group's input into a zero-bordered workspace: the GEMM then reads it unchecked.
-        body.append(padded_copy(b, xparam, mul(chan0(), math.prod(spatial)), cg, spatial, pads, xp_ws))
+        body.append(padded_copy(b, xparam, mul(chan0(), math.prod(spatial)), cg, spatial, pads, xp_ws,
+                                dest_off=mul(group_chan, math.prod(padded))))
         src_buf, src_shape = xp_ws, padded
 
     def implicit_rows() -> list:
@@ -311,7 +324,7 @@ def lower_conv_gemm(b: KernelBuilder, node: Node, store, path: str) -> tuple:
         or one per output row, as A (pixels are rows) or with few output channels as B
         (weights are rows)."""
         src_sp = src_shape
-        chan_base = Const(0) if xp_ws else mul(chan0(), math.prod(spatial))
+        chan_base = mul(group_chan, math.prod(padded)) if xp_ws else mul(chan0(), math.prod(spatial))
         ktab = np.zeros(kk, np.int64)
         for i, idx in enumerate(np.ndindex(cg, *kernel)):
             ktab[i] = np.ravel_multi_index((idx[0],) + tuple(k * d for k, d in zip(idx[1:], dil)), [cg] + src_sp)
@@ -355,8 +368,8 @@ def lower_conv_gemm(b: KernelBuilder, node: Node, store, path: str) -> tuple:
             ci = b.fresh("ci")
             kv = [b.fresh("kp") for _ in range(nsp)]
             ov = [b.fresh("op") for _ in range(nsp)]
-            chan = Var(ci) if xp_ws else add(chan0(), Var(ci))
-            lead = [cg] if xp_ws else [batch * cin]
+            chan = add(group_chan, Var(ci)) if xp_ws else add(chan0(), Var(ci))
+            lead = [slices * cg] if xp_ws else [batch * cin]
             out_pos = [add(row0, Var(ov[0]))] + [Var(v) for v in ov[1:]]
             pos = [add(mul(out_pos[i], strides[i]), mul(Var(kv[i]), dil[i])) for i in range(nsp)]
             krow = flat_index([Var(ci)] + [Var(v) for v in kv], [cg] + list(kernel))
@@ -366,7 +379,7 @@ def lower_conv_gemm(b: KernelBuilder, node: Node, store, path: str) -> tuple:
             # col, so each panel pulled all of col (903 KB for ResNet's 512-channel 3x3) through
             # the caches once per row block: those convs ran at 75% of the others' rate on AVX2.
             dest = add(add(mul(div(pixel, mr), kk * mr), mul(krow, mr)), rem(pixel, mr))
-            inner_stmt = (Store(col_ws, dest, Load(src_buf, flat_index([chan] + pos, lead + src_shape))),)
+            inner_stmt = (Store(col_ws, add(group_col, dest), Load(src_buf, flat_index([chan] + pos, lead + src_shape))),)
             extents = [rows] + list(out_sp[1:])
             for i in range(nsp - 1, -1, -1):
                 inner_stmt = (For(ov[i], extents[i], inner_stmt, "vectorize" if i == nsp - 1 else "serial"),)
@@ -385,7 +398,7 @@ def lower_conv_gemm(b: KernelBuilder, node: Node, store, path: str) -> tuple:
             a_buf, a_off = xparam, add(mul(chan0(), m), mul(row0, row_size))
             a_sk = m
         else:
-            a_buf, a_off, a_sk = col_ws, Const(0), mr
+            a_buf, a_off, a_sk = col_ws, group_col, mr
         stmts.append(gemm_stmt(b, a_buf, a_off, 1, a_sk, wparam, mul(Var(gv), panel_stride), mc, cog, kk, epilogue,
                                stores_along="m", a_blocked=not pointwise))
         return stmts
@@ -401,6 +414,8 @@ def lower_conv_gemm(b: KernelBuilder, node: Node, store, path: str) -> tuple:
         body.append(For(ch, full, tuple(chunk(mul(Var(ch), rows_per_chunk), rows_per_chunk))))
     if last:
         body += chunk(Const(full * rows_per_chunk), last)
+    if parallel_groups:
+        return tuple(prologue) + loop(bv, batch, (For(gv, groups, tuple(body), parallel=True),))
     return tuple(prologue) + loop(bv, batch, loop(gv, groups, body))
 
 
