@@ -1,6 +1,7 @@
 """The architectures the performance issue measures, in their real topology with random
 weights (tests/model_zoo.py's GraphMaker; nothing downloaded): ResNet-50, a MobileNetV3-style
-network, RegNetY-400MF, ConvNeXt-T's first stage and a ViT-S/16-style encoder."""
+network, EfficientNet-B0, RegNetY-400MF, ConvNeXt-T's first stage and a ViT-S/16-style
+encoder."""
 from __future__ import annotations
 
 import math
@@ -55,6 +56,34 @@ def mobilenet_v3(size: int = 224):
     h = g.op("Flatten", [g.op("GlobalAveragePool", [h])])
     y = g.op("Gemm", [h, g.weight((1000, 960), scale=0.03), g.const(np.zeros(1000, np.float32))], transB=1)
     return g.model({"x": [1, 3, size, size]}, [_rename_output(g, y, "logits")], name="mobilenet_v3")
+
+
+def efficientnet_b0(size: int = 224):
+    """EfficientNet-B0: MBConv blocks (1x1 expansion by 6, depthwise 3x3 or 5x5,
+    squeeze-excite to a quarter of the block's input width, 1x1 projection, residual), SiLU
+    (x * sigmoid(x), as torch exports it) after every conv but the projections."""
+    g = GraphMaker(16)
+
+    def silu(x):
+        return g.op("Mul", [x, g.op("Sigmoid", [x])])
+
+    h = silu(g.bn(g.conv("x", 3, 32, 3, stride=2, bias=False), 32))
+    cin = 32
+    for expand, out, k, s, repeats in ((1, 16, 3, 1, 1), (6, 24, 3, 2, 2), (6, 40, 5, 2, 2), (6, 80, 3, 2, 3),
+                                       (6, 112, 5, 1, 3), (6, 192, 5, 2, 4), (6, 320, 3, 1, 1)):
+        for i in range(repeats):
+            stride, exp = (s if i == 0 else 1), cin * expand
+            y = h if expand == 1 else silu(g.bn(g.conv(h, cin, exp, 1, pad=0, bias=False), exp))
+            y = silu(g.bn(g.conv(y, exp, exp, k, stride=stride, group=exp, bias=False), exp))
+            se = silu(g.conv(g.op("GlobalAveragePool", [y]), exp, max(1, cin // 4), 1, pad=0))
+            y = g.op("Mul", [y, g.op("Sigmoid", [g.conv(se, max(1, cin // 4), exp, 1, pad=0)])])
+            y = g.op("Conv", [y, g.weight((out, exp, 1, 1), scale=0.5 / math.sqrt(exp))], kernel_shape=[1, 1])
+            y = g.bn(y, out)
+            h, cin = (g.op("Add", [h, y]) if stride == 1 and cin == out else y), out
+    h = silu(g.bn(g.conv(h, cin, 1280, 1, pad=0, bias=False), 1280))
+    h = g.op("Flatten", [g.op("GlobalAveragePool", [h])])
+    y = g.op("Gemm", [h, g.weight((1000, 1280), scale=0.03), g.const(np.zeros(1000, np.float32))], transB=1)
+    return g.model({"x": [1, 3, size, size]}, [_rename_output(g, y, "logits")], name="efficientnet_b0")
 
 
 def regnety_400mf(size: int = 224):
@@ -138,5 +167,6 @@ def vit_encoder(size: int = 224, patch: int = 16, d: int = 384, heads: int = 6, 
     return g.model({"x": [1, 3, size, size]}, [_rename_output(g, y, "logits")], name="vit_encoder")
 
 
-ALL = {"resnet50": resnet50, "mobilenet_v3": mobilenet_v3, "regnety_400mf": regnety_400mf,
+ALL = {"resnet50": resnet50, "mobilenet_v3": mobilenet_v3, "efficientnet_b0": efficientnet_b0,
+       "regnety_400mf": regnety_400mf,
        "convnext_stage": convnext_stage, "vit_encoder": vit_encoder}
