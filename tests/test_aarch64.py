@@ -105,7 +105,8 @@ def test_int8_kernels_are_exact_under_emulation(tmp_path, emulator, executor):
              helper.make_node("ConvInteger", ["x", "kd", "zx"], ["dw"], group=8, strides=[2, 2], pads=[1, 1, 1, 1]),
              helper.make_node("QLinearConv", ["xu", "sx", "zu", "k3", "sw", "zw", "sy", "zy"], ["q"], pads=[1, 1, 1, 1])]
     inits = [("w", _bytes([36, 20], I8, 1)), ("za", np.array(3, np.uint8)), ("k3", _bytes([6, 8, 3, 3], I8, 2)),
-             ("k1", _bytes([6, 8, 1, 1], I8, 3)), ("kg", _bytes([6, 4, 3, 3], I8, 7)), ("kd", _bytes([8, 1, 3, 3], I8, 4)), ("zx", np.array(-5, np.int8)),
+             ("k1", _bytes([6, 8, 1, 1], I8, 3)), ("kg", _bytes([6, 4, 3, 3], I8, 7)),
+             ("kd", _bytes([8, 1, 3, 3], I8, 4)), ("zx", np.array(-5, np.int8)),
              ("sx", np.float32(0.02)), ("zu", np.uint8(128)), ("sw", np.float32(0.01)), ("zw", np.int8(0)),
              ("sy", np.float32(0.3)), ("zy", np.uint8(120))]
     model = _model(nodes, [("a", U8, [7, 36]), ("x", I8, [1, 8, 9, 10]), ("xu", U8, [1, 8, 9, 10])],

@@ -106,8 +106,8 @@ def test_conv_path(name, target, executor):
 ])
 def test_a_batch_1_grouped_conv_divides_its_groups_across_threads(xshape, wshape, attrs, target, executor):
     """One group's GEMM is too small to split among threads, so the groups are the parallel
-    loop, each with its own slice of the workspaces (the bordered input is copied for all
-    groups first): against onnxruntime at 3 threads too, which divide the groups unevenly."""
+    loop, each with its own slice of the workspaces (its bordered input, its im2col):
+    against onnxruntime at 3 threads too, which divide the groups unevenly."""
     from modelkiln.ir.loop import For, phases
     from tests.isa import host_runs
     model = _conv_model("Conv", xshape, wshape, attrs)

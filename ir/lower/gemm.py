@@ -303,7 +303,7 @@ def lower_conv_gemm(b: KernelBuilder, node: Node, store, path: str) -> tuple:
     bv, gv = b.fresh("b"), b.fresh("g")
     # Where this group's slice of each workspace starts (all groups share one, serially).
     group_col = mul(Var(gv), col_floats) if parallel_groups else Const(0)
-    group_chan = mul(Var(gv), cg) if parallel_groups else Const(0)  # its first channel in xp_ws
+    group_bordered = mul(Var(gv), bordered_floats) if parallel_groups else Const(0)
     prologue = []
     if runtime_w:
         gp = b.fresh("wg")
@@ -315,7 +315,7 @@ def lower_conv_gemm(b: KernelBuilder, node: Node, store, path: str) -> tuple:
     if xp_ws:
         # Copy the group's input into a zero-bordered workspace: the GEMM then reads it unchecked.
         body.append(padded_copy(b, xparam, mul(chan0(), math.prod(spatial)), cg, spatial, pads, xp_ws,
-                                dest_off=mul(group_chan, math.prod(padded))))
+                                dest_off=group_bordered))
         src_buf, src_shape = xp_ws, padded
 
     def implicit_rows() -> list:
@@ -324,7 +324,7 @@ def lower_conv_gemm(b: KernelBuilder, node: Node, store, path: str) -> tuple:
         or one per output row, as A (pixels are rows) or with few output channels as B
         (weights are rows)."""
         src_sp = src_shape
-        chan_base = mul(group_chan, math.prod(padded)) if xp_ws else mul(chan0(), math.prod(spatial))
+        chan_base = group_bordered if xp_ws else mul(chan0(), math.prod(spatial))
         ktab = np.zeros(kk, np.int64)
         for i, idx in enumerate(np.ndindex(cg, *kernel)):
             ktab[i] = np.ravel_multi_index((idx[0],) + tuple(k * d for k, d in zip(idx[1:], dil)), [cg] + src_sp)
@@ -368,8 +368,8 @@ def lower_conv_gemm(b: KernelBuilder, node: Node, store, path: str) -> tuple:
             ci = b.fresh("ci")
             kv = [b.fresh("kp") for _ in range(nsp)]
             ov = [b.fresh("op") for _ in range(nsp)]
-            chan = add(group_chan, Var(ci)) if xp_ws else add(chan0(), Var(ci))
-            lead = [slices * cg] if xp_ws else [batch * cin]
+            chan = Var(ci) if xp_ws else add(chan0(), Var(ci))
+            lead = [cg] if xp_ws else [batch * cin]
             out_pos = [add(row0, Var(ov[0]))] + [Var(v) for v in ov[1:]]
             pos = [add(mul(out_pos[i], strides[i]), mul(Var(kv[i]), dil[i])) for i in range(nsp)]
             krow = flat_index([Var(ci)] + [Var(v) for v in kv], [cg] + list(kernel))
@@ -379,7 +379,10 @@ def lower_conv_gemm(b: KernelBuilder, node: Node, store, path: str) -> tuple:
             # col, so each panel pulled all of col (903 KB for ResNet's 512-channel 3x3) through
             # the caches once per row block: those convs ran at 75% of the others' rate on AVX2.
             dest = add(add(mul(div(pixel, mr), kk * mr), mul(krow, mr)), rem(pixel, mr))
-            inner_stmt = (Store(col_ws, add(group_col, dest), Load(src_buf, flat_index([chan] + pos, lead + src_shape))),)
+            src = flat_index([chan] + pos, lead + src_shape)
+            if xp_ws:  # (this group's slice)
+                src = add(group_bordered, src)
+            inner_stmt = (Store(col_ws, add(group_col, dest), Load(src_buf, src)),)
             extents = [rows] + list(out_sp[1:])
             for i in range(nsp - 1, -1, -1):
                 inner_stmt = (For(ov[i], extents[i], inner_stmt, "vectorize" if i == nsp - 1 else "serial"),)

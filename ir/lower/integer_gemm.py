@@ -96,17 +96,14 @@ def pack_word_panels(mat: np.ndarray, nr: int) -> np.ndarray:
     return np.ascontiguousarray(padded.reshape(quads, 2, 2, panels, nr).transpose(3, 0, 1, 4, 2))
 
 
-def _packed_panels(b: KernelBuilder, mat: np.ndarray, nr: int) -> np.ndarray:
-    """B of an 8-bit GEMM as the target multiplies it: bytes in quads, or 16-bit pairs."""
-    return pack_word_panels(mat, nr) if b.config.int8_pairs else pack_byte_panels(mat, nr)
-
-
-_PACKED_NAME = {np.int8: "bytes", np.int16: "words"}
-
-
-def _packed_weights(b: KernelBuilder, name: str, mat: np.ndarray, nr: int) -> str:
-    packed = _packed_panels(b, mat, nr)
-    return b.constant_param(f"{name}_packed_{_PACKED_NAME[packed.dtype.type]}", packed)
+def _packed_weights(b: KernelBuilder, name: str, mats: np.ndarray, nr: int) -> tuple[str, int]:
+    """B of an 8-bit GEMM as the target multiplies it, bytes in quads or 16-bit pairs: one
+    [K, N] matrix, or [groups, K, N] packed one group after another. Returns the parameter
+    and one matrix's size in 32-bit lanes (the unit of Gemm.b_off)."""
+    pack, kind = (pack_word_panels, "words") if b.config.int8_pairs else (pack_byte_panels, "bytes")
+    per_matrix = [pack(m, nr) for m in mats] if mats.ndim == 3 else [pack(mats, nr)]
+    packed = np.stack(per_matrix) if mats.ndim == 3 else per_matrix[0]
+    return b.constant_param(f"{name}_packed_{kind}", packed), per_matrix[0].nbytes // 4
 
 
 def _za_correction(b: KernelBuilder, za, za_name: str, signed_a: bool, wsum: np.ndarray, base: str):
@@ -151,7 +148,7 @@ def lower_matmul_integer(b: KernelBuilder, node: Node, store) -> tuple:
     quads = -(-k // 4)
     signed_a = b.type(a_name).dtype == "int8"
     nr = b.tile(n)[1]
-    w_param = _packed_weights(b, w_name, wc, nr)
+    w_param, _ = _packed_weights(b, w_name, wc, nr)
     correction = _za_correction(b, za, za_name, signed_a, wc.astype(np.int32).sum(axis=0), w_name)
     a_param = b.in_param(a_name)
     stmts = []
@@ -255,9 +252,7 @@ def lower_conv_integer(b: KernelBuilder, node: Node, store) -> tuple:
     wk[:, :, :, :cg, :] = wc.reshape(groups, cog, cg, kh, kw).transpose(0, 3, 4, 2, 1)
     quads = kh * kw * cgp // 4
     nr = b.tile(cog)[1]
-    packed = [_packed_panels(b, wk[g].reshape(kh * kw * cgp, cog), nr) for g in range(groups)]
-    w_param = b.constant_param(f"{w_name}_packed_{_PACKED_NAME[packed[0].dtype.type]}", np.stack(packed))
-    group_panels = packed[0].nbytes // 4  # (Gemm.b_off counts the panels' 32-bit lanes)
+    w_param, group_panels = _packed_weights(b, w_name, wk.reshape(groups, kh * kw * cgp, cog), nr)
     ktab = np.array([((ky * dh) * wp + kx * dw) * cp + 4 * c4 for ky in range(kh) for kx in range(kw)
                      for c4 in range(cgp // 4)], np.int64)
     ktab_param = b.constant_param("conv_quad_offsets", ktab)
