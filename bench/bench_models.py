@@ -50,6 +50,13 @@ def _quantized(make, fmt):
 
 
 MODELS["bert_encoder"] = _bert
+# One block of each at its real width: GPT-2 small's (768 wide, 12 heads), T5-small's (512,
+# 8 heads, FFN 2048), Swin-T's first stage (56x56, 7x7 windows, 96 wide) and wav2vec2's
+# feature encoder (a second of 16 kHz audio, 512 channels).
+MODELS["gpt2_block"] = lambda: transformer_zoo.gpt2_block(seq=128, d=768, heads=12)
+MODELS["t5_block"] = lambda: transformer_zoo.t5_block(seq=128, d=512, heads=8, ffn=2048)
+MODELS["swin_block"] = lambda: transformer_zoo.swin_block(size=56, window=7, d=96, heads=3)
+MODELS["wav2vec2_features"] = lambda: transformer_zoo.wav2vec2_features(samples=16000, channels=512)
 MODELS.update({name: (lambda make=make: (lambda m: (m, model_zoo.random_inputs(m)))(make()))
                for name, make in vision_zoo.ALL.items()})
 MODELS["resnet18_int8_qdq"] = lambda: _quantized(MODELS["resnet18"], "qdq")

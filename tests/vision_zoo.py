@@ -1,6 +1,6 @@
 """The architectures the performance issue measures, in their real topology with random
 weights (tests/model_zoo.py's GraphMaker; nothing downloaded): ResNet-50, a MobileNetV3-style
-network, EfficientNet-B0, RegNetY-400MF, ConvNeXt-T's first stage and a ViT-S/16-style
+network, EfficientNet-B0, RegNetY-400MF, DenseNet-121, ConvNeXt-T's first stage and a ViT-S/16-style
 encoder."""
 from __future__ import annotations
 
@@ -112,6 +112,32 @@ def regnety_400mf(size: int = 224):
     return g.model({"x": [1, 3, size, size]}, [_rename_output(g, y, "logits")], name="regnety_400mf")
 
 
+def densenet121(size: int = 224):
+    """DenseNet-121: four dense blocks (6, 12, 24, 16 layers, growth 32); every layer is
+    BatchNorm-ReLU-1x1 conv to 128 channels, BatchNorm-ReLU-3x3 conv to 32, and its input is
+    the Concat of the block's input and every earlier layer's output, as torchvision exports
+    it (a new Concat per layer). Between blocks a transition (BatchNorm-ReLU-1x1 conv halving
+    the channels, 2x2 average pool)."""
+    g = GraphMaker(17)
+    h = g.op("Relu", [g.bn(g.conv("x", 3, 64, 7, stride=2, pad=3, bias=False), 64)])
+    h = g.op("MaxPool", [h], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
+    cin = 64
+    for b, layers in enumerate((6, 12, 24, 16)):
+        features = [h]
+        for i in range(layers):
+            x = features[0] if len(features) == 1 else g.op("Concat", features, axis=1)
+            c = cin + 32 * i
+            y = g.conv(g.op("Relu", [g.bn(x, c)]), c, 128, 1, pad=0, bias=False)
+            features.append(g.conv(g.op("Relu", [g.bn(y, 128)]), 128, 32, 3, bias=False))
+        h, cin = g.op("Concat", features, axis=1), cin + 32 * layers
+        if b < 3:
+            h = g.conv(g.op("Relu", [g.bn(h, cin)]), cin, cin // 2, 1, pad=0, bias=False)
+            h, cin = g.op("AveragePool", [h], kernel_shape=[2, 2], strides=[2, 2]), cin // 2
+    h = g.op("Flatten", [g.op("GlobalAveragePool", [g.op("Relu", [g.bn(h, cin)])])])
+    y = g.op("Gemm", [h, g.weight((1000, cin), scale=0.03), g.const(np.zeros(1000, np.float32))], transB=1)
+    return g.model({"x": [1, 3, size, size]}, [_rename_output(g, y, "logits")], name="densenet121")
+
+
 def _layernorm(g: GraphMaker, x: str, d: int) -> str:
     return g.op("LayerNormalization", [x, g.const((1 + g.rng.standard_normal(d) * 0.1).astype(np.float32)),
                                        g.const((g.rng.standard_normal(d) * 0.1).astype(np.float32))],
@@ -168,5 +194,5 @@ def vit_encoder(size: int = 224, patch: int = 16, d: int = 384, heads: int = 6, 
 
 
 ALL = {"resnet50": resnet50, "mobilenet_v3": mobilenet_v3, "efficientnet_b0": efficientnet_b0,
-       "regnety_400mf": regnety_400mf,
+       "regnety_400mf": regnety_400mf, "densenet121": densenet121,
        "convnext_stage": convnext_stage, "vit_encoder": vit_encoder}
