@@ -476,6 +476,8 @@ class FunctionEmitter:
             self.emit(f"{v} = call {self.fmf} float @kiln_{fn}(float {args[0]})")
         elif fn == "fmod":
             self.emit(f"{v} = frem {t} {args[0]}, {args[1]}")
+        elif fn == "max_no_nan":  # one vmaxps: nnan and nsz drop llvm.maximum's fix-ups
+            self.emit(f"{v} = call nnan {self.fmf} {t} @{self.intrinsic('maximum', dt, 2)}({t} {args[0]}, {t} {args[1]})")
         elif fn in _INTRINSIC:
             params = ", ".join(f"{t} {a}" for a in args)
             self.emit(f"{v} = call {self.fmf} {t} @{self.intrinsic(_INTRINSIC[fn], dt, len(args))}({params})")

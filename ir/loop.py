@@ -119,7 +119,9 @@ class Cmp(Expr):
 
 @dataclass(frozen=True)
 class Call(Expr):
-    fn: str  # see FLOAT_CALLS; `not` on i1; round_f16/round_bf16 round an f32 to that precision
+    # see FLOAT_CALLS; `not` on i1; round_f16/round_bf16 round an f32 to that precision;
+    # max_no_nan(a, b) is the larger, and either one where one is NaN (no NaN fix-ups)
+    fn: str
     args: tuple
 
 
@@ -138,7 +140,7 @@ class Cast(Expr):
 
 FLOAT_CALLS = frozenset(("exp", "log", "sqrt", "tanh", "erf", "abs", "floor", "ceil", "round", "neg", "fmod",
                          "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh",
-                         "round_f16", "round_bf16"))
+                         "round_f16", "round_bf16", "max_no_nan"))
 
 
 def operand_type(operands, type_of) -> str:

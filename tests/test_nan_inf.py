@@ -10,6 +10,7 @@ from modelkiln.ir.lower import ScheduleConfig, lower
 from modelkiln.orchestrator.api import build, optimize
 from modelkiln.orchestrator.target import parse_target
 from tests import model_zoo
+from tests.isa import X86_TARGETS, run_or_inspect
 
 SPECIALS = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 1.0, -1.0, 3.5, -3.5, 88.5, -88.5, 89.0, -89.0, 100.0,
                      -100.0, 1e-3], np.float32)
@@ -71,6 +72,29 @@ def test_clip_keeps_nan(executor):
 def test_softmax_rows_with_inf_and_all_minus_inf(executor):
     x = np.array([[1, 2, 3, 4], [1, np.inf, 2, 3], [-np.inf] * 4, [-np.inf, 0, -np.inf, 1]], np.float32)
     _compare(_model("Softmax", shape=(4, 4), axis=-1), {"x0": x}, executor)
+
+
+@pytest.mark.parametrize("target", X86_TARGETS)
+def test_a_softmax_row_with_a_nan_anywhere_is_all_nan(target, executor):
+    """Rows of 49 (three vectors and a remainder on AVX-512, six and one on AVX2) with a NaN
+    first, in a middle vector, in the remainder or last; beside them rows with +inf, with
+    -inf, and plain ones. The row maximum ignores NaN (one vmaxps a step): the NaN reaches
+    every output of its row through exp and the sum instead."""
+    x = np.random.default_rng(2).standard_normal((8, 49)).astype(np.float32) * 4
+    for row, col in ((0, 0), (1, 20), (2, 48), (3, 47)):
+        x[row, col] = np.nan
+    x[4, 30], x[5, 5], x[6, :] = np.inf, -np.inf, -np.inf
+    model = _model("Softmax", shape=(8, 49), axis=-1)
+    result = build(model, target=target, executor=executor, cache=None, progress=False)
+
+    def run():
+        got = result.load().run({"x0": x})["y"]
+        want = model_zoo.onnxruntime_outputs(model, {"x0": x})["y"]
+        assert np.isnan(got[:4]).all() and np.isnan(want[:4]).all()
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+        finite = np.isfinite(want)
+        np.testing.assert_allclose(got[finite], want[finite], rtol=1e-5, atol=1e-6)
+    run_or_inspect(result, run)
 
 
 def test_maxpool_propagates_nan(executor):
