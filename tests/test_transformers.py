@@ -62,6 +62,18 @@ def test_causal_mask_folds_at_compile_time():
     assert any("Where" in k["ops"] and "MatMul" in k["ops"] for k in kernels)
 
 
+@pytest.mark.parametrize("name", ["gpt2-block", "bert-torchscript"])
+def test_gelu_is_its_matmuls_epilogue(name):
+    """GELU, tanh form (GPT-2: x read by Pow, Add and Mul) or erf form (x read twice),
+    runs in its MatMul's kernel: the MatMul's output is never written out for it. The
+    kernel still matches onnxruntime (test_builds_and_matches_onnxruntime)."""
+    model, _ = MODELS[name]()
+    kernels = build(model, executor="inprocess", cache=None, progress=False).report["kernels"]
+    gelu = "Tanh" if name.startswith("gpt2") else "Erf"
+    with_gelu = [k["ops"] for k in kernels if gelu in k["ops"]]
+    assert with_gelu and all("MatMul" in ops for ops in with_gelu)
+
+
 def _ops_in(kernel) -> set:
     """Every Bin op name in a kernel's body."""
     from dataclasses import fields

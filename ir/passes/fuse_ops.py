@@ -99,9 +99,18 @@ def _merge_diamonds(g: Graph, groups: list[list[Node]], uses) -> list[list[Node]
     """Merge an elementwise group into the group producing its input where that input feeds
     several of its nodes and nothing else: GELU's x * 0.5 * (1 + erf(x / sqrt 2)) reads x
     twice, so it did not join x's producer one node at a time. As that producer's epilogue
-    it reads x from registers instead of memory."""
+    it reads x from registers instead of memory. Sweeps until nothing merges: GPT-2's tanh
+    GELU reads x in three places and walks into two groups, which become one group only
+    after the sweep has passed the first, and only that one group can join x's producer."""
     home = {id(m): i for i, grp in enumerate(groups) for m in grp}
     producer = g.producers()
+    while _merge_diamonds_once(g, groups, uses, home, producer):
+        pass
+    return [grp for grp in groups if grp]
+
+
+def _merge_diamonds_once(g: Graph, groups: list[list[Node]], uses, home: dict, producer: dict) -> bool:
+    merged = False
     for i, grp in enumerate(groups):
         if not grp or any(kind_of(m) > BROADCAST for m in grp):
             continue
@@ -121,8 +130,9 @@ def _merge_diamonds(g: Graph, groups: list[list[Node]], uses) -> list[list[Node]
                 for m in grp:
                     home[id(m)] = j
                 groups[i] = []
+                merged = True
                 break
-    return [grp for grp in groups if grp]
+    return merged
 
 
 MAX_INLINED_MEMBERS = 8
