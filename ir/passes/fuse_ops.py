@@ -14,9 +14,9 @@ a buffer, no kernel at all. Nodes with several outputs (Split, LayerNorm with it
 statistics) stand alone.
 
 Then an elementwise group whose input feeds it in several places and nothing else (GELU
-reads x twice) joins that input's producer as its epilogue (_merge_diamonds); and small
-producer groups of index maps and elementwise math (views included) are inlined into every
-group that reads them element by element, recomputed there instead of written out (see
+reads x twice or three times) joins that input's producer as its epilogue (_merge_diamonds);
+and small producer groups of index maps and elementwise math (views included) are inlined
+into every group that reads them element by element, recomputed there instead of written out (see
 _inline_producer_groups; math calls such as exp are recomputed in one reader at most): a
 node may stand in several groups. Nodes under different guards (If branches decided at run
 time) never share a group.
