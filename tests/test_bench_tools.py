@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from bench.compare_commits import ROOT, WORKING_TREE, compare
@@ -43,3 +44,17 @@ def test_bench_models_names_the_isa_each_runner_ran(isa):
         assert "Kiln x86-64-v3 (8 float32 lanes)" in r.stdout and "Ratios: Kiln over OpenVINO" in r.stdout
     else:
         assert "Ratios: Kiln over the best of onnxruntime and OpenVINO" in r.stdout
+
+
+def test_a_peer_that_crashes_on_a_model_reads_na_instead_of_ending_the_bench(monkeypatch, tmp_path, capsys):
+    """OpenVINO held to AVX2 dies of SIGSEGV on wav2vec2's feature encoder: the bench runs
+    each model once through it in a child process first, and a child that dies (here: one
+    that kills itself the same way) leaves that peer's column n/a, with the reason said."""
+    from bench import bench_models
+    inputs = {"x": np.zeros((2, 3), np.float32)}
+    monkeypatch.setattr(bench_models, "_OPENVINO_PROBE", "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)")
+    assert not bench_models._openvino_survives("model.onnx", 2, inputs, str(tmp_path))
+    assert "signal 11" in capsys.readouterr().err
+    monkeypatch.setattr(bench_models, "_OPENVINO_PROBE", "import sys, numpy as np; "
+                                                         "assert np.load(sys.argv[2])['x'].shape == (2, 3)")
+    assert bench_models._openvino_survives("model.onnx", 2, inputs, str(tmp_path))
