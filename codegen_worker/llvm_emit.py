@@ -498,7 +498,8 @@ class FunctionEmitter:
         elif fn == "fmod":
             self.emit(f"{v} = frem {t} {args[0]}, {args[1]}")
         elif fn == "max_no_nan":  # one vmaxps: nnan and nsz drop llvm.maximum's fix-ups
-            self.emit(f"{v} = call nnan {self.fmf} {t} @{self.intrinsic('maximum', dt, 2)}({t} {args[0]}, {t} {args[1]})")
+            name = self.intrinsic("maximum", dt, 2)
+            self.emit(f"{v} = call nnan {self.fmf} {t} @{name}({t} {args[0]}, {t} {args[1]})")
         elif fn in _INTRINSIC:
             params = ", ".join(f"{t} {a}" for a in args)
             self.emit(f"{v} = call {self.fmf} {t} @{self.intrinsic(_INTRINSIC[fn], dt, len(args))}({params})")
