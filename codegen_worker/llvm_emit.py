@@ -3,8 +3,8 @@
 Loops are emitted bottom-tested (every extent is static and positive; a phase's range
 [lo, hi), known only at run time, is tested first: ir/loop.py, "Threads"), buffers are
 `noalias` pointers, float math carries reassoc/contract flags so reductions vectorize, and
-exp/tanh/erf are inlined polynomials rather than libm calls so loops using them vectorize
-too. The Gemm statement becomes explicit vector code: an mr x nr register tile of
+exp/tanh/erf are inlined polynomial and rational approximations rather than libm calls so
+loops using them vectorize too. The Gemm statement becomes explicit vector code: an mr x nr register tile of
 <vw x float> accumulators fed by FMAs, written to a stack tile, then the epilogue runs over
 the tile as ordinary (vectorizable) loops.
 """

@@ -19,9 +19,9 @@ Processes the guest starts (Kiln's codegen workers, a test's subprocess) run nat
 the real CPU: workers compile for the target the emulated parent resolved, so the code is the
 same. A child that builds for `llvm` on its own builds for the real CPU: its bundle is then
 refused by the emulated parent, or differs from the parent's build. On a Zen 5, 2026-11-24,
-the whole suite so: 2420 passed, and 6 failed for that reason alone (test_bench_tools' three,
-test_big_models' language model, test_tuning's concurrent tuners, test_worker_pool's warm
-pool); 31 minutes, against 13 natively.
+the whole suite so (on 40f7bce): 2462 passed, and 6 failed for that reason alone
+(test_bench_tools' three, test_big_models' language model, test_tuning's concurrent tuners,
+test_worker_pool's warm pool); 35 minutes, against 15 natively.
 """
 from __future__ import annotations
 
