@@ -9,6 +9,7 @@ buffer: nothing a caller holds is ever written again.
 """
 from __future__ import annotations
 
+import math
 import sys
 
 import numpy as np
@@ -24,7 +25,7 @@ class OutputPool:
 
     def array(self, shape: tuple, dtype) -> np.ndarray:
         dtype = np.dtype(dtype)
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        nbytes = math.prod(shape) * dtype.itemsize  # (np.prod costs 2 us: a small model's whole call is 10)
         if nbytes < MIN_POOLED_BYTES:
             return np.empty(shape, dtype)
         best, small = None, None
