@@ -22,6 +22,7 @@ from .symbolic import Dim, greatest, symbols_of
 from .validate import check_constants_size, check_names_defined_once, check_node, check_tensor_size
 from .value_symbols import value_bounds
 from .ops import op_def
+from .ops.registry import expanded_only
 from .ops.compile_time import CONSTANT
 
 MIN_OPSET, FULL_OPSET = 11, 21
@@ -325,7 +326,7 @@ def _nodes(protos, opset: int, add_constant) -> list[Node]:
             msg = str(e)
             raise UnsupportedError(msg if msg.startswith("node ") else f"{node.describe()}: {msg}") from None
         # (An op built from its function body is built from the body of its own opset.)
-        if not MIN_OPSET <= opset <= FULL_OPSET and op_def(node.op).expand is None:
+        if not MIN_OPSET <= opset <= FULL_OPSET and op_def(node.op).infer is not expanded_only:
             _check_node_opset(node, opset)
         if node.op == CONSTANT:
             add_constant(node.outputs[0], as_kiln_array(constant_value(node)))

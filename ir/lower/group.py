@@ -100,13 +100,30 @@ def _lower_plain(b: KernelBuilder, members: list[Node]) -> tuple:
     return tuple(body)
 
 
+def _feeding(before: list[Node], anchor: Node) -> set[int]:
+    """ids of the nodes in `before` (in node order) whose outputs the anchor reads, directly
+    or through others in `before`."""
+    needed = {i for i in anchor.inputs if i}
+    feeding = set()
+    for m in reversed(before):
+        if needed.intersection(m.outputs):
+            feeding.add(id(m))
+            needed.update(i for i in m.inputs if i)
+    return feeding
+
+
 def _lower_anchored(b: KernelBuilder, members: list[Node], anchor: Node) -> tuple:
     root = members[-1]
     pos = members.index(anchor)
+    # Members before the anchor either feed it (a reduction's inlined producers) or only its
+    # epilogue (a residual branch's BatchNorm, inlined here): those are read at the epilogue's
+    # points, so they take its (collapsed) shapes and are inlined after prepare_epilogue.
+    feeding = _feeding(members[:pos], anchor)
     for m in members[:pos]:
-        _inline(b, m)
+        if id(m) in feeding:
+            _inline(b, m)
     aout, rout = anchor.outputs[0], root.outputs[0]
-    epilogue = members[pos + 1:]
+    epilogue = [m for m in members[:pos] if id(m) not in feeding] + members[pos + 1:]
     definition = op_def(anchor.op)
     if definition.prepare_epilogue is not None:
         definition.prepare_epilogue(b, anchor, {i for m in epilogue for i in m.inputs if i} | {rout, aout})

@@ -13,7 +13,7 @@ import numpy as np
 
 from ..attrs import check_attrs, const_input
 from ..dtypes import DTYPES, is_int, numpy_dtype
-from ..graph import ShapeError, TensorType, UnsupportedError
+from ..graph import Node, ShapeError, TensorType, UnsupportedError
 from ..loop import Call, Cast, Const, Expr, Var, call, cmp, fbin, fold_balanced, select, sub
 from ..lower.elementwise import and_, bcast_reader, clamp, f32
 from ..onnx_dtypes import onnx_to_dtype
@@ -312,9 +312,47 @@ def _where_reader(b, node):
 
 
 def _batchnorm_infer(g, node, p):
-    if node.attrs.get("training_mode", 0):
-        raise UnsupportedError(f"{node.describe()}: training_mode=1 is not supported (inference only)")
     return g.types[node.inputs[0]]
+
+
+def _batchnorm_training(g, node) -> list[Node] | None:
+    """training_mode=1 normalizes with the statistics of this batch (over every axis but the
+    channels, variance without Bessel's correction, as onnx's reference computes it) and
+    also outputs the running statistics updated with them. Exporters write it where a model
+    standardizes its own weights (timm's NFNets: constants, so it all folds away). Built from
+    ReduceMean and arithmetic; None in inference mode (the op as it is)."""
+    if not node.attrs.get("training_mode", 0):
+        return None
+    x, scale, bias, mean_in, var_in = node.inputs[:5]
+    rank, dt = len(g.types[x].shape), numpy_dtype(g.types[x].dtype)
+    at = lambda part: f"{node.key}/{part}"  # noqa: E731  (the body's own tensors)
+    const = lambda part, value: g.add_constant(at(part), np.asarray(value))  # noqa: E731
+    channels, per_channel = const("channels", [1, -1] + [1] * (rank - 2)), const("flat", [-1])
+    axes = [0] + list(range(2, rank))
+    momentum = node.attrs.get("momentum", 0.9)
+    nodes = [
+        Node("ReduceMean", [x], [at("mean")], {"axes": axes, "keepdims": 1}),
+        Node(SUB, [x, at("mean")], [at("centred")]),
+        Node(MUL, [at("centred"), at("centred")], [at("squares")]),
+        Node("ReduceMean", [at("squares")], [at("var")], {"axes": axes, "keepdims": 1}),
+        Node(ADD, [at("var"), const("epsilon", dt.type(node.attrs.get("epsilon", 1e-5)))], [at("var_eps")]),
+        Node("Sqrt", [at("var_eps")], [at("std")]),
+        Node("Reshape", [scale, channels], [at("scale")]),
+        Node("Div", [at("scale"), at("std")], [at("factor")]),
+        Node(MUL, [at("centred"), at("factor")], [at("scaled")]),
+        Node("Reshape", [bias, channels], [at("bias")]),
+        Node(ADD, [at("scaled"), at("bias")], [node.outputs[0]]),
+    ]
+    for i, (given, batch) in enumerate(((mean_in, "mean"), (var_in, "var")), start=1):
+        if len(node.outputs) > i and node.outputs[i]:  # the running statistic, updated
+            nodes += [Node("Reshape", [at(batch), per_channel], [at(f"{batch}_flat")]),
+                      Node(MUL, [given, const(f"momentum_{batch}", dt.type(momentum))], [at(f"{batch}_kept")]),
+                      Node(MUL, [at(f"{batch}_flat"), const(f"rest_{batch}", dt.type(1 - momentum))],
+                           [at(f"{batch}_new")]),
+                      Node(ADD, [at(f"{batch}_kept"), at(f"{batch}_new")], [node.outputs[i]])]
+    for n in nodes:
+        n.name = f"{node.name}/{n.outputs[0].rsplit('/', 1)[-1]}"
+    return nodes
 
 
 def _batchnorm_reader(b, node):
@@ -330,7 +368,7 @@ def _batchnorm_reader(b, node):
 
 
 register(OpDef(WHERE, BROADCAST, _where_infer, lambda a, v, g, node: [np.where(*v)], _where_reader),
-         OpDef(BATCH_NORMALIZATION, BROADCAST, _batchnorm_infer, None, _batchnorm_reader))
+         OpDef(BATCH_NORMALIZATION, BROADCAST, _batchnorm_infer, None, _batchnorm_reader, expand=_batchnorm_training))
 
 
 # ---- more comparisons, logic and activations ------------------------------------------------

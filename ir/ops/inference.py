@@ -158,8 +158,9 @@ def _resolve(g: Graph, fold_floats: bool) -> Graph:
     while pending:
         node = pending.popleft()
         definition = op_def(node.op)
-        if definition is not None and definition.expand is not None:  # its body takes its place
-            body = _with_constants(g, lambda: definition.expand(g, node), producer, folded)
+        body = None if definition is None or definition.expand is None else \
+            _with_constants(g, lambda: definition.expand(g, node), producer, folded)
+        if body is not None:  # its body takes its place (None: this node is as it is)
             for n in body:  # (a node in a branch decided at run time: so is what it expands to)
                 n.guard = n.guard or node.guard
             pending.extendleft(reversed(body))

@@ -37,7 +37,8 @@ class OpDef:
     view: bool = False  # a reshape: an alias of its input's buffer, no kernel of its own
     compile_time: bool = False  # evaluated at compile time only: its outputs are always constants
     shape_only: bool = False  # its value depends on its input's shape only (folded even from a variable)
-    # (g, node) -> [Node]: an op built from other ops; type inference puts these in its place.
+    # (g, node) -> [Node]: an op built from other ops; type inference puts these in its place
+    # (or None: this node is computed as it is).
     expand: Callable | None = None
     # Its element calls a math function (exp, erf, tanh, ...): fusion recomputes it in at most
     # one reading kernel instead of in each.
