@@ -721,17 +721,27 @@ def by_row_blocks(b: KernelBuilder, lead: list, m, rows: int, block) -> tuple:
 
 
 def _lower_matmul_rows(b: KernelBuilder, node: Node, store) -> tuple:
-    """[..., K] x [K, N] with symbolic leading dims: one GEMM over their product, the rows,
-    known at run time (one row for a decoding step), B packed at build time. Threads share
-    the weight panels (split "n"), so a single row still streams each weight once."""
+    """[..., K] x [K, N]: one GEMM over the product of A's leading dims, the rows. With
+    symbolic dims they are known at run time (one row for a decoding step) and threads share
+    the weight panels (split "n"), so a single row still streams each weight once. Static
+    leading dims are rows too: XLNet's [64, 1, 256] is 64 rows, not 64 products of one row
+    that each stream all of B."""
     a_name, b_name = node.inputs[0], node.inputs[1]
     (k, n), lead = b.type(b_name).shape, list(b.shape(node.outputs[0])[:-1])
+    nr = b.tile(n)[1]
 
     def epilogue(mm, nn, acc):  # (leading dims not collapsed into one: the row's index in them, by division)
         return store(unflatten(mm, lead) + [nn], acc)
-    b_param = b.constant_param(f"{b_name}_packed", deferred_panels(b.g.constants[b_name], b.tile(n)[1]))
+    stmts = []
+    if b_name in b.g.constants:
+        b_param = b.constant_param(f"{b_name}_packed", deferred_panels(b.g.constants[b_name], nr))
+    else:  # (packed once per call, for all the rows)
+        b_param = b.workspace(-(-n // nr) * k * nr)
+        stmts += _runtime_pack(b, b.in_param(b_name), Const(0), k, n, n, 1, b_param)
     rows = math.prod(lead)  # (ints and run-time sizes multiply as Exprs)
-    return (gemm_stmt(b, b.in_param(a_name), Const(0), k, 1, b_param, Const(0), rows, n, k, epilogue, split="n"),)
+    symbolic = not isinstance(rows, int)
+    return tuple(stmts) + (gemm_stmt(b, b.in_param(a_name), Const(0), k, 1, b_param, Const(0), rows, n, k, epilogue,
+                                     split="n" if symbolic else ""),)
 
 
 def lower_matmul(b: KernelBuilder, node: Node, store, out: str = "") -> tuple:
@@ -739,6 +749,8 @@ def lower_matmul(b: KernelBuilder, node: Node, store, out: str = "") -> tuple:
     if not (b.type(a_name).is_static and b.type(b_name).is_static):
         return _lower_matmul_symbolic(b, node, store, out)
     sa, sb = list(b.type(a_name).shape), list(b.type(b_name).shape)
+    if len(sa) > 2 and len(sb) == 2 and b.compute(a_name) == "f32":
+        return _lower_matmul_rows(b, node, store)
     va, vb = len(sa) == 1, len(sb) == 1
     sa = [1] + sa if va else sa
     sb = sb + [1] if vb else sb

@@ -1,16 +1,14 @@
-"""Convolutions and matrix products: Conv, ConvTranspose, MatMul, Gemm, Einsum. Anchors that run
+"""Convolutions and matrix products: Conv, ConvTranspose, MatMul, Gemm (Einsum: einsum.py). Anchors that run
 the GEMM micro-kernel (ir/lower/gemm.py), with bias, scale, activation and residual adds
 fused as their epilogue."""
 from __future__ import annotations
-
-import numpy as np
 
 from ..attrs import check_attrs
 from ..dtypes import dtype
 from ..graph import ShapeError, TensorType, UnsupportedError
 from ..lower.builder import collapse_shapes
 from ..lower.conv import lower_conv
-from ..lower.gemm import is_depthwise, lower_conv_transpose, lower_einsum, lower_gemm, lower_matmul
+from ..lower.gemm import is_depthwise, lower_conv_transpose, lower_gemm, lower_matmul
 from ..symbolic import floor_div, is_symbolic, least, require_equal
 from .broadcast import broadcast
 from .registry import BROADCAST, OUT_EWISE_FUSABLE, OpDef, op_def, register
@@ -135,11 +133,16 @@ def _gemm(g, node, p):
     return TensorType((m, n), a.dtype)
 
 
-def collapse_symbolic_rows(b, node, names) -> None:
-    """A MatMul over symbolic rows ([batch, seq, K] x [K, N]) computes [rows, N]: its epilogue
-    indexes (row, column) where every epilogue tensor lets the leading dims merge."""
-    if not b.g.types[node.inputs[0]].is_static and node.inputs[1] in b.g.constants and \
-            len(b.g.types[node.inputs[1]].shape) == 2 and \
+def collapse_rows(b, node, names) -> None:
+    """A MatMul of [..., K] by a matrix that computes one GEMM over the rows ([batch, seq, K]
+    x [K, N] as [rows, N]: ir/lower/gemm.py's _lower_matmul_rows) has its epilogue index
+    (row, column) where every epilogue tensor lets the leading dims merge."""
+    ta, tb = b.g.types[node.inputs[0]], b.g.types[node.inputs[1]]
+    if ta.is_static:
+        rows_gemm = len(ta.shape) > 2 and tb.is_static and b.compute(node.inputs[0]) == "f32"
+    else:
+        rows_gemm = node.inputs[1] in b.g.constants
+    if rows_gemm and len(tb.shape) == 2 and \
             all(m is node or op_def(m.op).kind <= BROADCAST for m in b.members):  # (readers that index the full shape)
         collapse_shapes(b, names, b.shape(node.outputs[0]), into=2)
 
@@ -160,59 +163,6 @@ register(
     OpDef(CONV_TRANSPOSE, OUT_EWISE_FUSABLE, _conv_transpose,
           anchor=lambda b, node, store, out: lower_conv_transpose(b, node, store)),
     OpDef(MATMUL, OUT_EWISE_FUSABLE, infer_matmul, anchor=lambda b, node, store, out: lower_matmul(b, node, store, out),
-          prepare_epilogue=collapse_symbolic_rows),
+          prepare_epilogue=collapse_rows),
     OpDef(GEMM, OUT_EWISE_FUSABLE, _gemm, anchor=lambda b, node, store, out: lower_gemm(b, node, store)),
 )
-
-
-# ---- Einsum -----------------------------------------------------------------------------------
-
-def parse_einsum(equation: str, ranks: list[int], node) -> tuple[list[str], str]:
-    """Operand subscripts and output subscripts, with '...' expanded to capital letters (the
-    broadcast dims, right-aligned) and an implicit output (letters seen once, sorted) made
-    explicit."""
-    eq = equation.replace(" ", "")
-    lhs, arrow, rhs = eq.partition("->")
-    terms = lhs.split(",")
-    if len(terms) != len(ranks):
-        raise ShapeError(f"{node.describe()}: equation {equation!r} has {len(terms)} operands, the node {len(ranks)}")
-    ell = max((r - len(t.replace("...", "")) for t, r in zip(terms, ranks) if "..." in t), default=0)
-    fill = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"[:ell]
-    subs = []
-    for t, r in zip(terms, ranks):
-        if "..." in t:
-            n = r - len(t.replace("...", ""))
-            t = t.replace("...", fill[ell - n:])
-        if len(t) != r:
-            raise ShapeError(f"{node.describe()}: subscripts {t!r} do not fit an operand of rank {r}")
-        subs.append(t)
-    if arrow:
-        out = rhs.replace("...", fill)
-    else:
-        letters = "".join(subs)
-        out = fill + "".join(sorted(c for c in set(letters) if letters.count(c) == 1 and c not in fill))
-    return subs, out
-
-
-def _einsum(g, node, p):
-    types = [g.types[i] for i in node.inputs]
-    subs, out = parse_einsum(node.attrs["equation"], [len(t.shape) for t in types], node)
-    dims: dict[str, int] = {}
-    for s, t in zip(subs, types):
-        for c, d in zip(s, t.shape):
-            if dims.get(c, 1) not in (1, d) and d != 1:
-                raise ShapeError(f"{node.describe()}: subscript {c} is {dims[c]} in one operand and {d} in another")
-            dims[c] = max(dims.get(c, 1), d)
-    p["subscripts"], p["output"], p["dims"] = subs, out, dims
-    return TensorType(tuple(dims[c] for c in out), types[0].dtype)
-
-
-def _einsum_fold(a, values, g, node):
-    letters = {c: chr(ord("a") + i) for i, c in enumerate(dict.fromkeys("".join(a["subscripts"]) + a["output"]))}
-    eq = ",".join("".join(letters[c] for c in s) for s in a["subscripts"]) + "->" + "".join(letters[c]
-                                                                                         for c in a["output"])
-    return [np.einsum(eq, *values)]
-
-
-register(OpDef("Einsum", OUT_EWISE_FUSABLE, _einsum, _einsum_fold,
-               anchor=lambda b, node, store, out: lower_einsum(b, node, store)))

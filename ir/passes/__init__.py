@@ -8,6 +8,7 @@ from .integer_products import integer_products
 from .kv_cache import bind_kv_caches
 from .quantized_moves import quantized_moves
 from .simplify_inference import simplify_inference
+from .trim_conv_windows import trim_conv_windows
 
 
 def default_pipeline(extra=()) -> Sequential:
@@ -15,11 +16,11 @@ def default_pipeline(extra=()) -> Sequential:
     parameters are inferred again right before fusion, for whatever the passes between
     rewrote or added (a custom pass adds plain ONNX-style nodes and nothing else)."""
     return Sequential([infer_types, integer_products, quantized_moves, fold_constants, simplify_inference,
-                       eliminate_common_subexpr, eliminate_dead_code, *extra, infer_types, bind_kv_caches,
-                       fuse_ops],
+                       trim_conv_windows, eliminate_common_subexpr, eliminate_dead_code, *extra, infer_types,
+                       bind_kv_caches, fuse_ops],
                       name="default_pipeline")
 
 
 __all__ = ["default_pipeline", "infer_types", "integer_products", "quantized_moves", "fold_constants",
-           "simplify_inference",
+           "simplify_inference", "trim_conv_windows",
            "eliminate_common_subexpr", "eliminate_dead_code", "bind_kv_caches", "fuse_ops", "groups_of"]
