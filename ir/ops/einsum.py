@@ -13,7 +13,10 @@ import numpy as np
 from ..dtypes import is_float
 from ..graph import Node, ShapeError, TensorType
 from ..lower.gemm import lower_einsum
+from .conv_gemm import MATMUL
+from .reduce import REDUCE_SUM
 from .registry import OUT_EWISE_FUSABLE, OpDef, register
+from .shape import RESHAPE, TRANSPOSE
 
 
 def parse_einsum(equation: str, ranks: list[int], node) -> tuple[list[str], str]:
@@ -99,16 +102,16 @@ def _as_matmul(g, node) -> list[Node] | None:
         """`src` (subscripts `subs`, sizes `shape`) with the letters in `extra` summed out,
         transposed to `order`, each run of letters in it merged into one dim."""
         if extra:
-            src = add("ReduceSum", [src, constant(f"{part}_axes", [subs.index(c) for c in extra])], f"{part}_summed",
+            src = add(REDUCE_SUM, [src, constant(f"{part}_axes", [subs.index(c) for c in extra])], f"{part}_summed",
                       keepdims=0)
             shape = [d for c, d in zip(subs, shape) if c not in extra]
             subs = "".join(c for c in subs if c not in extra)
         perm = [subs.index(c) for c in order]
         if perm != sorted(perm):
-            src = add("Transpose", [src], f"{part}_t", perm=perm)
+            src = add(TRANSPOSE, [src], f"{part}_t", perm=perm)
         merged = [shape[subs.index(c)] for c in batch] + [math.prod(size[c] for c in run) for run in order_runs[part]]
         if merged != [shape[i] for i in perm]:
-            src = add("Reshape", [src, constant(f"{part}_shape", merged)], f"{part}_merged")
+            src = add(RESHAPE, [src, constant(f"{part}_shape", merged)], f"{part}_merged")
         return src
 
     # Without batch letters A's rows stay dims of their own: MatMul makes [..., K] x [K, N] one
@@ -123,18 +126,18 @@ def _as_matmul(g, node) -> list[Node] | None:
         [math.prod(size[c] for c in cols)]
     unmerged = [size[c] for c in produced]
     # The last node writes the Einsum's output: MatMul, or the Reshape or Transpose after it.
-    last = {"MatMul": unmerged == product_shape and perm == sorted(perm), "Reshape": perm == sorted(perm)}
+    in_order = perm == sorted(perm)
     y = node.outputs[0]
-    product = add("MatMul", [a, b], "product")
-    if last["MatMul"]:
+    product = add(MATMUL, [a, b], "product")
+    if in_order and unmerged == product_shape:
         nodes[-1].outputs = [y]
         return nodes
-    unflat = add("Reshape", [product, constant("out_shape", unmerged)], "unmerged") \
+    unflat = add(RESHAPE, [product, constant("out_shape", unmerged)], "unmerged") \
         if unmerged != product_shape else product
-    if last["Reshape"]:
+    if in_order:
         nodes[-1].outputs = [y]
         return nodes
-    nodes.append(Node("Transpose", [unflat], [y], {"perm": perm}, f"{node.name}/output"))
+    nodes.append(Node(TRANSPOSE, [unflat], [y], {"perm": perm}, f"{node.name}/output"))
     return nodes
 
 

@@ -18,6 +18,8 @@ from ..loop import Call, Cast, Const, Expr, Var, call, cmp, fbin, fold_balanced,
 from ..lower.elementwise import and_, bcast_reader, clamp, f32
 from ..onnx_dtypes import onnx_to_dtype
 from .broadcast import broadcast
+from .reduce import REDUCE_MEAN
+from .shape import RESHAPE
 from .registry import BROADCAST, ELEMWISE, OpDef, register
 
 # Ops other ops are built from (QLinear ops, recurrent nets, control flow).
@@ -331,21 +333,21 @@ def _batchnorm_training(g, node) -> list[Node] | None:
     axes = [0] + list(range(2, rank))
     momentum = node.attrs.get("momentum", 0.9)
     nodes = [
-        Node("ReduceMean", [x], [at("mean")], {"axes": axes, "keepdims": 1}),
+        Node(REDUCE_MEAN, [x], [at("mean")], {"axes": axes, "keepdims": 1}),
         Node(SUB, [x, at("mean")], [at("centred")]),
         Node(MUL, [at("centred"), at("centred")], [at("squares")]),
-        Node("ReduceMean", [at("squares")], [at("var")], {"axes": axes, "keepdims": 1}),
+        Node(REDUCE_MEAN, [at("squares")], [at("var")], {"axes": axes, "keepdims": 1}),
         Node(ADD, [at("var"), const("epsilon", dt.type(node.attrs.get("epsilon", 1e-5)))], [at("var_eps")]),
         Node("Sqrt", [at("var_eps")], [at("std")]),
-        Node("Reshape", [scale, channels], [at("scale")]),
-        Node("Div", [at("scale"), at("std")], [at("factor")]),
+        Node(RESHAPE, [scale, channels], [at("scale")]),
+        Node(DIV, [at("scale"), at("std")], [at("factor")]),
         Node(MUL, [at("centred"), at("factor")], [at("scaled")]),
-        Node("Reshape", [bias, channels], [at("bias")]),
+        Node(RESHAPE, [bias, channels], [at("bias")]),
         Node(ADD, [at("scaled"), at("bias")], [node.outputs[0]]),
     ]
     for i, (given, batch) in enumerate(((mean_in, "mean"), (var_in, "var")), start=1):
         if len(node.outputs) > i and node.outputs[i]:  # the running statistic, updated
-            nodes += [Node("Reshape", [at(batch), per_channel], [at(f"{batch}_flat")]),
+            nodes += [Node(RESHAPE, [at(batch), per_channel], [at(f"{batch}_flat")]),
                       Node(MUL, [given, const(f"momentum_{batch}", dt.type(momentum))], [at(f"{batch}_kept")]),
                       Node(MUL, [at(f"{batch}_flat"), const(f"rest_{batch}", dt.type(1 - momentum))],
                            [at(f"{batch}_new")]),

@@ -15,6 +15,8 @@ from ..lower.reduce import (lower_hardmax, lower_layernorm, lower_lp_normalize, 
 from .conv_gemm import resolve_window
 from .registry import REDUCTION, OpDef, register
 
+REDUCE_SUM, REDUCE_MEAN = "ReduceSum", "ReduceMean"  # (other ops are built from them: einsum.py, elementwise.py)
+
 GLOBAL_AVERAGE_POOL, MAX_POOL = "GlobalAveragePool", "MaxPool"
 REDUCE_MAX, REDUCE_MIN = "ReduceMax", "ReduceMin"
 
@@ -114,7 +116,7 @@ def _logsumexp(x, axis, keepdims):
 
 
 register(
-    _reduction("ReduceSum", "sum", _reduce, np.sum), _reduction("ReduceMean", "mean", _reduce, np.mean),
+    _reduction(REDUCE_SUM, "sum", _reduce, np.sum), _reduction(REDUCE_MEAN, "mean", _reduce, np.mean),
     _reduction(REDUCE_MAX, "max", _reduce, np.max), _reduction(REDUCE_MIN, "min", _reduce, np.min),
     _reduction("ReduceProd", "prod", _reduce, np.prod),
     _reduction("ReduceL1", "l1", _reduce, lambda x, **k: np.sum(np.abs(x), **k)),
