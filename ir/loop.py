@@ -164,7 +164,8 @@ class For(Stmt):
     # serial | vectorize | masked (vectorize; a short ragged tail masked) | unroll | forced_vector
     # (vectorize before LLVM's full unroll of a short loop can: rows of a converting or
     # deinterleaving copy otherwise became scalar moves) | vector_masked (forced_vector, and
-    # a ragged tail masked at any length: a row of bytes is one masked 64-byte move)
+    # a ragged tail masked at any length: a row of bytes is one masked 64-byte move) | scalar
+    # (never vectorized: LLVM vectorizes a serial loop whose inner loop it removed, with gathers)
     kind: str = "serial"
     # Iterations may run on several threads: honoured where the loop is a phase (see above).
     parallel: bool = False

@@ -293,13 +293,14 @@ def lower_pool(b: KernelBuilder, node: Node, store, is_max: bool) -> tuple:
     def size(i: int, plus: int = 0):
         return add(spatial[i], plus) if isinstance(spatial[i], Expr) else Const(spatial[i] + plus)
 
-    def point(oidx, unchecked_last: bool = False):
+    def point(oidx, inside_axes=frozenset()):
+        """One output; along `inside_axes` its window lies in the input (no checks)."""
         def tap(kidx):
             """The tap's value, and whether it lies in the input and in the padded input."""
             src, ok, in_pad = list(oidx[:2]), None, None
             for i in range(nsp):
                 pos = add(sub(mul(oidx[2 + i], strides[i]), pads[i]), mul(kidx[i], dil[i]))
-                if checked[i] and not (unchecked_last and i == nsp - 1):
+                if checked[i] and i not in inside_axes:
                     within = fbin("and", cmp("ge", pos, Const(0)), cmp("lt", pos, size(i)))
                     padded = fbin("and", cmp("ge", pos, Const(-pads[i])), cmp("lt", pos, size(i, pads[nsp + i])))
                     ok = within if ok is None else fbin("and", ok, within)
@@ -310,14 +311,21 @@ def lower_pool(b: KernelBuilder, node: Node, store, is_max: bool) -> tuple:
 
         if is_max and math.prod(kernel) <= MAX_TREE_TAPS:
             # A tree of maxima over the window's taps: depth log2(taps) instead of a chain.
-            values = []
+            # Each value is bound once: _sticky_max reads its operands more than once, so
+            # nesting the expressions would grow them fivefold per level (a 3x3 window's was
+            # 600 copies of the taps, a 4.6 MB kernel that LLVM never fully recovered).
+            stmts, values = [], []
+
+            def bound(value):
+                stmts.append(Let(b.fresh("m"), value))
+                return Var(stmts[-1].var, t)
             for kidx in itertools.product(*(range(k) for k in kernel)):
                 v, ok, _ = tap([Const(k) for k in kidx])
-                values.append(select(ok, v, literal(lowest(t))) if ok is not None else v)
+                values.append(bound(select(ok, v, literal(lowest(t))) if ok is not None else v))
             while len(values) > 1:
-                values = [_window_max(values[i], values[i + 1], t) if i + 1 < len(values) else values[i]
+                values = [bound(_window_max(values[i], values[i + 1], t)) if i + 1 < len(values) else values[i]
                           for i in range(0, len(values), 2)]
-            return list(store(oidx, values[0]))
+            return stmts + list(store(oidx, values[0]))
 
         acc, cnt = b.fresh("acc"), b.fresh("cnt")
         body = [Local(acc, t, literal(lowest(t) if is_max else 0)), Local(cnt, t, _f(0))]
@@ -336,23 +344,39 @@ def lower_pool(b: KernelBuilder, node: Node, store, is_max: bool) -> tuple:
         value = Var(acc, t) if is_max else fbin("div", Var(acc, t), Var(cnt, t))
         return body + list(store(oidx, value))
 
-    if not checked[-1] or at_run_time:
+    if at_run_time:
         return b.loops(oshape, point, inner_kind="serial", parallel=True)
 
-    # Along the last axis, the outputs whose windows lie inside run without checks: their
-    # loads are affine (strided), so that stretch vectorizes; only the borders clamp.
-    lo, hi = inside(nsp - 1)
-    width = oshape[-1]
+    # Along the last two axes (H and W), the outputs whose windows lie inside run without
+    # checks: a plane is up to 3 x 3 blocks, borders and inside, and only the border blocks
+    # check and clamp their taps (checking H in every row had made GoogLeNet's 3x3 pools
+    # 3-5x slower than onnxruntime's). Along W the inside loads are affine (strided), so that
+    # stretch vectorizes.
+    def ranges(i: int) -> list:
+        """(first, count, inside) runs of outputs along spatial axis i."""
+        if not checked[i]:
+            return [(0, oshape[2 + i], True)]
+        lo, hi = inside(i)
+        return [r for r in ((0, lo, False), (lo, hi - lo, True), (hi, oshape[2 + i] - hi, False)) if r[1]]
+    tail = list(range(max(nsp - 2, 0), nsp))
 
-    def row(idx):
+    def plane(idx):
         stmts = []
-        for first, count, clear in ((0, lo, False), (lo, hi - lo, True), (hi, width - hi, False)):
-            if count:
-                w = b.fresh("ow")
-                stmts.append(For(w, count, tuple(point(list(idx) + [add(Var(w), first)], clear)),
-                                 "vectorize" if clear else "serial"))
+        for runs in itertools.product(*(ranges(i) for i in tail)):
+            names = [b.fresh("o") for _ in tail]
+            inside_axes = frozenset(i for i, run in zip(tail, runs) if run[2])
+            body = tuple(point(list(idx) + [add(Var(v), run[0]) for v, run in zip(names, runs)], inside_axes))
+            # Inside, a row of stride 1 runs as whole vectors and one masked remainder (a
+            # 28-wide row on AVX-512 had 10 scalar outputs of 26; strided loads masked would be
+            # gathers, so a wider stride keeps a scalar remainder); every other loop stays
+            # scalar (LLVM had vectorized a border column down H, with gathers and scatters).
+            row_kind = "vector_masked" if strides[-1] == 1 else "vectorize"
+            for j in reversed(range(len(tail))):
+                last_inside = j == len(tail) - 1 and runs[j][2]
+                body = (For(names[j], runs[j][1], body, row_kind if last_inside else "scalar"),)
+            stmts += body
         return stmts
-    return b.loops(oshape[:-1], row, inner_kind="serial", parallel=True)
+    return b.loops(oshape[:2 + tail[0]], plane, inner_kind="serial", parallel=True)
 
 
 def lower_lp_normalize(b: KernelBuilder, node: Node, store) -> tuple:
