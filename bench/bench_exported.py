@@ -1,0 +1,129 @@
+"""Real architectures as exported by torch.onnx: does Kiln build them, match onnxruntime, and
+run them as fast? One run, a Markdown table.
+
+    python bench/bench_exported.py [--models llama,xlnet] [--rounds 2] [--repeat 20] [--dir DIR]
+
+Each model of bench/exported_zoo.py is exported once into DIR (default
+~/.cache/kiln-exported), by a child process (torch, torchvision, timm and transformers are
+needed for that alone: `pip install torch torchvision timm transformers onnxscript`). Then,
+per model: Kiln's cold build (no store), its outputs against onnxruntime's on the same
+random inputs (the largest difference over the largest value, per output, the worst listed),
+and both at 1 thread in interleaved rounds (median of `repeat` runs, the better round).
+A model Kiln refuses or gets wrong is listed with what went wrong; the run goes on.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+
+from bench_models import cpu_name, host_isa, interleaved  # noqa: E402
+from exported_zoo import MODELS  # noqa: E402
+
+TOLERANCE = 1e-4  # largest difference over the largest value: float32 kernels summing in other orders
+
+
+def exported(name: str, folder: str) -> str:
+    """The model's file, exported first if it is not there yet."""
+    path = os.path.join(folder, name, "model.onnx")
+    if not os.path.exists(path):
+        done = subprocess.run([sys.executable, os.path.join(HERE, "exported_zoo.py"), name,
+                               os.path.join(folder, name)], capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"export failed: {done.stderr.strip().splitlines()[-1] if done.stderr else ''}")
+    return path
+
+
+def random_inputs(session) -> dict:
+    rng = np.random.default_rng(0)
+    feeds = {}
+    for i in session.get_inputs():
+        shape = [d if isinstance(d, int) else 1 for d in i.shape]
+        feeds[i.name] = (rng.integers(0, 100, shape).astype(np.int64) if "int64" in i.type
+                         else rng.standard_normal(shape).astype(np.float32))
+    return feeds
+
+
+def worst_difference(got: dict, want: list, names: list) -> float:
+    worst = 0.0
+    for name, w in zip(names, want):
+        g = got[name]
+        if g.shape != w.shape:
+            return math.inf
+        if w.size and w.dtype.kind == "f":
+            worst = max(worst, float(np.max(np.abs(g.astype(np.float64) - w)) / (np.max(np.abs(w)) or 1.0)))
+        elif not np.array_equal(g, w):
+            return math.inf
+    return worst
+
+
+def bench(name: str, args) -> tuple | str:
+    import onnxruntime as ort
+    from modelkiln.orchestrator.api import build
+    path = exported(name, args.dir)
+    so = ort.SessionOptions()
+    so.intra_op_num_threads, so.inter_op_num_threads = 1, 1
+    session = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+    feeds = random_inputs(session)
+    want = session.run(None, feeds)
+    t0 = time.perf_counter()
+    result = build(path, cache=None, progress=False)  # (cold: every kernel compiled)
+    seconds = time.perf_counter() - t0
+    module = result.load(1)
+    diff = worst_difference(module.run(feeds), want, [o.name for o in session.get_outputs()])
+    if not diff <= TOLERANCE:
+        return f"outputs differ from onnxruntime's by {diff:.2g} of their largest value"
+    times = interleaved({"kiln": lambda: module.run(feeds), "ort": lambda: session.run(None, feeds)},
+                        warmup=3, repeat=args.repeat, rounds=args.rounds)
+    return seconds, result.report["totals"]["kernels"], diff, times["kiln"], times["ort"]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", help="comma-separated names (default: all)")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--repeat", type=int, default=20)
+    ap.add_argument("--dir", default=os.path.join(os.path.expanduser("~"), ".cache", "kiln-exported"))
+    args = ap.parse_args()
+    names = args.models.split(",") if args.models else list(MODELS)
+    unknown = [n for n in names if n not in MODELS]
+    if unknown:
+        sys.exit(f"unknown models: {', '.join(unknown)} (known: {', '.join(MODELS)})")
+    import onnxruntime
+    print(f"# {time.strftime('%Y-%m-%d')}, {cpu_name()} ({host_isa()}), 1 thread; onnxruntime "
+          f"{onnxruntime.__version__}; rounds {args.rounds}, median of {args.repeat} runs\n")
+    print("| model | exporter | kiln build (s) | kernels | max difference | kiln ms | onnxruntime ms | kiln / onnxruntime |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
+    ratios, failed = [], []
+    for name in names:
+        try:
+            outcome = bench(name, args)
+        except Exception as e:  # (a refused model or a failed export: listed, the run goes on)
+            outcome = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+        if isinstance(outcome, str):
+            failed.append((name, outcome))
+            print(f"| {name} | {MODELS[name][1]} | - | - | - | - | - | {outcome} |", flush=True)
+            continue
+        seconds, kernels, diff, kiln_ms, ort_ms = outcome
+        ratios.append(kiln_ms / ort_ms)
+        print(f"| {name} | {MODELS[name][1]} | {seconds:.1f} | {kernels} | {diff:.1e} | {kiln_ms:.3f} | {ort_ms:.3f} "
+              f"| {kiln_ms / ort_ms:.2f} |", flush=True)
+    if ratios:
+        print(f"\n{len(ratios)} of {len(names)} built and matched; geometric mean of kiln / onnxruntime "
+              f"{math.exp(sum(map(math.log, ratios)) / len(ratios)):.2f}; above 1.05: "
+              f"{sum(r > 1.05 for r in ratios)}")
+    for name, why in failed:
+        print(f"- {name}: {why}")
+
+
+if __name__ == "__main__":
+    main()

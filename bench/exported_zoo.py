@@ -1,0 +1,160 @@
+"""Real architectures as torch.onnx exports them, for bench/bench_exported.py: timm,
+torchvision and transformers models built from their configs with random weights (no
+downloads; a fixed seed), exported by the TorchScript exporter at opset 17, or by the dynamo
+exporter at opset 18 where TorchScript cannot trace them (the decoder LMs of transformers
+4.57). Small configs where a real one would be large (2 layers for the language models).
+
+    python bench/exported_zoo.py NAME FOLDER    (FOLDER/model.onnx; bench_exported.py runs one child per model)
+
+Needs torch, torchvision, timm and transformers (`pip install torch torchvision timm
+transformers onnxscript`); Kiln itself does not.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import warnings
+
+
+def _vision(fn_name, size=224, **kw):
+    def make(torch):
+        import torchvision
+        return getattr(torchvision.models, fn_name)(weights=None, **kw).eval(), (torch.randn(1, 3, size, size),)
+    return make
+
+
+def _segmentation(fn_name, size):
+    def make(torch):
+        import torchvision
+        fn = getattr(torchvision.models.segmentation, fn_name)
+        return fn(weights=None, weights_backbone=None).eval(), (torch.randn(1, 3, size, size),)
+    return make
+
+
+def _video(fn_name):
+    def make(torch):
+        import torchvision
+        return getattr(torchvision.models.video, fn_name)(weights=None).eval(), (torch.randn(1, 3, 8, 112, 112),)
+    return make
+
+
+def _timm(name, size=224):
+    def make(torch):
+        import timm
+        return timm.create_model(name, pretrained=False).eval(), (torch.randn(1, 3, size, size),)
+    return make
+
+
+def _hf(config, model, inputs="ids", shape=(1, 64), **cfg):
+    """A transformers model from its config; its last hidden state only (no KV cache)."""
+    def make(torch):
+        import transformers
+        c = getattr(transformers, config)(**cfg)
+        c._attn_implementation = "eager"
+        m = getattr(transformers, model)(c).eval()
+        if inputs == "ids":
+            x = torch.randint(0, c.vocab_size, shape)
+        else:
+            x = torch.randn(*shape)
+        if hasattr(c, "use_cache"):
+            c.use_cache = False
+
+        class LastHidden(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.m = m
+
+            def forward(self, x):
+                return self.m(x, return_dict=True).last_hidden_state
+        return LastHidden().eval(), (x,)
+    return make
+
+
+def _whisper_encoder(torch):
+    import transformers
+    c = transformers.WhisperConfig(encoder_layers=2, decoder_layers=2, d_model=384, encoder_attention_heads=6,
+                                   decoder_attention_heads=6)
+    return transformers.WhisperModel(c).get_encoder().eval(), (torch.randn(1, 80, 3000),)
+
+
+LM = dict(num_hidden_layers=2, hidden_size=256, num_attention_heads=8, vocab_size=1000)
+# name -> (maker, exporter)
+MODELS = {
+    "resnext50": (_vision("resnext50_32x4d"), "torchscript"),
+    "googlenet": (_vision("googlenet", aux_logits=False, init_weights=True), "torchscript"),
+    "inception_v3": (_vision("inception_v3", 299, aux_logits=False, init_weights=True), "torchscript"),
+    "squeezenet": (_vision("squeezenet1_1"), "torchscript"),
+    "shufflenet_v2": (_vision("shufflenet_v2_x1_0"), "torchscript"),
+    "mnasnet": (_vision("mnasnet1_0"), "torchscript"),
+    "mobilenet_v3_small": (_vision("mobilenet_v3_small"), "torchscript"),
+    "regnet_x_400mf": (_vision("regnet_x_400mf"), "torchscript"),
+    "efficientnet_v2_s": (_vision("efficientnet_v2_s"), "torchscript"),
+    "convnext_tiny": (_vision("convnext_tiny"), "torchscript"),
+    "swin_t": (_vision("swin_t"), "torchscript"),
+    "maxvit_t": (_vision("maxvit_t"), "dynamo"),
+    "deeplabv3_mobilenet_v3": (_segmentation("deeplabv3_mobilenet_v3_large", 256), "torchscript"),
+    "lraspp_mobilenet_v3": (_segmentation("lraspp_mobilenet_v3_large", 256), "torchscript"),
+    "fcn_resnet50": (_segmentation("fcn_resnet50", 224), "torchscript"),
+    "r3d_18": (_video("r3d_18"), "torchscript"),
+    "r2plus1d_18": (_video("r2plus1d_18"), "torchscript"),
+    "repvgg_a0": (_timm("repvgg_a0"), "torchscript"),
+    "fastvit_t8": (_timm("fastvit_t8", 256), "torchscript"),
+    "ghostnet_100": (_timm("ghostnet_100"), "torchscript"),
+    "hrnet_w18_small": (_timm("hrnet_w18_small"), "torchscript"),
+    "mobilevitv2_050": (_timm("mobilevitv2_050", 256), "torchscript"),
+    "nfnet_f0": (_timm("nfnet_f0", 192), "torchscript"),
+    "efficientformer_l1": (_timm("efficientformer_l1"), "torchscript"),
+    "edgenext_x_small": (_timm("edgenext_x_small", 256), "torchscript"),
+    "pvt_v2_b0": (_timm("pvt_v2_b0"), "torchscript"),
+    "coat_lite_tiny": (_timm("coat_lite_tiny"), "torchscript"),
+    "xcit_nano_12_p16": (_timm("xcit_nano_12_p16_224"), "torchscript"),
+    "mixer_s16": (_timm("mixer_s16_224"), "torchscript"),
+    "cspdarknet53": (_timm("cspdarknet53", 256), "torchscript"),
+    "bert_2l": (_hf("BertConfig", "BertModel", num_hidden_layers=2), "torchscript"),
+    "deberta_v2": (_hf("DebertaV2Config", "DebertaV2Model", num_hidden_layers=2, hidden_size=256,
+                       num_attention_heads=4, intermediate_size=1024), "torchscript"),
+    "xlnet": (_hf("XLNetConfig", "XLNetModel", n_layer=2, d_model=256, n_head=4, d_inner=1024, vocab_size=1000),
+              "torchscript"),
+    "t5_encoder": (_hf("T5Config", "T5EncoderModel", num_layers=2, d_model=256, num_heads=4, d_ff=1024, d_kv=64,
+                       vocab_size=1000), "torchscript"),
+    "bart": (_hf("BartConfig", "BartModel", encoder_layers=2, decoder_layers=2, d_model=256,
+                 encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=1024, decoder_ffn_dim=1024,
+                 vocab_size=1000), "torchscript"),
+    "segformer_b0": (_hf("SegformerConfig", "SegformerModel", "pixels", (1, 3, 256, 256)), "torchscript"),
+    "beit": (_hf("BeitConfig", "BeitModel", "pixels", (1, 3, 224, 224), num_hidden_layers=2), "torchscript"),
+    "hubert": (_hf("HubertConfig", "HubertModel", "audio", (1, 16000), num_hidden_layers=2), "torchscript"),
+    "whisper_encoder": (_whisper_encoder, "torchscript"),
+    "gpt2": (_hf("GPT2Config", "GPT2Model", n_layer=2), "dynamo"),
+    "llama": (_hf("LlamaConfig", "LlamaModel", num_key_value_heads=2, intermediate_size=688, **LM), "dynamo"),
+    "qwen2": (_hf("Qwen2Config", "Qwen2Model", num_key_value_heads=2, intermediate_size=688, **LM), "dynamo"),
+    "phi": (_hf("PhiConfig", "PhiModel", intermediate_size=1024, **LM), "dynamo"),
+    "gemma": (_hf("GemmaConfig", "GemmaModel", num_key_value_heads=1, head_dim=32, intermediate_size=688, **LM),
+              "dynamo"),
+    "gpt_neox": (_hf("GPTNeoXConfig", "GPTNeoXModel", intermediate_size=1024, **LM), "dynamo"),
+    "falcon": (_hf("FalconConfig", "FalconModel", **LM), "torchscript"),
+    "bloom": (_hf("BloomConfig", "BloomModel", n_layer=2, hidden_size=256, n_head=8, vocab_size=1000),
+              "torchscript"),
+    "opt": (_hf("OPTConfig", "OPTModel", num_hidden_layers=2, hidden_size=256, num_attention_heads=8, ffn_dim=1024,
+                word_embed_proj_dim=256, vocab_size=1000), "torchscript"),
+}
+
+
+def export(name: str, path: str) -> None:
+    import torch
+    warnings.filterwarnings("ignore")
+    torch.manual_seed(0)
+    make, exporter = MODELS[name]
+    model, args = make(torch)
+    with torch.no_grad():
+        torch.onnx.export(model, args, path, input_names=["x"], opset_version=18 if exporter == "dynamo" else 17,
+                          dynamo=exporter == "dynamo")
+
+
+if __name__ == "__main__":
+    name, folder = sys.argv[1:3]
+    partial = folder + ".partial"  # (renamed once whole: the dynamo exporter writes weights beside the model)
+    shutil.rmtree(partial, ignore_errors=True)
+    os.makedirs(partial)
+    export(name, os.path.join(partial, "model.onnx"))
+    os.replace(partial, folder)
