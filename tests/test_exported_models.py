@@ -7,7 +7,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
-from modelkiln.ir.passes import trim_conv_windows
+from modelkiln.ir.passes import infer_types, trim_conv_windows
 from modelkiln.orchestrator.api import build
 from tests.conftest import build_and_compare
 from tests.model_zoo import GraphMaker
@@ -142,21 +142,27 @@ def test_matmul_of_leading_dims_by_a_matrix(a_shape, extra, constant_b, executor
     build_and_compare(g.model(inputs, [y]), executor)
 
 
-@pytest.mark.parametrize("dilation,pads,map_size,kernel_after", [
-    (24, [24] * 4, [16, 16], [1, 1]), (36, [36] * 4, [16, 16], [1, 1]),  # DeepLabV3's, on a 16x16 map
-    (12, [12] * 4, [16, 16], [3, 3]),  # its third: every tap reads the input for some output pixel
-    (6, [6] * 4, [4, 24], [1, 3]),  # rows trimmed, columns not
-    (5, [5, 0, 0, 5], [6, 9], [2, 2]),  # one side of each window, pads unequal
+NINE_BLOCKS = sorted([h, w] for h in (2, 1, 2) for w in (2, 1, 2))  # (taps read by the top, middle, bottom rows)
+
+
+@pytest.mark.parametrize("dilation,stride,pads,map_size,kernels_after", [
+    (24, 1, [24] * 4, [16, 16], [[1, 1]]), (36, 1, [36] * 4, [16, 16], [[1, 1]]),  # DeepLabV3's, on a 16x16 map
+    (12, 1, [12] * 4, [16, 16], NINE_BLOCKS),  # its third: 9 blocks of outputs, a quarter of the work
+    (6, 2, [6] * 4, [9, 9], NINE_BLOCKS),  # the same at stride 2
+    (6, 1, [6] * 4, [4, 24], [[1, 3]]),  # rows trimmed; the columns' windows differ, too little to split
+    (5, 1, [5, 0, 0, 5], [6, 9], [[2, 2]]),  # one side of each window, pads unequal
 ])
-def test_conv_taps_that_read_only_padding_are_dropped(dilation, pads, map_size, kernel_after, executor):
+def test_conv_taps_that_read_only_padding_are_dropped(dilation, stride, pads, map_size, kernels_after, executor):
     """DeepLabV3's atrous convs: a 3x3 window dilated past the map reads only zeros with its
-    outer taps; the conv keeps the taps that read the input (its pads shrink with it), and
-    its outputs stay onnxruntime's."""
+    outer taps; the conv keeps the taps that read the input (its pads shrink with it), or,
+    where different stretches of outputs read with different taps and keeping them all would
+    double the work, becomes one unpadded conv per block of outputs over the input slice it
+    reads, concatenated. Its outputs stay onnxruntime's."""
     g = GraphMaker(14)
     w = g.weight((12, 10, 3, 3))
     y = g.op("Relu", [g.op("Conv", ["x", w, g.const(np.linspace(-1, 1, 12, dtype=np.float32))],
-                           kernel_shape=[3, 3], dilations=[dilation, dilation], pads=pads)])
+                           kernel_shape=[3, 3], dilations=[dilation, dilation], strides=[stride, stride], pads=pads)])
     model = g.model({"x": [1, 10] + map_size}, [y])
-    conv = next(n for n in run_passes(model, trim_conv_windows).nodes if n.op == "Conv")
-    assert list(conv.attrs["kernel_shape"]) == kernel_after
+    convs = [n for n in run_passes(model, trim_conv_windows, infer_types).nodes if n.op == "Conv"]
+    assert sorted(list(n.attrs["kernel_shape"]) for n in convs) == kernels_after
     build_and_compare(model, executor)

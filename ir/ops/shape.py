@@ -125,7 +125,7 @@ def _unsqueeze(g, node, p):
     return TensorType(tuple(out), x.dtype)
 
 
-IDENTITY, RESHAPE, CONCAT, TRANSPOSE = "Identity", "Reshape", "Concat", "Transpose"
+IDENTITY, RESHAPE, CONCAT, TRANSPOSE, SLICE = "Identity", "Reshape", "Concat", "Transpose", "Slice"
 UNSQUEEZE, GATHER, FLATTEN, SQUEEZE = "Unsqueeze", "Gather", "Flatten", "Squeeze"
 register(_view_def(RESHAPE, _reshape), _view_def(FLATTEN, _flatten), _view_def(SQUEEZE, _squeeze),
          _view_def(UNSQUEEZE, _unsqueeze), _view_def(IDENTITY, lambda g, node, p: g.types[node.inputs[0]], ELEMWISE))
@@ -382,7 +382,7 @@ register(
           one_output(concat_reader), alone=concat_by_slabs),
     OpDef("Split", INJECTIVE, _split,
           lambda a, v, g, node: list(np.split(v[0], np.cumsum(a["sizes"])[:-1], axis=a["axis"])), split_readers),
-    OpDef("Slice", INJECTIVE, _slice, _slice_fold, _slice_reader),
+    OpDef(SLICE, INJECTIVE, _slice, _slice_fold, _slice_reader),
     OpDef("Expand", INJECTIVE, _expand,
           lambda a, v, g, node: [np.broadcast_to(v[0].reshape(g.types[node.inputs[0]].shape),
                                                  g.types[node.outputs[0]].shape)],
