@@ -92,7 +92,7 @@ MODELS = {
     "efficientnet_v2_s": (_vision("efficientnet_v2_s"), "torchscript"),
     "convnext_tiny": (_vision("convnext_tiny"), "torchscript"),
     "swin_t": (_vision("swin_t"), "torchscript"),
-    "maxvit_t": (_vision("maxvit_t"), "dynamo"),
+    "maxvit_t": (_vision("maxvit_t"), "torchscript"),
     "deeplabv3_mobilenet_v3": (_segmentation("deeplabv3_mobilenet_v3_large", 256), "torchscript"),
     "lraspp_mobilenet_v3": (_segmentation("lraspp_mobilenet_v3_large", 256), "torchscript"),
     "fcn_resnet50": (_segmentation("fcn_resnet50", 224), "torchscript"),

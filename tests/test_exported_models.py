@@ -166,3 +166,16 @@ def test_conv_taps_that_read_only_padding_are_dropped(dilation, stride, pads, ma
     convs = [n for n in run_passes(model, trim_conv_windows, infer_types).nodes if n.op == "Conv"]
     assert sorted(list(n.attrs["kernel_shape"]) for n in convs) == kernels_after
     build_and_compare(model, executor)
+
+
+def test_conv_split_along_one_axis_joins_only_that_axis(executor):
+    """A 1x3 window dilated along W alone splits into 3 blocks along W, joined by one Concat
+    (the single run along H adds no Concat of one input)."""
+    g = GraphMaker(15)
+    y = g.op("Conv", ["x", g.weight((6, 4, 1, 3)), g.const(np.linspace(-1, 1, 6, dtype=np.float32))],
+             kernel_shape=[1, 3], dilations=[1, 12], pads=[0, 12, 0, 12])
+    model = g.model({"x": [1, 4, 5, 16]}, [y])
+    graph = run_passes(model, trim_conv_windows, infer_types)
+    assert sorted(list(n.attrs["kernel_shape"]) for n in graph.nodes if n.op == "Conv") == [[1, 1], [1, 2], [1, 2]]
+    assert ops(graph).count("Concat") == 1
+    build_and_compare(model, executor)

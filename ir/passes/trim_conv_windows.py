@@ -34,15 +34,15 @@ SPLIT_GAIN = 2  # split only where the taps kept whole do at least this many tim
 
 def _runs(size: int, out: int, kernel: int, stride: int, dilation: int, pad: int) -> list[tuple]:
     """(first output, end output, first tap, last tap): the stretches of outputs along one
-    axis whose windows read the input with the same taps (an interval; None where none)."""
+    axis whose windows read the input with the same taps (an interval; None, None where none)."""
     runs = []
     for o in range(out):
         reads = [t for t in range(kernel) if 0 <= o * stride + t * dilation - pad < size]
-        taps = (reads[0], reads[-1]) if reads else None
+        taps = (reads[0], reads[-1]) if reads else (None, None)
         if runs and runs[-1][2:] == taps:
             runs[-1] = (runs[-1][0], o + 1) + taps
         else:
-            runs.append((o, o + 1) + (taps if taps else (None, None)))
+            runs.append((o, o + 1) + taps)
     return runs
 
 
@@ -61,7 +61,7 @@ def _trimmed(g: Graph, node: Node, x, y, kernel, strides, dil, pads, runs) -> No
         return None  # (a window that would need negative pads, a crop: left as it is)
     w = g.constants[node.inputs[1]]
     window = (slice(None), slice(None)) + tuple(slice(lo, hi + 1) for lo, hi in live)
-    trimmed = g.add_constant(g.fresh_name(f"{node.name}_w_trimmed"), w[window].copy())
+    trimmed = g.add_constant(f"{node.key}/w_trimmed", w[window].copy())
     attrs = {k: v for k, v in node.attrs.items() if k != "auto_pad"}
     attrs.update(kernel_shape=new_kernel, pads=begin + end, strides=list(strides), dilations=list(dil))
     return Node(CONV, [node.inputs[0], trimmed] + node.inputs[2:], node.outputs, attrs, node.name, node.guard)
@@ -94,11 +94,17 @@ def _blocks(g: Graph, node: Node, x, kernel, strides, dil, pads, runs) -> list[N
         joined = {}
         for key in sorted({k[:axis] for k in outputs}):
             parts = [outputs[k] for k in sorted(outputs) if k[:axis] == key]
-            out = node.outputs[0] if axis == 0 else at(f"joined{axis}_{len(joined)}")
+            if len(parts) == 1:  # (one run along this axis: nothing to join)
+                joined[key] = parts[0]
+                continue
+            out = at(f"joined{axis}_{len(joined)}")
             nodes.append(Node(CONCAT, parts, [out], {"axis": 2 + axis}, f"{node.name}/concat{axis}_{len(joined)}",
                               node.guard))
             joined[key] = out
         outputs = joined
+    # the node that writes the whole output writes the conv's own output name
+    last = next(m for m in reversed(nodes) if m.outputs == [outputs[()]])
+    last.outputs = list(node.outputs)
     return nodes
 
 
