@@ -234,7 +234,7 @@ class _Checker:
                     raise _Problem(f"deinterleave operand {buf} is not a f32 buffer")
             if self.expr(s.src_off) != "i64" or self.expr(s.dst_off) != "i64":
                 raise _Problem("deinterleave offsets are not i64")
-            if s.phases < 2 or s.count < 1 or s.dst_stride < s.count:
+            if s.phases < 1 or s.count < 1 or s.dst_stride < s.count:
                 raise _Problem(f"deinterleave of {s.count} x {s.phases} phases into runs {s.dst_stride} apart")
         elif isinstance(s, TransposeBlock):
             for buf in (s.src, s.dst):

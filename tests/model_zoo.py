@@ -214,7 +214,10 @@ def random_inputs(model: onnx.ModelProto, seed: int = 0) -> dict:
         if vi.name in init:
             continue
         shape = [d.dim_value for d in vi.type.tensor_type.shape.dim]
-        out[vi.name] = rng.standard_normal(shape).astype(np.float32)
+        elem = vi.type.tensor_type.elem_type  # (float16 and double as their own type: onnxruntime takes no other)
+        own = elem in (onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE)
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(elem) if own else np.float32
+        out[vi.name] = rng.standard_normal(shape).astype(dtype)
     return out
 
 

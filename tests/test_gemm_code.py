@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from tests.conftest import build_and_compare_for
+from modelkiln.ir.loop import Deinterleave
+from tests.conftest import build_and_compare_for, kernel_statements
 from tests.isa import X86_TARGETS, kernel_assembly
 
 M, K, N = 20, 48, 80  # N: two 32-column panels and a ragged 16 on AVX-512; ten 8-wide vectors on AVX2
@@ -71,29 +72,56 @@ def _pool_model(op: str, shape, kernel, strides, pads, ceil_mode=0, **attrs):
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)], ir_version=9)
 
 
-POOLS = {  # GoogLeNet's and Inception's windows: every border block of the plane, and the inside
+POOLS = {  # GoogLeNet's, Inception's and SqueezeNet's windows, and odd ones
     "3x3_s1_p1": ([1, 24, 28, 28], [3, 3], [1, 1], [1, 1, 1, 1], 0),
-    "3x3_s2_ceil": ([1, 16, 28, 28], [3, 3], [2, 2], [0, 0, 0, 0], 1),
-    "3x3_s2_p1_wide": ([1, 8, 14, 56], [3, 3], [2, 2], [1, 1, 1, 1], 0),
-    "2x2_s2_ceil_odd": ([1, 8, 13, 45], [2, 2], [2, 2], [0, 0, 0, 0], 1),
     "5x3_s1_p2_1": ([2, 4, 9, 40], [5, 3], [1, 1], [2, 1, 2, 1], 0),
+    # strided: from a bordered copy split by column phase
+    "3x3_s2_ceil": ([1, 16, 28, 28], [3, 3], [2, 2], [0, 0, 0, 0], 1),
+    "3x3_s2_ceil_13": ([1, 16, 27, 27], [3, 3], [2, 2], [0, 0, 0, 0], 1),
+    "3x3_s2_p1_wide": ([1, 8, 14, 56], [3, 3], [2, 2], [1, 1, 1, 1], 0),
+    "2x2_s2_ceil_odd": ([2, 8, 13, 45], [2, 2], [2, 2], [0, 0, 0, 0], 1),
+    "3x2_s3x2_p1_ceil": ([1, 8, 20, 35], [3, 2], [3, 2], [1, 0, 1, 1], 1),
+    "3x3_s3_d2_p2": ([1, 4, 23, 50], [3, 3], [3, 3], [2, 2, 2, 2], 0, {"dilations": [2, 2]}),
+    "9x9_s2_p4": ([1, 4, 30, 37], [9, 9], [2, 2], [4, 4, 4, 4], 0),  # 81 taps: running sums or maxima
 }
 
 
 @pytest.mark.parametrize("target", X86_TARGETS)
 @pytest.mark.parametrize("op", ["MaxPool", "AveragePool"])
 @pytest.mark.parametrize("case", sorted(POOLS))
-def test_a_pool_checks_only_its_border_blocks(case, op, target, executor):
-    """A plane is up to 3 x 3 blocks of outputs: those whose windows leave the input check
-    their taps, the inside ones do not, and only a row inside is vectorized: LLVM had
-    vectorized a border column down H, with gathers and scatters (a stride-2 row inside still
-    loads every other element by gathers where LLVM chooses so: not asserted there). The
-    max's tree of taps is bound value by value (nested, it grew fivefold per level: a 3x3
-    window's kernel was 4.6 MB of IR). Matches onnxruntime, padding counted or not."""
-    shape, kernel, strides, pads, ceil_mode = POOLS[case]
-    attrs = {"count_include_pad": 1} if op == "AveragePool" and case == "3x3_s1_p1" else {}
+def test_a_pool_reads_no_element_by_gather(case, op, target, executor):
+    """At stride 1 a plane is up to 3 x 3 blocks of outputs: those whose windows leave the
+    input check their taps, the inside ones do not, and only a row inside is vectorized: LLVM
+    had vectorized a border column down H, with gathers and scatters. A strided pool reads a
+    bordered copy of each plane split by column phase, where a row's taps are contiguous: read
+    in place, every other element, LLVM gathered them or ran scalar code. The max's tree of
+    taps is bound value by value (nested, it grew fivefold per level: a 3x3 window's kernel
+    was 4.6 MB of IR). Matches onnxruntime, padding counted or not, ceil_mode windows past
+    the padding."""
+    shape, kernel, strides, pads, ceil_mode, *extra = POOLS[case]
+    attrs = dict(extra[0]) if extra else {}
+    if op == "AveragePool" and case in ("3x3_s1_p1", "3x2_s3x2_p1_ceil"):
+        attrs["count_include_pad"] = 1
     model = _pool_model(op, shape, kernel, strides, pads, ceil_mode, **attrs)
     result = build_and_compare_for(model, executor, target)
-    assert len(repr(result.lowered.calls[0].kernel.body)) < 1_000_000  # (a 5x3 window's is 0.2 MB)
-    if strides[-1] == 1:
-        assert not re.search(r"vgather|vscatter", kernel_assembly(result))
+    body = result.lowered.calls[0].kernel.body
+    assert len(repr(body)) < 1_000_000  # (a 5x3 window's is 0.2 MB)
+    assert any(isinstance(s, Deinterleave) for s in kernel_statements(body)) == (strides[-1] > 1)
+    assert not re.search(r"vgather|vscatter", kernel_assembly(result))
+
+
+@pytest.mark.parametrize("target", X86_TARGETS)
+def test_a_strided_pool_copies_what_its_group_computes(target, executor):
+    """A strided pool's bordered copy reads its input through the group: float16 storage
+    (widened as it is copied) and a producer fused into the pool's kernel (Cast, Relu), with
+    an epilogue after it. Matches onnxruntime."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT16, [2, 8, 21, 21])
+    nodes = [helper.make_node("Cast", ["x"], ["c"], to=TensorProto.FLOAT), helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("MaxPool", ["r"], ["p"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),
+             helper.make_node("Sigmoid", ["p"], ["y"]),
+             helper.make_node("AveragePool", ["x"], ["z"], kernel_shape=[3, 3], strides=[2, 2], ceil_mode=1)]
+    graph = helper.make_graph(nodes, "g", [x], [helper.make_tensor_value_info("y", TensorProto.FLOAT, None),
+                                                helper.make_tensor_value_info("z", TensorProto.FLOAT16, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)], ir_version=9)
+    result = build_and_compare_for(model, executor, target)
+    assert sorted(len(c.ops) for c in result.lowered.calls) == [1, 4]  # (the max's group: Cast, Relu, MaxPool, Sigmoid)

@@ -103,12 +103,13 @@ def test_maxpool_propagates_nan(executor):
     _compare(_model("MaxPool", shape=(1, 2, 8, 8), kernel_shape=[2, 2], strides=[2, 2]), {"x0": x}, executor)
 
 
-@pytest.mark.parametrize("kernel,stride,pad", [(2, 2, 0), (3, 2, 1), (9, 1, 4)])
+@pytest.mark.parametrize("kernel,stride,pad", [(2, 2, 0), (3, 2, 1), (9, 1, 4), (9, 2, 4)])
 def test_maxpool_keeps_a_nan_from_any_tap(kernel, stride, pad, executor):
     """A NaN anywhere in a window makes its maximum NaN, whichever tap it is (onnxruntime's
     own pooling keeps only a NaN among the last taps, so numpy is the oracle), in the checked
-    border columns and the unchecked interior alike, for a window computed as a tree of
-    maxima and for one too large for that (81 taps: a running maximum)."""
+    border columns and the unchecked interior alike (stride 1), from a bordered copy (a
+    strided window), for a window computed as a tree of maxima and for one too large for that
+    (81 taps: running maxima)."""
     rng = np.random.default_rng(2)
     x = rng.standard_normal((1, 3, 13, 13)).astype(np.float32)
     x[0, 0, 0, 0] = x[0, 1, 6, 5] = x[0, 2, 12, 7] = np.nan

@@ -20,12 +20,12 @@ from ..deferred import DeferredArray
 from ..dtypes import dtype
 from ..errors import InternalError
 from ..graph import Node
-from ..loop import (GEMM_SPLITS, Assign, Const, Expr, For, Gemm, If, Let, Load, Local, Store, Var, add, cmp, div, fbin,
+from ..loop import (GEMM_SPLITS, Assign, Const, Expr, For, Gemm, Let, Load, Local, Store, Var, add, cmp, div, fbin,
                     flat_index, fold_balanced, loop, mul, rem, select, sub, unflatten)
 from ..schedule import CODEGEN_OPTIONS, PANEL_CHUNK_KIB
 from ..symbolic import greatest
 from .builder import KernelBuilder, broadcast_index
-from .planes import phase_split_copy
+from .planes import padded_copy, phase_split_copy
 
 
 COL_CHUNK_FLOATS = 96 * 1024  # 384 KiB of im2col per GEMM: L2-resident on current x86 cores
@@ -145,38 +145,6 @@ def gemm_split(m: int, n: int, mr: int, nr: int) -> str:
     many weight columns (a batch-1 layer, a 7x7 conv) has no row blocks to share out."""
     blocks, panels = -(-m // mr), -(-n // nr)
     return "m" if blocks >= 16 or blocks >= panels else "n"
-
-
-def padded_copy(b: KernelBuilder, src: str, src_off, channels: int, spatial: list, pads: list, dest: str,
-                value=lambda v: v, border=Const(0.0, "f32"), row_kind: str = "masked", dest_off=Const(0)) -> For:
-    """Copy `channels` planes of `spatial` from src[src_off:] into dest[dest_off:] with borders holding
-    `border` (zero), each element through `value` (an int8 input becomes float x - zero point).
-    Rows inside the input copy contiguously (vectorized) between two border runs; rows in the
-    padding are all border: no per-element bounds checks or clamped loads."""
-    nsp = len(spatial)
-    padded = [spatial[i] + pads[i] + pads[nsp + i] for i in range(nsp)]
-    ci = b.fresh("ci")
-    rv = [b.fresh("pr") for _ in range(nsp - 1)]
-    j = b.fresh("pj")
-    row = [Var(ci)] + [Var(v) for v in rv]
-    dest_row = add(dest_off, flat_index(row + [Const(0)], [channels] + padded))
-    src_row = add(src_off, flat_index([Var(ci)] + [sub(Var(v), pads[i]) for i, v in enumerate(rv)] + [Const(0)],
-                                      [channels] + list(spatial)))
-    left, width, right = pads[nsp - 1], spatial[-1], pads[2 * nsp - 1]
-    fill = (For(j, left, (Store(dest, add(dest_row, Var(j)), border),), "vectorize"),
-            For(j, width, (Store(dest, add(dest_row, add(Var(j), left)), value(Load(src, add(src_row, Var(j))))),),
-                row_kind),
-            For(j, right, (Store(dest, add(dest_row, add(Var(j), left + width)), border),), "vectorize"))
-    inside = None
-    for i, v in enumerate(rv):
-        pos = sub(Var(v), pads[i])
-        ok = fbin("and", cmp("ge", pos, Const(0)), cmp("lt", pos, Const(spatial[i])))
-        inside = ok if inside is None else fbin("and", inside, ok)
-    body = fill if inside is None else (If(inside, fill, (For(j, padded[-1], (Store(dest, add(dest_row, Var(j)),
-                                                                                      border),), "vectorize"),)),)
-    for i in range(nsp - 2, -1, -1):
-        body = (For(rv[i], padded[i], body),)
-    return For(ci, channels, body, parallel=True)
 
 
 def _runtime_pack(b: KernelBuilder, src: str, off, k: int, n: int, s_k: int, s_n: int, ws: str,

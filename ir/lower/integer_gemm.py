@@ -46,7 +46,8 @@ from ..loop import (TRANSPOSE_LANES, WINDOW_DOT_LANES, Assign, Cast, Const, For,
                     TransposeBlock, Var, WindowDot, add, cmp, fbin, flat_index, loop, mul, select, sub, unflatten,
                     window_dot_fits, window_dot_reach)
 from .builder import KernelBuilder
-from .gemm import conv_operands, gemm_stmt, is_depthwise, lower_depthwise, padded_copy
+from .gemm import conv_operands, gemm_stmt, is_depthwise, lower_depthwise
+from .planes import padded_copy
 
 
 def _input(node: Node, index: int) -> str:

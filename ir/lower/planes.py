@@ -1,22 +1,21 @@
 """Bordered copies of 2-D planes, for window kernels that run along output rows (the
-depthwise convolution): once a plane is copied with its border filled, every tap of a
-window reads a contiguous run of the copy, with no bounds checks."""
+depthwise convolution, pooling): once a plane is copied with its border filled, every tap
+of a window reads a contiguous run of the copy, with no bounds checks."""
 from __future__ import annotations
 
-from ..loop import Const, Deinterleave, For, If, Store, Var, add, cmp, fbin, flat_index, mul, sub
+from ..loop import Const, Deinterleave, For, If, Load, Store, Var, add, cmp, fbin, flat_index, mul, sub
 from .builder import KernelBuilder
 
 
 def phase_split_copy(b: KernelBuilder, read, channels: int, h: int, w: int, pt: int, pl: int, sw: int,
-                     hp: int, wq: int, dest: str, row_start=None) -> For:
-    """Copy `channels` planes of [h, w] into dest [channel][hp][sw][wq] with a zero border:
+                     hp: int, wq: int, dest: str, row_start=None, border=Const(0.0, "f32")) -> For:
+    """Copy `channels` planes of [h, w] into dest [channel][hp][sw][wq] with a border of `border`:
     padded row i, column phase ph, slot t holds input (i - pt, t*sw + ph - pl), so along an
     output row of a window strided by sw, a tap's inputs are contiguous. `read(c, i, j)` is
     input element (c, i, j) as float32; where the input is float32 read as it is,
     `row_start(c, i)` gives (its buffer, the offset of element (c, i, 0)), and the slots
     every phase fills are one Deinterleave. Returns the loop over channels (parallel)."""
     c, i, t = b.fresh("c"), b.fresh("y"), b.fresh("t")
-    zero = Const(0.0, "f32")
     row = sub(Var(i), pt)
 
     def slots(ph: int, first: int, count: int, load: bool) -> tuple:
@@ -24,7 +23,7 @@ def phase_split_copy(b: KernelBuilder, read, channels: int, h: int, w: int, pt: 
             return ()
         at = flat_index([Var(c), Var(i), Const(ph), add(Var(t), first)], [channels, hp, sw, wq])
         col = sub(add(mul(add(Var(t), first), sw), ph), pl)
-        return (For(t, count, (Store(dest, at, read(Var(c), row, col) if load else zero),), "vectorize"),)
+        return (For(t, count, (Store(dest, at, read(Var(c), row, col) if load else border),), "vectorize"),)
     spans = []  # per phase, the slots [lo, hi) that hold input
     for ph in range(sw):
         lo = min(max(-(-(pl - ph) // sw), 0), wq)
@@ -51,3 +50,34 @@ def phase_split_copy(b: KernelBuilder, read, channels: int, h: int, w: int, pt: 
     row_in = fbin("and", cmp("ge", Var(i), Const(pt)), cmp("lt", Var(i), Const(pt + h)))
     return For(c, channels, (For(i, hp, (If(row_in, tuple(inside), border),)),), parallel=True)
 
+
+def padded_copy(b: KernelBuilder, src: str, src_off, channels: int, spatial: list, pads: list, dest: str,
+                value=lambda v: v, border=Const(0.0, "f32"), row_kind: str = "masked", dest_off=Const(0)) -> For:
+    """Copy `channels` planes of `spatial` from src[src_off:] into dest[dest_off:] with borders holding
+    `border` (zero), each element through `value` (an int8 input becomes float x - zero point).
+    Rows inside the input copy contiguously (vectorized) between two border runs; rows in the
+    padding are all border: no per-element bounds checks or clamped loads."""
+    nsp = len(spatial)
+    padded = [spatial[i] + pads[i] + pads[nsp + i] for i in range(nsp)]
+    ci = b.fresh("ci")
+    rv = [b.fresh("pr") for _ in range(nsp - 1)]
+    j = b.fresh("pj")
+    row = [Var(ci)] + [Var(v) for v in rv]
+    dest_row = add(dest_off, flat_index(row + [Const(0)], [channels] + padded))
+    src_row = add(src_off, flat_index([Var(ci)] + [sub(Var(v), pads[i]) for i, v in enumerate(rv)] + [Const(0)],
+                                      [channels] + list(spatial)))
+    left, width, right = pads[nsp - 1], spatial[-1], pads[2 * nsp - 1]
+    fill = (For(j, left, (Store(dest, add(dest_row, Var(j)), border),), "vectorize"),
+            For(j, width, (Store(dest, add(dest_row, add(Var(j), left)), value(Load(src, add(src_row, Var(j))))),),
+                row_kind),
+            For(j, right, (Store(dest, add(dest_row, add(Var(j), left + width)), border),), "vectorize"))
+    inside = None
+    for i, v in enumerate(rv):
+        pos = sub(Var(v), pads[i])
+        ok = fbin("and", cmp("ge", pos, Const(0)), cmp("lt", pos, Const(spatial[i])))
+        inside = ok if inside is None else fbin("and", inside, ok)
+    body = fill if inside is None else (If(inside, fill, (For(j, padded[-1], (Store(dest, add(dest_row, Var(j)),
+                                                                                      border),), "vectorize"),)),)
+    for i in range(nsp - 2, -1, -1):
+        body = (For(rv[i], padded[i], body),)
+    return For(ci, channels, body, parallel=True)

@@ -1,4 +1,4 @@
-"""Reductions and windows: Reduce*, global pools, Softmax, LayerNormalization, pooling.
+"""Reductions: Reduce*, global pools, Softmax, LayerNormalization (windows: pool.py).
 
 Each writes its own loop nest: outer loops over the points it produces, inner loops over
 what it reduces (innermost, so contiguous reductions vectorize: float ops carry reassoc).
@@ -7,12 +7,11 @@ write it at output index `idx`.
 """
 from __future__ import annotations
 
-import itertools
 import math
 
 from ..graph import Node
-from ..loop import (Assign, Cast, Const, Expr, For, If, Let, Load, Local, Store, Var, add, call, cmp, fbin, flat_index,
-                    highest, lowest, mul, select, sub, unflatten)
+from ..loop import (Assign, Cast, Const, Expr, For, If, Let, Load, Local, Store, Var, call, cmp, fbin, flat_index,
+                    highest, lowest, select, sub, unflatten)
 from ..schedule import CODEGEN_OPTIONS, REDUCE_INTERLEAVE
 from .builder import KernelBuilder, broadcast_index
 
@@ -20,7 +19,6 @@ from .builder import KernelBuilder, broadcast_index
 _COMBINE = {"sum": "add", "mean": "add", "max": "max", "min": "min", "prod": "mul", "l1": "add", "l2": "add",
             "sumsquare": "add", "logsum": "add", "logsumexp": "add"}
 FLOAT_ONLY_REDUCTIONS = ("l2", "logsum", "logsumexp")
-MAX_TREE_TAPS = 64  # max pooling windows up to this size compute their maximum as a tree
 
 
 def _init(kind: str, t: str):
@@ -108,17 +106,6 @@ def lower_reduce(b: KernelBuilder, node: Node, store, kind: str) -> tuple:
         return body + list(store(oidx, value))
 
     return b.loops(oshape, point, inner_kind="serial", parallel=True)
-
-
-def _window_max(a, x, t: str):
-    return _sticky_max(a, x) if t in ("f32", "f64") else fbin("max", a, x)
-
-
-def _sticky_max(acc, x):
-    """max(acc, x) that keeps a NaN from either side: take x where acc <= x or x is NaN.
-    Two compares and a blend, against llvm.maximum's NaN and signed-zero fix-ups; on equal
-    values (+0 and -0) it takes x, as x86's maxps(acc, x) and onnxruntime's pooling do."""
-    return select(fbin("or", cmp("le", acc, x), cmp("ne", x, x)), x, acc)
 
 
 def lower_softmax(b: KernelBuilder, node: Node, store, out_param: str, log: bool = False) -> tuple:
@@ -268,114 +255,6 @@ def lower_layernorm(b: KernelBuilder, node: Node, store, center: bool = True) ->
         return fbin("add", y, bias(broadcast_index(f, xshape, bshape))) if has_bias else y
     return lower_normalize(b, node, store, xshape, b.attrs(node)["axes"], x, lambda f: f,
                            node.attrs.get("epsilon", 1e-5), center, affine, stats)
-
-
-def lower_pool(b: KernelBuilder, node: Node, store, is_max: bool) -> tuple:
-    t = b.compute(node.inputs[0])  # f32, or f64
-    x, xshape = b.reader(node.inputs[0]), b.shape(node.inputs[0])
-    oshape = b.shape(node.outputs[0])
-    a = b.attrs(node)
-    kernel, strides, dil, pads = a["kernel_shape"], a["strides"], a["dilations"], a["pads"]
-    nsp = len(kernel)
-    spatial = xshape[2:]
-    include_pad = a.get("count_include_pad", 0)
-
-    def inside(i: int) -> tuple[int, int]:
-        """The outputs [lo, hi) along spatial axis i whose whole window lies in the input."""
-        lo = -(-pads[i] // strides[i])
-        hi = (spatial[i] - 1 - (kernel[i] - 1) * dil[i] + pads[i]) // strides[i] + 1
-        return min(lo, oshape[2 + i]), max(min(hi, oshape[2 + i]), min(lo, oshape[2 + i]))
-    # Axes where some window leaves the input need bounds checks (every axis where sizes are
-    # known only at run time).
-    at_run_time = any(isinstance(d, Expr) for d in spatial)
-    checked = [True] * nsp if at_run_time else [inside(i) != (0, oshape[2 + i]) for i in range(nsp)]
-
-    def size(i: int, plus: int = 0):
-        return add(spatial[i], plus) if isinstance(spatial[i], Expr) else Const(spatial[i] + plus)
-
-    def point(oidx, inside_axes=frozenset()):
-        """One output; along `inside_axes` its window lies in the input (no checks)."""
-        def tap(kidx):
-            """The tap's value, and whether it lies in the input and in the padded input."""
-            src, ok, in_pad = list(oidx[:2]), None, None
-            for i in range(nsp):
-                pos = add(sub(mul(oidx[2 + i], strides[i]), pads[i]), mul(kidx[i], dil[i]))
-                if checked[i] and i not in inside_axes:
-                    within = fbin("and", cmp("ge", pos, Const(0)), cmp("lt", pos, size(i)))
-                    padded = fbin("and", cmp("ge", pos, Const(-pads[i])), cmp("lt", pos, size(i, pads[nsp + i])))
-                    ok = within if ok is None else fbin("and", ok, within)
-                    in_pad = padded if in_pad is None else fbin("and", in_pad, padded)
-                    pos = fbin("min", fbin("max", pos, Const(0)), size(i, -1))
-                src.append(pos)
-            return x(src), ok, in_pad
-
-        if is_max and math.prod(kernel) <= MAX_TREE_TAPS:
-            # A tree of maxima over the window's taps: depth log2(taps) instead of a chain.
-            # Each value is bound once: _sticky_max reads its operands more than once, so
-            # nesting the expressions would grow them fivefold per level (a 3x3 window's was
-            # 600 copies of the taps, a 4.6 MB kernel that LLVM never fully recovered).
-            stmts, values = [], []
-
-            def bound(value):
-                stmts.append(Let(b.fresh("m"), value))
-                return Var(stmts[-1].var, t)
-            for kidx in itertools.product(*(range(k) for k in kernel)):
-                v, ok, _ = tap([Const(k) for k in kidx])
-                values.append(bound(select(ok, v, literal(lowest(t))) if ok is not None else v))
-            while len(values) > 1:
-                values = [bound(_window_max(values[i], values[i + 1], t)) if i + 1 < len(values) else values[i]
-                          for i in range(0, len(values), 2)]
-            return stmts + list(store(oidx, values[0]))
-
-        acc, cnt = b.fresh("acc"), b.fresh("cnt")
-        body = [Local(acc, t, literal(lowest(t) if is_max else 0)), Local(cnt, t, _f(0))]
-
-        def accumulate(kidx):
-            v, ok, in_pad = tap(kidx)
-            if is_max:
-                v = select(ok, v, literal(lowest(t))) if ok is not None else v
-                return [Assign(acc, _window_max(Var(acc, t), v, t))]
-            stmts = [Assign(acc, fbin("add", Var(acc, t), select(ok, v, _f(0)) if ok is not None else v))]
-            counted = (in_pad if include_pad else ok)
-            one = select(counted, _f(1), _f(0)) if counted is not None else _f(1)
-            return stmts + [Assign(cnt, fbin("add", Var(cnt, t), one))]
-
-        body += b.loops(kernel, accumulate, inner_kind="unroll")
-        value = Var(acc, t) if is_max else fbin("div", Var(acc, t), Var(cnt, t))
-        return body + list(store(oidx, value))
-
-    if at_run_time:
-        return b.loops(oshape, point, inner_kind="serial", parallel=True)
-
-    # Along the last two axes (H and W), the outputs whose windows lie inside run without
-    # checks: a plane is up to 3 x 3 blocks, borders and inside, and only the border blocks
-    # check and clamp their taps (before, every row checked H). Along W the inside loads are
-    # affine (strided), so that stretch vectorizes. Threads divide the planes.
-    def ranges(i: int) -> list:
-        """(first, count, inside) runs of outputs along spatial axis i."""
-        if not checked[i]:
-            return [(0, oshape[2 + i], True)]
-        lo, hi = inside(i)
-        return [r for r in ((0, lo, False), (lo, hi - lo, True), (hi, oshape[2 + i] - hi, False)) if r[1]]
-    tail = list(range(max(nsp - 2, 0), nsp))
-
-    def plane(idx):
-        stmts = []
-        for runs in itertools.product(*(ranges(i) for i in tail)):
-            names = [b.fresh("o") for _ in tail]
-            inside_axes = frozenset(i for i, run in zip(tail, runs) if run[2])
-            body = tuple(point(list(idx) + [add(Var(v), run[0]) for v, run in zip(names, runs)], inside_axes))
-            # Inside, a row of stride 1 runs as whole vectors and one masked remainder (a
-            # 28-wide row on AVX-512 had 10 scalar outputs of 26; strided loads masked would be
-            # gathers, so a wider stride keeps a scalar remainder); every other loop stays
-            # scalar (LLVM had vectorized a border column down H, with gathers and scatters).
-            row_kind = "vector_masked" if strides[-1] == 1 else "vectorize"
-            for j in reversed(range(len(tail))):
-                last_inside = j == len(tail) - 1 and runs[j][2]
-                body = (For(names[j], runs[j][1], body, row_kind if last_inside else "scalar"),)
-            stmts += body
-        return stmts
-    return b.loops(oshape[:2 + tail[0]], plane, inner_kind="serial", parallel=True)
 
 
 def lower_lp_normalize(b: KernelBuilder, node: Node, store) -> tuple:

@@ -18,7 +18,8 @@ import numpy as np
 from ..graph import Node
 from ..loop import Const, For, Let, Load, Store, Var, add, fbin, loop, mul
 from .builder import KernelBuilder
-from .gemm import deferred_panels, gemm_stmt, padded_copy
+from .gemm import deferred_panels, gemm_stmt
+from .planes import padded_copy
 
 # F(2x2, 3x3)'s matrices (Lavin and Gray, 2015).
 _BT = np.array([[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]], np.float64)

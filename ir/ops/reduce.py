@@ -10,7 +10,8 @@ from ..loop import add, fbin, mul
 from ..dtypes import is_float
 from ..graph import ShapeError, TensorType, UnsupportedError
 from ..symbolic import floor_div, least
-from ..lower.reduce import (lower_hardmax, lower_layernorm, lower_lp_normalize, lower_normalize, lower_pool,
+from ..lower.pool import lower_pool
+from ..lower.reduce import (lower_hardmax, lower_layernorm, lower_lp_normalize, lower_normalize,
                             lower_reduce, lower_softmax)
 from .conv_gemm import resolve_window
 from .registry import REDUCTION, OpDef, register
