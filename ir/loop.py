@@ -364,10 +364,11 @@ TRANSPOSE_LANES = 16  # elements each way of a block: the i32 lanes of a 64-byte
 @dataclass(frozen=True)
 class Deinterleave(Stmt):
     """`count * phases` consecutive float32 elements of src from src_off, dealt out by phase:
-    element t * phases + p goes to dst[dst_off + p * dst_stride + t]. The codegen loads whole
-    vectors, separates the phases with shuffles and stores each phase's run, a ragged last
-    vector through masks. A strided conv's column-phase copy is its user: left to LLVM, a row
-    shorter than two vectors (14 wide at stride 2) became scalar moves."""
+    element t * phases + p goes to dst[dst_off + p * dst_stride + t] (one phase: a copy). The
+    codegen loads whole vectors, separates the phases with shuffles and stores each phase's
+    run, a ragged last vector through masks. A strided conv's or pool's column-phase copy is
+    its user: left to LLVM, a row shorter than two vectors (14 wide at stride 2) became
+    scalar moves."""
     src: str
     src_off: Expr
     dst: str
