@@ -1,11 +1,12 @@
 """MaxPool and AveragePool.
 
-A 2-D float32 pool copies each channel plane with a border (the max's identity, or zero)
-and, with a column stride, split by column phase, then computes the plane's outputs from
-that copy while it is in L1: every tap of a row of outputs is then one contiguous run, so a
-row is whole vectors with no bounds checks, at any stride (a stride-2 row read in place is a
-strided gather, which LLVM ran as scalar code). Other pools (1-D and 3-D, float64, sizes known
-only at run time) read the input in place, checking the taps of the windows at the border.
+A 2-D float32 pool with a column stride copies each channel plane with a border (the max's
+identity, or zero) split by column phase, then computes the plane's outputs from that copy
+while it is in L1: every tap of a row of outputs is then one contiguous run, so a row is
+whole vectors with no bounds checks (read in place, a stride-2 row is every other element,
+which LLVM gathered or ran as scalar code). Other pools (stride 1, where the copy cost more
+than it saved; 1-D and 3-D; float64; sizes known only at run time) read the input in place,
+checking the taps of the windows at the border.
 """
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ def _f(v) -> Const:
 
 
 def _on_bordered_planes(b: KernelBuilder, node: Node, t: str) -> bool:
+    """Whether the pool reads bordered plane copies (see the module's docstring)."""
     shape = b.shape(node.inputs[0])
     return t == "f32" and len(shape) == 4 and not any(isinstance(d, Expr) for d in shape[1:]) and \
         b.attrs(node)["strides"][-1] > 1
