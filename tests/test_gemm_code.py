@@ -8,9 +8,11 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from modelkiln.ir.loop import Deinterleave
+from modelkiln.ir.loop import Deinterleave, TransposeBlock
+from modelkiln.orchestrator.api import build
 from tests.conftest import build_and_compare_for, kernel_statements
-from tests.isa import AVX512, X86_TARGETS, kernel_assembly
+from tests.isa import AVX512, X86_TARGETS, kernel_assembly, run_or_inspect
+from tests.model_zoo import onnxruntime_outputs
 
 M, K, N = 20, 48, 80  # N: two 32-column panels and a ragged 16 on AVX-512; ten 8-wide vectors on AVX2
 
@@ -159,3 +161,46 @@ def test_a_tile_keeps_its_accumulators_in_registers_under_a_costly_epilogue(acti
             assert not re.search(r"[xyz]mm\d+[^\n]*\(%rsp\)|\(%rsp\)[^\n]*[xyz]mm\d+", body), name
     else:  # (AVX2's k loop keeps its registers inline)
         assert not tiles
+
+
+TRANSPOSES = {  # input shape, perm, reshape of the input first (or None), blocked?
+    "tokens_to_planes": ([1, 96, 64], [0, 2, 1], None, True),
+    "planes_to_tokens": ([1, 64, 8, 12], [0, 2, 1], [1, 64, 96], True),
+    "ragged_batched": ([3, 37, 45], [0, 2, 1], None, True),
+    "channels_last": ([2, 5, 7, 19], [0, 2, 3, 1], None, True),
+    "matrix": ([40, 24], [1, 0], None, True),
+    "unit_axes": ([2, 1, 33], [2, 1, 0], None, True),
+    "heads": ([6, 4, 16], [1, 0, 2], None, False),  # (rows move, each whole: not a transpose of lanes)
+}
+
+
+@pytest.mark.parametrize("target", X86_TARGETS)
+@pytest.mark.parametrize("elem", [TensorProto.FLOAT, TensorProto.INT32])
+@pytest.mark.parametrize("case", sorted(TRANSPOSES))
+def test_a_transpose_of_the_last_axis_moves_blocks(case, elem, target, executor):
+    """A group that only moves 4-byte elements across their last axis (a Transpose, with
+    Reshapes around it) is a batch of [R, C] -> [C, R] transposes: it runs as 16 x 16 blocks
+    transposed in registers, where element by element every output row gathered a column (a
+    [128, 16384] plane: 6.6 ms, 0.97 as blocks; onnxruntime 1.5). Ragged edges, size-1 axes
+    and axes that move together included; equal to onnxruntime's."""
+    shape, perm, reshape, blocked = TRANSPOSES[case]
+    nodes, inits, source = [], [], "x"
+    if reshape:
+        inits.append(numpy_helper.from_array(np.array(reshape, np.int64), "shape"))
+        nodes.append(helper.make_node("Reshape", ["x", "shape"], ["r"]))
+        source = "r"
+    nodes.append(helper.make_node("Transpose", [source], ["y"], perm=perm))
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", elem, shape)],
+                              [helper.make_tensor_value_info("y", elem, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    if elem == TensorProto.INT32:  # (random_inputs gives float32: the oracle takes integers)
+        x = np.random.default_rng(5).integers(-1000, 1000, shape).astype(np.int32)
+        result = build(model, target=target, executor=executor, cache=None, progress=False)
+        run_or_inspect(result, lambda: np.testing.assert_array_equal(
+            result.load().run({"x": x})["y"], onnxruntime_outputs(model, {"x": x})["y"]))
+    else:
+        result = build_and_compare_for(model, executor, target)
+    body = result.lowered.calls[0].kernel.body
+    assert any(isinstance(s, TransposeBlock) for s in kernel_statements(body)) == blocked
+    if blocked:
+        assert not re.search(r"vgather|vscatter", kernel_assembly(result))

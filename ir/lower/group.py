@@ -23,6 +23,7 @@ from ..ops.control_flow import ENTRY_LOOP
 from ..passes.fuse_ops import call_guard, groups_of, kind_of
 from .builder import KernelBuilder, ScheduleConfig, collapse_shapes
 from .loops import all_loops, flatten, lower_loop
+from .transpose import lower_blocked_transpose
 
 
 @dataclass
@@ -82,6 +83,9 @@ def _inline(b: KernelBuilder, node: Node) -> None:
 
 def _lower_plain(b: KernelBuilder, members: list[Node]) -> tuple:
     root = members[-1]
+    blocked = lower_blocked_transpose(b, members)
+    if blocked is not None:
+        return blocked
     alone = op_def(root.op).alone
     if alone is not None and len(members) == 1:
         return alone(b, root)  # its own loop nest over its inputs' buffers
