@@ -179,3 +179,38 @@ def test_conv_split_along_one_axis_joins_only_that_axis(executor):
     assert sorted(list(n.attrs["kernel_shape"]) for n in graph.nodes if n.op == "Conv") == [[1, 1], [1, 2], [1, 2]]
     assert ops(graph).count("Concat") == 1
     build_and_compare(model, executor)
+
+
+def _mix_ffn(tail: str = "gelu", conv_also_read: bool = False):
+    """SegFormer's Mix-FFN around its depthwise conv: Conv -> Reshape -> Transpose to tokens,
+    then GELU as torch.onnx writes it (x * 0.5 * (1 + erf(x / sqrt 2))), then a linear. With
+    `tail` "mul_tensor" a Mul by another token-major tensor instead of the GELU;
+    `conv_also_read`: the conv's output is a graph output too."""
+    g = GraphMaker(16)
+    conv = g.conv("x", 32, 32, 3, group=32)
+    tokens = g.op("Transpose", [g.op("Reshape", [conv, g.const(np.array([1, 32, 96]))])], perm=[0, 2, 1])
+    if tail == "gelu":
+        erf = g.op("Erf", [g.op("Div", [tokens, g.const(np.float32(np.sqrt(2)))])])
+        act = g.op("Mul", [g.op("Mul", [tokens, g.op("Add", [erf, g.const(np.float32(1))])]),
+                           g.const(np.float32(0.5))])
+    else:
+        act = g.op("Mul", [tokens, "other"])
+    y = g.op("MatMul", [act, g.weight((32, 16))])
+    inputs = {"x": [1, 32, 8, 12], **({"other": [1, 96, 32]} if tail != "gelu" else {})}
+    return g.model(inputs, [y] + ([conv] if conv_also_read else []))
+
+
+@pytest.mark.parametrize("tail,conv_also_read,moved", [("gelu", False, True), ("gelu", True, False),
+                                                        ("mul_tensor", False, False)])
+def test_elementwise_math_after_a_transpose_runs_in_the_conv_epilogue(tail, conv_also_read, moved, executor):
+    """SegFormer's GELU read its input through the transpose from the conv's channel planes to
+    tokens, a gather per element: elementwise math with scalar operands now runs before the
+    Reshape and Transpose, in the conv's epilogue, and the layout change follows as a copy of
+    its own. Not where the conv's output is read elsewhere (the math would not fuse there) or
+    where the math reads another tensor laid out as tokens. Matches onnxruntime."""
+    model = _mix_ffn(tail, conv_also_read)
+    result, _ = build_and_compare(model, executor)
+    conv_group = next(c.ops for c in result.lowered.calls if "Conv" in c.ops)
+    assert ("Erf" in conv_group or "Mul" in conv_group) == moved
+    if moved:
+        assert ["Reshape", "Transpose"] in [c.ops for c in result.lowered.calls]

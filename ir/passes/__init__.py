@@ -2,6 +2,7 @@
 from ..transform import Sequential
 from .eliminate_common_subexpr import eliminate_common_subexpr
 from .eliminate_dead_code import eliminate_dead_code
+from .elementwise_before_layout import elementwise_before_layout
 from .fuse_ops import fuse_ops, groups_of
 from .infer_types import fold_constants, infer_types
 from .integer_products import integer_products
@@ -16,11 +17,11 @@ def default_pipeline(extra=()) -> Sequential:
     parameters are inferred again right before fusion, for whatever the passes between
     rewrote or added (a custom pass adds plain ONNX-style nodes and nothing else)."""
     return Sequential([infer_types, integer_products, quantized_moves, fold_constants, simplify_inference,
-                       trim_conv_windows, eliminate_common_subexpr, eliminate_dead_code, *extra, infer_types,
-                       bind_kv_caches, fuse_ops],
+                       trim_conv_windows, elementwise_before_layout, eliminate_common_subexpr, eliminate_dead_code,
+                       *extra, infer_types, bind_kv_caches, fuse_ops],
                       name="default_pipeline")
 
 
 __all__ = ["default_pipeline", "infer_types", "integer_products", "quantized_moves", "fold_constants",
-           "simplify_inference", "trim_conv_windows",
+           "simplify_inference", "trim_conv_windows", "elementwise_before_layout",
            "eliminate_common_subexpr", "eliminate_dead_code", "bind_kv_caches", "fuse_ops", "groups_of"]
