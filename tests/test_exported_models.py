@@ -214,3 +214,27 @@ def test_elementwise_math_after_a_transpose_runs_in_the_conv_epilogue(tail, conv
     assert ("Erf" in conv_group or "Mul" in conv_group) == moved
     if moved:
         assert ["Reshape", "Transpose"] in [c.ops for c in result.lowered.calls]
+
+
+@pytest.mark.parametrize("reader", ["LayerNormalization", "Add"])
+@pytest.mark.parametrize("tokens", [96, 8])
+def test_a_transpose_of_whole_blocks_runs_alone(reader, tokens, executor):
+    """A Transpose across the last axis by at least a 16 x 16 block each way (SegFormer's and
+    EdgeNeXt's channel planes to tokens) is a kernel of its own, transposed by blocks, and what
+    reads it reads a contiguous buffer: fused, a LayerNorm over the transposed tokens read each
+    element a plane apart (0.73 ms for SegFormer's first). A smaller one (8 tokens) stays
+    fused. Matches onnxruntime."""
+    g = GraphMaker(17)
+    conv = g.conv("x", 32, 32, 3)
+    t = g.op("Transpose", [g.op("Reshape", [conv, g.const(np.array([1, 32, tokens]))])], perm=[0, 2, 1])
+    if reader == "LayerNormalization":
+        y = g.op(reader, [t, g.const(np.linspace(0.5, 1.5, 32, dtype=np.float32)), g.const(np.zeros(32, np.float32))],
+                 axis=-1)
+    else:  # (a residual: elementwise math with a scalar would move before the transpose)
+        y = g.op(reader, [t, "other"])
+    model = g.model({"x": [1, 32, tokens // 8 if tokens > 8 else 2, 8 if tokens > 8 else 4],
+                     **({"other": [1, tokens, 32]} if reader == "Add" else {})}, [y])
+    result, _ = build_and_compare(model, executor)
+    groups = [c.ops for c in result.lowered.calls]
+    alone = ["Reshape", "Transpose"] in groups
+    assert alone == (tokens >= 16), groups

@@ -10,34 +10,13 @@ element (a [128, 16384] plane took 6.6 ms, onnxruntime 1.5). As 16 x 16 blocks
 """
 from __future__ import annotations
 
-import math
-
 from ..dtypes import dtype
 from ..graph import Node
 from ..loop import TRANSPOSE_LANES, Const, For, Let, TransposeBlock, Var, add, div, mul, rem
-from ..ops.shape import FLATTEN, RESHAPE, SQUEEZE, TRANSPOSE, UNSQUEEZE
+from ..ops.shape import FLATTEN, RESHAPE, SQUEEZE, TRANSPOSE, UNSQUEEZE, lane_transpose
 from .builder import KernelBuilder
 
 _VIEWS = (RESHAPE, FLATTEN, SQUEEZE, UNSQUEEZE)
-
-
-def batched_2d(shape: tuple, perm: list) -> tuple[int, int, int] | None:
-    """(B, R, C) where transposing `shape` by `perm` is a batch of B [R, C] -> [C, R]
-    transposes (axes of size 1 dropped, runs of axes that stay together merged), else None."""
-    kept = [a for a in range(len(shape)) if shape[a] != 1]
-    order = [a for a in perm if shape[a] != 1]
-    runs = []  # runs of input axes, in output order
-    for a in order:
-        if runs and runs[-1][-1] + 1 == a:
-            runs[-1].append(a)
-        else:
-            runs.append([a])
-    by_input = sorted(runs, key=lambda run: run[0])
-    sizes = [math.prod(shape[a] for a in run) for run in by_input]
-    moved = [by_input.index(run) for run in runs]
-    if not kept or moved not in ([1, 0], [0, 2, 1]):
-        return None
-    return (1, *sizes) if len(sizes) == 2 else tuple(sizes)
 
 
 def lower_blocked_transpose(b: KernelBuilder, members: list[Node]) -> tuple | None:
@@ -53,7 +32,7 @@ def lower_blocked_transpose(b: KernelBuilder, members: list[Node]) -> tuple | No
     if not all(isinstance(d, int) for d in shape) or dtype(b.type(x_name).dtype).itemsize != 4 or \
             x_name in b.readers or b.g.storage_shape(x_name) is not None:
         return None
-    found = batched_2d(shape, b.attrs(t)["perm"])
+    found = lane_transpose(shape, b.attrs(t)["perm"])
     if found is None:
         return None
     batch, rows, cols = found

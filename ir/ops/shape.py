@@ -140,6 +140,25 @@ def _transpose(g, node, p):
     return TensorType(tuple(x.shape[i] for i in perm), x.dtype)
 
 
+def lane_transpose(shape: tuple, perm: list) -> tuple[int, int, int] | None:
+    """(B, R, C) where transposing `shape` by `perm` is a batch of B [R, C] -> [C, R]
+    transposes (axes of size 1 dropped, runs of axes that stay together merged), else None."""
+    kept = [a for a in range(len(shape)) if shape[a] != 1]
+    position = {a: i for i, a in enumerate(kept)}  # (numbered without the size-1 axes)
+    runs = []  # runs of input axes, in output order
+    for a in (position[a] for a in perm if shape[a] != 1):
+        if runs and runs[-1][-1] + 1 == a:
+            runs[-1].append(a)
+        else:
+            runs.append([a])
+    by_input = sorted(runs, key=lambda run: run[0])
+    sizes = [math.prod(shape[kept[a]] for a in run) for run in by_input]
+    moved = [by_input.index(run) for run in runs]
+    if not kept or moved not in ([1, 0], [0, 2, 1]):
+        return None
+    return (1, *sizes) if len(sizes) == 2 else tuple(sizes)
+
+
 def _transpose_reader(b, node):
     x, perm = b.reader(node.inputs[0]), b.attrs(node)["perm"]
 

@@ -10,7 +10,9 @@ when that producer's output feeds this node only (and is not a graph output), an
     that feeds it (its reads are inlined);
   - conv/matmul start their own group: their operands are read from buffers.
 Views (Reshape, Flatten, Squeeze, Unsqueeze, Identity) do not join groups here: alone, they are aliases of
-a buffer, no kernel at all. Nodes with several outputs (Split, LayerNorm with its
+a buffer, no kernel at all. A Transpose across the last axis by whole 16 x 16 blocks
+(`moves_lanes`) neither joins nor is joined: it runs as blocks transposed in registers, and
+its readers read a contiguous buffer instead of gathering through it. Nodes with several outputs (Split, LayerNorm with its
 statistics) stand alone.
 
 Then an elementwise group whose input feeds it in several places and nothing else (GELU
@@ -28,8 +30,11 @@ from __future__ import annotations
 
 import collections
 
+from ..dtypes import DTYPES
 from ..graph import Graph, Node
+from ..loop import TRANSPOSE_LANES
 from ..ops import BROADCAST, INJECTIVE, OPAQUE, OUT_EWISE_FUSABLE, REDUCTION, op_def
+from ..ops.shape import TRANSPOSE, lane_transpose
 from ..transform import graph_pass
 
 MAX_GROUP_SIZE = 24
@@ -42,9 +47,25 @@ def kind_of(node: Node) -> int:
     return definition.kind
 
 
+def moves_lanes(g: Graph, node: Node) -> bool:
+    """Whether `node` is a Transpose of 4-byte elements across their last axis by at least
+    a 16 x 16 block each way: it runs alone, as blocks transposed in registers
+    (ir/lower/transpose.py). Fused, whatever read it or fed it did so through the transpose,
+    a gather per element (SegFormer's LayerNorm over a transposed [128, 4096]: 0.73 ms)."""
+    if node.op != TRANSPOSE:
+        return False
+    x = g.types[node.inputs[0]]
+    if not x.is_static or DTYPES[x.dtype].itemsize != 4:
+        return False
+    found = lane_transpose(x.shape, g.params_of(node)["perm"])
+    return found is not None and min(found[1:]) >= TRANSPOSE_LANES
+
+
 def _can_join(g: Graph, node: Node, via: str, group: list[Node]) -> bool:
     if node.guard != group[0].guard:
         return False  # one kernel call runs under one guard
+    if moves_lanes(g, node) or any(moves_lanes(g, m) for m in group):
+        return False
     k = kind_of(node)
     anchor = max(kind_of(m) for m in group)
     if anchor == OPAQUE or len(group) >= MAX_GROUP_SIZE:
@@ -119,7 +140,8 @@ def _merge_diamonds_once(g: Graph, groups: list[list[Node]], uses, home: dict, p
         sources = {home[id(producer[t])] for m in grp for t in m.inputs if t in producer} - {i}
         for j in sorted(sources):
             src = groups[j]
-            if not src or max(kind_of(m) for m in src) == OPAQUE or src[0].guard != grp[0].guard:
+            if not src or max(kind_of(m) for m in src) == OPAQUE or src[0].guard != grp[0].guard or \
+                    any(moves_lanes(g, m) for m in src):
                 continue
             mine = {id(x) for x in src}
             outs = [o for m in src for o in m.outputs if o and any(id(u) not in mine for u in uses.get(o, []))]
@@ -158,7 +180,7 @@ def _inline_producer_groups(g: Graph, groups: list[list[Node]], uses) -> list[li
     while merged:
         merged = False
         for i, grp in enumerate(groups):
-            if not grp or not _inlinable(grp):
+            if not grp or not _inlinable(grp) or any(moves_lanes(g, m) for m in grp):
                 continue
             inside = {id(m) for m in grp}
             # (uses lists a node once per input slot that reads the tensor)
@@ -178,6 +200,9 @@ def _inline_producer_groups(g: Graph, groups: list[list[Node]], uses) -> list[li
             if any(not set(call_guard(grp)) <= set(call_guard(groups[t])) for t in per_target):
                 continue
             targets = sorted(per_target)
+            if any(moves_lanes(g, m) for t in targets for m in groups[t]) and \
+                    not all(op_def(m.op).view for m in grp):
+                continue  # (a blocked transpose takes views of its input only)
             if len(targets) > 1 and any(op_def(m.op).costly for m in grp):
                 continue  # (written once and read back beats computing exp or erf in each reader)
             for t in targets:
