@@ -264,7 +264,8 @@ class FunctionEmitter:
         self.scopes: list[dict] = [{}]
         self.decls: set[str] = set()  # intrinsics and C library functions the body calls
         self.functions: list[str] = []  # functions of the kernel's own (outlined tiles)
-        self.outlined: dict[tuple, str] = {}
+        self.outlined: dict[tuple, str] = {}  # (Gemm id, rows, cols) -> its tile function
+        self.outline_choice: dict[int, bool] = {}  # Gemm id -> outline_tiles(g)
         self.types: dict[int, tuple] = {}
 
     # -- helpers -------------------------------------------------------------------------
@@ -791,10 +792,9 @@ class FunctionEmitter:
         its registers: there the call only cost 1-7%.)"""
         if g.kind != "f32" or self.vw < 16:
             return False
-        key = ("outline", id(g))
-        if key not in self.types:
-            self.types[key] = (bool(_called(g.epilogue, set()) & {"exp", "tanh", "erf"}), g)
-        return self.types[key][0]
+        if id(g) not in self.outline_choice:
+            self.outline_choice[id(g)] = bool(_called(g.epilogue, set()) & {"exp", "tanh", "erf"})
+        return self.outline_choice[id(g)]
 
     def outlined_microkernel(self, g: Gemm, a_off: str, bp: str, m0: str, rows: int, vt: str, tile: str,
                              cols: int) -> None:

@@ -238,3 +238,16 @@ def test_a_transpose_of_whole_blocks_runs_alone(reader, tokens, executor):
     groups = [c.ops for c in result.lowered.calls]
     alone = ["Reshape", "Transpose"] in groups
     assert alone == (tokens >= 16), groups
+
+
+def test_math_moved_before_a_layout_change_keeps_its_rank(executor):
+    """A constant of higher rank than the chain's input (a [1, 1, 1] scale after an Unsqueeze
+    of a MatMul's [96, 32]) would broadcast that input up a rank where the math moved to, and
+    the Transpose after it would meet a rank it does not permute: such math stays where it is.
+    Matches onnxruntime."""
+    g = GraphMaker(18)
+    t = g.op("Transpose", [g.op("Unsqueeze", [g.op("MatMul", ["x", g.weight((32, 32))]), g.const(np.array([0]))])],
+             perm=[0, 2, 1])
+    y = g.op("Mul", [t, g.const(np.full((1, 1, 1), 0.5, np.float32))])
+    result, _ = build_and_compare(g.model({"x": [96, 32]}, [y]), executor)
+    assert not any("MatMul" in c.ops and "Mul" in c.ops for c in result.lowered.calls)

@@ -44,17 +44,18 @@ def _chain(g: Graph, last: Node, producers: dict, consumers: dict) -> list[Node]
         return chain if _kind(before) == OUT_EWISE_FUSABLE and len(before.outputs) == 1 else None
 
 
-def _region(g: Graph, start: str, consumers: dict) -> tuple[list[Node], str] | None:
+def _region(g: Graph, start: str, source: str, consumers: dict) -> tuple[list[Node], str] | None:
     """The elementwise nodes that read `start`'s values (and size-1 constants) only, and the
-    one tensor that leaves them; None where there is no such region."""
+    one tensor that leaves them; None where there is no such region. A constant's rank is at
+    most `start`'s and `source`'s (the chain's input), so the math keeps either shape."""
+    rank = min(len(g.types[start].shape), len(g.types[source].shape))
     region, taken, values, frontier = [], set(), {start}, [start]
     while frontier:
         for node in consumers.get(frontier.pop(), []):
             if id(node) in taken or node.guard or _kind(node) not in (ELEMWISE, BROADCAST) or len(node.outputs) != 1:
                 continue
             others = [i for i in node.inputs if i and i not in values]
-            if all(i in g.constants and g.types[i].size == 1 and len(g.types[i].shape) <= len(g.types[start].shape)
-                   for i in others):
+            if all(i in g.constants and g.types[i].size == 1 and len(g.types[i].shape) <= rank for i in others):
                 region.append(node)
                 taken.add(id(node))
                 values.add(node.outputs[0])
@@ -77,7 +78,7 @@ def elementwise_before_layout(g: Graph, ctx) -> Graph:
         if last.outputs[0] in g.outputs or any(c.op in _LAYOUT for c in consumers.get(last.outputs[0], [])):
             continue  # (a chain is taken at its last layout node)
         chain = _chain(g, last, producers, consumers)
-        found = chain and _region(g, last.outputs[0], consumers)
+        found = chain and _region(g, last.outputs[0], chain[0].inputs[0], consumers)
         if not found:
             continue
         region, leaving = found
