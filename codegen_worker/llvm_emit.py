@@ -730,7 +730,7 @@ class FunctionEmitter:
             elif last_cols and partial:
                 self.when(partial, lambda: panel(str(full_panels), last_cols))
 
-        def blocks(panels: tuple, partial) -> None:
+        def by_blocks(panels: tuple, partial) -> None:
             blk = f"{g.m_var}.blk"
             run = lambda: block(self.mul_const(self.lookup(blk)[1], mr), mr, panels, partial)  # noqa: E731
             if runtime_m:
@@ -750,6 +750,24 @@ class FunctionEmitter:
                 self.when(self.int_op("icmp sgt", hi, full_blocks),
                           lambda: block(str(full_blocks * mr), last_rows, panels, partial))
 
+        def by_rows(panels: tuple, partial) -> None:
+            """With a_rows: each row's whole blocks, then its shorter one; rows [lo, hi) where
+            threads divide by rows."""
+            full, last = divmod(g.a_rows, mr)
+            row, blk = f"{g.m_var}.row", f"{g.m_var}.blk"
+
+            def one_row():
+                first = self.mul_const(self.lookup(row)[1], g.a_rows)
+                if full:
+                    self.loop(blk, full, lambda: block(
+                        self.int_op("add nsw", first, self.mul_const(self.lookup(blk)[1], mr)), mr, panels, partial))
+                if last:
+                    block(self.int_op("add nsw", first, full * mr), last, panels, partial)
+            if rows_range:
+                self.loop(row, 0, one_row, lo=lo, hi=hi)
+            else:
+                self.loop(row, g.m // g.a_rows, one_row)
+
         def left_over_rows(base: str, left: str, panels: tuple, partial) -> None:
             """The last rows < mr, known at run time: blocks of the powers of two in their
             count, largest first (rows 13 = 8 + 4 + 1: B streams three times, not 13)."""
@@ -761,6 +779,7 @@ class FunctionEmitter:
                 self.when(self.int_op("icmp ne", self.int_op("and", left, size), 0), part)
                 size //= 2
 
+        blocks = by_rows if g.a_rows else by_blocks
         if lo is not None and g.split == "n":
             # Panels [lo, hi): the full ones in L2-sized chunks, then the partial one if in range.
             end = self.int_op("smin", hi, full_panels)
@@ -828,7 +847,14 @@ class FunctionEmitter:
         vw, nv = self.vw, g.nr // self.vw
         elt = "float" if g.kind == "f32" else "i32"
         rowbase = []
-        if g.a_mtab:  # each row's offset from a table (a conv's output pixels over its input)
+        if g.a_rows:  # the tile's output row from a table, its pixels a_sm apart along it
+            row, base = self.tmp("row"), self.tmp("ra")
+            self.emit(f"{row} = udiv i64 {m0}, {g.a_rows}")
+            column = self.int_op("sub nsw", m0, self.mul_const(row, g.a_rows))
+            self.emit(f"{base} = load i64, ptr {self.gep(self.bufs[g.a_mtab][0], 'i64', row)}, align 8")
+            first = self.int_op("add nsw", self.int_op("add nsw", base, a_off), self.mul_const(column, g.a_sm))
+            rowbase = [first] + [self.int_op("add nsw", first, r * g.a_sm) for r in range(1, rows)]
+        elif g.a_mtab:  # each row's offset from a table (a conv's output pixels over its input)
             for r in range(rows):
                 idx, off, t = self.tmp("mi"), self.tmp("moff"), self.tmp("ra")
                 self.emit(f"{idx} = add nsw i64 {m0}, {r}")

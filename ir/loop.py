@@ -211,7 +211,12 @@ class Gemm(Stmt):
     """C[m, n] = sum_k A[a_off + m*a_sm + k*a_sk] * Bp[b_off + panel(n)][k][n % nr], then `epilogue`.
 
     With `a_mtab` (an i64 buffer of m offsets), A's row term is a_mtab[m] instead (an implicit
-    GEMM over a conv's whole output plane: pixel m's window starts at a_mtab[m]).
+    GEMM over a conv's whole output plane: pixel m's window starts at a_mtab[m]). With
+    `a_rows` (w) as well, the table holds one offset per row of w pixels (a conv's output
+    row): pixel m = row*w + c has the row term a_mtab[row] + c*a_sm, and register tiles never
+    cross a row (each row is whole blocks of mr and one shorter block); split "m" divides by
+    rows. One GEMM over the plane, not one per row: threads can divide it by panels, and a
+    chunk of B's panels that stays in L2 serves every row.
 
     With `a_sb` (A packed in row blocks, as im2col writes it: [m // mr][k][mr], a_sm 1 and
     a_sk mr), the row term is m0*a_sb + (m - m0)*a_sm for m in the row block starting at m0:
@@ -274,6 +279,7 @@ class Gemm(Stmt):
     b_words: bool = False
     a_sb: int = 0
     a_mtab: str = ""
+    a_rows: int = 0
 
     @property
     def in_place_b(self) -> bool:
@@ -281,8 +287,11 @@ class Gemm(Stmt):
 
     @property
     def pieces(self) -> int:
-        """How many parts its split dimension has: row blocks or panels (the last one partial)."""
-        return -(-self.m // self.mr) if self.split == "m" else -(-self.n // self.nr)
+        """How many parts its split dimension has: row blocks (with a_rows, rows) or panels
+        (the last one partial)."""
+        if self.split == "n":
+            return -(-self.n // self.nr)
+        return self.m // self.a_rows if self.a_rows else -(-self.m // self.mr)
 
 
 GEMM_KINDS = ("f32", "u8s8", "s8s8", "s8u8")

@@ -1,7 +1,8 @@
-"""Every code path convolution can take, against onnxruntime: implicit GEMM (wide rows),
-chunked im2col (narrow rows, big K), pointwise (weights as rows, input read in place; or
-packed weights past 256 channels or below 64 pixels), grouped, depthwise, transposed,
-run-time weights, 1-D / 3-D, dilation, stride, asymmetric and auto padding."""
+"""Every code path convolution can take, against onnxruntime: implicit GEMM (over the output
+plane, or per output row for tall tiles: rows of 3 pixels and more), im2col (rows of 1, or 2
+against big weights), pointwise (weights as rows, input read in place; or packed weights past
+256 channels or below 64 pixels), grouped, depthwise, transposed, run-time weights, 1-D / 3-D,
+dilation, stride, asymmetric and auto padding."""
 import re
 
 import numpy as np
@@ -23,10 +24,20 @@ CASES = {
     "implicit_few_channels": ((1, 12, 40, 37), (16, 12, 3, 3), {"pads": [1, 1, 1, 1]}),  # 37 = 32 + 5 masked
     "implicit_few_channels_grouped": ((2, 8, 20, 33), (12, 4, 3, 3), {"group": 2, "strides": [2, 1],
                                                                       "dilations": [1, 2], "pads": [1, 2, 0, 2]}),
-    "im2col_narrow_big_k": ((1, 64, 9, 9), (48, 64, 3, 3), {"pads": [1, 1, 1, 1]}),
-    "im2col_chunked_rows": ((1, 96, 20, 12), (20, 96, 3, 3), {"pads": [0, 1, 0, 1]}),
-    # 7-wide rows, 128 channels: im2col on AVX-512, one implicit GEMM over the plane on AVX2
-    "im2col_7x7_many_channels": ((1, 64, 7, 7), (128, 64, 3, 3), {"pads": [1, 1, 1, 1]}),
+    # Rows narrower than a register tile (AVX-512's 14) are one shorter tile each: SqueezeNet's
+    # 13x13 layers, Inception's 7x1 convs at 17x17 (a tile of 14 rows and one of 3), ResNet's 7x7.
+    "implicit_13_wide": ((1, 48, 13, 13), (64, 48, 3, 3), {"pads": [1, 1, 1, 1]}),
+    "implicit_17_wide_7x1": ((1, 32, 17, 17), (128, 32, 7, 1), {"pads": [3, 0, 3, 0]}),
+    "implicit_7x7_many_channels": ((1, 64, 7, 7), (128, 64, 3, 3), {"pads": [1, 1, 1, 1]}),
+    # On AVX-512, weights past the L2 chunk (384 KiB): two chunks of two panels, then the fifth
+    # panel, each chunk over every row; threads divide the 9 rows. Then 7 rows of 8 panels (a
+    # chunk of 5, then 3), which threads divide by panels.
+    "implicit_rows_panel_chunks": ((1, 128, 9, 9), (160, 128, 3, 3), {"pads": [1, 1, 1, 1]}),
+    "implicit_rows_split_by_panels": ((1, 64, 7, 7), (256, 64, 3, 3), {"pads": [1, 1, 1, 1]}),
+    # Rows of 1 pixel, or of 2 against weights past L2: im2col on AVX-512 (a GEMM per row would
+    # stream all the weights per pixel or two); one implicit GEMM over the plane on AVX2.
+    "im2col_one_pixel_rows": ((1, 64, 9, 1), (48, 64, 3, 1), {"pads": [1, 0, 1, 0]}),
+    "im2col_two_pixel_rows_big_weights": ((1, 128, 20, 2), (256, 128, 3, 3), {"pads": [0, 1, 0, 1]}),
     "pointwise": ((2, 24, 17, 19), (36, 24, 1, 1), {}),  # weights as rows: a partial pixel panel, 3 row blocks
     "pointwise_grouped": ((1, 32, 9, 9), (64, 16, 1, 1), {"group": 2}),
     "pointwise_wide_k": ((1, 320, 9, 9), (40, 320, 1, 1), {}),  # past POINTWISE_MAX_K: packed weights
@@ -82,6 +93,7 @@ def test_conv_path(name, target, executor):
     runs the target, its assembly checked elsewhere (tests/isa.py); the path lowering took
     asserted on both."""
     from modelkiln.ir.loop import Gemm
+    from modelkiln.ir.lower.gemm import implicit_over_plane
     xshape, wshape, attrs = CASES[name]
     result = build_and_compare_for(_conv_model("Conv", xshape, wshape, attrs), executor, target)
     expected = IN_PLACE_EVERYWHERE.get(name, lanes(target) == 16 if name in IN_PLACE_ON_16_LANES else None)
@@ -89,8 +101,15 @@ def test_conv_path(name, target, executor):
         # (batch 2, or groups: the Gemm sits in loops)
         gemms = [s for c in result.lowered.calls for s in kernel_statements(c.kernel.body) if isinstance(s, Gemm)]
         assert gemms and all(g.in_place_b == expected for g in gemms)
+    gemms = [s for c in result.lowered.calls for s in kernel_statements(c.kernel.body) if isinstance(s, Gemm)]
+    if name.startswith("implicit") and not expected:  # the input read in place as A, through a table of k offsets
+        out_width = result.graph.types["c"].shape[-1]
+        assert gemms and all(g.a_ktab and g.a_mtab for g in gemms)
+        # one GEMM over the plane: a table of pixels for few-row tiles (AVX2's 6), of output
+        # rows for taller ones (AVX-512's 14), which stay within a row
+        assert all(g.a_rows == (0 if implicit_over_plane(g.mr) else out_width) for g in gemms)
     if name.startswith("im2col"):
-        [gemm] = [s for c in result.lowered.calls for s in kernel_statements(c.kernel.body) if isinstance(s, Gemm)]
+        [gemm] = gemms
         if lanes(target) == 16:  # col is written in row blocks, each one's A contiguous
             assert (gemm.a_sb, gemm.a_sm, gemm.a_sk) == (gemm.k, 1, gemm.mr) and gemm.m % gemm.mr
         else:  # AVX2's 6-row tiles run the input in place, over the whole output plane
@@ -122,7 +141,7 @@ def test_a_batch_1_grouped_conv_divides_its_groups_across_threads(xshape, wshape
                                    rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("name", ["implicit_3x3_pad", "grouped", "pointwise", "im2col_narrow_big_k"])
+@pytest.mark.parametrize("name", ["implicit_3x3_pad", "grouped", "pointwise", "im2col_one_pixel_rows"])
 def test_conv_with_runtime_weights(name, executor):
     xshape, wshape, attrs = CASES[name]
     build_and_compare(_conv_model("Conv", xshape, wshape, attrs, runtime_weights=True), executor)
@@ -212,18 +231,18 @@ def test_a_strided_depthwise_copies_its_column_phases_as_vectors(width, kernel, 
 
 @pytest.mark.parametrize("target", X86_TARGETS)
 @pytest.mark.parametrize("cout", [256, 16])
-def test_ragged_row_blocks_take_im2col_where_the_waste_outweighs_the_copy(cout, target, executor):
-    """On AVX-512 one 14-row block fills a 14-wide output row for 256 channels: implicit;
-    16 channels use 28-row tiles (one vector of columns), which 14 pixels do not fill:
-    im2col. AVX2's 6-row tiles run over the whole 196-pixel plane, one ragged block in 33
-    (Gemm.a_mtab): implicit for both."""
+def test_rows_narrower_than_a_tile_read_the_input_in_place(cout, target, executor):
+    """On AVX-512 a 14-wide output row is one 14-row block for 256 channels, and one shorter
+    tile of the 28-row tiles 16 channels use: both implicit (16 channels had taken im2col,
+    the rows counted as half-empty blocks: 1.6x onnxruntime's time, 0.9x implicit), one GEMM
+    whose tiles stay within a row (Gemm.a_rows). AVX2's 6-row tiles run over the whole
+    196-pixel plane, one ragged block in 33 (Gemm.a_mtab of pixels)."""
     from modelkiln.ir.loop import Gemm
     model = _conv_model("Conv", (1, 32, 14, 14), (cout, 32, 3, 3), {"pads": [1, 1, 1, 1]})
     result = build_and_compare_for(model, executor, target)
     [gemm] = [s for c in result.lowered.calls for s in kernel_statements(c.kernel.body) if isinstance(s, Gemm)]
-    implicit = bool(gemm.a_ktab or gemm.b_ktab)
-    assert implicit == ((cout == 256) if lanes(target) == 16 else True)
-    assert bool(gemm.a_mtab) == (lanes(target) == 8)
+    assert gemm.a_ktab and gemm.a_mtab and not gemm.a_sb and gemm.m == 196
+    assert gemm.a_rows == (14 if lanes(target) == 16 else 0)
 
 
 @pytest.mark.parametrize("target", X86_TARGETS)

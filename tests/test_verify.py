@@ -62,6 +62,8 @@ def good():
     (_byte_gemm(kind="s8s8"), "s8s8 gemm with B packed as 16-bit pairs"),
     (Kernel(WORD_BUFS, (replace(_byte_gemm().body[0], a_sb=4),)), "u8s8 gemm with A in row blocks 4 apart"),
     (Kernel(WORD_BUFS, (replace(_byte_gemm().body[0], a_mtab="b0"),)), "row-offset table b0 is not an i64 buffer"),
+    (Kernel(WORD_BUFS, (replace(_byte_gemm().body[0], a_rows=2),)), "4 rows in rows of 2 pixels: needs a row-offset"),
+    (Kernel(WORD_BUFS, (replace(_byte_gemm().body[0], a_rows=3),)), "4 rows in rows of 3 pixels"),
     (_byte_gemm(b_buf="b1"), "a1, b1 are not 16-bit buffers"),
     (_byte_gemm(a_buf="a0"), "a0, b0 are not 16-bit buffers"),
     (_byte_gemm(b_words=False, a_buf="a0"), "not byte buffers"),

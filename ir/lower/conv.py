@@ -14,7 +14,7 @@ from ..graph import Node
 from .builder import KernelBuilder
 from .gemm import (IMPLICIT_WASTE_LIMIT, NARROW_CONV_TILE, POINTWISE_MAX_K, POINTWISE_MIN_PIXELS, implicit_over_plane,
                    is_depthwise, lower_conv_gemm, lower_conv_symbolic, lower_depthwise, lower_pointwise,
-                   row_blocks_filled)
+                   row_blocks_filled, rows_wide_enough)
 from .winograd import lower_winograd, winograd_fits
 
 
@@ -45,14 +45,19 @@ def conv_paths(b: KernelBuilder, node: Node) -> tuple:
         cg, pixels = b.type(w_name).shape[1], math.prod(b.type(x_name).shape[2:])
         rule = "pointwise" if can and cg <= POINTWISE_MAX_K and pixels >= POINTWISE_MIN_PIXELS else "im2col"
         return rule, ("pointwise", "im2col") if can else ("im2col",)
-    # Implicit GEMM when its row blocks are filled well enough (IMPLICIT_WASTE_LIMIT): A is
-    # read in place and im2col disappears. A tile of few rows runs over the whole output
-    # plane (`implicit_over_plane`), wasting only the plane's last block; a taller one over
-    # each output row, whose mr pixels are input positions `stride` apart: narrower rows use
-    # im2col. (The rule's tile decides, whatever tile is tuned.)
+    # Implicit GEMM: A is read in place and im2col disappears. A tile of few rows runs across
+    # the output rows (`implicit_over_plane`), wasting the plane's last block: taken while
+    # that block is filled well enough (IMPLICIT_WASTE_LIMIT). A taller tile stays within an
+    # output row (Gemm.a_rows), whose pixels are input positions `stride` apart, the row's
+    # last block a shorter tile: taken where rows are wide enough (`rows_wide_enough`).
+    # (The rule's tile decides, whatever tile is tuned.)
     mr = b.config.tile(cog)[0]
-    fill = row_blocks_filled(math.prod(out_sp) if implicit_over_plane(mr) else out_sp[-1], mr)
-    implicit = fill > 0 and (1 - fill) * cog <= IMPLICIT_WASTE_LIMIT
+    if implicit_over_plane(mr):
+        fill = row_blocks_filled(math.prod(out_sp), mr)
+        implicit = fill > 0 and (1 - fill) * cog <= IMPLICIT_WASTE_LIMIT
+    else:
+        packed_b = cog * b.type(w_name).shape[1] * math.prod(kernel) * 4
+        implicit = rows_wide_enough(out_sp[-1], mr, cog, packed_b)
     # With at most a vector of output channels, a tile of pixels x channels broadcasts one
     # input value per FMA; with the weights as rows against two vectors of an input row, one
     # weight feeds two FMAs.

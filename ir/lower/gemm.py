@@ -57,13 +57,12 @@ DEPTHWISE_PASS_WEIGHTS = 21
 NARROW_CONV_TILE = (8, 32)
 
 
-# The implicit GEMM computes whole row blocks per output row, wasting (1 - fill) of its work
-# on a ragged last block; im2col's copy costs about as much as the GEMM work of this many
-# output channels. So a conv takes the implicit GEMM while (1 - fill) x output channels stays
-# within it. (AVX2's 6-row tiles on ResNet's 14- and 7-wide rows fill 78% and 58% of them:
-# im2col there took ResNet-18 from 33.0 to 31.0 ms and ResNet-50 from 69.8 to 67.0; UNet's
-# convs of 16 to 64 channels keep the implicit GEMM at 57% on AVX-512, where im2col was 19%
-# slower.)
+# The implicit GEMM of few-row tiles (over the plane: AVX2's 6 rows) is taken while (1 - fill)
+# x output channels stays within this, fill being how full the plane's row blocks are: im2col's
+# copy costs about as much as the GEMM work of this many output channels. (Measured per
+# output row, before tiles ran over the plane: AVX2's 6-row tiles on ResNet's 14- and 7-wide
+# rows fill 78% and 58% of them, and im2col took ResNet-18 from 33.0 to 31.0 ms and ResNet-50
+# from 69.8 to 67.0.)
 IMPLICIT_WASTE_LIMIT = 40
 
 
@@ -78,6 +77,29 @@ PLANE_MAX_TILE_ROWS = 8
 
 def implicit_over_plane(mr: int) -> bool:
     return mr <= PLANE_MAX_TILE_ROWS
+
+
+# A GEMM tiled within output rows streams all of B once per row. Rows of 3 pixels and more
+# outrun im2col whatever B's size; rows of 2 only while B stays in L2; rows of 1 never.
+IMPLICIT_NARROW_ROW_B_BYTES = 1 << 20
+# A row's short tiles read B's panels once per few pixels: with im2col's full tiles (its copy
+# amortized over the output channels), many output channels outweigh that. Taken while
+# (1 - the row's fill of its tiles) x output channels stays within this.
+SHORT_TILES_LIMIT = 600
+
+
+def rows_wide_enough(width: int, mr: int, channels: int, packed_b_bytes: int) -> bool:
+    """Whether a conv's implicit GEMM tiled within output rows of `width` pixels (tiles of mr
+    rows, taller than PLANE_MAX_TILE_ROWS: AVX-512's 14) beats im2col. Measured on AVX-512,
+    1 thread, against im2col: 0.57-0.99 of its time at widths 3 to 35 (3x3, 1x7, 7x1 and
+    5x5 windows, strides 1 and 2, 3 to 1024 channels: SqueezeNet's 48 -> 192 at 13x13 0.32 ->
+    0.25 ms, Inception's 128 -> 128 1x7 at 17x17 0.82 -> 0.59, 512 -> 512 at 7x7 0.97); but
+    1.02-1.09 for ResNet-50's 1024 -> 2048 1x1 stride 2 at 7 wide (limit 1024) and 1.05 for
+    512 -> 1024 at 5 wide (658); at width 2 0.85 with 128 channels, 1.16 with 256 (2.4 MB
+    of B); at width 1 1.6-2.5. A row's last block is a shorter tile, not wasted work."""
+    if width < 2 or width == 2 and packed_b_bytes > IMPLICIT_NARROW_ROW_B_BYTES:
+        return False
+    return (1 - width / (-(-width // mr) * mr)) * channels <= SHORT_TILES_LIMIT
 
 
 def row_blocks_filled(width: int, mr: int) -> float:
@@ -118,7 +140,8 @@ def deferred_panels(mats: np.ndarray, nr: int) -> DeferredArray:
 
 def gemm_stmt(b: KernelBuilder, a_buf, a_off, a_sm, a_sk, b_buf, b_off, m, n, k, epilogue_fn, a_ktab: str = "",
               kind: str = "f32", b_sk: int = 0, stores_along: str = "n", split: str = "", b_ktab: str = "",
-              tile: tuple | None = None, b_words: bool = False, a_blocked: bool = False, a_mtab: str = "") -> Gemm:
+              tile: tuple | None = None, b_words: bool = False, a_blocked: bool = False, a_mtab: str = "",
+              a_rows: int = 0) -> Gemm:
     """A Gemm statement; epilogue_fn(m_expr, n_expr, acc_expr) returns the epilogue statements.
     B must have been packed with the panel width b.tile(n) gives (or `tile`'s), or (b_sk, b_ktab)
     is read in place with that row stride or through that table of row offsets."""
@@ -127,7 +150,8 @@ def gemm_stmt(b: KernelBuilder, a_buf, a_off, a_sm, a_sk, b_buf, b_off, m, n, k,
     mr, nr = tile or b.tile(n)
     if not split:
         split = b.knob("split", "rule", GEMM_SPLITS)
-        split = gemm_split(m, n, mr, nr) if split == "rule" else split
+        if split == "rule":  # (with a_rows, threads divide by whole rows)
+            split = gemm_split(m // a_rows, n, 1, nr) if a_rows else gemm_split(m, n, mr, nr)
     if kind == "f32" and not (b_sk or b_ktab):  # (codegen's choices for packed B: Kernel.schedule)
         if isinstance(m, Expr) or m >= mr:
             b.knob("prefetch", "auto", CODEGEN_OPTIONS["prefetch"])
@@ -136,7 +160,7 @@ def gemm_stmt(b: KernelBuilder, a_buf, a_off, a_sm, a_sk, b_buf, b_off, m, n, k,
     if a_blocked and (a_sm, a_sk) != (1, mr):
         raise InternalError(f"A blocked by {mr} rows is read with a_sm {a_sm}, a_sk {a_sk}")
     return Gemm(a_buf, a_off, a_sm, a_sk, b_buf, b_off, m, n, k, mr, nr, mv, nv, av, epi, a_ktab, kind,
-                split, b_sk, stores_along, b_ktab, b_words, k if a_blocked else 0, a_mtab)
+                split, b_sk, stores_along, b_ktab, b_words, k if a_blocked else 0, a_mtab, a_rows)
 
 
 def gemm_split(m: int, n: int, mr: int, nr: int) -> str:
@@ -288,9 +312,9 @@ def lower_conv_gemm(b: KernelBuilder, node: Node, store, path: str) -> tuple:
 
     def implicit_rows() -> list:
         """The (padded) input read in place through a k-offset table: one GEMM over the
-        output plane (a table of pixel offsets, for tiles of few rows: implicit_over_plane),
-        or one per output row, as A (pixels are rows) or with few output channels as B
-        (weights are rows)."""
+        output plane, through a table of pixel offsets (tiles of few rows: implicit_over_plane)
+        or of output-row offsets (taller tiles, which stay within a row: Gemm.a_rows); or with
+        few output channels, one per output row with the weights as A and the row as B."""
         src_sp = src_shape
         chan_base = group_bordered if xp_ws else mul(chan0(), math.prod(spatial))
         ktab = np.zeros(kk, np.int64)
@@ -309,19 +333,17 @@ def lower_conv_gemm(b: KernelBuilder, node: Node, store, path: str) -> tuple:
         def epilogue(channel, column, acc):
             return at_pixel(channel, add(mul(row_index, out_sp[-1]), column), acc)
 
-        if not weights_as_rows and implicit_over_plane(b.tile(cog)[0]):
+        if not weights_as_rows:
+            over_plane = implicit_over_plane(b.tile(cog)[0])
             starts = np.array([np.ravel_multi_index(tuple(o * s for o, s in zip(pixel, strides)), src_sp)
-                               for pixel in np.ndindex(*out_sp)], np.int64)
-            return [gemm_stmt(b, src_buf, chan_base, 0, 0, wparam, mul(Var(gv), panel_stride), m, cog, kk,
-                              lambda mm, nn, acc: at_pixel(nn, mm, acc), a_ktab=ktab_param, stores_along="m",
-                              a_mtab=b.constant_param("conv_pixel_offsets", starts))]
-        if weights_as_rows:
-            stmt = gemm_stmt(b, w_rows, mul(Var(gv), cog * kk), kk, 1, src_buf, add(chan_base, row_start),
-                             cog, out_sp[-1], kk, epilogue, b_ktab=ktab_param, tile=NARROW_CONV_TILE)
-        else:
-            stmt = gemm_stmt(b, src_buf, add(chan_base, row_start), strides[-1], 0, wparam, mul(Var(gv), panel_stride),
-                             out_sp[-1], cog, kk, lambda mm, nn, acc: epilogue(nn, mm, acc), a_ktab=ktab_param,
-                             stores_along="m")
+                               for pixel in np.ndindex(*(out_sp if over_plane else (*out_sp[:-1], 1)))], np.int64)
+            table = b.constant_param("conv_pixel_offsets" if over_plane else "conv_row_offsets", starts)
+            return [gemm_stmt(b, src_buf, chan_base, 0 if over_plane else strides[-1], 0, wparam,
+                              mul(Var(gv), panel_stride), m, cog, kk, lambda mm, nn, acc: at_pixel(nn, mm, acc),
+                              a_ktab=ktab_param, stores_along="m", a_mtab=table,
+                              a_rows=0 if over_plane else out_sp[-1])]
+        stmt = gemm_stmt(b, w_rows, mul(Var(gv), cog * kk), kk, 1, src_buf, add(chan_base, row_start),
+                         cog, out_sp[-1], kk, epilogue, b_ktab=ktab_param, tile=NARROW_CONV_TILE)
         body_ = (stmt,)
         for i in range(nsp - 2, -1, -1):
             body_ = (For(rv[i], out_sp[i], body_, parallel=i == 0),)
