@@ -1,5 +1,5 @@
-"""bench/compare_commits.py: two revisions' builds of one model, timed in one process; and
-what bench/bench_models.py says it measured."""
+"""bench/compare_commits.py: two revisions' builds of one model, timed in one process; what
+bench/bench_models.py says it measured; bench/bench_convs.py's layers and paths."""
 import os
 import subprocess
 import sys
@@ -44,6 +44,24 @@ def test_bench_models_names_the_isa_each_runner_ran(isa):
         assert "Kiln x86-64-v3 (8 float32 lanes)" in r.stdout and "Ratios: Kiln over OpenVINO" in r.stdout
     else:
         assert "Ratios: Kiln over the best of onnxruntime and OpenVINO" in r.stdout
+
+
+def test_bench_convs_checks_each_layer_and_names_the_path_it_took():
+    """A 13-wide SqueezeNet layer reads its input in place (AVX-512: tiles within its rows),
+    ResNet-50's 2048-channel downsample at 7 wide keeps im2col; both checked against
+    onnxruntime before they are timed; for each x86 width this host runs."""
+    from tests.isa import AVX512, X86_TARGETS, host_runs
+    layers = ("sq_48_192_13", "r50_1024_2048_14_1x1_s2")
+    for target in [t for t in X86_TARGETS if host_runs(t)]:
+        r = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "bench_convs.py"), "--rounds", "1",
+                            "--layers", ",".join(layers), "--target", target], capture_output=True, text=True,
+                           timeout=300)
+        assert r.returncode == 0, r.stderr[-2000:]
+        rows = (line.split("|") for line in r.stdout.splitlines())
+        paths = {cells[1].strip(): cells[2].strip() for cells in rows if len(cells) > 2 and cells[1].strip() in layers}
+        in_place = "implicit, rows" if target == AVX512 else "implicit"
+        assert paths == {"sq_48_192_13": in_place, "r50_1024_2048_14_1x1_s2": "im2col"}, r.stdout
+        assert "Geometric mean of kiln / onnxruntime over 2 layers" in r.stdout
 
 
 def test_a_peer_that_crashes_on_a_model_reads_na_instead_of_ending_the_bench(monkeypatch, tmp_path, capsys):
