@@ -216,6 +216,11 @@ PREFETCH_B_BYTES = 512 * 1024
 PREFETCH_NEXT_PANEL_BYTES = 256 * 1024
 PREFETCH_K_STEPS = 64
 
+# A register tile needs this many accumulators (FMA latency 4 x 2 FMA ports) for its k loop
+# to run at the FMAs' rate; one of fewer waits on each sum. Where an output row's last block
+# (Gemm.a_rows) would have fewer, it shares the last whole block's rows: 71 = 4 x 14 + 8 + 7.
+MIN_TILE_ACCUMULATORS = 8
+
 
 # vpdpbusd by vector width (LLVM selects the VEX-encoded AVX-VNNI form for the 256-bit one
 # where the target has AVX-VNNI and not AVX-512 VL).
@@ -751,9 +756,13 @@ class FunctionEmitter:
                           lambda: block(str(full_blocks * mr), last_rows, panels, partial))
 
         def by_rows(panels: tuple, partial) -> None:
-            """With a_rows: each row's whole blocks, then its shorter one; rows [lo, hi) where
+            """With a_rows: each row's whole blocks, then its shorter ones; rows [lo, hi) where
             threads divide by rows."""
             full, last = divmod(g.a_rows, mr)
+            tail = [last] if last else []
+            if full and 0 < last * (g.nr // vw) < MIN_TILE_ACCUMULATORS:
+                # (a last block too short to hide the FMA latency shares the last whole one's rows)
+                full, tail = full - 1, [(mr + last + 1) // 2, (mr + last) // 2]
             row, blk = f"{g.m_var}.row", f"{g.m_var}.blk"
 
             def one_row():
@@ -761,8 +770,10 @@ class FunctionEmitter:
                 if full:
                     self.loop(blk, full, lambda: block(
                         self.int_op("add nsw", first, self.mul_const(self.lookup(blk)[1], mr)), mr, panels, partial))
-                if last:
-                    block(self.int_op("add nsw", first, full * mr), last, panels, partial)
+                done = full * mr
+                for rows in tail:
+                    block(self.int_op("add nsw", first, done), rows, panels, partial)
+                    done += rows
             if rows_range:
                 self.loop(row, 0, one_row, lo=lo, hi=hi)
             else:

@@ -163,6 +163,31 @@ def test_a_tile_keeps_its_accumulators_in_registers_under_a_costly_epilogue(acti
         assert not tiles
 
 
+@pytest.mark.parametrize("target", X86_TARGETS)
+@pytest.mark.parametrize("width, tiles", [(71, {14, 8, 7}), (17, {9, 8}), (35, {14, 7})])
+def test_a_row_ends_in_no_tile_too_short_for_the_fma_latency(width, tiles, target, executor):
+    """A conv tiled within its output rows (Gemm.a_rows, AVX-512's 14-row tiles): a row of 71
+    is 4 x 14 + 8 + 7, not 5 x 14 + 1, whose one-row tile waited on each FMA's result (2 sums
+    in flight: Inception's 80 -> 192 3x3 at 71 wide 13.36 -> 12.68 ms); a last block of 7 (28
+    sums) stays. AVX2's 6-row tiles run across rows (Gemm.a_mtab), untouched. Matches
+    onnxruntime."""
+    from modelkiln.codegen_worker.llvm_emit import kernel_to_llvm_ir
+    rng = np.random.default_rng(4)
+    inits = [numpy_helper.from_array((rng.standard_normal((64, 16, 3, 3)) * 0.1).astype(np.float32), "w")]
+    graph = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 3, width])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    result = build_and_compare_for(model, executor, target)
+    [call] = result.lowered.calls
+    t = result.target
+    ir = kernel_to_llvm_ir(call.kernel, "k", t.triple, t.cpu, t.features)
+    # each tile's k loop holds one accumulator phi per row and vector of the tile
+    loops = re.findall(r"^K\d+\.body:\n(.*?)^\s+br i1", ir, re.S | re.M)
+    rows = {len(re.findall(r"= phi <\d+ x float>", body)) // 2 for body in loops}
+    assert rows == (tiles if target == AVX512 else {6, width * 3 % 6} - {0})
+
+
 TRANSPOSES = {  # input shape, perm, reshape of the input first (or None), blocked?
     "tokens_to_planes": ([1, 96, 64], [0, 2, 1], None, True),
     "planes_to_tokens": ([1, 64, 8, 12], [0, 2, 1], [1, 64, 96], True),
