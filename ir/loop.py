@@ -214,7 +214,7 @@ class Gemm(Stmt):
     GEMM over a conv's whole output plane: pixel m's window starts at a_mtab[m]). With
     `a_rows` (w) as well, the table holds one offset per row of w pixels (a conv's output
     row): pixel m = row*w + c has the row term a_mtab[row] + c*a_sm, and register tiles never
-    cross a row (each row is whole blocks of mr and one shorter block); split "m" divides by
+    cross a row (each row is whole blocks of mr, then shorter ones); split "m" divides by
     rows. One GEMM over the plane, not one per row: threads can divide it by panels, and a
     chunk of B's panels that stays in L2 serves every row.
 
