@@ -53,7 +53,7 @@ def _odd_shapes_model():
 
 MODELS = {
     "odd_shapes": _odd_shapes_model,
-    "resnet18_112": lambda: model_zoo.resnet18(size=112),  # implicit convs, a parallel loop over output rows
+    "resnet18_112": lambda: model_zoo.resnet18(size=112),  # implicit-GEMM convs, by rows and by panels
     "mobilenet_v2": lambda: model_zoo.mobilenet_v2(size=64),  # depthwise (strided too), pointwise
     "transformer": lambda: model_zoo.transformer_encoder(seq=64, d=128, heads=4, ffn=512),
     # the two directions' time loops run at once
