@@ -20,7 +20,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.bench_models import cpu_name, host_isa, interleaved, ort_session  # noqa: E402
+from bench.bench_models import cpu_name, host_isa, interleaved, median_ms, ort_session  # noqa: E402
 from modelkiln.orchestrator.api import build  # noqa: E402
 from tests import model_zoo  # noqa: E402
 from tests.conftest import kernel_statements  # noqa: E402
@@ -64,7 +64,7 @@ def kiln_path(result) -> str:
     g = gemms[0]
     if g.a_ktab:
         return "implicit, rows" if g.a_rows else "implicit"
-    return "weights as rows" if g.in_place_b and g.b_ktab else "pointwise" if g.in_place_b else "im2col"
+    return "weights as rows" if g.b_ktab else "pointwise" if g.b_sk else "im2col"
 
 
 def main() -> None:
@@ -87,7 +87,8 @@ def main() -> None:
         got = next(iter(module.run(inputs).values()))
         if not np.allclose(got, want, rtol=1e-3, atol=1e-3 * float(np.abs(want).max())):
             raise SystemExit(f"{name}: Kiln's output differs from onnxruntime's by {np.abs(got - want).max():.3g}")
-        repeat = max(5, int(0.2 / max(1e-5, interleaved({"o": lambda: session.run(None, inputs)}, 1, 3, 1)["o"] / 1e3)))
+        probe_ms = median_ms(lambda: session.run(None, inputs), 1, 3)
+        repeat = max(5, int(200 / max(probe_ms, 0.01)))  # (about 0.2 s a runner and round)
         best = interleaved({"kiln": lambda: module.run(inputs), "ort": lambda: session.run(None, inputs)},
                            3, repeat, args.rounds)
         ratios.append(best["kiln"] / best["ort"])
