@@ -3,7 +3,7 @@
     python bench/bench_convs.py [--threads 1] [--rounds 5] [--layers sq_48_192_13,r18_512_7] [--target llvm]
 
 Each layer is a Conv with its bias and a Relu, at batch 1, with random weights: the shapes
-SqueezeNet, Inception-v3, ResNet and a few-channel decoder use. Kiln builds it (no cache),
+SqueezeNet, Inception-v3, ResNet, a few-channel decoder and FCN-ResNet50's dilated stages use. Kiln builds it (no cache),
 the outputs are checked against onnxruntime's, then both are timed in interleaved rounds
 (the better median of each) at the same thread count. Prints a Markdown table with the path
 Kiln's lowering took: "implicit" (the input read in place; "rows" where its tiles stay
@@ -25,7 +25,7 @@ from modelkiln.orchestrator.api import build  # noqa: E402
 from tests import model_zoo  # noqa: E402
 from tests.conftest import kernel_statements  # noqa: E402
 
-# name: (input channels, output channels, input height and width, kernel, stride, pads (h, w))
+# name: (input channels, output channels, input height and width, kernel, stride, pads (h, w)[, dilation])
 LAYERS = {
     "inc_32_32_149": (32, 32, 149, (3, 3), 1, (0, 0)),
     "inc_32_64_147": (32, 64, 147, (3, 3), 1, (1, 1)),
@@ -45,13 +45,15 @@ LAYERS = {
     "r50_1024_2048_14_1x1_s2": (1024, 2048, 14, (1, 1), 2, (0, 0)),
     "few_32_16_14": (32, 16, 14, (3, 3), 1, (1, 1)),
     "few_64_8_28": (64, 8, 28, (3, 3), 1, (1, 1)),
+    "fcn_256_256_28_d2": (256, 256, 28, (3, 3), 1, (2, 2), 2),
+    "fcn_512_512_28_d4": (512, 512, 28, (3, 3), 1, (4, 4), 4),
 }
 
 
-def conv_layer(cin: int, cout: int, size: int, kernel: tuple, stride: int, pads: tuple):
+def conv_layer(cin: int, cout: int, size: int, kernel: tuple, stride: int, pads: tuple, dilation: int = 1):
     g = model_zoo.GraphMaker(0)
     y = g.op("Conv", ["x", g.weight((cout, cin, *kernel)), g.weight((cout,))], kernel_shape=list(kernel),
-             strides=[stride, stride], pads=[*pads, *pads])
+             strides=[stride, stride], pads=[*pads, *pads], dilations=[dilation, dilation])
     model = g.model({"x": [1, cin, size, size]}, [g.op("Relu", [y])], name="conv")
     return model, model_zoo.random_inputs(model)
 

@@ -830,7 +830,7 @@ class FunctionEmitter:
                              cols: int) -> None:
         """microkernel() as a call of `void (ptr a, ptr b, [ptr tables...,] ptr tile, i64
         a_off, i64 bp, i64 m0)`, one function per tile shape of this Gemm."""
-        tables = [t for t in (g.a_mtab, g.a_ktab, g.b_ktab) if t]
+        tables = [t for t in (g.a_mtab, g.a_ktab, g.b_ktab, g.a_kspan) if t]
         buffers = [g.a_buf, g.b_buf, *tables]
         name = self.outlined.get((id(g), rows, cols))
         if name is None:
@@ -858,9 +858,11 @@ class FunctionEmitter:
         vw, nv = self.vw, g.nr // self.vw
         elt = "float" if g.kind == "f32" else "i32"
         rowbase = []
+        entries = None  # (the tile's first and last entries of a_mtab)
         if g.a_rows:  # the tile's output row from a table, its pixels a_sm apart along it
             row, base = self.tmp("row"), self.tmp("ra")
             self.emit(f"{row} = udiv i64 {m0}, {g.a_rows}")
+            entries = (row, row)
             column = self.int_op("sub nsw", m0, self.mul_const(row, g.a_rows))
             self.emit(f"{base} = load i64, ptr {self.gep(self.bufs[g.a_mtab][0], 'i64', row)}, align 8")
             first = self.int_op("add nsw", self.int_op("add nsw", base, a_off), self.mul_const(column, g.a_sm))
@@ -879,12 +881,19 @@ class FunctionEmitter:
                 t = self.tmp("ra")
                 self.emit(f"{t} = add nsw i64 {block_base}, {r * g.a_sm}")
                 rowbase.append(t)
+        k_first, k_end = "0", str(g.k)
+        if g.a_kspan:  # only the k where some window of the tile is not all zero border
+            entries = entries or (m0, self.int_op("add nsw", m0, rows - 1) if rows > 1 else m0)
+            k_first, k_end = self.kspan(g, entries[0])
+            if entries[1] != entries[0]:
+                last_lo, last_hi = self.kspan(g, entries[1])
+                k_first, k_end = self.int_op("smin", k_first, last_lo), self.int_op("smax", k_end, last_hi)
         self.n += 1
         pred, head, exit_ = self.block, f"K{self.n}.body", f"K{self.n}.exit"
         self.emit(f"br label %{head}")
         self.label(head)
         k, knext = self.tmp("k"), self.tmp("knext")
-        self.emit(f"{k} = phi i64 [0, %{pred}], [{knext}, %{head}]")
+        self.emit(f"{k} = phi i64 [{k_first}, %{pred}], [{knext}, %{head}]")
         accs = [[self.tmp(f"acc{r}_{v}_") for v in range(nv)] for r in range(rows)]
         nexts = [[self.tmp(f"nacc{r}_{v}_") for v in range(nv)] for r in range(rows)]
         for r in range(rows):
@@ -946,7 +955,7 @@ class FunctionEmitter:
                           f"{vt} {accs[r][v]})")
         self.emit(f"{knext} = add nuw nsw i64 {k}, 1")
         c = self.tmp("kc")
-        self.emit(f"{c} = icmp ult i64 {knext}, {g.k}")
+        self.emit(f"{c} = icmp ult i64 {knext}, {k_end}")
         self.emit(f"br i1 {c}, label %{head}, label %{exit_}")
         self.label(exit_)
         if g.stores_along == "m":
@@ -967,6 +976,17 @@ class FunctionEmitter:
                 p = self.tmp("tp")
                 self.emit(f"{p} = getelementptr inbounds {elt}, ptr {tile}, i64 {r * g.nr + v * vw}")
                 self.emit(f"store {vt} {nexts[r][v]}, ptr {p}, align 4")
+
+    def kspan(self, g: Gemm, entry: str) -> tuple:
+        """The [lo, hi) k range of a_mtab's entry `entry`, from g.a_kspan."""
+        at = self.mul_const(entry, 2)
+        ends = []
+        for i in (0, 1):
+            v = self.tmp("kspan")
+            idx = self.int_op("add nsw", at, i) if i else at
+            self.emit(f"{v} = load i64, ptr {self.gep(self.bufs[g.a_kspan][0], 'i64', idx)}, align 8")
+            ends.append(v)
+        return tuple(ends)
 
     def tile_rows(self, g: Gemm) -> int:
         """Rows of the stack tile: mr, or for a column-major tile mr rounded up to vectors."""

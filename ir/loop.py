@@ -225,6 +225,13 @@ class Gemm(Stmt):
     With `a_ktab` (an i64 buffer of k offsets), A's k term is a_ktab[k] instead of k*a_sk:
     the implicit-GEMM convolution reads its A operand straight from the (padded) input.
 
+    With `a_kspan` as well (an i64 buffer of [lo, hi) pairs, one per entry of a_mtab), a tile
+    sums only k in the smallest range holding its first and last entries' ranges: outside
+    an entry's range its window reads only the zero border (a conv's k ordered window row
+    first, so an output row near the top or bottom skips the window rows that fall in the
+    padding). Consecutive entries' ranges must move monotonically, as a conv's windows do,
+    so that a tile's middle entries lie within its ends'.
+
     B is packed in panels of `nr` columns: Bp[p][k][j] = B[k][p*nr + j], zero past N; or,
     with `b_sk` (float32 only), read in place: B[k][n] = B_buf[b_off + k*b_sk + n] (a 1x1
     conv's input, pixels contiguous), the last partial panel through masked loads; or with
@@ -280,6 +287,7 @@ class Gemm(Stmt):
     a_sb: int = 0
     a_mtab: str = ""
     a_rows: int = 0
+    a_kspan: str = ""
 
     @property
     def in_place_b(self) -> bool:

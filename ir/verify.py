@@ -197,6 +197,9 @@ class _Checker:
                 raise _Problem(f"gemm row-offset table {s.a_mtab} is not an i64 buffer (or A is also in row blocks)")
             if s.a_rows and not (s.a_mtab and isinstance(s.m, int) and s.a_rows > 0 and s.m % s.a_rows == 0):
                 raise _Problem(f"gemm of {s.m} rows in rows of {s.a_rows} pixels: needs a row-offset table, whole rows")
+            if s.a_kspan and not (s.a_mtab and s.a_ktab and s.kind == "f32"
+                                  and self.buffers.get(s.a_kspan, Buffer("", "", 0)).dtype == "i64"):
+                raise _Problem(f"gemm k-span table {s.a_kspan}: an i64 buffer, beside row and k-offset tables, float32")
             if s.a_sb < 0 or s.a_sb and (s.a_ktab or s.kind != "f32"):
                 raise _Problem(f"{s.kind} gemm with A in row blocks {s.a_sb} apart: float32 only, no a_ktab")
             if s.b_words and (s.kind not in ("u8s8", "s8u8") or s.in_place_b):

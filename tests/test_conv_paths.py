@@ -115,6 +115,53 @@ def test_conv_path(name, target, executor):
             assert gemm.a_ktab and gemm.a_mtab and gemm.m == np.prod(result.graph.types["c"].shape[2:])
 
 
+# Convs whose top or bottom output rows have window rows wholly in the zero border: the
+# implicit GEMM's tiles skip them (Gemm.a_kspan), k ordered window row first.
+WINDOW_ROWS_IN_THE_BORDER = {
+    "resnet_7x7": ((1, 64, 7, 7), (96, 64, 3, 3), {"pads": [1, 1, 1, 1]}),
+    "inception_7x1": ((1, 32, 17, 17), (64, 32, 7, 1), {"pads": [3, 0, 3, 0]}),
+    "fcn_dilated_4": ((1, 16, 12, 12), (32, 16, 3, 3), {"pads": [4, 4, 4, 4], "dilations": [4, 4]}),
+    "stride2_asymmetric": ((1, 4, 64, 64), (8, 4, 3, 3), {"strides": [2, 2], "dilations": [2, 2],
+                                                          "pads": [2, 1, 0, 2]}),
+    "grouped": ((1, 32, 14, 14), (64, 8, 3, 3), {"group": 4, "pads": [1, 1, 1, 1]}),
+    "conv3d_depth": ((1, 6, 4, 9, 9), (40, 6, 3, 3, 3), {"pads": [1, 1, 1, 1, 1, 1]}),
+}
+
+
+@pytest.mark.parametrize("target", X86_TARGETS)
+@pytest.mark.parametrize("name", sorted(WINDOW_ROWS_IN_THE_BORDER))
+def test_window_rows_in_the_border_are_skipped(name, target, executor):
+    """Against onnxruntime on both vector widths (over the plane on AVX2, within rows on
+    AVX-512), the implicit GEMM carrying a k range per table entry."""
+    from modelkiln.ir.loop import Gemm
+    xshape, wshape, attrs = WINDOW_ROWS_IN_THE_BORDER[name]
+    result = build_and_compare_for(_conv_model("Conv", xshape, wshape, attrs), executor, target)
+    gemms = [s for c in result.lowered.calls for s in kernel_statements(c.kernel.body) if isinstance(s, Gemm)]
+    assert gemms and all(g.a_ktab and g.a_mtab and g.a_kspan for g in gemms)
+
+
+@pytest.mark.parametrize("xshape, wshape, attrs", [
+    ((1, 16, 8, 8), (32, 16, 3, 3), {"pads": [3, 1, 3, 1]}),  # output rows 0 and 9: every window row in the border
+    ((1, 16, 8, 8), (32, 16, 3, 3), {"pads": [0, 1, 0, 1]}),  # no window row in the border
+])
+def test_a_conv_with_no_window_row_to_skip_runs_every_k(xshape, wshape, attrs, executor):
+    from modelkiln.ir.loop import Gemm
+    result = build_and_compare_for(_conv_model("Conv", xshape, wshape, attrs), executor, "llvm")
+    gemms = [s for c in result.lowered.calls for s in kernel_statements(c.kernel.body) if isinstance(s, Gemm)]
+    assert gemms and all(g.a_ktab and not g.a_kspan for g in gemms)
+
+
+def test_window_row_spans_follow_the_border():
+    """The k range of each output position: a 3-row window over 5 rows, padding 1 each side
+    (the first position's window starts in the top border, the last one's ends in the
+    bottom); dilation 2 with padding 2 over 6 rows, stride 2; 4 k per window row."""
+    from modelkiln.ir.lower.gemm import window_row_spans
+    assert window_row_spans(5, 1, 1, 1, 5, 3, 4).tolist() == [[4, 12], [0, 12], [0, 12], [0, 12], [0, 8]]
+    # positions 0, 2, 4 (input rows -2, 0, 2 first): taps -2/0/2, 0/2/4, 2/4/6 (6 is border)
+    assert window_row_spans(3, 2, 2, 2, 6, 3, 4).tolist() == [[4, 12], [0, 12], [0, 8]]
+    assert window_row_spans(5, 1, 1, 0, 7, 3, 4) is None
+
+
 @pytest.mark.parametrize("target", X86_TARGETS)
 @pytest.mark.parametrize("xshape, wshape, attrs", [
     ((1, 64, 14, 14), (64, 8, 3, 3), {"group": 8, "pads": [1, 1, 1, 1]}),  # RegNet's groups of 8

@@ -102,6 +102,22 @@ def rows_wide_enough(width: int, mr: int, channels: int, packed_b_bytes: int) ->
     return (1 - width / (-(-width // mr) * mr)) * channels <= SHORT_TILES_LIMIT
 
 
+def window_row_spans(outputs: int, stride: int, dilation: int, pad: int, size: int, taps: int,
+                     per_tap: int) -> np.ndarray | None:
+    """For each of a conv's `outputs` positions along its leading spatial dim, the [lo, hi)
+    range of k (ordered window row first, `per_tap` k per window row) whose window rows land
+    in the input, not its padding ([outputs, 2] int64); None where no window row ever lands
+    in the padding, or some window lands wholly in it (rows then need no range, or one that
+    does not fit a tile's by its ends)."""
+    spans = np.empty((outputs, 2), np.int64)
+    for o in range(outputs):
+        inside = [t for t in range(taps) if 0 <= o * stride + t * dilation - pad < size]
+        if not inside:
+            return None
+        spans[o] = inside[0] * per_tap, (inside[-1] + 1) * per_tap
+    return None if (spans == [0, taps * per_tap]).all() else spans
+
+
 def row_blocks_filled(width: int, mr: int) -> float:
     """How full the register tiles' rows are when one output row of `width` pixels is cut in
     blocks of mr (0 where the row is narrower than one block)."""
@@ -141,7 +157,7 @@ def deferred_panels(mats: np.ndarray, nr: int) -> DeferredArray:
 def gemm_stmt(b: KernelBuilder, a_buf, a_off, a_sm, a_sk, b_buf, b_off, m, n, k, epilogue_fn, a_ktab: str = "",
               kind: str = "f32", b_sk: int = 0, stores_along: str = "n", split: str = "", b_ktab: str = "",
               tile: tuple | None = None, b_words: bool = False, a_blocked: bool = False, a_mtab: str = "",
-              a_rows: int = 0) -> Gemm:
+              a_rows: int = 0, a_kspan: str = "") -> Gemm:
     """A Gemm statement; epilogue_fn(m_expr, n_expr, acc_expr) returns the epilogue statements.
     B must have been packed with the panel width b.tile(n) gives (or `tile`'s), or (b_sk, b_ktab)
     is read in place with that row stride or through that table of row offsets."""
@@ -160,7 +176,7 @@ def gemm_stmt(b: KernelBuilder, a_buf, a_off, a_sm, a_sk, b_buf, b_off, m, n, k,
     if a_blocked and (a_sm, a_sk) != (1, mr):
         raise InternalError(f"A blocked by {mr} rows is read with a_sm {a_sm}, a_sk {a_sk}")
     return Gemm(a_buf, a_off, a_sm, a_sk, b_buf, b_off, m, n, k, mr, nr, mv, nv, av, epi, a_ktab, kind,
-                split, b_sk, stores_along, b_ktab, b_words, k if a_blocked else 0, a_mtab, a_rows)
+                split, b_sk, stores_along, b_ktab, b_words, k if a_blocked else 0, a_mtab, a_rows, a_kspan)
 
 
 def gemm_split(m: int, n: int, mr: int, nr: int) -> str:
@@ -264,6 +280,12 @@ def lower_conv_gemm(b: KernelBuilder, node: Node, store, path: str) -> tuple:
     m = math.prod(out_sp)
     nr = NARROW_CONV_TILE[1] if weights_as_rows else b.tile(cog)[1]
     panel_stride = -(-cog // nr) * kk * nr
+    spatial = list(xs[2:])
+    # Taps in the zero border are skipped where whole window rows fall in it (Gemm.a_kspan):
+    # k then runs window row first, (ky, c, kx), and packed constant weights follow.
+    spans = None
+    if implicit and not weights_as_rows and not runtime_w and nsp >= 2:
+        spans = window_row_spans(out_sp[0], strides[0], dil[0], pads[0], spatial[0], kernel[0], kk // kernel[0])
     w_rows = None
     if runtime_w:  # weights computed at run time: pack them in the kernel, once per call
         w_src = b.in_param(w_name)
@@ -271,11 +293,11 @@ def lower_conv_gemm(b: KernelBuilder, node: Node, store, path: str) -> tuple:
     elif weights_as_rows:
         w_rows = b.constant_param(f"{w_name}_rows", b.g.constants[w_name].reshape(groups * cog, kk))
     else:
-        w = b.g.constants[w_name].reshape(groups, cog, kk)
+        w = b.g.constants[w_name].reshape(groups, cog, cg, kernel[0], -1)
+        w = (w.transpose(0, 1, 3, 2, 4) if spans is not None else w).reshape(groups, cog, kk)
         wparam = b.constant_param(f"{w_name}_packed", deferred_panels(w.transpose(0, 2, 1), nr))
     bias = b.reader(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] else None
     xparam = b.in_param(x_name)
-    spatial = list(xs[2:])
     padded = [spatial[i] + pads[i] + pads[nsp + i] for i in range(nsp)]
     bordered = any(pads) and not pointwise
     # im2col in chunks of whole output rows, each small enough to stay in L2 for its GEMM.
@@ -318,8 +340,11 @@ def lower_conv_gemm(b: KernelBuilder, node: Node, store, path: str) -> tuple:
         src_sp = src_shape
         chan_base = group_bordered if xp_ws else mul(chan0(), math.prod(spatial))
         ktab = np.zeros(kk, np.int64)
-        for i, idx in enumerate(np.ndindex(cg, *kernel)):
-            ktab[i] = np.ravel_multi_index((idx[0],) + tuple(k * d for k, d in zip(idx[1:], dil)), [cg] + src_sp)
+        taps = [(c, *kpos) for c, *kpos in np.ndindex(cg, *kernel)]
+        if spans is not None:  # (window row first: (ky, c, kx))
+            taps = [(c, k0, *rest) for k0, c, *rest in np.ndindex(kernel[0], cg, *kernel[1:])]
+        for i, (c, *kpos) in enumerate(taps):
+            ktab[i] = np.ravel_multi_index((c,) + tuple(k * d for k, d in zip(kpos, dil)), [cg] + src_sp)
         ktab_param = b.constant_param("conv_koffsets", ktab)
         rv = [b.fresh("orow") for _ in range(nsp - 1)]
         row_start = flat_index([mul(Var(v), st) for v, st in zip(rv, strides)] + [Const(0)], src_sp)
@@ -338,10 +363,14 @@ def lower_conv_gemm(b: KernelBuilder, node: Node, store, path: str) -> tuple:
             starts = np.array([np.ravel_multi_index(tuple(o * s for o, s in zip(pixel, strides)), src_sp)
                                for pixel in np.ndindex(*(out_sp if over_plane else (*out_sp[:-1], 1)))], np.int64)
             table = b.constant_param("conv_pixel_offsets" if over_plane else "conv_row_offsets", starts)
+            kspan = ""
+            if spans is not None:  # one [lo, hi) per table entry: its leading output coordinate's
+                per_lead = math.prod(out_sp[1:] if over_plane else out_sp[1:-1])
+                kspan = b.constant_param("conv_kspans", spans[np.arange(len(starts)) // per_lead])
             return [gemm_stmt(b, src_buf, chan_base, 0 if over_plane else strides[-1], 0, wparam,
                               mul(Var(gv), panel_stride), m, cog, kk, lambda mm, nn, acc: at_pixel(nn, mm, acc),
                               a_ktab=ktab_param, stores_along="m", a_mtab=table,
-                              a_rows=0 if over_plane else out_sp[-1])]
+                              a_rows=0 if over_plane else out_sp[-1], a_kspan=kspan)]
         stmt = gemm_stmt(b, w_rows, mul(Var(gv), cog * kk), kk, 1, src_buf, add(chan_base, row_start),
                          cog, out_sp[-1], kk, epilogue, b_ktab=ktab_param, tile=NARROW_CONV_TILE)
         body_ = (stmt,)
