@@ -16,9 +16,10 @@ def _worktrees() -> list:
     return [line for line in out.splitlines() if line.startswith("worktree ")]
 
 
-def test_compare_commits_builds_each_revision_and_removes_its_worktree():
+@pytest.mark.parametrize("model", ["mlp_b1", "few_32_16_14"])  # (a bench model; a bench_convs layer)
+def test_compare_commits_builds_each_revision_and_removes_its_worktree(model):
     before = _worktrees()
-    found = compare("mlp_b1", ["HEAD", WORKING_TREE], rounds=2, repeat=5, threads=1)
+    found = compare(model, ["HEAD", WORKING_TREE], rounds=2, repeat=5, threads=1)
     assert list(found) == ["HEAD", WORKING_TREE]
     for median, best, kernel_sum, kernels in found.values():
         assert 0 < best <= median and kernel_sum == sum(kernels) > 0
@@ -47,11 +48,11 @@ def test_bench_models_names_the_isa_each_runner_ran(isa):
 
 
 def test_bench_convs_checks_each_layer_and_names_the_path_it_took():
-    """A 13-wide SqueezeNet layer reads its input in place (AVX-512: tiles within its rows),
-    ResNet-50's 2048-channel downsample at 7 wide keeps im2col; both checked against
-    onnxruntime before they are timed; for each x86 width this host runs."""
+    """A 13-wide SqueezeNet layer and FCN's dilated 3x3 read their input in place (AVX-512:
+    tiles within their rows), ResNet-50's 2048-channel downsample at 7 wide keeps im2col;
+    all checked against onnxruntime before they are timed; for each x86 width this host runs."""
     from tests.isa import AVX512, X86_TARGETS, host_runs
-    layers = ("sq_48_192_13", "r50_1024_2048_14_1x1_s2")
+    layers = ("sq_48_192_13", "r50_1024_2048_14_1x1_s2", "fcn_256_256_28_d2")
     for target in [t for t in X86_TARGETS if host_runs(t)]:
         r = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "bench_convs.py"), "--rounds", "1",
                             "--layers", ",".join(layers), "--target", target], capture_output=True, text=True,
@@ -60,8 +61,9 @@ def test_bench_convs_checks_each_layer_and_names_the_path_it_took():
         rows = (line.split("|") for line in r.stdout.splitlines())
         paths = {cells[1].strip(): cells[2].strip() for cells in rows if len(cells) > 2 and cells[1].strip() in layers}
         in_place = "implicit, rows" if target == AVX512 else "implicit"
-        assert paths == {"sq_48_192_13": in_place, "r50_1024_2048_14_1x1_s2": "im2col"}, r.stdout
-        assert "Geometric mean of kiln / onnxruntime over 2 layers" in r.stdout
+        assert paths == {"sq_48_192_13": in_place, "r50_1024_2048_14_1x1_s2": "im2col",
+                         "fcn_256_256_28_d2": in_place}, r.stdout
+        assert "Geometric mean of kiln / onnxruntime over 3 layers" in r.stdout
 
 
 def test_a_peer_that_crashes_on_a_model_reads_na_instead_of_ending_the_bench(monkeypatch, tmp_path, capsys):
