@@ -7,7 +7,8 @@ SqueezeNet, Inception-v3, ResNet, a few-channel decoder and FCN-ResNet50's dilat
 the outputs are checked against onnxruntime's, then both are timed in interleaved rounds
 (the better median of each) at the same thread count. Prints a Markdown table with the path
 Kiln's lowering took: "implicit" (the input read in place; "rows" where its tiles stay
-within an output row, Gemm.a_rows), "im2col", "weights as rows" or "pointwise".
+within an output row, Gemm.a_rows), "im2col", "weights as rows" or "pointwise" (1x1: the
+weights as A; "packed input" where B is a packed copy of the input, not read in place).
 """
 from __future__ import annotations
 
@@ -66,7 +67,11 @@ def kiln_path(result) -> str:
     g = gemms[0]
     if g.a_ktab:
         return "implicit, rows" if g.a_rows else "implicit"
-    return "weights as rows" if g.b_ktab else "pointwise" if g.b_sk else "im2col"
+    if g.b_ktab:
+        return "weights as rows"
+    if g.stores_along == "n":  # (weights as A: C is [channel][pixel])
+        return "pointwise" if g.b_sk else "pointwise, packed input"
+    return "im2col"
 
 
 def main() -> None:

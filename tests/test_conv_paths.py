@@ -140,6 +140,49 @@ def test_window_rows_in_the_border_are_skipped(name, target, executor):
     assert gemms and all(g.a_ktab and g.a_mtab and g.a_kspan for g in gemms)
 
 
+@pytest.mark.parametrize("target", X86_TARGETS)
+@pytest.mark.parametrize("pads", [[1, 1, 1, 1], [0, 0, 0, 0]])
+def test_avx2_counts_the_border_it_skips_toward_the_implicit_gemm(pads, target, executor):
+    """448 output channels at 7x7: AVX2's 6-pixel tiles leave 9% of the plane's last block
+    empty, past what im2col's copy costs, but with a zero border they skip more than that
+    (their first and last tiles' top and bottom window rows): implicit. Without a border,
+    im2col. AVX-512's tiles within rows take the implicit GEMM either way."""
+    from modelkiln.ir.loop import Gemm
+    size = 7 if any(pads) else 9
+    result = build_and_compare_for(_conv_model("Conv", (1, 32, size, size), (448, 32, 3, 3), {"pads": pads}),
+                                   executor, target)
+    [gemm] = [s for c in result.lowered.calls for s in kernel_statements(c.kernel.body) if isinstance(s, Gemm)]
+    implicit = lanes(target) == 16 or any(pads)
+    assert bool(gemm.a_ktab) == implicit and bool(gemm.a_kspan) == (implicit and any(pads))
+
+
+# 1x1 convs over large planes with many input and output channels: AVX2 packs the input in
+# 16-pixel panels (pointwise_packs_input); AVX-512 reads it in place as B, or, past 256
+# input channels, as A (im2col in place). 28 x 30 = 840 pixels: a partial last panel.
+POINTWISE_PACKED_ON_AVX2 = {
+    "resnet_reduce": ((1, 64, 28, 30), (64, 64, 1, 1), {}),
+    "past_256_channels": ((1, 320, 28, 28), (64, 320, 1, 1), {}),
+    "grouped_batch_2": ((2, 128, 28, 28), (128, 64, 1, 1), {"group": 2}),
+}
+
+
+@pytest.mark.parametrize("target", X86_TARGETS)
+@pytest.mark.parametrize("name", sorted(POINTWISE_PACKED_ON_AVX2))
+def test_a_large_pointwise_conv_packs_its_input_on_avx2(name, target, executor):
+    from modelkiln.ir.loop import Gemm
+    xshape, wshape, attrs = POINTWISE_PACKED_ON_AVX2[name]
+    result = build_and_compare_for(_conv_model("Conv", xshape, wshape, attrs), executor, target)
+    gemms = [s for c in result.lowered.calls for s in kernel_statements(c.kernel.body) if isinstance(s, Gemm)]
+    assert gemms
+    for g in gemms:
+        if lanes(target) == 8:  # the weights as A, C stored [channel][pixel], B packed
+            assert g.stores_along == "n" and not g.in_place_b and not g.a_ktab
+        elif wshape[1] <= 256:
+            assert g.stores_along == "n" and g.b_sk
+        else:
+            assert g.stores_along == "m"
+
+
 @pytest.mark.parametrize("xshape, wshape, attrs", [
     ((1, 16, 8, 8), (32, 16, 3, 3), {"pads": [3, 1, 3, 1]}),  # output rows 0 and 9: every window row in the border
     ((1, 16, 8, 8), (32, 16, 3, 3), {"pads": [0, 1, 0, 1]}),  # no window row in the border

@@ -45,6 +45,22 @@ POINTWISE_MAX_K = 256
 # ... and at least this many pixels: a 7x7 input fills two 32-pixel panels by 77%, and a 1x1
 # one (squeeze-excite) one lane in 32; there the packed orientation is as fast or 3x faster.
 POINTWISE_MIN_PIXELS = 64
+# On AVX2 a 1x1 conv over a large plane reads its input from a copy packed in pixel panels
+# ([panel][c][16], as B is packed): read in place, each k step of a 16-pixel panel is a line
+# of another channel plane, and ResNet-50's 1x1 convs at 28x28 and 56x56 ran at 80-85% of
+# the packed rate (x86-64-v3 code on Zen 5, 1 thread: 512 -> 128 at 28x28 1.18 -> 0.99 ms,
+# 1024 -> 256 4.75 -> 3.88, 256 -> 64 at 56x56 1.17 -> 1.05). The copy is paid back by many
+# input and output channels over many pixels: 144 -> 24 at 56x56 took 3% longer packed,
+# 16 -> 96 at 112x112 8%, 1024 -> 256 at 14x14 6%; AVX-512's 32-pixel panels ran slower
+# packed (1024 -> 256 at 28x28 3.63 -> 6.01 ms).
+POINTWISE_PACKED_MIN_PIXELS = 784
+POINTWISE_PACKED_MIN_CHANNELS = 64
+
+
+def pointwise_packs_input(vector_width: int, channels_in: int, channels_out: int, pixels: int) -> bool:
+    """Whether lower_pointwise packs its input (B) rather than reading it in place."""
+    return (vector_width == 8 and pixels >= POINTWISE_PACKED_MIN_PIXELS
+            and min(channels_in, channels_out) >= POINTWISE_PACKED_MIN_CHANNELS)
 # A depthwise window with more weights than this runs as several passes over the output row,
 # each of at most DEPTHWISE_PASS_WEIGHTS weights. Measured: ConvNeXt's 7x7 (49) 0.50 -> 0.37 ms
 # in passes of 3 window rows; MobileNetV3's 5x5 (25) up to 2x slower in passes, so not them.
@@ -116,6 +132,21 @@ def window_row_spans(outputs: int, stride: int, dilation: int, pad: int, size: i
             return None
         spans[o] = inside[0] * per_tap, (inside[-1] + 1) * per_tap
     return None if (spans == [0, taps * per_tap]).all() else spans
+
+
+def tiles_border_skip(spans: np.ndarray | None, lead_pixels: int, pixels: int, mr: int, k: int) -> float:
+    """The share of the work of an implicit GEMM's tiles over the plane (whole tiles of mr
+    of its `pixels`) that their k ranges skip in the border (`spans` per leading output
+    coordinate, each `lead_pixels` pixels: window_row_spans), a tile's range being its
+    first and last pixels' together."""
+    if spans is None:
+        return 0.0
+    blocks = -(-pixels // mr)
+    skipped = 0
+    for t in range(blocks):
+        first, last = spans[t * mr // lead_pixels], spans[(min(pixels, t * mr + mr) - 1) // lead_pixels]
+        skipped += k - (max(first[1], last[1]) - min(first[0], last[0]))
+    return skipped / (blocks * k)
 
 
 def row_blocks_filled(width: int, mr: int) -> float:
@@ -446,7 +477,8 @@ def lower_pointwise(b: KernelBuilder, node: Node, store) -> tuple:
     are, are the broadcast operand and the input is B read in place, pixels contiguous. A
     tile's columns are then pixels, so the epilogue writes whole NCHW rows, and nothing is
     packed: with few input channels (MobileNet's 16 -> 96 expansions) the writing back is
-    most of the work, and the other orientation scatters it across channel planes."""
+    most of the work, and the other orientation scatters it across channel planes. (On AVX2
+    the input of a large conv is packed first: `pointwise_packs_input`.)"""
     x_name, w_name = node.inputs[0], node.inputs[1]
     xs, (cout, cg) = b.type(x_name).shape, b.type(w_name).shape[:2]
     batch, cin, groups = b.dim(xs[0]), xs[1], b.attrs(node).get("group", 1)
@@ -461,6 +493,11 @@ def lower_pointwise(b: KernelBuilder, node: Node, store) -> tuple:
         value = acc if bias is None else fbin("add", acc, bias([co]))
         return store([Var(bv), co] + ([nn] if b.conv_collapsed else unflatten(nn, out_sp)), value)
     x_off = mul(add(mul(Var(bv), cin), mul(Var(gv), cg)), pixels)
+    if pointwise_packs_input(b.config.vector_width, cg, cog, pixels):
+        packed = b.workspace(-(-pixels // b.tile(pixels)[1]) * b.tile(pixels)[1] * cg)
+        pack = _runtime_pack(b, xparam, x_off, cg, pixels, pixels, 1, packed)
+        gemm = gemm_stmt(b, wparam, mul(Var(gv), cog * cg), cg, 1, packed, Const(0), cog, pixels, cg, epilogue)
+        return loop(bv, batch, loop(gv, groups, pack + (gemm,)))
     gemm = gemm_stmt(b, wparam, mul(Var(gv), cog * cg), cg, 1, xparam, x_off, cog, pixels, cg, epilogue, b_sk=pixels)
     return loop(bv, batch, loop(gv, groups, (gemm,)))
 
