@@ -13,6 +13,7 @@ import llvmlite.binding as llvm
 from ..ir.loop import Kernel
 
 from .llvm_emit import kernel_to_llvm_ir
+from .partial_stores import split_prefix_masked_stores
 
 _initialized = False
 
@@ -49,6 +50,11 @@ def compile_kernel(kernel_bytes: bytes, symbol: str, target: dict, llvm_options=
         pto.loop_unrolling = False
     pb = llvm.create_pass_builder(tm, pto)
     pb.getModulePassManager().run(module, pb)
+    if int(kernel.option("vector_width", 8)) < 16:  # (no mask registers: masked stores are slow)
+        text, rewritten = split_prefix_masked_stores(str(module))
+        if rewritten:
+            module = llvm.parse_assembly(text)
+            module.verify()
     t2 = time.perf_counter()
     obj = tm.emit_object(module)
     asm = tm.emit_assembly(module) if emit_asm else None
