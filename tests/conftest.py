@@ -18,6 +18,10 @@ if ROOT not in sys.path:
 from tests import model_zoo  # noqa: E402
 
 RTOL, ATOL = 1e-3, 1e-4
+# ... and at least this much of the output's largest magnitude: two float32 sums of the same
+# terms in different orders differ by rounding of the size of their largest terms, on small
+# elements too (ResNet-18's logits reach 300; its 0.27 came out 4e-4 apart on AVX2).
+ATOL_OF_SCALE = 1e-5
 
 
 @pytest.fixture(scope="session")
@@ -43,7 +47,10 @@ def assert_matches_oracle(result, model, seed: int = 0):
     assert set(got) == set(want)
     for name in want:
         assert got[name].shape == want[name].shape, name
-        np.testing.assert_allclose(got[name], want[name], rtol=RTOL, atol=ATOL, err_msg=name)
+        finite = want[name][np.isfinite(want[name])] if want[name].dtype.kind == "f" else np.zeros(0)
+        scale = float(np.abs(finite).max()) if finite.size else 0.0
+        np.testing.assert_allclose(got[name], want[name], rtol=RTOL, atol=max(ATOL, ATOL_OF_SCALE * scale),
+                                   err_msg=name)
     return module
 
 
