@@ -156,6 +156,19 @@ def test_avx2_counts_the_border_it_skips_toward_the_implicit_gemm(pads, target, 
     assert bool(gemm.a_ktab) == implicit and bool(gemm.a_kspan) == (implicit and any(pads))
 
 
+@pytest.mark.parametrize("target", X86_TARGETS)
+def test_a_1x1_conv_over_a_7x7_plane_copies_its_input_on_avx2(target, executor):
+    """im2col_copies_1x1: AVX2 writes the 49 pixels' input in row blocks (Gemm.a_sb), each
+    6-pixel block's A contiguous; AVX-512 reads it in place, k steps a plane apart."""
+    from modelkiln.ir.loop import Gemm
+    result = build_and_compare_for(_conv_model("Conv", (1, 96, 7, 7), (40, 96, 1, 1), {}), executor, target)
+    [gemm] = [s for c in result.lowered.calls for s in kernel_statements(c.kernel.body) if isinstance(s, Gemm)]
+    if lanes(target) == 8:
+        assert (gemm.a_sb, gemm.a_sm, gemm.a_sk) == (gemm.k, 1, gemm.mr)
+    else:
+        assert (gemm.a_sb, gemm.a_sm, gemm.a_sk) == (0, 1, 49)
+
+
 # 1x1 convs over large planes with many input and output channels: AVX2 packs the input in
 # 16-pixel panels (pointwise_packs_input); AVX-512 reads it in place as B, or, past 256
 # input channels, as A (im2col in place). 28 x 30 = 840 pixels: a partial last panel.
