@@ -3,10 +3,10 @@
     python bench/bench_convs.py [--threads 1] [--rounds 5] [--layers sq_48_192_13,r18_512_7] [--target llvm]
 
 Each layer is a Conv with its bias and a Relu, at batch 1, with random weights: the shapes
-SqueezeNet, Inception-v3, ResNet, a few-channel decoder and FCN-ResNet50's dilated stages use. Kiln builds it (no cache),
-the outputs are checked against onnxruntime's, then both are timed in interleaved rounds
-(the better median of each) at the same thread count. Prints a Markdown table with the path
-Kiln's lowering took: "implicit" (the input read in place; "rows" where its tiles stay
+SqueezeNet, Inception-v3, ResNet, a few-channel decoder and FCN-ResNet50's dilated stages
+use. Kiln builds it (no cache), the outputs are checked against onnxruntime's, then both
+are timed in interleaved rounds (the better median of each) at the same thread count.
+Prints a Markdown table with the path Kiln's lowering took: "implicit" (the input read in place; "rows" where its tiles stay
 within an output row, Gemm.a_rows), "im2col", "weights as rows" or "pointwise" (1x1: the
 weights as A; "packed input" where B is a packed copy of the input, not read in place).
 """

@@ -4,7 +4,7 @@ LLVM's loop vectorizer ends a predicated loop (a conv tile's write-back down 6 p
 ragged row's remainder) with `llvm.masked.store` under a constant mask. Targets with mask
 registers (AVX-512) store that in one instruction. AVX2 has only vmaskmovps, which AMD cores
 run as a slow microcoded sequence (on Zen 5, a 3-channel stem conv's write-back of 6-pixel
-columns took 0.51 ms masked, 0.32 stored whole), and NEON has no masked store at all (LLVM
+columns took 0.51 ms masked, 0.33 in plain pieces), and NEON has no masked store at all (LLVM
 stores lane by lane behind branches). The first `count` lanes of a vector are the same bytes
 as a few plain stores of power-of-two pieces: 6 = 4 + 2, 7 = 4 + 2 + 1.
 

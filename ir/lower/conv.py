@@ -51,13 +51,12 @@ def conv_paths(b: KernelBuilder, node: Node) -> tuple:
     # the output rows (`implicit_over_plane`), wasting the plane's last block: taken while
     # that block is filled well enough (IMPLICIT_WASTE_LIMIT), counting the work the tiles
     # skip in the border (ResNet's 512-channel 3x3 at 7x7 on x86-64-v3: 2.33 ms im2col,
-    # 2.01 implicit). A taller tile stays within an
-    # output row (Gemm.a_rows), whose pixels are input positions `stride` apart, the row's
-    # last block a shorter tile: taken where rows are wide enough (`rows_wide_enough`).
+    # 2.01 implicit). A taller tile stays within an output row (Gemm.a_rows), whose pixels
+    # are input positions `stride` apart, the row's last block a shorter tile: taken where
+    # rows are wide enough (`rows_wide_enough`).
     # (The rule's tile decides, whatever tile is tuned.)
     mr = b.config.tile(cog)[0]
     if implicit_over_plane(mr):
-        # (less the work its tiles skip in the border, which im2col computes: window_row_spans)
         fill, kk = row_blocks_filled(math.prod(out_sp), mr), math.prod(b.type(w_name).shape[1:])
         spans = None
         if const_w and len(kernel) >= 2:

@@ -61,10 +61,11 @@ def im2col_copies_1x1(vector_width: int, pixels: int) -> bool:
     """Whether a 1x1 stride-1 conv on the im2col path copies its input in row blocks
     (Gemm.a_sb) rather than reading it in place as A: on AVX2 over a plane of fewer than
     POINTWISE_MIN_PIXELS (7x7), where a 6-pixel tile's k steps each read a line of another
-    channel plane, and its 1152 lines outgrow L1 before the next panel reuses them. Measured
-    on x86-64-v3, 1 thread: EfficientNet-B0's 1152 -> 320 at 7x7 0.41 -> 0.36 ms, 320 -> 1280
-    0.54 -> 0.50; at 14x14 the copy cost more (576 -> 96 0.22 -> 0.32), and on AVX-512 at
-    7x7 too (1152 -> 320 0.32 -> 0.35)."""
+    channel plane, and a tile's lines (one per k) outgrow L1 before the next panel reuses
+    them. Measured on x86-64-v3, 1 thread, both ways built in one process and timed
+    interleaved: ResNet-50's 2048 -> 512 at 7x7 1.34 -> 1.05 ms, 512 -> 2048 1.18 -> 1.05,
+    EfficientNet-B0's 1152 -> 320 0.55 -> 0.43; at 14x14 the copy cost more (576 -> 96
+    0.22 -> 0.32), and on AVX-512 at 7x7 too (1152 -> 320 0.32 -> 0.35)."""
     return vector_width == 8 and pixels < POINTWISE_MIN_PIXELS
 
 
@@ -72,6 +73,8 @@ def pointwise_packs_input(vector_width: int, channels_in: int, channels_out: int
     """Whether lower_pointwise packs its input (B) rather than reading it in place."""
     return (vector_width == 8 and pixels >= POINTWISE_PACKED_MIN_PIXELS
             and min(channels_in, channels_out) >= POINTWISE_PACKED_MIN_CHANNELS)
+
+
 # A depthwise window with more weights than this runs as several passes over the output row,
 # each of at most DEPTHWISE_PASS_WEIGHTS weights. Measured: ConvNeXt's 7x7 (49) 0.50 -> 0.37 ms
 # in passes of 3 window rows; MobileNetV3's 5x5 (25) up to 2x slower in passes, so not them.
