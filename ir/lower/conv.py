@@ -12,10 +12,9 @@ import math
 
 from ..graph import Node
 from .builder import KernelBuilder
-from .gemm import (IMPLICIT_WASTE_LIMIT, NARROW_CONV_TILE, POINTWISE_MAX_K, POINTWISE_MIN_PIXELS, implicit_over_plane,
-                   is_depthwise, lower_conv_gemm, lower_conv_symbolic, lower_depthwise, lower_pointwise,
-                   pointwise_packs_input, row_blocks_filled, rows_wide_enough, tiles_border_skip,
-                   window_row_spans)
+from .gemm import (IMPLICIT_WASTE_LIMIT, NARROW_CONV_TILE, POINTWISE_MAX_K, POINTWISE_MIN_PIXELS, conv_border_spans,
+                   implicit_over_plane, is_depthwise, lower_conv_gemm, lower_conv_symbolic, lower_depthwise,
+                   lower_pointwise, pointwise_packs_input, row_blocks_filled, rows_wide_enough, tiles_border_skip)
 from .winograd import lower_winograd, winograd_fits
 
 
@@ -58,11 +57,7 @@ def conv_paths(b: KernelBuilder, node: Node) -> tuple:
     mr = b.config.tile(cog)[0]
     if implicit_over_plane(mr):
         fill, kk = row_blocks_filled(math.prod(out_sp), mr), math.prod(b.type(w_name).shape[1:])
-        spans = None
-        if const_w and len(kernel) >= 2:
-            spans = window_row_spans(out_sp[0], strides[0], a["dilations"][0], pads[0], b.type(x_name).shape[2],
-                                     kernel[0], kk // kernel[0])
-        skipped = tiles_border_skip(spans, math.prod(out_sp[1:]), math.prod(out_sp), mr, kk)
+        skipped = tiles_border_skip(conv_border_spans(b, node), math.prod(out_sp[1:]), math.prod(out_sp), mr, kk)
         implicit = fill > 0 and (1 - fill - skipped) * cog <= IMPLICIT_WASTE_LIMIT
     else:
         packed_b = cog * b.type(w_name).shape[1] * math.prod(kernel) * 4

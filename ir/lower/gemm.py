@@ -148,6 +148,18 @@ def window_row_spans(outputs: int, stride: int, dilation: int, pad: int, size: i
     return None if (spans == [0, taps * per_tap]).all() else spans
 
 
+def conv_border_spans(b: KernelBuilder, node: Node) -> np.ndarray | None:
+    """window_row_spans along a conv's leading spatial dim where its implicit GEMM can use
+    them: two spatial dims or more, and constant weights (packed window row first at build
+    time; weights packed at run time keep their own k order)."""
+    _, w_name, xs, wsh, _, kernel, strides, dil, pads = conv_operands(b, node)
+    if w_name not in b.g.constants or len(kernel) < 2:
+        return None
+    kk = wsh[1] * math.prod(kernel)
+    return window_row_spans(b.type(node.outputs[0]).shape[2], strides[0], dil[0], pads[0], xs[2], kernel[0],
+                            kk // kernel[0])
+
+
 def tiles_border_skip(spans: np.ndarray | None, lead_pixels: int, pixels: int, mr: int, k: int) -> float:
     """The share of the work of an implicit GEMM's tiles over the plane (whole tiles of mr
     of its `pixels`) that their k ranges skip in the border (`spans` per leading output
@@ -317,7 +329,7 @@ def lower_conv_gemm(b: KernelBuilder, node: Node, store, path: str) -> tuple:
     kernel, strides, dil, pads = a["kernel_shape"], a["strides"], a["dilations"], a["pads"]
     nsp = len(kernel)
     out_sp = b.type(node.outputs[0]).shape[2:]
-    pointwise = (all(k == 1 for k in kernel) and all(s == 1 for s in strides) and not any(pads)
+    a_in_place = (all(k == 1 for k in kernel) and all(s == 1 for s in strides) and not any(pads)
                  and not im2col_copies_1x1(b.config.vector_width, math.prod(out_sp)))  # (A read in place)
     cog = cout // groups
     runtime_w = w_name not in b.g.constants
@@ -329,9 +341,7 @@ def lower_conv_gemm(b: KernelBuilder, node: Node, store, path: str) -> tuple:
     spatial = list(xs[2:])
     # Taps in the zero border are skipped where whole window rows fall in it (Gemm.a_kspan):
     # k then runs window row first, (ky, c, kx), and packed constant weights follow.
-    spans = None
-    if implicit and not weights_as_rows and not runtime_w and nsp >= 2:
-        spans = window_row_spans(out_sp[0], strides[0], dil[0], pads[0], spatial[0], kernel[0], kk // kernel[0])
+    spans = conv_border_spans(b, node) if implicit and not weights_as_rows else None
     w_rows = None
     if runtime_w:  # weights computed at run time: pack them in the kernel, once per call
         w_src = b.in_param(w_name)
@@ -345,12 +355,12 @@ def lower_conv_gemm(b: KernelBuilder, node: Node, store, path: str) -> tuple:
     bias = b.reader(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] else None
     xparam = b.in_param(x_name)
     padded = [spatial[i] + pads[i] + pads[nsp + i] for i in range(nsp)]
-    bordered = any(pads) and not pointwise
+    bordered = any(pads) and not a_in_place
     # im2col in chunks of whole output rows, each small enough to stay in L2 for its GEMM.
     lead_rows, row_size = out_sp[0], math.prod(out_sp[1:])
-    whole = pointwise or kk * m <= WHOLE_COL_FLOATS
+    whole = a_in_place or kk * m <= WHOLE_COL_FLOATS
     rows_per_chunk = lead_rows if whole else max(1, min(lead_rows, COL_CHUNK_FLOATS // max(kk * row_size, 1)))
-    mr = 0 if pointwise or implicit else b.tile(cog)[0]
+    mr = 0 if a_in_place or implicit else b.tile(cog)[0]
     # (whole row blocks: the last one's rows past m are never read)
     col_floats = kk * -(-rows_per_chunk * row_size // mr) * mr if mr else 0
     bordered_floats = cg * math.prod(padded) if bordered else 0
@@ -428,7 +438,7 @@ def lower_conv_gemm(b: KernelBuilder, node: Node, store, path: str) -> tuple:
         """im2col for output rows [row0, row0 + rows) of the leading spatial dim, then its GEMM."""
         mc = rows * row_size
         stmts = []
-        if not pointwise:
+        if not a_in_place:
             # col[(ci, kpos)][pixel] = src[ci][pixel*stride + kpos*dilation]
             ci = b.fresh("ci")
             kv = [b.fresh("kp") for _ in range(nsp)]
@@ -462,13 +472,13 @@ def lower_conv_gemm(b: KernelBuilder, node: Node, store, path: str) -> tuple:
             spatial_idx = [pixel] if b.conv_collapsed else unflatten(pixel, out_sp)
             return store([Var(bv), co] + spatial_idx, value)
 
-        if pointwise:
+        if a_in_place:
             a_buf, a_off = xparam, add(mul(chan0(), m), mul(row0, row_size))
             a_sk = m
         else:
             a_buf, a_off, a_sk = col_ws, group_col, mr
         stmts.append(gemm_stmt(b, a_buf, a_off, 1, a_sk, wparam, mul(Var(gv), panel_stride), mc, cog, kk, epilogue,
-                               stores_along="m", a_blocked=not pointwise))
+                               stores_along="m", a_blocked=not a_in_place))
         return stmts
 
     full, last = divmod(lead_rows, rows_per_chunk)
