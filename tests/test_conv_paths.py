@@ -169,6 +169,23 @@ def test_a_1x1_conv_over_a_7x7_plane_copies_its_input_on_avx2(target, executor):
         assert (gemm.a_sb, gemm.a_sm, gemm.a_sk) == (0, 1, 49)
 
 
+@pytest.mark.parametrize("xshape, wshape, attrs", [
+    ((1, 48, 30, 30), (40, 48, 1, 1), {"strides": [2, 2]}),  # ResNet's projection shortcut, 15x15 out
+    ((1, 24, 16, 17), (32, 24, 1, 1), {"strides": [2, 3], "pads": [1, 0, 0, 1]}),  # border pixels, ragged
+])
+@pytest.mark.parametrize("target", X86_TARGETS)
+def test_a_strided_1x1_conv_copies_its_input_on_avx2(xshape, wshape, attrs, target, executor):
+    """A one-position window: AVX2's few-row tiles take im2col (A copied, no table of k
+    offsets); AVX-512's tall tiles read the input in place within each output row."""
+    from modelkiln.ir.loop import Gemm
+    result = build_and_compare_for(_conv_model("Conv", xshape, wshape, attrs), executor, target)
+    [gemm] = [s for c in result.lowered.calls for s in kernel_statements(c.kernel.body) if isinstance(s, Gemm)]
+    if lanes(target) == 8:
+        assert not gemm.a_ktab and not gemm.a_mtab
+    else:
+        assert gemm.a_ktab and gemm.a_rows == result.graph.types["c"].shape[-1]
+
+
 # 1x1 convs over large planes with many input and output channels: AVX2 packs the input in
 # 16-pixel panels (pointwise_packs_input); AVX-512 reads it in place as B, or, past 256
 # input channels, as A (im2col in place). 28 x 30 = 840 pixels: a partial last panel.

@@ -52,13 +52,18 @@ def conv_paths(b: KernelBuilder, node: Node) -> tuple:
     # skip in the border (ResNet's 512-channel 3x3 at 7x7 on x86-64-v3: 2.33 ms im2col,
     # 2.01 implicit). A taller tile stays within an output row (Gemm.a_rows), whose pixels
     # are input positions `stride` apart, the row's last block a shorter tile: taken where
-    # rows are wide enough (`rows_wide_enough`).
+    # rows are wide enough (`rows_wide_enough`). A one-position window (a strided 1x1) goes
+    # to im2col on few-row tiles: its copy holds each input value once at most, while the
+    # implicit tiles broadcast each k step's pixels from another channel plane (ResNet-50's
+    # stride-2 projections on x86-64-v3: 256 -> 512 at 56x56 2.59 -> 2.12 ms, 512 -> 1024 at
+    # 28x28 2.71 -> 1.97; AVX-512's taller tiles within rows stay ahead of im2col, 1.93
+    # against 2.03 and 1.86 against 2.16; a 3x3 stride-2 copies 9 values a pixel and stays).
     # (The rule's tile decides, whatever tile is tuned.)
     mr = b.config.tile(cog)[0]
     if implicit_over_plane(mr):
         fill, kk = row_blocks_filled(math.prod(out_sp), mr), math.prod(b.type(w_name).shape[1:])
         skipped = tiles_border_skip(conv_border_spans(b, node), math.prod(out_sp[1:]), math.prod(out_sp), mr, kk)
-        implicit = fill > 0 and (1 - fill - skipped) * cog <= IMPLICIT_WASTE_LIMIT
+        implicit = math.prod(kernel) > 1 and fill > 0 and (1 - fill - skipped) * cog <= IMPLICIT_WASTE_LIMIT
     else:
         packed_b = cog * b.type(w_name).shape[1] * math.prod(kernel) * 4
         implicit = rows_wide_enough(out_sp[-1], mr, cog, packed_b)
