@@ -3,7 +3,8 @@
     python bench/compare_commits.py MODEL [REV_A] [REV_B] [--rounds 7] [--repeat 100] [--threads 1]
                                    [--target x86-64-v3]
 
-MODEL is one of bench_models.py's models or one of bench_convs.py's single conv layers.
+MODEL is one of bench_models.py's models, one of bench_convs.py's single conv layers, or an
+.onnx file (run on random inputs).
 
 This machine's speed drifts by 10-30% within an hour, so two runs of bench_models.py an
 hour apart cannot tell a 5% kernel change from noise. Here each revision (default: HEAD~1
@@ -26,12 +27,14 @@ import sys
 import tempfile
 
 import numpy as np
+import onnx
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.bench_convs import LAYERS, conv_layer  # noqa: E402
 from bench.bench_models import MODELS, median_ms  # noqa: E402
 from modelkiln.artifacts import load  # noqa: E402
+from tests.model_zoo import random_inputs  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKING_TREE = "worktree"
@@ -59,9 +62,20 @@ def _build(source: str, model_path: str, out: str, target: str) -> None:
         raise RuntimeError(f"the build for {source} imported Kiln from {imported}")
 
 
+def _model_and_inputs(name: str) -> tuple:
+    if name in MODELS:
+        return MODELS[name]()
+    if name in LAYERS:
+        return conv_layer(*LAYERS[name])
+    if name.endswith(".onnx") and os.path.isfile(name):
+        model = onnx.load(name)
+        return model, random_inputs(model)
+    raise SystemExit(f"{name}: neither a model of bench_models.py, a layer of bench_convs.py nor an .onnx file")
+
+
 def compare(model_name: str, revs: list, rounds: int, repeat: int, threads: int, target: str = "llvm") -> dict:
     """{rev: (median over rounds, best round, kernel sum, per-kernel ms)} for each revision."""
-    model, inputs = MODELS[model_name]() if model_name in MODELS else conv_layer(*LAYERS[model_name])
+    model, inputs = _model_and_inputs(model_name)
     with tempfile.TemporaryDirectory(prefix="kiln-compare-") as tmp:
         model_path = os.path.join(tmp, "model.onnx")
         with open(model_path, "wb") as f:
@@ -90,7 +104,7 @@ def compare(model_name: str, revs: list, rounds: int, repeat: int, threads: int,
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("model", choices=sorted(MODELS) + sorted(LAYERS))
+    ap.add_argument("model", help="a model of bench_models.py, a layer of bench_convs.py, or an .onnx file")
     ap.add_argument("rev_a", nargs="?", default="HEAD~1")
     ap.add_argument("rev_b", nargs="?", default=WORKING_TREE, help=f"a git revision, or '{WORKING_TREE}'")
     ap.add_argument("--rounds", type=int, default=7)
