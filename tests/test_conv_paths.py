@@ -276,13 +276,14 @@ def test_conv_transpose(xshape, wshape, attrs, executor):
     build_and_compare(_conv_model("ConvTranspose", xshape, wshape, attrs), executor)
 
 
-@pytest.mark.parametrize("m,k,n", [(37, 512, 1000), (5, 4096, 200), (30, 2560, 200)])
+@pytest.mark.parametrize("m,k,n", [(37, 512, 1000), (5, 4096, 200), (30, 2560, 200), (600, 512, 300)])
 def test_gemm_whose_weights_outgrow_l2(m, k, n, executor):
     """B larger than the L2 chunk: every row block runs over one chunk of panels, then the
     next (whole chunks, a remainder, and a last partial panel). Past L2, B is prefetched a
     panel ahead (37x512x1000), or within a panel too big for that (30x2560x200), and the
     prefetches reach past B's end from the last panel; a GEMV-sized A (5 rows) prefetches
-    nothing."""
+    nothing, and nor does an A of more row blocks than PREFETCH_MAX_ROW_BLOCKS (600 rows),
+    whose later blocks find B in L2."""
     rng = np.random.default_rng(1)
     w = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32)
     graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
@@ -291,11 +292,15 @@ def test_gemm_whose_weights_outgrow_l2(m, k, n, executor):
                               [numpy_helper.from_array(w, "w")])
     result, _ = build_and_compare(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8),
                                   executor)
-    from modelkiln.codegen_worker.llvm_emit import kernel_to_llvm_ir
+    from modelkiln.codegen_worker.llvm_emit import PREFETCH_MAX_ROW_BLOCKS, kernel_to_llvm_ir
+    from modelkiln.ir.loop import Gemm
     from modelkiln.orchestrator.target import parse_target
     t = parse_target("llvm")
     [call] = result.lowered.calls
-    assert ("@llvm.prefetch" in kernel_to_llvm_ir(call.kernel, "k", t.triple, t.cpu, t.features)) == (m > 5)
+    [gemm] = [s for s in kernel_statements(call.kernel.body) if isinstance(s, Gemm)]
+    assert m // gemm.mr > PREFETCH_MAX_ROW_BLOCKS if m == 600 else m // gemm.mr <= PREFETCH_MAX_ROW_BLOCKS
+    prefetches = "@llvm.prefetch" in kernel_to_llvm_ir(call.kernel, "k", t.triple, t.cpu, t.features)
+    assert prefetches == (5 < m < 600)
 
 
 def test_a_7x7_depthwise_window_runs_in_passes(executor):
