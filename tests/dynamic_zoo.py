@@ -312,3 +312,30 @@ def cnn_dynamic_image():
     logits = g.op("Gemm", [pooled, g.weight((5, 12)), g.const(np.zeros(5, np.float32))], transB=1)
     return _model(g, [("images", TensorProto.FLOAT, ["batch", 3, "height", "width"])],
                   [_out(g, features, "features"), _out(g, logits, "logits")], opset=17, name="cnn_dynamic_image")
+
+
+def segmentation_dynamic(classes: int = 4):
+    """A segmentation net over images [batch, 3, height, width], as torchvision's FCN and a
+    UNet export them with dynamic axes: two stride-2 convs (odd sizes round up), a decoder
+    that upsamples by a 2x2 ConvTranspose cropped to the skip's size (Slice ends from its
+    Shape) and joined to it, a bilinear 2x Resize by scales, and the head's logits resized
+    back to the image's own height and width (bilinear, `sizes` from the images' Shape, as
+    F.interpolate(size=x.shape[-2:]) exports), beside a bicubic align-corners 2x of the
+    coarse map."""
+    g = GraphMaker(83)
+    skip = g.op("Relu", [g.conv("images", 3, 8, 3, stride=2)])
+    coarse = g.op("Relu", [g.conv(skip, 8, 16, 3, stride=2)])
+    up = g.op("ConvTranspose", [coarse, g.weight((16, 8, 2, 2)), g.const(np.zeros(8, np.float32))],
+              kernel_shape=[2, 2], strides=[2, 2])
+    up = g.op("Slice", [up, g.const(_i64(0, 0)), g.op("Slice", [g.op("Shape", [skip]), g.const(_i64(2)),
+                                                                 g.const(_i64(4))]), g.const(_i64(2, 3))])
+    x = g.op("Relu", [g.conv(g.op("Concat", [skip, up], axis=1), 16, 8, 3)])
+    x = g.op("Resize", [x, "", g.const(np.array([1, 1, 2, 2], np.float32))], mode="linear")
+    logits = g.conv(x, 8, classes, 1)
+    sizes = g.op("Concat", [g.op("Slice", [g.op("Shape", [logits]), g.const(_i64(0)), g.const(_i64(2))]),
+                            g.op("Slice", [g.op("Shape", ["images"]), g.const(_i64(2)), g.const(_i64(4))])], axis=0)
+    out = g.op("Resize", [logits, "", "", sizes], mode="linear", coordinate_transformation_mode="pytorch_half_pixel")
+    aux = g.op("Resize", [g.conv(coarse, 16, classes, 1), "", g.const(np.array([1, 1, 2, 2], np.float32))],
+               mode="cubic", coordinate_transformation_mode="align_corners")
+    return _model(g, [("images", TensorProto.FLOAT, ["batch", 3, "height", "width"])],
+                  [_out(g, out, "out"), _out(g, aux, "aux")], opset=17, name="segmentation_dynamic")

@@ -167,15 +167,16 @@ def test_a_fixed_dim_builds_static_and_a_named_one_symbolic(executor):
 
 
 def test_an_op_not_taught_symbols_is_refused_by_name(executor):
-    """A linear Resize of a run-time height would need its weights computed at run time: not
-    yet, and the error says which node and which shapes."""
+    """A Resize by a third of a run-time height has no exact size (float32's 1/3 times h is
+    not h // 3): refused, and the error says which node, which shapes and why."""
     resize = helper.make_node("Resize", ["x", "", "scales"], ["y"], mode="linear", name="resize")
     graph = helper.make_graph([resize], "g", [helper.make_tensor_value_info("x", F, [1, 3, "h", 8])],
                               [helper.make_tensor_value_info("y", F, None)],
-                              [numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "scales")])
+                              [numpy_helper.from_array(np.array([1, 1, 1 / 3, 2], np.float32), "scales")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     with pytest.raises(UnsupportedError, match=r"node 'resize' \(Resize\): Resize with symbolic dimensions is not "
-                                               r"supported yet \(x: float32\[1 x 3 x h x 8\].*linear Resize by 2.0.*"
+                                               r"supported yet \(x: float32\[1 x 3 x h x 8\].*Resize by 0.333.* of a "
+                                               r"run-time size \(whole scales, or fractions of a power of two\)\). "
                                                r"Fix those dims with --shape"):
         build(model, dims={"h": (1, 16)}, executor=executor, cache=None, progress=False)
 
@@ -378,6 +379,65 @@ def test_a_cnn_with_dynamic_batch_height_and_width(executor):
     for shape in [(1, 3, 6, 6), (1, 3, 47, 19)]:
         _assert_like_onnxruntime(one_image, model, {"images": np.random.default_rng(shape[3]).standard_normal(shape)
                                                     .astype(np.float32)})
+
+
+def test_a_segmentation_net_with_dynamic_height_and_width(executor):
+    """FCN- and UNet-style: a 2x2 ConvTranspose over run-time sizes, bilinear Resizes by
+    scales and to the image's own size (sizes from its Shape), a bicubic align-corners one:
+    their coordinates and weights computed by the kernel from the sizes it is given."""
+    model = dynamic_zoo.segmentation_dynamic()
+    module = build(model, dims={"batch": (1, 2), "height": (8, 64), "width": (8, 64)}, executor=executor,
+                   cache=None, progress=False).load()
+    for shape in [(1, 3, 8, 8), (2, 3, 17, 33), (1, 3, 64, 64), (1, 3, 31, 9)]:
+        _assert_like_onnxruntime(module, model, {"images": np.random.default_rng(shape[2]).standard_normal(shape)
+                                                 .astype(np.float32)})
+
+
+RUN_TIME_RESIZES = [  # (mode, coordinate_transformation_mode, scales of h and w, more attributes)
+    ("linear", "half_pixel", (2, 2), {}), ("linear", "align_corners", (2, 2), {}),
+    ("linear", "asymmetric", (1.5, 0.25), {}), ("linear", "half_pixel", (0.5, 0.5), {"antialias": 1}),
+    ("cubic", "pytorch_half_pixel", (2, 2), {}), ("cubic", "half_pixel_symmetric", (2, 0.5), {"exclude_outside": 1}),
+    ("cubic", "half_pixel", (0.5, 0.5), {"antialias": 1, "cubic_coeff_a": -0.5}),
+    ("nearest", "half_pixel", (1.5, 1.5), {"nearest_mode": "round_prefer_ceil"}),
+    ("nearest", "align_corners", (2, 2), {}), ("nearest", "asymmetric", (1.5, 2.5), {"nearest_mode": "ceil"}),
+]
+
+
+@pytest.mark.parametrize("mode,coords,scales,attrs", RUN_TIME_RESIZES)
+def test_a_resize_of_run_time_sizes_in_each_mode(mode, coords, scales, attrs, executor):
+    """Resize by constant scales of a run-time height and width: the output's sizes are
+    floor(size * scale), exact for whole scales and fractions of a power of two."""
+    resize = helper.make_node("Resize", ["x", "", "scales"], ["y"], mode=mode, coordinate_transformation_mode=coords,
+                              **attrs)
+    graph = helper.make_graph([resize], "g", [helper.make_tensor_value_info("x", F, [1, 3, "h", "w"])],
+                              [helper.make_tensor_value_info("y", F, None)],
+                              [numpy_helper.from_array(np.array([1, 1, *scales], np.float32), "scales")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)], ir_version=9)
+    module = build(model, dims={"h": (1, 40), "w": (4, 40)}, executor=executor, cache=None, progress=False).load()
+    for shape in [(1, 3, 4, 8), (1, 3, 2, 5), (1, 3, 40, 33), (1, 3, 7, 4)]:
+        _assert_like_onnxruntime(module, model, {"x": np.random.default_rng(shape[3]).standard_normal(shape)
+                                                 .astype(np.float32)})
+
+
+@pytest.mark.parametrize("wshape,attrs", [
+    ((8, 4, 2, 2), {"strides": [2, 2]}),
+    ((8, 3, 3, 3), {"strides": [2, 2], "pads": [1, 1, 1, 1], "output_padding": [1, 1]}),
+    ((8, 2, 3, 3), {"strides": [2, 1], "dilations": [1, 2], "pads": [0, 1, 2, 0], "group": 2}),
+])
+def test_a_conv_transpose_over_run_time_sizes(wshape, attrs, executor):
+    """ConvTranspose of a run-time batch, height and width: the GEMM over the input's pixels
+    into columns as large as the bounds, then each output point gathers its columns."""
+    rng = np.random.default_rng(5)
+    weights = [numpy_helper.from_array(rng.standard_normal(wshape).astype(np.float32), "w"),
+               numpy_helper.from_array(rng.standard_normal(wshape[1] * attrs.get("group", 1)).astype(np.float32), "b")]
+    graph = helper.make_graph([helper.make_node("ConvTranspose", ["x", "w", "b"], ["y"], **attrs)], "g",
+                              [helper.make_tensor_value_info("x", F, ["n", 8, "h", "w"])],
+                              [helper.make_tensor_value_info("y", F, None)], weights)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    module = build(model, dims={"n": (1, 2), "h": (1, 40), "w": (1, 40)}, executor=executor, cache=None,
+                   progress=False).load()
+    for shape in [(1, 8, 5, 7), (2, 8, 1, 1), (1, 8, 40, 33), (2, 8, 13, 2)]:
+        _assert_like_onnxruntime(module, model, {"x": rng.standard_normal(shape).astype(np.float32)})
 
 
 def test_a_yolo_style_detector_builds_with_dynamic_axes(executor):

@@ -80,6 +80,7 @@ class KernelBuilder:
     ordered_sums: bool = False
     reads_symbols: bool = False  # a run-time size is read: the kernel takes the SYMBOLS buffer
     members: tuple = ()  # the group's nodes, in order
+    setup: list = field(default_factory=list)  # statements run before the kernel's own (a reader's run-time tables)
     tuning: dict = field(default_factory=dict)  # knob -> value: a tuned schedule (ir/schedule.py); {} = the rules
     space: dict = field(default_factory=dict)  # knob -> (choices, default): what this kernel's code could vary
     _n: int = 0

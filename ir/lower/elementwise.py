@@ -8,8 +8,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..graph import Node
-from ..loop import (Cast, Const, Expr, For, Load, Store, Var, add, cmp, const, div, fbin, flat_index, mul, select, sub,
-                    unflatten)
+from ..loop import (Cast, Const, Expr, For, Load, Store, Var, add, call, cmp, const, div, fbin, flat_index, mul, select,
+                    sub, unflatten)
+from ..symbolic import greatest
 from .builder import KernelBuilder, broadcast_index
 
 
@@ -281,20 +282,148 @@ def _resize_axis(b: KernelBuilder, node: Node, ax: int):
                                bool(a.get("exclude_outside", 0)), a["scales"][ax], bool(a.get("antialias", 0)))
 
 
-def _nearest_by_whole_scales(x, node: Node, scales: list):
-    """A nearest Resize of run-time sizes by whole scales s: output i reads input i // s,
-    which is what ONNX's coordinates give for half-pixel modes with any rounding, and for
-    asymmetric ones rounding down (other modes are refused by name)."""
+def _by_whole_scales(node: Node, scales: list) -> bool:
+    """Is output i of this Resize input i // s on every axis (s a whole scale)? For a nearest
+    Resize, ONNX's coordinates give that in half-pixel modes with any rounding, and in
+    asymmetric ones rounding down."""
     coords = node.attrs.get("coordinate_transformation_mode", "half_pixel")
     rounding = node.attrs.get("nearest_mode", "round_prefer_floor")
-    if node.attrs.get("mode", "nearest") != "nearest" or not all(float(s).is_integer() for s in scales):
-        raise TypeError(f"a {node.attrs.get('mode', 'nearest')} Resize by {list(scales)} of run-time sizes "
-                        "(nearest by whole scales only)")
-    if coords not in ("half_pixel", "pytorch_half_pixel") and not (
-            coords in ("asymmetric", "tf_half_pixel_for_nearest") and rounding == "floor"):
-        raise TypeError(f"a nearest Resize of run-time sizes with {coords} coordinates rounding {rounding}")
-    whole = [int(s) for s in scales]
-    return lambda idx, passthrough=(): x([div(i, s) if s != 1 else i for i, s in zip(idx, whole)])
+    return (node.attrs.get("mode", "nearest") == "nearest" and all(s is not None and float(s).is_integer()
+                                                                   for s in scales)
+            and (coords in ("half_pixel", "pytorch_half_pixel")
+                 or coords in ("asymmetric", "tf_half_pixel_for_nearest") and rounding == "floor"))
+
+
+def _f64(size) -> Expr:
+    return Const(float(size), "f64") if isinstance(size, int) else Cast("f64", size)
+
+
+def _run_time_coords(node: Node, i, n_in, n_out, scale):
+    """resize_source_coords for output index i (an i64 expression) where the sizes are known
+    at run time only: the same float64 formulas, computed by the kernel. `scale` is the
+    constant one, or None where it is the ratio of the sizes (a Resize to `sizes`)."""
+    ctm = node.attrs.get("coordinate_transformation_mode", "half_pixel")
+    s = Const(float(scale), "f64") if scale is not None else fbin("div", _f64(n_out), _f64(n_in))
+    length = fbin("mul", s, _f64(n_in))  # (ONNX's unrounded output length)
+    x = Cast("f64", i)
+    half = fbin("sub", fbin("div", fbin("add", x, Const(0.5, "f64")), s), Const(0.5, "f64"))
+    one = cmp("eq", length, Const(1.0, "f64"))
+    if ctm == "align_corners":
+        return select(one, Const(0.0, "f64"), fbin("div", fbin("mul", x, fbin("sub", _f64(n_in), Const(1.0, "f64"))),
+                                                    fbin("sub", length, Const(1.0, "f64"))))
+    if ctm == "asymmetric":
+        return fbin("div", x, s)
+    if ctm == "tf_half_pixel_for_nearest":
+        return fbin("div", fbin("add", x, Const(0.5, "f64")), s)
+    if ctm == "pytorch_half_pixel":
+        return select(one, Const(-0.5, "f64"), half)
+    if ctm == "half_pixel_symmetric":
+        centre = fbin("mul", fbin("div", _f64(n_in), Const(2.0, "f64")),
+                      fbin("sub", Const(1.0, "f64"), fbin("div", _f64(n_out), length)))
+        return fbin("add", centre, half)
+    if ctm == "half_pixel":
+        return half
+    raise TypeError(f"a Resize of run-time sizes with {ctm} coordinates")
+
+
+def _keys_expr(d, a: float):
+    """_keys for one distance d (an f64 expression)."""
+    d = call("abs", d)
+    c = lambda v: Const(float(v), "f64")  # noqa: E731
+    near = fbin("add", fbin("mul", fbin("mul", fbin("sub", fbin("mul", c(a + 2), d), c(a + 3)), d), d), c(1))
+    far = fbin("sub", fbin("mul", fbin("add", fbin("mul", fbin("sub", fbin("mul", c(a), d), c(5 * a)), d), c(8 * a)),
+                            d), c(4 * a))
+    return select(cmp("le", d, c(1)), near, select(cmp("lt", d, c(2)), far, c(0)))
+
+
+def _run_time_taps(node: Node, i, n_in, n_out, scale) -> list:
+    """resize_taps (or the nearest index) of output index i along an axis whose sizes are
+    known at run time only: [(source index, weight or None)], computed by the kernel."""
+    a = node.attrs
+    mode = a.get("mode", "nearest")
+    coord = _run_time_coords(node, i, n_in, n_out, scale)
+    last = sub(n_in, 1)
+    if mode == "nearest":
+        rounding = a.get("nearest_mode", "round_prefer_floor")
+        half = Const(0.5, "f64")
+        rounded = {"floor": lambda: call("floor", coord), "ceil": lambda: call("ceil", coord),
+                   "round_prefer_floor": lambda: call("ceil", fbin("sub", coord, half)),
+                   "round_prefer_ceil": lambda: call("floor", fbin("add", coord, half))}[rounding]()
+        return [(iclamp(Cast("i64", rounded), 0, last), None)]
+    antialias = bool(a.get("antialias", 0))
+    if antialias and scale is None:
+        raise TypeError("an antialiased Resize to sizes known at run time (its taps depend on the scale)")
+    stretch = min(scale, 1.0) if antialias else 1.0
+    base = fbin("sub", call("ceil", coord), Const(1.0, "f64"))
+    t = fbin("sub", coord, base)
+    reach = 1 if mode == "linear" else 2
+    first = int(np.floor(-reach / stretch) + 1)
+    taps = []
+    for o in range(first, 2 - first):
+        d = fbin("mul", fbin("sub", Const(float(o), "f64"), t), Const(stretch, "f64"))
+        w = (fbin("max", fbin("sub", Const(1.0, "f64"), call("abs", d)), Const(0.0, "f64")) if mode == "linear"
+             else _keys_expr(d, a.get("cubic_coeff_a", -0.75)))
+        at = add(Cast("i64", base), o)
+        if a.get("exclude_outside", 0):
+            inside = and_(cmp("ge", at, Const(0)), cmp("le", at, last))
+            w = select(inside, w, Const(0.0, "f64"))
+        taps.append((at, w))
+    if antialias or a.get("exclude_outside", 0):
+        total = None
+        for _, w in taps:
+            total = w if total is None else fbin("add", total, w)
+        taps = [(at, fbin("div", w, total)) for at, w in taps]
+    return [(iclamp(at, 0, last), w) for at, w in taps]
+
+
+def _resize_at_run_time(b: KernelBuilder, node: Node, x, ishape, oshape):
+    """A Resize whose sizes are known at run time: per resized axis, tables of each output
+    position's source indices and weights, computed by the kernel before its loops (b.setup)
+    as large as the bounds allow, then read as the compile-time tables are; whole-scale
+    nearest axes read input i // s with no table."""
+    a = b.attrs(node)
+    if a.get("roi"):
+        raise TypeError("a tf_crop_and_resize Resize of run-time sizes")
+    scales = a["scales"]
+    if _by_whole_scales(node, scales):
+        whole = [int(s) for s in scales]
+        return lambda idx, passthrough=(): x([div(i, s) if s != 1 else i for i, s in zip(idx, whole)])
+    in_dims, out_dims = b.type(node.inputs[0]).shape, b.type(node.outputs[0]).shape
+    resized = [ax for ax in range(len(ishape)) if scales[ax] != 1 or in_dims[ax] != out_dims[ax]]
+    compute = b.compute(node.inputs[0])
+    wtype = "f64" if compute == "f64" else "f32"
+    tables = {}
+    for ax in resized:
+        i = b.fresh("i")
+        room = greatest(out_dims[ax])
+        columns, fills = [], []
+        for at, w in _run_time_taps(node, Var(i), ishape[ax], oshape[ax], scales[ax]):
+            at_buf = b.workspace(room, "i32")
+            w_buf = b.workspace(room, wtype) if w is not None else None
+            fills.append(Store(at_buf, Var(i), Cast("i32", at)))
+            if w is not None:
+                fills.append(Store(w_buf, Var(i), w if wtype == "f64" else Cast(wtype, w)))
+            columns.append((at_buf, w_buf))
+        b.setup.append(For(i, oshape[ax], tuple(fills), "vectorize"))
+        tables[ax] = columns
+
+    def read(idx, passthrough=()):
+        terms = [(list(idx), None)]
+        for ax in (ax for ax in resized if ax not in passthrough):
+            nxt = []
+            for src, w in terms:
+                for at, wt in tables[ax]:
+                    s2 = list(src)
+                    s2[ax] = Cast("i64", Load(at, idx[ax]))
+                    weight = None if wt is None else Load(wt, idx[ax])
+                    nxt.append((s2, weight if w is None or weight is None else fbin("mul", w, weight)))
+            terms = nxt
+        value = None
+        for src, w in terms:
+            term = x(src) if w is None else fbin("mul", x(src), w)
+            value = term if value is None else fbin("add", value, term)
+        return value
+    return read
 
 
 def resize_reader(b: KernelBuilder, node: Node):
@@ -308,8 +437,8 @@ def resize_reader(b: KernelBuilder, node: Node):
     a = b.attrs(node)
     mode = a.get("mode", "nearest")
     scales, roi, rank = a["scales"], a.get("roi"), len(ishape)
-    if any(isinstance(d, Expr) for d in ishape):
-        return _nearest_by_whole_scales(x, node, scales)
+    if any(isinstance(d, Expr) for d in list(ishape) + list(oshape)):
+        return _resize_at_run_time(b, node, x, ishape, oshape)
     wtype = np.float64 if b.compute(node.inputs[0]) == "f64" else np.float32
     resized = [ax for ax in range(rank) if ishape[ax] != oshape[ax] or scales[ax] != 1 or roi]
     tables, outside = {}, {}
@@ -368,7 +497,7 @@ def resize_by_phases(b: KernelBuilder, node: Node) -> tuple:
 
     def generic():
         return b.loops(oshape, lambda idx: [Store(param, flat_index(idx, oshape), reader(idx))], parallel=True)
-    if any(isinstance(d, Expr) for d in ishape):
+    if any(isinstance(d, Expr) for d in list(ishape) + list(oshape)):
         return generic()
     a = b.attrs(node)
     n_in, n_out = ishape[last], oshape[last]

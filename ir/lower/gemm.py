@@ -631,16 +631,23 @@ def conv_operands(b: KernelBuilder, node: Node) -> tuple:
 def lower_conv_transpose(b: KernelBuilder, node: Node, store) -> tuple:
     """GEMM then col2im: cols[(co, kpos)][pixel] = sum_ci W[ci][co, kpos] * X[ci][pixel], then
     each output point gathers the (at most kernel-size) columns whose window covers it. The
-    GEMM does the Cin-deep work at full speed; the gather is Cin times cheaper than direct."""
+    GEMM does the Cin-deep work at full speed; the gather is Cin times cheaper than direct.
+    Over input sizes known at run time only, the planes of cols (and of a copy of the input,
+    the GEMM's A, whose k steps are planes apart) are as large as the sizes' bounds allow."""
     x_name, w_name, xs, wsh, groups, kernel, strides, dil, pads = conv_operands(b, node)
     nsp = len(kernel)
     batch, cin, cog = b.dim(xs[0]), xs[1], wsh[1]
     cig = cin // groups
-    in_sp = list(xs[2:])
-    m = math.prod(in_sp)
+    in_sp = [b.dim(d) for d in xs[2:]]
+    at_run_time = any(isinstance(d, Expr) for d in in_sp)
+    m = Const(1)
+    for d in in_sp:
+        m = mul(m, d)
+    m = m.value if isinstance(m, Const) else m
+    plane = math.prod(greatest(d) for d in xs[2:])  # (m, or its bound: the planes' stride)
     kpos = math.prod(kernel)
     n = cog * kpos
-    oshape = b.type(node.outputs[0]).shape
+    oshape = b.shape(node.outputs[0])
     bias = b.reader(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] else None
     xparam = b.in_param(x_name)
     nr = b.tile(n)[1]
@@ -654,11 +661,20 @@ def lower_conv_transpose(b: KernelBuilder, node: Node, store) -> tuple:
         gp = b.fresh("wg")
         prologue = loop(gp, groups, _runtime_pack(b, b.in_param(w_name), mul(Var(gp), cig * n), cig, n, n, 1,
                                                   wparam, mul(Var(gp), panel_stride)))
-    cols = b.workspace(n * m)
+    cols = b.workspace(n * plane)
     bv, gv = b.fresh("b"), b.fresh("g")
-    gemm = gemm_stmt(b, xparam, mul(add(mul(Var(bv), cin), mul(Var(gv), cig)), m), 1, m, wparam,
-                 mul(Var(gv), panel_stride), m, n, cig, lambda mm, nn, acc: [Store(cols, add(mul(nn, m), mm), acc)],
-                 stores_along="m")
+    first_plane = mul(add(mul(Var(bv), cin), mul(Var(gv), cig)), m)
+    copy = ()
+    a_buf, a_off = xparam, first_plane
+    if at_run_time:
+        a_buf, a_off = b.workspace(cig * plane), Const(0)
+        ci, p = b.fresh("ci"), b.fresh("p")
+        copy = (For(ci, cig, (For(p, m, (Store(a_buf, add(mul(Var(ci), plane), Var(p)),
+                                               Load(xparam, add(add(first_plane, mul(Var(ci), m)), Var(p)))),),
+                                  "vectorize"),), parallel=True),)
+    gemm = gemm_stmt(b, a_buf, a_off, 1, plane, wparam, mul(Var(gv), panel_stride), m, n, cig,
+                     lambda mm, nn, acc: [Store(cols, add(mul(nn, plane), mm), acc)], stores_along="m",
+                     split="n" if at_run_time else "")
 
     def point(oidx):
         acc = b.fresh("acc")
@@ -672,11 +688,11 @@ def lower_conv_transpose(b: KernelBuilder, node: Node, store) -> tuple:
                 safe = fbin("max", num, Const(0))
                 q = div(safe, strides[i])
                 valid = fbin("and", cmp("ge", num, Const(0)),
-                             fbin("and", cmp("eq", rem(safe, strides[i]), Const(0)), cmp("lt", q, Const(in_sp[i]))))
+                             fbin("and", cmp("eq", rem(safe, strides[i]), Const(0)), cmp("lt", q, in_sp[i])))
                 ok = valid if ok is None else fbin("and", ok, valid)
-                src.append(fbin("min", q, Const(in_sp[i] - 1)))
+                src.append(fbin("min", q, sub(in_sp[i], 1)))
             col = add(mul(co, kpos), flat_index(list(kidx), kernel))
-            value = Load(cols, add(mul(col, m), flat_index(src, in_sp)))
+            value = Load(cols, add(mul(col, plane), flat_index(src, in_sp)))
             return [Assign(acc, fbin("add", Var(acc, "f32"), select(ok, value, Const(0.0, "f32"))))]
 
         body += b.loops(kernel, tap, inner_kind="unroll")
@@ -685,7 +701,7 @@ def lower_conv_transpose(b: KernelBuilder, node: Node, store) -> tuple:
         return body + list(store([Var(bv), oc] + list(oidx[1:]), value))
 
     col2im = b.loops([cog] + list(oshape[2:]), point, inner_kind="serial", parallel=True)
-    return prologue + loop(bv, batch, loop(gv, groups, (gemm,) + tuple(col2im)))
+    return prologue + loop(bv, batch, loop(gv, groups, copy + (gemm,) + tuple(col2im)))
 
 
 # ---- matmul and gemm ---------------------------------------------------------------------

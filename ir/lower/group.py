@@ -162,7 +162,7 @@ def lower_group(g: Graph, members: list[Node], config: ScheduleConfig, tuning: d
     except Exception as e:  # a lowering bug: name the group so it can be reported
         raise InternalError(f"Kiln bug: cannot lower the fused group {', '.join(m.describe() for m in members)}: "
                             f"{e!r}") from e
-    kernel = b.kernel(body)
+    kernel = b.kernel(tuple(b.setup) + tuple(body))
     unused = sorted(set(b.tuning) - set(b.space))
     if unused:
         raise ScheduleError(f"knob(s) {', '.join(unused)} do not apply to "

@@ -7,6 +7,7 @@ they lower to readers that map each output index to the input element it comes f
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
 import numpy as np
 
@@ -16,7 +17,7 @@ from ..graph import ShapeError, TensorType, UnsupportedError
 from ..loop import Const, add, mul
 from ..lower.elementwise import (bcast_reader, concat_by_slabs, concat_reader, gather_reader, pad_reader,
                                  resize_by_phases, resize_reader, split_readers, view_reader)
-from ..symbolic import at_most, greatest, is_symbolic, least, product, require_equal
+from ..symbolic import at_most, floor_div, greatest, is_symbolic, least, product, require_equal
 from ..value_symbols import clamp, define, eq, lt, runtime_values, select
 from .broadcast import broadcast
 from .registry import ELEMWISE, INJECTIVE, OpDef, one_output, register
@@ -342,6 +343,16 @@ def _pad(g, node, p):
     return TensorType(shape, x.dtype)
 
 
+def _scaled_size(n, scale: float):
+    """floor(n * scale) for a run-time size n: exact where the scale is a fraction whose
+    denominator is a power of two (2, 0.5, 1.5, 0.25: a float32 scale times any size is
+    then what the fraction gives), else refused (1/3 in float32 times n is not n // 3)."""
+    ratio = Fraction(scale)
+    if ratio.denominator & (ratio.denominator - 1) or ratio.denominator > 1 << 16 or ratio <= 0:
+        raise TypeError(f"a Resize by {scale} of a run-time size (whole scales, or fractions of a power of two)")
+    return floor_div(n * ratio.numerator, ratio.denominator)
+
+
 def _resize(g, node, p):
     x = g.types[node.inputs[0]]
     rank = len(x.shape)
@@ -359,7 +370,14 @@ def _resize(g, node, p):
     out_scale = [1.0] * rank
     shape = list(x.shape)
     policy = node.attrs.get("keep_aspect_ratio_policy", "stretch")
-    if sizes is not None and sizes.size and policy != "stretch":
+    if sizes is not None and sizes.size and any(is_symbolic(x.shape[a]) or is_symbolic(s)
+                                                for a, s in zip(axes, sizes.reshape(-1))):
+        if policy != "stretch":
+            raise TypeError(f"a Resize to sizes known at run time keeping the aspect ratio ({policy})")
+        for a, s in zip(axes, sizes.reshape(-1)):  # (each scale is the ratio of the sizes, at run time)
+            shape[a] = s if is_symbolic(s) else int(s)
+            out_scale[a] = None if is_symbolic(shape[a]) or is_symbolic(x.shape[a]) else shape[a] / x.shape[a]
+    elif sizes is not None and sizes.size and policy != "stretch":
         # One scale for every resized axis, the smallest or largest sizes asks for.
         ratios = [int(s) / x.shape[a] for a, s in zip(axes, sizes.reshape(-1))]
         scale = min(ratios) if policy == "not_larger" else max(ratios)
@@ -372,10 +390,7 @@ def _resize(g, node, p):
     elif scales is not None and scales.size:
         for a, s in zip(axes, scales.reshape(-1)):
             if is_symbolic(x.shape[a]) and float(s) != 1:
-                if not float(s).is_integer() or node.attrs.get("mode", "nearest") != "nearest":
-                    raise TypeError(f"a {node.attrs.get('mode', 'nearest')} Resize by {float(s)} of a run-time size "
-                                    "(nearest by whole scales only)")
-                shape[a] = x.shape[a] * int(s)
+                shape[a] = _scaled_size(x.shape[a], float(s))
             else:
                 shape[a] = x.shape[a] if float(s) == 1 else int(math.floor(x.shape[a] * float(s)))
             out_scale[a] = float(s)
