@@ -221,16 +221,28 @@ def symbols_of(shape) -> set:
 def floor_div(x, d: int):
     """floor(x / d) of a size x and an int d > 0: an int or a polynomial where the terms d
     divides are all that is symbolic; the rest, r, a derived symbol `(r)//d` (see
-    deriving_symbols), so (H - 1)//2 + 1, a strided conv's output height, is one symbol."""
+    deriving_symbols) whose constant term lies in [0, d), the whole multiples of d moved out.
+    A quotient of a quotient is one quotient: ((N)//a + k)//d = (N + k*a)//(a*d). So one size
+    has one spelling however it was reached: a stride-2 conv's output height (H - 1)//2 + 1
+    is (H + 1)//2, two 2x2 max pools' (((H - 2)//2 + 1) - 2)//2 + 1 is (H)//4, and sizes
+    that agree compare equal (a UNet's upsampled map padded back to its skip's size)."""
     if not isinstance(x, Dim):
         return int(x) // d
     terms, bounds = x._parts()
+    const = terms.get((), 0)
     whole = {m: c // d for m, c in terms.items() if m and c % d == 0}
     rest = {m: c for m, c in terms.items() if m and c % d}
-    out = Dim._make(whole, bounds)
+    out = Dim._make(whole, bounds) + const // d
     if not rest:
-        return out + terms.get((), 0) // d
-    rest[()] = terms.get((), 0)
+        return out
+    place = _DERIVED.get()
+    if len(rest) == 1 and place is not None:
+        (monomial, coef), = rest.items()
+        inner = place[1].get(monomial[0]) if len(monomial) == 1 and coef == 1 else None
+        if isinstance(inner, tuple):  # (a floor_div's; a value symbol's is no quotient)
+            numerator, a = inner
+            return out + floor_div(numerator + const % d * a, a * d)
+    rest[()] = const % d
     return out + _derived_symbol(Dim._make(rest, bounds), d)
 
 
@@ -257,35 +269,62 @@ def _derived_symbol(numerator: Dim, d: int) -> Dim:
     symbols, derived = place
     name = f"({numerator})//{d}"
     if name not in derived:
-        if numerator.least() < 0:  # (C's division truncates: a derived size is never negative)
+        # (C's division truncates: a derived size is never negative; where intervals alone
+        # cannot tell, at_most may: (h)//2 - 2*(h)//4, what a UNet pads by)
+        if numerator.least() < 0 and not at_most(0, numerator):
             raise TypeError(f"({numerator}) // {d} divides a size that may be negative")
-        symbols[name] = (numerator.least() // d, numerator.greatest() // d)
+        symbols[name] = (max(numerator.least(), 0) // d, numerator.greatest() // d)
         derived[name] = (numerator, d)
     return Dim.symbol(name, *symbols[name])
 
 
 def at_most(a, b) -> bool:
     """Whether a <= b at every value of the symbols in their bounds, as far as intervals tell,
-    after a derived symbol D = floor(N / d) in a linear term c*D is replaced by what bounds it
-    in the right direction: c*N/d above (c > 0), c*(N - d + 1)/d below, where d divides c
-    (2*((h - 1)//2) <= h - 1, the size a 2x upsample of a stride-2 map gives back)."""
+    after a derived symbol D = floor(X / k) in a linear term c*D, k dividing c, is replaced by
+    what bounds it in the right direction: c*X/k above (c > 0), c*(X - k + 1)/k below. X is
+    D's numerator (k its divisor), or a finer quotient of it ((h + 3)//4 is floor(((h + 1)//2
+    + 1) / 2)). So 2*((h - 1)//2) <= h - 1, the size a 2x upsample of a stride-2 map gives
+    back, 2*((h + 1)//4) <= (h + 1)//2 and (h + 1)//2 <= 2*((h + 3)//4)."""
     e = a - b
     place = _DERIVED.get()
     derived = place[1] if place else {}
-    for _ in range(len(derived) + 1):
+    for _ in range(2 * len(derived) + 1):
         if not isinstance(e, Dim):
             return e <= 0
         if e.greatest() <= 0:
             return True
         terms, _ = e._parts()
-        hit = next(((m[0], c) for m, c in terms.items() if len(m) == 1 and isinstance(derived.get(m[0]), tuple)
-                    and c % derived[m[0]][1] == 0), None)  # (a floor_div's; a value symbol's is no quotient)
+        hit = next(((m[0], c, x, k) for m, c in terms.items() if len(m) == 1
+                    for x, k in _quotient_of(derived, m[0], e) if c % k == 0), None)
         if hit is None:
             return False
-        name, c = hit
-        numerator, d = derived[name]
-        e = e - c * Dim.symbol(name, *_bounds_of(e, name)) + (c // d) * (numerator if c > 0 else numerator - d + 1)
+        name, c, x, k = hit
+        e = e - c * Dim.symbol(name, *_bounds_of(e, name)) + (c // k) * (x if c > 0 else x - k + 1)
     return False
+
+
+def _quotient_of(derived: dict, name: str, e: Dim) -> list:
+    """[(X, k)] with derived symbol `name` = floor(X / k): its own numerator and divisor, and
+    each finer quotient it is a quotient of: (N + j*a)//(a*b) = ((N)//a + j)//b (a value
+    symbol is no quotient: none)."""
+    inner = derived.get(name)
+    if not isinstance(inner, tuple):
+        return []
+    numerator, d = inner
+    out = [(numerator, d)]
+    for other, spec in derived.items():
+        if not isinstance(spec, tuple) or spec[1] >= d or d % spec[1]:
+            continue
+        shift = numerator - spec[0]
+        if not isinstance(shift, Dim) and shift % spec[1] == 0:
+            bounds = next(((lo, hi) for s, lo, hi in e.bounds if s == other), None)
+            out.append((Dim.symbol(other, *(bounds or _derived_bounds(spec))) + shift // spec[1], d // spec[1]))
+    return out
+
+
+def _derived_bounds(spec: tuple) -> tuple:
+    numerator, d = spec
+    return numerator.least() // d, numerator.greatest() // d
 
 
 def _bounds_of(d: Dim, name: str) -> tuple:

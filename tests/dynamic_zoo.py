@@ -339,3 +339,34 @@ def segmentation_dynamic(classes: int = 4):
                mode="cubic", coordinate_transformation_mode="align_corners")
     return _model(g, [("images", TensorProto.FLOAT, ["batch", 3, "height", "width"])],
                   [_out(g, out, "out"), _out(g, aux, "aux")], opset=17, name="segmentation_dynamic")
+
+
+def _pad_to(g: GraphMaker, x: str, like: str) -> str:
+    """milesial's UNet: x padded to `like`'s height and width, F.pad(x, [dx // 2, dx - dx // 2,
+    dy // 2, dy - dy // 2]) with dy, dx the differences of their Shapes, as TorchScript exports it."""
+    def diff(axis):
+        return g.op("Sub", [_size(g, like, axis), _size(g, x, axis)])
+    dy, dx = diff(2), diff(3)
+    two = g.const(_i64(2))
+    top, left = g.op("Div", [dy, two]), g.op("Div", [dx, two])
+    zeros = g.const(_i64(0, 0))
+    pads = g.op("Concat", [zeros, top, left, zeros, g.op("Sub", [dy, top]), g.op("Sub", [dx, left])], axis=0)
+    return g.op("Pad", [x, pads], mode="constant")
+
+
+def unet_dynamic(c: int = 8, classes: int = 3):
+    """A small UNet over images [batch, 3, height, width] of any size in its bounds: two 2x2
+    max pools down (odd sizes round down), 2x2 ConvTransposes up, each padded to its skip's
+    size by the difference of their Shapes (sizes the module computes) and joined to it."""
+    g = GraphMaker(89)
+    d1 = g.op("Relu", [g.conv("images", 3, c, 3)])
+    d2 = g.op("Relu", [g.conv(g.op("MaxPool", [d1], kernel_shape=[2, 2], strides=[2, 2]), c, 2 * c, 3)])
+    d3 = g.op("Relu", [g.conv(g.op("MaxPool", [d2], kernel_shape=[2, 2], strides=[2, 2]), 2 * c, 4 * c, 3)])
+    x = d3
+    for skip, cin, cout in ((d2, 4 * c, 2 * c), (d1, 2 * c, c)):
+        up = g.op("ConvTranspose", [x, g.weight((cin, cout, 2, 2)), g.const(np.zeros(cout, np.float32))],
+                  kernel_shape=[2, 2], strides=[2, 2])
+        joined = g.op("Concat", [skip, _pad_to(g, up, skip)], axis=1)
+        x = g.op("Relu", [g.conv(joined, 2 * cout, cout, 3)])
+    return _model(g, [("images", TensorProto.FLOAT, ["batch", 3, "height", "width"])],
+                  [_out(g, g.conv(x, c, classes, 1), "masks")], opset=17, name="unet_dynamic")

@@ -368,8 +368,8 @@ def test_a_cnn_with_dynamic_batch_height_and_width(executor):
     result = build(model, dims={"batch": (1, 3), "height": (6, 48), "width": (6, 48)}, executor=executor,
                    cache=None, progress=False)
     derived = json.loads(result.files["manifest.json"])["derived"]
-    assert derived[0] == {"name": "(height - 1)//2", "numerator": [[[], -1], [["height"], 1]], "divisor": 2,
-                          "least": 2, "greatest": 23}
+    assert derived[0] == {"name": "(height + 1)//2", "numerator": [[[], 1], [["height"], 1]], "divisor": 2,
+                          "least": 3, "greatest": 24}
     module = result.load()
     for shape in [(1, 3, 6, 6), (2, 3, 17, 33), (3, 3, 48, 48), (1, 3, 9, 47), (1, 3, 31, 7)]:
         _assert_like_onnxruntime(module, model, {"images": np.random.default_rng(shape[2]).standard_normal(shape)
@@ -390,6 +390,40 @@ def test_a_segmentation_net_with_dynamic_height_and_width(executor):
                    cache=None, progress=False).load()
     for shape in [(1, 3, 8, 8), (2, 3, 17, 33), (1, 3, 64, 64), (1, 3, 31, 9)]:
         _assert_like_onnxruntime(module, model, {"images": np.random.default_rng(shape[2]).standard_normal(shape)
+                                                 .astype(np.float32)})
+
+
+def test_a_unet_pads_its_upsampled_maps_to_their_skips_sizes(executor):
+    """milesial's UNet over run-time sizes: each 2x ConvTranspose is padded by the difference
+    of its skip's Shape and its own (Div, Sub, Concat into a Pad). Every size has one
+    spelling (two pools give (height)//4, not a quotient of a quotient), so the padded map
+    is the skip's size exactly: its Concat needs no run-time check, and the output is
+    [batch, 3, height, width]. Against onnxruntime at odd sizes too."""
+    model = dynamic_zoo.unet_dynamic()
+    result = build(model, dims={"batch": (1, 2), "height": (8, 64), "width": (8, 64)}, executor=executor,
+                   cache=None, progress=False)
+    assert [d["name"] for d in json.loads(result.files["manifest.json"])["derived"]] == \
+        ["(height)//2", "(width)//2", "(height)//4", "(width)//4"]
+    assert [str(d) for d in result.graph.types["masks"].shape] == ["batch", "3", "height", "width"]
+    assert not result.graph.checks
+    module = result.load()
+    for shape in [(1, 3, 8, 8), (2, 3, 17, 33), (1, 3, 64, 64), (1, 3, 31, 9), (1, 3, 13, 14)]:
+        _assert_like_onnxruntime(module, model, {"images": np.random.default_rng(shape[2]).standard_normal(shape)
+                                                 .astype(np.float32)})
+
+
+@pytest.mark.parametrize("mode", ["constant", "edge", "reflect"])
+def test_a_pad_of_run_time_sizes(mode, executor):
+    """Pad (constant pads) of a run-time height and width: the kernel's bounds checks, edge
+    clamps and reflections read the sizes it is given."""
+    pads = numpy_helper.from_array(np.array([0, 0, 2, 1, 0, 0, 1, 3], np.int64), "pads")
+    graph = helper.make_graph([helper.make_node("Pad", ["x", "pads"], ["y"], mode=mode)], "g",
+                              [helper.make_tensor_value_info("x", F, [1, 2, "h", "w"])],
+                              [helper.make_tensor_value_info("y", F, None)], [pads])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    module = build(model, dims={"h": (4, 20), "w": (4, 20)}, executor=executor, cache=None, progress=False).load()
+    for shape in [(1, 2, 4, 4), (1, 2, 9, 17), (1, 2, 20, 5)]:
+        _assert_like_onnxruntime(module, model, {"x": np.random.default_rng(shape[3]).standard_normal(shape)
                                                  .astype(np.float32)})
 
 

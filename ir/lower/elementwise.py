@@ -186,17 +186,17 @@ def pad_reader(b: KernelBuilder, node: Node):
             if before == 0 and pads[a + rank] == 0:  # (a pad read at run time is a Dim: never 0 here)
                 src.append(i)
                 continue
-            j = sub(i, as_index(b.dim(before)))
+            j, last = sub(i, as_index(b.dim(before))), sub(n, 1)  # (n: an int, or a run-time size)
             if mode == "edge":
-                src.append(iclamp(j, 0, n - 1))
+                src.append(iclamp(j, 0, last))
             elif mode == "reflect":
                 j = select(cmp("lt", j, Const(0)), sub(Const(0), j), j)
-                j = select(cmp("ge", j, Const(n)), sub(Const(2 * (n - 1)), j), j)
-                src.append(iclamp(j, 0, n - 1))
+                j = select(cmp("ge", j, n), sub(mul(2, last), j), j)
+                src.append(iclamp(j, 0, last))
             else:
-                ok = and_(cmp("ge", j, Const(0)), cmp("lt", j, Const(n)))
+                ok = and_(cmp("ge", j, Const(0)), cmp("lt", j, n))
                 inside = ok if inside is None else and_(inside, ok)
-                src.append(iclamp(j, 0, n - 1))
+                src.append(iclamp(j, 0, last))
         v = x(src)
         return v if inside is None else select(inside, v, value)
     return pad

@@ -17,6 +17,7 @@ from ..graph import Node, ShapeError, TensorType, UnsupportedError
 from ..loop import Call, Cast, Const, Expr, Var, call, cmp, fbin, fold_balanced, select, sub
 from ..lower.elementwise import and_, bcast_reader, clamp, f32
 from ..onnx_dtypes import onnx_to_dtype
+from ..symbolic import Dim, floor_div
 from .broadcast import broadcast
 from .reduce import REDUCE_MEAN
 from .shape import RESHAPE
@@ -240,6 +241,11 @@ def _div_fold(x, y, a):
 def _exact_quotient(x, y):
     if isinstance(x, int) and isinstance(y, int):
         return int(np.trunc(x / y))
+    if isinstance(x, Dim) and isinstance(y, int) and y > 0:
+        # A size divided by a positive int: ONNX truncates, which is floor for sizes, and
+        # floor_div is exact or a derived symbol (raising where x may be negative: the Div
+        # then runs at run time), as exporters compute a strided conv's output size.
+        return floor_div(x, y)
     return x // y  # (a Dim divides exactly, or raises: the Div then runs at run time)
 
 

@@ -336,9 +336,9 @@ def _pad(g, node, p):
         p["value"] = float(value.reshape(-1)[0]) if value is not None and value.size else \
             float(node.attrs.get("value", 0.0))
     shape = tuple(x.shape[i] + full[i] + full[i + rank] for i in range(rank))
-    if any(is_symbolic(d) for d in x.shape):
-        raise TypeError("a Pad of run-time sizes")  # (its pads may be read at run time, of a fixed shape)
-    if not any(is_symbolic(v) for v in full) and min(shape) < 0:
+    if any(is_symbolic(d) and least(d) < 0 for d in shape):
+        raise TypeError(f"a Pad whose output may have a negative size ({', '.join(map(str, shape))})")
+    if not any(is_symbolic(v) for v in full + list(x.shape)) and min(shape) < 0:
         raise ShapeError(f"{node.describe()}: pads {full} make a negative dimension of {x}")
     return TensorType(shape, x.dtype)
 
