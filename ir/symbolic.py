@@ -95,6 +95,8 @@ class Dim:
         SymbolError): what a Reshape's -1 asks of a size."""
         if isinstance(other, Dim) and other == self:
             return 1
+        if isinstance(other, Dim) and len(other.terms) > 1:  # (48*b*s + 48*b over 16*s + 16: 3*b)
+            return _long_division(self, other)
         if isinstance(other, Dim) and len(other.terms) == 1:
             (divisor, coef), = other.terms
         elif isinstance(other, int) and other:
@@ -169,6 +171,36 @@ class Dim:
 
     def to_json(self) -> list:
         return [[list(m), c] for m, c in self.terms]
+
+
+def _graded(monomial: tuple) -> tuple:
+    return len(monomial), monomial
+
+
+def _long_division(a: Dim, b: Dim):
+    """a / b where b divides a exactly (polynomials with integer coefficients), term by
+    term from the greatest monomial down (graded order); else a SymbolError."""
+    quotient, rest = 0, a
+    lead, lead_coef = max(b.terms, key=lambda t: _graded(t[0]))
+    for _ in range(len(a.terms) + 1):
+        if not isinstance(rest, Dim):
+            if rest == 0:
+                return quotient
+            break
+        top, coef = max(rest.terms, key=lambda t: _graded(t[0]))
+        left, divides = list(top), coef % lead_coef == 0
+        for name in lead:
+            if name in left:
+                left.remove(name)
+            else:
+                divides = False
+        if not divides:
+            break
+        term = coef // lead_coef
+        for name in left:
+            term = term * Dim.symbol(name, *_bounds_of(rest, name))
+        quotient, rest = quotient + term, rest - b * term
+    raise SymbolError(f"{a} // {b} is not a polynomial of the symbols")
 
 
 def _parts_of(x):

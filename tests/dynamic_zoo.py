@@ -370,3 +370,83 @@ def unet_dynamic(c: int = 8, classes: int = 3):
         x = g.op("Relu", [g.conv(joined, 2 * cout, cout, 3)])
     return _model(g, [("images", TensorProto.FLOAT, ["batch", 3, "height", "width"])],
                   [_out(g, g.conv(x, c, classes, 1), "masks")], opset=17, name="unet_dynamic")
+
+
+def squeezenet_dynamic(classes: int = 6):
+    """SqueezeNet 1.1's shape over images [batch, 3, height, width]: an unpadded stride-2
+    conv, 3x3 stride-2 max pools with ceil_mode (whose last window the bounds must show to
+    start inside the input), Fire modules (a squeeze 1x1, then 1x1 and 3x3 expands joined),
+    a 1x1 classifier conv and a global average."""
+    g = GraphMaker(97)
+
+    def fire(x, cin, squeeze, expand):
+        s = g.op("Relu", [g.conv(x, cin, squeeze, 1)])
+        return g.op("Concat", [g.op("Relu", [g.conv(s, squeeze, expand, 1)]),
+                               g.op("Relu", [g.conv(s, squeeze, expand, 3)])], axis=1)
+    x = g.op("Relu", [g.conv("images", 3, 16, 3, stride=2, pad=0)])
+    x = g.op("MaxPool", [x], kernel_shape=[3, 3], strides=[2, 2], ceil_mode=1)
+    x = fire(fire(x, 16, 8, 16), 32, 8, 16)
+    x = g.op("MaxPool", [x], kernel_shape=[3, 3], strides=[2, 2], ceil_mode=1)
+    x = g.op("Relu", [g.conv(fire(x, 32, 8, 24), 48, classes, 1)])
+    logits = g.op("Flatten", [g.op("GlobalAveragePool", [x])], axis=1)
+    return _model(g, [("images", TensorProto.FLOAT, ["batch", 3, "height", "width"])], [_out(g, logits, "logits")],
+                  opset=17, name="squeezenet_dynamic")
+
+
+def vit_dynamic(d: int = 32, heads: int = 2, patch: int = 4, classes: int = 5):
+    """A ViT over images [batch, 3, height, width] as torch exports one with dynamic axes:
+    patches flattened to (height//p)*(width//p) tokens, the class token expanded to the
+    batch through TorchScript's spelling of expand(batch, -1, -1) (a Where on an Equal of the
+    shape with -1, decided by the bounds), heads split by a Reshape with a -1 (the dynamo
+    exporter's allowzero=1 spelling) whose size is a whole multiple of tokens + 1, one
+    attention block and a head on the class token."""
+    g = GraphMaker(101)
+    p = g.conv("images", 3, d, patch, stride=patch, pad=0)
+    shape = g.op("Concat", [g.op("Slice", [g.op("Shape", [p]), g.const(_i64(0)), g.const(_i64(2))]),
+                            g.const(_i64(-1))], axis=0)
+    tokens = g.op("Transpose", [g.op("Reshape", [p, shape])], perm=[0, 2, 1])  # [batch, patches, d]
+    want = g.op("Concat", [_size(g, tokens, 0), g.const(_i64(-1, -1))], axis=0)
+    minus_one = g.const(_i64(-1, -1, -1))
+    expand_to = g.op("Where", [g.op("Equal", [want, minus_one]), g.const(_i64(1, 1, 1)), want])
+    cls = g.op("Expand", [g.weight((1, 1, d)), expand_to])
+    x = g.op("Concat", [cls, tokens], axis=1)  # [batch, patches + 1, d]
+    qkv = g.op("MatMul", [x, g.weight((d, 3 * d))])
+    q, k, v = g.op("Split", [qkv, g.const(_i64(d, d, d))], n_out=3, axis=2)
+
+    def split_heads(t):
+        shape = g.op("Concat", [_size(g, t, 0), g.const(_i64(-1, heads, d // heads))], axis=0)
+        return g.op("Transpose", [g.op("Reshape", [t, shape], allowzero=1)], perm=[0, 2, 1, 3])
+    q, k, v = split_heads(q), split_heads(k), split_heads(v)
+    scores = g.op("Mul", [g.op("MatMul", [q, g.op("Transpose", [k], perm=[0, 1, 3, 2])]),
+                          g.const(np.float32(1 / math.sqrt(d // heads)))])
+    attended = g.op("Transpose", [g.op("MatMul", [g.op("Softmax", [scores], axis=-1), v])], perm=[0, 2, 1, 3])
+    flat_shape = g.op("Concat", [g.const(_i64(-1)), _size(g, x, 1), g.const(_i64(d))], axis=0)
+    x = g.op("Add", [x, g.op("Reshape", [attended, flat_shape], allowzero=1)])
+    first = g.op("Gather", [x, g.const(np.array(0, np.int64))], axis=1)
+    logits = g.op("MatMul", [first, g.weight((d, classes))])
+    return _model(g, [("images", TensorProto.FLOAT, ["batch", 3, "height", "width"])], [_out(g, logits, "logits")],
+                  opset=17, name="vit_dynamic")
+
+
+def audio_dynamic(channels: int = 16, groups: int = 4):
+    """wav2vec2's feature encoder over waveforms [batch, samples]: strided Conv1ds, a
+    GroupNorm as TorchScript exports it (Reshape to [batch, groups, -1], InstanceNormalization,
+    Reshape back, scale and shift), GELU (Erf), and a grouped conv positional embedding whose
+    output is trimmed by one step (a Slice to -1), under a LayerNorm over channels last."""
+    g = GraphMaker(103)
+    x = g.op("Unsqueeze", ["wav", g.const(_i64(1))])
+    x = g.op("Conv", [x, g.weight((channels, 1, 10))], kernel_shape=[10], strides=[5])
+    grouped = g.op("Reshape", [x, g.const(_i64(0, groups, -1))])
+    normed = g.op("InstanceNormalization", [grouped, g.const(np.ones(groups, np.float32)),
+                                            g.const(np.zeros(groups, np.float32))], epsilon=1e-5)
+    x = g.op("Reshape", [normed, g.op("Shape", [x])])
+    x = g.op("Add", [g.op("Mul", [x, g.const((np.random.default_rng(1).random((channels, 1)) + 0.5)
+                                                .astype(np.float32))]), g.const(np.full((channels, 1), 0.1, np.float32))])
+    x = _gelu_erf(g, x)
+    x = _gelu_erf(g, g.op("Conv", [x, g.weight((channels, channels, 3))], kernel_shape=[3], strides=[2]))
+    pos = g.op("Conv", [x, g.weight((channels, channels // 4, 8))], kernel_shape=[8], pads=[4, 4], group=4)
+    pos = g.op("Slice", [pos, g.const(_i64(0)), g.const(_i64(-1)), g.const(_i64(2))])
+    x = g.op("Transpose", [g.op("Add", [x, _gelu_erf(g, pos)])], perm=[0, 2, 1])
+    out = _layernorm(g, x, channels)
+    return _model(g, [("wav", TensorProto.FLOAT, ["batch", "samples"])], [_out(g, out, "features")],
+                  opset=17, name="audio_dynamic")

@@ -427,6 +427,62 @@ def test_a_pad_of_run_time_sizes(mode, executor):
                                                  .astype(np.float32)})
 
 
+@pytest.mark.parametrize("name,dims,shapes", [
+    # ceil_mode pools whose last window the bounds show to start inside the input
+    ("squeezenet_dynamic", {"batch": (1, 2), "height": (24, 80), "width": (24, 80)},
+     [(1, 3, 24, 24), (2, 3, 37, 51), (1, 3, 80, 80)]),
+    # expand(batch, -1, -1) through Where(Equal(shape, -1)); allowzero Reshapes whose -1 is a
+    # whole multiple of (height//4)*(width//4) + 1 tokens
+    ("vit_dynamic", {"batch": (1, 3), "height": (8, 40), "width": (8, 40)},
+     [(1, 3, 8, 8), (3, 3, 21, 37), (2, 3, 40, 40)]),
+    # GroupNorm as Reshape, InstanceNormalization over a run-time length, Reshape back
+    ("audio_dynamic", {"batch": (1, 2), "samples": (400, 4000)}, [(1, 400), (2, 1601), (1, 4000)]),
+])
+def test_nets_in_the_spellings_torch_exports_with_dynamic_axes(name, dims, shapes, executor):
+    """What torch 2.14's exporters wrote for SqueezeNet, a ViT and wav2vec2's feature encoder
+    exported with dynamic axes (each of these failed to build before), built once and run at
+    several sizes against onnxruntime."""
+    model = getattr(dynamic_zoo, name)()
+    module = build(model, dims=dims, executor=executor, cache=None, progress=False).load()
+    feed = model.graph.input[0].name
+    for shape in shapes:
+        _assert_like_onnxruntime(module, model, {feed: np.random.default_rng(shape[-1]).standard_normal(shape)
+                                                 .astype(np.float32)})
+
+
+@pytest.mark.parametrize("cell,attrs,state", [
+    ("LSTM", {"direction": "bidirectional"}, True),
+    ("GRU", {"direction": "bidirectional", "linear_before_reset": 1}, False),
+    ("GRU", {}, True),
+    ("RNN", {"direction": "reverse"}, False),
+])
+def test_a_recurrent_net_over_a_run_time_batch_and_length(cell, attrs, state, executor):
+    """LSTM, GRU and RNN with both the batch and the sequence length symbolic: the input
+    projection is one GEMM over their product's rows, the time loop runs the run-time steps
+    over the run-time rows, its state planned at the batch's bound."""
+    gates, hidden, width = {"LSTM": 4, "GRU": 3, "RNN": 1}[cell], 8, 5
+    dirs = 2 if attrs.get("direction") == "bidirectional" else 1
+    rng = np.random.default_rng(7)
+    weights = [numpy_helper.from_array((rng.standard_normal(s) * 0.3).astype(np.float32), n) for n, s in
+               (("W", (dirs, gates * hidden, width)), ("R", (dirs, gates * hidden, hidden)), ("B", (dirs, 2 * gates * hidden)))]
+    inputs = [helper.make_tensor_value_info("x", F, ["seq", "batch", width])]
+    names = ["x", "W", "R", "B", "", ""]
+    if state:
+        inputs.append(helper.make_tensor_value_info("h0", F, [dirs, "batch", hidden]))
+        names[5] = "h0"
+    node = helper.make_node(cell, names, ["y", "y_h"], hidden_size=hidden, **attrs)
+    graph = helper.make_graph([node], "g", inputs, [helper.make_tensor_value_info(o, F, None) for o in ("y", "y_h")],
+                              weights)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)], ir_version=8)
+    module = build(model, dims={"batch": (1, 4), "seq": (1, 40)}, executor=executor, cache=None,
+                   progress=False).load()
+    for seq, batch in [(1, 1), (7, 2), (40, 4), (13, 3)]:
+        feeds = {"x": rng.standard_normal([seq, batch, width]).astype(np.float32)}
+        if state:
+            feeds["h0"] = rng.standard_normal([dirs, batch, hidden]).astype(np.float32)
+        _assert_like_onnxruntime(module, model, feeds)
+
+
 RUN_TIME_RESIZES = [  # (mode, coordinate_transformation_mode, scales of h and w, more attributes)
     ("linear", "half_pixel", (2, 2), {}), ("linear", "align_corners", (2, 2), {}),
     ("linear", "asymmetric", (1.5, 0.25), {}), ("linear", "half_pixel", (0.5, 0.5), {"antialias": 1}),

@@ -73,3 +73,27 @@ def test_at_most_proves_what_holds_and_nothing_else(make, proven):
     holds = all(_value(a, v) <= _value(b, v) for v in _values(derived, [a, b, H]))
     assert holds or not proven  # (never proven where a value breaks it)
     assert holds == proven  # (and these cases hold exactly where they are proven)
+
+
+def test_a_size_divides_by_a_polynomial_it_is_a_multiple_of():
+    """A Reshape's -1 beside tokens = a*b + 1 (a ViT's patches and class token): the division
+    is exact, term by term; where it is not, a SymbolError (the Reshape then runs at run time
+    or is refused)."""
+    from modelkiln.ir.symbolic import SymbolError
+    a, b, n = Dim.symbol("a", 1, 9), Dim.symbol("b", 1, 9), Dim.symbol("n", 1, 4)
+    assert (48 * a * b * n + 48 * n) // (16 * a * b + 16) == 3 * n
+    assert ((a + 1) * (b + 2) * n) // (a + 1) == b * n + 2 * n
+    for bad in [(48 * a * b + 47, 16 * a * b + 16), (a * a + 1, a + 1)]:
+        with pytest.raises(SymbolError):
+            bad[0] // bad[1]
+
+
+@pytest.mark.parametrize("op,a,b,want", [
+    ("Equal", H, -1, False), ("Equal", H + 1, 0, False), ("Equal", H, 5, None),
+    ("Less", -1, H, True), ("GreaterOrEqual", H, 1, True), ("Greater", H, 70, False), ("LessOrEqual", H, 35, None),
+])
+def test_sizes_are_compared_where_their_bounds_decide(op, a, b, want):
+    """An exporter's Equal(shape, -1) (TorchScript's expand(batch, -1, -1)) is False for any
+    size; a comparison the bounds do not decide is left to run time (None)."""
+    from modelkiln.ir.ops.inference import _decide
+    assert _decide(op, a, b) == want

@@ -18,13 +18,26 @@ row from its own last step.
 """
 from __future__ import annotations
 
+import math
+
 from ..graph import Node
 from ..loop import Assign, Cast, Const, For, If, Let, Load, Local, Store, Var, add, call, cmp, fbin, mul, select, sub
+from ..symbolic import greatest
 from .builder import KernelBuilder
 
 
 def _f(v):
     return Const(float(v), "f32")
+
+
+def _times(*sizes):
+    """A product of sizes: an int where all are, else the kernel's expression of it."""
+    if all(isinstance(x, int) for x in sizes):
+        return math.prod(sizes)
+    out = Const(1)
+    for x in sizes:
+        out = mul(out, x)
+    return out
 
 
 UNROLL = 4  # rows of R^T per pass of the recurrent product
@@ -33,7 +46,10 @@ UNROLL = 4  # rows of R^T per pass of the recurrent product
 def lower_recurrence(b: KernelBuilder, node: Node, activation) -> tuple:
     """activation(name, x, alpha, beta): the expression of one of the node's activations."""
     a = node.attrs
-    cell, hidden, seq, batch = a["kind"], a["hidden"], a["seq"], a["batch"]  # kind: lstm, gru or rnn
+    cell, hidden = a["kind"], a["hidden"]  # kind: lstm, gru or rnn
+    # seq and batch as the kernel computes them (ints, or run-time sizes); workspaces hold the
+    # most rows the bounds allow
+    seq, batch, rows = b.dim(a["seq"]), b.dim(a["batch"]), greatest(a["batch"])
     dirs = len(a["reverse"])
     gh = a["gates"] * hidden
     n_act = len(a["activations"]) // dirs
@@ -45,16 +61,16 @@ def lower_recurrence(b: KernelBuilder, node: Node, activation) -> tuple:
     outs = [b.out_param(o) if o else None for o in node.outputs]
     y_out, h_out = outs[0], outs[1] if len(outs) > 1 else None
     c_out = outs[2] if len(outs) > 2 else None
-    h_ws = b.workspace(dirs * batch * hidden)
-    c_ws = b.workspace(dirs * batch * hidden) if cell == "lstm" else None
+    h_ws = b.workspace(dirs * rows * hidden)
+    c_ws = b.workspace(dirs * rows * hidden) if cell == "lstm" else None
     # Scratch of one direction's step: each direction has its own, so both run at once.
-    accs = [b.workspace(batch * gh) for _ in range(dirs)]
-    rhs = [b.workspace(batch * hidden) if cell == "gru" and not a["linear_before_reset"] else None
+    accs = [b.workspace(rows * gh) for _ in range(dirs)]
+    rhs = [b.workspace(rows * hidden) if cell == "gru" and not a["linear_before_reset"] else None
            for _ in range(dirs)]
     quantized = a.get("quantized", False)
     if quantized:  # per direction: h_prev quantized, and the int32 sums
         r_scale = b.in_param(node.inputs[7])
-        q_scratch = [(b.workspace(batch * hidden, "i32"), b.workspace(batch * gh, "i32")) for _ in range(dirs)]
+        q_scratch = [(b.workspace(rows * hidden, "i32"), b.workspace(rows * gh, "i32")) for _ in range(dirs)]
     clip = a["clip"]
 
     def clipped(x):
@@ -68,10 +84,10 @@ def lower_recurrence(b: KernelBuilder, node: Node, activation) -> tuple:
     # Initial state; Y starts at zero where sequence_lens leaves steps out.
     for ws, src in ((h_ws, init[0]), (c_ws, init[1])):
         if ws is not None:
-            body.append(loop(dirs * batch * hidden, lambda i, ws=ws, src=src: [
+            body.append(loop(_times(dirs * hidden, batch), lambda i, ws=ws, src=src: [
                 Store(ws, i, Load(src, i) if src else _f(0))], "vectorize"))
     if lens is not None and y_out is not None:
-        body.append(loop(seq * dirs * batch * hidden, lambda i: [Store(y_out, i, _f(0))], "vectorize"))
+        body.append(loop(_times(seq, batch, dirs * hidden), lambda i: [Store(y_out, i, _f(0))], "vectorize"))
 
     time_loops = []
     for d in range(dirs):
@@ -83,7 +99,7 @@ def lower_recurrence(b: KernelBuilder, node: Node, activation) -> tuple:
         state = lambda bb, j, d=d: add(mul(add(mul(Const(d), batch), bb), hidden), j)  # noqa: E731
 
         def length(bb):
-            return Cast("i64", Load(lens, bb)) if lens is not None else Const(seq)
+            return Cast("i64", Load(lens, bb)) if lens is not None else Const(seq) if isinstance(seq, int) else seq
 
         def time_of(s, bb, reverse=reverse):
             if not reverse:
@@ -143,7 +159,7 @@ def lower_recurrence(b: KernelBuilder, node: Node, activation) -> tuple:
 
     for ws, out in ((h_ws, h_out), (c_ws, c_out)):
         if ws is not None and out is not None:
-            body.append(loop(dirs * batch * hidden, lambda i, ws=ws, out=out: [Store(out, i, Load(ws, i))],
+            body.append(loop(_times(dirs * hidden, batch), lambda i, ws=ws, out=out: [Store(out, i, Load(ws, i))],
                              "vectorize"))
     return tuple(body)
 
@@ -207,7 +223,7 @@ def _quantized_recurrent_product(b, loop, rt, r_scale, d, hidden, gh, batch, acc
         Let(zero, call("round", fbin("min", fbin("max", fbin("sub", _f(0), fbin("div", Var(lo, "f32"),
                                                                                 Var(scale, "f32"))), _f(0)), _f(255)))),
         loop(batch, lambda bb: [loop(hidden, lambda k: quantize(bb, k), "vectorize")]),
-        loop(batch * gh, lambda i: [Store(sums, i, Const(0, "i32"))], "vectorize"),
+        loop(_times(batch, gh), lambda i: [Store(sums, i, Const(0, "i32"))], "vectorize"),
         *_recurrent_product(loop, rt, d, hidden, gh, batch, sums, q_h, lambda bb, k: add(mul(bb, hidden), k), 0, gh),
         loop(batch, lambda bb: [loop(gh, lambda j: scaled(bb, j), "vectorize")]),
     ]

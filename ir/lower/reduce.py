@@ -198,6 +198,7 @@ def lower_normalize(b: KernelBuilder, node: Node, store, shape, axes, x_at, out_
     rank = len(shape)
     outer_axes = [a for a in range(rank) if a not in axes]
     n = math.prod(shape[a] for a in axes)
+    count = Cast(t, n) if isinstance(n, Expr) else _f(n)  # (a count known at run time: the sizes')
 
     def row(oidx):
         s, mean, v, rstd = b.fresh("s"), b.fresh("mean"), b.fresh("var"), b.fresh("rstd")
@@ -213,7 +214,7 @@ def lower_normalize(b: KernelBuilder, node: Node, store, shape, axes, x_at, out_
             body.append(Local(s, t, _f(0)))
             body += _accumulate(b, shape, axes, lambda iidx: [
                 Assign(s, fbin("add", Var(s, t), fbin("sub", x_at(full(iidx)), Var(first, t))))])
-            body.append(Let(mean, fbin("add", Var(first, t), fbin("div", Var(s, t), _f(n)))))
+            body.append(Let(mean, fbin("add", Var(first, t), fbin("div", Var(s, t), count))))
         centered = (lambda f: fbin("sub", x_at(f), Var(mean, t))) if center else x_at
         body.append(Local(v, t, _f(0)))
 
@@ -221,7 +222,7 @@ def lower_normalize(b: KernelBuilder, node: Node, store, shape, axes, x_at, out_
             d = centered(full(iidx))
             return [Assign(v, fbin("add", Var(v, t), fbin("mul", d, d)))]
         body += _accumulate(b, shape, axes, sq)
-        var = fbin("div", Var(v, t), _f(n))
+        var = fbin("div", Var(v, t), count)
         std = fbin("add", call("sqrt", var), _f(eps)) if eps_after_sqrt else call("sqrt", fbin("add", var, _f(eps)))
         body.append(Let(rstd, fbin("div", _f(1), std)))
         for stat, var in zip(stats, (mean, rstd)):

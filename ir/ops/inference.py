@@ -12,7 +12,7 @@ import numpy as np
 from ..attrs import NotConstant
 from ..dtypes import DTYPES, is_float, numpy_dtype
 from ..graph import Graph, KilnError, Node, UnsupportedError, as_kiln_array
-from ..symbolic import Dim, SymbolError, collecting_checks, deriving_symbols, greatest
+from ..symbolic import Dim, SymbolError, at_most, collecting_checks, deriving_symbols, greatest
 from ..validate import check_tensor_size
 from ..value_symbols import bind_fed_values
 from .compile_time import SYMBOLIC_VALUE, symbolic_value_node, symbolic_values_of
@@ -115,15 +115,37 @@ def _fold_symbolic(g: Graph, node: Node, definition, types: list) -> list | None
     reads = any(i in g.symbolic_values for i in ins) and all(i in g.constants or i in g.symbolic_values for i in ins)
     if definition.evaluate is None or not (of_shape or reads):
         return None
+    values = [g.symbolic_values.get(i, g.constants.get(i)) if i else None for i in node.inputs]
+    if node.op in _COMPARISONS and reads and all(t.is_static and t.size <= MAX_SYMBOLIC_ELEMENTS for t in types):
+        decided = np.vectorize(lambda a, b: _decide(node.op, a, b), otypes=[object])(*values)
+        return None if any(v is None for v in decided.reshape(-1)) else [decided.astype(bool)]
     if not all(t.is_static and t.size <= MAX_SYMBOLIC_ELEMENTS and t.dtype != "bool" for t in types):
         return None  # (whether a size equals 0 is a run-time question: comparisons run then)
-    values = [g.symbolic_values.get(i, g.constants.get(i)) if i else None for i in node.inputs]
     try:
         with np.errstate(all="ignore"):
             out = definition.evaluate({**node.attrs, **g.params.get(node.key, {})}, values, g, node)
     except (TypeError, SymbolError, ValueError, ArithmeticError, AttributeError):
         return None
     return [np.asarray(v, dtype=object if _has_dims(v) else None) for v in out]
+
+
+# Comparisons of sizes, by what a - b is: True, False, or None where only the run time knows.
+_COMPARISONS = {
+    "Equal": lambda d: False if at_most(1, d) or at_most(d, -1) else None,
+    "Less": lambda d: True if at_most(d, -1) else False if at_most(0, d) else None,
+    "LessOrEqual": lambda d: True if at_most(d, 0) else False if at_most(1, d) else None,
+    "Greater": lambda d: True if at_most(1, d) else False if at_most(d, 0) else None,
+    "GreaterOrEqual": lambda d: True if at_most(0, d) else False if at_most(d, -1) else None,
+}
+
+
+def _decide(op: str, a, b):
+    """op of two sizes (ints or Dims) where their bounds decide it (a size compared with -1,
+    as exporters test an Expand's shape): a bool, else None."""
+    d = (a if isinstance(a, Dim) else int(a)) - (b if isinstance(b, Dim) else int(b))
+    if not isinstance(d, Dim):
+        return {"Equal": d == 0, "Less": d < 0, "LessOrEqual": d <= 0, "Greater": d > 0, "GreaterOrEqual": d >= 0}[op]
+    return _COMPARISONS[op](d)
 
 
 def _record_symbolic(g: Graph, node: Node, values: list) -> list[Node]:

@@ -145,7 +145,7 @@ def expand_recurrent(g, node: Node) -> list[Node]:
         rec_bias = np.ascontiguousarray(rb[:, 2 * hidden:])
 
     body = NodeBuilder(g, node)
-    flat = body.reshaped(steps_by_rows(body, node, geo), [geo["seq"] * geo["batch"], width])
+    flat = body.reshaped(steps_by_rows(body, node, geo), [-1, width])  # (seq * batch rows, run-time sizes too)
     w_all = np.ascontiguousarray(np.concatenate([w[d].T for d in range(dirs)], axis=1))
     xw = body.add(ADD, [body.add(MATMUL, [flat, body.const(w_all)]), body.const(proj_bias.reshape(-1))])
     rt = np.ascontiguousarray(r.transpose(0, 2, 1))

@@ -9,7 +9,7 @@ from ..attrs import attr_or_input, normalize_axis
 from ..loop import add, fbin, mul
 from ..dtypes import is_float
 from ..graph import ShapeError, TensorType, UnsupportedError
-from ..symbolic import floor_div, least
+from ..symbolic import at_most, floor_div, is_symbolic, least
 from ..lower.pool import lower_pool
 from ..lower.reduce import (lower_hardmax, lower_layernorm, lower_lp_normalize, lower_normalize,
                             lower_reduce, lower_softmax)
@@ -94,8 +94,17 @@ def _pool(g, node, p):
     for i in range(n):
         span = spatial[i] + pads[i] + pads[i + n] - ((kernel[i] - 1) * dil[i] + 1)
         o = floor_div(span + (strides[i] - 1 if ceil_mode else 0), strides[i]) + 1
-        if ceil_mode and (o - 1) * strides[i] >= spatial[i] + pads[i]:  # (symbolic: refused by name)
-            o -= 1  # the last window must start inside the input or its left padding
+        # The last window must start inside the input or its left padding. Over run-time
+        # sizes the bounds decide it (SqueezeNet's 3x3 stride-2 pools) or the pool is refused.
+        last, limit = (o - 1) * strides[i], spatial[i] + pads[i]
+        if ceil_mode and (is_symbolic(last) or is_symbolic(limit)):
+            if not at_most(last, limit - 1):
+                if not at_most(limit, last):
+                    raise TypeError(f"whether the last window along axis {i + 2} starts at {last}, inside the input "
+                                    f"and its padding ({limit}), is known only at run time")
+                o -= 1
+        elif ceil_mode and last >= limit:
+            o -= 1
         out.append(o)
     if min(least(o) for o in out) <= 0:
         raise ShapeError(f"{node.describe()}: window {kernel} does not fit input {x}")

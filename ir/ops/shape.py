@@ -60,13 +60,14 @@ def _sizes(value) -> list:
 def _reshape_symbolic(node, x: TensorType, target: list) -> TensorType:
     """Reshape where sizes are symbolic: 0 copies the input's dim, -1 is what the others leave
     (an exact division of the polynomials), and the sizes must multiply to the same polynomial."""
-    if node.attrs.get("allowzero", 0):
-        raise TypeError("allowzero with symbolic sizes")
-    out = [x.shape[i] if isinstance(d, int) and d == 0 else d for i, d in enumerate(target)]
+    copies = not node.attrs.get("allowzero", 0)  # (with allowzero a 0 is a size of 0, as in a static shape)
+    out = [x.shape[i] if copies and isinstance(d, int) and d == 0 else d for i, d in enumerate(target)]
     if sum(1 for d in out if isinstance(d, int) and d == -1) > 1:
         raise ShapeError(f"{node.describe()}: more than one -1 in shape {target}")
     known = product([d for d in out if not (isinstance(d, int) and d == -1)])
     if any(isinstance(d, int) and d == -1 for d in out):
+        if isinstance(known, int) and known == 0:
+            raise ShapeError(f"{node.describe()}: a -1 beside a size of 0 in shape {target}")
         out = [x.size // known if isinstance(d, int) and d == -1 else d for d in out]  # (SymbolError if inexact)
     if product(out) != x.size:
         raise ShapeError(f"{node.describe()}: cannot reshape {x} to [{', '.join(map(str, target))}]")
