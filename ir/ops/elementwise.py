@@ -223,7 +223,12 @@ def _variadic_infer(g, node, p):
     return TensorType(broadcast([t.shape for t in types], node), types[0].dtype)
 
 
+COMPARISONS = {}  # op name -> its relation ("eq", "lt", "gt", "ge", "le"): sizes compared at build time
+
+
 def _compare(name, op, fold):
+    COMPARISONS[name] = op
+
     def reader(b, node):
         rs = _readers(b, node)
         return {node.outputs[0]: lambda idx: cmp(op, rs[0](idx), rs[1](idx))}

@@ -16,6 +16,7 @@ from ..symbolic import Dim, SymbolError, at_most, collecting_checks, deriving_sy
 from ..validate import check_tensor_size
 from ..value_symbols import bind_fed_values
 from .compile_time import SYMBOLIC_VALUE, symbolic_value_node, symbolic_values_of
+from .elementwise import COMPARISONS
 from .registry import op_def
 
 # Do not materialize folded tensors larger than this (e.g. an Expand of a constant).
@@ -116,7 +117,7 @@ def _fold_symbolic(g: Graph, node: Node, definition, types: list) -> list | None
     if definition.evaluate is None or not (of_shape or reads):
         return None
     values = [g.symbolic_values.get(i, g.constants.get(i)) if i else None for i in node.inputs]
-    if node.op in _COMPARISONS and reads and all(t.is_static and t.size <= MAX_SYMBOLIC_ELEMENTS for t in types):
+    if node.op in COMPARISONS and reads and all(t.is_static and t.size <= MAX_SYMBOLIC_ELEMENTS for t in types):
         decided = np.vectorize(lambda a, b: _decide(node.op, a, b), otypes=[object])(*values)
         return None if any(v is None for v in decided.reshape(-1)) else [decided.astype(bool)]
     if not all(t.is_static and t.size <= MAX_SYMBOLIC_ELEMENTS and t.dtype != "bool" for t in types):
@@ -129,23 +130,24 @@ def _fold_symbolic(g: Graph, node: Node, definition, types: list) -> list | None
     return [np.asarray(v, dtype=object if _has_dims(v) else None) for v in out]
 
 
-# Comparisons of sizes, by what a - b is: True, False, or None where only the run time knows.
-_COMPARISONS = {
-    "Equal": lambda d: False if at_most(1, d) or at_most(d, -1) else None,
-    "Less": lambda d: True if at_most(d, -1) else False if at_most(0, d) else None,
-    "LessOrEqual": lambda d: True if at_most(d, 0) else False if at_most(1, d) else None,
-    "Greater": lambda d: True if at_most(1, d) else False if at_most(d, 0) else None,
-    "GreaterOrEqual": lambda d: True if at_most(0, d) else False if at_most(d, -1) else None,
+# Relations of two sizes, by what a - b is: True, False, or None where only the run time knows.
+_RELATIONS = {
+    "eq": lambda d: False if at_most(1, d) or at_most(d, -1) else None,
+    "lt": lambda d: True if at_most(d, -1) else False if at_most(0, d) else None,
+    "le": lambda d: True if at_most(d, 0) else False if at_most(1, d) else None,
+    "gt": lambda d: True if at_most(1, d) else False if at_most(d, 0) else None,
+    "ge": lambda d: True if at_most(0, d) else False if at_most(d, -1) else None,
 }
+_EXACT = {"eq": lambda d: d == 0, "lt": lambda d: d < 0, "le": lambda d: d <= 0, "gt": lambda d: d > 0,
+          "ge": lambda d: d >= 0}
 
 
 def _decide(op: str, a, b):
-    """op of two sizes (ints or Dims) where their bounds decide it (a size compared with -1,
-    as exporters test an Expand's shape): a bool, else None."""
+    """Comparison op of two sizes (ints or Dims) where their bounds decide it (a size compared
+    with -1, as exporters test an Expand's shape): a bool, else None."""
     d = (a if isinstance(a, Dim) else int(a)) - (b if isinstance(b, Dim) else int(b))
-    if not isinstance(d, Dim):
-        return {"Equal": d == 0, "Less": d < 0, "LessOrEqual": d <= 0, "Greater": d > 0, "GreaterOrEqual": d >= 0}[op]
-    return _COMPARISONS[op](d)
+    relation = COMPARISONS[op]
+    return _RELATIONS[relation](d) if isinstance(d, Dim) else _EXACT[relation](d)
 
 
 def _record_symbolic(g: Graph, node: Node, values: list) -> list[Node]:
