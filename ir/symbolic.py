@@ -122,8 +122,11 @@ class Dim:
         raise SymbolError(f"{other} // {self} is not a polynomial of the symbols")
 
     def __mod__(self, other):
-        if isinstance(other, int) and other and all(c % other == 0 for _, c in self.terms):
-            return 0
+        """Python's modulo (the divisor's sign) by a positive int: x - d * floor(x / d), in
+        derived symbols where d does not divide every term (a Swin's padding to a window
+        multiple, (window - w % window) % window)."""
+        if isinstance(other, int) and other > 0:
+            return self - other * floor_div(self, other)
         raise SymbolError(f"{self} % {other} is not a polynomial of the symbols")
 
     # -- comparison ----------------------------------------------------------------------
@@ -267,6 +270,8 @@ def floor_div(x, d: int):
     out = Dim._make(whole, bounds) + const // d
     if not rest:
         return out
+    if all(c < 0 for c in rest.values()):  # floor((c - P) / d) = -floor((P - c + d - 1) / d), P >= 0
+        return out - floor_div(Dim._make({m: -c for m, c in rest.items()}, bounds) + (d - 1 - const % d), d)
     place = _DERIVED.get()
     if len(rest) == 1 and place is not None:
         (monomial, coef), = rest.items()

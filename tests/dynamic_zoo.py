@@ -450,3 +450,40 @@ def audio_dynamic(channels: int = 16, groups: int = 4):
     out = _layernorm(g, x, channels)
     return _model(g, [("wav", TensorProto.FLOAT, ["batch", "samples"])], [_out(g, out, "features")],
                   opset=17, name="audio_dynamic")
+
+
+def swin_dynamic(d: int = 16, window: int = 4):
+    """A Swin stage over images [batch, 3, height, width] as TorchScript exports HF's: 4x4
+    patches, the map padded to a multiple of the window by ((window - w % window) % window)
+    (Mod of sizes, which may be negative before the second Mod), cut into windows (Reshape,
+    Transpose), a per-window product, the windows put back and the padding cropped (Slice to
+    the Shape's sizes), then patch merging: the four step-2 Slices x[:, 0::2, 0::2], ...
+    joined and projected (their sizes agree where the map's are even: heights and widths
+    that are multiples of 8; elsewhere the Concat is refused at run time, as onnxruntime
+    fails there too)."""
+    g = GraphMaker(107)
+    x = g.op("Transpose", [g.conv("images", 3, d, 4, stride=4, pad=0)], perm=[0, 2, 3, 1])  # [b, h, w, d]
+    w_const = g.const(_i64(window))
+
+    def pad_to_window(axis):
+        return g.op("Mod", [g.op("Sub", [w_const, g.op("Mod", [_size(g, x, axis), w_const])]), w_const])
+    pad_h, pad_w = pad_to_window(1), pad_to_window(2)
+    zeros = g.const(_i64(0, 0))
+    padded = g.op("Pad", [x, g.op("Concat", [zeros, zeros, g.const(_i64(0)), pad_h, pad_w, g.const(_i64(0))],
+                                  axis=0)])  # (at the bottom and right only)
+    hp, wp = _size(g, padded, 1), _size(g, padded, 2)
+    rows, cols = g.op("Div", [hp, w_const]), g.op("Div", [wp, w_const])
+    windows = g.op("Reshape", [padded, g.op("Concat", [_size(g, padded, 0), rows, w_const, cols, w_const,
+                                                      g.const(_i64(d))], axis=0)])
+    windows = g.op("Transpose", [windows], perm=[0, 1, 3, 2, 4, 5])
+    windows = g.op("Relu", [g.op("MatMul", [windows, g.weight((d, d))])])
+    back = g.op("Reshape", [g.op("Transpose", [windows], perm=[0, 1, 3, 2, 4, 5]),
+                            g.op("Concat", [_size(g, padded, 0), hp, wp, g.const(_i64(d))], axis=0)])
+    cropped = g.op("Slice", [back, g.const(_i64(0, 0)), g.op("Concat", [_size(g, x, 1), _size(g, x, 2)], axis=0),
+                             g.const(_i64(1, 2))])
+    x = g.op("Add", [x, cropped])
+    parts = [g.op("Slice", [x, g.const(_i64(r, c)), g.const(_i64(2 ** 62, 2 ** 62)), g.const(_i64(1, 2)),
+                            g.const(_i64(2, 2))]) for r, c in ((0, 0), (1, 0), (0, 1), (1, 1))]
+    merged = g.op("MatMul", [g.op("Concat", parts, axis=-1), g.weight((4 * d, 2 * d))])
+    return _model(g, [("images", TensorProto.FLOAT, ["batch", 3, "height", "width"])], [_out(g, merged, "merged")],
+                  opset=17, name="swin_dynamic")

@@ -437,11 +437,14 @@ def test_a_pad_of_run_time_sizes(mode, executor):
      [(1, 3, 8, 8), (3, 3, 21, 37), (2, 3, 40, 40)]),
     # GroupNorm as Reshape, InstanceNormalization over a run-time length, Reshape back
     ("audio_dynamic", {"batch": (1, 2), "samples": (400, 4000)}, [(1, 400), (2, 1601), (1, 4000)]),
+    # padding to a multiple of the window by (w - h % w) % w (Mod of sizes), step-2 Slices
+    ("swin_dynamic", {"batch": (1, 2), "height": (8, 96), "width": (8, 96)},
+     [(1, 3, 8, 8), (2, 3, 40, 56), (1, 3, 96, 96), (1, 3, 24, 88)]),
 ])
 def test_nets_in_the_spellings_torch_exports_with_dynamic_axes(name, dims, shapes, executor):
-    """What torch 2.14's exporters wrote for SqueezeNet, a ViT and wav2vec2's feature encoder
-    exported with dynamic axes (each of these failed to build before), built once and run at
-    several sizes against onnxruntime."""
+    """What torch 2.14's exporters wrote for SqueezeNet, a ViT, wav2vec2's feature encoder
+    and HF's Swin exported with dynamic axes (each of these failed to build before), built
+    once and run at several sizes against onnxruntime."""
     model = getattr(dynamic_zoo, name)()
     module = build(model, dims=dims, executor=executor, cache=None, progress=False).load()
     feed = model.graph.input[0].name
@@ -481,6 +484,33 @@ def test_a_recurrent_net_over_a_run_time_batch_and_length(cell, attrs, state, ex
         if state:
             feeds["h0"] = rng.standard_normal([dirs, batch, hidden]).astype(np.float32)
         _assert_like_onnxruntime(module, model, feeds)
+
+
+def test_a_reshape_whose_sizes_agree_at_some_sizes_only_is_checked_at_run_time(executor):
+    """A Swin traced at a size its windows divide has no crop back from its padding: its
+    Reshape of the padded map to height * width tokens holds only where no padding was
+    needed. The module runs there and names the Reshape elsewhere, as onnxruntime fails."""
+    pads = helper.make_node("Pad", ["x", "pads"], ["p"])
+    pad_to_4 = [helper.make_node("Shape", ["x"], ["s"], start=1), helper.make_node("Mod", ["s", "four"], ["r"]),
+                helper.make_node("Sub", ["four", "r"], ["d"]), helper.make_node("Mod", ["d", "four"], ["e"]),
+                helper.make_node("Concat", ["zeros", "e"], ["pads"], axis=0)]
+    flat = helper.make_node("Reshape", ["p", "flat_shape"], ["y"])
+    flat_shape = [helper.make_node("Shape", ["x"], ["xs"]), helper.make_node("ReduceProd", ["xs"], ["n"], keepdims=1)]
+    graph = helper.make_graph(pad_to_4 + [pads] + flat_shape + [helper.make_node("Identity", ["n"], ["flat_shape"]),
+                                                                 flat], "g",
+                              [helper.make_tensor_value_info("x", F, [2, "w"])],
+                              [helper.make_tensor_value_info("y", F, None)],
+                              [numpy_helper.from_array(np.array([4], np.int64), "four"),
+                               numpy_helper.from_array(np.array([0, 0, 0], np.int64), "zeros")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    module = build(model, dims={"w": (1, 40)}, executor=executor, cache=None, progress=False).load()
+    _assert_like_onnxruntime(module, model, {"x": np.arange(16, dtype=np.float32).reshape(2, 8)})
+    odd = {"x": np.ones((2, 5), np.float32)}
+    with pytest.raises(Exception):
+        model_zoo.onnxruntime_outputs(model, odd)
+    with pytest.raises(KilnError, match=r"node 'Reshape_\d+' \(Reshape\): the elements of float32\[2 x .*\] and of "
+                                        r"shape \[.*\]: .* = 16 and .* = 10 must be equal"):
+        module.run(odd)
 
 
 RUN_TIME_RESIZES = [  # (mode, coordinate_transformation_mode, scales of h and w, more attributes)

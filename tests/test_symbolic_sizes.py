@@ -35,6 +35,9 @@ def _value(x, values: dict) -> int:
     (lambda: floor_div(3 * H + W - 7, 4), lambda h, w: (3 * h + w - 7) // 4),
     (lambda: floor_div(floor_div(H, 2) - 2 * floor_div(H, 4), 2), lambda h, w: (h // 2 - 2 * (h // 4)) // 2),
     (lambda: floor_div(2 * H + 6, 2), lambda h, w: h + 3),
+    (lambda: floor_div(4 - floor_div(W, 4) - H, 4), lambda h, w: (4 - w // 4 - h) // 4),  # below zero too
+    (lambda: (4 - floor_div(H, 4) % 4) % 4, lambda h, w: (4 - (h // 4) % 4) % 4),      # a Swin's padding
+    (lambda: (3 * H + 2 * W + 1) % 5, lambda h, w: (3 * h + 2 * w + 1) % 5),
 ])
 def test_floor_div_is_the_floor_of_the_quotient_at_every_size(make, want):
     symbols, derived = {"h": (1, 70), "w": (3, 9)}, {}

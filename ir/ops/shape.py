@@ -17,7 +17,7 @@ from ..graph import ShapeError, TensorType, UnsupportedError
 from ..loop import Const, add, mul
 from ..lower.elementwise import (bcast_reader, concat_by_slabs, concat_reader, gather_reader, pad_reader,
                                  resize_by_phases, resize_reader, split_readers, view_reader)
-from ..symbolic import at_most, floor_div, greatest, is_symbolic, least, product, require_equal
+from ..symbolic import Dim, at_most, floor_div, greatest, is_symbolic, least, product, require_equal
 from ..value_symbols import clamp, define, eq, lt, runtime_values, select
 from .broadcast import broadcast
 from .registry import ELEMWISE, INJECTIVE, OpDef, one_output, register
@@ -69,8 +69,14 @@ def _reshape_symbolic(node, x: TensorType, target: list) -> TensorType:
         if isinstance(known, int) and known == 0:
             raise ShapeError(f"{node.describe()}: a -1 beside a size of 0 in shape {target}")
         out = [x.size // known if isinstance(d, int) and d == -1 else d for d in out]  # (SymbolError if inexact)
-    if product(out) != x.size:
+    if product(out) != x.size and not isinstance(product(out), Dim) and not isinstance(x.size, Dim):
         raise ShapeError(f"{node.describe()}: cannot reshape {x} to [{', '.join(map(str, target))}]")
+    if product(out) != x.size:
+        # Sizes that agree at some values of the symbols only (a Swin traced at a size its
+        # windows divide, whose crop back from the padding is missing): checked before the
+        # module runs, as onnxruntime fails at the other sizes.
+        require_equal(x.size, product(out), f"{node.describe()}: the elements of {x} and of shape "
+                                            f"[{', '.join(map(str, target))}]")
     return TensorType(tuple(out), x.dtype)
 
 
@@ -237,10 +243,11 @@ def _slice(g, node, p):
 
 
 def _symbolic_range(size, start, end, step) -> tuple:
-    """(begin, step, length) of start:end:step over a dim where some are symbolic: step 1,
-    starts and ends within the dim by the symbols' bounds (what exporters write:
-    buffer[:, :seq], x[:, :n], x[:, n:]); otherwise a TypeError (not supported yet)."""
-    if step != 1:
+    """(begin, step, length) of start:end:step over a dim where some are symbolic: a positive
+    step, starts and ends within the dim by the symbols' bounds (what exporters write:
+    buffer[:, :seq], x[:, :n], x[:, n:], a Swin's x[:, 0::2]); otherwise a TypeError (not
+    supported yet)."""
+    if step < 1:
         raise TypeError(f"a slice with step {step} over symbolic sizes")
 
     def clamp(v):
@@ -259,10 +266,10 @@ def _symbolic_range(size, start, end, step) -> tuple:
         raise ShapeError(f"the bounds let slice bound {v} reach {least(v)}..{greatest(v)}, outside the dim of size "
                          f"{size}: narrow the --dim bounds so it cannot")
     begin, stop = clamp(start), clamp(end)
-    length = stop - begin
-    if least(length) < 0:
+    span = stop - begin
+    if least(span) < 0 and not at_most(0, span):
         raise TypeError(f"a slice {start}:{end} of {size} may end before it starts at some sizes")
-    return begin, 1, length
+    return begin, step, floor_div(span + step - 1, step)  # (ceil(span / step) elements)
 
 
 def _range_of_values(node, axis: int, size, start, end, step: int) -> tuple:
@@ -326,6 +333,8 @@ def _pad(g, node, p):
     pads = attr_or_input(g, node, "pads", 1, at_run_time=True)
     axes = attr_or_input(g, node, "axes", 3, list(range(rank)))
     axes = [normalize_axis(a, rank, node) for a in axes]
+    if len(pads) != 2 * len(axes):
+        raise ShapeError(f"{node.describe()}: {len(pads)} pads for {len(axes)} axes of {x} (two an axis)")
     full = [0] * (2 * rank)
     for i, a in enumerate(axes):
         full[a], full[a + rank] = pads[i], pads[i + len(axes)]  # (ints, or Dims: pads read at run time)
