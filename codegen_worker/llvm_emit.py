@@ -231,6 +231,7 @@ def _row_blocks(g: Gemm) -> int:
     """A GEMM's row blocks (a run-time m counts as few: a prefill's rows may well be)."""
     return g.m // g.mr if isinstance(g.m, int) else 0
 
+
 # A register tile needs this many accumulators (FMA latency 4 x 2 FMA ports) for its k loop
 # to run at the FMAs' rate; one of fewer waits on each sum. Where an output row's last block
 # (Gemm.a_rows) would have fewer, it shares the last whole block's rows: 71 = 4 x 14 + 8 + 7.

@@ -176,6 +176,9 @@ class Dim:
         return [[list(m), c] for m, c in self.terms]
 
 
+LONG_DIVISION_STEPS = 64  # (a quotient may have more terms than its dividend: (a^n - 1)/(a - 1))
+
+
 def _graded(monomial: tuple) -> tuple:
     return len(monomial), monomial
 
@@ -185,7 +188,7 @@ def _long_division(a: Dim, b: Dim):
     term from the greatest monomial down (graded order); else a SymbolError."""
     quotient, rest = 0, a
     lead, lead_coef = max(b.terms, key=lambda t: _graded(t[0]))
-    for _ in range(len(a.terms) + 1):
+    for _ in range(LONG_DIVISION_STEPS):
         if not isinstance(rest, Dim):
             if rest == 0:
                 return quotient
@@ -360,8 +363,8 @@ def _quotient_of(derived: dict, name: str, e: Dim) -> list:
 
 
 def _derived_bounds(spec: tuple) -> tuple:
-    numerator, d = spec
-    return numerator.least() // d, numerator.greatest() // d
+    numerator, d = spec  # (as _derived_symbol bounds it: a numerator is never negative)
+    return max(numerator.least(), 0) // d, numerator.greatest() // d
 
 
 def _bounds_of(d: Dim, name: str) -> tuple:

@@ -69,14 +69,15 @@ def _reshape_symbolic(node, x: TensorType, target: list) -> TensorType:
         if isinstance(known, int) and known == 0:
             raise ShapeError(f"{node.describe()}: a -1 beside a size of 0 in shape {target}")
         out = [x.size // known if isinstance(d, int) and d == -1 else d for d in out]  # (SymbolError if inexact)
-    if product(out) != x.size and not isinstance(product(out), Dim) and not isinstance(x.size, Dim):
+    size = product(out)
+    if size != x.size and not isinstance(size, Dim) and not isinstance(x.size, Dim):
         raise ShapeError(f"{node.describe()}: cannot reshape {x} to [{', '.join(map(str, target))}]")
-    if product(out) != x.size:
+    if size != x.size:
         # Sizes that agree at some values of the symbols only (a Swin traced at a size its
         # windows divide, whose crop back from the padding is missing): checked before the
         # module runs, as onnxruntime fails at the other sizes.
-        require_equal(x.size, product(out), f"{node.describe()}: the elements of {x} and of shape "
-                                            f"[{', '.join(map(str, target))}]")
+        require_equal(x.size, size, f"{node.describe()}: the elements of {x} and of shape "
+                                    f"[{', '.join(map(str, target))}]")
     return TensorType(tuple(out), x.dtype)
 
 
@@ -346,7 +347,7 @@ def _pad(g, node, p):
         p["value"] = float(value.reshape(-1)[0]) if value is not None and value.size else \
             float(node.attrs.get("value", 0.0))
     shape = tuple(x.shape[i] + full[i] + full[i + rank] for i in range(rank))
-    if any(is_symbolic(d) and least(d) < 0 for d in shape):
+    if any(is_symbolic(d) and least(d) < 0 and not at_most(0, d) for d in shape):
         raise TypeError(f"a Pad whose output may have a negative size ({', '.join(map(str, shape))})")
     if not any(is_symbolic(v) for v in full + list(x.shape)) and min(shape) < 0:
         raise ShapeError(f"{node.describe()}: pads {full} make a negative dimension of {x}")
