@@ -381,18 +381,6 @@ def test_a_cnn_with_dynamic_batch_height_and_width(executor):
                                                     .astype(np.float32)})
 
 
-def test_a_segmentation_net_with_dynamic_height_and_width(executor):
-    """FCN- and UNet-style: a 2x2 ConvTranspose over run-time sizes, bilinear Resizes by
-    scales and to the image's own size (sizes from its Shape), a bicubic align-corners one:
-    their coordinates and weights computed by the kernel from the sizes it is given."""
-    model = dynamic_zoo.segmentation_dynamic()
-    module = build(model, dims={"batch": (1, 2), "height": (8, 64), "width": (8, 64)}, executor=executor,
-                   cache=None, progress=False).load()
-    for shape in [(1, 3, 8, 8), (2, 3, 17, 33), (1, 3, 64, 64), (1, 3, 31, 9)]:
-        _assert_like_onnxruntime(module, model, {"images": np.random.default_rng(shape[2]).standard_normal(shape)
-                                                 .astype(np.float32)})
-
-
 def test_a_unet_pads_its_upsampled_maps_to_their_skips_sizes(executor):
     """milesial's UNet over run-time sizes: each 2x ConvTranspose is padded by the difference
     of its skip's Shape and its own (Div, Sub, Concat into a Pad). Every size has one
@@ -428,6 +416,10 @@ def test_a_pad_of_run_time_sizes(mode, executor):
 
 
 @pytest.mark.parametrize("name,dims,shapes", [
+    # FCN- and UNet-style: a 2x2 ConvTranspose, bilinear Resizes by scales and to the image's
+    # own size (sizes from its Shape), a bicubic align-corners one, over run-time sizes
+    ("segmentation_dynamic", {"batch": (1, 2), "height": (8, 64), "width": (8, 64)},
+     [(1, 3, 8, 8), (2, 3, 17, 33), (1, 3, 64, 64), (1, 3, 31, 9)]),
     # ceil_mode pools whose last window the bounds show to start inside the input
     ("squeezenet_dynamic", {"batch": (1, 2), "height": (24, 80), "width": (24, 80)},
      [(1, 3, 24, 24), (2, 3, 37, 51), (1, 3, 80, 80)]),
@@ -442,9 +434,9 @@ def test_a_pad_of_run_time_sizes(mode, executor):
      [(1, 3, 8, 8), (2, 3, 40, 56), (1, 3, 96, 96), (1, 3, 24, 88)]),
 ])
 def test_nets_in_the_spellings_torch_exports_with_dynamic_axes(name, dims, shapes, executor):
-    """What torch 2.14's exporters wrote for SqueezeNet, a ViT, wav2vec2's feature encoder
-    and HF's Swin exported with dynamic axes (each of these failed to build before), built
-    once and run at several sizes against onnxruntime."""
+    """What torch 2.14's exporters wrote for an FCN head, SqueezeNet, a ViT, wav2vec2's
+    feature encoder and HF's Swin exported with dynamic axes (each of these failed to build
+    before), built once and run at several sizes against onnxruntime."""
     model = getattr(dynamic_zoo, name)()
     module = build(model, dims=dims, executor=executor, cache=None, progress=False).load()
     feed = model.graph.input[0].name

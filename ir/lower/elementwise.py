@@ -407,23 +407,29 @@ def _resize_at_run_time(b: KernelBuilder, node: Node, x, ishape, oshape):
         b.setup.append(For(i, oshape[ax], tuple(fills), "vectorize"))
         tables[ax] = columns
 
-    def read(idx, passthrough=()):
-        terms = [(list(idx), None)]
-        for ax in (ax for ax in resized if ax not in passthrough):
-            nxt = []
-            for src, w in terms:
-                for at, wt in tables[ax]:
-                    s2 = list(src)
-                    s2[ax] = Cast("i64", Load(at, idx[ax]))
-                    weight = None if wt is None else Load(wt, idx[ax])
-                    nxt.append((s2, weight if w is None or weight is None else fbin("mul", w, weight)))
-            terms = nxt
-        value = None
+    return lambda idx, passthrough=(): _weighted_taps(x, tables, [ax for ax in resized if ax not in passthrough],
+                                                      idx)
+
+
+def _weighted_taps(x, tables: dict, axes: list, idx):
+    """A Resize's value at idx: over every combination of the axes' taps, x at the taps'
+    source indices times the product of their weights. tables[axis]: [(index buffer, weight
+    buffer, or None for a weight of 1)], each indexed by the output position."""
+    terms = [(list(idx), None)]
+    for ax in axes:
+        nxt = []
         for src, w in terms:
-            term = x(src) if w is None else fbin("mul", x(src), w)
-            value = term if value is None else fbin("add", value, term)
-        return value
-    return read
+            for at, wt in tables[ax]:
+                s2 = list(src)
+                s2[ax] = Cast("i64", Load(at, idx[ax]))
+                weight = None if wt is None else Load(wt, idx[ax])
+                nxt.append((s2, weight if w is None or weight is None else fbin("mul", w, weight)))
+        terms = nxt
+    value = None
+    for src, w in terms:
+        term = x(src) if w is None else fbin("mul", x(src), w)
+        value = term if value is None else fbin("add", value, term)
+    return value
 
 
 def resize_reader(b: KernelBuilder, node: Node):
@@ -466,21 +472,7 @@ def resize_reader(b: KernelBuilder, node: Node):
         return near
 
     def interpolate(idx, passthrough=()):
-        terms = [(list(idx), None)]
-        for ax in (ax for ax in resized if ax not in passthrough):
-            nxt = []
-            for src, w in terms:
-                for at, wt in tables[ax]:
-                    s2 = list(src)
-                    s2[ax] = Cast("i64", Load(at, idx[ax]))
-                    weight = Load(wt, idx[ax])
-                    nxt.append((s2, weight if w is None else fbin("mul", w, weight)))
-            terms = nxt
-        value = None
-        for src, w in terms:
-            term = x(src) if w is None else fbin("mul", x(src), w)
-            value = term if value is None else fbin("add", value, term)
-        return extrapolated(idx, value)
+        return extrapolated(idx, _weighted_taps(x, tables, [ax for ax in resized if ax not in passthrough], idx))
     return interpolate
 
 
