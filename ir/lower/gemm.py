@@ -640,10 +640,7 @@ def lower_conv_transpose(b: KernelBuilder, node: Node, store) -> tuple:
     cig = cin // groups
     in_sp = [b.dim(d) for d in xs[2:]]
     at_run_time = any(isinstance(d, Expr) for d in in_sp)
-    m = Const(1)
-    for d in in_sp:
-        m = mul(m, d)
-    m = m.value if isinstance(m, Const) else m
+    m = math.prod(in_sp)  # (an int, or a run-time size's expression)
     plane = math.prod(greatest(d) for d in xs[2:])  # (m, or its bound: the planes' stride)
     kpos = math.prod(kernel)
     n = cog * kpos

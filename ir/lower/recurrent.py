@@ -18,26 +18,15 @@ row from its own last step.
 """
 from __future__ import annotations
 
-import math
-
 from ..graph import Node
 from ..loop import Assign, Cast, Const, For, If, Let, Load, Local, Store, Var, add, call, cmp, fbin, mul, select, sub
 from ..symbolic import greatest
 from .builder import KernelBuilder
+from .elementwise import as_index
 
 
 def _f(v):
     return Const(float(v), "f32")
-
-
-def _times(*sizes):
-    """A product of sizes: an int where all are, else the kernel's expression of it."""
-    if all(isinstance(x, int) for x in sizes):
-        return math.prod(sizes)
-    out = Const(1)
-    for x in sizes:
-        out = mul(out, x)
-    return out
 
 
 UNROLL = 4  # rows of R^T per pass of the recurrent product
@@ -84,10 +73,10 @@ def lower_recurrence(b: KernelBuilder, node: Node, activation) -> tuple:
     # Initial state; Y starts at zero where sequence_lens leaves steps out.
     for ws, src in ((h_ws, init[0]), (c_ws, init[1])):
         if ws is not None:
-            body.append(loop(_times(dirs * hidden, batch), lambda i, ws=ws, src=src: [
+            body.append(loop(dirs * batch * hidden, lambda i, ws=ws, src=src: [
                 Store(ws, i, Load(src, i) if src else _f(0))], "vectorize"))
     if lens is not None and y_out is not None:
-        body.append(loop(_times(seq, batch, dirs * hidden), lambda i: [Store(y_out, i, _f(0))], "vectorize"))
+        body.append(loop(seq * dirs * batch * hidden, lambda i: [Store(y_out, i, _f(0))], "vectorize"))
 
     time_loops = []
     for d in range(dirs):
@@ -99,7 +88,7 @@ def lower_recurrence(b: KernelBuilder, node: Node, activation) -> tuple:
         state = lambda bb, j, d=d: add(mul(add(mul(Const(d), batch), bb), hidden), j)  # noqa: E731
 
         def length(bb):
-            return Cast("i64", Load(lens, bb)) if lens is not None else Const(seq) if isinstance(seq, int) else seq
+            return Cast("i64", Load(lens, bb)) if lens is not None else as_index(seq)
 
         def time_of(s, bb, reverse=reverse):
             if not reverse:
@@ -159,7 +148,7 @@ def lower_recurrence(b: KernelBuilder, node: Node, activation) -> tuple:
 
     for ws, out in ((h_ws, h_out), (c_ws, c_out)):
         if ws is not None and out is not None:
-            body.append(loop(_times(dirs * hidden, batch), lambda i, ws=ws, out=out: [Store(out, i, Load(ws, i))],
+            body.append(loop(dirs * batch * hidden, lambda i, ws=ws, out=out: [Store(out, i, Load(ws, i))],
                              "vectorize"))
     return tuple(body)
 
@@ -223,7 +212,7 @@ def _quantized_recurrent_product(b, loop, rt, r_scale, d, hidden, gh, batch, acc
         Let(zero, call("round", fbin("min", fbin("max", fbin("sub", _f(0), fbin("div", Var(lo, "f32"),
                                                                                 Var(scale, "f32"))), _f(0)), _f(255)))),
         loop(batch, lambda bb: [loop(hidden, lambda k: quantize(bb, k), "vectorize")]),
-        loop(_times(batch, gh), lambda i: [Store(sums, i, Const(0, "i32"))], "vectorize"),
+        loop(batch * gh, lambda i: [Store(sums, i, Const(0, "i32"))], "vectorize"),
         *_recurrent_product(loop, rt, d, hidden, gh, batch, sums, q_h, lambda bb, k: add(mul(bb, hidden), k), 0, gh),
         loop(batch, lambda bb: [loop(gh, lambda j: scaled(bb, j), "vectorize")]),
     ]
