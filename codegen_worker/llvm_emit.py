@@ -15,7 +15,7 @@ import struct
 from dataclasses import fields, is_dataclass
 
 from ..artifacts.cpu_features import byte_dot_widths
-from ..ir.loop import (FLOAT_TYPES, TRANSPOSE_LANES, WINDOW_DOT_LANES, Assign, Bin, Call, Cast, Cmp, Const,
+from ..ir.loop import (FLOAT_TYPES, TRANSPOSE_LANES, WINDOW_DOT_LANES, SYMBOLS, Assign, Bin, Call, Cast, Cmp, Const,
                       Deinterleave, For, Gemm, If, Kernel, Let, Load, Local, Select, Store, TransposeBlock, Var,
                       WindowDot, bits, compute_type, highest, is_unsigned, lowest, operand_type, phases)
 from ..ir.schedule import PANEL_CHUNK_KIB, REDUCE_INTERLEAVE
@@ -282,6 +282,7 @@ class FunctionEmitter:
         self.n = 0
         self.block = "entry"
         self.bufs = {b.name: (f"%b{i}", b.dtype) for i, b in enumerate(kernel.buffers)}
+        self.reads_symbols = SYMBOLS in self.bufs  # (sizes known at run time)
         self.scopes: list[dict] = [{}]
         self.decls: set[str] = set()  # intrinsics and C library functions the body calls
         self.functions: list[str] = []  # functions of the kernel's own (outlined tiles)
@@ -551,11 +552,18 @@ class FunctionEmitter:
         self.scopes.pop()
 
     def stmt(self, s) -> None:
-        if isinstance(s, For) and not isinstance(s.extent, int):  # an extent known at run time:
-            # LLVM vectorizes it with a remainder where it can (a forced or masked form it may
-            # not manage, and says so in a warning)
-            kind = "vectorize" if s.kind in ("masked", "forced_vector", "vector_masked") else s.kind
-            self.loop(s.var, 0, lambda: self.stmts(s.body), kind, lo="0", hi=self.expr(s.extent))
+        if isinstance(s, For) and not isinstance(s.extent, int):  # an extent known at run time
+            end = self.expr(s.extent)
+            if s.kind in ("masked", "forced_vector", "vector_masked") and self.vectorize:
+                # Whole vectors, then the ragged end as one masked vector. Left to LLVM, the
+                # remainder of a vector loop interleaved 4 deep ran as scalar code: all of a
+                # 56-wide depthwise row (a MobileNet's 3x3 stride-2 convs at 3-5x their
+                # static time).
+                whole = self.int_op("and", end, -self.vw)
+                self.loop(s.var, 0, lambda: self.stmts(s.body), "run_time_whole", lo="0", hi=whole)
+                self.loop(s.var, 0, lambda: self.stmts(s.body), "run_time_tail", lo=whole, hi=end)
+            else:  # (LLVM vectorizes a "vectorize" loop with a remainder where it can)
+                self.loop(s.var, 0, lambda: self.stmts(s.body), s.kind, lo="0", hi=end)
         elif isinstance(s, For):
             whole = s.extent - s.extent % self.vw
             if s.kind == "vector_masked" and self.vectorize and 0 < whole < s.extent:
@@ -618,6 +626,11 @@ class FunctionEmitter:
                 props.append('!{!"llvm.loop.vectorize.predicate.enable", i1 true}')
         elif kind == "scalar":
             props.append('!{!"llvm.loop.vectorize.enable", i1 false}')
+        elif kind in ("run_time_whole", "run_time_tail"):  # (a trip count that is whole vectors, or < one)
+            props += ['!{!"llvm.loop.vectorize.enable", i1 true}', '!{!"llvm.loop.interleave.count", i32 1}',
+                      '!{!"llvm.loop.unroll.disable"}']
+            if kind == "run_time_tail":
+                props.append('!{!"llvm.loop.vectorize.predicate.enable", i1 true}')
         if not props:
             return ""
         ids = []
@@ -774,6 +787,8 @@ class FunctionEmitter:
         def by_rows(panels: tuple, partial) -> None:
             """With a_rows: each row's whole blocks, then its shorter ones; rows [lo, hi) where
             threads divide by rows."""
+            if not isinstance(g.a_rows, int):
+                return by_run_time_rows(panels, partial)
             full, last = divmod(g.a_rows, mr)
             tail = [last] if last else []
             if full and 0 < last * (g.nr // vw) < MIN_TILE_ACCUMULATORS:
@@ -794,6 +809,24 @@ class FunctionEmitter:
                 self.loop(row, 0, one_row, lo=lo, hi=hi)
             else:
                 self.loop(row, g.m // g.a_rows, one_row)
+
+        def by_run_time_rows(panels: tuple, partial) -> None:
+            """by_rows over rows of a length known at run time: each row's whole blocks, then
+            its last rows in blocks of powers of two."""
+            width, row, blk = self.expr(g.a_rows), f"{g.m_var}.row", f"{g.m_var}.blk"
+            full = self.int_op("udiv", width, mr)
+
+            def one_row():
+                first = self.int_op("mul nsw", self.lookup(row)[1], width)
+                self.loop(blk, 0, lambda: block(
+                    self.int_op("add nsw", first, self.mul_const(self.lookup(blk)[1], mr)), mr, panels, partial),
+                    lo="0", hi=full)
+                left_over_rows(self.int_op("add nsw", first, self.mul_const(full, mr)),
+                               self.int_op("urem", width, mr), panels, partial)
+            if rows_range:
+                self.loop(row, 0, one_row, lo=lo, hi=hi)
+            else:
+                self.loop(row, 0, one_row, lo="0", hi=self.int_op("udiv", self.expr(g.m), width))
 
         def left_over_rows(base: str, left: str, panels: tuple, partial) -> None:
             """The last rows < mr, known at run time: blocks of the powers of two in their
@@ -847,7 +880,8 @@ class FunctionEmitter:
         """microkernel() as a call of `void (ptr a, ptr b, [ptr tables...,] ptr tile, i64
         a_off, i64 bp, i64 m0)`, one function per tile shape of this Gemm."""
         tables = [t for t in (g.a_mtab, g.a_ktab, g.b_ktab, g.a_kspan) if t]
-        buffers = [g.a_buf, g.b_buf, *tables]
+        # (a row length known at run time reads the symbols)
+        buffers = [g.a_buf, g.b_buf, *tables] + ([SYMBOLS] if not isinstance(g.a_rows, int) else [])
         name = self.outlined.get((id(g), rows, cols))
         if name is None:
             name = f"{self.symbol}_tile{len(self.outlined)}"
@@ -877,9 +911,11 @@ class FunctionEmitter:
         entries = None  # (the tile's first and last entries of a_mtab)
         if g.a_rows:  # the tile's output row from a table, its pixels a_sm apart along it
             row, base = self.tmp("row"), self.tmp("ra")
-            self.emit(f"{row} = udiv i64 {m0}, {g.a_rows}")
+            width = g.a_rows if isinstance(g.a_rows, int) else self.expr(g.a_rows)
+            self.emit(f"{row} = udiv i64 {m0}, {width}")
             entries = (row, row)
-            column = self.int_op("sub nsw", m0, self.mul_const(row, g.a_rows))
+            column = self.int_op("sub nsw", m0, self.int_op("mul nsw", row, width) if not isinstance(width, int)
+                                 else self.mul_const(row, width))
             self.emit(f"{base} = load i64, ptr {self.gep(self.bufs[g.a_mtab][0], 'i64', row)}, align 8")
             first = self.int_op("add nsw", self.int_op("add nsw", base, a_off), self.mul_const(column, g.a_sm))
             rowbase = [first] + [self.int_op("add nsw", first, r * g.a_sm) for r in range(1, rows)]
@@ -1176,28 +1212,48 @@ class FunctionEmitter:
             self.emit(f"store {vt} {sums[0]}, ptr {self.gep(o_ptr, 'i32', out)}, align 4")
         self.loop("__wd_v", s.vectors, one_vector, "scalar")
 
-    def load_first(self, ptr: str, elt: str, lanes: int, count: int, align: int) -> str:
+    def first_lanes_mask(self, lanes: int, count) -> str:
+        """The <lanes x i1> mask of the first `count` lanes: a constant, or for a count known
+        at run time (an i64 value in [0, lanes)), a comparison with the lane numbers."""
+        if isinstance(count, int):
+            return first_lanes(lanes, count)
+        splat = self.splat(count, "i64", lanes)
+        numbers = "<" + ", ".join(f"i64 {i}" for i in range(lanes)) + ">"
+        mask = self.tmp("lanes")
+        self.emit(f"{mask} = icmp ult <{lanes} x i64> {numbers}, {splat}")
+        return f"<{lanes} x i1> {mask}"
+
+    def splat(self, value: str, elt: str, lanes: int) -> str:
+        ins, out = self.tmp("ins"), self.tmp("splat")
+        self.emit(f"{ins} = insertelement <{lanes} x {elt}> poison, {elt} {value}, i64 0")
+        self.emit(f"{out} = shufflevector <{lanes} x {elt}> {ins}, <{lanes} x {elt}> poison, "
+                  f"<{lanes} x i32> zeroinitializer")
+        return out
+
+    def load_first(self, ptr: str, elt: str, lanes: int, count, align: int) -> str:
         """A <lanes x elt> vector (elt: float or i32) at ptr of which only the first `count`
-        lanes are read: a plain load, or one under a constant mask (the rest zero)."""
+        lanes are read (an int, or an i64 value below `lanes`): a plain load, or one under a
+        mask (the rest zero)."""
         vt, v = f"<{lanes} x {elt}>", self.tmp("vec")
-        if count >= lanes:
+        if isinstance(count, int) and count >= lanes:
             self.emit(f"{v} = load {vt}, ptr {ptr}, align {align}")
             return v
         fn = f"@llvm.masked.load.v{lanes}{MASKED_SUFFIX[elt]}.p0"
         self.decls.add(f"declare {vt} {fn}(ptr, i32, <{lanes} x i1>, {vt})")
-        self.emit(f"{v} = call {vt} {fn}(ptr {ptr}, i32 {align}, {first_lanes(lanes, count)}, {vt} zeroinitializer)")
+        mask = self.first_lanes_mask(lanes, count)
+        self.emit(f"{v} = call {vt} {fn}(ptr {ptr}, i32 {align}, {mask}, {vt} zeroinitializer)")
         return v
 
-    def store_first(self, value: str, ptr: str, elt: str, lanes: int, count: int, align: int) -> None:
-        """The first `count` lanes of a <lanes x elt> value stored at ptr (under a constant
-        mask where that is not all of them)."""
+    def store_first(self, value: str, ptr: str, elt: str, lanes: int, count, align: int) -> None:
+        """The first `count` lanes of a <lanes x elt> value stored at ptr (an int, or an i64
+        value below `lanes`; under a mask where that is not all of them)."""
         vt = f"<{lanes} x {elt}>"
-        if count >= lanes:
+        if isinstance(count, int) and count >= lanes:
             self.emit(f"store {vt} {value}, ptr {ptr}, align {align}")
             return
         fn = f"@llvm.masked.store.v{lanes}{MASKED_SUFFIX[elt]}.p0"
         self.decls.add(f"declare void {fn}({vt}, ptr, i32, <{lanes} x i1>)")
-        self.emit(f"call void {fn}({vt} {value}, ptr {ptr}, i32 {align}, {first_lanes(lanes, count)})")
+        self.emit(f"call void {fn}({vt} {value}, ptr {ptr}, i32 {align}, {self.first_lanes_mask(lanes, count)})")
 
     def transpose_block(self, s: TransposeBlock) -> None:
         """ir.loop.TransposeBlock: rows loaded as vectors (a partial row through a masked
@@ -1219,16 +1275,25 @@ class FunctionEmitter:
         wide = f"<{vw * ph} x float>"
         src, dst = self.bufs[s.src][0], self.bufs[s.dst][0]
         src_off, dst_off = self.expr(s.src_off), self.expr(s.dst_off)
+        dst_stride = s.dst_stride if isinstance(s.dst_stride, int) else self.expr(s.dst_stride)
 
-        def slots(t0: str, count: int) -> None:
+        def slots(t0: str, count) -> None:
             row = self.load_first(self.gep(src, "f32", self.int_op("add nsw", src_off, self.mul_const(t0, ph))),
-                                  "float", vw * ph, count * ph, 4)
+                                  "float", vw * ph, count * ph if isinstance(count, int) else self.mul_const(count, ph), 4)
             for q in range(ph):
                 part = self.tmp("diph")
                 picks = ", ".join(f"i32 {q + ph * i}" for i in range(vw))
                 self.emit(f"{part} = shufflevector {wide} {row}, {wide} poison, <{vw} x i32> <{picks}>")
-                at = self.gep(dst, "f32", self.int_op("add nsw", self.int_op("add nsw", dst_off, q * s.dst_stride), t0))
-                self.store_first(part, at, "float", vw, count, 4)
+                phase_at = (self.int_op("add nsw", dst_off, q * dst_stride) if isinstance(dst_stride, int)
+                            else self.int_op("add nsw", dst_off, self.mul_const(dst_stride, q)))
+                self.store_first(part, self.gep(dst, "f32", self.int_op("add nsw", phase_at, t0)), "float", vw, count, 4)
+        if not isinstance(s.count, int):  # a count known at run time: whole vectors, then a masked one
+            count = self.expr(s.count)
+            whole, tail = self.int_op("and", count, -vw), self.int_op("and", count, vw - 1)
+            self.loop("__di_v", 0, lambda: slots(self.mul_const(self.lookup("__di_v")[1], vw), vw), "scalar",
+                      lo="0", hi=self.int_op("lshr", count, (vw - 1).bit_length()))
+            self.when(self.int_op("icmp ne", tail, 0), lambda: slots(whole, tail))
+            return
         whole, tail = divmod(s.count, vw)
         if whole:
             self.loop("__di_v", whole, lambda: slots(self.mul_const(self.lookup("__di_v")[1], vw), vw), "scalar")
@@ -1315,8 +1380,12 @@ def kernel_to_llvm_ir(kernel: Kernel, symbol: str, triple: str, cpu: str, featur
     fe = FunctionEmitter(kernel, symbol, frozenset(byte_dot_widths(features)))
     body = fe.function()
     width = 512 if fe.vw >= 16 else 256
+    # Over sizes known at run time, LLVM would turn a row's copy or fill into a call of memcpy
+    # or memset (with a compile-time length it inlines them): a depthwise conv's bordered copy
+    # called them for every row of every channel, 1.5x the kernel's static time at 56 x 56.
+    calls = ' "no-builtin-memcpy" "no-builtin-memset" "no-builtin-memmove"' if fe.reads_symbols else ""
     attrs = (f'attributes #0 = {{ nounwind "prefer-vector-width"="{width}" '
-             f'"target-cpu"="{cpu}" "target-features"="{features}" }}')
+             f'"target-cpu"="{cpu}" "target-features"="{features}"{calls} }}')
     math_attrs = attrs.replace("#0", "#1")
     decls = sorted(set(_DECLS.strip().splitlines()) | fe.decls)
     parts = [f'target triple = "{triple}"', *decls, _math_lib(), *fe.functions,

@@ -385,14 +385,15 @@ class Deinterleave(Stmt):
     codegen loads whole vectors, separates the phases with shuffles and stores each phase's
     run, a ragged last vector through masks. A strided conv's or pool's column-phase copy is
     its user: left to LLVM, a row shorter than two vectors (14 wide at stride 2) became
-    scalar moves."""
+    scalar moves. `count` and `dst_stride` may be i64 expressions of the symbols (a row of a
+    length known at run time)."""
     src: str
     src_off: Expr
     dst: str
     dst_off: Expr
-    dst_stride: int
+    dst_stride: int | Expr
     phases: int
-    count: int
+    count: int | Expr
 
 
 @dataclass(frozen=True)
@@ -650,7 +651,8 @@ def unflatten(flat, shape) -> list:
 # ---- run-time extents: expressions of the symbols' values (see "Every loop runs ...") --------
 
 _EXTENT_OPS = {"add": ("+", lambda a, b: a + b), "sub": ("-", lambda a, b: a - b), "mul": ("*", lambda a, b: a * b),
-               "div": ("/", lambda a, b: a // b), "rem": ("%", lambda a, b: a % b)}
+               "div": ("/", lambda a, b: a // b), "rem": ("%", lambda a, b: a % b),
+               "min": ("<", min), "max": (">", max)}  # (C: a choice by comparison)
 
 
 def extent_value(e, symbols: list) -> int:
@@ -674,6 +676,9 @@ def extent_c(e, symbols: str = "dims") -> str:
         return str(int(e.value))
     if isinstance(e, Load) and e.buf == SYMBOLS and isinstance(e.index, Const):
         return f"{symbols}[{int(e.index.value)}]"
+    if isinstance(e, Bin) and e.op in ("min", "max"):
+        a, b = extent_c(e.a, symbols), extent_c(e.b, symbols)
+        return f"({a} {_EXTENT_OPS[e.op][0]} {b} ? {a} : {b})"
     if isinstance(e, Bin) and e.op in _EXTENT_OPS:
         return f"({extent_c(e.a, symbols)} {_EXTENT_OPS[e.op][0]} {extent_c(e.b, symbols)})"
     raise ValueError(f"{e!r} is not an expression of the symbols")

@@ -45,7 +45,7 @@ def work(stmt, symbols: tuple = ()) -> int:
     if isinstance(stmt, WindowDot):  # multiply-adds, counted as a Gemm's
         return stmt.width * (stmt.rows * stmt.taps // 2 + 1)
     if isinstance(stmt, Deinterleave):  # a load and a store per element, as the loop it replaces
-        return 2 * stmt.count * stmt.phases
+        return 2 * extent_value(stmt.count, symbols) * stmt.phases
     if isinstance(stmt, TransposeBlock):  # a load, shuffles and a store per row
         return 6 * TRANSPOSE_LANES
     if isinstance(stmt, If):

@@ -195,7 +195,11 @@ class _Checker:
                 raise _Problem(f"{s.kind} gemm reads B in place through {s.b_ktab!r}: float32, an i64 table, no b_sk")
             if s.a_mtab and (s.a_sb or self.buffers.get(s.a_mtab, Buffer("", "", 0)).dtype != "i64"):
                 raise _Problem(f"gemm row-offset table {s.a_mtab} is not an i64 buffer (or A is also in row blocks)")
-            if s.a_rows and not (s.a_mtab and isinstance(s.m, int) and s.a_rows > 0 and s.m % s.a_rows == 0):
+            if isinstance(s.a_rows, Expr):  # (rows of a length known at run time: the codegen's whole rows)
+                if not (s.a_mtab and self.expr(s.a_rows) == "i64" and isinstance(s.m, Expr) and s.split == "n"):
+                    raise _Problem(f"gemm in rows of {s.a_rows} pixels: needs a row-offset table, a run-time m, "
+                                   "split n")
+            elif s.a_rows and not (s.a_mtab and isinstance(s.m, int) and s.a_rows > 0 and s.m % s.a_rows == 0):
                 raise _Problem(f"gemm of {s.m} rows in rows of {s.a_rows} pixels: needs a row-offset table, whole rows")
             if s.a_kspan and not (s.a_mtab and s.a_ktab and s.kind == "f32"
                                   and self.buffers.get(s.a_kspan, Buffer("", "", 0)).dtype == "i64"):
@@ -239,7 +243,11 @@ class _Checker:
                     raise _Problem(f"deinterleave operand {buf} is not a f32 buffer")
             if self.expr(s.src_off) != "i64" or self.expr(s.dst_off) != "i64":
                 raise _Problem("deinterleave offsets are not i64")
-            if s.phases < 1 or s.count < 1 or s.dst_stride < s.count:
+            sizes = (s.count, s.dst_stride)
+            if any(isinstance(v, Expr) for v in sizes):  # (known at run time: i64 expressions)
+                if any(not isinstance(v, int) and self.expr(v) != "i64" for v in sizes) or s.phases < 1:
+                    raise _Problem(f"deinterleave of {s.count} x {s.phases} phases into runs {s.dst_stride} apart")
+            elif s.phases < 1 or s.count < 1 or s.dst_stride < s.count:
                 raise _Problem(f"deinterleave of {s.count} x {s.phases} phases into runs {s.dst_stride} apart")
         elif isinstance(s, TransposeBlock):
             for buf in (s.src, s.dst):

@@ -552,6 +552,75 @@ def test_a_conv_transpose_over_run_time_sizes(wshape, attrs, executor):
         _assert_like_onnxruntime(module, model, {"x": rng.standard_normal(shape).astype(np.float32)})
 
 
+def _conv_branches(channels: int = 16) -> onnx.ModelProto:
+    """Convs over x [n, 16, h, w] as dynamic image sizes meet them, each branch an output:
+    depthwise (3x3 stride 2; 7x7, whose window runs in passes; 3x3 stride 2 with dilation and
+    uneven pads), a 3x3 conv with a residual Add and SiLU (AVX-512 runs that tile as a
+    function of its own), an unpadded stride-2 conv (its input read in place), a grouped conv
+    and a 1x1."""
+    rng = np.random.default_rng(11)
+    weights, nodes, outputs = [], [], []
+
+    def conv(name, wshape, x="x", **attrs):
+        weights.append(numpy_helper.from_array((rng.standard_normal(wshape) * 0.2).astype(np.float32), f"{name}_w"))
+        weights.append(numpy_helper.from_array(rng.standard_normal(wshape[0]).astype(np.float32), f"{name}_b"))
+        nodes.append(helper.make_node("Conv", [x, f"{name}_w", f"{name}_b"], [name], **attrs))
+        return name
+
+    def output(name):
+        outputs.append(helper.make_tensor_value_info(name, F, None))
+    c = channels
+    output(conv("dw_s2", (c, 1, 3, 3), group=c, strides=[2, 2], pads=[1, 1, 1, 1]))
+    output(conv("dw_7x7", (c, 1, 7, 7), group=c, pads=[3, 3, 3, 3]))
+    output(conv("dw_dilated", (c, 1, 3, 3), group=c, strides=[2, 2], dilations=[2, 2], pads=[0, 1, 2, 0]))
+    conv("c3", (c, c, 3, 3), pads=[1, 1, 1, 1])
+    nodes += [helper.make_node("Add", ["c3", "x"], ["res"]), helper.make_node("Sigmoid", ["res"], ["gate"]),
+              helper.make_node("Mul", ["res", "gate"], ["silu"])]
+    output("silu")
+    output(conv("s2_unpadded", (8, c, 3, 3), strides=[2, 2]))
+    output(conv("grouped", (c, c // 2, 3, 3), group=2, pads=[0, 1, 1, 2]))
+    output(conv("pointwise", (40, c, 1, 1)))
+    graph = helper.make_graph(nodes, "convs", [helper.make_tensor_value_info("x", F, ["n", c, "h", "w"])], outputs,
+                              weights)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+@pytest.mark.parametrize("target", X86_TARGETS)
+def test_convs_over_run_time_image_sizes_on_each_x86_target(target, executor):
+    """The implicit GEMM over run-time sizes (AVX2's tiles over the whole plane, AVX-512's
+    within output rows, rows narrower than a tile too) and the direct depthwise conv, whose
+    bordered copies and rows have run-time lengths: against onnxruntime where this host runs
+    the target, else their assembly checked for the target's vectors."""
+    model = _conv_branches()
+    result = build(model, target=target, dims={"n": (1, 2), "h": (3, 48), "w": (4, 48)}, executor=executor,
+                   cache=None, progress=False)
+
+    def run():
+        module = result.load(threads=2)
+        for shape in [(1, 16, 3, 4), (2, 16, 7, 13), (1, 16, 48, 48), (1, 16, 17, 4), (1, 16, 5, 31),
+                      (2, 16, 24, 15)]:
+            _assert_like_onnxruntime(module, model, {"x": np.random.default_rng(shape[3]).standard_normal(shape)
+                                                     .astype(np.float32)})
+    run_or_inspect(result, run)
+
+
+@pytest.mark.parametrize("xshape,wshape,attrs,sizes", [
+    (["n", 6, "t"], (8, 6, 5), {"pads": [2, 2], "strides": [2]}, [(1, 6, 1), (2, 6, 37), (1, 6, 64)]),
+    (["n", 4, "d", "h", "w"], (6, 4, 3, 3, 3), {"pads": [1, 1, 1, 1, 1, 1]}, [(1, 4, 2, 5, 9), (2, 4, 6, 6, 6)]),
+])
+def test_one_and_three_dimensional_convs_over_run_time_sizes(xshape, wshape, attrs, sizes, executor):
+    rng = np.random.default_rng(3)
+    weights = [numpy_helper.from_array(rng.standard_normal(wshape).astype(np.float32), "w")]
+    graph = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["y"], **attrs)], "g",
+                              [helper.make_tensor_value_info("x", F, xshape)],
+                              [helper.make_tensor_value_info("y", F, None)], weights)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    module = build(model, dims={d: (1, 64) for d in xshape if isinstance(d, str)}, executor=executor, cache=None,
+                   progress=False).load()
+    for shape in sizes:
+        _assert_like_onnxruntime(module, model, {"x": rng.standard_normal(shape).astype(np.float32)})
+
+
 def test_a_yolo_style_detector_builds_with_dynamic_axes(executor):
     """YOLOv8's export with dynamic axes: anchors computed from the feature maps' shapes
     (Shape -> Gather -> Cast -> Range), SPPF, an upsample joined to the stride-8 map. One

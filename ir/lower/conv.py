@@ -1,7 +1,7 @@
 """Which way a convolution is computed: the rules' choice, or a tuned schedule's (`conv_path`).
 
-Symbolic spatial sizes have one way (im2col over run-time pixels), depthwise convs another
-(direct windows); every other conv may be an implicit GEMM (the input read in place), an
+Depthwise convs have one way (direct windows, over sizes known at run time too), other
+convs over symbolic spatial sizes another (im2col over run-time pixels); every other conv may be an implicit GEMM (the input read in place), an
 im2col GEMM, a 1x1 conv with the weights as the broadcast operand ("pointwise"), a conv of
 few output channels with the weights as rows ("weights_rows"), or for 3x3 stride-1 convs
 Winograd's F(2x2, 3x3) (never the rule: the tuner's to choose).
@@ -19,10 +19,10 @@ from .winograd import lower_winograd, winograd_fits
 
 
 def lower_conv(b: KernelBuilder, node: Node, store) -> tuple:
-    if not all(isinstance(d, int) for d in b.type(node.inputs[0]).shape[2:]):
-        return lower_conv_symbolic(b, node, store)
     if is_depthwise(b, node):
         return lower_depthwise(b, node, store)
+    if not all(isinstance(d, int) for d in b.type(node.inputs[0]).shape[2:]):
+        return lower_conv_symbolic(b, node, store)
     path = b.knob("conv_path", *conv_paths(b, node))
     if path == "winograd":
         return lower_winograd(b, node, store)

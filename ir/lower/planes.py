@@ -1,10 +1,23 @@
 """Bordered copies of 2-D planes, for window kernels that run along output rows (the
 depthwise convolution, pooling): once a plane is copied with its border filled, every tap
-of a window reads a contiguous run of the copy, with no bounds checks."""
+of a window reads a contiguous run of the copy, with no bounds checks. A size may be an int or,
+over sizes known at run time only, an i64 expression of the symbols."""
 from __future__ import annotations
 
-from ..loop import Const, Deinterleave, For, If, Load, Store, Var, add, cmp, fbin, flat_index, mul, sub
+from ..loop import Const, Deinterleave, For, If, Load, Store, Var, add, cmp, div, fbin, flat_index, mul, sub
 from .builder import KernelBuilder
+
+
+def _least(a, b):
+    return min(a, b) if isinstance(a, int) and isinstance(b, int) else fbin("min", a, b)
+
+
+def _most(a, b):
+    return max(a, b) if isinstance(a, int) and isinstance(b, int) else fbin("max", a, b)
+
+
+def _minus(a, b):
+    return a - b if isinstance(a, int) and isinstance(b, int) else sub(a, b)
 
 
 def phase_split_copy(b: KernelBuilder, read, channels: int, h: int, w: int, pt: int, pl: int, sw: int,
@@ -18,36 +31,45 @@ def phase_split_copy(b: KernelBuilder, read, channels: int, h: int, w: int, pt: 
     c, i, t = b.fresh("c"), b.fresh("y"), b.fresh("t")
     row = sub(Var(i), pt)
 
-    def slots(ph: int, first: int, count: int, load: bool) -> tuple:
-        if count <= 0:
+    def slots(ph: int, first, count, load: bool) -> tuple:
+        if isinstance(count, int) and count <= 0:
             return ()
         at = flat_index([Var(c), Var(i), Const(ph), add(Var(t), first)], [channels, hp, sw, wq])
         col = sub(add(mul(add(Var(t), first), sw), ph), pl)
         return (For(t, count, (Store(dest, at, read(Var(c), row, col) if load else border),), "vectorize"),)
     spans = []  # per phase, the slots [lo, hi) that hold input
     for ph in range(sw):
-        lo = min(max(-(-(pl - ph) // sw), 0), wq)
-        spans.append((lo, min(max((w - 1 - ph + pl) // sw + 1, lo), wq)))
+        # (lo <= wq: a phase's first input slot is within the padded row, whose input is not empty)
+        lo = max(-(-(pl - ph) // sw), 0) if not isinstance(wq, int) else min(max(-(-(pl - ph) // sw), 0), wq)
+        last = (w - 1 - ph + pl) // sw + 1 if isinstance(w, int) else div(add(w, sw - 1 - ph + pl), sw)
+        spans.append((lo, _least(_most(last, lo), wq)))
     # The slots every phase loads are one loop storing all phases: LLVM reads a run of the
     # row as whole vectors and deinterleaves them, where a loop per phase was a strided
     # gather it chose to run as scalar moves.
-    lo_all, hi_all = max(lo for lo, _ in spans), min(hi for _, hi in spans)
-    if hi_all <= lo_all:
+    lo_all, hi_all = max(lo for lo, _ in spans), spans[0][1]
+    for _, hi in spans[1:]:
+        hi_all = _least(hi_all, hi)
+    if isinstance(hi_all, int) and hi_all <= lo_all:
         lo_all = hi_all = wq
+    elif not isinstance(hi_all, int):
+        hi_all = _most(hi_all, lo_all)  # (no slot every phase loads: an empty run)
     inside = []
     for ph, (lo, hi) in enumerate(spans):
-        inside += [*slots(ph, 0, lo, False), *slots(ph, lo, max(min(hi, lo_all) - lo, 0), True),
-                   *slots(ph, max(hi_all, lo), hi - max(hi_all, lo), True), *slots(ph, hi, wq - hi, False)]
-    if hi_all > lo_all and row_start is not None:
+        inside += [*slots(ph, 0, lo, False), *slots(ph, lo, _most(_minus(_least(hi, lo_all), lo), 0), True),
+                   *slots(ph, _most(hi_all, lo), _minus(hi, _most(hi_all, lo)), True),
+                   *slots(ph, hi, _minus(wq, hi), False)]
+    # (over a row whose length is known at run time only, the run may be empty)
+    some = not isinstance(hi_all, int) or hi_all > lo_all
+    if some and row_start is not None:
         src, start = row_start(Var(c), row)
         inside.append(Deinterleave(src, add(start, lo_all * sw - pl), dest,
                                    flat_index([Var(c), Var(i), Const(0), Const(lo_all)], [channels, hp, sw, wq]), wq, sw,
-                                   hi_all - lo_all))
-    elif hi_all > lo_all:
-        every = tuple(s for ph in range(sw) for s in slots(ph, lo_all, hi_all - lo_all, True)[0].body)
-        inside.append(For(t, hi_all - lo_all, every, "forced_vector"))
+                                   _minus(hi_all, lo_all)))
+    elif some:
+        every = tuple(s for ph in range(sw) for s in slots(ph, lo_all, _minus(hi_all, lo_all), True)[0].body)
+        inside.append(For(t, _minus(hi_all, lo_all), every, "forced_vector"))
     border = tuple(s for ph in range(sw) for s in slots(ph, 0, wq, False))
-    row_in = fbin("and", cmp("ge", Var(i), Const(pt)), cmp("lt", Var(i), Const(pt + h)))
+    row_in = fbin("and", cmp("ge", Var(i), Const(pt)), cmp("lt", Var(i), add(h, pt)))
     return For(c, channels, (For(i, hp, (If(row_in, tuple(inside), border),)),), parallel=True)
 
 
@@ -74,7 +96,7 @@ def padded_copy(b: KernelBuilder, src: str, src_off, channels: int, spatial: lis
     inside = None
     for i, v in enumerate(rv):
         pos = sub(Var(v), pads[i])
-        ok = fbin("and", cmp("ge", pos, Const(0)), cmp("lt", pos, Const(spatial[i])))
+        ok = fbin("and", cmp("ge", pos, Const(0)), cmp("lt", pos, spatial[i]))
         inside = ok if inside is None else fbin("and", inside, ok)
     body = fill if inside is None else (If(inside, fill, (For(j, padded[-1], (Store(dest, add(dest_row, Var(j)),
                                                                                       border),), "vectorize"),)),)
