@@ -1,6 +1,6 @@
 """Symbolic dims: one Kiln build for every shape, against a build per shape and the peers.
 
-    python bench/bench_dynamic.py [--repeat 20] [--rounds 2] [--parts bert,gpt2,big] [--layers 2] [--big-dir D]
+    python bench/bench_dynamic.py [--repeat 20] [--rounds 2] [--parts bert,gpt2,big,cnn] [--layers 2] [--big-dir D]
 
 BERT: an encoder at BERT-base widths (d=768, 12 heads, ffn 3072; `--layers` of them) exported
 with dynamic axes (tests/dynamic_zoo.py), built once by Kiln with batch=1..8, seq=1..512 and
@@ -16,6 +16,9 @@ Big: a 1B-parameter GPT-2-style decoder from a config (d=2048, 16 heads, 16 laye
 50257, random weights: 4 GB in external data, written once into --big-dir and kept there),
 built by `kiln build` in a process of its own: its build time and the driver's peak memory
 beside the model's bytes, then ms per token at past 16, 128 and 512 beside the peers.
+CNN: ResNet-18 and MobileNetV2 (tests/model_zoo.py) with the image's height and width made
+symbols, built once with height, width = 32..640 and run at 224 x 224, 320 x 480 and
+512 x 512, beside Kiln built for each size and the peers on the dynamic-axes model.
 Prints Markdown tables (the ones in the README) and each build's time.
 """
 from __future__ import annotations
@@ -190,6 +193,45 @@ def bench_big(args) -> list[str]:
             shutil.rmtree(folder, ignore_errors=True)
 
 
+IMAGE_SIZES = ((224, 224), (320, 480), (512, 512))
+
+
+def _image_sizes_dynamic(model):
+    """The model with its image input's height and width made the symbols `height`, `width`."""
+    model = type(model).FromString(model.SerializeToString())
+    dims = model.graph.input[0].type.tensor_type.shape.dim
+    dims[2].dim_param, dims[3].dim_param = "height", "width"
+    return model
+
+
+def bench_cnn(args) -> list[str]:
+    from tests import model_zoo
+    lines = ["CNNs over run-time image sizes (height, width = 32..640): median ms", "",
+             "| model | image | threads | Kiln dynamic | Kiln static | onnxruntime | OpenVINO | dynamic / static "
+             "| dynamic / best peer |", "|---|---|---|---|---|---|---|---|---|"]
+    for name in ("resnet18", "mobilenet_v2"):
+        model = _image_sizes_dynamic(getattr(model_zoo, name)())
+        x_name = model.graph.input[0].name
+        dynamic, seconds = _timed_build(model, dims={"height": (32, 640), "width": (32, 640)})
+        print(f"{name}: Kiln dynamic build {seconds:.1f} s", flush=True)
+        for h, w in IMAGE_SIZES:
+            f = {x_name: np.random.default_rng(h).standard_normal((1, 3, h, w)).astype(np.float32)}
+            static, _ = _timed_build(model, shapes={x_name: [1, 3, h, w]})
+            for threads in sorted({1, THREADS}):
+                kd, ks = dynamic.load(threads=threads), static.load(threads=threads)
+                sess, ov = ort_session(model, threads), openvino_runner(model, threads)
+                runs = {"dyn": lambda: kd.run(f), "static": lambda: ks.run(f), "ort": lambda: sess.run(None, f)}
+                if ov is not None:
+                    runs["ov"] = lambda: ov(f)
+                ms = interleaved(runs, args.warmup, max(5, args.repeat // 2), args.rounds)
+                best_peer = min(ms["ort"], ms.get("ov", float("inf")))
+                lines.append(f"| {name} | {h} x {w} | {threads} | {ms['dyn']:.2f} | {ms['static']:.2f} | "
+                             f"{ms['ort']:.2f} | {ms.get('ov', float('nan')):.2f} | {_ratio(ms['dyn'], ms['static'])} "
+                             f"| {_ratio(ms['dyn'], best_peer)} |")
+                print(lines[-1], flush=True)
+    return lines
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--repeat", type=int, default=20)
@@ -204,7 +246,7 @@ def main() -> None:
         return write_big(args.write_big)
     tables = []
     for part in args.parts.split(","):
-        tables += {"bert": bench_bert, "gpt2": bench_gpt2, "big": bench_big}[part](args) + [""]
+        tables += {"bert": bench_bert, "gpt2": bench_gpt2, "big": bench_big, "cnn": bench_cnn}[part](args) + [""]
     print("\n".join(tables))
 
 

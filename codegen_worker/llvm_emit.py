@@ -767,10 +767,15 @@ class FunctionEmitter:
         def by_blocks(panels: tuple, partial) -> None:
             blk = f"{g.m_var}.blk"
             run = lambda: block(self.mul_const(self.lookup(blk)[1], mr), mr, panels, partial)  # noqa: E731
-            if runtime_m:
-                self.loop(blk, 0, run, lo="0", hi=full_blocks)
-                left_over_rows(self.mul_const(full_blocks, mr), self.int_op("urem", self.expr(g.m), mr),
-                               panels, partial)
+            if runtime_m:  # (threads dividing by row blocks: [lo, hi), the last one partial)
+                self.loop(blk, 0, run, lo=lo if rows_range else "0",
+                          hi=self.int_op("smin", hi, full_blocks) if rows_range else full_blocks)
+                rest = lambda: left_over_rows(self.mul_const(full_blocks, mr),  # noqa: E731
+                                              self.int_op("urem", self.expr(g.m), mr), panels, partial)
+                if rows_range:
+                    self.when(self.int_op("icmp sgt", hi, full_blocks), rest)
+                else:
+                    rest()
                 return
             if not rows_range:
                 if full_blocks:

@@ -296,10 +296,12 @@ class Gemm(Stmt):
     @property
     def pieces(self) -> int:
         """How many parts its split dimension has: row blocks (with a_rows, rows) or panels
-        (the last one partial)."""
+        (the last one partial); an expression for a run-time m split by rows."""
         if self.split == "n":
             return -(-self.n // self.nr)
-        return self.m // self.a_rows if self.a_rows else -(-self.m // self.mr)
+        if self.a_rows:
+            return self.m // self.a_rows
+        return -(-self.m // self.mr) if isinstance(self.m, int) else div(add(self.m, self.mr - 1), self.mr)
 
 
 GEMM_KINDS = ("f32", "u8s8", "s8s8", "s8u8")

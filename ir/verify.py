@@ -196,9 +196,8 @@ class _Checker:
             if s.a_mtab and (s.a_sb or self.buffers.get(s.a_mtab, Buffer("", "", 0)).dtype != "i64"):
                 raise _Problem(f"gemm row-offset table {s.a_mtab} is not an i64 buffer (or A is also in row blocks)")
             if isinstance(s.a_rows, Expr):  # (rows of a length known at run time: the codegen's whole rows)
-                if not (s.a_mtab and self.expr(s.a_rows) == "i64" and isinstance(s.m, Expr) and s.split == "n"):
-                    raise _Problem(f"gemm in rows of {s.a_rows} pixels: needs a row-offset table, a run-time m, "
-                                   "split n")
+                if not (s.a_mtab and self.expr(s.a_rows) == "i64" and isinstance(s.m, Expr)):
+                    raise _Problem(f"gemm in rows of {s.a_rows} pixels: needs a row-offset table, a run-time m")
             elif s.a_rows and not (s.a_mtab and isinstance(s.m, int) and s.a_rows > 0 and s.m % s.a_rows == 0):
                 raise _Problem(f"gemm of {s.m} rows in rows of {s.a_rows} pixels: needs a row-offset table, whole rows")
             if s.a_kspan and not (s.a_mtab and s.a_ktab and s.kind == "f32"
@@ -221,7 +220,7 @@ class _Checker:
                 raise _Problem(f"gemm k-offset table {s.a_ktab} is not an i64 buffer")
             if self.expr(s.a_off) != "i64" or self.expr(s.b_off) != "i64":
                 raise _Problem("gemm offsets are not i64")
-            runtime_m = isinstance(s.m, Expr) and self.expr(s.m) == "i64" and s.split == "n"
+            runtime_m = isinstance(s.m, Expr) and self.expr(s.m) == "i64"
             if min(1 if runtime_m else s.m, s.n, s.k, s.mr, s.nr) <= 0:
                 raise _Problem(f"gemm of shape m={s.m} n={s.n} k={s.k} tile {s.mr}x{s.nr} split {s.split}")
             if s.nr % self.vector_width:

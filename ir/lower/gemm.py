@@ -322,8 +322,13 @@ def lower_conv_symbolic(b: KernelBuilder, node: Node, store) -> tuple:
     def epilogue(mm, nn, acc):
         co = add(mul(Var(gv), cog), nn)
         return store([Var(bv), co] + unflatten(mm, out_sp), acc if bias is None else fbin("add", acc, bias([co])))
+    # Threads divide row blocks (or output rows) where the bounds give many, else panels: a
+    # projection to 24 channels has one panel.
+    mr = b.tile(cog)[0]
+    bound = [greatest(d) for d in out_dims]
+    split = gemm_split(math.prod(bound), cog, mr, nr) if over_plane else gemm_split(math.prod(bound[:-1]), cog, 1, nr)
     product = gemm_stmt(b, src, src_off, 0 if over_plane else strides[-1], 0, wparam, mul(Var(gv), panel_stride),
-                        pixels, cog, kk, epilogue, a_ktab=ktab, a_mtab=mtab, stores_along="m", split="n",
+                        pixels, cog, kk, epilogue, a_ktab=ktab, a_mtab=mtab, stores_along="m", split=split,
                         a_rows=0 if over_plane else out_sp[-1] if isinstance(out_sp[-1], Expr) else Const(out_sp[-1]))
     # (A batch of 1 and one group leave both top level: threads divide the channels' copy and
     # the GEMM's weight panels.)
