@@ -674,6 +674,17 @@ class FunctionEmitter:
         self.emit(f"br i1 {c}, label %{head}, label %{exit_}{self.loop_metadata(kind, count)}")
         self.label(exit_)
 
+    def switch(self, value: str, cases: dict) -> None:
+        """Run cases[v]() where the i64 value is v (nothing for other values)."""
+        self.n += 1
+        end, labels = f"S{self.n}.end", {v: f"S{self.n}.case{v}" for v in cases}
+        self.emit(f"switch i64 {value}, label %{end} [ " + " ".join(f"i64 {v}, label %{labels[v]}" for v in cases) + " ]")
+        for v, body in cases.items():
+            self.label(labels[v])
+            body()
+            self.emit(f"br label %{end}")
+        self.label(end)
+
     def when(self, cond: str, body) -> None:
         """Run body where the i1 value cond holds."""
         self.n += 1
@@ -729,7 +740,13 @@ class FunctionEmitter:
         a_ptr = self.bufs[g.a_buf][0]
         b_ptr, _ = self.bufs[g.b_buf]
         a_off, b_off = self.expr(g.a_off), self.expr(g.b_off)
-        full_panels, last_cols = divmod(g.n, nr)
+        runtime_n = not isinstance(g.n, int)  # (B read in place: a run-time count of pixels)
+        if runtime_n:  # whole panels, then one of the run-time count of columns left, if any
+            n = self.expr(g.n)
+            full_panels, last_cols = self.int_op("udiv", n, nr), self.int_op("urem", n, nr)
+            some_left = self.int_op("icmp ne", last_cols, 0)
+        else:
+            full_panels, last_cols = divmod(g.n, nr)
         runtime_m = not isinstance(g.m, int)
         full_blocks, last_rows = (self.int_op("udiv", self.expr(g.m), mr), None) if runtime_m else divmod(g.m, mr)
         # B in chunks of panels that stay in L2 (each k step of a panel is nr 4-byte lanes).
@@ -834,15 +851,29 @@ class FunctionEmitter:
                 self.loop(row, 0, one_row, lo="0", hi=self.int_op("udiv", self.expr(g.m), width))
 
         def left_over_rows(base: str, left: str, panels: tuple, partial) -> None:
-            """The last rows < mr, known at run time: blocks of the powers of two in their
-            count, largest first (rows 13 = 8 + 4 + 1: B streams three times, not 13)."""
-            size = 1 << (mr - 1).bit_length() - 1
-            while size:
-                def part(size=size):
-                    done = self.int_op("and", left, -(2 * size))  # the rows of the larger parts
-                    block(self.int_op("add", base, done), size, panels, partial)
-                self.when(self.int_op("icmp ne", self.int_op("and", left, size), 0), part)
-                size //= 2
+            """The last rows < mr, known at run time: one tile of that many rows where they
+            are at most half a tile, else two tiles of half of them each (rounded up, then
+            down), each chosen by a switch. (As blocks of the powers of two in their count, a
+            7-wide output row was tiles of 4, 2 and 1 rows, each k loop waiting on FMA
+            latency: a ResNet's 7 x 7 stage over run-time sizes ran at 1.6x its static time.
+            A tile for every count up to mr - 1 came within 1.2x too, but its 13 tiles on
+            AVX-512 took a ResNet-18's build from 4.5 to 10.9 s.)"""
+            half, part = mr // 2, f"{g.m_var}.part"
+            two = self.int_op("icmp ugt", left, half)
+            first = self.tmp("first")  # (the rows of the first tile: all of them, or half rounded up)
+            self.emit(f"{first} = select i1 {two}, i64 {self.int_op('sub', left, self.int_op('lshr', left, 1))}, "
+                      f"i64 {left}")
+
+            def one_part():  # part 0: `first` rows from base; part 1: the rest after them
+                later = self.int_op("icmp ne", self.lookup(part)[1], 0)
+                size, at = self.tmp("rows"), self.tmp("at")
+                self.emit(f"{size} = select i1 {later}, i64 {self.int_op('sub', left, first)}, i64 {first}")
+                self.emit(f"{at} = select i1 {later}, i64 {self.int_op('add', base, first)}, i64 {base}")
+                self.switch(size, {rows: (lambda rows=rows: block(at, rows, panels, partial))
+                                   for rows in range(1, half + 1)})
+            parts = self.tmp("parts")
+            self.emit(f"{parts} = select i1 {two}, i64 2, i64 1")
+            self.loop(part, 0, one_part, lo="0", hi=parts)
 
         blocks = by_rows if g.a_rows else by_blocks
         if lo is not None and g.split == "n":
@@ -856,8 +887,13 @@ class FunctionEmitter:
                 c0 = self.int_op("add", lo, self.mul_const(self.lookup(chk)[1], chunk))
                 blocks((c0, self.int_op("smin", self.int_op("add", c0, chunk), end)), False)
             self.loop(chk, 0, one_chunk, lo="0", hi=n_chunks)
-            if last_cols:
+            if runtime_n:
+                self.when(self.int_op("icmp sgt", hi, full_panels), lambda: blocks((0, 0), some_left))
+            elif last_cols:
                 self.when(self.int_op("icmp sgt", hi, full_panels), lambda: blocks((0, 0), True))
+            return
+        if runtime_n:
+            blocks(("0", full_panels), some_left)
             return
         chunks, rest = divmod(full_panels, chunk)
         if chunks <= 1 and not (chunks == 1 and rest):
@@ -885,23 +921,27 @@ class FunctionEmitter:
         """microkernel() as a call of `void (ptr a, ptr b, [ptr tables...,] ptr tile, i64
         a_off, i64 bp, i64 m0)`, one function per tile shape of this Gemm."""
         tables = [t for t in (g.a_mtab, g.a_ktab, g.b_ktab, g.a_kspan) if t]
-        # (a row length known at run time reads the symbols)
-        buffers = [g.a_buf, g.b_buf, *tables] + ([SYMBOLS] if not isinstance(g.a_rows, int) else [])
-        name = self.outlined.get((id(g), rows, cols))
+        # (a row length or B's row stride known at run time reads the symbols)
+        buffers = [g.a_buf, g.b_buf, *tables] + ([SYMBOLS] if self.reads_symbols else [])
+        run_time_cols = not isinstance(cols, int)  # (then an argument of the function)
+        key = (id(g), rows, "run-time" if run_time_cols else cols)
+        name = self.outlined.get(key)
         if name is None:
             name = f"{self.symbol}_tile{len(self.outlined)}"
-            self.outlined[(id(g), rows, cols)] = name
+            self.outlined[key] = name
             saved = (self.lines, self.block, self.bufs)
             self.lines, self.block = [], "entry"
             self.bufs = {**self.bufs, **{buf: (f"%mk.{i}", self.bufs[buf][1]) for i, buf in enumerate(buffers)}}
-            self.microkernel(g, "%mk.0", "%mk.a_off", "%mk.1", "%mk.bp", "%mk.m0", rows, vt, "%mk.tile", cols)
+            self.microkernel(g, "%mk.0", "%mk.a_off", "%mk.1", "%mk.bp", "%mk.m0", rows, vt, "%mk.tile",
+                             "%mk.cols" if run_time_cols else cols)
             body, (self.lines, self.block, self.bufs) = self.lines, saved
             params = [f"ptr noalias nocapture readonly %mk.{i}" for i in range(len(buffers))]
             params += ["ptr noalias nocapture writeonly %mk.tile", "i64 %mk.a_off", "i64 %mk.bp", "i64 %mk.m0"]
+            params += ["i64 %mk.cols"] if run_time_cols else []
             self.functions.append("\n".join([f"define internal void @{name}({', '.join(params)}) #2 {{", "entry:",
                                              *body, "  ret void", "}"]))
         args = [f"ptr {self.bufs[buf][0]}" for buf in buffers] + [f"ptr {tile}", f"i64 {a_off}", f"i64 {bp}",
-                                                                  f"i64 {m0}"]
+                                                                  f"i64 {m0}"] + ([f"i64 {cols}"] if run_time_cols else [])
         self.emit(f"call void @{name}({', '.join(args)})")
 
     def mul_const(self, v: str, c: int) -> str:
@@ -960,6 +1000,8 @@ class FunctionEmitter:
             btp = self.gep(self.bufs[g.b_ktab][0], "i64", k)
             kb = self.tmp("bkoff")
             self.emit(f"{kb} = load i64, ptr {btp}, align 8")
+        elif not isinstance(g.b_sk, int):  # (B's row stride known at run time: a plane of pixels)
+            kb = self.int_op("mul nsw", k, self.expr(g.b_sk))
         else:
             kb = self.mul_const(k, g.b_sk or g.nr * (2 if g.b_words else 1))
         kbp = self.tmp("kb")
@@ -969,14 +1011,17 @@ class FunctionEmitter:
             idx = self.tmp("bi")
             self.emit(f"{idx} = add nsw i64 {kbp}, {v * vw}")
             p = self.gep(b_ptr, "f32" if g.kind == "f32" else "i32", idx)
-            lanes = min(max(cols - v * vw, 0), vw) if g.in_place_b else vw
+            if isinstance(cols, int):
+                lanes = min(max(cols - v * vw, 0), vw) if g.in_place_b else vw
+            else:  # (a run-time count of columns: B's lanes past it are not read)
+                lanes = self.int_op("smin", self.int_op("smax", self.int_op("sub", cols, v * vw), 0), vw)
             # (in place, partly past N: only the columns that exist are read; wholly past: none)
             bvec.append(self.load_first(p, elt, vw, lanes, 4) if lanes else "zeroinitializer")
         # (a run-time m: its full row blocks, a prefill's; not the rows left after them, a decoding step's one)
         many_rows = g.m >= g.mr if isinstance(g.m, int) else rows == g.mr
-        prefetch = self.prefetch == "on" or (self.prefetch == "auto" and g.k * g.n * 4 > PREFETCH_B_BYTES
-                                             and _row_blocks(g) <= PREFETCH_MAX_ROW_BLOCKS)
-        if g.kind == "f32" and not g.in_place_b and prefetch and many_rows:
+        prefetch = not g.in_place_b and (self.prefetch == "on" or (
+            self.prefetch == "auto" and g.k * g.n * 4 > PREFETCH_B_BYTES and _row_blocks(g) <= PREFETCH_MAX_ROW_BLOCKS))
+        if g.kind == "f32" and prefetch and many_rows:
             # B past L2 streams from memory on the first row block's pass over it: fetch the
             # next panel's lines for this k while this panel computes, or, for panels too
             # big for two to share L2 with A, this panel's a few k steps ahead. (With one row
@@ -1333,6 +1378,9 @@ class FunctionEmitter:
 
         if g.stores_along == "m":
             self.loop("__wb_j", cols, lambda: self.loop("__wb_r", rows, element, "vector_masked"), "scalar")
+        elif not isinstance(cols, int):  # (a run-time count of columns, fewer than the panel's)
+            self.loop("__wb_r", rows, lambda: self.loop("__wb_j", 0, element, "run_time_tail", lo="0", hi=cols),
+                      "scalar")
         elif g.in_place_b or g.kind == "s8u8" and g.b_words:
             # (A tile of pixels: measured, LLVM's own choice scatters, and on AVX2's 16-bit
             # pointwise tile it ran scalar, half the speed; the byte tile on AVX-512 is 7% faster

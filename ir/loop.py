@@ -278,7 +278,7 @@ class Gemm(Stmt):
     kind: str = "f32"
     # Where the Gemm is a phase, threads divide it by row blocks ("m") or column panels ("n").
     split: str = "m"
-    b_sk: int = 0  # B's row stride when it is read in place (0: packed)
+    b_sk: int = 0  # B's row stride when it is read in place (0: packed); with a run-time n, an expression
     # The epilogue's stores are contiguous along n (a row-major C) or m (a conv's pixels):
     # the direction its loop over the tile is vectorized in.
     stores_along: str = "n"
@@ -298,7 +298,7 @@ class Gemm(Stmt):
         """How many parts its split dimension has: row blocks (with a_rows, rows) or panels
         (the last one partial); an expression for a run-time m split by rows."""
         if self.split == "n":
-            return -(-self.n // self.nr)
+            return -(-self.n // self.nr) if isinstance(self.n, int) else div(add(self.n, self.nr - 1), self.nr)
         if self.a_rows:
             return self.m // self.a_rows
         return -(-self.m // self.mr) if isinstance(self.m, int) else div(add(self.m, self.mr - 1), self.mr)

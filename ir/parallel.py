@@ -39,9 +39,9 @@ def work(stmt, symbols: tuple = ()) -> int:
     if isinstance(stmt, For):
         return extent_value(stmt.extent, symbols) * max(work(stmt.body, symbols), 1)
     if isinstance(stmt, Gemm):
-        m = extent_value(stmt.m, symbols)
-        macs = m * stmt.n * stmt.k * (4 if stmt.kind != "f32" else 1)
-        return macs // 2 + m * stmt.n * max(work(stmt.epilogue, symbols), 1)
+        m, n = extent_value(stmt.m, symbols), extent_value(stmt.n, symbols)
+        macs = m * n * stmt.k * (4 if stmt.kind != "f32" else 1)
+        return macs // 2 + m * n * max(work(stmt.epilogue, symbols), 1)
     if isinstance(stmt, WindowDot):  # multiply-adds, counted as a Gemm's
         return stmt.width * (stmt.rows * stmt.taps // 2 + 1)
     if isinstance(stmt, Deinterleave):  # a load and a store per element, as the loop it replaces
@@ -69,7 +69,9 @@ def thread_plan(kernel: Kernel, symbols: tuple = ()) -> list[tuple]:
     for part in phases(kernel.body)[1]:
         extent = parallel_extent(part)
         grain = VECTOR_GRAIN if isinstance(part, For) and part.kind == "vectorize" else 1
-        scale = extent if isinstance(part, For) else part.m if isinstance(part, Gemm) else 0
+        scale = extent if isinstance(part, For) else 0
+        if isinstance(part, Gemm):  # (a run-time m, or n: the pixels of a 1x1 conv read in place)
+            scale = part.m if not isinstance(part.m, int) else part.n
         at_bound = extent_value(extent, symbols) if extent else 0
         total = work(part, symbols)
         pieces = min(at_bound // grain, total // per_piece, MAX_PIECES) if at_bound > 1 else 1

@@ -188,7 +188,12 @@ class _Checker:
                 raise _Problem(f"gemm split {s.split!r}")
             if s.stores_along not in ("m", "n"):
                 raise _Problem(f"gemm stores along {s.stores_along!r}")
-            if s.b_sk and (s.kind != "f32" or s.b_sk < 0):
+            if isinstance(s.b_sk, Expr) or isinstance(s.n, Expr):  # (a run-time count of columns read in place)
+                if not (isinstance(s.b_sk, Expr) and self.expr(s.b_sk) == "i64" and s.kind == "f32"
+                        and isinstance(s.n, Expr) and self.expr(s.n) == "i64" and s.split == "n" and isinstance(s.m, int)):
+                    raise _Problem(f"gemm of {s.n} columns read in place with row stride {s.b_sk}: float32, both "
+                                   "run-time, split n, a static m")
+            elif s.b_sk and (s.kind != "f32" or s.b_sk < 0):
                 raise _Problem(f"{s.kind} gemm reads B in place with row stride {s.b_sk}")
             if s.b_ktab and (s.kind != "f32" or s.b_sk
                              or self.buffers.get(s.b_ktab, Buffer("", "", 0)).dtype != "i64"):
@@ -221,7 +226,7 @@ class _Checker:
             if self.expr(s.a_off) != "i64" or self.expr(s.b_off) != "i64":
                 raise _Problem("gemm offsets are not i64")
             runtime_m = isinstance(s.m, Expr) and self.expr(s.m) == "i64"
-            if min(1 if runtime_m else s.m, s.n, s.k, s.mr, s.nr) <= 0:
+            if min(1 if runtime_m else s.m, 1 if isinstance(s.n, Expr) else s.n, s.k, s.mr, s.nr) <= 0:
                 raise _Problem(f"gemm of shape m={s.m} n={s.n} k={s.k} tile {s.mr}x{s.nr} split {s.split}")
             if s.nr % self.vector_width:
                 raise _Problem(f"gemm tile {s.mr}x{s.nr}: columns not whole vectors of {self.vector_width}")

@@ -556,8 +556,9 @@ def _conv_branches(channels: int = 16) -> onnx.ModelProto:
     """Convs over x [n, 16, h, w] as dynamic image sizes meet them, each branch an output:
     depthwise (3x3 stride 2; 7x7, whose window runs in passes; 3x3 stride 2 with dilation and
     uneven pads), a 3x3 conv with a residual Add and SiLU (AVX-512 runs that tile as a
-    function of its own), an unpadded stride-2 conv (its input read in place), a grouped conv
-    and a 1x1."""
+    function of its own), an unpadded stride-2 conv (its input read in place), a grouped conv,
+    1x1 convs of few input channels (pointwise: a run-time count of pixel columns; one with
+    SiLU) and one of 300 (the implicit GEMM)."""
     rng = np.random.default_rng(11)
     weights, nodes, outputs = [], [], []
 
@@ -580,6 +581,10 @@ def _conv_branches(channels: int = 16) -> onnx.ModelProto:
     output(conv("s2_unpadded", (8, c, 3, 3), strides=[2, 2]))
     output(conv("grouped", (c, c // 2, 3, 3), group=2, pads=[0, 1, 1, 2]))
     output(conv("pointwise", (40, c, 1, 1)))
+    conv("pw", (24, c, 1, 1))
+    nodes += [helper.make_node("Sigmoid", ["pw"], ["pw_gate"]), helper.make_node("Mul", ["pw", "pw_gate"], ["pw_silu"])]
+    output("pw_silu")
+    output(conv("wide_1x1", (8, 300, 1, 1), x=conv("to_300", (300, c, 1, 1))))
     graph = helper.make_graph(nodes, "convs", [helper.make_tensor_value_info("x", F, ["n", c, "h", "w"])], outputs,
                               weights)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
@@ -602,6 +607,28 @@ def test_convs_over_run_time_image_sizes_on_each_x86_target(target, executor):
             _assert_like_onnxruntime(module, model, {"x": np.random.default_rng(shape[3]).standard_normal(shape)
                                                      .astype(np.float32)})
     run_or_inspect(result, run)
+
+
+@pytest.mark.parametrize("attrs", [
+    {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]},
+    {"kernel_shape": [3, 3], "strides": [2, 2], "ceil_mode": 1},
+    {"kernel_shape": [3, 2], "strides": [2, 3], "dilations": [2, 1], "pads": [0, 1, 2, 0]},
+])
+def test_a_strided_max_pool_over_run_time_sizes(attrs, executor):
+    """A strided max pool over run-time sizes copies its planes with a border split by
+    column phase, as over static sizes (the copy's rows and slots expressions of the sizes,
+    a ceil_mode window's last taps included): exactly onnxruntime's maxima."""
+    graph = helper.make_graph([helper.make_node("MaxPool", ["x"], ["y"], **attrs)], "g",
+                              [helper.make_tensor_value_info("x", F, [1, 8, "h", "w"])],
+                              [helper.make_tensor_value_info("y", F, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    module = build(model, dims={"h": (5, 100), "w": (5, 100)}, executor=executor, cache=None, progress=False).load()
+    for h, w in ((5, 5), (7, 9), (100, 100), (6, 99), (33, 8)):
+        feeds = {"x": np.random.default_rng(h * w).standard_normal((1, 8, h, w)).astype(np.float32)}
+        want = model_zoo.onnxruntime_outputs(model, feeds)["y"]
+        got = module.run(feeds)["y"]
+        assert got.shape == want.shape
+        np.testing.assert_array_equal(got, want)
 
 
 @pytest.mark.parametrize("xshape,wshape,attrs,sizes", [

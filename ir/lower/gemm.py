@@ -525,7 +525,8 @@ def lower_pointwise(b: KernelBuilder, node: Node, store) -> tuple:
     x_name, w_name = node.inputs[0], node.inputs[1]
     xs, (cout, cg) = b.type(x_name).shape, b.type(w_name).shape[:2]
     batch, cin, groups = b.dim(xs[0]), xs[1], b.attrs(node).get("group", 1)
-    cog, out_sp = cout // groups, b.type(node.outputs[0]).shape[2:]
+    cog, out_dims = cout // groups, b.type(node.outputs[0]).shape[2:]
+    out_sp = [b.dim(d) for d in out_dims]  # (over run-time sizes, expressions: a run-time n)
     pixels = math.prod(out_sp)
     bias = b.reader(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] else None
     wparam, xparam = b.in_param(w_name), b.in_param(x_name)
@@ -536,6 +537,11 @@ def lower_pointwise(b: KernelBuilder, node: Node, store) -> tuple:
         value = acc if bias is None else fbin("add", acc, bias([co]))
         return store([Var(bv), co] + ([nn] if b.conv_collapsed else unflatten(nn, out_sp)), value)
     x_off = mul(add(mul(Var(bv), cin), mul(Var(gv), cg)), pixels)
+    if isinstance(pixels, Expr):  # (the pixels' panels divide among threads; the tile is the bounds')
+        tile = b.tile(math.prod(greatest(d) for d in out_dims))
+        gemm = gemm_stmt(b, wparam, mul(Var(gv), cog * cg), cg, 1, xparam, x_off, cog, pixels, cg, epilogue,
+                         b_sk=pixels, tile=tile, split="n")
+        return loop(bv, batch, loop(gv, groups, (gemm,)))
     if pointwise_packs_input(b.config.vector_width, cg, cog, pixels):
         packed = b.workspace(-(-pixels // b.tile(pixels)[1]) * b.tile(pixels)[1] * cg)
         pack = _runtime_pack(b, xparam, x_off, cg, pixels, pixels, 1, packed)

@@ -4,8 +4,9 @@ A 2-D float32 pool with a column stride copies each channel plane with a border 
 identity, or zero) split by column phase, then computes the plane's outputs from that copy
 while it is in L1: every tap of a row of outputs is then one contiguous run, so a row is
 whole vectors with no bounds checks (read in place, a stride-2 row is every other element,
-which LLVM gathered or ran as scalar code). Other pools (stride 1, where the copy cost more
-than it saved; 1-D and 3-D; float64; sizes known only at run time) read the input in place,
+which LLVM gathered or ran as scalar code); so does a max pool over sizes known only at run
+time, its copy planned at the bounds. Other pools (stride 1, where the copy cost more than it
+saved; 1-D and 3-D; float64; an average over run-time sizes) read the input in place,
 checking the taps of the windows at the border.
 """
 from __future__ import annotations
@@ -17,8 +18,9 @@ import numpy as np
 
 from ..dtypes import dtype
 from ..graph import Node
-from ..loop import (FLOAT_TYPES, Assign, Const, Expr, For, Let, Load, Local, Var, add, cmp, fbin, flat_index, loop, lowest,
-                    mul, select, sub)
+from ..loop import (FLOAT_TYPES, Assign, Const, Expr, For, Let, Load, Local, Var, add, cmp, div, fbin, flat_index, loop,
+                    lowest, mul, select, sub)
+from ..symbolic import greatest
 from .builder import KernelBuilder
 from .planes import phase_split_copy
 from .reduce import literal
@@ -30,10 +32,12 @@ def _f(v) -> Const:
     return Const(float(v), "f32")
 
 
-def _on_bordered_planes(b: KernelBuilder, node: Node, t: str) -> bool:
-    """Whether the pool reads bordered plane copies (see the module's docstring)."""
+def _on_bordered_planes(b: KernelBuilder, node: Node, t: str, is_max: bool) -> bool:
+    """Whether the pool reads bordered plane copies (see the module's docstring): a max pool
+    over run-time sizes too (an average's divisors are a table of the static sizes)."""
     shape = b.shape(node.inputs[0])
-    return t == "f32" and len(shape) == 4 and not any(isinstance(d, Expr) for d in shape[1:]) and \
+    run_time = any(isinstance(d, Expr) for d in shape[2:])
+    return t == "f32" and len(shape) == 4 and not isinstance(shape[1], Expr) and (is_max or not run_time) and \
         b.attrs(node)["strides"][-1] > 1
 
 
@@ -48,14 +52,23 @@ def _tap_counts(out: int, size: int, k: int, s: int, d: int, before: int, after:
 
 def _lower_pool_on_planes(b: KernelBuilder, node: Node, store, is_max: bool) -> tuple:
     x_name = node.inputs[0]
-    batch, channels, h, w = b.shape(x_name)
+    batch, channels, h, w = b.shape(x_name)  # (h, w, oh, ow: expressions over run-time sizes)
     oh, ow = b.shape(node.outputs[0])[2:]
     a = b.attrs(node)
     (kh, kw), (sh, sw), (dh, dw), (pt, pl, pb, pr) = a["kernel_shape"], a["strides"], a["dilations"], a["pads"]
-    # The copy covers every tap: a ceil_mode window may reach past the padding.
-    hp = max(h + pt + pb, (oh - 1) * sh + (kh - 1) * dh + 1)
-    wq = -(-max(w + pl + pr, (ow - 1) * sw + (kw - 1) * dw + 1) // sw)
-    planes = b.workspace(channels * hp * sw * wq)
+
+    def padded(h, w, oh, ow):
+        """The copy's rows and slots per phase: it covers every tap (a ceil_mode window may
+        reach past the padding)."""
+        if isinstance(h, int) and isinstance(w, int) and isinstance(oh, int) and isinstance(ow, int):
+            return max(h + pt + pb, (oh - 1) * sh + (kh - 1) * dh + 1), \
+                -(-max(w + pl + pr, (ow - 1) * sw + (kw - 1) * dw + 1) // sw)
+        wide = fbin("max", add(w, pl + pr), add(mul(ow, sw), (kw - 1) * dw + 1 - sw))
+        return fbin("max", add(h, pt + pb), add(mul(oh, sh), (kh - 1) * dh + 1 - sh)), div(add(wide, sw - 1), sw)
+    hp, wq = padded(h, w, oh, ow)
+    dims = [b.type(x_name).shape[2:], b.type(node.outputs[0]).shape[2:]]
+    hp_bound, wq_bound = padded(*(greatest(d) for d in dims[0]), *(greatest(d) for d in dims[1]))
+    planes = b.workspace(channels * hp_bound * sw * wq_bound)
     bv = b.fresh("b")
     x = b.reader(x_name)
     inline = x_name in b.readers  # (computed in this group: no buffer to deinterleave from)
@@ -141,7 +154,7 @@ def _sticky_max(acc, x):
 
 def lower_pool(b: KernelBuilder, node: Node, store, is_max: bool) -> tuple:
     t = b.compute(node.inputs[0])  # f32, or f64
-    if _on_bordered_planes(b, node, t):
+    if _on_bordered_planes(b, node, t, is_max):
         return _lower_pool_on_planes(b, node, store, is_max)
     x, xshape = b.reader(node.inputs[0]), b.shape(node.inputs[0])
     oshape = b.shape(node.outputs[0])
