@@ -59,7 +59,15 @@ MODELS = {
     # the two directions' time loops run at once
     "bidirectional_lstm": lambda: model_zoo.recurrent_model("LSTM", seq=20, batch=2, width=64, hidden=128, dirs=2,
                                                             lens=False, init=False)[0],
+    # a batch's images on threads of their own: convs, the strided max pool, depthwise, pointwise
+    "resnet18_batch3": lambda: model_zoo.resnet18(batch=3, size=64),
+    "mobilenet_v2_batch3": lambda: _batch_of(model_zoo.mobilenet_v2(size=48), 3),
 }
+
+
+def _batch_of(model, images: int):
+    model.graph.input[0].type.tensor_type.shape.dim[0].dim_value = images
+    return model
 
 
 def _divided_phases(result) -> set:
@@ -74,6 +82,13 @@ def _divided_phases(result) -> set:
     return kinds
 
 
+def _image_loop_divides(kernel) -> bool:
+    """Whether one of the kernel's phases is a parallel loop over the batch's 3 images (its
+    thread plan then divides it where its work is worth a thread)."""
+    from modelkiln.ir.loop import For, phases
+    return any(isinstance(part, For) and part.parallel and part.extent == 3 for part in phases(kernel.body)[1])
+
+
 @pytest.fixture(scope="module", params=sorted(MODELS))
 def built(request, executor):
     from modelkiln.orchestrator.api import build
@@ -84,9 +99,15 @@ def built(request, executor):
 def test_every_thread_count_gives_the_same_bytes_and_onnxruntimes_answer(built):
     name, model, result = built
     kinds = _divided_phases(result)
-    assert "loop" in kinds and kinds & {"gemm-m", "gemm-n"}, f"{name}: nothing divides across threads ({kinds})"
+    # (a batch's convs run their GEMMs inside the loop over images, which divides)
+    assert "loop" in kinds and (kinds & {"gemm-m", "gemm-n"} or name.endswith("_batch3")), \
+        f"{name}: nothing divides across threads ({kinds})"
     if name == "odd_shapes":
         assert kinds == {"loop", "gemm-m", "gemm-n"}
+    if name.endswith("_batch3"):  # (every conv's loop over images divides)
+        for call in result.lowered.calls:
+            if "Conv" in call.ops:
+                assert _image_loop_divides(call.kernel), f"{name}: {call.name}'s images run on one thread"
     inputs = model_zoo.random_inputs(model, 1)
     runs = {}
     for threads in THREAD_COUNTS:

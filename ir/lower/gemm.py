@@ -35,7 +35,17 @@ WHOLE_COL_FLOATS = 1024 * 1024
 # A batch-1 grouped conv's groups divide across threads, each group with its own slice of the
 # workspaces, while those stay within this many floats. One group's GEMM is too small to
 # split (RegNet's: 8 output channels), so groups run one after another on one thread else.
-PARALLEL_GROUPS_FLOATS = 2 * 1024 * 1024
+# So do a batch's images (its bound's, for a symbolic batch): the phases a batch-1 conv
+# divides among threads are inside the loop over images, which ran on one thread (ResNet-18
+# at batch 4 on 2 threads: 127 ms, onnxruntime 65).
+PARALLEL_SLICES_FLOATS = 2 * 1024 * 1024
+
+
+def images_in_parallel(b: KernelBuilder, batch_dim, floats_per_image: int) -> bool:
+    """Whether a conv's images run on threads of their own, each with its own slice of
+    `floats_per_image` of workspace: a batch (or its bound) of more than one that fits."""
+    images = greatest(batch_dim)
+    return images > 1 and images * floats_per_image <= PARALLEL_SLICES_FLOATS
 RUNTIME_PACK_FLOATS = 4 * 1024 * 1024  # packed run-time B operands of a batched MatMul, all batches
 # 1x1 convs with at most this many input channels (per group) run weights-as-rows
 # (lower_pointwise). Measured on ResNet-50 and MobileNetV2 layers: up to 2x faster at 16-256
@@ -295,10 +305,13 @@ def lower_conv_symbolic(b: KernelBuilder, node: Node, store) -> tuple:
     bordered = any(pads)
     src_sp = [add(in_sp[i], pads[i] + pads[nsp + i]) for i in range(nsp)] if bordered else in_sp
     per_image = []
-    if bordered:
-        src = b.workspace(cg * math.prod(greatest(d) + pads[i] + pads[nsp + i] for i, d in enumerate(xs[2:])))
-        per_image.append(padded_copy(b, xparam, mul(chan0, plane), cg, in_sp, pads, src))
-        src_off = Const(0)
+    bordered_floats = cg * math.prod(greatest(d) + pads[i] + pads[nsp + i] for i, d in enumerate(xs[2:])) \
+        if bordered else 0
+    if bordered:  # (a slice per image where images run in parallel)
+        slices = greatest(xs[0]) if images_in_parallel(b, xs[0], bordered_floats) else 1
+        src = b.workspace(slices * bordered_floats)
+        src_off = mul(Var(bv), bordered_floats) if slices > 1 else Const(0)
+        per_image.append(padded_copy(b, xparam, mul(chan0, plane), cg, in_sp, pads, src, dest_off=src_off))
     else:
         src, src_off = xparam, mul(chan0, plane)
 
@@ -332,7 +345,7 @@ def lower_conv_symbolic(b: KernelBuilder, node: Node, store) -> tuple:
                         a_rows=0 if over_plane else out_sp[-1] if isinstance(out_sp[-1], Expr) else Const(out_sp[-1]))
     # (A batch of 1 and one group leave both top level: threads divide the channels' copy and
     # the GEMM's weight panels.)
-    return (*tables, *starts, *loop(bv, b.dim(xs[0]), loop(gv, groups, per_image + [product])))
+    return (*tables, *starts, *_over_images(b, bv, xs[0], loop(gv, groups, per_image + [product]), bordered_floats))
 
 
 def lower_conv_gemm(b: KernelBuilder, node: Node, store, path: str) -> tuple:
@@ -383,15 +396,16 @@ def lower_conv_gemm(b: KernelBuilder, node: Node, store, path: str) -> tuple:
     col_floats = kk * -(-rows_per_chunk * row_size // mr) * mr if mr else 0
     bordered_floats = cg * math.prod(padded) if bordered else 0
     parallel_groups = (groups > 1 and batch == 1 and not runtime_w
-                       and groups * (col_floats + bordered_floats) <= PARALLEL_GROUPS_FLOATS)
-    slices = groups if parallel_groups else 1
+                       and groups * (col_floats + bordered_floats) <= PARALLEL_SLICES_FLOATS)
+    parallel_images = not parallel_groups and images_in_parallel(b, xs[0], col_floats + bordered_floats)
+    slices = groups if parallel_groups else greatest(xs[0]) if parallel_images else 1
     xp_ws = b.workspace(slices * bordered_floats) if bordered else None
     col_ws = b.workspace(slices * col_floats) if mr else None
 
     bv, gv = b.fresh("b"), b.fresh("g")
-    # Where this group's slice of each workspace starts (all groups share one, serially).
-    group_col = mul(Var(gv), col_floats) if parallel_groups else Const(0)
-    group_bordered = mul(Var(gv), bordered_floats) if parallel_groups else Const(0)
+    # Where this group's (or image's) slice of each workspace starts (else all share one, serially).
+    owner = Var(gv) if parallel_groups else Var(bv) if parallel_images else Const(0)
+    group_col, group_bordered = mul(owner, col_floats), mul(owner, bordered_floats)
     prologue = []
     if runtime_w:
         gp = b.fresh("wg")
@@ -512,6 +526,8 @@ def lower_conv_gemm(b: KernelBuilder, node: Node, store, path: str) -> tuple:
         body += chunk(Const(full * rows_per_chunk), last)
     if parallel_groups:
         return tuple(prologue) + loop(bv, batch, (For(gv, groups, tuple(body), parallel=True),))
+    if parallel_images:
+        return tuple(prologue) + (For(bv, batch, loop(gv, groups, body), parallel=True),)
     return tuple(prologue) + loop(bv, batch, loop(gv, groups, body))
 
 
@@ -541,14 +557,22 @@ def lower_pointwise(b: KernelBuilder, node: Node, store) -> tuple:
         tile = b.tile(math.prod(greatest(d) for d in out_dims))
         gemm = gemm_stmt(b, wparam, mul(Var(gv), cog * cg), cg, 1, xparam, x_off, cog, pixels, cg, epilogue,
                          b_sk=pixels, tile=tile, split="n")
-        return loop(bv, batch, loop(gv, groups, (gemm,)))
+        return _over_images(b, bv, xs[0], loop(gv, groups, (gemm,)), 0)
     if pointwise_packs_input(b.config.vector_width, cg, cog, pixels):
         packed = b.workspace(-(-pixels // b.tile(pixels)[1]) * b.tile(pixels)[1] * cg)
         pack = _runtime_pack(b, xparam, x_off, cg, pixels, pixels, 1, packed)
         gemm = gemm_stmt(b, wparam, mul(Var(gv), cog * cg), cg, 1, packed, Const(0), cog, pixels, cg, epilogue)
         return loop(bv, batch, loop(gv, groups, pack + (gemm,)))
     gemm = gemm_stmt(b, wparam, mul(Var(gv), cog * cg), cg, 1, xparam, x_off, cog, pixels, cg, epilogue, b_sk=pixels)
-    return loop(bv, batch, loop(gv, groups, (gemm,)))
+    return _over_images(b, bv, xs[0], loop(gv, groups, (gemm,)), 0)
+
+
+def _over_images(b: KernelBuilder, bv: str, batch_dim, body: tuple, floats_per_image: int) -> tuple:
+    """The loop over a conv's images: on threads of their own where `images_in_parallel`
+    (each image's workspace slice then starts at bv * floats_per_image)."""
+    if images_in_parallel(b, batch_dim, floats_per_image):
+        return (For(bv, b.dim(batch_dim), tuple(body), parallel=True),)
+    return loop(bv, b.dim(batch_dim), body)
 
 
 def is_depthwise(b: KernelBuilder, node: Node) -> bool:
@@ -565,8 +589,8 @@ def lower_depthwise(b: KernelBuilder, node: Node, store, value=lambda v: v, weig
     ConvInteger passes `value` (input element -> float32 x - zx), its weights' float32 copy
     (`weights`, a kernel parameter) and `out` (the float sum -> its output value)."""
     x_name, w_name = node.inputs[0], node.inputs[1]
-    batch, cin, h_dim, w_dim = b.type(x_name).shape
-    batch = b.dim(batch)
+    batch_dim, cin, h_dim, w_dim = b.type(x_name).shape
+    batch = b.dim(batch_dim)
     cout = b.type(w_name).shape[0]
     mult = cout // cin
     a = b.attrs(node)
@@ -583,11 +607,16 @@ def lower_depthwise(b: KernelBuilder, node: Node, store, value=lambda v: v, weig
     # With a column stride, the copy is split by column phase ([c][row][phase][col // stride]),
     # so a tap's inputs along an output row are contiguous instead of a strided gather.
     wq = -(-wp // sw) if isinstance(wp, int) else div(add(wp, sw - 1), sw)
-    xp = b.workspace(cin * (greatest(h_dim) + pt + pb) * sw * -(-(greatest(w_dim) + pl + pr) // sw))
+    copy_floats = cin * (greatest(h_dim) + pt + pb) * sw * -(-(greatest(w_dim) + pl + pr) // sw)
+    partial_floats = cout * greatest(ow_dim)
+    # (images on threads of their own: a slice of the copy and of the partial sums each)
+    slices = greatest(batch_dim) if images_in_parallel(b, batch_dim, copy_floats + partial_floats) else 1
+    xp = b.workspace(slices * copy_floats)
     bv = b.fresh("b")
+    xp_off = mul(Var(bv), copy_floats) if slices > 1 else Const(0)
     if sw == 1:
         pad_copy = padded_copy(b, xparam, mul(Var(bv), cin * h * w_), cin, [h, w_], [pt, pl, pb, pr], xp, value,
-                               row_kind="vector_masked")
+                               row_kind="vector_masked", dest_off=xp_off)
     else:
         def row_start(c, i):
             return xparam, add(mul(Var(bv), cin * h * w_), mul(add(mul(c, h), i), w_))
@@ -595,7 +624,8 @@ def lower_depthwise(b: KernelBuilder, node: Node, store, value=lambda v: v, weig
         def read(c, i, j):
             return value(Load(xparam, add(row_start(c, i)[1], j)))
         plain = not weights and dtype(b.type(x_name).dtype).storage == "f32"  # (not ConvInteger's bytes)
-        pad_copy = phase_split_copy(b, read, cin, h, w_, pt, pl, sw, hp, wq, xp, row_start if plain else None)
+        pad_copy = phase_split_copy(b, read, cin, h, w_, pt, pl, sw, hp, wq, xp, row_start if plain else None,
+                                    dest_off=xp_off)
     co, r, v, q = b.fresh("co"), b.fresh("r"), b.fresh("kx"), b.fresh("q")
     ch = div(Var(co), mult)
     kx = mul(Var(v), dw)  # a constant once the window loop is unrolled
@@ -608,8 +638,8 @@ def lower_depthwise(b: KernelBuilder, node: Node, store, value=lambda v: v, weig
         stmts, sums = [], []
         for u in range(first, first + count):
             acc = b.fresh("acc")
-            at = flat_index([ch, add(mul(Var(r), sh), Const(u * dh)), rem(kx, sw), add(Var(q), div(kx, sw))],
-                            [cin, hp, sw, wq])
+            at = add(xp_off, flat_index([ch, add(mul(Var(r), sh), Const(u * dh)), rem(kx, sw), add(Var(q), div(kx, sw))],
+                                        [cin, hp, sw, wq]))
             tap = Assign(acc, fbin("add", Var(acc, "f32"), fbin(
                 "mul", Load(wparam, flat_index([Var(co), Const(u), Var(v)], [cout, kh, kw])), Load(xp, at))))
             stmts += [Local(acc, "f32", Const(0.0, "f32")), For(v, kw, (tap,), "unroll")]
@@ -626,8 +656,8 @@ def lower_depthwise(b: KernelBuilder, node: Node, store, value=lambda v: v, weig
     # (vector_masked: a row's ragged end runs as one masked vector, not a scalar remainder)
     steps = []
     if len(passes) > 1:
-        partial = b.workspace(cout * greatest(ow_dim))  # one row per output channel: channels run in parallel
-        at = add(mul(Var(co), ow), Var(q))
+        partial = b.workspace(slices * partial_floats)  # one row per output channel: channels run in parallel
+        at = add(mul(Var(bv), partial_floats) if slices > 1 else Const(0), add(mul(Var(co), ow), Var(q)))
         for i, (first, count) in enumerate(passes[:-1]):
             stmts, part = window_rows(first, count)
             so_far = part if i == 0 else fbin("add", Load(partial, at), part)
@@ -644,7 +674,8 @@ def lower_depthwise(b: KernelBuilder, node: Node, store, value=lambda v: v, weig
     # L2); one parallel phase instead of two.
     c, m = pad_copy.var, b.fresh("m")
     per_output = For(m, mult, (Let(co, add(mul(Var(c), mult), Var(m))), rows))
-    return loop(bv, batch, (For(c, cin, (*pad_copy.body, per_output), parallel=True),))
+    image = (For(c, cin, (*pad_copy.body, per_output), parallel=True),)
+    return (For(bv, batch, image, parallel=True),) if slices > 1 else loop(bv, batch, image)
 
 
 def conv_operands(b: KernelBuilder, node: Node) -> tuple:

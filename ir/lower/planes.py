@@ -21,8 +21,8 @@ def _minus(a, b):
 
 
 def phase_split_copy(b: KernelBuilder, read, channels: int, h: int, w: int, pt: int, pl: int, sw: int,
-                     hp: int, wq: int, dest: str, row_start=None, border=Const(0.0, "f32")) -> For:
-    """Copy `channels` planes of [h, w] into dest [channel][hp][sw][wq] with a border of `border`:
+                     hp: int, wq: int, dest: str, row_start=None, border=Const(0.0, "f32"), dest_off=Const(0)) -> For:
+    """Copy `channels` planes of [h, w] into dest[dest_off:] as [channel][hp][sw][wq] with a border of `border`:
     padded row i, column phase ph, slot t holds input (i - pt, t*sw + ph - pl), so along an
     output row of a window strided by sw, a tap's inputs are contiguous. `read(c, i, j)` is
     input element (c, i, j) as float32; where the input is float32 read as it is,
@@ -34,7 +34,7 @@ def phase_split_copy(b: KernelBuilder, read, channels: int, h: int, w: int, pt: 
     def slots(ph: int, first, count, load: bool) -> tuple:
         if isinstance(count, int) and count <= 0:
             return ()
-        at = flat_index([Var(c), Var(i), Const(ph), add(Var(t), first)], [channels, hp, sw, wq])
+        at = add(dest_off, flat_index([Var(c), Var(i), Const(ph), add(Var(t), first)], [channels, hp, sw, wq]))
         col = sub(add(mul(add(Var(t), first), sw), ph), pl)
         return (For(t, count, (Store(dest, at, read(Var(c), row, col) if load else border),), "vectorize"),)
     spans = []  # per phase, the slots [lo, hi) that hold input
@@ -63,8 +63,8 @@ def phase_split_copy(b: KernelBuilder, read, channels: int, h: int, w: int, pt: 
     if some and row_start is not None:
         src, start = row_start(Var(c), row)
         inside.append(Deinterleave(src, add(start, lo_all * sw - pl), dest,
-                                   flat_index([Var(c), Var(i), Const(0), Const(lo_all)], [channels, hp, sw, wq]), wq, sw,
-                                   _minus(hi_all, lo_all)))
+                                   add(dest_off, flat_index([Var(c), Var(i), Const(0), Const(lo_all)],
+                                                            [channels, hp, sw, wq])), wq, sw, _minus(hi_all, lo_all)))
     elif some:
         every = tuple(s for ph in range(sw) for s in slots(ph, lo_all, _minus(hi_all, lo_all), True)[0].body)
         inside.append(For(t, _minus(hi_all, lo_all), every, "forced_vector"))

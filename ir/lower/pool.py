@@ -22,6 +22,7 @@ from ..loop import (FLOAT_TYPES, Assign, Const, Expr, For, Let, Load, Local, Var
                     lowest, mul, select, sub)
 from ..symbolic import greatest
 from .builder import KernelBuilder
+from .gemm import images_in_parallel
 from .planes import phase_split_copy
 from .reduce import literal
 
@@ -68,8 +69,12 @@ def _lower_pool_on_planes(b: KernelBuilder, node: Node, store, is_max: bool) -> 
     hp, wq = padded(h, w, oh, ow)
     dims = [b.type(x_name).shape[2:], b.type(node.outputs[0]).shape[2:]]
     hp_bound, wq_bound = padded(*(greatest(d) for d in dims[0]), *(greatest(d) for d in dims[1]))
-    planes = b.workspace(channels * hp_bound * sw * wq_bound)
+    plane_floats = channels * hp_bound * sw * wq_bound
+    # (images on threads of their own: a slice of the copy each)
+    slices = greatest(b.type(x_name).shape[0]) if images_in_parallel(b, b.type(x_name).shape[0], plane_floats) else 1
+    planes = b.workspace(slices * plane_floats)
     bv = b.fresh("b")
+    planes_off = mul(Var(bv), plane_floats) if slices > 1 else Const(0)
     x = b.reader(x_name)
     inline = x_name in b.readers  # (computed in this group: no buffer to deinterleave from)
     storage = b.storage(x_name)
@@ -81,7 +86,7 @@ def _lower_pool_on_planes(b: KernelBuilder, node: Node, store, is_max: bool) -> 
         return b.in_param(x_name), flat_index([Var(bv), c, i, Const(0)], storage)
     plain = not inline and dtype(b.type(x_name).dtype).storage == "f32"
     copy = phase_split_copy(b, read, channels, h, w, pt, pl, sw, hp, wq, planes, row_start if plain else None,
-                            literal(lowest("f32")) if is_max else _f(0))
+                            literal(lowest("f32")) if is_max else _f(0), planes_off)
     c, r, q = copy.var, b.fresh("r"), b.fresh("q")
     stmts = []
 
@@ -91,8 +96,8 @@ def _lower_pool_on_planes(b: KernelBuilder, node: Node, store, is_max: bool) -> 
 
     def tap(u: int, v: int):
         kx = v * dw
-        return Load(planes, flat_index([Var(c), add(mul(Var(r), sh), u * dh), Const(kx % sw), add(Var(q), kx // sw)],
-                                       [channels, hp, sw, wq]))
+        return Load(planes, add(planes_off, flat_index([Var(c), add(mul(Var(r), sh), u * dh), Const(kx % sw),
+                                                        add(Var(q), kx // sw)], [channels, hp, sw, wq])))
     if kh * kw <= MAX_TREE_TAPS:  # every tap loaded once, combined as a balanced tree
         taps = [bound(tap(u, v)) for u in range(kh) for v in range(kw)]
         value = _tap_maximum(taps, "f32", bound) if is_max else _balanced(taps, lambda x, y: fbin("add", x, y), bound)
@@ -116,7 +121,8 @@ def _lower_pool_on_planes(b: KernelBuilder, node: Node, store, is_max: bool) -> 
         value = fbin("div", value, divisor)
     row = For(q, ow, (*stmts, *store([Var(bv), Var(c), Var(r), Var(q)], value)), "vector_masked")
     # Each plane's outputs are computed right after its copy, while the copy is in L1.
-    return loop(bv, batch, (For(c, channels, (*copy.body, For(r, oh, (row,))), parallel=True),))
+    image = (For(c, channels, (*copy.body, For(r, oh, (row,))), parallel=True),)
+    return (For(bv, batch, image, parallel=True),) if slices > 1 else loop(bv, batch, image)
 
 
 def _balanced(values: list, combine, bound):
