@@ -626,6 +626,10 @@ class FunctionEmitter:
                 props.append('!{!"llvm.loop.vectorize.predicate.enable", i1 true}')
         elif kind == "scalar":
             props.append('!{!"llvm.loop.vectorize.enable", i1 false}')
+        elif kind == "run_time_tail" and self.vw < 16:
+            # (fewer than a vector, known at run time: without mask registers, a predicated
+            # vector ends in vmaskmovps stores, microcoded on AMD cores; scalar code is cheaper)
+            props += ['!{!"llvm.loop.vectorize.enable", i1 false}', '!{!"llvm.loop.unroll.disable"}']
         elif kind in ("run_time_whole", "run_time_tail"):  # (a trip count that is whole vectors, or < one)
             props += ['!{!"llvm.loop.vectorize.enable", i1 true}', '!{!"llvm.loop.interleave.count", i32 1}',
                       '!{!"llvm.loop.unroll.disable"}']
@@ -1301,6 +1305,13 @@ class FunctionEmitter:
         if isinstance(count, int) and count >= lanes:
             self.emit(f"store {vt} {value}, ptr {ptr}, align {align}")
             return
+        if not isinstance(count, int) and self.vw < 16:
+            # Without mask registers, a store under a run-time mask is vmaskmovps, microcoded
+            # on AMD cores (the Deinterleave tails of a strided depthwise conv's copy were a
+            # third of its time at 28 x 28 on x86-64-v3); a switch over the counts stores
+            # each as constant-prefix stores, which become plain pieces (partial_stores.py).
+            return self.switch(count, {n: (lambda n=n: self.store_first(value, ptr, elt, lanes, n, align))
+                                       for n in range(1, lanes + 1)})
         fn = f"@llvm.masked.store.v{lanes}{MASKED_SUFFIX[elt]}.p0"
         self.decls.add(f"declare void {fn}({vt}, ptr, i32, <{lanes} x i1>)")
         self.emit(f"call void {fn}({vt} {value}, ptr {ptr}, i32 {align}, {self.first_lanes_mask(lanes, count)})")
