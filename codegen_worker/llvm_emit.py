@@ -682,7 +682,8 @@ class FunctionEmitter:
         """Run cases[v]() where the i64 value is v (nothing for other values)."""
         self.n += 1
         end, labels = f"S{self.n}.end", {v: f"S{self.n}.case{v}" for v in cases}
-        self.emit(f"switch i64 {value}, label %{end} [ " + " ".join(f"i64 {v}, label %{labels[v]}" for v in cases) + " ]")
+        targets = " ".join(f"i64 {v}, label %{labels[v]}" for v in cases)
+        self.emit(f"switch i64 {value}, label %{end} [ {targets} ]")
         for v, body in cases.items():
             self.label(labels[v])
             body()
@@ -838,7 +839,7 @@ class FunctionEmitter:
 
         def by_run_time_rows(panels: tuple, partial) -> None:
             """by_rows over rows of a length known at run time: each row's whole blocks, then
-            its last rows in blocks of powers of two."""
+            its last rows (left_over_rows)."""
             width, row, blk = self.expr(g.a_rows), f"{g.m_var}.row", f"{g.m_var}.blk"
             full = self.int_op("udiv", width, mr)
 
@@ -945,7 +946,8 @@ class FunctionEmitter:
             self.functions.append("\n".join([f"define internal void @{name}({', '.join(params)}) #2 {{", "entry:",
                                              *body, "  ret void", "}"]))
         args = [f"ptr {self.bufs[buf][0]}" for buf in buffers] + [f"ptr {tile}", f"i64 {a_off}", f"i64 {bp}",
-                                                                  f"i64 {m0}"] + ([f"i64 {cols}"] if run_time_cols else [])
+                                                                  f"i64 {m0}"]
+        args += [f"i64 {cols}"] if run_time_cols else []
         self.emit(f"call void @{name}({', '.join(args)})")
 
     def mul_const(self, v: str, c: int) -> str:
@@ -1268,7 +1270,7 @@ class FunctionEmitter:
 
     def first_lanes_mask(self, lanes: int, count) -> str:
         """The <lanes x i1> mask of the first `count` lanes: a constant, or for a count known
-        at run time (an i64 value in [0, lanes)), a comparison with the lane numbers."""
+        at run time (an i64 value in [0, lanes]), a comparison with the lane numbers."""
         if isinstance(count, int):
             return first_lanes(lanes, count)
         splat = self.splat(count, "i64", lanes)
@@ -1339,15 +1341,17 @@ class FunctionEmitter:
         dst_stride = s.dst_stride if isinstance(s.dst_stride, int) else self.expr(s.dst_stride)
 
         def slots(t0: str, count) -> None:
+            read = count * ph if isinstance(count, int) else self.mul_const(count, ph)
             row = self.load_first(self.gep(src, "f32", self.int_op("add nsw", src_off, self.mul_const(t0, ph))),
-                                  "float", vw * ph, count * ph if isinstance(count, int) else self.mul_const(count, ph), 4)
+                                  "float", vw * ph, read, 4)
             for q in range(ph):
                 part = self.tmp("diph")
                 picks = ", ".join(f"i32 {q + ph * i}" for i in range(vw))
                 self.emit(f"{part} = shufflevector {wide} {row}, {wide} poison, <{vw} x i32> <{picks}>")
                 phase_at = (self.int_op("add nsw", dst_off, q * dst_stride) if isinstance(dst_stride, int)
                             else self.int_op("add nsw", dst_off, self.mul_const(dst_stride, q)))
-                self.store_first(part, self.gep(dst, "f32", self.int_op("add nsw", phase_at, t0)), "float", vw, count, 4)
+                at = self.gep(dst, "f32", self.int_op("add nsw", phase_at, t0))
+                self.store_first(part, at, "float", vw, count, 4)
         if not isinstance(s.count, int):  # a count known at run time: whole vectors, then a masked one
             count = self.expr(s.count)
             whole, tail = self.int_op("and", count, -vw), self.int_op("and", count, vw - 1)

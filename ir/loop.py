@@ -216,7 +216,8 @@ class Gemm(Stmt):
     row): pixel m = row*w + c has the row term a_mtab[row] + c*a_sm, and register tiles never
     cross a row (each row is whole blocks of mr, then shorter ones); split "m" divides by
     rows. One GEMM over the plane, not one per row: threads can divide it by panels, and a
-    chunk of B's panels that stays in L2 serves every row.
+    chunk of B's panels that stays in L2 serves every row. Over sizes known at run time,
+    a_rows is an expression (m too) and a row's last rows are one or two shorter tiles.
 
     With `a_sb` (A packed in row blocks, as im2col writes it: [m // mr][k][mr], a_sm 1 and
     a_sk mr), the row term is m0*a_sb + (m - m0)*a_sm for m in the row block starting at m0:
@@ -234,7 +235,8 @@ class Gemm(Stmt):
 
     B is packed in panels of `nr` columns: Bp[p][k][j] = B[k][p*nr + j], zero past N; or,
     with `b_sk` (float32 only), read in place: B[k][n] = B_buf[b_off + k*b_sk + n] (a 1x1
-    conv's input, pixels contiguous), the last partial panel through masked loads; or with
+    conv's input, pixels contiguous), the last partial panel through masked loads (over
+    sizes known at run time, n and b_sk are expressions, split "n", m static); or with
     `b_ktab` (an i64 buffer, float32 only) read in place at B_buf[b_off + b_ktab[k] + n] (a
     conv with few output channels: its weights are A, an input row is B). The
     codegen computes register tiles of `mr` x `nr`, then runs `epilogue` once per element of
@@ -294,7 +296,7 @@ class Gemm(Stmt):
         return bool(self.b_sk or self.b_ktab)
 
     @property
-    def pieces(self) -> int:
+    def pieces(self) -> "int | Expr":
         """How many parts its split dimension has: row blocks (with a_rows, rows) or panels
         (the last one partial); an expression for a run-time m split by rows."""
         if self.split == "n":

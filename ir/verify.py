@@ -190,7 +190,8 @@ class _Checker:
                 raise _Problem(f"gemm stores along {s.stores_along!r}")
             if isinstance(s.b_sk, Expr) or isinstance(s.n, Expr):  # (a run-time count of columns read in place)
                 if not (isinstance(s.b_sk, Expr) and self.expr(s.b_sk) == "i64" and s.kind == "f32"
-                        and isinstance(s.n, Expr) and self.expr(s.n) == "i64" and s.split == "n" and isinstance(s.m, int)):
+                        and isinstance(s.n, Expr) and self.expr(s.n) == "i64" and s.split == "n"
+                        and isinstance(s.m, int)):
                     raise _Problem(f"gemm of {s.n} columns read in place with row stride {s.b_sk}: float32, both "
                                    "run-time, split n, a static m")
             elif s.b_sk and (s.kind != "f32" or s.b_sk < 0):

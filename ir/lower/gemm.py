@@ -39,13 +39,6 @@ WHOLE_COL_FLOATS = 1024 * 1024
 # divides among threads are inside the loop over images, which ran on one thread (ResNet-18
 # at batch 4 on 2 threads: 127 ms, onnxruntime 65).
 PARALLEL_SLICES_FLOATS = 2 * 1024 * 1024
-
-
-def images_in_parallel(b: KernelBuilder, batch_dim, floats_per_image: int) -> bool:
-    """Whether a conv's images run on threads of their own, each with its own slice of
-    `floats_per_image` of workspace: a batch (or its bound) of more than one that fits."""
-    images = greatest(batch_dim)
-    return images > 1 and images * floats_per_image <= PARALLEL_SLICES_FLOATS
 RUNTIME_PACK_FLOATS = 4 * 1024 * 1024  # packed run-time B operands of a batched MatMul, all batches
 # 1x1 convs with at most this many input channels (per group) run weights-as-rows
 # (lower_pointwise). Measured on ResNet-50 and MobileNetV2 layers: up to 2x faster at 16-256
@@ -326,8 +319,8 @@ def lower_conv_symbolic(b: KernelBuilder, node: Node, store) -> tuple:
     # table entry per pixel; a taller one stays within an output row, an entry per row.
     over_plane = implicit_over_plane(b.tile(cog)[0])
     entries = out_sp if over_plane else out_sp[:-1]
-    start = flat_index([mul(Var(v), st) for v, st in zip(ov[:len(entries)], strides)] + [Const(0)] * (nsp - len(entries)),
-                       src_sp)
+    window_start = [mul(Var(v), st) for v, st in zip(ov[:len(entries)], strides)]
+    start = flat_index(window_start + [Const(0)] * (nsp - len(entries)), src_sp)
     starts = (Store(mtab, flat_index([Var(v) for v in ov[:len(entries)]], entries), start),)
     for i in range(len(entries) - 1, -1, -1):
         starts = (For(ov[i], entries[i], starts, "vectorize" if i == nsp - 1 else "serial"),)
@@ -567,6 +560,13 @@ def lower_pointwise(b: KernelBuilder, node: Node, store) -> tuple:
     return _over_images(b, bv, xs[0], loop(gv, groups, (gemm,)), 0)
 
 
+def images_in_parallel(b: KernelBuilder, batch_dim, floats_per_image: int) -> bool:
+    """Whether a conv's images run on threads of their own, each with its own slice of
+    `floats_per_image` of workspace: a batch (or its bound) of more than one that fits."""
+    images = greatest(batch_dim)
+    return images > 1 and images * floats_per_image <= PARALLEL_SLICES_FLOATS
+
+
 def _over_images(b: KernelBuilder, bv: str, batch_dim, body: tuple, floats_per_image: int) -> tuple:
     """The loop over a conv's images: on threads of their own where `images_in_parallel`
     (each image's workspace slice then starts at bv * floats_per_image)."""
@@ -638,8 +638,8 @@ def lower_depthwise(b: KernelBuilder, node: Node, store, value=lambda v: v, weig
         stmts, sums = [], []
         for u in range(first, first + count):
             acc = b.fresh("acc")
-            at = add(xp_off, flat_index([ch, add(mul(Var(r), sh), Const(u * dh)), rem(kx, sw), add(Var(q), div(kx, sw))],
-                                        [cin, hp, sw, wq]))
+            window_row = add(mul(Var(r), sh), Const(u * dh))
+            at = add(xp_off, flat_index([ch, window_row, rem(kx, sw), add(Var(q), div(kx, sw))], [cin, hp, sw, wq]))
             tap = Assign(acc, fbin("add", Var(acc, "f32"), fbin(
                 "mul", Load(wparam, flat_index([Var(co), Const(u), Var(v)], [cout, kh, kw])), Load(xp, at))))
             stmts += [Local(acc, "f32", Const(0.0, "f32")), For(v, kw, (tap,), "unroll")]
