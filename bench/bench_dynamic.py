@@ -55,6 +55,23 @@ def _ratio(a: float, b: float) -> str:
     return f"{a / b:.2f}" if np.isfinite(a) and np.isfinite(b) and b > 0 else "n/a"
 
 
+def _dynamic_static_and_peers(model, dynamic, static, feeds: dict, threads: int, repeat: int, args) -> dict:
+    """Median ms of Kiln's dynamic and static builds and the peers on `feeds`, interleaved."""
+    kd, ks = dynamic.load(threads=threads), static.load(threads=threads)
+    sess, ov = ort_session(model, threads), openvino_runner(model, threads)
+    runs = {"dyn": lambda: kd.run(feeds), "static": lambda: ks.run(feeds), "ort": lambda: sess.run(None, feeds)}
+    if ov is not None:
+        runs["ov"] = lambda: ov(feeds)
+    return interleaved(runs, args.warmup, repeat, args.rounds)
+
+
+def _row_cells(ms: dict) -> str:
+    """The dynamic, static, onnxruntime and OpenVINO cells and the two ratios of a table row."""
+    best_peer = min(ms["ort"], ms.get("ov", float("inf")))
+    return (f"{ms['dyn']:.2f} | {ms['static']:.2f} | {ms['ort']:.2f} | {ms.get('ov', float('nan')):.2f} | "
+            f"{_ratio(ms['dyn'], ms['static'])} | {_ratio(ms['dyn'], best_peer)} |")
+
+
 def bench_bert(args) -> list[str]:
     model, feeds = dynamic_zoo.bert_encoder_dynamic(d=768, heads=12, layers=args.layers, vocab=8000, ffn=3072,
                                                     max_positions=512)
@@ -68,16 +85,8 @@ def bench_bert(args) -> list[str]:
         static, static_s = _timed_build(model, shapes={"input_ids": [batch, seq], "attention_mask": [batch, seq]})
         print(f"bert {batch}x{seq}: static build {static_s:.1f} s", flush=True)
         for threads in sorted({1, THREADS}):
-            kd, ks = dynamic.load(threads=threads), static.load(threads=threads)
-            sess, ov = ort_session(model, threads), openvino_runner(model, threads)
-            runs = {"dyn": lambda: kd.run(f), "static": lambda: ks.run(f), "ort": lambda: sess.run(None, f)}
-            if ov is not None:
-                runs["ov"] = lambda: ov(f)
-            ms = interleaved(runs, args.warmup, args.repeat, args.rounds)
-            best_peer = min(ms["ort"], ms.get("ov", float("inf")))
-            lines.append(f"| {batch} x {seq} | {threads} | {ms['dyn']:.2f} | {ms['static']:.2f} | {ms['ort']:.2f} | "
-                         f"{ms.get('ov', float('nan')):.2f} | {_ratio(ms['dyn'], ms['static'])} | "
-                         f"{_ratio(ms['dyn'], best_peer)} |")
+            ms = _dynamic_static_and_peers(model, dynamic, static, f, threads, args.repeat, args)
+            lines.append(f"| {batch} x {seq} | {threads} | {_row_cells(ms)}")
             print(lines[-1], flush=True)
     return lines
 
@@ -218,16 +227,8 @@ def bench_cnn(args) -> list[str]:
             f = {x_name: np.random.default_rng(h).standard_normal((1, 3, h, w)).astype(np.float32)}
             static, _ = _timed_build(model, shapes={x_name: [1, 3, h, w]})
             for threads in sorted({1, THREADS}):
-                kd, ks = dynamic.load(threads=threads), static.load(threads=threads)
-                sess, ov = ort_session(model, threads), openvino_runner(model, threads)
-                runs = {"dyn": lambda: kd.run(f), "static": lambda: ks.run(f), "ort": lambda: sess.run(None, f)}
-                if ov is not None:
-                    runs["ov"] = lambda: ov(f)
-                ms = interleaved(runs, args.warmup, max(5, args.repeat // 2), args.rounds)
-                best_peer = min(ms["ort"], ms.get("ov", float("inf")))
-                lines.append(f"| {name} | {h} x {w} | {threads} | {ms['dyn']:.2f} | {ms['static']:.2f} | "
-                             f"{ms['ort']:.2f} | {ms.get('ov', float('nan')):.2f} | {_ratio(ms['dyn'], ms['static'])} "
-                             f"| {_ratio(ms['dyn'], best_peer)} |")
+                ms = _dynamic_static_and_peers(model, dynamic, static, f, threads, max(5, args.repeat // 2), args)
+                lines.append(f"| {name} | {h} x {w} | {threads} | {_row_cells(ms)}")
                 print(lines[-1], flush=True)
     return lines
 
