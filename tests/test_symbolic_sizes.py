@@ -100,3 +100,24 @@ def test_sizes_are_compared_where_their_bounds_decide(op, a, b, want):
     size; a comparison the bounds do not decide is left to run time (None)."""
     from modelkiln.ir.ops.inference import _decide
     assert _decide(op, a, b) == want
+
+
+def test_run_time_extents_agree_in_python_and_in_the_entrys_c(tmp_path):
+    """A loop extent over the symbols (what a kernel's planes and row tails are sized by: min,
+    max, division, remainder) has one value, whether the driver computes it (thread plans,
+    at the bounds) or the module's C entry does (at run time)."""
+    import subprocess
+
+    from modelkiln.ir.loop import SYMBOLS, Const, Load, add, div, fbin, mul, rem, sub
+    from modelkiln.ir.loop import extent_c, extent_value
+    h, w = Load(SYMBOLS, Const(0)), Load(SYMBOLS, Const(1))
+    extents = [fbin("max", add(w, 2), add(mul(h, 2), 1)), fbin("min", div(add(w, 1), 2), sub(h, 1)),
+               mul(fbin("max", sub(w, h), 0), rem(h, 3)), div(fbin("min", add(h, 3), fbin("max", w, 4)), 2)]
+    program = tmp_path / "extents.c"
+    program.write_text("#include <stdio.h>\n#include <stdlib.h>\nint main(int argc, char** argv) {\n"
+                       "  long long dims[2] = {atoll(argv[1]), atoll(argv[2])};\n"
+                       + "".join(f'  printf("%lld\\n", (long long)({extent_c(e)}));\n' for e in extents) + "}\n")
+    subprocess.run(["cc", "-o", str(tmp_path / "extents"), str(program)], check=True)
+    for values in ((1, 1), (7, 3), (2, 40), (33, 33), (5, 6)):
+        out = subprocess.run([str(tmp_path / "extents"), *map(str, values)], check=True, capture_output=True, text=True)
+        assert [int(v) for v in out.stdout.split()] == [extent_value(e, list(values)) for e in extents], values
