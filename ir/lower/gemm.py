@@ -337,8 +337,8 @@ def lower_conv_symbolic(b: KernelBuilder, node: Node, store) -> tuple:
                         pixels, cog, kk, epilogue, a_ktab=ktab, a_mtab=mtab, stores_along="m", split=split,
                         a_rows=0 if over_plane else out_sp[-1] if isinstance(out_sp[-1], Expr) else Const(out_sp[-1]))
     # (A batch of 1 and one group leave both top level: threads divide the channels' copy and
-    # the GEMM's weight panels.)
-    return (*tables, *starts, *_over_images(b, bv, xs[0], loop(gv, groups, per_image + [product]), bordered_floats))
+    # the GEMM's rows or weight panels.)
+    return (*tables, *starts, *over_images(b, bv, xs[0], loop(gv, groups, per_image + [product]), bordered_floats))
 
 
 def lower_conv_gemm(b: KernelBuilder, node: Node, store, path: str) -> tuple:
@@ -390,7 +390,7 @@ def lower_conv_gemm(b: KernelBuilder, node: Node, store, path: str) -> tuple:
     bordered_floats = cg * math.prod(padded) if bordered else 0
     parallel_groups = (groups > 1 and batch == 1 and not runtime_w
                        and groups * (col_floats + bordered_floats) <= PARALLEL_SLICES_FLOATS)
-    parallel_images = not parallel_groups and images_in_parallel(b, xs[0], col_floats + bordered_floats)
+    parallel_images = images_in_parallel(b, xs[0], col_floats + bordered_floats)  # (never with parallel groups: batch 1)
     slices = groups if parallel_groups else greatest(xs[0]) if parallel_images else 1
     xp_ws = b.workspace(slices * bordered_floats) if bordered else None
     col_ws = b.workspace(slices * col_floats) if mr else None
@@ -519,9 +519,7 @@ def lower_conv_gemm(b: KernelBuilder, node: Node, store, path: str) -> tuple:
         body += chunk(Const(full * rows_per_chunk), last)
     if parallel_groups:
         return tuple(prologue) + loop(bv, batch, (For(gv, groups, tuple(body), parallel=True),))
-    if parallel_images:
-        return tuple(prologue) + (For(bv, batch, loop(gv, groups, body), parallel=True),)
-    return tuple(prologue) + loop(bv, batch, loop(gv, groups, body))
+    return tuple(prologue) + over_images(b, bv, xs[0], loop(gv, groups, body), col_floats + bordered_floats)
 
 
 def lower_pointwise(b: KernelBuilder, node: Node, store) -> tuple:
@@ -550,14 +548,14 @@ def lower_pointwise(b: KernelBuilder, node: Node, store) -> tuple:
         tile = b.tile(math.prod(greatest(d) for d in out_dims))
         gemm = gemm_stmt(b, wparam, mul(Var(gv), cog * cg), cg, 1, xparam, x_off, cog, pixels, cg, epilogue,
                          b_sk=pixels, tile=tile, split="n")
-        return _over_images(b, bv, xs[0], loop(gv, groups, (gemm,)), 0)
+        return over_images(b, bv, xs[0], loop(gv, groups, (gemm,)), 0)
     if pointwise_packs_input(b.config.vector_width, cg, cog, pixels):
         packed = b.workspace(-(-pixels // b.tile(pixels)[1]) * b.tile(pixels)[1] * cg)
         pack = _runtime_pack(b, xparam, x_off, cg, pixels, pixels, 1, packed)
         gemm = gemm_stmt(b, wparam, mul(Var(gv), cog * cg), cg, 1, packed, Const(0), cog, pixels, cg, epilogue)
         return loop(bv, batch, loop(gv, groups, pack + (gemm,)))
     gemm = gemm_stmt(b, wparam, mul(Var(gv), cog * cg), cg, 1, xparam, x_off, cog, pixels, cg, epilogue, b_sk=pixels)
-    return _over_images(b, bv, xs[0], loop(gv, groups, (gemm,)), 0)
+    return over_images(b, bv, xs[0], loop(gv, groups, (gemm,)), 0)
 
 
 def images_in_parallel(b: KernelBuilder, batch_dim, floats_per_image: int) -> bool:
@@ -567,7 +565,7 @@ def images_in_parallel(b: KernelBuilder, batch_dim, floats_per_image: int) -> bo
     return images > 1 and images * floats_per_image <= PARALLEL_SLICES_FLOATS
 
 
-def _over_images(b: KernelBuilder, bv: str, batch_dim, body: tuple, floats_per_image: int) -> tuple:
+def over_images(b: KernelBuilder, bv: str, batch_dim, body: tuple, floats_per_image: int) -> tuple:
     """The loop over a conv's images: on threads of their own where `images_in_parallel`
     (each image's workspace slice then starts at bv * floats_per_image)."""
     if images_in_parallel(b, batch_dim, floats_per_image):
@@ -590,7 +588,6 @@ def lower_depthwise(b: KernelBuilder, node: Node, store, value=lambda v: v, weig
     (`weights`, a kernel parameter) and `out` (the float sum -> its output value)."""
     x_name, w_name = node.inputs[0], node.inputs[1]
     batch_dim, cin, h_dim, w_dim = b.type(x_name).shape
-    batch = b.dim(batch_dim)
     cout = b.type(w_name).shape[0]
     mult = cout // cin
     a = b.attrs(node)
@@ -601,13 +598,15 @@ def lower_depthwise(b: KernelBuilder, node: Node, store, value=lambda v: v, weig
     h, w_ = b.dim(h_dim), b.dim(w_dim)
     oh_dim, ow_dim = b.type(node.outputs[0]).shape[2:]
     oh, ow = b.dim(oh_dim), b.dim(ow_dim)
-    hp, wp = h + pt + pb, w_ + pl + pr
     xparam, wparam = b.in_param(x_name), weights or b.in_param(w_name)
     bias = b.reader(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] and not weights else None
     # With a column stride, the copy is split by column phase ([c][row][phase][col // stride]),
     # so a tap's inputs along an output row are contiguous instead of a strided gather.
-    wq = -(-wp // sw) if isinstance(wp, int) else div(add(wp, sw - 1), sw)
-    copy_floats = cin * (greatest(h_dim) + pt + pb) * sw * -(-(greatest(w_dim) + pl + pr) // sw)
+    # (ints, or expressions over run-time sizes: // is a division of non-negative sizes)
+    padded = lambda h, w: (h + pt + pb, (w + pl + pr + sw - 1) // sw)  # noqa: E731 (rows, slots a phase)
+    hp, wq = padded(h, w_)
+    hp_bound, wq_bound = padded(greatest(h_dim), greatest(w_dim))
+    copy_floats = cin * hp_bound * sw * wq_bound
     partial_floats = cout * greatest(ow_dim)
     # (images on threads of their own: a slice of the copy and of the partial sums each)
     slices = greatest(batch_dim) if images_in_parallel(b, batch_dim, copy_floats + partial_floats) else 1
@@ -675,7 +674,7 @@ def lower_depthwise(b: KernelBuilder, node: Node, store, value=lambda v: v, weig
     c, m = pad_copy.var, b.fresh("m")
     per_output = For(m, mult, (Let(co, add(mul(Var(c), mult), Var(m))), rows))
     image = (For(c, cin, (*pad_copy.body, per_output), parallel=True),)
-    return (For(bv, batch, image, parallel=True),) if slices > 1 else loop(bv, batch, image)
+    return over_images(b, bv, batch_dim, image, copy_floats + partial_floats)
 
 
 def conv_operands(b: KernelBuilder, node: Node) -> tuple:

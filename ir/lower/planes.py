@@ -4,7 +4,7 @@ of a window reads a contiguous run of the copy, with no bounds checks. A size ma
 over sizes known at run time only, an i64 expression of the symbols."""
 from __future__ import annotations
 
-from ..loop import Const, Deinterleave, For, If, Load, Store, Var, add, cmp, div, fbin, flat_index, mul, sub
+from ..loop import Const, Deinterleave, For, If, Load, Store, Var, add, cmp, fbin, flat_index, mul, sub
 from .builder import KernelBuilder
 
 
@@ -12,7 +12,8 @@ def _least(a, b):
     return min(a, b) if isinstance(a, int) and isinstance(b, int) else fbin("min", a, b)
 
 
-def _most(a, b):
+def size_max(a, b):
+    """The greater of two sizes: an int, or over run-time sizes an expression."""
     return max(a, b) if isinstance(a, int) and isinstance(b, int) else fbin("max", a, b)
 
 
@@ -41,8 +42,8 @@ def phase_split_copy(b: KernelBuilder, read, channels: int, h: int, w: int, pt: 
     for ph in range(sw):
         # (lo <= wq: a phase's first input slot is within the padded row, whose input is not empty)
         lo = max(-(-(pl - ph) // sw), 0) if not isinstance(wq, int) else min(max(-(-(pl - ph) // sw), 0), wq)
-        last = (w - 1 - ph + pl) // sw + 1 if isinstance(w, int) else div(add(w, sw - 1 - ph + pl), sw)
-        spans.append((lo, _least(_most(last, lo), wq)))
+        last = (w + sw - 1 - ph + pl) // sw  # (the phase's slots up to its last input column; non-negative)
+        spans.append((lo, _least(size_max(last, lo), wq)))
     # The slots every phase loads are one loop storing all phases: LLVM reads a run of the
     # row as whole vectors and deinterleaves them, where a loop per phase was a strided
     # gather it chose to run as scalar moves.
@@ -52,11 +53,11 @@ def phase_split_copy(b: KernelBuilder, read, channels: int, h: int, w: int, pt: 
     if isinstance(hi_all, int) and hi_all <= lo_all:
         lo_all = hi_all = wq
     elif not isinstance(hi_all, int):
-        hi_all = _most(hi_all, lo_all)  # (no slot every phase loads: an empty run)
+        hi_all = size_max(hi_all, lo_all)  # (no slot every phase loads: an empty run)
     inside = []
     for ph, (lo, hi) in enumerate(spans):
-        inside += [*slots(ph, 0, lo, False), *slots(ph, lo, _most(_minus(_least(hi, lo_all), lo), 0), True),
-                   *slots(ph, _most(hi_all, lo), _minus(hi, _most(hi_all, lo)), True),
+        inside += [*slots(ph, 0, lo, False), *slots(ph, lo, size_max(_minus(_least(hi, lo_all), lo), 0), True),
+                   *slots(ph, size_max(hi_all, lo), _minus(hi, size_max(hi_all, lo)), True),
                    *slots(ph, hi, _minus(wq, hi), False)]
     # (over a row whose length is known at run time only, the run may be empty)
     some = not isinstance(hi_all, int) or hi_all > lo_all

@@ -18,12 +18,12 @@ import numpy as np
 
 from ..dtypes import dtype
 from ..graph import Node
-from ..loop import (FLOAT_TYPES, Assign, Const, Expr, For, Let, Load, Local, Var, add, cmp, div, fbin, flat_index, loop,
-                    lowest, mul, select, sub)
+from ..loop import (FLOAT_TYPES, Assign, Const, Expr, For, Let, Load, Local, Var, add, cmp, fbin, flat_index, lowest,
+                    mul, select, sub)
 from ..symbolic import greatest
 from .builder import KernelBuilder
-from .gemm import images_in_parallel
-from .planes import phase_split_copy
+from .gemm import images_in_parallel, over_images
+from .planes import phase_split_copy, size_max
 from .reduce import literal
 
 MAX_TREE_TAPS = 64  # max pooling windows up to this size compute their maximum as a tree
@@ -53,19 +53,16 @@ def _tap_counts(out: int, size: int, k: int, s: int, d: int, before: int, after:
 
 def _lower_pool_on_planes(b: KernelBuilder, node: Node, store, is_max: bool) -> tuple:
     x_name = node.inputs[0]
-    batch, channels, h, w = b.shape(x_name)  # (h, w, oh, ow: expressions over run-time sizes)
+    _, channels, h, w = b.shape(x_name)  # (h, w, oh, ow: expressions over run-time sizes)
     oh, ow = b.shape(node.outputs[0])[2:]
     a = b.attrs(node)
     (kh, kw), (sh, sw), (dh, dw), (pt, pl, pb, pr) = a["kernel_shape"], a["strides"], a["dilations"], a["pads"]
 
     def padded(h, w, oh, ow):
-        """The copy's rows and slots per phase: it covers every tap (a ceil_mode window may
-        reach past the padding)."""
-        if isinstance(h, int) and isinstance(w, int) and isinstance(oh, int) and isinstance(ow, int):
-            return max(h + pt + pb, (oh - 1) * sh + (kh - 1) * dh + 1), \
-                -(-max(w + pl + pr, (ow - 1) * sw + (kw - 1) * dw + 1) // sw)
-        wide = fbin("max", add(w, pl + pr), add(mul(ow, sw), (kw - 1) * dw + 1 - sw))
-        return fbin("max", add(h, pt + pb), add(mul(oh, sh), (kh - 1) * dh + 1 - sh)), div(add(wide, sw - 1), sw)
+        """The copy's rows and slots per phase (ints, or expressions over run-time sizes): it
+        covers every tap (a ceil_mode window may reach past the padding)."""
+        wide = size_max(w + pl + pr, ow * sw + (kw - 1) * dw + 1 - sw)
+        return size_max(h + pt + pb, oh * sh + (kh - 1) * dh + 1 - sh), (wide + sw - 1) // sw
     hp, wq = padded(h, w, oh, ow)
     dims = [b.type(x_name).shape[2:], b.type(node.outputs[0]).shape[2:]]
     hp_bound, wq_bound = padded(*(greatest(d) for d in dims[0]), *(greatest(d) for d in dims[1]))
@@ -122,7 +119,7 @@ def _lower_pool_on_planes(b: KernelBuilder, node: Node, store, is_max: bool) -> 
     row = For(q, ow, (*stmts, *store([Var(bv), Var(c), Var(r), Var(q)], value)), "vector_masked")
     # Each plane's outputs are computed right after its copy, while the copy is in L1.
     image = (For(c, channels, (*copy.body, For(r, oh, (row,))), parallel=True),)
-    return (For(bv, batch, image, parallel=True),) if slices > 1 else loop(bv, batch, image)
+    return over_images(b, bv, b.type(x_name).shape[0], image, plane_floats)
 
 
 def _balanced(values: list, combine, bound):
