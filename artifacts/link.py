@@ -83,12 +83,12 @@ def _body(plan: list, timed: bool, depth: int = 1) -> list[str]:
             _, sym, args, guard, index, parts = item
             ptrs = ", ".join(_pointer(a) for a in args)
             phases = []
-            for phase, (extent, pieces, grain) in enumerate(parts):
+            for phase, (extent, pieces, grain, *condition) in enumerate(parts):
                 if _divides(pieces):
-                    phases.append(f"kiln_parallel(kiln_piece, &ctx, {index}, {phase}, {extent}, {pieces}, {grain}, "
-                                  "threads);")
+                    run = f"kiln_parallel(kiln_piece, &ctx, {index}, {phase}, {extent}, {pieces}, {grain}, threads);"
                 else:
-                    phases.append(f"{sym}({ptrs}{', ' if ptrs else ''}{phase}, 0, {extent});")
+                    run = f"{sym}({ptrs}{', ' if ptrs else ''}{phase}, 0, {extent});"
+                phases.append(f"if ({condition[0]}) {run}" if condition else run)
             if guard:
                 lines.append(f"{pad}if ({_guard(guard)}) {{")
                 lines += [f"{pad}  {p}" for p in phases]
@@ -127,13 +127,15 @@ def _body(plan: list, timed: bool, depth: int = 1) -> list[str]:
 
 
 def entry_source(plan: list, outputs: list[tuple[tuple, int]], arena_bytes: int, signature: str = "",
-                 min_piece_work: int = 0, preconditions: list = (), derived: tuple = (), caches: tuple = ()) -> str:
+                 min_piece_work: int = 0, preconditions: list = (), derived: tuple = (), caches: tuple = (),
+                 arena_at: list = ()) -> str:
     """plan: the steps in order:
       ("call", symbol, [location of each argument], guard, index, phases): guard is
         [(location of a bool, value)], the call runs only where each holds; index its
         position among all calls (profiling, dispatch); phases [(extent, pieces, grain)] of
         each kernel phase in order (ir.parallel.thread_plan): pieces > 1 may divide it
-        across threads, in parts on multiples of grain;
+        across threads, in parts on multiples of grain; a guarded phase's fourth item is its
+        condition (C), where false the phase does not run;
       ("loop", trip count (an int, a C expression of dims, the location of an int64 read at
         run time, or None: no limit), location of the iteration number or None, [(initial value, state, nbytes)],
         [(scanned tensor, slice, slice nbytes, reversed)], body plan, [(new value, state,
@@ -153,6 +155,8 @@ def entry_source(plan: list, outputs: list[tuple[tuple, int]], arena_bytes: int,
     sizes as C expressions: KV caches whose kernels read the past input from the present
     output's buffer, at its capacity; where the caller passed two buffers, the entry first
     copies the past's blocks there (an output at ("output", i) is written in place, not copied).
+    `arena_at`: C statements setting at[0], at[1], ... in order, the arena offsets that
+    depend on the call's sizes (locations ("arena", "at[i]"); orchestrator.bundle.plan_memory).
     A static model's entry is exactly what it was before symbols existed."""
     calls = list(_calls(plan))
     symbolic = bool(min_piece_work)
@@ -168,8 +172,11 @@ def entry_source(plan: list, outputs: list[tuple[tuple, int]], arena_bytes: int,
         lines.append(f"void {sym}({', '.join(['void*'] * n + ['long long'] * 3)});")
     if symbolic:
         lines += ["", _RUNTIME_PIECES_C % min_piece_work]
-    if derived and any("kiln_" in value for value in derived[1]):  # (a value symbol's expression)
+    if arena_at or derived and any("kiln_" in value for value in derived[1]):  # (a value symbol's expression)
         lines += ["", *C_HELPERS]
+    if arena_at:  # (an offset: aligned as artifacts.memory_plan aligns)
+        lines.append("static inline long long kiln_end(long long at, long long bytes) "
+                     "{ return (at + bytes + 63) & ~63LL; }")
     lines += ["", f"size_t kiln_arena_bytes(void) {{ return {arena_bytes}u; }}",
               f"int kiln_abi_version(void) {{ return {ENTRY_ABI_VERSION}; }}",
               f"const char* kiln_signature(void) {{ return {json.dumps(signature)}; }}",
@@ -177,17 +184,19 @@ def entry_source(plan: list, outputs: list[tuple[tuple, int]], arena_bytes: int,
               "static double kiln_now(void) {",
               "  struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec * 1e3 + t.tv_nsec * 1e-6;", "}",
               "", "struct kiln_ctx { char* weights; char* arena; void** inputs;"
-              + " const long long* dims;" * symbolic + " void** outputs;" * bool(caches) + " };",
+              + " const long long* dims;" * symbolic + " void** outputs;" * bool(caches)
+              + " const long long* at;" * bool(arena_at) + " };",
               "", "/* Runs [lo, hi) of one phase of a call: what a pool thread is given. */",
               "static void kiln_piece(void* c, long call, long phase, long lo, long hi) {",
               "  const struct kiln_ctx* ctx = (const struct kiln_ctx*)c;",
               "  char* weights = ctx->weights; char* arena = ctx->arena; void** inputs = ctx->inputs;"
               + (" const long long* dims = ctx->dims; (void)dims;" if symbolic else "")
-              + (" void** outputs = ctx->outputs;" if caches else ""),
+              + (" void** outputs = ctx->outputs;" if caches else "")
+              + (" const long long* at = ctx->at;" if arena_at else ""),
               "  (void)weights; (void)arena; (void)inputs;",
               "  switch (call) {"]
     for _, sym, args, _, index, parts in calls:
-        if any(_divides(pieces) for _, pieces, _ in parts):
+        if any(_divides(part[1]) for part in parts):
             ptrs = "".join(f"{_pointer(a)}, " for a in args)
             lines.append(f"    case {index}: {sym}({ptrs}phase, lo, hi); break;")
     lines += ["  }", "}", ""]
@@ -206,8 +215,9 @@ def entry_source(plan: list, outputs: list[tuple[tuple, int]], arena_bytes: int,
                   *(compute if derived else []),
                   *[f"  if (!({cond})) return {code};" for cond, code in preconditions],
                   *_bind_caches(caches),
+                  *([f"  long long at[{len(arena_at)}];"] + [f"  {a}" for a in arena_at] if arena_at else []),
                   f"  struct kiln_ctx ctx = {{weights, arena, inputs{', dims' * symbolic}"
-                  f"{', outputs' * bool(caches)}}};",
+                  f"{', outputs' * bool(caches)}{', at' * bool(arena_at)}}};",
                   "  (void)ctx;",
                   "  if (threads <= 0) threads = kiln_num_threads();"]
         if timed:

@@ -33,6 +33,27 @@ def plan_arena(lifetimes: dict[str, tuple[int, int]], sizes: dict[str, int]) -> 
     return offsets, max((e for _, e, _, _ in placed), default=0)
 
 
+def directly_beneath(offsets: dict[str, int], lifetimes: dict[str, tuple[int, int]]) -> dict[str, list[str]]:
+    """Each buffer's neighbours beneath it in a plan: the buffers live at the same time at
+    lower offsets, less those beneath one of the others (one step of transitive reduction).
+
+    Every buffer placed at the greatest (aligned) end of its neighbours beneath is a valid
+    plan for any sizes: each pair live at once keeps its order, and nothing moves up where
+    sizes shrink. With sizes known only at run time the entry so packs a call's buffers
+    for its own sizes (`plan_arena`'s offsets, at the bounds, are the most they reach)."""
+    order = sorted(offsets, key=lambda n: (offsets[n], n))
+    below: dict[str, set] = {}
+    for i, y in enumerate(order):
+        first, last = lifetimes[y]
+        below[y] = {x for x in order[:i] if offsets[x] < offsets[y]
+                    and lifetimes[x][0] <= last and first <= lifetimes[x][1]}
+    out = {}
+    for y in order:
+        covered = set().union(*(below[z] for z in below[y])) if below[y] else set()
+        out[y] = sorted(below[y] - covered, key=lambda n: (offsets[n], n))
+    return out
+
+
 def pack_constants(arrays: dict, out, pieces=lambda v: (v,)) -> dict[str, int]:
     """Lay constants out back to back (64-byte aligned, by name) in one blob, written to
     `out` (anything with write()): the weights file. Returns their offsets. pieces(entry)

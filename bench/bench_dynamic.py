@@ -1,6 +1,7 @@
 """Symbolic dims: one Kiln build for every shape, against a build per shape and the peers.
 
-    python bench/bench_dynamic.py [--repeat 20] [--rounds 2] [--parts bert,gpt2,big,cnn] [--layers 2] [--big-dir D]
+    python bench/bench_dynamic.py [--repeat 20] [--rounds 2] [--parts bert,gpt2,big,cnn,batch] [--layers 2]
+                                  [--big-dir D]
 
 BERT: an encoder at BERT-base widths (d=768, 12 heads, ffn 3072; `--layers` of them) exported
 with dynamic axes (tests/dynamic_zoo.py), built once by Kiln with batch=1..8, seq=1..512 and
@@ -19,6 +20,8 @@ beside the model's bytes, then ms per token at past 16, 128 and 512 beside the p
 CNN: ResNet-18 and MobileNetV2 (tests/model_zoo.py) with the image's height and width made
 symbols, built once with height, width = 32..640 and run at 224 x 224, 320 x 480 and
 512 x 512, beside Kiln built for each size and the peers on the dynamic-axes model.
+Batch: the same CNNs at 224 x 224 with their batch made a symbol, built once with n = 1..8
+and run at batch 1 and 4, beside Kiln built for each batch and the peers.
 Prints Markdown tables (the ones in the README) and each build's time.
 """
 from __future__ import annotations
@@ -233,6 +236,35 @@ def bench_cnn(args) -> list[str]:
     return lines
 
 
+BATCHES = (1, 4)
+
+
+def _batch_dynamic(model):
+    """The model with its batch (its input's first dim) made the symbol `n`."""
+    model.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "n"
+    return model
+
+
+def bench_batch(args) -> list[str]:
+    from tests import model_zoo
+    lines = ["CNNs over a run-time batch (n = 1..8), 224 x 224: median ms", "",
+             "| model | batch | threads | Kiln dynamic | Kiln static | onnxruntime | OpenVINO | dynamic / static "
+             "| dynamic / best peer |", "|---|---|---|---|---|---|---|---|---|"]
+    for name in ("resnet18", "mobilenet_v2"):
+        model = _batch_dynamic(getattr(model_zoo, name)(size=224))
+        x_name = model.graph.input[0].name
+        dynamic, seconds = _timed_build(model, dims={"n": (1, 8)})
+        print(f"{name}: Kiln dynamic build {seconds:.1f} s", flush=True)
+        for n in BATCHES:
+            f = {x_name: np.random.default_rng(n).standard_normal((n, 3, 224, 224)).astype(np.float32)}
+            static, _ = _timed_build(model, shapes={x_name: [n, 3, 224, 224]})
+            for threads in sorted({1, THREADS}):
+                ms = _dynamic_static_and_peers(model, dynamic, static, f, threads, max(5, args.repeat // 2), args)
+                lines.append(f"| {name} | {n} | {threads} | {_row_cells(ms)}")
+                print(lines[-1], flush=True)
+    return lines
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--repeat", type=int, default=20)
@@ -247,7 +279,8 @@ def main() -> None:
         return write_big(args.write_big)
     tables = []
     for part in args.parts.split(","):
-        tables += {"bert": bench_bert, "gpt2": bench_gpt2, "big": bench_big, "cnn": bench_cnn}[part](args) + [""]
+        parts = {"bert": bench_bert, "gpt2": bench_gpt2, "big": bench_big, "cnn": bench_cnn, "batch": bench_batch}
+        tables += parts[part](args) + [""]
     print("\n".join(tables))
 
 

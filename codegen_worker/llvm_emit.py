@@ -710,13 +710,17 @@ class FunctionEmitter:
             self.emit(f"{r} = {op} i64 {a}, {b}")
         return r
 
-    def if_(self, s: If) -> None:
+    def if_(self, s: If, then_body=None) -> None:
+        """then_body: emits the then branch in place of s.then (a guarded phase's range)."""
         self.n += 1
         then, else_, end = f"I{self.n}.then", f"I{self.n}.else", f"I{self.n}.end"
         c = self.expr(s.cond)
         self.emit(f"br i1 {c}, label %{then}, label %{else_}")
         self.label(then)
-        self.stmts(s.then)
+        if then_body:
+            then_body()
+        else:
+            self.stmts(s.then)
         self.emit(f"br label %{end}")
         self.label(else_)
         self.stmts(s.orelse)
@@ -1436,6 +1440,8 @@ class FunctionEmitter:
     def phase(self, part) -> None:
         if isinstance(part, tuple):
             self.stmts(part)
+        elif isinstance(part, If):  # (a guarded phase: the entry tests it too)
+            self.if_(part, lambda: self.phase(part.then[0]))
         elif isinstance(part, Gemm):
             self.gemm(part, "%lo", "%hi")
         elif part.parallel:

@@ -27,7 +27,11 @@ phase that is a `For(parallel=True)` runs only iterations [lo, hi), a Gemm phase
 blocks or column panels [lo, hi) (`Gemm.split`). The entry function runs the phases in
 order, each on one thread or as ranges across the module's thread pool: lowering marks a
 loop parallel only where its iterations write disjoint outputs and share no workspace, so
-the result does not depend on how the range is divided.
+the result does not depend on how the range is divided. A phase may be *guarded*: an `If`
+whose condition is a comparison of run-time extents, around one loop or Gemm, runs only where
+the condition holds (`guarded_phase`; the entry tests it before it hands the phase to
+threads). A conv over a run-time batch has two sets: its images on threads of their own, or
+for a batch of one its copy and GEMM as phases divided as a static batch of one's are.
 """
 from __future__ import annotations
 
@@ -466,13 +470,22 @@ def _reads_memory(e) -> bool:
     return any(_reads_memory(v) for v in (getattr(e, f.name) for f in fields(e)) if isinstance(v, Expr))
 
 
+def guarded_phase(s) -> bool:
+    """Whether a statement is a guarded phase: If(a comparison of run-time extents, (one
+    loop or Gemm,)) with no else."""
+    return (isinstance(s, If) and not s.orelse and len(s.then) == 1 and isinstance(s.then[0], (For, Gemm))
+            and isinstance(s.cond, Cmp) and _of_symbols(s.cond.a) and _of_symbols(s.cond.b))
+
+
 def phases(body: tuple) -> tuple[tuple, tuple]:
     """(prelude, phases) of a kernel body (see "Threads" above): its top-level Lets, which
-    every phase sees, and its top-level loops and Gemms. A body holding anything else at top
-    level (an accumulator, a store, a Let that loads) is one phase: the body itself, a tuple."""
+    every phase sees, and its top-level loops, Gemms and guarded phases. A body holding
+    anything else at top level (an accumulator, a store, a Let that loads) is one phase: the
+    body itself, a tuple."""
     lets = tuple(s for s in body if isinstance(s, Let))
     work = tuple(s for s in body if not isinstance(s, Let))
-    if work and all(isinstance(s, (For, Gemm)) for s in work) and not any(_reads_memory(s.value) for s in lets):
+    if (work and all(isinstance(s, (For, Gemm)) or guarded_phase(s) for s in work)
+            and not any(_reads_memory(s.value) for s in lets)):
         return lets, work
     return (), (tuple(body),)
 
@@ -480,6 +493,8 @@ def phases(body: tuple) -> tuple[tuple, tuple]:
 def parallel_extent(phase) -> "int | Expr":
     """How many independent parts a phase divides into across threads (0: it runs whole); an
     expression where that is known only at run time."""
+    if isinstance(phase, If):  # (a guarded phase: its loop's or Gemm's)
+        return parallel_extent(phase.then[0])
     if isinstance(phase, For) and phase.parallel:
         return phase.extent
     if isinstance(phase, Gemm):
@@ -659,6 +674,16 @@ _EXTENT_OPS = {"add": ("+", lambda a, b: a + b), "sub": ("-", lambda a, b: a - b
                "min": ("<", min), "max": (">", max)}  # (C: a choice by comparison)
 
 
+def _of_symbols(e) -> bool:
+    """Whether an expression is an extent: constants and the symbols' values, combined by
+    _EXTENT_OPS."""
+    if isinstance(e, (int, Const)):
+        return True
+    if isinstance(e, Load):
+        return e.buf == SYMBOLS and isinstance(e.index, Const)
+    return isinstance(e, Bin) and e.op in _EXTENT_OPS and _of_symbols(e.a) and _of_symbols(e.b)
+
+
 def extent_value(e, symbols: list) -> int:
     """An extent's value with symbol k = symbols[k] (its bound, or its run-time value)."""
     if isinstance(e, int):
@@ -686,3 +711,11 @@ def extent_c(e, symbols: str = "dims") -> str:
     if isinstance(e, Bin) and e.op in _EXTENT_OPS:
         return f"({extent_c(e.a, symbols)} {_EXTENT_OPS[e.op][0]} {extent_c(e.b, symbols)})"
     raise ValueError(f"{e!r} is not an expression of the symbols")
+
+
+_CMP_C = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
+
+
+def condition_c(cond: Cmp, symbols: str = "dims") -> str:
+    """A guarded phase's condition as a C expression over the symbols' values."""
+    return f"({extent_c(cond.a, symbols)} {_CMP_C[cond.op]} {extent_c(cond.b, symbols)})"

@@ -62,11 +62,15 @@ def thread_plan(kernel: Kernel, symbols: tuple = ()) -> list[tuple]:
 
     A phase whose work depends on symbols (its extent, or a Gemm's m) gets a fourth item,
     (scale, its value at the bounds, the work at the bounds): at run time the work is that
-    times scale / value, and the pieces follow it, up to those at the bounds. `symbols`:
-    the symbols' greatest values."""
+    times scale / value, and the pieces follow it, up to those at the bounds (the fourth item
+    is None where it does not). A guarded phase's plan has its condition as a fifth item.
+    `symbols`: the symbols' greatest values."""
     plan = []
     per_piece = int(kernel.option("piece_work", MIN_PIECE_WORK))  # (a tuned schedule's, ir/schedule.py)
     for part in phases(kernel.body)[1]:
+        guard = ()
+        if isinstance(part, If):  # (a guarded phase: planned as its loop or Gemm)
+            guard, part = (part.cond,), part.then[0]
         extent = parallel_extent(part)
         grain = VECTOR_GRAIN if isinstance(part, For) and part.kind == "vectorize" else 1
         scale = extent if isinstance(part, For) else 0
@@ -75,8 +79,10 @@ def thread_plan(kernel: Kernel, symbols: tuple = ()) -> list[tuple]:
         at_bound = extent_value(extent, symbols) if extent else 0
         total = work(part, symbols)
         pieces = min(at_bound // grain, total // per_piece, MAX_PIECES) if at_bound > 1 else 1
-        if isinstance(scale, int):
+        if isinstance(scale, int) and not guard:
             plan.append((max(extent, 1), max(pieces, 1), grain))
+        elif isinstance(scale, int):
+            plan.append((max(extent, 1), max(pieces, 1), grain, None, *guard))
         else:
-            plan.append((extent, max(pieces, 1), grain, (scale, max(extent_value(scale, symbols), 1), total)))
+            plan.append((extent, max(pieces, 1), grain, (scale, max(extent_value(scale, symbols), 1), total), *guard))
     return plan

@@ -22,7 +22,7 @@ HUGE_ARENA_BYTES = 1 << 30  # an arena planned at the bounds past this gets a wa
 def _symbols(g, lowered) -> list[str]:
     """What a build with symbolic dims runs: the bounds, the shapes, the arena they need."""
     from .bundle import plan_memory
-    _, arena = plan_memory(lowered)
+    _, arena, _ = plan_memory(lowered)
     given = ", ".join(f"{s} = {lo}..{hi}" for s, (lo, hi) in g.symbols.items() if s not in g.derived)
     lines = ["symbols (one build runs every size within these bounds):", f"  {given or '(none the caller gives)'}"]
     lines += [f"  derived {s} = {_definition(d)}, {lo}..{hi}"

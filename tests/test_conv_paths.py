@@ -193,6 +193,7 @@ POINTWISE_PACKED_ON_AVX2 = {
     "resnet_reduce": ((1, 64, 28, 30), (64, 64, 1, 1), {}),
     "past_256_channels": ((1, 320, 28, 28), (64, 320, 1, 1), {}),
     "grouped_batch_2": ((2, 128, 28, 28), (128, 64, 1, 1), {"group": 2}),
+    "batch_3": ((3, 64, 28, 30), (64, 64, 1, 1), {}),  # (images on threads of their own, each its packed slice)
 }
 
 

@@ -25,3 +25,35 @@ def test_live_buffers_never_overlap_and_dead_ones_are_reused():
     # a chain a -> b -> c: a and c never live together, so they share
     offsets, total = plan_arena({"a": (0, 1), "b": (1, 2), "c": (2, 3)}, {"a": 1024, "b": 1024, "c": 1024})
     assert offsets["a"] == offsets["c"] and total == 2048
+
+
+def test_placing_each_buffer_on_its_neighbours_beneath_is_a_plan_at_any_smaller_sizes():
+    """Sizes known at run time: the plan is made at the bounds, and each buffer goes at the
+    greatest aligned end of the buffers directly beneath it there (what the entry computes).
+    Whatever sizes up to the bounds a call has, no two live buffers share bytes, nothing
+    ends past the arena planned at the bounds, and where sizes shrink the buffers pack down."""
+    from modelkiln.artifacts.memory_plan import directly_beneath
+    rng = np.random.default_rng(1)
+    for _ in range(50):
+        n = int(rng.integers(1, 40))
+        lifetimes, bounds = {}, {}
+        for i in range(n):
+            a = int(rng.integers(0, 20))
+            lifetimes[f"t{i}"] = (a, a + int(rng.integers(0, 6)))
+            bounds[f"t{i}"] = int(rng.integers(1, 5000))
+        offsets, total = plan_arena(lifetimes, bounds)
+        beneath = directly_beneath(offsets, lifetimes)
+        for scale in (0.0, 0.1, 0.5, 1.0):
+            sizes = {t: int(b * scale * rng.random()) if scale < 1 else b for t, b in bounds.items()}
+            at = {}
+            for t in sorted(offsets, key=lambda t: (offsets[t], t)):
+                at[t] = max((-(-(at[x] + sizes[x]) // 64) * 64 for x in beneath[t]), default=0)
+            names = list(lifetimes)
+            for i, p in enumerate(names):
+                assert at[p] % 64 == 0 and at[p] + sizes[p] <= total and at[p] <= offsets[p]
+                for q in names[i + 1:]:
+                    live_together = lifetimes[p][0] <= lifetimes[q][1] and lifetimes[q][0] <= lifetimes[p][1]
+                    apart = at[p] + sizes[p] <= at[q] or at[q] + sizes[q] <= at[p]
+                    assert apart or not live_together, (p, q, scale)
+            if scale == 0.0:
+                assert all(v == 0 for v in at.values())

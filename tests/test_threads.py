@@ -122,6 +122,56 @@ def test_every_thread_count_gives_the_same_bytes_and_onnxruntimes_answer(built):
     assert_matches_oracle(result, model, 1)
 
 
+# Built over a run-time batch (its first dim made the symbol n): ResNet's convs and pool, and
+# MobileNetV2's depthwise and pointwise convs.
+RUN_TIME_BATCH = {"resnet18": lambda: model_zoo.resnet18(size=64),
+                  "mobilenet_v2": lambda: model_zoo.mobilenet_v2(size=48)}
+
+
+def _batch_one_phases(kernel, bound: int) -> tuple[list, list]:
+    """(plans of the phases guarded by a batch other than one, plans of those guarded by a
+    batch of one) of a kernel, at the batch's bound."""
+    from modelkiln.ir.loop import If, phases
+    from modelkiln.ir.parallel import thread_plan
+    guarded = [(part.cond.op, plan) for part, plan in zip(phases(kernel.body)[1], thread_plan(kernel, (bound,)))
+               if isinstance(part, If)]
+    return [p for op, p in guarded if op == "ne"], [p for op, p in guarded if op == "eq"]
+
+
+@pytest.mark.parametrize("name", sorted(RUN_TIME_BATCH))
+def test_a_run_time_batch_of_one_divides_its_convs_among_threads(name, executor):
+    """Over a run-time batch, each conv's and pool's kernel holds two sets of phases guarded
+    by the batch: the loop over images, and for a batch of one the copies and GEMMs as phases
+    of their own, which threads divide as a static batch of one's (before, a call of one
+    image ran every conv on one thread). The kernel tests each guard as the entry does, so a
+    wrong choice would leave an output unwritten: every batch and thread count gives the same
+    bytes and onnxruntime's answer."""
+    from modelkiln.orchestrator.api import build
+    model = RUN_TIME_BATCH[name]()
+    x = model.graph.input[0]
+    x.type.tensor_type.shape.dim[0].dim_param = "n"
+    result = build(model, dims={"n": (1, 3)}, executor=executor, cache=None, progress=False)
+    convs = [call for call in result.lowered.calls if {"Conv", "MaxPool"} & set(call.ops)]
+    divided = 0
+    for call in convs:
+        images, one = _batch_one_phases(call.kernel, 3)
+        assert len(images) == 1 and one, f"{name}: {call.name} has no phases for a batch of one"
+        divided += any(plan[1] > 1 for plan in one)
+    # (MobileNetV2's last, 3x3 maps keep some kernels whole, as a static batch of one does)
+    assert divided == len(convs) if name == "resnet18" else divided >= len(convs) // 2, (divided, len(convs))
+    image = [d.dim_value for d in x.type.tensor_type.shape.dim][1:]
+    modules = {threads: result.load(threads=threads) for threads in THREAD_COUNTS}
+    for n in (1, 2, 3):
+        feeds = {x.name: np.random.default_rng(n).standard_normal([n] + image).astype(np.float32)}
+        runs = {threads: module.run(feeds) for threads, module in modules.items()}
+        want = model_zoo.onnxruntime_outputs(model, feeds)
+        for key in want:
+            for threads, got in runs.items():
+                assert np.array_equal(got[key], runs[1][key]), f"{name}: {key} differs at {threads} threads, n={n}"
+            np.testing.assert_allclose(runs[1][key], want[key], rtol=1e-4, atol=1e-5 * float(np.abs(want[key]).max()),
+                                       err_msg=f"{key}, n={n}")
+
+
 def test_default_thread_count_is_the_usable_cores_or_the_environments(cnn_bundle):
     from modelkiln import load
     if "KILN_NUM_THREADS" not in os.environ:

@@ -20,7 +20,7 @@ from ..deferred import DeferredArray
 from ..dtypes import dtype
 from ..errors import InternalError
 from ..graph import Node
-from ..loop import (GEMM_SPLITS, Assign, Const, Expr, For, Gemm, Let, Load, Local, Store, Var, add, cmp, div, fbin,
+from ..loop import (GEMM_SPLITS, Assign, Const, Expr, For, Gemm, If, Let, Load, Local, Store, Var, add, cmp, div, fbin,
                     flat_index, fold_balanced, loop, mul, rem, select, sub, unflatten)
 from ..schedule import CODEGEN_OPTIONS, PANEL_CHUNK_KIB
 from ..symbolic import greatest
@@ -531,7 +531,7 @@ def lower_pointwise(b: KernelBuilder, node: Node, store) -> tuple:
     the input of a large conv is packed first: `pointwise_packs_input`.)"""
     x_name, w_name = node.inputs[0], node.inputs[1]
     xs, (cout, cg) = b.type(x_name).shape, b.type(w_name).shape[:2]
-    batch, cin, groups = b.dim(xs[0]), xs[1], b.attrs(node).get("group", 1)
+    cin, groups = xs[1], b.attrs(node).get("group", 1)
     cog, out_dims = cout // groups, b.type(node.outputs[0]).shape[2:]
     out_sp = [b.dim(d) for d in out_dims]  # (over run-time sizes, expressions: a run-time n)
     pixels = math.prod(out_sp)
@@ -550,10 +550,13 @@ def lower_pointwise(b: KernelBuilder, node: Node, store) -> tuple:
                          b_sk=pixels, tile=tile, split="n")
         return over_images(b, bv, xs[0], loop(gv, groups, (gemm,)), 0)
     if pointwise_packs_input(b.config.vector_width, cg, cog, pixels):
-        packed = b.workspace(-(-pixels // b.tile(pixels)[1]) * b.tile(pixels)[1] * cg)
-        pack = _runtime_pack(b, xparam, x_off, cg, pixels, pixels, 1, packed)
-        gemm = gemm_stmt(b, wparam, mul(Var(gv), cog * cg), cg, 1, packed, Const(0), cog, pixels, cg, epilogue)
-        return loop(bv, batch, loop(gv, groups, pack + (gemm,)))
+        packed_floats = -(-pixels // b.tile(pixels)[1]) * b.tile(pixels)[1] * cg
+        slices = greatest(xs[0]) if images_in_parallel(b, xs[0], packed_floats) else 1
+        packed = b.workspace(slices * packed_floats)
+        at = mul(Var(bv), packed_floats) if slices > 1 else Const(0)  # (this image's slice)
+        pack = _runtime_pack(b, xparam, x_off, cg, pixels, pixels, 1, packed, dest_off=at)
+        gemm = gemm_stmt(b, wparam, mul(Var(gv), cog * cg), cg, 1, packed, at, cog, pixels, cg, epilogue)
+        return over_images(b, bv, xs[0], loop(gv, groups, pack + (gemm,)), packed_floats)
     gemm = gemm_stmt(b, wparam, mul(Var(gv), cog * cg), cg, 1, xparam, x_off, cog, pixels, cg, epilogue, b_sk=pixels)
     return over_images(b, bv, xs[0], loop(gv, groups, (gemm,)), 0)
 
@@ -567,10 +570,23 @@ def images_in_parallel(b: KernelBuilder, batch_dim, floats_per_image: int) -> bo
 
 def over_images(b: KernelBuilder, bv: str, batch_dim, body: tuple, floats_per_image: int) -> tuple:
     """The loop over a conv's images: on threads of their own where `images_in_parallel`
-    (each image's workspace slice then starts at bv * floats_per_image)."""
+    (each image's workspace slice then starts at bv * floats_per_image).
+
+    Over a run-time batch, a call of one image would leave a thread idle: the body's loops
+    and Gemms then also stand as phases of their own, guarded by a batch of one (ir/loop.py,
+    "Threads"), which threads divide as they divide a static batch of one's; the loop over
+    images runs for any other batch."""
+    images = b.dim(batch_dim)
     if images_in_parallel(b, batch_dim, floats_per_image):
-        return (For(bv, b.dim(batch_dim), tuple(body), parallel=True),)
-    return loop(bv, b.dim(batch_dim), body)
+        many = (For(bv, images, tuple(body), parallel=True),)
+    else:
+        many = loop(bv, images, body)
+    lets = tuple(s for s in body if isinstance(s, Let))
+    work = tuple(s for s in body if not isinstance(s, Let))
+    if not isinstance(images, Expr) or not all(isinstance(s, (For, Gemm)) for s in work):
+        return many
+    one = cmp("eq", images, Const(1))
+    return (If(cmp("ne", images, Const(1)), many), Let(bv, Const(0)), *lets, *(If(one, (s,)) for s in work))
 
 
 def is_depthwise(b: KernelBuilder, node: Node) -> bool:
