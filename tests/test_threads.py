@@ -62,7 +62,17 @@ MODELS = {
     # a batch's images on threads of their own: convs, the strided max pool, depthwise, pointwise
     "resnet18_batch3": lambda: model_zoo.resnet18(batch=3, size=64),
     "mobilenet_v2_batch3": lambda: _batch_of(model_zoo.mobilenet_v2(size=48), 3),
+    "wide_depthwise_batch3": lambda: _wide_depthwise_and_pool(3),
 }
+
+
+def _wide_depthwise_and_pool(images: int):
+    """A depthwise conv and a strided max pool whose bordered copies for 3 images pass 8 MiB
+    (PARALLEL_SLICES_FLOATS), within twice the input: their images still run in parallel."""
+    g = model_zoo.GraphMaker(5)
+    h = g.op("Relu", [g.conv("x", 64, 64, 3, stride=2, group=64)])
+    h = g.op("MaxPool", [g.conv(h, 64, 64, 3, group=64)], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
+    return g.model({"x": [images, 64, 120, 120]}, [h])
 
 
 def _batch_of(model, images: int):
@@ -106,7 +116,7 @@ def test_every_thread_count_gives_the_same_bytes_and_onnxruntimes_answer(built):
         assert kinds == {"loop", "gemm-m", "gemm-n"}
     if name.endswith("_batch3"):  # (every conv's loop over images divides)
         for call in result.lowered.calls:
-            if "Conv" in call.ops:
+            if {"Conv", "MaxPool"} & set(call.ops):
                 assert _image_loop_divides(call.kernel), f"{name}: {call.name}'s images run on one thread"
     inputs = model_zoo.random_inputs(model, 1)
     runs = {}

@@ -561,14 +561,25 @@ def lower_pointwise(b: KernelBuilder, node: Node, store) -> tuple:
     return over_images(b, bv, xs[0], loop(gv, groups, (gemm,)), 0)
 
 
-def images_in_parallel(b: KernelBuilder, batch_dim, floats_per_image: int) -> bool:
+def images_in_parallel(b: KernelBuilder, batch_dim, floats_per_image: int, limit: int = PARALLEL_SLICES_FLOATS) -> bool:
     """Whether a conv's images run on threads of their own, each with its own slice of
-    `floats_per_image` of workspace: a batch (or its bound) of more than one that fits."""
+    `floats_per_image` of workspace: a batch (or its bound) of more than one whose slices
+    fit `limit` floats."""
     images = greatest(batch_dim)
-    return images > 1 and images * floats_per_image <= PARALLEL_SLICES_FLOATS
+    return images > 1 and images * floats_per_image <= limit
 
 
-def over_images(b: KernelBuilder, bv: str, batch_dim, body: tuple, floats_per_image: int) -> tuple:
+def bordered_copies_limit(b: KernelBuilder, x_name: str) -> int:
+    """images_in_parallel's limit for the bordered copies of a depthwise conv or a pool:
+    twice the input tensor, or PARALLEL_SLICES_FLOATS if more. Their slices are the input
+    again with its border, so they cost the arena what the input does, not an im2col's
+    multiple of it; held to 8 MiB, MobileNetV2's 96-channel stride-2 depthwise conv at 112 x
+    112 ran a batch of 4 on one thread (1.65 ms on two threads, 0.41 a batch of 1)."""
+    return max(PARALLEL_SLICES_FLOATS, 2 * greatest(b.type(x_name).size))
+
+
+def over_images(b: KernelBuilder, bv: str, batch_dim, body: tuple, floats_per_image: int,
+                limit: int = PARALLEL_SLICES_FLOATS) -> tuple:
     """The loop over a conv's images: on threads of their own where `images_in_parallel`
     (each image's workspace slice then starts at bv * floats_per_image).
 
@@ -577,7 +588,7 @@ def over_images(b: KernelBuilder, bv: str, batch_dim, body: tuple, floats_per_im
     "Threads"), which threads divide as they divide a static batch of one's; the loop over
     images runs for any other batch."""
     images = b.dim(batch_dim)
-    if images_in_parallel(b, batch_dim, floats_per_image):
+    if images_in_parallel(b, batch_dim, floats_per_image, limit):
         many = (For(bv, images, tuple(body), parallel=True),)
     else:
         many = loop(bv, images, body)
@@ -625,7 +636,8 @@ def lower_depthwise(b: KernelBuilder, node: Node, store, value=lambda v: v, weig
     copy_floats = cin * hp_bound * sw * wq_bound
     partial_floats = cout * greatest(ow_dim)
     # (images on threads of their own: a slice of the copy and of the partial sums each)
-    slices = greatest(batch_dim) if images_in_parallel(b, batch_dim, copy_floats + partial_floats) else 1
+    limit = bordered_copies_limit(b, x_name)
+    slices = greatest(batch_dim) if images_in_parallel(b, batch_dim, copy_floats + partial_floats, limit) else 1
     xp = b.workspace(slices * copy_floats)
     bv = b.fresh("b")
     xp_off = mul(Var(bv), copy_floats) if slices > 1 else Const(0)
@@ -690,7 +702,7 @@ def lower_depthwise(b: KernelBuilder, node: Node, store, value=lambda v: v, weig
     c, m = pad_copy.var, b.fresh("m")
     per_output = For(m, mult, (Let(co, add(mul(Var(c), mult), Var(m))), rows))
     image = (For(c, cin, (*pad_copy.body, per_output), parallel=True),)
-    return over_images(b, bv, batch_dim, image, copy_floats + partial_floats)
+    return over_images(b, bv, batch_dim, image, copy_floats + partial_floats, limit)
 
 
 def conv_operands(b: KernelBuilder, node: Node) -> tuple:

@@ -22,7 +22,7 @@ from ..loop import (FLOAT_TYPES, Assign, Const, Expr, For, Let, Load, Local, Var
                     mul, select, sub)
 from ..symbolic import greatest
 from .builder import KernelBuilder
-from .gemm import images_in_parallel, over_images
+from .gemm import bordered_copies_limit, images_in_parallel, over_images
 from .planes import phase_split_copy, size_max
 from .reduce import literal
 
@@ -68,7 +68,9 @@ def _lower_pool_on_planes(b: KernelBuilder, node: Node, store, is_max: bool) -> 
     hp_bound, wq_bound = padded(*(greatest(d) for d in dims[0]), *(greatest(d) for d in dims[1]))
     plane_floats = channels * hp_bound * sw * wq_bound
     # (images on threads of their own: a slice of the copy each)
-    slices = greatest(b.type(x_name).shape[0]) if images_in_parallel(b, b.type(x_name).shape[0], plane_floats) else 1
+    limit = bordered_copies_limit(b, x_name)
+    slices = greatest(b.type(x_name).shape[0]) if images_in_parallel(b, b.type(x_name).shape[0], plane_floats,
+                                                                      limit) else 1
     planes = b.workspace(slices * plane_floats)
     bv = b.fresh("b")
     planes_off = mul(Var(bv), plane_floats) if slices > 1 else Const(0)
@@ -119,7 +121,7 @@ def _lower_pool_on_planes(b: KernelBuilder, node: Node, store, is_max: bool) -> 
     row = For(q, ow, (*stmts, *store([Var(bv), Var(c), Var(r), Var(q)], value)), "vector_masked")
     # Each plane's outputs are computed right after its copy, while the copy is in L1.
     image = (For(c, channels, (*copy.body, For(r, oh, (row,))), parallel=True),)
-    return over_images(b, bv, b.type(x_name).shape[0], image, plane_floats)
+    return over_images(b, bv, b.type(x_name).shape[0], image, plane_floats, limit)
 
 
 def _balanced(values: list, combine, bound):
