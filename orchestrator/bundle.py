@@ -193,6 +193,7 @@ def plan_memory(lowered):
     loop touches lives through all of its steps. With symbolic dims the arena is sized at
     the bounds, and an offset that depends on the symbols is `at[i]`, which the entry
     computes from the call's sizes (`_run_time_offsets`)."""
+    from ..ir.symbolic import greatest
     lifetimes: dict[str, list[int]] = {}
     sizes: dict[str, int] = {}
     actual: dict[str, object] = {}  # each buffer's bytes as a size (a Dim where symbolic)
@@ -227,7 +228,7 @@ def plan_memory(lowered):
                 use(t, time, time)
             for j, n in enumerate(st.workspaces):
                 lifetimes[f"ws:{index}:{j}"] = [time, time]
-                sizes[f"ws:{index}:{j}"] = actual[f"ws:{index}:{j}"] = 4 * n
+                sizes[f"ws:{index}:{j}"], actual[f"ws:{index}:{j}"] = 4 * greatest(n), 4 * n  # (n: a Dim per image)
             index += 1
             time += 1
         return time

@@ -169,11 +169,17 @@ class KernelBuilder:
             self.inputs.append(name)
         return f"i{self.inputs.index(name)}"
 
-    def workspace(self, elements: int, storage: str = "f32") -> str:
-        """A scratch buffer of `elements` elements of `storage` type, in the arena."""
-        nbytes = int(elements) * storage_bytes(storage)
-        self.workspaces.append(-(-nbytes // 4))
-        self.workspace_types.append((storage, int(elements)))
+    def workspace(self, elements: "int | Dim", storage: str = "f32") -> str:
+        """A scratch buffer of `elements` elements of `storage` type, in the arena. A Dim (a
+        slice per image of a run-time batch) is planned at its bounds, and a call places it
+        for its own size (orchestrator.bundle.plan_memory)."""
+        if isinstance(elements, Dim):
+            if storage_bytes(storage) % 4:
+                raise InternalError(f"a workspace of run-time size holds whole 4-byte units, not {storage}")
+            self.workspaces.append(elements * (storage_bytes(storage) // 4))
+        else:
+            self.workspaces.append(-(-int(elements) * storage_bytes(storage) // 4))
+        self.workspace_types.append((storage, greatest(elements)))
         return f"w{len(self.workspaces) - 1}"
 
     def constant_param(self, base: str, value: np.ndarray) -> str:

@@ -301,9 +301,9 @@ def lower_conv_symbolic(b: KernelBuilder, node: Node, store) -> tuple:
     bordered_floats = cg * math.prod(greatest(d) + pads[i] + pads[nsp + i] for i, d in enumerate(xs[2:])) \
         if bordered else 0
     if bordered:  # (a slice per image where images run in parallel)
-        slices = greatest(xs[0]) if images_in_parallel(b, xs[0], bordered_floats) else 1
-        src = b.workspace(slices * bordered_floats)
-        src_off = mul(Var(bv), bordered_floats) if slices > 1 else Const(0)
+        parallel = images_in_parallel(b, xs[0], bordered_floats)
+        src = b.workspace((xs[0] if parallel else 1) * bordered_floats)
+        src_off = mul(Var(bv), bordered_floats) if parallel else Const(0)
         per_image.append(padded_copy(b, xparam, mul(chan0, plane), cg, in_sp, pads, src, dest_off=src_off))
     else:
         src, src_off = xparam, mul(chan0, plane)
@@ -391,7 +391,7 @@ def lower_conv_gemm(b: KernelBuilder, node: Node, store, path: str) -> tuple:
     parallel_groups = (groups > 1 and batch == 1 and not runtime_w
                        and groups * (col_floats + bordered_floats) <= PARALLEL_SLICES_FLOATS)
     parallel_images = images_in_parallel(b, xs[0], col_floats + bordered_floats)  # (never with parallel groups: batch 1)
-    slices = groups if parallel_groups else greatest(xs[0]) if parallel_images else 1
+    slices = groups if parallel_groups else xs[0] if parallel_images else 1  # (a run-time batch: a Dim)
     xp_ws = b.workspace(slices * bordered_floats) if bordered else None
     col_ws = b.workspace(slices * col_floats) if mr else None
 
@@ -551,9 +551,9 @@ def lower_pointwise(b: KernelBuilder, node: Node, store) -> tuple:
         return over_images(b, bv, xs[0], loop(gv, groups, (gemm,)), 0)
     if pointwise_packs_input(b.config.vector_width, cg, cog, pixels):
         packed_floats = -(-pixels // b.tile(pixels)[1]) * b.tile(pixels)[1] * cg
-        slices = greatest(xs[0]) if images_in_parallel(b, xs[0], packed_floats) else 1
-        packed = b.workspace(slices * packed_floats)
-        at = mul(Var(bv), packed_floats) if slices > 1 else Const(0)  # (this image's slice)
+        parallel = images_in_parallel(b, xs[0], packed_floats)
+        packed = b.workspace((xs[0] if parallel else 1) * packed_floats)
+        at = mul(Var(bv), packed_floats) if parallel else Const(0)  # (this image's slice)
         pack = _runtime_pack(b, xparam, x_off, cg, pixels, pixels, 1, packed, dest_off=at)
         gemm = gemm_stmt(b, wparam, mul(Var(gv), cog * cg), cg, 1, packed, at, cog, pixels, cg, epilogue)
         return over_images(b, bv, xs[0], loop(gv, groups, pack + (gemm,)), packed_floats)
@@ -637,10 +637,11 @@ def lower_depthwise(b: KernelBuilder, node: Node, store, value=lambda v: v, weig
     partial_floats = cout * greatest(ow_dim)
     # (images on threads of their own: a slice of the copy and of the partial sums each)
     limit = bordered_copies_limit(b, x_name)
-    slices = greatest(batch_dim) if images_in_parallel(b, batch_dim, copy_floats + partial_floats, limit) else 1
+    parallel = images_in_parallel(b, batch_dim, copy_floats + partial_floats, limit)
+    slices = batch_dim if parallel else 1  # (a run-time batch: a Dim, each call's own)
     xp = b.workspace(slices * copy_floats)
     bv = b.fresh("b")
-    xp_off = mul(Var(bv), copy_floats) if slices > 1 else Const(0)
+    xp_off = mul(Var(bv), copy_floats) if parallel else Const(0)
     if sw == 1:
         pad_copy = padded_copy(b, xparam, mul(Var(bv), cin * h * w_), cin, [h, w_], [pt, pl, pb, pr], xp, value,
                                row_kind="vector_masked", dest_off=xp_off)
@@ -684,7 +685,7 @@ def lower_depthwise(b: KernelBuilder, node: Node, store, value=lambda v: v, weig
     steps = []
     if len(passes) > 1:
         partial = b.workspace(slices * partial_floats)  # one row per output channel: channels run in parallel
-        at = add(mul(Var(bv), partial_floats) if slices > 1 else Const(0), add(mul(Var(co), ow), Var(q)))
+        at = add(mul(Var(bv), partial_floats) if parallel else Const(0), add(mul(Var(co), ow), Var(q)))
         for i, (first, count) in enumerate(passes[:-1]):
             stmts, part = window_rows(first, count)
             so_far = part if i == 0 else fbin("add", Load(partial, at), part)

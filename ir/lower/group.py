@@ -31,7 +31,7 @@ class KernelCall:
     kernel: Kernel
     outputs: list[str]
     inputs: list[str]
-    workspaces: list[int]  # sizes in float32 units (4 bytes) each
+    workspaces: list  # sizes in float32 units (4 bytes) each: ints, or Dims of a run-time batch
     name: str
     ops: list[str]
     nodes: list[str]

@@ -69,11 +69,11 @@ def _lower_pool_on_planes(b: KernelBuilder, node: Node, store, is_max: bool) -> 
     plane_floats = channels * hp_bound * sw * wq_bound
     # (images on threads of their own: a slice of the copy each)
     limit = bordered_copies_limit(b, x_name)
-    slices = greatest(b.type(x_name).shape[0]) if images_in_parallel(b, b.type(x_name).shape[0], plane_floats,
-                                                                      limit) else 1
-    planes = b.workspace(slices * plane_floats)
+    batch = b.type(x_name).shape[0]
+    parallel = images_in_parallel(b, batch, plane_floats, limit)
+    planes = b.workspace((batch if parallel else 1) * plane_floats)  # (a run-time batch: each call's own)
     bv = b.fresh("b")
-    planes_off = mul(Var(bv), plane_floats) if slices > 1 else Const(0)
+    planes_off = mul(Var(bv), plane_floats) if parallel else Const(0)
     x = b.reader(x_name)
     inline = x_name in b.readers  # (computed in this group: no buffer to deinterleave from)
     storage = b.storage(x_name)
