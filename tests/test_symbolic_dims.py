@@ -334,15 +334,28 @@ def test_an_optimum_merged_decoder_generates_onnxruntime_tokens(executor):
 
 # ---- CNNs with a symbolic batch -------------------------------------------------------------------
 
-@pytest.mark.parametrize("name", ["residual_cnn", "mobilenet_v2"])
+@pytest.mark.parametrize("name", ["residual_cnn", "mobilenet_v2", "unet", "convnext_stage"])
 def test_a_cnn_with_a_symbolic_batch(name, executor):
-    """Convolutions (implicit GEMM, 1x1, depthwise), pools and the classifier's Gemm over a
-    batch known at run time: the images one after another, each as in a static build."""
-    model = model_zoo.ALL.get(name, getattr(model_zoo, name))()
+    """Convolutions (implicit GEMM, 1x1, depthwise, transposed), pools, upsampling, the
+    classifier's Gemm and ConvNeXt's channels-last MLP over a batch known at run time, each
+    image as in a static build: ConvNeXt's transposes to and from channels-last run alone as
+    blocks, and UNet's 2x Resize by phases along its rows, as they do over a static batch."""
+    from modelkiln.ir.loop import For, Store, TransposeBlock
+    from tests import vision_zoo
+    from tests.conftest import kernel_statements
+    model = {**model_zoo.ALL, **vision_zoo.ALL}.get(name, getattr(model_zoo, name, None))()
     x = model.graph.input[0]
     x.type.tensor_type.shape.dim[0].dim_param = "n"
     image = [d.dim_value for d in x.type.tensor_type.shape.dim][1:]
-    module = build(model, dims={"n": (1, 4)}, executor=executor, cache=None, progress=False).load()
+    result = build(model, dims={"n": (1, 4)}, executor=executor, cache=None, progress=False)
+    blocks = [c for c in result.lowered.calls
+              if any(isinstance(s, TransposeBlock) for s in kernel_statements(c.kernel.body))]
+    assert len(blocks) == {"convnext_stage": 6}.get(name, 0), [c.name for c in blocks]
+    if name == "unet":  # (by phases: a loop along the row storing each of the 4 phases)
+        [resize] = [c for c in result.lowered.calls if c.ops == ["Resize"]]
+        assert any(isinstance(s, For) and sum(isinstance(t, Store) for t in s.body) == 4
+                   for s in kernel_statements(resize.kernel.body))
+    module = result.load()
     for n in (1, 3):
         feeds = {x.name: np.random.default_rng(n).standard_normal([n] + image).astype(np.float32)}
         got, want = module.run(feeds), model_zoo.onnxruntime_outputs(model, feeds)

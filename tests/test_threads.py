@@ -12,7 +12,7 @@ import sys
 
 import numpy as np
 import pytest
-from onnx import TensorProto
+from onnx import TensorProto, numpy_helper
 
 from tests import model_zoo
 from tests.conftest import assert_matches_oracle
@@ -180,6 +180,31 @@ def test_a_run_time_batch_of_one_divides_its_convs_among_threads(name, executor)
                 assert np.array_equal(got[key], runs[1][key]), f"{name}: {key} differs at {threads} threads, n={n}"
             np.testing.assert_allclose(runs[1][key], want[key], rtol=1e-4, atol=1e-5 * float(np.abs(want[key]).max()),
                                        err_msg=f"{key}, n={n}")
+
+
+def test_rows_known_at_run_time_divide_by_row_blocks_or_by_panels(executor):
+    """A MatMul over batch x seq rows known at run time against 96 weight columns (3 panels
+    of 32 on AVX-512, 6 of 16 on AVX2): two guarded Gemm phases, divided by row blocks where
+    the call has many rows and by panels where it has few (a decoding step's one row). Both
+    run, at every thread count, giving the same bytes and numpy's product."""
+    from modelkiln.ir.loop import Gemm, If, phases
+    from modelkiln.orchestrator.api import build
+    g = model_zoo.GraphMaker(2)
+    w = g.weight((256, 96))
+    y = g.op("MatMul", ["x", w])
+    model = g.model({"x": ["batch", "seq", 256]}, [y])
+    result = build(model, dims={"batch": (1, 2), "seq": (1, 100)}, executor=executor, cache=None, progress=False)
+    [call] = result.lowered.calls
+    guarded = [p for p in phases(call.kernel.body)[1] if isinstance(p, If) and isinstance(p.then[0], Gemm)]
+    assert sorted(p.then[0].split for p in guarded) == ["m", "n"], call.kernel.body
+    weights = numpy_helper.to_array(next(i for i in model.graph.initializer if i.name == w))
+    modules = {threads: result.load(threads=threads) for threads in THREAD_COUNTS}
+    for batch, seq in ((1, 1), (2, 3), (2, 100), (1, 57)):
+        x = np.random.default_rng(seq).standard_normal((batch, seq, 256)).astype(np.float32)
+        runs = {threads: module.run({"x": x})[y] for threads, module in modules.items()}
+        for threads, got in runs.items():
+            assert np.array_equal(got, runs[1]), f"{batch} x {seq} rows differ at {threads} threads"
+        np.testing.assert_allclose(runs[1], x @ weights, rtol=1e-4, atol=1e-4)
 
 
 def test_default_thread_count_is_the_usable_cores_or_the_environments(cnn_bundle):

@@ -489,7 +489,7 @@ def resize_by_phases(b: KernelBuilder, node: Node) -> tuple:
 
     def generic():
         return b.loops(oshape, lambda idx: [Store(param, flat_index(idx, oshape), reader(idx))], parallel=True)
-    if any(isinstance(d, Expr) for d in list(ishape) + list(oshape)):
+    if isinstance(ishape[last], Expr) or isinstance(oshape[last], Expr):  # (other axes may be run-time sizes)
         return generic()
     a = b.attrs(node)
     n_in, n_out = ishape[last], oshape[last]

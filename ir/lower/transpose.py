@@ -29,13 +29,12 @@ def lower_blocked_transpose(b: KernelBuilder, members: list[Node]) -> tuple | No
     x_name, y_name = members[0].inputs[0], members[-1].outputs[0]
     t = transposes[0]
     shape = b.type(t.inputs[0]).shape
-    if not all(isinstance(d, int) for d in shape) or dtype(b.type(x_name).dtype).itemsize != 4 or \
-            x_name in b.readers or b.g.storage_shape(x_name) is not None:
+    if dtype(b.type(x_name).dtype).itemsize != 4 or x_name in b.readers or b.g.storage_shape(x_name) is not None:
         return None
     found = lane_transpose(shape, b.attrs(t)["perm"])
-    if found is None:
+    if found is None or not all(isinstance(d, int) for d in found[1:]):
         return None
-    batch, rows, cols = found
+    batch, rows, cols = b.dim(found[0]), *found[1:]  # (a run-time batch: a loop over it at run time)
     src, dst = b.in_param(x_name), b.out_param(y_name)
     n = TRANSPOSE_LANES
 

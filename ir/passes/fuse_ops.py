@@ -55,10 +55,10 @@ def moves_lanes(g: Graph, node: Node) -> bool:
     if node.op != TRANSPOSE:
         return False
     x = g.types[node.inputs[0]]
-    if not x.is_static or DTYPES[x.dtype].itemsize != 4:
+    if DTYPES[x.dtype].itemsize != 4:
         return False
-    found = lane_transpose(x.shape, g.params_of(node)["perm"])
-    return found is not None and min(found[1:]) >= TRANSPOSE_LANES
+    found = lane_transpose(x.shape, g.params_of(node)["perm"])  # (a run-time batch may lead: B)
+    return found is not None and all(isinstance(d, int) and d >= TRANSPOSE_LANES for d in found[1:])
 
 
 def _can_join(g: Graph, node: Node, via: str, group: list[Node]) -> bool:
