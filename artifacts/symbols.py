@@ -35,12 +35,32 @@ class Symbols:
         self.inputs, self.outputs, self.checks, self.derived = inputs, outputs, list(checks), list(derived)
         self.caches = list(caches)
         self.dims = np.zeros(max(len(self.order), 1), np.int64)  # what the entry function reads
+        # A serving loop repeats its shapes: where the values follow from the shapes alone (no
+        # symbol or check reads an input's values, no KV cache), a bound call is remembered.
+        self._remember = not self.caches and not any("expr" in d for d in self.derived) and \
+            not any(c.get("unless") for c in self.checks)
+        self._known: dict = {}  # input shapes -> (values, dims, output shapes)
 
     def bind(self, shapes: list, arrays: list = (), capacities: dict | None = None) -> dict:
         """The symbols' values from the inputs' shapes (in the manifest's input order), checked;
         also written to `self.dims`. `arrays` (the inputs) decide checks that hold unless a
         bool input has a value. A KV cache's capacity is the buffer's (`capacities`, symbol ->
         entries) or, for separate arrays, the present's length."""
+        key = tuple(map(tuple, shapes)) if self._remember and not capacities else None
+        known = self._known.get(key) if key is not None else None
+        if known is not None:
+            self.dims[:] = known[1]
+            self._last = known
+            return known[0]
+        values = self._bind(shapes, arrays, capacities)
+        self._last = (values, None, self._output_shapes(values))
+        if key is not None:
+            if len(self._known) >= 256:  # (bounded: a caller may sweep every size)
+                self._known.clear()
+            self._known[key] = (values, self.dims.copy(), self._last[2])
+        return values
+
+    def _bind(self, shapes: list, arrays: list, capacities: dict | None) -> dict:
         values, source = {}, {}
         for spec, shape in zip(self.inputs, shapes):
             want = spec["shape"]
@@ -114,6 +134,10 @@ class Symbols:
             values[c["capacity"]] = capacity
 
     def output_shapes(self, values: dict) -> list[tuple]:
+        last = getattr(self, "_last", None)
+        return last[2] if last is not None and last[0] is values else self._output_shapes(values)
+
+    def _output_shapes(self, values: dict) -> list[tuple]:
         return [tuple(dim_value(d, values) for d in spec["shape"]) for spec in self.outputs]
 
     def greatest(self) -> dict:

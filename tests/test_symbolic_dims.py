@@ -88,6 +88,23 @@ def test_symbolic_kernels_for_each_x86_target(target, executor):
     run_or_inspect(result, run)
 
 
+def test_calls_that_repeat_their_shapes_each_run_at_their_own(block_build):
+    """One module called with shapes in turn, each twice and more (a bound call's symbols are
+    remembered by its shapes: artifacts/symbols.py): every call runs at its own sizes and
+    returns its own shape, and a call outside the bounds is still refused by name."""
+    model, result = block_build
+    module = result.load()
+    for step, (batch, seq) in enumerate([(1, 5), (3, 40), (1, 5), (3, 40), (2, 0), (1, 5)]):
+        rng = np.random.default_rng(step)
+        feeds = {"x": rng.standard_normal((batch, seq, 64)).astype(np.float32),
+                 "m": (rng.random((batch, seq, 1)) > 0.3).astype(np.float32)}
+        got, want = module.run(feeds)["y"], model_zoo.onnxruntime_outputs(model, feeds)["y"]
+        assert got.shape == want.shape == (batch, seq, 64)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+        with pytest.raises(KilnError, match="outside the bounds"):
+            module.run({"x": np.zeros((5, seq, 64), np.float32), "m": np.zeros((5, seq, 1), np.float32)})
+
+
 def test_threads_change_no_byte(block_build):
     _, result = block_build
     feeds = {"x": np.random.default_rng(1).standard_normal((3, 77, 64)).astype(np.float32),
