@@ -135,7 +135,17 @@ def test_every_thread_count_gives_the_same_bytes_and_onnxruntimes_answer(built):
 # Built over a run-time batch (its first dim made the symbol n): ResNet's convs and pool, and
 # MobileNetV2's depthwise and pointwise convs.
 RUN_TIME_BATCH = {"resnet18": lambda: model_zoo.resnet18(size=64),
-                  "mobilenet_v2": lambda: model_zoo.mobilenet_v2(size=48)}
+                  "mobilenet_v2": lambda: model_zoo.mobilenet_v2(size=48),
+                  "grouped": lambda: _grouped_convs()}
+
+
+def _grouped_convs():
+    """RegNet's grouped 3x3 convs (groups of 8 channels), stride 1 and 2: one group's GEMM is
+    too small to split, so a batch of one divides its groups among threads."""
+    g = model_zoo.GraphMaker(6)
+    h = g.op("Relu", [g.conv("x", 64, 64, 3, group=8)])
+    h = g.op("Relu", [g.conv(h, 64, 64, 3, stride=2, group=8)])
+    return g.model({"x": [1, 64, 28, 28]}, [h])
 
 
 def _batch_one_phases(kernel, bound: int) -> tuple[list, list]:
@@ -167,6 +177,8 @@ def test_a_run_time_batch_of_one_divides_its_convs_among_threads(name, executor)
         images, one = _batch_one_phases(call.kernel, 3)
         assert len(images) == 1 and one, f"{name}: {call.name} has no phases for a batch of one"
         divided += any(plan[1] > 1 for plan in one)
+        if name == "grouped":  # (the loop over groups is the divided phase)
+            assert [plan[0] for plan in one if plan[1] > 1] == [8], (call.name, one)
     # (MobileNetV2's last, 3x3 maps keep some kernels whole, as a static batch of one does)
     assert divided == len(convs) if name == "resnet18" else divided >= len(convs) // 2, (divided, len(convs))
     image = [d.dim_value for d in x.type.tensor_type.shape.dim][1:]

@@ -357,14 +357,15 @@ def lower_conv_symbolic(b: KernelBuilder, node: Node, store) -> tuple:
     return (*tables, *starts, *over_images(b, bv, xs[0], loop(gv, groups, per_image + [product]), bordered_floats))
 
 
-def lower_conv_gemm(b: KernelBuilder, node: Node, store, path: str) -> tuple:
+def lower_conv_gemm(b: KernelBuilder, node: Node, store, path: str, one_image: str = "") -> tuple:
     """A conv of static spatial sizes as GEMMs: `path` "implicit", "weights_rows" or "im2col"
-    (ir/lower/conv.py chooses)."""
+    (ir/lower/conv.py chooses). With `one_image` (its packed weights' parameter, already made),
+    the conv of a batch of one whatever its batch: what a run-time batch runs for one image."""
     x_name, w_name = node.inputs[0], node.inputs[1]
     xs, ws_ = b.type(x_name).shape, b.type(w_name).shape
     a = b.attrs(node)
     groups = a.get("group", 1)
-    batch, cin = b.dim(xs[0]), xs[1]  # (a symbolic batch: a loop over images at run time)
+    batch, cin = 1 if one_image else b.dim(xs[0]), xs[1]  # (a symbolic batch: a loop over images at run time)
     cout, cg = ws_[0], ws_[1]
     kernel, strides, dil, pads = a["kernel_shape"], a["strides"], a["dilations"], a["pads"]
     nsp = len(kernel)
@@ -386,6 +387,8 @@ def lower_conv_gemm(b: KernelBuilder, node: Node, store, path: str) -> tuple:
     if runtime_w:  # weights computed at run time: pack them in the kernel, once per call
         w_src = b.in_param(w_name)
         wparam = b.workspace(groups * panel_stride)
+    elif one_image:
+        w_rows = wparam = one_image
     elif weights_as_rows:
         w_rows = b.constant_param(f"{w_name}_rows", b.g.constants[w_name].reshape(groups * cog, kk))
     else:
@@ -404,9 +407,10 @@ def lower_conv_gemm(b: KernelBuilder, node: Node, store, path: str) -> tuple:
     # (whole row blocks: the last one's rows past m are never read)
     col_floats = kk * -(-rows_per_chunk * row_size // mr) * mr if mr else 0
     bordered_floats = cg * math.prod(padded) if bordered else 0
-    parallel_groups = (groups > 1 and batch == 1 and not runtime_w
-                       and groups * (col_floats + bordered_floats) <= PARALLEL_SLICES_FLOATS)
-    parallel_images = images_in_parallel(b, xs[0], col_floats + bordered_floats)  # (never with parallel groups: batch 1)
+    groups_fit = groups > 1 and not runtime_w and groups * (col_floats + bordered_floats) <= PARALLEL_SLICES_FLOATS
+    parallel_groups = groups_fit and batch == 1
+    # (never with parallel groups: batch 1)
+    parallel_images = not one_image and images_in_parallel(b, xs[0], col_floats + bordered_floats)
     slices = groups if parallel_groups else xs[0] if parallel_images else 1  # (a run-time batch: a Dim)
     xp_ws = b.workspace(slices * bordered_floats) if bordered else None
     col_ws = b.workspace(slices * col_floats) if mr else None
@@ -535,7 +539,11 @@ def lower_conv_gemm(b: KernelBuilder, node: Node, store, path: str) -> tuple:
         body += chunk(Const(full * rows_per_chunk), last)
     if parallel_groups:
         return tuple(prologue) + loop(bv, batch, (For(gv, groups, tuple(body), parallel=True),))
-    return tuple(prologue) + over_images(b, bv, xs[0], loop(gv, groups, body), col_floats + bordered_floats)
+    one = None
+    if isinstance(batch, Expr) and groups_fit:  # (a run-time batch of one: its groups in parallel)
+        one = lower_conv_gemm(b, node, store, path, one_image=w_rows or wparam)
+    return tuple(prologue) + over_images(b, bv, xs[0], loop(gv, groups, body), col_floats + bordered_floats,
+                                         one=one)
 
 
 def lower_pointwise(b: KernelBuilder, node: Node, store) -> tuple:
@@ -595,26 +603,27 @@ def bordered_copies_limit(b: KernelBuilder, x_name: str) -> int:
 
 
 def over_images(b: KernelBuilder, bv: str, batch_dim, body: tuple, floats_per_image: "int | None",
-                limit: int = PARALLEL_SLICES_FLOATS) -> tuple:
+                limit: int = PARALLEL_SLICES_FLOATS, one: tuple | None = None) -> tuple:
     """The loop over a conv's images: on threads of their own where `images_in_parallel`
     (each image's workspace slice then starts at bv * floats_per_image; None: the images
     share their workspaces, one after another).
 
     Over a run-time batch, a call of one image would leave a thread idle: the body's loops
-    and Gemms then also stand as phases of their own, guarded by a batch of one (ir/loop.py,
-    "Threads"), which threads divide as they divide a static batch of one's; the loop over
-    images runs for any other batch."""
+    and Gemms (or `one`, statements of their own for an image) then also stand as phases of
+    their own, guarded by a batch of one (ir/loop.py, "Threads"), which threads divide as
+    they divide a static batch of one's; the loop over images runs for any other batch."""
     images = b.dim(batch_dim)
     if floats_per_image is not None and images_in_parallel(b, batch_dim, floats_per_image, limit):
         many = (For(bv, images, tuple(body), parallel=True),)
     else:
         many = loop(bv, images, body)
-    lets = tuple(s for s in body if isinstance(s, Let))
-    work = tuple(s for s in body if not isinstance(s, Let))
+    one = (Let(bv, Const(0)), *body) if one is None else one
+    lets = tuple(s for s in one if isinstance(s, Let))
+    work = tuple(s for s in one if not isinstance(s, Let))
     if not isinstance(images, Expr) or not all(isinstance(s, (For, Gemm)) for s in work):
         return many
-    one = cmp("eq", images, Const(1))
-    return (If(cmp("ne", images, Const(1)), many), Let(bv, Const(0)), *lets, *(If(one, (s,)) for s in work))
+    single = cmp("eq", images, Const(1))
+    return (If(cmp("ne", images, Const(1)), many), *lets, *(If(single, (s,)) for s in work))
 
 
 def is_depthwise(b: KernelBuilder, node: Node) -> bool:
