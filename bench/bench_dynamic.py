@@ -1,7 +1,7 @@
 """Symbolic dims: one Kiln build for every shape, against a build per shape and the peers.
 
-    python bench/bench_dynamic.py [--repeat 20] [--rounds 2] [--parts bert,gpt2,big,cnn,batch] [--layers 2]
-                                  [--big-dir D]
+    python bench/bench_dynamic.py [--repeat 20] [--rounds 2] [--parts bert,gpt2,big,cnn,batch,batch_zoo]
+                                  [--layers 2] [--big-dir D]
 
 BERT: an encoder at BERT-base widths (d=768, 12 heads, ffn 3072; `--layers` of them) exported
 with dynamic axes (tests/dynamic_zoo.py), built once by Kiln with batch=1..8, seq=1..512 and
@@ -21,7 +21,9 @@ CNN: ResNet-18 and MobileNetV2 (tests/model_zoo.py) with the image's height and 
 symbols, built once with height, width = 32..640 and run at 224 x 224, 320 x 480 and
 512 x 512, beside Kiln built for each size and the peers on the dynamic-axes model.
 Batch: the same CNNs at 224 x 224 with their batch made a symbol, built once with n = 1..8
-and run at batch 1 and 4, beside Kiln built for each batch and the peers.
+and run at batch 1 and 4, beside Kiln built for each batch and the peers. Batch_zoo: every
+CNN of the bench and the ViT built with a run-time batch, at a batch of one beside a build for
+one (Kiln only).
 Prints Markdown tables (the ones in the README) and each build's time.
 """
 from __future__ import annotations
@@ -265,6 +267,31 @@ def bench_batch(args) -> list[str]:
     return lines
 
 
+def bench_batch_zoo(args) -> list[str]:
+    """Every CNN of the bench (and the ViT) built with a run-time batch, at a batch of one,
+    beside a build for a batch of one: what a model exported with a dynamic batch costs a
+    caller serving single images."""
+    from tests import model_zoo, vision_zoo
+    names = ["resnet18", "mobilenet_v2", "unet", *vision_zoo.ALL]
+    lines = ["Built with a run-time batch (n = 1..8), run at a batch of one: median ms", "",
+             "| model | threads | Kiln dynamic | Kiln static | dynamic / static |", "|---|---|---|---|---|"]
+    for name in names:
+        model = {**model_zoo.ALL, **vision_zoo.ALL}[name]()
+        x = model.graph.input[0]
+        f = {x.name: np.random.default_rng(0).standard_normal(
+            [d.dim_value for d in x.type.tensor_type.shape.dim]).astype(np.float32)}
+        static, _ = _timed_build(model)
+        dynamic, _ = _timed_build(_batch_dynamic(model), dims={"n": (1, 8)})
+        for threads in sorted({1, THREADS}):
+            kd, ks = dynamic.load(threads=threads), static.load(threads=threads)
+            ms = interleaved({"dyn": lambda: kd.run(f), "static": lambda: ks.run(f)}, args.warmup,
+                             max(5, args.repeat // 2), args.rounds)
+            lines.append(f"| {name} | {threads} | {ms['dyn']:.2f} | {ms['static']:.2f} | "
+                         f"{_ratio(ms['dyn'], ms['static'])} |")
+            print(lines[-1], flush=True)
+    return lines
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--repeat", type=int, default=20)
@@ -279,7 +306,8 @@ def main() -> None:
         return write_big(args.write_big)
     tables = []
     for part in args.parts.split(","):
-        parts = {"bert": bench_bert, "gpt2": bench_gpt2, "big": bench_big, "cnn": bench_cnn, "batch": bench_batch}
+        parts = {"bert": bench_bert, "gpt2": bench_gpt2, "big": bench_big, "cnn": bench_cnn, "batch": bench_batch,
+                 "batch_zoo": bench_batch_zoo}
         tables += parts[part](args) + [""]
     print("\n".join(tables))
 
