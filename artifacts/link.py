@@ -172,7 +172,8 @@ def entry_source(plan: list, outputs: list[tuple[tuple, int]], arena_bytes: int,
         lines.append(f"void {sym}({', '.join(['void*'] * n + ['long long'] * 3)});")
     if symbolic:
         lines += ["", _RUNTIME_PIECES_C % min_piece_work]
-    if arena_at or derived and any("kiln_" in value for value in derived[1]):  # (a value symbol's expression)
+    # (kiln_max: the arena's run-time offsets; kiln_div and the rest: a value symbol's expression)
+    if arena_at or derived and any("kiln_" in value for value in derived[1]):
         lines += ["", *C_HELPERS]
     if arena_at:  # (an offset: aligned as artifacts.memory_plan aligns)
         lines.append("static inline long long kiln_end(long long at, long long bytes) "

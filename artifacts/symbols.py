@@ -40,6 +40,7 @@ class Symbols:
         self._remember = not self.caches and not any("expr" in d for d in self.derived) and \
             not any(c.get("unless") for c in self.checks)
         self._known: dict = {}  # input shapes -> (values, dims, output shapes)
+        self._last = None  # the last call's (values, dims, output shapes)
 
     def bind(self, shapes: list, arrays: list = (), capacities: dict | None = None) -> dict:
         """The symbols' values from the inputs' shapes (in the manifest's input order), checked;
@@ -134,7 +135,7 @@ class Symbols:
             values[c["capacity"]] = capacity
 
     def output_shapes(self, values: dict) -> list[tuple]:
-        last = getattr(self, "_last", None)
+        last = self._last
         return last[2] if last is not None and last[0] is values else self._output_shapes(values)
 
     def _output_shapes(self, values: dict) -> list[tuple]:

@@ -218,24 +218,39 @@ def _image_sizes_dynamic(model):
     return model
 
 
+def _cnn_rows(name: str, model, dims: dict, cases: list, args) -> list[str]:
+    """Table rows of a CNN built once with `dims`, at each case (label, input shape), beside
+    Kiln built for that shape and the peers, at one thread and at every usable core."""
+    x_name = model.graph.input[0].name
+    dynamic, seconds = _timed_build(model, dims=dims)
+    print(f"{name}: Kiln dynamic build {seconds:.1f} s", flush=True)
+    lines = []
+    for label, shape in cases:
+        f = {x_name: np.random.default_rng(shape[0] * shape[2]).standard_normal(shape).astype(np.float32)}
+        static, _ = _timed_build(model, shapes={x_name: list(shape)})
+        for threads in sorted({1, THREADS}):
+            ms = _dynamic_static_and_peers(model, dynamic, static, f, threads, max(5, args.repeat // 2), args)
+            lines.append(f"| {name} | {label} | {threads} | {_row_cells(ms)}")
+            print(lines[-1], flush=True)
+    return lines
+
+
+def _cnn_table(title: str, column: str, make, dims: dict, cases: list, args) -> list[str]:
+    """The table of ResNet-18 and MobileNetV2 (make(name): the model with its symbols) built
+    once with `dims`, a row per case and thread count (`_cnn_rows`)."""
+    lines = [title, "", f"| model | {column} | threads | Kiln dynamic | Kiln static | onnxruntime | OpenVINO "
+             "| dynamic / static | dynamic / best peer |", "|---|---|---|---|---|---|---|---|---|"]
+    for name in ("resnet18", "mobilenet_v2"):
+        lines += _cnn_rows(name, make(name), dims, cases, args)
+    return lines
+
+
 def bench_cnn(args) -> list[str]:
     from tests import model_zoo
-    lines = ["CNNs over run-time image sizes (height, width = 32..640): median ms", "",
-             "| model | image | threads | Kiln dynamic | Kiln static | onnxruntime | OpenVINO | dynamic / static "
-             "| dynamic / best peer |", "|---|---|---|---|---|---|---|---|---|"]
-    for name in ("resnet18", "mobilenet_v2"):
-        model = _image_sizes_dynamic(getattr(model_zoo, name)())
-        x_name = model.graph.input[0].name
-        dynamic, seconds = _timed_build(model, dims={"height": (32, 640), "width": (32, 640)})
-        print(f"{name}: Kiln dynamic build {seconds:.1f} s", flush=True)
-        for h, w in IMAGE_SIZES:
-            f = {x_name: np.random.default_rng(h).standard_normal((1, 3, h, w)).astype(np.float32)}
-            static, _ = _timed_build(model, shapes={x_name: [1, 3, h, w]})
-            for threads in sorted({1, THREADS}):
-                ms = _dynamic_static_and_peers(model, dynamic, static, f, threads, max(5, args.repeat // 2), args)
-                lines.append(f"| {name} | {h} x {w} | {threads} | {_row_cells(ms)}")
-                print(lines[-1], flush=True)
-    return lines
+    return _cnn_table("CNNs over run-time image sizes (height, width = 32..640): median ms", "image",
+                      lambda name: _image_sizes_dynamic(getattr(model_zoo, name)()),
+                      {"height": (32, 640), "width": (32, 640)},
+                      [(f"{h} x {w}", (1, 3, h, w)) for h, w in IMAGE_SIZES], args)
 
 
 BATCHES = (1, 4)
@@ -249,22 +264,9 @@ def _batch_dynamic(model):
 
 def bench_batch(args) -> list[str]:
     from tests import model_zoo
-    lines = ["CNNs over a run-time batch (n = 1..8), 224 x 224: median ms", "",
-             "| model | batch | threads | Kiln dynamic | Kiln static | onnxruntime | OpenVINO | dynamic / static "
-             "| dynamic / best peer |", "|---|---|---|---|---|---|---|---|---|"]
-    for name in ("resnet18", "mobilenet_v2"):
-        model = _batch_dynamic(getattr(model_zoo, name)(size=224))
-        x_name = model.graph.input[0].name
-        dynamic, seconds = _timed_build(model, dims={"n": (1, 8)})
-        print(f"{name}: Kiln dynamic build {seconds:.1f} s", flush=True)
-        for n in BATCHES:
-            f = {x_name: np.random.default_rng(n).standard_normal((n, 3, 224, 224)).astype(np.float32)}
-            static, _ = _timed_build(model, shapes={x_name: [n, 3, 224, 224]})
-            for threads in sorted({1, THREADS}):
-                ms = _dynamic_static_and_peers(model, dynamic, static, f, threads, max(5, args.repeat // 2), args)
-                lines.append(f"| {name} | {n} | {threads} | {_row_cells(ms)}")
-                print(lines[-1], flush=True)
-    return lines
+    return _cnn_table("CNNs over a run-time batch (n = 1..8), 224 x 224: median ms", "batch",
+                      lambda name: _batch_dynamic(getattr(model_zoo, name)(size=224)), {"n": (1, 8)},
+                      [(str(n), (n, 3, 224, 224)) for n in BATCHES], args)
 
 
 def bench_batch_zoo(args) -> list[str]:

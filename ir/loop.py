@@ -30,8 +30,10 @@ loop parallel only where its iterations write disjoint outputs and share no work
 the result does not depend on how the range is divided. A phase may be *guarded*: an `If`
 whose condition is a comparison of run-time extents, around one loop or Gemm, runs only where
 the condition holds (`guarded_phase`; the entry tests it before it hands the phase to
-threads). A conv over a run-time batch has two sets: its images on threads of their own, or
-for a batch of one its copy and GEMM as phases divided as a static batch of one's are.
+threads, and the kernel again). So a conv over a run-time batch has two sets: its images on
+threads of their own, or for a batch of one its copy and GEMM as phases divided as a static
+batch of one's are; and a GEMM over run-time rows is divided by row blocks or by panels as
+the call's rows decide.
 """
 from __future__ import annotations
 
