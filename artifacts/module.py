@@ -105,7 +105,8 @@ class Module:
         # symbols' values (artifacts/symbols.py), read from each call's input shapes.
         self._symbols = Symbols(m.symbols, m.inputs, m.outputs, m.checks, m.derived, m.caches) \
             if m.symbols or m.derived else None
-        self._dims_address = None
+        # (Symbols writes each call's values into its one array, in place: its address is fixed)
+        self._dims_args = (self._symbols.dims.ctypes.data,) if self._symbols else ()
         self._run = self._lib.kiln_run_dims if self._symbols else self._lib.kiln_run_threads
         self._run.restype = ctypes.c_int
         self._run.argtypes = [ctypes.c_void_p] * (5 if self._symbols else 4) + [ctypes.c_int]
@@ -291,11 +292,7 @@ class Module:
         return [{**c, "ms": float(ms)} for c, ms in zip(calls, med)]
 
     def _dims_arg(self) -> tuple:
-        if self._symbols is None:
-            return ()
-        if self._dims_address is None:  # (Symbols writes its values into that one array, in place)
-            self._dims_address = (self._symbols.dims.ctypes.data,)
-        return self._dims_address
+        return self._dims_args
 
     def random_inputs(self, seed: int = 0, dims: dict | None = None) -> dict:
         """Inputs of the right shapes and dtypes: standard normal floats, zero integers (an

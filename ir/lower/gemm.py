@@ -317,9 +317,7 @@ def lower_conv_symbolic(b: KernelBuilder, node: Node, store) -> tuple:
     bordered_floats = cg * math.prod(greatest(d) + pads[i] + pads[nsp + i] for i, d in enumerate(xs[2:])) \
         if bordered else 0
     if bordered:  # (a slice per image where images run in parallel)
-        parallel = images_in_parallel(b, xs[0], bordered_floats)
-        src = b.workspace((xs[0] if parallel else 1) * bordered_floats)
-        src_off = mul(Var(bv), bordered_floats) if parallel else Const(0)
+        src, src_off = image_workspace(b, bv, xs[0], bordered_floats, images_in_parallel(b, xs[0], bordered_floats))
         per_image.append(padded_copy(b, xparam, mul(chan0, plane), cg, in_sp, pads, src, dest_off=src_off))
     else:
         src, src_off = xparam, mul(chan0, plane)
@@ -575,9 +573,7 @@ def lower_pointwise(b: KernelBuilder, node: Node, store) -> tuple:
         return over_images(b, bv, xs[0], loop(gv, groups, (gemm,)), 0)
     if pointwise_packs_input(b.config.vector_width, cg, cog, pixels):
         packed_floats = -(-pixels // b.tile(pixels)[1]) * b.tile(pixels)[1] * cg
-        parallel = images_in_parallel(b, xs[0], packed_floats)
-        packed = b.workspace((xs[0] if parallel else 1) * packed_floats)
-        at = mul(Var(bv), packed_floats) if parallel else Const(0)  # (this image's slice)
+        packed, at = image_workspace(b, bv, xs[0], packed_floats, images_in_parallel(b, xs[0], packed_floats))
         pack = _runtime_pack(b, xparam, x_off, cg, pixels, pixels, 1, packed, dest_off=at)
         gemm = gemm_stmt(b, wparam, mul(Var(gv), cog * cg), cg, 1, packed, at, cog, pixels, cg, epilogue)
         return over_images(b, bv, xs[0], loop(gv, groups, pack + (gemm,)), packed_floats)
@@ -591,6 +587,14 @@ def images_in_parallel(b: KernelBuilder, batch_dim, floats_per_image: int, limit
     fit `limit` floats."""
     images = greatest(batch_dim)
     return images > 1 and images * floats_per_image <= limit
+
+
+def image_workspace(b: KernelBuilder, bv: str, batch_dim, floats: int, parallel: bool) -> tuple:
+    """(a workspace of `floats` for each image where the images run in parallel, else one
+    they share; image bv's offset in it). Over a run-time batch the slices are the call's
+    batch (a Dim): a call of one image has one slice, not the bound's."""
+    name = b.workspace((batch_dim if parallel else 1) * floats)
+    return name, mul(Var(bv), floats) if parallel else Const(0)
 
 
 def bordered_copies_limit(b: KernelBuilder, x_name: str) -> int:
@@ -664,10 +668,8 @@ def lower_depthwise(b: KernelBuilder, node: Node, store, value=lambda v: v, weig
     # (images on threads of their own: a slice of the copy and of the partial sums each)
     limit = bordered_copies_limit(b, x_name)
     parallel = images_in_parallel(b, batch_dim, copy_floats + partial_floats, limit)
-    slices = batch_dim if parallel else 1  # (a run-time batch: a Dim, each call's own)
-    xp = b.workspace(slices * copy_floats)
     bv = b.fresh("b")
-    xp_off = mul(Var(bv), copy_floats) if parallel else Const(0)
+    xp, xp_off = image_workspace(b, bv, batch_dim, copy_floats, parallel)
     if sw == 1:
         pad_copy = padded_copy(b, xparam, mul(Var(bv), cin * h * w_), cin, [h, w_], [pt, pl, pb, pr], xp, value,
                                row_kind="vector_masked", dest_off=xp_off)
@@ -710,8 +712,9 @@ def lower_depthwise(b: KernelBuilder, node: Node, store, value=lambda v: v, weig
     # (vector_masked: a row's ragged end runs as one masked vector, not a scalar remainder)
     steps = []
     if len(passes) > 1:
-        partial = b.workspace(slices * partial_floats)  # one row per output channel: channels run in parallel
-        at = add(mul(Var(bv), partial_floats) if parallel else Const(0), add(mul(Var(co), ow), Var(q)))
+        # (one row per output channel: channels run in parallel)
+        partial, partial_off = image_workspace(b, bv, batch_dim, partial_floats, parallel)
+        at = add(partial_off, add(mul(Var(co), ow), Var(q)))
         for i, (first, count) in enumerate(passes[:-1]):
             stmts, part = window_rows(first, count)
             so_far = part if i == 0 else fbin("add", Load(partial, at), part)

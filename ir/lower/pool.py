@@ -22,7 +22,7 @@ from ..loop import (FLOAT_TYPES, Assign, Const, Expr, For, Let, Load, Local, Var
                     mul, select, sub)
 from ..symbolic import greatest
 from .builder import KernelBuilder
-from .gemm import bordered_copies_limit, images_in_parallel, over_images
+from .gemm import bordered_copies_limit, image_workspace, images_in_parallel, over_images
 from .planes import phase_split_copy, size_max
 from .reduce import literal
 
@@ -70,10 +70,8 @@ def _lower_pool_on_planes(b: KernelBuilder, node: Node, store, is_max: bool) -> 
     # (images on threads of their own: a slice of the copy each)
     limit = bordered_copies_limit(b, x_name)
     batch = b.type(x_name).shape[0]
-    parallel = images_in_parallel(b, batch, plane_floats, limit)
-    planes = b.workspace((batch if parallel else 1) * plane_floats)  # (a run-time batch: each call's own)
     bv = b.fresh("b")
-    planes_off = mul(Var(bv), plane_floats) if parallel else Const(0)
+    planes, planes_off = image_workspace(b, bv, batch, plane_floats, images_in_parallel(b, batch, plane_floats, limit))
     x = b.reader(x_name)
     inline = x_name in b.readers  # (computed in this group: no buffer to deinterleave from)
     storage = b.storage(x_name)
@@ -121,7 +119,7 @@ def _lower_pool_on_planes(b: KernelBuilder, node: Node, store, is_max: bool) -> 
     row = For(q, ow, (*stmts, *store([Var(bv), Var(c), Var(r), Var(q)], value)), "vector_masked")
     # Each plane's outputs are computed right after its copy, while the copy is in L1.
     image = (For(c, channels, (*copy.body, For(r, oh, (row,))), parallel=True),)
-    return over_images(b, bv, b.type(x_name).shape[0], image, plane_floats, limit)
+    return over_images(b, bv, batch, image, plane_floats, limit)
 
 
 def _balanced(values: list, combine, bound):
