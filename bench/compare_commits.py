@@ -1,7 +1,7 @@
 """Kiln against Kiln: one model's module built by two commits, timed in one process.
 
     python bench/compare_commits.py MODEL [REV_A] [REV_B] [--rounds 7] [--repeat 100] [--threads 1]
-                                   [--target x86-64-v3]
+                                   [--target x86-64-v3] [--dim height=32..640 --at height=224 ...]
 
 MODEL is one of bench_models.py's models, one of bench_convs.py's single conv layers, or an
 .onnx file (run on random inputs).
@@ -12,7 +12,9 @@ and the working tree) is checked out into a temporary git worktree, the same ONN
 (written once, by this checkout's bench models) is built by each in a subprocess that
 imports that worktree's Kiln, and both modules are loaded here and timed in interleaved
 rounds (`--target` builds for another target than the host's, e.g. AVX2 code on an
-AVX-512 host). Prints each revision's median over rounds, its best round, its kernel sum
+AVX-512 host; `--dim NAME=LO..HI` builds with that dim symbolic, as `kiln build --dim` does,
+and `--at NAME=V` runs it at that size, else at its greatest). Prints each revision's
+median over rounds, its best round, its kernel sum
 (`Module.profile`, best of rounds per kernel), and the kernels that moved by more than 8%.
 Small memory-bound kernels move with the load order alone: ResNet-18's last Gemm (a 1x512 by
 512x1000 product, 2 MB of weights) took 0.07 ms in the first module and 0.10 in the second
@@ -21,6 +23,7 @@ with both built by the same commit.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -48,15 +51,17 @@ def _checkout(rev: str, where: str) -> str:
     return where
 
 
-def _build(source: str, model_path: str, out: str, target: str) -> None:
+def _build(source: str, model_path: str, out: str, target: str, dims: dict | None = None) -> None:
     """Build with the Kiln in `source` (its folder first on the path, for the zygote too),
-    refusing to go on if the subprocess imported another Kiln (an installed copy)."""
+    refusing to go on if the subprocess imported another Kiln (an installed copy). `dims`:
+    {name: (least, greatest)} of the dims left symbolic."""
     env = dict(os.environ, PYTHONPATH=source + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    code = ("import sys, modelkiln; from modelkiln.orchestrator.api import build; "
-            "build(sys.argv[1], target=sys.argv[3], cache=None, progress=False).export(sys.argv[2]); "
+    code = ("import json, sys, modelkiln; from modelkiln.orchestrator.api import build; "
+            "dims = {k: tuple(v) for k, v in json.loads(sys.argv[4]).items()} or None; "
+            "build(sys.argv[1], target=sys.argv[3], dims=dims, cache=None, progress=False).export(sys.argv[2]); "
             "print(modelkiln.IMPORT_ROOT)")
-    done = subprocess.run([sys.executable, "-c", code, model_path, out, target], check=True, env=env, cwd=source,
-                          capture_output=True, text=True)
+    done = subprocess.run([sys.executable, "-c", code, model_path, out, target, json.dumps(dims or {})], check=True,
+                          env=env, cwd=source, capture_output=True, text=True)
     imported = done.stdout.strip().splitlines()[-1]
     if os.path.realpath(imported) != os.path.realpath(source):
         raise RuntimeError(f"the build for {source} imported Kiln from {imported}")
@@ -73,8 +78,10 @@ def _model_and_inputs(name: str) -> tuple:
     raise SystemExit(f"{name}: neither a model of bench_models.py, a layer of bench_convs.py nor an .onnx file")
 
 
-def compare(model_name: str, revs: list, rounds: int, repeat: int, threads: int, target: str = "llvm") -> dict:
-    """{rev: (median over rounds, best round, kernel sum, per-kernel ms)} for each revision."""
+def compare(model_name: str, revs: list, rounds: int, repeat: int, threads: int, target: str = "llvm",
+            dims: dict | None = None, at: dict | None = None) -> dict:
+    """{rev: (median over rounds, best round, kernel sum, per-kernel ms)} for each revision;
+    with `dims` ({name: (least, greatest)}) built symbolic, run at the sizes `at` gives."""
     model, inputs = _model_and_inputs(model_name)
     with tempfile.TemporaryDirectory(prefix="kiln-compare-") as tmp:
         model_path = os.path.join(tmp, "model.onnx")
@@ -86,8 +93,10 @@ def compare(model_name: str, revs: list, rounds: int, repeat: int, threads: int,
                 source = _checkout(rev, os.path.join(tmp, f"src{i}"))
                 if source != ROOT:
                     worktrees.append(source)
-                _build(source, model_path, os.path.join(tmp, f"bundle{i}"), target)
+                _build(source, model_path, os.path.join(tmp, f"bundle{i}"), target, dims)
                 modules[rev] = load(os.path.join(tmp, f"bundle{i}"), threads=threads)
+                if dims:  # (the inputs at the sizes asked for)
+                    inputs = modules[rev].random_inputs(dims=at)
         finally:
             for w in worktrees:
                 subprocess.run(["git", "-C", ROOT, "worktree", "remove", "--force", w], check=False)
@@ -111,9 +120,18 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=100)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--target", default="llvm", help="what to build for (default: this host)")
+    ap.add_argument("--dim", action="append", default=[], metavar="NAME=LO..HI",
+                    help="leave the input dim NAME symbolic over LO..HI (repeatable)")
+    ap.add_argument("--at", action="append", default=[], metavar="NAME=V",
+                    help="run a symbolic build with NAME = V (default: its greatest; repeatable)")
     args = ap.parse_args()
-    found = compare(args.model, [args.rev_a, args.rev_b], args.rounds, args.repeat, args.threads, args.target)
-    print(f"| {args.model}, {args.target}, {args.threads} thread(s) | median of rounds (ms) | best round (ms) | kernel sum (ms) |")
+    dims = {name: tuple(int(v) for v in bounds.split("..")) for name, bounds in (d.split("=") for d in args.dim)}
+    at = {name: int(v) for name, v in (a.split("=") for a in args.at)}
+    found = compare(args.model, [args.rev_a, args.rev_b], args.rounds, args.repeat, args.threads, args.target,
+                    dims, at)
+    sizes = "".join(f", {k}={v}" for k, v in at.items())
+    print(f"| {args.model}, {args.target}, {args.threads} thread(s){sizes} | median of rounds (ms) | best round (ms) "
+          "| kernel sum (ms) |")
     print("|---|---:|---:|---:|")
     for rev, (median, best, kernel_sum, _) in found.items():
         print(f"| {rev} | {median:.4f} | {best:.4f} | {kernel_sum:.4f} |")

@@ -245,6 +245,13 @@ VPDPBUSD = {16: "llvm.x86.avx512.vpdpbusd.512", 8: "llvm.x86.avx512.vpdpbusd.256
 
 MASKED_SUFFIX = {"float": "f32", "i32": "i32"}  # llvm.masked.load/store's name for a vector's elements
 
+# With mask registers, a vector_masked loop of run-time length shorter than this many vectors
+# runs predicated throughout (its mask computed per vector): as whole vectors then a masked
+# tail, two loops' setup cost more than the row (depthwise convs over run-time sizes, against
+# their static time: 144 x 56 x 56 stride 2 1.63 -> 1.43x, 960 x 7 x 7 2.29 -> 1.86x). From 64
+# wide the two loops win (a 224-wide row: 7% faster than predicated throughout).
+PREDICATED_ROW_VECTORS = 4
+
 
 def _called(node, seen: set) -> set:
     """The functions (Call.fn) that IR statements or expressions call, nested ones included."""
@@ -283,6 +290,11 @@ class FunctionEmitter:
         self.block = "entry"
         self.bufs = {b.name: (f"%b{i}", b.dtype) for i, b in enumerate(kernel.buffers)}
         self.reads_symbols = SYMBOLS in self.bufs  # (sizes known at run time)
+        # Symbol k's value, loaded once at the function's entry (None: load where read). Read
+        # where it is used, a load inside a conditional block (a bordered copy's rows inside the
+        # input) could not leave its loop, nor could the sizes computed from it: a 14-wide
+        # depthwise row's copy recomputed some 40 of them per row, 3.6x its static time.
+        self.symbol_values: dict | None = {}
         self.scopes: list[dict] = [{}]
         self.decls: set[str] = set()  # intrinsics and C library functions the body calls
         self.functions: list[str] = []  # functions of the kernel's own (outlined tiles)
@@ -357,6 +369,8 @@ class FunctionEmitter:
             self.emit(f"{v} = load {LL[dt]}, ptr {ref}")
             return v
         if isinstance(e, Load):
+            if e.buf == SYMBOLS and isinstance(e.index, Const) and self.symbol_values is not None:
+                return self.symbol_values.setdefault(int(e.index.value), f"%sym{int(e.index.value)}")
             ptr, st = self.bufs[e.buf]
             return self.load(ptr, st, self.expr(e.index))
         if isinstance(e, Bin):
@@ -559,9 +573,16 @@ class FunctionEmitter:
                 # remainder of a vector loop interleaved 4 deep ran as scalar code: all of a
                 # 56-wide depthwise row (a MobileNet's 3x3 stride-2 convs at 3-5x their
                 # static time).
-                whole = self.int_op("and", end, -self.vw)
-                self.loop(s.var, 0, lambda: self.stmts(s.body), "run_time_whole", lo="0", hi=whole)
-                self.loop(s.var, 0, lambda: self.stmts(s.body), "run_time_tail", lo=whole, hi=end)
+                def whole_then_tail():
+                    whole = self.int_op("and", end, -self.vw)
+                    self.loop(s.var, 0, lambda: self.stmts(s.body), "run_time_whole", lo="0", hi=whole)
+                    self.loop(s.var, 0, lambda: self.stmts(s.body), "run_time_tail", lo=whole, hi=end)
+                if s.kind == "vector_masked" and self.vw >= 16:
+                    self.if_else(self.int_op("icmp slt", end, PREDICATED_ROW_VECTORS * self.vw),
+                                 lambda: self.loop(s.var, 0, lambda: self.stmts(s.body), "run_time_tail", lo="0", hi=end),
+                                 whole_then_tail)
+                    return
+                whole_then_tail()
             else:  # (LLVM vectorizes a "vectorize" loop with a remainder where it can)
                 self.loop(s.var, 0, lambda: self.stmts(s.body), s.kind, lo="0", hi=end)
         elif isinstance(s, For):
@@ -698,6 +719,17 @@ class FunctionEmitter:
         self.label(then)
         body()
         self.emit(f"br label %{end}")
+        self.label(end)
+
+    def if_else(self, cond: str, then, otherwise) -> None:
+        """Run then() where the i1 value cond holds, else otherwise()."""
+        self.n += 1
+        yes, no, end = f"E{self.n}.then", f"E{self.n}.else", f"E{self.n}.end"
+        self.emit(f"br i1 {cond}, label %{yes}, label %{no}")
+        for label, body in ((yes, then), (no, otherwise)):
+            self.label(label)
+            body()
+            self.emit(f"br label %{end}")
         self.label(end)
 
     def int_op(self, op: str, a: str, b) -> str:
@@ -938,12 +970,12 @@ class FunctionEmitter:
         if name is None:
             name = f"{self.symbol}_tile{len(self.outlined)}"
             self.outlined[key] = name
-            saved = (self.lines, self.block, self.bufs)
-            self.lines, self.block = [], "entry"
+            saved = (self.lines, self.block, self.bufs, self.symbol_values)
+            self.lines, self.block, self.symbol_values = [], "entry", None
             self.bufs = {**self.bufs, **{buf: (f"%mk.{i}", self.bufs[buf][1]) for i, buf in enumerate(buffers)}}
             self.microkernel(g, "%mk.0", "%mk.a_off", "%mk.1", "%mk.bp", "%mk.m0", rows, vt, "%mk.tile",
                              "%mk.cols" if run_time_cols else cols)
-            body, (self.lines, self.block, self.bufs) = self.lines, saved
+            body, (self.lines, self.block, self.bufs, self.symbol_values) = self.lines, saved
             params = [f"ptr noalias nocapture readonly %mk.{i}" for i in range(len(buffers))]
             params += ["ptr noalias nocapture writeonly %mk.tile", "i64 %mk.a_off", "i64 %mk.bp", "i64 %mk.m0"]
             params += ["i64 %mk.cols"] if run_time_cols else []
@@ -1290,10 +1322,10 @@ class FunctionEmitter:
                   f"<{lanes} x i32> zeroinitializer")
         return out
 
-    def load_first(self, ptr: str, elt: str, lanes: int, count, align: int) -> str:
+    def load_first(self, ptr: str, elt: str, lanes: int, count, align: int, fill: str = "zeroinitializer") -> str:
         """A <lanes x elt> vector (elt: float or i32) at ptr of which only the first `count`
         lanes are read (an int, or an i64 value below `lanes`): a plain load, or one under a
-        mask (the rest zero)."""
+        mask (the rest zero, or the vector value `fill`)."""
         vt, v = f"<{lanes} x {elt}>", self.tmp("vec")
         if isinstance(count, int) and count >= lanes:
             self.emit(f"{v} = load {vt}, ptr {ptr}, align {align}")
@@ -1301,7 +1333,7 @@ class FunctionEmitter:
         fn = f"@llvm.masked.load.v{lanes}{MASKED_SUFFIX[elt]}.p0"
         self.decls.add(f"declare {vt} {fn}(ptr, i32, <{lanes} x i1>, {vt})")
         mask = self.first_lanes_mask(lanes, count)
-        self.emit(f"{v} = call {vt} {fn}(ptr {ptr}, i32 {align}, {mask}, {vt} zeroinitializer)")
+        self.emit(f"{v} = call {vt} {fn}(ptr {ptr}, i32 {align}, {mask}, {vt} {fill})")
         return v
 
     def store_first(self, value: str, ptr: str, elt: str, lanes: int, count, align: int) -> None:
@@ -1344,10 +1376,11 @@ class FunctionEmitter:
         src_off, dst_off = self.expr(s.src_off), self.expr(s.dst_off)
         dst_stride = s.dst_stride if isinstance(s.dst_stride, int) else self.expr(s.dst_stride)
 
-        def slots(t0: str, count) -> None:
-            read = count * ph if isinstance(count, int) else self.mul_const(count, ph)
+        def slots(t0: str, count, read=None, fill: str = "zeroinitializer") -> None:
+            if read is None:
+                read = count * ph if isinstance(count, int) else self.mul_const(count, ph)
             row = self.load_first(self.gep(src, "f32", self.int_op("add nsw", src_off, self.mul_const(t0, ph))),
-                                  "float", vw * ph, read, 4)
+                                  "float", vw * ph, read, 4, fill)
             for q in range(ph):
                 part = self.tmp("diph")
                 picks = ", ".join(f"i32 {q + ph * i}" for i in range(vw))
@@ -1356,6 +1389,30 @@ class FunctionEmitter:
                             else self.int_op("add nsw", dst_off, self.mul_const(dst_stride, q)))
                 at = self.gep(dst, "f32", self.int_op("add nsw", phase_at, t0))
                 self.store_first(part, at, "float", vw, count, 4)
+        if s.src_count is not None:
+            # Whole vectors while every element they read exists, then vectors under masks:
+            # the slots' count, and the elements that exist (the rest read as the border).
+            count = s.count if isinstance(s.count, int) else self.expr(s.count)
+            exist = s.src_count if isinstance(s.src_count, int) else self.expr(s.src_count)
+            exist = self.int_op("smax", exist, 0)
+            full = self.int_op("smin", self.int_op("udiv", exist, vw * ph), self.int_op("udiv", count, vw))
+            fill = self.splat(_literal(s.border, "f32"), "float", vw * ph)
+
+            def ragged(v: str) -> None:
+                t0 = self.mul_const(v, vw)
+                lanes = self.int_op("smin", self.int_op("sub nsw", count, t0), vw)
+                read = self.int_op("smin", self.int_op("smax", self.int_op("sub nsw", exist, self.mul_const(t0, ph)), 0),
+                                   vw * ph)
+                slots(t0, lanes, read, fill)
+            self.loop("__di_v", 0, lambda: slots(self.mul_const(self.lookup("__di_v")[1], vw), vw), "scalar",
+                      lo="0", hi=full)
+            # The first vector under masks stands alone: its masks then depend on sizes only,
+            # and leave the loops around it (a short row has no other vector).
+            vectors = self.int_op("udiv", self.int_op("add nsw", count, vw - 1), vw)
+            self.when(self.int_op("icmp slt", full, vectors), lambda: ragged(full))
+            self.loop("__di_v", 0, lambda: ragged(self.lookup("__di_v")[1]), "scalar",
+                      lo=self.int_op("add nsw", full, 1), hi=vectors)
+            return
         if not isinstance(s.count, int):  # a count known at run time: whole vectors, then a masked one
             count = self.expr(s.count)
             whole, tail = self.int_op("and", count, -vw), self.int_op("and", count, vw - 1)
@@ -1435,6 +1492,10 @@ class FunctionEmitter:
         params = ", ".join([f"ptr noalias {p}" for p, _ in self.bufs.values()] + ["i64 %phase", "i64 %lo", "i64 %hi"])
         head = [f"define void @{self.symbol}({params}) #0 {{", "entry:"]
         head += ["  " + a for a in self.allocas]
+        for k, value in sorted(self.symbol_values.items()):
+            at = f"%sym{k}.at"
+            head += [f"  {at} = getelementptr inbounds i64, ptr {self.bufs[SYMBOLS][0]}, i64 {k}",
+                     f"  {value} = load i64, ptr {at}, align 8"]
         return "\n".join(head + self.lines + ["  ret void", "}"])
 
     def phase(self, part) -> None:

@@ -396,7 +396,10 @@ class Deinterleave(Stmt):
     run, a ragged last vector through masks. A strided conv's or pool's column-phase copy is
     its user: left to LLVM, a row shorter than two vectors (14 wide at stride 2) became
     scalar moves. `count` and `dst_stride` may be i64 expressions of the symbols (a row of a
-    length known at run time)."""
+    length known at run time). With `src_count`, only that many elements from src_off exist
+    (the rest of an input row; it may be less than count * phases, or not positive): the
+    elements past them read as `border`, so a bordered copy's row end is filled by the same
+    stores."""
     src: str
     src_off: Expr
     dst: str
@@ -404,6 +407,8 @@ class Deinterleave(Stmt):
     dst_stride: int | Expr
     phases: int
     count: int | Expr
+    src_count: "int | Expr | None" = None
+    border: float = 0.0
 
 
 @dataclass(frozen=True)

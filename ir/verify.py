@@ -248,6 +248,8 @@ class _Checker:
                     raise _Problem(f"deinterleave operand {buf} is not a f32 buffer")
             if self.expr(s.src_off) != "i64" or self.expr(s.dst_off) != "i64":
                 raise _Problem("deinterleave offsets are not i64")
+            if isinstance(s.src_count, Expr) and self.expr(s.src_count) != "i64":
+                raise _Problem("deinterleave source count is not i64")
             sizes = (s.count, s.dst_stride)
             if any(isinstance(v, Expr) for v in sizes):  # (known at run time: i64 expressions)
                 if any(not isinstance(v, int) and self.expr(v) != "i64" for v in sizes) or s.phases < 1:

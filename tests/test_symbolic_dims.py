@@ -19,6 +19,7 @@ from modelkiln.artifacts.errors import KilnError
 from modelkiln.ir.graph import UnsupportedError
 from modelkiln.orchestrator.api import build
 from tests import dynamic_zoo, model_zoo
+from tests.conftest import kernel_statements
 from tests.isa import X86_TARGETS, run_or_inspect
 
 F = TensorProto.FLOAT
@@ -117,6 +118,21 @@ def test_the_kernels_read_the_sizes_once_built(block_build):
     """No kernel is specialised to a size: the same bundle, the same kernels for every call."""
     _, result = block_build
     assert all(any(b.name == "s" for b in c.kernel.buffers) for c in result.lowered.calls)
+
+
+def test_each_size_is_loaded_once_at_the_kernels_entry(block_build):
+    """A kernel loads each symbol it reads in its entry block, before any branch: loaded where
+    used, in a conditional block, a size (and all computed from it) stayed inside the loops."""
+    from modelkiln.codegen_worker.llvm_emit import kernel_to_llvm_ir
+    _, result = block_build
+    t = result.target
+    for call in result.lowered.calls:
+        text = kernel_to_llvm_ir(call.kernel, "k", t.triple, t.cpu, t.features)
+        symbols = f"%b{[b.name for b in call.kernel.buffers].index('s')}"
+        body = text[text.index("define void @k("):].split("\n")[2:]
+        entry = body[:next(i for i, line in enumerate(body) if line.lstrip().startswith(("br ", "switch ", "ret ")))]
+        uses = [line for line in body if f"ptr {symbols}," in line or f"ptr {symbols} " in line]
+        assert uses and all(line in entry for line in uses), call.kernel.symbol
 
 
 @pytest.mark.parametrize("feeds,message", [
@@ -659,6 +675,54 @@ def test_a_strided_max_pool_over_run_time_sizes(attrs, executor):
         got = module.run(feeds)["y"]
         assert got.shape == want.shape
         np.testing.assert_array_equal(got, want)
+
+
+def _strided_windows() -> onnx.ModelProto:
+    """Strided window ops over x [1, 8, h, w], each an output: depthwise convs of stride 2
+    (pads 1, and none), 3 (a 5-wide window, left pad 2) and 2 dilated, and a max pool of
+    stride 2 (its border is -inf, not zero)."""
+    rng = np.random.default_rng(5)
+    weights, nodes, outputs = [], [], []
+    for name, (kh, kw), attrs in [("dw_s2", (3, 3), {"strides": [2, 2], "pads": [1, 1, 1, 1]}),
+                                  ("dw_s2_unpadded", (3, 3), {"strides": [2, 2]}),
+                                  ("dw_s3", (5, 5), {"strides": [3, 3], "pads": [2, 2, 1, 0]}),
+                                  ("dw_dilated", (3, 3), {"strides": [2, 2], "dilations": [2, 2], "pads": [1, 2, 2, 1]})]:
+        weights += [numpy_helper.from_array(rng.standard_normal((8, 1, kh, kw)).astype(np.float32), f"{name}_w")]
+        nodes.append(helper.make_node("Conv", ["x", f"{name}_w"], [name], group=8, **attrs))
+        outputs.append(helper.make_tensor_value_info(name, F, None))
+    nodes.append(helper.make_node("MaxPool", ["x"], ["pool"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]))
+    outputs.append(helper.make_tensor_value_info("pool", F, None))
+    graph = helper.make_graph(nodes, "windows", [helper.make_tensor_value_info("x", F, [1, 8, "h", "w"])], outputs,
+                              weights)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+@pytest.mark.parametrize("target", X86_TARGETS)
+def test_strided_windows_over_every_run_time_width(target, executor):
+    """A strided depthwise conv's or max pool's bordered copy over a run-time width copies
+    each input row with one Deinterleave that reads the row only to its end, the slots past
+    it (the right border) filled from the same vectors; output rows of fewer than 4 vectors
+    run predicated, longer ones as whole vectors and a masked tail. Every width from 3 to 40,
+    and some whose output rows pass 64, against onnxruntime."""
+    model = _strided_windows()
+    result = build(model, target=target, dims={"h": (3, 9), "w": (3, 300)}, executor=executor, cache=None,
+                   progress=False)
+    from modelkiln.ir.loop import Deinterleave
+    to_the_end = [s for call in result.lowered.calls for s in kernel_statements(call.kernel.body)
+                  if isinstance(s, Deinterleave) and s.src_count is not None]
+    assert len(to_the_end) == 5
+
+    def run():
+        import onnxruntime as ort
+        module = result.load(threads=2)
+        session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        for h, w in [(5, w) for w in range(3, 41)] + [(3, 129), (9, 130), (4, 255), (3, 300)]:
+            feeds = {"x": np.random.default_rng(w).standard_normal((1, 8, h, w)).astype(np.float32)}
+            got = module.run(feeds)
+            for name, want in zip([o.name for o in session.get_outputs()], session.run(None, feeds)):
+                assert got[name].shape == want.shape, (name, w)
+                np.testing.assert_allclose(got[name], want, rtol=1e-5, atol=1e-5, err_msg=f"{name} at width {w}")
+    run_or_inspect(result, run)
 
 
 @pytest.mark.parametrize("xshape,wshape,attrs,sizes", [

@@ -24,7 +24,7 @@ from ..graph import Node
 from ..loop import (GEMM_SPLITS, Assign, Const, Expr, For, Gemm, If, Let, Load, Local, Store, Var, add, cmp, div, fbin,
                     flat_index, fold_balanced, loop, mul, rem, select, sub, unflatten)
 from ..schedule import CODEGEN_OPTIONS, PANEL_CHUNK_KIB
-from ..symbolic import greatest
+from ..symbolic import greatest, least
 from .builder import KernelBuilder, broadcast_index
 from .planes import padded_copy, phase_split_copy
 
@@ -681,7 +681,7 @@ def lower_depthwise(b: KernelBuilder, node: Node, store, value=lambda v: v, weig
             return value(Load(xparam, add(row_start(c, i)[1], j)))
         plain = not weights and dtype(b.type(x_name).dtype).storage == "f32"  # (not ConvInteger's bytes)
         pad_copy = phase_split_copy(b, read, cin, h, w_, pt, pl, sw, hp, wq, xp, row_start if plain else None,
-                                    dest_off=xp_off)
+                                    dest_off=xp_off, least_width=least(w_dim))
     co, r, v, q = b.fresh("co"), b.fresh("r"), b.fresh("kx"), b.fresh("q")
     ch = div(Var(co), mult)
     kx = mul(Var(v), dw)  # a constant once the window loop is unrolled

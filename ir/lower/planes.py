@@ -4,7 +4,7 @@ of a window reads a contiguous run of the copy, with no bounds checks. A size ma
 over sizes known at run time only, an i64 expression of the symbols."""
 from __future__ import annotations
 
-from ..loop import Const, Deinterleave, For, If, Load, Store, Var, add, cmp, fbin, flat_index, mul, sub
+from ..loop import Const, Deinterleave, For, If, Let, Load, Store, Var, add, cmp, fbin, flat_index, mul, sub
 from .builder import KernelBuilder
 
 
@@ -22,13 +22,15 @@ def _minus(a, b):
 
 
 def phase_split_copy(b: KernelBuilder, read, channels: int, h: int, w: int, pt: int, pl: int, sw: int,
-                     hp: int, wq: int, dest: str, row_start=None, border=Const(0.0, "f32"), dest_off=Const(0)) -> For:
+                     hp: int, wq: int, dest: str, row_start=None, border=Const(0.0, "f32"), dest_off=Const(0),
+                     least_width: int = 1) -> For:
     """Copy `channels` planes of [h, w] into dest[dest_off:] as [channel][hp][sw][wq] with a border of `border`:
     padded row i, column phase ph, slot t holds input (i - pt, t*sw + ph - pl), so along an
     output row of a window strided by sw, a tap's inputs are contiguous. `read(c, i, j)` is
     input element (c, i, j) as float32; where the input is float32 read as it is,
     `row_start(c, i)` gives (its buffer, the offset of element (c, i, 0)), and the slots
-    every phase fills are one Deinterleave. Returns the loop over channels (parallel)."""
+    every phase fills are one Deinterleave. `least_width`: the least w over run-time sizes.
+    Returns the loop over channels (parallel)."""
     c, i, t = b.fresh("c"), b.fresh("y"), b.fresh("t")
     row = sub(Var(i), pt)
 
@@ -38,6 +40,18 @@ def phase_split_copy(b: KernelBuilder, read, channels: int, h: int, w: int, pt: 
         at = add(dest_off, flat_index([Var(c), Var(i), Const(ph), add(Var(t), first)], [channels, hp, sw, wq]))
         col = sub(add(mul(add(Var(t), first), sw), ph), pl)
         return (For(t, count, (Store(dest, at, read(Var(c), row, col) if load else border),), "vectorize"),)
+    border_row = tuple(s for ph in range(sw) for s in slots(ph, 0, wq, False))
+    row_in = fbin("and", cmp("ge", Var(i), Const(pt)), cmp("lt", Var(i), add(h, pt)))
+    if not isinstance(w, int) and row_start is not None and least_width >= sw - 1:
+        # (the rows above, in and below the input as loops of their own: a test per row in
+        # one loop left LLVM a dozen addresses to step and spill per row)
+        inside = _row_to_its_end(slots, row_start(Var(c), row), dest, dest_off, [Var(c), Var(i)], [channels, hp],
+                                 w, pl, sw, wq, border)
+        j = b.fresh("y")
+        below = (Let(i, add(Var(j), add(h, pt))), *border_row)
+        rows = (For(i, pt, border_row), For(j, h, (Let(i, add(Var(j), pt)), *inside)),
+                For(j, _minus(hp, add(h, pt)), below))
+        return For(c, channels, rows, parallel=True)
     spans = []  # per phase, the slots [lo, hi) that hold input
     for ph in range(sw):
         # (lo <= wq: a phase's first input slot is within the padded row, whose input is not empty)
@@ -69,9 +83,26 @@ def phase_split_copy(b: KernelBuilder, read, channels: int, h: int, w: int, pt: 
     elif some:
         every = tuple(s for ph in range(sw) for s in slots(ph, lo_all, _minus(hi_all, lo_all), True)[0].body)
         inside.append(For(t, _minus(hi_all, lo_all), every, "forced_vector"))
-    border = tuple(s for ph in range(sw) for s in slots(ph, 0, wq, False))
-    row_in = fbin("and", cmp("ge", Var(i), Const(pt)), cmp("lt", Var(i), add(h, pt)))
-    return For(c, channels, (For(i, hp, (If(row_in, tuple(inside), border),)),), parallel=True)
+    return For(c, channels, (For(i, hp, (If(row_in, tuple(inside), border_row),)),), parallel=True)
+
+
+def _row_to_its_end(slots, source: tuple, dest: str, dest_off, at: list, sizes: list, w, pl: int, sw: int, wq,
+                    border: Const) -> tuple:
+    """A padded row's copy over a run-time width w: the few slots before the first that every
+    phase loads, one by one (a count known when compiling), then one Deinterleave of every
+    phase's slots from there to the row's end, which reads the input only up to its last
+    column: the slots past it (the right border) take the border value in the same stores.
+    Split into runs of run-time length, the right end took four more loops a row (two of
+    them gathers): a 14-wide stride-2 row's copy cost more than its output row."""
+    lo = [-(-(pl - ph) // sw) for ph in range(sw)]
+    lo_all = max(lo)
+    stmts = [s for ph in range(sw) for s in (*slots(ph, 0, lo[ph], False), *slots(ph, lo[ph], lo_all - lo[ph], True))]
+    src, start = source
+    first = lo_all * sw - pl  # (the input column of slot lo_all's phase 0; in [0, sw))
+    stmts.append(Deinterleave(src, add(start, first), dest,
+                              add(dest_off, flat_index([*at, Const(0), Const(lo_all)], [*sizes, sw, wq])), wq, sw,
+                              _minus(wq, lo_all), src_count=_minus(w, first), border=border.value))
+    return tuple(stmts)
 
 
 def padded_copy(b: KernelBuilder, src: str, src_off, channels: int, spatial: list, pads: list, dest: str,

@@ -20,7 +20,7 @@ from ..dtypes import dtype
 from ..graph import Node
 from ..loop import (FLOAT_TYPES, Assign, Const, Expr, For, Let, Load, Local, Var, add, cmp, fbin, flat_index, lowest,
                     mul, select, sub)
-from ..symbolic import greatest
+from ..symbolic import greatest, least
 from .builder import KernelBuilder
 from .gemm import bordered_copies_limit, image_workspace, images_in_parallel, over_images
 from .planes import phase_split_copy, size_max
@@ -83,7 +83,7 @@ def _lower_pool_on_planes(b: KernelBuilder, node: Node, store, is_max: bool) -> 
         return b.in_param(x_name), flat_index([Var(bv), c, i, Const(0)], storage)
     plain = not inline and dtype(b.type(x_name).dtype).storage == "f32"
     copy = phase_split_copy(b, read, channels, h, w, pt, pl, sw, hp, wq, planes, row_start if plain else None,
-                            literal(lowest("f32")) if is_max else _f(0), planes_off)
+                            literal(lowest("f32")) if is_max else _f(0), planes_off, least(dims[0][1]))
     c, r, q = copy.var, b.fresh("r"), b.fresh("q")
     stmts = []
 
