@@ -29,6 +29,30 @@ def test_compare_commits_builds_each_revision_and_removes_its_worktree(model):
 
 
 
+def test_compare_commits_builds_symbolic_dims_and_runs_at_the_sizes_asked(tmp_path):
+    """--dim leaves a dim symbolic in both revisions' builds (each revision's own Kiln takes
+    the bounds) and --at runs them at that size: here a batch of 3 of a MatMul built for 1..4."""
+    from onnx import TensorProto, helper, numpy_helper
+    w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((16, 8)).astype(np.float32), "w")
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 8])], [w])
+    path = str(tmp_path / "batched.onnx")
+    with open(path, "wb") as f:
+        f.write(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8).SerializeToString())
+    found = compare(path, ["HEAD", WORKING_TREE], rounds=1, repeat=3, threads=1, dims={"n": (1, 4)}, at={"n": 3})
+    for median, best, kernel_sum, kernels in found.values():
+        assert 0 < best <= median and kernel_sum == sum(kernels) > 0
+    from modelkiln.artifacts.errors import KilnError
+    with pytest.raises(KilnError, match="outside the bounds"):  # (the size asked for is the size run)
+        compare(path, ["HEAD", WORKING_TREE], rounds=1, repeat=3, threads=1, dims={"n": (1, 4)}, at={"n": 5})
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "compare_commits.py"), path, "HEAD", WORKING_TREE,
+                        "--rounds", "1", "--repeat", "3", "--dim", "n=1..4", "--at", "n=3"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "1 thread(s), n=3 |" in r.stdout
+
+
 @pytest.mark.parametrize("isa", ["host", "avx2"])
 def test_bench_models_names_the_isa_each_runner_ran(isa):
     """The bench's header says which vector ISA the host has and which code Kiln, onnxruntime
