@@ -725,6 +725,61 @@ def test_strided_windows_over_every_run_time_width(target, executor):
     run_or_inspect(result, run)
 
 
+def _strided_depthwise(channels: int = 3) -> onnx.ModelProto:
+    """Strided depthwise convs over x [1, channels, h, w], each an output: 3x3 stride 2, 5x5
+    stride 3 with uneven pads, 3x3 stride 2 dilated, 7x7 stride 2 (its window in passes) and
+    1x1 stride 2 (a stride past the window)."""
+    rng = np.random.default_rng(9)
+    weights, nodes, outputs = [], [], []
+    for name, k, attrs in [("s2", 3, {"strides": [2, 2], "pads": [1, 1, 1, 1]}),
+                           ("s3", 5, {"strides": [3, 3], "pads": [2, 1, 0, 2]}),
+                           ("dilated", 3, {"strides": [2, 2], "dilations": [2, 2], "pads": [2, 2, 2, 2]}),
+                           ("passes", 7, {"strides": [2, 2], "pads": [3, 3, 3, 3]}),
+                           ("one_tap", 1, {"strides": [2, 2]})]:
+        weights.append(numpy_helper.from_array(rng.standard_normal((channels, 1, k, k)).astype(np.float32), f"{name}_w"))
+        nodes.append(helper.make_node("Conv", ["x", f"{name}_w"], [name], group=channels, **attrs))
+        outputs.append(helper.make_tensor_value_info(name, F, None))
+    graph = helper.make_graph(nodes, "dw", [helper.make_tensor_value_info("x", F, [1, channels, "h", "w"])], outputs,
+                              weights)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def _copies_rows_as_it_goes(kernel) -> bool:
+    """Whether some loop (over output rows) both copies input rows and computes an output row."""
+    from modelkiln.ir.loop import Deinterleave, For
+    return any(isinstance(s, For) and any(isinstance(t, For) and any(isinstance(u, Deinterleave)
+                                                                      for u in kernel_statements(t.body))
+                                          for t in s.body)
+               and any(isinstance(t, For) and t.kind == "vector_masked" for t in s.body)
+               for s in kernel_statements(kernel.body))
+
+
+@pytest.mark.parametrize("dims", [None, {"h": (8, 200), "w": (8, 200)}])
+def test_a_strided_depthwise_conv_past_l1_copies_a_ring_of_rows(dims, executor):
+    """A strided depthwise conv whose bordered copy of a plane passes 48 KB copies into a ring
+    of its last few padded rows, each output row's new rows just before it; a smaller one
+    copies whole planes. Static sizes decide when building, run-time sizes at each call (the
+    kernel holds both). Against onnxruntime: at 120 x 130 (a ring), 20 x 33 (whole planes) and,
+    over run-time sizes, odd sizes either side of the choice."""
+    model = _strided_depthwise()
+    if dims is None:  # (a build per size, each deciding for its own)
+        builds = []
+        for h, w in [(120, 130), (20, 33)]:
+            static = onnx.ModelProto.FromString(model.SerializeToString())
+            for axis, n in ((2, h), (3, w)):
+                static.graph.input[0].type.tensor_type.shape.dim[axis].dim_value = n
+            builds.append((build(static, executor=executor, cache=None, progress=False), [(h, w)], h > 100))
+    else:
+        builds = [(build(model, dims=dims, executor=executor, cache=None, progress=False),
+                   [(120, 130), (20, 33), (97, 101), (8, 8), (200, 199)], True)]
+    for result, sizes, ring in builds:
+        assert any(_copies_rows_as_it_goes(c.kernel) for c in result.lowered.calls) == ring
+        module = result.load(threads=2)
+        for h, w in sizes:
+            feeds = {"x": np.random.default_rng(h + w).standard_normal((1, 3, h, w)).astype(np.float32)}
+            _assert_like_onnxruntime(module, model, feeds)
+
+
 @pytest.mark.parametrize("xshape,wshape,attrs,sizes", [
     (["n", 6, "t"], (8, 6, 5), {"pads": [2, 2], "strides": [2]}, [(1, 6, 1), (2, 6, 37), (1, 6, 64)]),
     (["n", 4, "d", "h", "w"], (6, 4, 3, 3, 3), {"pads": [1, 1, 1, 1, 1, 1]}, [(1, 4, 2, 5, 9), (2, 4, 6, 6, 6)]),

@@ -26,7 +26,7 @@ from ..loop import (GEMM_SPLITS, Assign, Const, Expr, For, Gemm, If, Let, Load, 
 from ..schedule import CODEGEN_OPTIONS, PANEL_CHUNK_KIB
 from ..symbolic import greatest, least
 from .builder import KernelBuilder, broadcast_index
-from .planes import padded_copy, phase_split_copy
+from .planes import padded_copy, phase_split_copy, phase_split_row
 
 
 COL_CHUNK_FLOATS = 96 * 1024  # 384 KiB of im2col per GEMM: L2-resident on current x86 cores
@@ -58,6 +58,13 @@ POINTWISE_MIN_PIXELS = 64
 # 16 -> 96 at 112x112 8%, 1024 -> 256 at 14x14 6%; AVX-512's 32-pixel panels ran slower
 # packed (1024 -> 256 at 28x28 3.63 -> 6.01 ms).
 POINTWISE_PACKED_MIN_PIXELS = 784
+# A strided depthwise conv whose bordered copy of a channel's plane takes at least this many
+# bytes copies into a ring of the last few padded rows instead, each output row's new rows
+# just before it. Measured against the whole plane (static sizes, 1 thread, 3x3 stride 2):
+# 96 x 256 x 256 0.35x its time, 96 x 160 x 160 0.59x, 64 x 128 x 128 (67 KB) 0.86x, 96 x 112
+# x 112 (52 KB) 0.96x, but 32 x 80 x 80 (27 KB) 1.10x and 576 x 14 x 14 2.8x: a plane within
+# L1 copies faster whole, its rows' loops unrolled.
+RING_MIN_PLANE_BYTES = 48 * 1024
 POINTWISE_PACKED_MIN_CHANNELS = 64
 
 
@@ -663,7 +670,17 @@ def lower_depthwise(b: KernelBuilder, node: Node, store, value=lambda v: v, weig
     padded = lambda h, w: (h + pt + pb, (w + pl + pr + sw - 1) // sw)  # noqa: E731 (rows, slots a phase)
     hp, wq = padded(h, w_)
     hp_bound, wq_bound = padded(greatest(h_dim), greatest(w_dim))
-    copy_floats = cin * hp_bound * sw * wq_bound
+    # A strided conv's copy of a plane past L1 keeps a ring of the channel's last `ring` padded
+    # rows instead, each output row's new input rows copied just before it (see below).
+    ring = (kh - 1) * dh + 1 if sw > 1 and mult == 1 else 0
+    plane_bytes = mul(mul(hp, sw * 4), wq)
+    if not ring or hp_bound * sw * wq_bound * 4 < RING_MIN_PLANE_BYTES:
+        ring_when = False
+    elif isinstance(plane_bytes, int):
+        ring_when = True
+    else:  # (over run-time sizes, decided by each call's)
+        ring_when = cmp("ge", plane_bytes, Const(RING_MIN_PLANE_BYTES))
+    copy_floats = cin * (ring if ring_when is True else hp_bound) * sw * wq_bound
     partial_floats = cout * greatest(ow_dim)
     # (images on threads of their own: a slice of the copy and of the partial sums each)
     limit = bordered_copies_limit(b, x_name)
@@ -682,12 +699,18 @@ def lower_depthwise(b: KernelBuilder, node: Node, store, value=lambda v: v, weig
         plain = not weights and dtype(b.type(x_name).dtype).storage == "f32"  # (not ConvInteger's bytes)
         pad_copy = phase_split_copy(b, read, cin, h, w_, pt, pl, sw, hp, wq, xp, row_start if plain else None,
                                     dest_off=xp_off, least_width=least(w_dim))
+        if ring_when is not False:
+            c, i = pad_copy.var, b.fresh("y")
+            row_in, inside, border_row = phase_split_row(
+                b, read, c, i, rem(Var(i), ring), ring, cin, h, w_, pt, pl, sw, wq, xp, row_start if plain else None,
+                dest_off=xp_off, least_width=least(w_dim))
+            copy_row = (If(row_in, inside, border_row),)
     co, r, v, q = b.fresh("co"), b.fresh("r"), b.fresh("kx"), b.fresh("q")
     ch = div(Var(co), mult)
     kx = mul(Var(v), dw)  # a constant once the window loop is unrolled
     b.ordered_sums = True
 
-    def window_rows(first: int, count: int) -> tuple[list, Expr]:
+    def window_rows(first: int, count: int, ring: int) -> tuple[list, Expr]:
         """Statements summing window rows [first, first + count) at output (r, q), and their
         sum. One accumulator per window row: a single chain of kh*kw dependent FMAs made the
         loop wait on FMA latency (a 5x5 window, 25 in a row, ran at a third of the FMA rate)."""
@@ -695,7 +718,8 @@ def lower_depthwise(b: KernelBuilder, node: Node, store, value=lambda v: v, weig
         for u in range(first, first + count):
             acc = b.fresh("acc")
             window_row = add(mul(Var(r), sh), Const(u * dh))
-            at = add(xp_off, flat_index([ch, window_row, rem(kx, sw), add(Var(q), div(kx, sw))], [cin, hp, sw, wq]))
+            at = add(xp_off, flat_index([ch, rem(window_row, ring) if ring else window_row, rem(kx, sw),
+                                         add(Var(q), div(kx, sw))], [cin, ring or hp, sw, wq]))
             tap = Assign(acc, fbin("add", Var(acc, "f32"), fbin(
                 "mul", Load(wparam, flat_index([Var(co), Const(u), Var(v)], [cout, kh, kw])), Load(xp, at))))
             stmts += [Local(acc, "f32", Const(0.0, "f32")), For(v, kw, (tap,), "unroll")]
@@ -709,29 +733,48 @@ def lower_depthwise(b: KernelBuilder, node: Node, store, value=lambda v: v, weig
     per_pass = kh if kh * kw <= DEPTHWISE_ONE_PASS_WEIGHTS else max(1, DEPTHWISE_PASS_WEIGHTS // kw)
     per_pass = b.knob("window_rows", per_pass, range(1, kh + 1))
     passes = [(u, min(per_pass, kh - u)) for u in range(0, kh, per_pass)]
-    # (vector_masked: a row's ragged end runs as one masked vector, not a scalar remainder)
-    steps = []
     if len(passes) > 1:
         # (one row per output channel: channels run in parallel)
         partial, partial_off = image_workspace(b, bv, batch_dim, partial_floats, parallel)
         at = add(partial_off, add(mul(Var(co), ow), Var(q)))
-        for i, (first, count) in enumerate(passes[:-1]):
-            stmts, part = window_rows(first, count)
-            so_far = part if i == 0 else fbin("add", Load(partial, at), part)
+
+    def output_rows(ring: int) -> tuple:
+        """The channel's output rows over its copy: the whole plane, or a ring of its last
+        `ring` padded rows (the rows each output row needs copied in first)."""
+        # (vector_masked: a row's ragged end runs as one masked vector, not a scalar remainder)
+        steps = []
+        for n, (first, count) in enumerate(passes[:-1]):
+            stmts, part = window_rows(first, count, ring)
+            so_far = part if n == 0 else fbin("add", Load(partial, at), part)
             steps.append(For(q, ow, (*stmts, Store(partial, at, so_far)), "vector_masked"))
-    stmts, total = window_rows(*passes[-1])
-    if len(passes) > 1:
-        total = fbin("add", Load(partial, at), total)
-    total = total if bias is None else fbin("add", total, bias([Var(co)]))
-    steps.append(For(q, ow, (*stmts, *store([Var(bv), Var(co), Var(r), Var(q)], out(total) if out else total)),
-                     "vector_masked"))
-    rows = For(r, oh, tuple(steps))
+        stmts, total = window_rows(*passes[-1], ring)
+        if len(passes) > 1:
+            total = fbin("add", Load(partial, at), total)
+        total = total if bias is None else fbin("add", total, bias([Var(co)]))
+        steps.append(For(q, ow, (*stmts, *store([Var(bv), Var(co), Var(r), Var(q)], out(total) if out else total)),
+                         "vector_masked"))
+        if not ring:
+            return (For(r, oh, tuple(steps)),)
+        # Before output row r, the padded rows its window reaches that no earlier row did: the
+        # first ring - fresh before row 0, then fresh = min(sh, ring) a row. A ring of a few rows
+        # stays in L1, where a whole plane's copy went to L2 and back (MobileNetV2's 96-channel
+        # stride-2 conv at 512 x 512: 3.23 -> 1.12 ms, its copy having taken most of it).
+        fresh, k = min(sh, ring), b.fresh("k")
+        steps.insert(0, For(k, fresh, (Let(i, add(mul(Var(r), sh), add(Var(k), ring - fresh))), *copy_row)))
+        return For(k, ring - fresh, (Let(i, Var(k)), *copy_row)), For(r, oh, tuple(steps))
     # Each channel is computed right after its padded copy is written, while that plane is
     # still in L1, rather than after every plane's copy (1.3 MB for a 96x56x56 input, past
     # L2); one parallel phase instead of two.
     c, m = pad_copy.var, b.fresh("m")
-    per_output = For(m, mult, (Let(co, add(mul(Var(c), mult), Var(m))), rows))
-    image = (For(c, cin, (*pad_copy.body, per_output), parallel=True),)
+
+    def channel(ring: int) -> tuple:
+        per_output = For(m, mult, (Let(co, add(mul(Var(c), mult), Var(m))), *output_rows(ring)))
+        return (per_output,) if ring else (*pad_copy.body, per_output)
+    if ring_when is True or ring_when is False:
+        body = channel(ring if ring_when else 0)
+    else:
+        body = (If(ring_when, channel(ring), channel(0)),)
+    image = (For(c, cin, body, parallel=True),)
     return over_images(b, bv, batch_dim, image, copy_floats + partial_floats, limit)
 
 

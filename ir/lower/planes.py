@@ -31,27 +31,41 @@ def phase_split_copy(b: KernelBuilder, read, channels: int, h: int, w: int, pt: 
     `row_start(c, i)` gives (its buffer, the offset of element (c, i, 0)), and the slots
     every phase fills are one Deinterleave. `least_width`: the least w over run-time sizes.
     Returns the loop over channels (parallel)."""
-    c, i, t = b.fresh("c"), b.fresh("y"), b.fresh("t")
-    row = sub(Var(i), pt)
-
-    def slots(ph: int, first, count, load: bool) -> tuple:
-        if isinstance(count, int) and count <= 0:
-            return ()
-        at = add(dest_off, flat_index([Var(c), Var(i), Const(ph), add(Var(t), first)], [channels, hp, sw, wq]))
-        col = sub(add(mul(add(Var(t), first), sw), ph), pl)
-        return (For(t, count, (Store(dest, at, read(Var(c), row, col) if load else border),), "vectorize"),)
-    border_row = tuple(s for ph in range(sw) for s in slots(ph, 0, wq, False))
-    row_in = fbin("and", cmp("ge", Var(i), Const(pt)), cmp("lt", Var(i), add(h, pt)))
-    if not isinstance(w, int) and row_start is not None and least_width >= sw - 1:
+    c, i = b.fresh("c"), b.fresh("y")
+    row_in, inside, border_row = phase_split_row(b, read, c, i, Var(i), hp, channels, h, w, pt, pl, sw, wq, dest,
+                                                 row_start, border, dest_off, least_width)
+    if not isinstance(w, int) and any(isinstance(s, Deinterleave) and s.src_count is not None for s in inside):
         # (the rows above, in and below the input as loops of their own: a test per row in
         # one loop left LLVM a dozen addresses to step and spill per row)
-        inside = _row_to_its_end(slots, row_start(Var(c), row), dest, dest_off, [Var(c), Var(i)], [channels, hp],
-                                 w, pl, sw, wq, border)
         j = b.fresh("y")
         below = (Let(i, add(Var(j), add(h, pt))), *border_row)
         rows = (For(i, pt, border_row), For(j, h, (Let(i, add(Var(j), pt)), *inside)),
                 For(j, _minus(hp, add(h, pt)), below))
         return For(c, channels, rows, parallel=True)
+    return For(c, channels, (For(i, hp, (If(row_in, inside, border_row),)),), parallel=True)
+
+
+def phase_split_row(b: KernelBuilder, read, c: str, i: str, slot, rows, channels: int, h, w, pt: int, pl: int,
+                    sw: int, wq, dest: str, row_start=None, border=Const(0.0, "f32"), dest_off=Const(0),
+                    least_width: int = 1) -> tuple:
+    """phase_split_copy's copy of padded row Var(i) of channel Var(c) into row `slot` of its
+    channel's `rows` (all hp of them, or a ring of the last few): (whether the row is one of the
+    input's, its statements if it is, its statements if it is border)."""
+    t = b.fresh("t")
+    row = sub(Var(i), pt)
+
+    def slots(ph: int, first, count, load: bool) -> tuple:
+        if isinstance(count, int) and count <= 0:
+            return ()
+        at = add(dest_off, flat_index([Var(c), slot, Const(ph), add(Var(t), first)], [channels, rows, sw, wq]))
+        col = sub(add(mul(add(Var(t), first), sw), ph), pl)
+        return (For(t, count, (Store(dest, at, read(Var(c), row, col) if load else border),), "vectorize"),)
+    border_row = tuple(s for ph in range(sw) for s in slots(ph, 0, wq, False))
+    row_in = fbin("and", cmp("ge", Var(i), Const(pt)), cmp("lt", Var(i), add(h, pt)))
+    if not isinstance(w, int) and row_start is not None and least_width >= sw - 1:
+        inside = _row_to_its_end(slots, row_start(Var(c), row), dest, dest_off, [Var(c), slot], [channels, rows],
+                                 w, pl, sw, wq, border)
+        return row_in, inside, border_row
     spans = []  # per phase, the slots [lo, hi) that hold input
     for ph in range(sw):
         # (lo <= wq: a phase's first input slot is within the padded row, whose input is not empty)
@@ -78,12 +92,12 @@ def phase_split_copy(b: KernelBuilder, read, channels: int, h: int, w: int, pt: 
     if some and row_start is not None:
         src, start = row_start(Var(c), row)
         inside.append(Deinterleave(src, add(start, lo_all * sw - pl), dest,
-                                   add(dest_off, flat_index([Var(c), Var(i), Const(0), Const(lo_all)],
-                                                            [channels, hp, sw, wq])), wq, sw, _minus(hi_all, lo_all)))
+                                   add(dest_off, flat_index([Var(c), slot, Const(0), Const(lo_all)],
+                                                            [channels, rows, sw, wq])), wq, sw, _minus(hi_all, lo_all)))
     elif some:
         every = tuple(s for ph in range(sw) for s in slots(ph, lo_all, _minus(hi_all, lo_all), True)[0].body)
         inside.append(For(t, _minus(hi_all, lo_all), every, "forced_vector"))
-    return For(c, channels, (For(i, hp, (If(row_in, tuple(inside), border_row),)),), parallel=True)
+    return row_in, tuple(inside), border_row
 
 
 def _row_to_its_end(slots, source: tuple, dest: str, dest_off, at: list, sizes: list, w, pl: int, sw: int, wq,
