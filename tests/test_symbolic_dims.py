@@ -725,13 +725,14 @@ def test_strided_windows_over_every_run_time_width(target, executor):
     run_or_inspect(result, run)
 
 
-def _strided_depthwise(channels: int = 3) -> onnx.ModelProto:
-    """Strided depthwise convs over x [1, channels, h, w], each an output: 3x3 stride 2, 5x5
-    stride 3 with uneven pads, 3x3 stride 2 dilated, 7x7 stride 2 (its window in passes) and
-    1x1 stride 2 (a stride past the window)."""
+def _depthwise_branches(channels: int = 3) -> onnx.ModelProto:
+    """Depthwise convs over x [1, channels, h, w], each an output: 3x3 stride 1, 3x3 stride 2,
+    5x5 stride 3 with uneven pads, 3x3 stride 2 dilated, 7x7 stride 2 (its window in passes)
+    and 1x1 stride 2 (a stride past the window)."""
     rng = np.random.default_rng(9)
     weights, nodes, outputs = [], [], []
-    for name, k, attrs in [("s2", 3, {"strides": [2, 2], "pads": [1, 1, 1, 1]}),
+    for name, k, attrs in [("s1", 3, {"pads": [1, 1, 1, 1]}),
+                           ("s2", 3, {"strides": [2, 2], "pads": [1, 1, 1, 1]}),
                            ("s3", 5, {"strides": [3, 3], "pads": [2, 1, 0, 2]}),
                            ("dilated", 3, {"strides": [2, 2], "dilations": [2, 2], "pads": [2, 2, 2, 2]}),
                            ("passes", 7, {"strides": [2, 2], "pads": [3, 3, 3, 3]}),
@@ -755,13 +756,13 @@ def _copies_rows_as_it_goes(kernel) -> bool:
 
 
 @pytest.mark.parametrize("dims", [None, {"h": (8, 200), "w": (8, 200)}])
-def test_a_strided_depthwise_conv_past_l1_copies_a_ring_of_rows(dims, executor):
-    """A strided depthwise conv whose bordered copy of a plane passes 48 KB copies into a ring
+def test_a_depthwise_conv_past_l1_copies_a_ring_of_rows(dims, executor):
+    """A depthwise conv whose bordered copy of a plane passes 48 KB copies into a ring
     of its last few padded rows, each output row's new rows just before it; a smaller one
     copies whole planes. Static sizes decide when building, run-time sizes at each call (the
     kernel holds both). Against onnxruntime: at 120 x 130 (a ring), 20 x 33 (whole planes) and,
     over run-time sizes, odd sizes either side of the choice."""
-    model = _strided_depthwise()
+    model = _depthwise_branches()
     if dims is None:  # (a build per size, each deciding for its own)
         builds = []
         for h, w in [(120, 130), (20, 33)]:

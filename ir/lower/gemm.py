@@ -58,12 +58,13 @@ POINTWISE_MIN_PIXELS = 64
 # 16 -> 96 at 112x112 8%, 1024 -> 256 at 14x14 6%; AVX-512's 32-pixel panels ran slower
 # packed (1024 -> 256 at 28x28 3.63 -> 6.01 ms).
 POINTWISE_PACKED_MIN_PIXELS = 784
-# A strided depthwise conv whose bordered copy of a channel's plane takes at least this many
-# bytes copies into a ring of the last few padded rows instead, each output row's new rows
-# just before it. Measured against the whole plane (static sizes, 1 thread, 3x3 stride 2):
-# 96 x 256 x 256 0.35x its time, 96 x 160 x 160 0.59x, 64 x 128 x 128 (67 KB) 0.86x, 96 x 112
-# x 112 (52 KB) 0.96x, but 32 x 80 x 80 (27 KB) 1.10x and 576 x 14 x 14 2.8x: a plane within
-# L1 copies faster whole, its rows' loops unrolled.
+# A depthwise conv whose bordered copy of a channel's plane takes at least this many bytes
+# copies into a ring of the last few padded rows instead, each output row's new rows just
+# before it. Measured against the whole plane (static sizes, 1 thread, 3x3 stride 2): 96 x
+# 256 x 256 0.35x its time, 96 x 160 x 160 0.59x, 64 x 128 x 128 (67 KB) 0.86x, 96 x 112 x
+# 112 (52 KB) 0.96x, but 32 x 80 x 80 (27 KB) 1.10x and 576 x 14 x 14 2.8x: a plane within L1
+# copies faster whole, its rows' loops unrolled. Stride 1: 32 x 256 x 256 0.86x, 144 x 128 x
+# 128 0.87x, 96 x 112 x 112 0.78x, 32 x 160 x 160 1.01x.
 RING_MIN_PLANE_BYTES = 48 * 1024
 POINTWISE_PACKED_MIN_CHANNELS = 64
 
@@ -670,9 +671,9 @@ def lower_depthwise(b: KernelBuilder, node: Node, store, value=lambda v: v, weig
     padded = lambda h, w: (h + pt + pb, (w + pl + pr + sw - 1) // sw)  # noqa: E731 (rows, slots a phase)
     hp, wq = padded(h, w_)
     hp_bound, wq_bound = padded(greatest(h_dim), greatest(w_dim))
-    # A strided conv's copy of a plane past L1 keeps a ring of the channel's last `ring` padded
-    # rows instead, each output row's new input rows copied just before it (see below).
-    ring = (kh - 1) * dh + 1 if sw > 1 and mult == 1 else 0
+    # A copy of a plane past L1 keeps a ring of the channel's last `ring` padded rows instead,
+    # each output row's new input rows copied just before it (see below).
+    ring = (kh - 1) * dh + 1 if mult == 1 else 0
     plane_bytes = mul(mul(hp, sw * 4), wq)
     if not ring or hp_bound * sw * wq_bound * 4 < RING_MIN_PLANE_BYTES:
         ring_when = False
@@ -687,24 +688,24 @@ def lower_depthwise(b: KernelBuilder, node: Node, store, value=lambda v: v, weig
     parallel = images_in_parallel(b, batch_dim, copy_floats + partial_floats, limit)
     bv = b.fresh("b")
     xp, xp_off = image_workspace(b, bv, batch_dim, copy_floats, parallel)
+    def row_start(c, i):
+        return xparam, add(mul(Var(bv), cin * h * w_), mul(add(mul(c, h), i), w_))
+
+    def read(c, i, j):
+        return value(Load(xparam, add(row_start(c, i)[1], j)))
+    plain = not weights and dtype(b.type(x_name).dtype).storage == "f32"  # (not ConvInteger's bytes)
     if sw == 1:
         pad_copy = padded_copy(b, xparam, mul(Var(bv), cin * h * w_), cin, [h, w_], [pt, pl, pb, pr], xp, value,
                                row_kind="vector_masked", dest_off=xp_off)
     else:
-        def row_start(c, i):
-            return xparam, add(mul(Var(bv), cin * h * w_), mul(add(mul(c, h), i), w_))
-
-        def read(c, i, j):
-            return value(Load(xparam, add(row_start(c, i)[1], j)))
-        plain = not weights and dtype(b.type(x_name).dtype).storage == "f32"  # (not ConvInteger's bytes)
         pad_copy = phase_split_copy(b, read, cin, h, w_, pt, pl, sw, hp, wq, xp, row_start if plain else None,
                                     dest_off=xp_off, least_width=least(w_dim))
-        if ring_when is not False:
-            c, i = pad_copy.var, b.fresh("y")
-            row_in, inside, border_row = phase_split_row(
-                b, read, c, i, rem(Var(i), ring), ring, cin, h, w_, pt, pl, sw, wq, xp, row_start if plain else None,
-                dest_off=xp_off, least_width=least(w_dim))
-            copy_row = (If(row_in, inside, border_row),)
+    if ring_when is not False:
+        c, i = pad_copy.var, b.fresh("y")
+        row_in, inside, border_row = phase_split_row(
+            b, read, c, i, rem(Var(i), ring), ring, cin, h, w_, pt, pl, sw, wq, xp, row_start if plain else None,
+            dest_off=xp_off, least_width=least(w_dim))
+        copy_row = (If(row_in, inside, border_row),)
     co, r, v, q = b.fresh("co"), b.fresh("r"), b.fresh("kx"), b.fresh("q")
     ch = div(Var(co), mult)
     kx = mul(Var(v), dw)  # a constant once the window loop is unrolled
