@@ -58,14 +58,6 @@ POINTWISE_MIN_PIXELS = 64
 # 16 -> 96 at 112x112 8%, 1024 -> 256 at 14x14 6%; AVX-512's 32-pixel panels ran slower
 # packed (1024 -> 256 at 28x28 3.63 -> 6.01 ms).
 POINTWISE_PACKED_MIN_PIXELS = 784
-# A depthwise conv whose bordered copy of a channel's plane takes at least this many bytes
-# copies into a ring of the last few padded rows instead, each output row's new rows just
-# before it. Measured against the whole plane (static sizes, 1 thread, 3x3 stride 2): 96 x
-# 256 x 256 0.35x its time, 96 x 160 x 160 0.59x, 64 x 128 x 128 (67 KB) 0.86x, 96 x 112 x
-# 112 (52 KB) 0.96x, but 32 x 80 x 80 (27 KB) 1.10x and 576 x 14 x 14 2.8x: a plane within L1
-# copies faster whole, its rows' loops unrolled. Stride 1: 32 x 256 x 256 0.86x, 144 x 128 x
-# 128 0.87x, 96 x 112 x 112 0.78x, 32 x 160 x 160 1.01x.
-RING_MIN_PLANE_BYTES = 48 * 1024
 POINTWISE_PACKED_MIN_CHANNELS = 64
 
 
@@ -93,6 +85,14 @@ def pointwise_packs_input(vector_width: int, channels_in: int, channels_out: int
 # On AVX2 (16 registers) too: passes of 9-14 weights took MobileNetV3 from 3.15 to 3.25 ms.
 DEPTHWISE_ONE_PASS_WEIGHTS = 25
 DEPTHWISE_PASS_WEIGHTS = 21
+# A depthwise conv whose bordered copy of a channel's plane takes at least this many bytes
+# copies into a ring of the last few padded rows instead, each output row's new rows just
+# before it. Measured against the whole plane (static sizes, 1 thread, 3x3 stride 2): 96 x
+# 256 x 256 0.35x its time, 96 x 160 x 160 0.59x, 64 x 128 x 128 (67 KB) 0.86x, 96 x 112 x
+# 112 (52 KB) 0.96x, but 32 x 80 x 80 (27 KB) 1.10x and 576 x 14 x 14 2.8x: a plane within L1
+# copies faster whole, its rows' loops unrolled. Stride 1: 32 x 256 x 256 0.86x, 144 x 128 x
+# 128 0.87x, 96 x 112 x 112 0.78x, 32 x 160 x 160 1.01x.
+RING_MIN_PLANE_BYTES = 48 * 1024
 # A conv with at most a vector of output channels, weights as rows: blocks of 8 channels by
 # two vectors of an input row's pixels (16 accumulators; 16 rows would need more registers
 # than AVX-512 has).
@@ -688,6 +688,7 @@ def lower_depthwise(b: KernelBuilder, node: Node, store, value=lambda v: v, weig
     parallel = images_in_parallel(b, batch_dim, copy_floats + partial_floats, limit)
     bv = b.fresh("b")
     xp, xp_off = image_workspace(b, bv, batch_dim, copy_floats, parallel)
+
     def row_start(c, i):
         return xparam, add(mul(Var(bv), cin * h * w_), mul(add(mul(c, h), i), w_))
 
