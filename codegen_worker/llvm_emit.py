@@ -578,7 +578,7 @@ class FunctionEmitter:
                     self.loop(s.var, 0, lambda: self.stmts(s.body), "run_time_whole", lo="0", hi=whole)
                     self.loop(s.var, 0, lambda: self.stmts(s.body), "run_time_tail", lo=whole, hi=end)
                 if s.kind == "vector_masked" and self.vw >= 16:
-                    self.if_else(self.int_op("icmp slt", end, PREDICATED_ROW_VECTORS * self.vw),
+                    self.when(self.int_op("icmp slt", end, PREDICATED_ROW_VECTORS * self.vw),
                                  lambda: self.loop(s.var, 0, lambda: self.stmts(s.body), "run_time_tail", lo="0", hi=end),
                                  whole_then_tail)
                     return
@@ -711,25 +711,16 @@ class FunctionEmitter:
             self.emit(f"br label %{end}")
         self.label(end)
 
-    def when(self, cond: str, body) -> None:
-        """Run body where the i1 value cond holds."""
+    def when(self, cond: str, body, otherwise=None) -> None:
+        """Run body where the i1 value cond holds (else otherwise, if given)."""
         self.n += 1
-        then, end = f"W{self.n}.then", f"W{self.n}.end"
-        self.emit(f"br i1 {cond}, label %{then}, label %{end}")
-        self.label(then)
-        body()
-        self.emit(f"br label %{end}")
-        self.label(end)
-
-    def if_else(self, cond: str, then, otherwise) -> None:
-        """Run then() where the i1 value cond holds, else otherwise()."""
-        self.n += 1
-        yes, no, end = f"E{self.n}.then", f"E{self.n}.else", f"E{self.n}.end"
-        self.emit(f"br i1 {cond}, label %{yes}, label %{no}")
-        for label, body in ((yes, then), (no, otherwise)):
-            self.label(label)
-            body()
-            self.emit(f"br label %{end}")
+        then, no, end = f"W{self.n}.then", f"W{self.n}.else", f"W{self.n}.end"
+        self.emit(f"br i1 {cond}, label %{then}, label %{no if otherwise else end}")
+        for label, run in ((then, body), (no, otherwise)):
+            if run:
+                self.label(label)
+                run()
+                self.emit(f"br label %{end}")
         self.label(end)
 
     def int_op(self, op: str, a: str, b) -> str:

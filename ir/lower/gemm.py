@@ -695,7 +695,9 @@ def lower_depthwise(b: KernelBuilder, node: Node, store, value=lambda v: v, weig
     def read(c, i, j):
         return value(Load(xparam, add(row_start(c, i)[1], j)))
     plain = not weights and dtype(b.type(x_name).dtype).storage == "f32"  # (not ConvInteger's bytes)
-    if sw == 1:
+    if ring_when is True:  # (no whole planes: the channel loop only)
+        pad_copy = For(b.fresh("c"), cin, ())
+    elif sw == 1:
         pad_copy = padded_copy(b, xparam, mul(Var(bv), cin * h * w_), cin, [h, w_], [pt, pl, pb, pr], xp, value,
                                row_kind="vector_masked", dest_off=xp_off)
     else:

@@ -34,7 +34,7 @@ def phase_split_copy(b: KernelBuilder, read, channels: int, h: int, w: int, pt: 
     c, i = b.fresh("c"), b.fresh("y")
     row_in, inside, border_row = phase_split_row(b, read, c, i, Var(i), hp, channels, h, w, pt, pl, sw, wq, dest,
                                                  row_start, border, dest_off, least_width)
-    if not isinstance(w, int) and any(isinstance(s, Deinterleave) and s.src_count is not None for s in inside):
+    if _rows_to_their_end(w, row_start, least_width, sw):
         # (the rows above, in and below the input as loops of their own: a test per row in
         # one loop left LLVM a dozen addresses to step and spill per row)
         j = b.fresh("y")
@@ -62,7 +62,7 @@ def phase_split_row(b: KernelBuilder, read, c: str, i: str, slot, rows, channels
         return (For(t, count, (Store(dest, at, read(Var(c), row, col) if load else border),), "vectorize"),)
     border_row = tuple(s for ph in range(sw) for s in slots(ph, 0, wq, False))
     row_in = fbin("and", cmp("ge", Var(i), Const(pt)), cmp("lt", Var(i), add(h, pt)))
-    if not isinstance(w, int) and row_start is not None and least_width >= sw - 1:
+    if _rows_to_their_end(w, row_start, least_width, sw):
         inside = _row_to_its_end(slots, row_start(Var(c), row), dest, dest_off, [Var(c), slot], [channels, rows],
                                  w, pl, sw, wq, border)
         return row_in, inside, border_row
@@ -98,6 +98,12 @@ def phase_split_row(b: KernelBuilder, read, c: str, i: str, slot, rows, channels
         every = tuple(s for ph in range(sw) for s in slots(ph, lo_all, _minus(hi_all, lo_all), True)[0].body)
         inside.append(For(t, _minus(hi_all, lo_all), every, "forced_vector"))
     return row_in, tuple(inside), border_row
+
+
+def _rows_to_their_end(w, row_start, least_width: int, sw: int) -> bool:
+    """Whether a row is copied by _row_to_its_end: a run-time width of float32 input read as
+    it is, every width at least sw - 1 (the slots before the Deinterleave within the row)."""
+    return not isinstance(w, int) and row_start is not None and least_width >= sw - 1
 
 
 def _row_to_its_end(slots, source: tuple, dest: str, dest_off, at: list, sizes: list, w, pl: int, sw: int, wq,
