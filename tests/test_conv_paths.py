@@ -304,6 +304,23 @@ def test_gemm_whose_weights_outgrow_l2(m, k, n, executor):
     assert prefetches == (5 < m < 600)
 
 
+
+@pytest.mark.parametrize("target", X86_TARGETS)
+def test_a_1x1_conv_over_planes_past_l2_prefetches_them(target, executor):
+    """A projection to few channels reads, at each k step, a line of another input plane: past
+    L2 its micro-kernel prefetches the lines of a panel a few ahead (here past the input's end
+    from its last panels: 47 x 48 pixels end in a partial panel); within L2 it does not."""
+    from modelkiln.codegen_worker.llvm_emit import PREFETCH_B_BYTES, kernel_to_llvm_ir
+    from modelkiln.ir.loop import Gemm
+    from modelkiln.orchestrator.target import parse_target
+    t = parse_target(target)
+    for xshape, prefetches in (((1, 96, 47, 48), True), ((1, 96, 20, 20), False)):
+        result = build_and_compare_for(_conv_model("Conv", xshape, (24, 96, 1, 1), {}), executor, target)
+        [call] = result.lowered.calls
+        [gemm] = [s for s in kernel_statements(call.kernel.body) if isinstance(s, Gemm)]
+        assert gemm.b_sk and (gemm.k * gemm.n * 4 > PREFETCH_B_BYTES) == prefetches
+        assert ("@llvm.prefetch" in kernel_to_llvm_ir(call.kernel, "k", t.triple, t.cpu, t.features)) == prefetches
+
 def test_a_7x7_depthwise_window_runs_in_passes(executor):
     """49 weights do not fit the registers with the row's taps: the window runs as passes of
     at most 21 weights over each output row (3 + 3 + 1 window rows), summing into a row of
