@@ -244,9 +244,10 @@ PREFETCH_IN_PLACE_PANELS_AHEAD = 4
 
 
 def streams_b_in_place(g: Gemm) -> bool:
-    """Whether the micro-kernel prefetches B read in place (see PREFETCH_IN_PLACE_PANELS_AHEAD)."""
-    return (g.in_place_b and isinstance(g.n, int) and g.n > g.nr and g.k * g.n * 4 > PREFETCH_B_BYTES
-            and _row_blocks(g) <= PREFETCH_MAX_ROW_BLOCKS)
+    """Whether the micro-kernel prefetches B read in place (see PREFETCH_IN_PLACE_PANELS_AHEAD):
+    over sizes known at run time, where B at its bound would."""
+    n = g.n if isinstance(g.n, int) else g.n_bound
+    return g.in_place_b and n > g.nr and g.k * n * 4 > PREFETCH_B_BYTES and _row_blocks(g) <= PREFETCH_MAX_ROW_BLOCKS
 
 
 # A register tile needs this many accumulators (FMA latency 4 x 2 FMA ports) for its k loop

@@ -242,7 +242,8 @@ class Gemm(Stmt):
     B is packed in panels of `nr` columns: Bp[p][k][j] = B[k][p*nr + j], zero past N; or,
     with `b_sk` (float32 only), read in place: B[k][n] = B_buf[b_off + k*b_sk + n] (a 1x1
     conv's input, pixels contiguous), the last partial panel through masked loads (over
-    sizes known at run time, n and b_sk are expressions, split "n", m static); or with
+    sizes known at run time, n and b_sk are expressions, split "n", m static, and `n_bound`
+    is n's greatest value: what the codegen sizes its choices by); or with
     `b_ktab` (an i64 buffer, float32 only) read in place at B_buf[b_off + b_ktab[k] + n] (a
     conv with few output channels: its weights are A, an input row is B). The
     codegen computes register tiles of `mr` x `nr`, then runs `epilogue` once per element of
@@ -296,6 +297,7 @@ class Gemm(Stmt):
     a_mtab: str = ""
     a_rows: int = 0
     a_kspan: str = ""
+    n_bound: int = 0
 
     @property
     def in_place_b(self) -> bool:

@@ -196,6 +196,8 @@ class _Checker:
                                    "run-time, split n, a static m")
             elif s.b_sk and (s.kind != "f32" or s.b_sk < 0):
                 raise _Problem(f"{s.kind} gemm reads B in place with row stride {s.b_sk}")
+            if s.n_bound < 0 or s.n_bound and not isinstance(s.n, Expr):
+                raise _Problem(f"gemm of {s.n} columns bounded by {s.n_bound}: a bound is for a run-time n only")
             if s.b_ktab and (s.kind != "f32" or s.b_sk
                              or self.buffers.get(s.b_ktab, Buffer("", "", 0)).dtype != "i64"):
                 raise _Problem(f"{s.kind} gemm reads B in place through {s.b_ktab!r}: float32, an i64 table, no b_sk")

@@ -655,6 +655,30 @@ def test_convs_over_run_time_image_sizes_on_each_x86_target(target, executor):
     run_or_inspect(result, run)
 
 
+@pytest.mark.parametrize("bound, prefetches", [(64, True), (16, False)])
+def test_a_pointwise_conv_over_run_time_sizes_prefetches_as_its_bound_would(bound, prefetches, executor):
+    """A 1x1 projection over run-time sizes reads its input planes in place as static sizes
+    do, and prefetches them where B at its bound (Gemm.n_bound) passes L2, as a build for the
+    bound would: at every size, small ones (fewer panels than the prefetch runs ahead) too."""
+    from modelkiln.codegen_worker.llvm_emit import PREFETCH_B_BYTES, kernel_to_llvm_ir
+    from modelkiln.ir.loop import Gemm
+    from modelkiln.orchestrator.target import parse_target
+    rng = np.random.default_rng(5)
+    w = numpy_helper.from_array((rng.standard_normal((24, 96, 1, 1)) * 0.1).astype(np.float32), "w")
+    graph = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["c"]), helper.make_node("Relu", ["c"], ["y"])],
+                              "g", [helper.make_tensor_value_info("x", F, [1, 96, "h", "w"])],
+                              [helper.make_tensor_value_info("y", F, None)], [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    result = build(model, dims={"h": (1, bound), "w": (1, bound)}, executor=executor, cache=None, progress=False)
+    [call] = result.lowered.calls
+    [gemm] = [s for s in kernel_statements(call.kernel.body) if isinstance(s, Gemm)]
+    assert gemm.b_sk and gemm.n_bound == bound * bound and (96 * bound * bound * 4 > PREFETCH_B_BYTES) == prefetches
+    t = parse_target("llvm")
+    assert ("@llvm.prefetch" in kernel_to_llvm_ir(call.kernel, "k", t.triple, t.cpu, t.features)) == prefetches
+    module = result.load(threads=2)
+    for h, w_ in [(bound, bound), (bound - 1, bound // 2 + 1), (5, 3), (1, 1)]:
+        _assert_like_onnxruntime(module, model, {"x": rng.standard_normal((1, 96, h, w_)).astype(np.float32)})
+
 @pytest.mark.parametrize("attrs", [
     {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]},
     {"kernel_shape": [3, 3], "strides": [2, 2], "ceil_mode": 1},

@@ -226,7 +226,7 @@ def deferred_panels(mats: np.ndarray, nr: int) -> DeferredArray:
 def gemm_stmt(b: KernelBuilder, a_buf, a_off, a_sm, a_sk, b_buf, b_off, m, n, k, epilogue_fn, a_ktab: str = "",
               kind: str = "f32", b_sk: int = 0, stores_along: str = "n", split: str = "", b_ktab: str = "",
               tile: tuple | None = None, b_words: bool = False, a_blocked: bool = False, a_mtab: str = "",
-              a_rows: int = 0, a_kspan: str = "") -> Gemm:
+              a_rows: int = 0, a_kspan: str = "", n_bound: int = 0) -> Gemm:
     """A Gemm statement; epilogue_fn(m_expr, n_expr, acc_expr) returns the epilogue statements.
     B must have been packed with the panel width b.tile(n) gives (or `tile`'s), or (b_sk, b_ktab)
     is read in place with that row stride or through that table of row offsets."""
@@ -245,7 +245,7 @@ def gemm_stmt(b: KernelBuilder, a_buf, a_off, a_sm, a_sk, b_buf, b_off, m, n, k,
     if a_blocked and (a_sm, a_sk) != (1, mr):
         raise InternalError(f"A blocked by {mr} rows is read with a_sm {a_sm}, a_sk {a_sk}")
     return Gemm(a_buf, a_off, a_sm, a_sk, b_buf, b_off, m, n, k, mr, nr, mv, nv, av, epi, a_ktab, kind,
-                split, b_sk, stores_along, b_ktab, b_words, k if a_blocked else 0, a_mtab, a_rows, a_kspan)
+                split, b_sk, stores_along, b_ktab, b_words, k if a_blocked else 0, a_mtab, a_rows, a_kspan, n_bound)
 
 
 def gemm_split(m: int, n: int, mr: int, nr: int) -> str:
@@ -575,9 +575,9 @@ def lower_pointwise(b: KernelBuilder, node: Node, store) -> tuple:
         return store([Var(bv), co] + ([nn] if b.conv_collapsed else unflatten(nn, out_sp)), value)
     x_off = mul(add(mul(Var(bv), cin), mul(Var(gv), cg)), pixels)
     if isinstance(pixels, Expr):  # (the pixels' panels divide among threads; the tile is the bounds')
-        tile = b.tile(math.prod(greatest(d) for d in out_dims))
+        most = math.prod(greatest(d) for d in out_dims)
         gemm = gemm_stmt(b, wparam, mul(Var(gv), cog * cg), cg, 1, xparam, x_off, cog, pixels, cg, epilogue,
-                         b_sk=pixels, tile=tile, split="n")
+                         b_sk=pixels, tile=b.tile(most), split="n", n_bound=most)
         return over_images(b, bv, xs[0], loop(gv, groups, (gemm,)), 0)
     if pointwise_packs_input(b.config.vector_width, cg, cog, pixels):
         packed_floats = -(-pixels // b.tile(pixels)[1]) * b.tile(pixels)[1] * cg
