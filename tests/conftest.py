@@ -79,6 +79,17 @@ def kernel_statements(body):
             yield from kernel_statements(getattr(s, part, ()) or ())
 
 
+def copies_rows_as_it_goes(kernel) -> bool:
+    """Whether some loop (over output rows) both copies input rows and computes an output row:
+    a window kernel copying into a ring of rows (ir/lower/planes.py, RING_MIN_PLANE_BYTES)."""
+    from modelkiln.ir.loop import Deinterleave, For
+    return any(isinstance(s, For) and any(isinstance(t, For) and any(isinstance(u, Deinterleave)
+                                                                      for u in kernel_statements(t.body))
+                                          for t in s.body)
+               and any(isinstance(t, For) and t.kind == "vector_masked" for t in s.body)
+               for s in kernel_statements(kernel.body))
+
+
 KILN_TEMP_PREFIX = "kiln-"  # every temp file and folder Kiln (and this suite) makes is named so
 
 

@@ -10,7 +10,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from modelkiln.ir.loop import Deinterleave, TransposeBlock
 from modelkiln.orchestrator.api import build
-from tests.conftest import build_and_compare_for, kernel_statements
+from tests.conftest import build_and_compare_for, copies_rows_as_it_goes, kernel_statements
 from tests.isa import AVX512, X86_TARGETS, kernel_assembly, run_or_inspect
 from tests.model_zoo import onnxruntime_outputs
 
@@ -85,6 +85,11 @@ POOLS = {  # GoogLeNet's, Inception's and SqueezeNet's windows, and odd ones
     "3x2_s3x2_p1_ceil": ([1, 8, 20, 35], [3, 2], [3, 2], [1, 0, 1, 1], 1),
     "3x3_s3_d2_p2": ([1, 4, 23, 50], [3, 3], [3, 3], [2, 2, 2, 2], 0, {"dilations": [2, 2]}),
     "9x9_s2_p4": ([1, 4, 30, 37], [9, 9], [2, 2], [4, 4, 4, 4], 0),  # 81 taps: running sums or maxima
+    # planes past RING_MIN_PLANE_BYTES: copied into a ring of the rows a window spans
+    "ring_3x3_s2_p1": ([1, 3, 130, 121], [3, 3], [2, 2], [1, 1, 1, 1], 0),
+    "ring_3x2_s3x2_p1_ceil": ([1, 2, 101, 298], [3, 2], [3, 2], [1, 0, 1, 1], 1),
+    "ring_3x3_s2_d2_ceil": ([1, 2, 90, 171], [3, 3], [2, 2], [0, 0, 0, 0], 1, {"dilations": [2, 2]}),
+    "ring_9x9_s2_p4": ([1, 2, 64, 200], [9, 9], [2, 2], [4, 4, 4, 4], 0),
 }
 
 
@@ -99,7 +104,8 @@ def test_a_pool_reads_no_element_by_gather(case, op, target, executor):
     in place, every other element, LLVM gathered them or ran scalar code. The max's tree of
     taps is bound value by value (nested, it grew fivefold per level: a 3x3 window's kernel
     was 4.6 MB of IR). Matches onnxruntime, padding counted or not, ceil_mode windows past
-    the padding."""
+    the padding. A strided pool's plane past L1 is copied into a ring of the rows its window
+    spans, each output row's new rows just before it."""
     shape, kernel, strides, pads, ceil_mode, *extra = POOLS[case]
     attrs = dict(extra[0]) if extra else {}
     if op == "AveragePool" and case in ("3x3_s1_p1", "3x2_s3x2_p1_ceil"):
@@ -109,6 +115,7 @@ def test_a_pool_reads_no_element_by_gather(case, op, target, executor):
     body = result.lowered.calls[0].kernel.body
     assert len(repr(body)) < 1_000_000  # (a 5x3 window's is 0.2 MB)
     assert any(isinstance(s, Deinterleave) for s in kernel_statements(body)) == (strides[-1] > 1)
+    assert copies_rows_as_it_goes(result.lowered.calls[0].kernel) == case.startswith("ring")
     assert not re.search(r"vgather|vscatter", kernel_assembly(result))
 
 

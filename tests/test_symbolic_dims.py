@@ -19,7 +19,7 @@ from modelkiln.artifacts.errors import KilnError
 from modelkiln.ir.graph import UnsupportedError
 from modelkiln.orchestrator.api import build
 from tests import dynamic_zoo, model_zoo
-from tests.conftest import kernel_statements
+from tests.conftest import copies_rows_as_it_goes, kernel_statements
 from tests.isa import X86_TARGETS, run_or_inspect
 
 F = TensorProto.FLOAT
@@ -687,13 +687,16 @@ def test_a_pointwise_conv_over_run_time_sizes_prefetches_as_its_bound_would(boun
 def test_a_strided_max_pool_over_run_time_sizes(attrs, executor):
     """A strided max pool over run-time sizes copies its planes with a border split by
     column phase, as over static sizes (the copy's rows and slots expressions of the sizes,
-    a ceil_mode window's last taps included): exactly onnxruntime's maxima."""
+    a ceil_mode window's last taps included), into a ring of rows where a call's plane is past
+    L1 (the kernel holds both): exactly onnxruntime's maxima."""
     graph = helper.make_graph([helper.make_node("MaxPool", ["x"], ["y"], **attrs)], "g",
                               [helper.make_tensor_value_info("x", F, [1, 8, "h", "w"])],
                               [helper.make_tensor_value_info("y", F, None)])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
-    module = build(model, dims={"h": (5, 100), "w": (5, 100)}, executor=executor, cache=None, progress=False).load()
-    for h, w in ((5, 5), (7, 9), (100, 100), (6, 99), (33, 8)):
+    result = build(model, dims={"h": (5, 200), "w": (5, 200)}, executor=executor, cache=None, progress=False)
+    assert copies_rows_as_it_goes(result.lowered.calls[0].kernel)
+    module = result.load()
+    for h, w in ((5, 5), (7, 9), (100, 100), (6, 99), (33, 8), (200, 187), (151, 200)):
         feeds = {"x": np.random.default_rng(h * w).standard_normal((1, 8, h, w)).astype(np.float32)}
         want = model_zoo.onnxruntime_outputs(model, feeds)["y"]
         got = module.run(feeds)["y"]
@@ -769,16 +772,6 @@ def _depthwise_branches(channels: int = 3) -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
-def _copies_rows_as_it_goes(kernel) -> bool:
-    """Whether some loop (over output rows) both copies input rows and computes an output row."""
-    from modelkiln.ir.loop import Deinterleave, For
-    return any(isinstance(s, For) and any(isinstance(t, For) and any(isinstance(u, Deinterleave)
-                                                                      for u in kernel_statements(t.body))
-                                          for t in s.body)
-               and any(isinstance(t, For) and t.kind == "vector_masked" for t in s.body)
-               for s in kernel_statements(kernel.body))
-
-
 @pytest.mark.parametrize("dims", [None, {"h": (8, 200), "w": (8, 200)}])
 def test_a_depthwise_conv_past_l1_copies_a_ring_of_rows(dims, executor):
     """A depthwise conv whose bordered copy of a plane passes 48 KB copies into a ring
@@ -798,7 +791,7 @@ def test_a_depthwise_conv_past_l1_copies_a_ring_of_rows(dims, executor):
         builds = [(build(model, dims=dims, executor=executor, cache=None, progress=False),
                    [(120, 130), (20, 33), (97, 101), (8, 8), (200, 199)], True)]
     for result, sizes, ring in builds:
-        assert any(_copies_rows_as_it_goes(c.kernel) for c in result.lowered.calls) == ring
+        assert any(copies_rows_as_it_goes(c.kernel) for c in result.lowered.calls) == ring
         module = result.load(threads=2)
         for h, w in sizes:
             feeds = {"x": np.random.default_rng(h + w).standard_normal((1, 3, h, w)).astype(np.float32)}

@@ -26,7 +26,7 @@ from ..loop import (GEMM_SPLITS, Assign, Const, Expr, For, Gemm, If, Let, Load, 
 from ..schedule import CODEGEN_OPTIONS, PANEL_CHUNK_KIB
 from ..symbolic import greatest, least
 from .builder import KernelBuilder, broadcast_index
-from .planes import padded_copy, phase_split_copy, phase_split_row
+from .planes import padded_copy, phase_split_copy, phase_split_row, ring_when, rows_through_a_ring
 
 
 COL_CHUNK_FLOATS = 96 * 1024  # 384 KiB of im2col per GEMM: L2-resident on current x86 cores
@@ -85,14 +85,6 @@ def pointwise_packs_input(vector_width: int, channels_in: int, channels_out: int
 # On AVX2 (16 registers) too: passes of 9-14 weights took MobileNetV3 from 3.15 to 3.25 ms.
 DEPTHWISE_ONE_PASS_WEIGHTS = 25
 DEPTHWISE_PASS_WEIGHTS = 21
-# A depthwise conv whose bordered copy of a channel's plane takes at least this many bytes
-# copies into a ring of the last few padded rows instead, each output row's new rows just
-# before it. Measured against the whole plane (static sizes, 1 thread, 3x3 stride 2): 96 x
-# 256 x 256 0.35x its time, 96 x 160 x 160 0.59x, 64 x 128 x 128 (67 KB) 0.86x, 96 x 112 x
-# 112 (52 KB) 0.96x, but 32 x 80 x 80 (27 KB) 1.10x and 576 x 14 x 14 2.8x: a plane within L1
-# copies faster whole, its rows' loops unrolled. Stride 1: 32 x 256 x 256 0.86x, 144 x 128 x
-# 128 0.87x, 96 x 112 x 112 0.78x, 32 x 160 x 160 1.01x.
-RING_MIN_PLANE_BYTES = 48 * 1024
 # A conv with at most a vector of output channels, weights as rows: blocks of 8 channels by
 # two vectors of an input row's pixels (16 accumulators; 16 rows would need more registers
 # than AVX-512 has).
@@ -674,14 +666,8 @@ def lower_depthwise(b: KernelBuilder, node: Node, store, value=lambda v: v, weig
     # A copy of a plane past L1 keeps a ring of the channel's last `ring` padded rows instead,
     # each output row's new input rows copied just before it (see below).
     ring = (kh - 1) * dh + 1 if mult == 1 else 0
-    plane_bytes = mul(mul(hp, sw * 4), wq)
-    if not ring or hp_bound * sw * wq_bound * 4 < RING_MIN_PLANE_BYTES:
-        ring_when = False
-    elif isinstance(plane_bytes, int):
-        ring_when = True
-    else:  # (over run-time sizes, decided by each call's)
-        ring_when = cmp("ge", plane_bytes, Const(RING_MIN_PLANE_BYTES))
-    copy_floats = cin * (ring if ring_when is True else hp_bound) * sw * wq_bound
+    in_ring = ring_when(ring, mul(mul(hp, sw * 4), wq), hp_bound * sw * wq_bound * 4)
+    copy_floats = cin * (ring if in_ring is True else hp_bound) * sw * wq_bound
     partial_floats = cout * greatest(ow_dim)
     # (images on threads of their own: a slice of the copy and of the partial sums each)
     limit = bordered_copies_limit(b, x_name)
@@ -695,7 +681,7 @@ def lower_depthwise(b: KernelBuilder, node: Node, store, value=lambda v: v, weig
     def read(c, i, j):
         return value(Load(xparam, add(row_start(c, i)[1], j)))
     plain = not weights and dtype(b.type(x_name).dtype).storage == "f32"  # (not ConvInteger's bytes)
-    if ring_when is True:  # (no whole planes: the channel loop only)
+    if in_ring is True:  # (no whole planes: the channel loop only)
         pad_copy = For(b.fresh("c"), cin, ())
     elif sw == 1:
         pad_copy = padded_copy(b, xparam, mul(Var(bv), cin * h * w_), cin, [h, w_], [pt, pl, pb, pr], xp, value,
@@ -703,7 +689,7 @@ def lower_depthwise(b: KernelBuilder, node: Node, store, value=lambda v: v, weig
     else:
         pad_copy = phase_split_copy(b, read, cin, h, w_, pt, pl, sw, hp, wq, xp, row_start if plain else None,
                                     dest_off=xp_off, least_width=least(w_dim))
-    if ring_when is not False:
+    if in_ring is not False:
         c, i = pad_copy.var, b.fresh("y")
         row_in, inside, border_row = phase_split_row(
             b, read, c, i, rem(Var(i), ring), ring, cin, h, w_, pt, pl, sw, wq, xp, row_start if plain else None,
@@ -759,13 +745,7 @@ def lower_depthwise(b: KernelBuilder, node: Node, store, value=lambda v: v, weig
                          "vector_masked"))
         if not ring:
             return (For(r, oh, tuple(steps)),)
-        # Before output row r, the padded rows its window reaches that no earlier row did: the
-        # first ring - fresh before row 0, then fresh = min(sh, ring) a row. A ring of a few rows
-        # stays in L1, where a whole plane's copy went to L2 and back (MobileNetV2's 96-channel
-        # stride-2 conv at 512 x 512: 3.23 -> 1.12 ms, its copy having taken most of it).
-        fresh, k = min(sh, ring), b.fresh("k")
-        steps.insert(0, For(k, fresh, (Let(i, add(mul(Var(r), sh), add(Var(k), ring - fresh))), *copy_row)))
-        return For(k, ring - fresh, (Let(i, Var(k)), *copy_row)), For(r, oh, tuple(steps))
+        return rows_through_a_ring(b, copy_row, i, r, oh, sh, ring, tuple(steps))
     # Each channel is computed right after its padded copy is written, while that plane is
     # still in L1, rather than after every plane's copy (1.3 MB for a 96x56x56 input, past
     # L2); one parallel phase instead of two.
@@ -774,10 +754,10 @@ def lower_depthwise(b: KernelBuilder, node: Node, store, value=lambda v: v, weig
     def channel(ring: int) -> tuple:
         per_output = For(m, mult, (Let(co, add(mul(Var(c), mult), Var(m))), *output_rows(ring)))
         return (per_output,) if ring else (*pad_copy.body, per_output)
-    if ring_when is True or ring_when is False:
-        body = channel(ring if ring_when else 0)
+    if in_ring is True or in_ring is False:
+        body = channel(ring if in_ring else 0)
     else:
-        body = (If(ring_when, channel(ring), channel(0)),)
+        body = (If(in_ring, channel(ring), channel(0)),)
     image = (For(c, cin, body, parallel=True),)
     return over_images(b, bv, batch_dim, image, copy_floats + partial_floats, limit)
 

@@ -5,7 +5,8 @@ identity, or zero) split by column phase, then computes the plane's outputs from
 while it is in L1: every tap of a row of outputs is then one contiguous run, so a row is
 whole vectors with no bounds checks (read in place, a stride-2 row is every other element,
 which LLVM gathered or ran as scalar code); so does a max pool over sizes known only at run
-time, its copy planned at the bounds. Other pools (stride 1, where the copy cost more than it
+time, its copy planned at the bounds. A plane past L1 is copied into a ring of the rows a
+window spans instead, as a depthwise conv's is (planes.RING_MIN_PLANE_BYTES). Other pools (stride 1, where the copy cost more than it
 saved; 1-D and 3-D; float64; an average over run-time sizes) read the input in place,
 checking the taps of the windows at the border.
 """
@@ -18,12 +19,12 @@ import numpy as np
 
 from ..dtypes import dtype
 from ..graph import Node
-from ..loop import (FLOAT_TYPES, Assign, Const, Expr, For, Let, Load, Local, Var, add, cmp, fbin, flat_index, lowest,
-                    mul, select, sub)
+from ..loop import (FLOAT_TYPES, Assign, Const, Expr, For, If, Let, Load, Local, Var, add, cmp, fbin, flat_index,
+                    lowest, mul, rem, select, sub)
 from ..symbolic import greatest, least
 from .builder import KernelBuilder
 from .gemm import bordered_copies_limit, image_workspace, images_in_parallel, over_images
-from .planes import phase_split_copy, size_max
+from .planes import phase_split_copy, phase_split_row, ring_when, rows_through_a_ring, size_max
 from .reduce import literal
 
 MAX_TREE_TAPS = 64  # max pooling windows up to this size compute their maximum as a tree
@@ -66,7 +67,11 @@ def _lower_pool_on_planes(b: KernelBuilder, node: Node, store, is_max: bool) -> 
     hp, wq = padded(h, w, oh, ow)
     dims = [b.type(x_name).shape[2:], b.type(node.outputs[0]).shape[2:]]
     hp_bound, wq_bound = padded(*(greatest(d) for d in dims[0]), *(greatest(d) for d in dims[1]))
-    plane_floats = channels * hp_bound * sw * wq_bound
+    # A plane past L1 is copied into a ring of the rows a window spans, as the depthwise conv's
+    # (planes.RING_MIN_PLANE_BYTES).
+    ring = (kh - 1) * dh + 1
+    in_ring = ring_when(ring, mul(mul(hp, sw * 4), wq), hp_bound * sw * wq_bound * 4)
+    plane_floats = channels * (ring if in_ring is True else hp_bound) * sw * wq_bound
     # (images on threads of their own: a slice of the copy each)
     limit = bordered_copies_limit(b, x_name)
     batch = b.type(x_name).shape[0]
@@ -82,43 +87,59 @@ def _lower_pool_on_planes(b: KernelBuilder, node: Node, store, is_max: bool) -> 
     def row_start(c, i):
         return b.in_param(x_name), flat_index([Var(bv), c, i, Const(0)], storage)
     plain = not inline and dtype(b.type(x_name).dtype).storage == "f32"
-    copy = phase_split_copy(b, read, channels, h, w, pt, pl, sw, hp, wq, planes, row_start if plain else None,
-                            literal(lowest("f32")) if is_max else _f(0), planes_off, least(dims[0][1]))
-    c, r, q = copy.var, b.fresh("r"), b.fresh("q")
-    stmts = []
+    border = literal(lowest("f32")) if is_max else _f(0)
+    if in_ring is True:  # (no whole planes: the channel loop only)
+        copy, c = None, b.fresh("c")
+    else:
+        copy = phase_split_copy(b, read, channels, h, w, pt, pl, sw, hp, wq, planes, row_start if plain else None,
+                                border, planes_off, least(dims[0][1]))
+        c = copy.var
+    r, q = b.fresh("r"), b.fresh("q")
 
-    def bound(value):
-        stmts.append(Let(b.fresh("m"), value))
-        return Var(stmts[-1].var, "f32")
+    def output_row(ring: int) -> For:
+        """Output row r of channel c, from its whole copied plane or (ring > 0) a ring of rows."""
+        stmts = []
 
-    def tap(u: int, v: int):
-        kx = v * dw
-        return Load(planes, add(planes_off, flat_index([Var(c), add(mul(Var(r), sh), u * dh), Const(kx % sw),
-                                                        add(Var(q), kx // sw)], [channels, hp, sw, wq])))
-    if kh * kw <= MAX_TREE_TAPS:  # every tap loaded once, combined as a balanced tree
-        taps = [bound(tap(u, v)) for u in range(kh) for v in range(kw)]
-        value = _tap_maximum(taps, "f32", bound) if is_max else _balanced(taps, lambda x, y: fbin("add", x, y), bound)
-    else:  # one accumulator per window row: kh short chains instead of one long one
-        parts = []
-        for u in range(kh):
-            acc = b.fresh("acc")
-            stmts.append(Local(acc, "f32", literal(lowest("f32")) if is_max else _f(0)))
-            for v in range(kw):
-                stmts.append(Assign(acc, _sticky_max(Var(acc, "f32"), tap(u, v)) if is_max else
-                                    fbin("add", Var(acc, "f32"), tap(u, v))))
-            parts.append(Var(acc, "f32"))
-        value = _balanced(parts, (lambda x, y: _sticky_max(x, y)) if is_max else (lambda x, y: fbin("add", x, y)),
-                          bound)
-    if not is_max:
-        include_pad = bool(a.get("count_include_pad", 0))
-        counts = np.outer(_tap_counts(oh, h, kh, sh, dh, pt, pb, include_pad),
-                          _tap_counts(ow, w, kw, sw, dw, pl, pr, include_pad)).astype(np.float32)
-        divisor = _f(counts.flat[0]) if counts.min() == counts.max() else \
-            Load(b.constant_param("pool_counts", counts), add(mul(Var(r), ow), Var(q)))
-        value = fbin("div", value, divisor)
-    row = For(q, ow, (*stmts, *store([Var(bv), Var(c), Var(r), Var(q)], value)), "vector_masked")
+        def bound(value):
+            stmts.append(Let(b.fresh("m"), value))
+            return Var(stmts[-1].var, "f32")
+
+        def tap(u: int, v: int):
+            kx, row = v * dw, add(mul(Var(r), sh), u * dh)
+            return Load(planes, add(planes_off, flat_index([Var(c), rem(row, ring) if ring else row, Const(kx % sw),
+                                                            add(Var(q), kx // sw)], [channels, ring or hp, sw, wq])))
+        if kh * kw <= MAX_TREE_TAPS:  # every tap loaded once, combined as a balanced tree
+            taps = [bound(tap(u, v)) for u in range(kh) for v in range(kw)]
+            value = _tap_maximum(taps, "f32", bound) if is_max else _balanced(taps, lambda x, y: fbin("add", x, y), bound)
+        else:  # one accumulator per window row: kh short chains instead of one long one
+            parts = []
+            for u in range(kh):
+                acc = b.fresh("acc")
+                stmts.append(Local(acc, "f32", literal(lowest("f32")) if is_max else _f(0)))
+                for v in range(kw):
+                    stmts.append(Assign(acc, _sticky_max(Var(acc, "f32"), tap(u, v)) if is_max else
+                                        fbin("add", Var(acc, "f32"), tap(u, v))))
+                parts.append(Var(acc, "f32"))
+            value = _balanced(parts, (lambda x, y: _sticky_max(x, y)) if is_max else (lambda x, y: fbin("add", x, y)),
+                              bound)
+        if not is_max:
+            include_pad = bool(a.get("count_include_pad", 0))
+            counts = np.outer(_tap_counts(oh, h, kh, sh, dh, pt, pb, include_pad),
+                              _tap_counts(ow, w, kw, sw, dw, pl, pr, include_pad)).astype(np.float32)
+            divisor = _f(counts.flat[0]) if counts.min() == counts.max() else \
+                Load(b.constant_param("pool_counts", counts), add(mul(Var(r), ow), Var(q)))
+            value = fbin("div", value, divisor)
+        return For(q, ow, (*stmts, *store([Var(bv), Var(c), Var(r), Var(q)], value)), "vector_masked")
+    if in_ring is not False:
+        i = b.fresh("y")
+        row_in, inside, border_row = phase_split_row(b, read, c, i, rem(Var(i), ring), ring, channels, h, w, pt, pl,
+                                                     sw, wq, planes, row_start if plain else None, border, planes_off,
+                                                     least(dims[0][1]))
+        in_rows = rows_through_a_ring(b, (If(row_in, inside, border_row),), i, r, oh, sh, ring, (output_row(ring),))
     # Each plane's outputs are computed right after its copy, while the copy is in L1.
-    image = (For(c, channels, (*copy.body, For(r, oh, (row,))), parallel=True),)
+    whole = () if copy is None else (*copy.body, For(r, oh, (output_row(0),)))
+    body = whole if in_ring is False else in_rows if in_ring is True else (If(in_ring, in_rows, whole),)
+    image = (For(c, channels, body, parallel=True),)
     return over_images(b, bv, batch, image, plane_floats, limit)
 
 
