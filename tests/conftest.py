@@ -80,13 +80,18 @@ def kernel_statements(body):
 
 
 def copies_rows_as_it_goes(kernel) -> bool:
-    """Whether some loop (over output rows) both copies input rows and computes an output row:
-    a window kernel copying into a ring of rows (ir/lower/planes.py, RING_MIN_PLANE_BYTES)."""
-    from modelkiln.ir.loop import Deinterleave, For
-    return any(isinstance(s, For) and any(isinstance(t, For) and any(isinstance(u, Deinterleave)
-                                                                      for u in kernel_statements(t.body))
-                                          for t in s.body)
-               and any(isinstance(t, For) and t.kind == "vector_masked" for t in s.body)
+    """Whether some loop (over output rows) both copies input rows (a loop that stores, not an
+    output row's) and computes an output row (a `vector_masked` loop): a window kernel copying
+    into a ring of rows (ir/lower/planes.py, RING_MIN_PLANE_BYTES)."""
+    from modelkiln.ir.loop import Deinterleave, For, Store
+
+    def output_row(t) -> bool:
+        return isinstance(t, For) and t.kind == "vector_masked"
+
+    def copies(t) -> bool:
+        return isinstance(t, For) and not output_row(t) and any(
+            isinstance(u, (Store, Deinterleave)) for u in kernel_statements(t.body))
+    return any(isinstance(s, For) and any(copies(t) for t in s.body) and any(output_row(t) for t in s.body)
                for s in kernel_statements(kernel.body))
 
 

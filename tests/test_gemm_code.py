@@ -120,11 +120,13 @@ def test_a_pool_reads_no_element_by_gather(case, op, target, executor):
 
 
 @pytest.mark.parametrize("target", X86_TARGETS)
-def test_a_strided_pool_copies_what_its_group_computes(target, executor):
+@pytest.mark.parametrize("size", [21, 131])
+def test_a_strided_pool_copies_what_its_group_computes(size, target, executor):
     """A strided pool's bordered copy reads its input through the group: float16 storage
     (widened as it is copied) and a producer fused into the pool's kernel (Cast, Relu), with
-    an epilogue after it. Matches onnxruntime."""
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT16, [2, 8, 21, 21])
+    an epilogue after it; into whole planes, or (131 x 131) a ring of rows. Matches
+    onnxruntime."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT16, [2, 8, size, size])
     nodes = [helper.make_node("Cast", ["x"], ["c"], to=TensorProto.FLOAT), helper.make_node("Relu", ["c"], ["r"]),
              helper.make_node("MaxPool", ["r"], ["p"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),
              helper.make_node("Sigmoid", ["p"], ["y"]),
@@ -134,6 +136,7 @@ def test_a_strided_pool_copies_what_its_group_computes(target, executor):
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)], ir_version=9)
     result = build_and_compare_for(model, executor, target)
     assert sorted(len(c.ops) for c in result.lowered.calls) == [1, 4]  # (the max's group: Cast, Relu, MaxPool, Sigmoid)
+    assert all(copies_rows_as_it_goes(c.kernel) == (size > 100) for c in result.lowered.calls)
 
 
 def _conv_with_activation(activation: str, kernel: int = 1, size: int = 16):

@@ -6,9 +6,9 @@ while it is in L1: every tap of a row of outputs is then one contiguous run, so 
 whole vectors with no bounds checks (read in place, a stride-2 row is every other element,
 which LLVM gathered or ran as scalar code); so does a max pool over sizes known only at run
 time, its copy planned at the bounds. A plane past L1 is copied into a ring of the rows a
-window spans instead, as a depthwise conv's is (planes.RING_MIN_PLANE_BYTES). Other pools (stride 1, where the copy cost more than it
-saved; 1-D and 3-D; float64; an average over run-time sizes) read the input in place,
-checking the taps of the windows at the border.
+window spans instead, as a depthwise conv's is (planes.RING_MIN_PLANE_BYTES). Other pools
+(stride 1, where the copy cost more than it saved; 1-D and 3-D; float64; an average over
+run-time sizes) read the input in place, checking the taps of the windows at the border.
 """
 from __future__ import annotations
 
@@ -110,7 +110,8 @@ def _lower_pool_on_planes(b: KernelBuilder, node: Node, store, is_max: bool) -> 
                                                             add(Var(q), kx // sw)], [channels, ring or hp, sw, wq])))
         if kh * kw <= MAX_TREE_TAPS:  # every tap loaded once, combined as a balanced tree
             taps = [bound(tap(u, v)) for u in range(kh) for v in range(kw)]
-            value = _tap_maximum(taps, "f32", bound) if is_max else _balanced(taps, lambda x, y: fbin("add", x, y), bound)
+            value = _tap_maximum(taps, "f32", bound) if is_max else \
+                _balanced(taps, lambda x, y: fbin("add", x, y), bound)
         else:  # one accumulator per window row: kh short chains instead of one long one
             parts = []
             for u in range(kh):
