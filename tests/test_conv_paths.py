@@ -304,7 +304,6 @@ def test_gemm_whose_weights_outgrow_l2(m, k, n, executor):
     assert prefetches == (5 < m < 600)
 
 
-
 @pytest.mark.parametrize("target", X86_TARGETS)
 def test_a_1x1_conv_over_planes_past_l2_prefetches_them(target, executor):
     """A projection to few channels reads, at each k step, a line of another input plane: past
@@ -320,6 +319,7 @@ def test_a_1x1_conv_over_planes_past_l2_prefetches_them(target, executor):
         [gemm] = [s for s in kernel_statements(call.kernel.body) if isinstance(s, Gemm)]
         assert gemm.b_sk and (gemm.k * gemm.n * 4 > PREFETCH_B_BYTES) == prefetches
         assert ("@llvm.prefetch" in kernel_to_llvm_ir(call.kernel, "k", t.triple, t.cpu, t.features)) == prefetches
+
 
 def test_a_7x7_depthwise_window_runs_in_passes(executor):
     """49 weights do not fit the registers with the row's taps: the window runs as passes of

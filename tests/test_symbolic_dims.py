@@ -679,6 +679,7 @@ def test_a_pointwise_conv_over_run_time_sizes_prefetches_as_its_bound_would(boun
     for h, w_ in [(bound, bound), (bound - 1, bound // 2 + 1), (5, 3), (1, 1)]:
         _assert_like_onnxruntime(module, model, {"x": rng.standard_normal((1, 96, h, w_)).astype(np.float32)})
 
+
 @pytest.mark.parametrize("attrs", [
     {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]},
     {"kernel_shape": [3, 3], "strides": [2, 2], "ceil_mode": 1},
