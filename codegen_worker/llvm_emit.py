@@ -597,8 +597,8 @@ class FunctionEmitter:
                     self.loop(s.var, 0, lambda: self.stmts(s.body), "run_time_tail", lo=whole, hi=end)
                 if s.kind == "vector_masked" and self.vw >= 16:
                     self.when(self.int_op("icmp slt", end, PREDICATED_ROW_VECTORS * self.vw),
-                                 lambda: self.loop(s.var, 0, lambda: self.stmts(s.body), "run_time_tail", lo="0", hi=end),
-                                 whole_then_tail)
+                              lambda: self.loop(s.var, 0, lambda: self.stmts(s.body), "run_time_tail", lo="0", hi=end),
+                              whole_then_tail)
                     return
                 whole_then_tail()
             else:  # (LLVM vectorizes a "vectorize" loop with a remainder where it can)
