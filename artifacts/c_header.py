@@ -109,15 +109,18 @@ def _tensors(kind: str, specs: list, symbols: list, derived: list) -> list[str]:
 
 _ENTRY_STATIC = [
     "int kiln_run(char* weights, char* arena, void** inputs, void** outputs);",
-    "/* kiln_run on `threads` threads (<= 0: kiln_num_threads()); any count gives the same bytes. */",
+    "/* kiln_run on `threads` threads (<= 0: kiln_num_threads()); any count gives the same bytes.",
+    " * Returns 0, or 5 before running anything where two of the buffers overlap: kernels write",
+    " * the outputs in place while the inputs are still read. */",
     "int kiln_run_threads(char* weights, char* arena, void** inputs, void** outputs, int threads);",
     "int kiln_run_profiled(char* weights, char* arena, void** inputs, void** outputs, double* times_ms,",
     "                      int threads);"]
 _ENTRY_DIMS = [
     "/* Run with the symbols' values in dims[] (inputs and outputs hold kiln_*_bytes_at(i, dims)",
     " * bytes each) on `threads` threads (<= 0: the default). Returns 0, or before running",
-    " * anything 2 (a symbol outside its bounds), 3 (sizes the model needs equal differ) or 4 (a",
-    " * KV cache's present longer than its capacity). */",
+    " * anything 2 (a symbol outside its bounds), 3 (sizes the model needs equal differ), 4 (a",
+    " * KV cache's present longer than its capacity) or 5 (two buffers overlap: kernels write the",
+    " * outputs in place while the inputs are still read; a KV cache's past may be its present). */",
     "int kiln_run_dims(char* weights, char* arena, void** inputs, void** outputs, const long long* dims,",
     "                  int threads);",
     "int kiln_run_dims_profiled(char* weights, char* arena, void** inputs, void** outputs, const long long* dims,",
@@ -131,7 +134,7 @@ def model_header(m: Manifest) -> str:
              " *                                                      file is not KILN_WEIGHTS_BYTES long)",
              " *   char* arena = kiln_alloc_arena();",
              " *   void* inputs[KILN_NUM_INPUTS] = {...};   void* outputs[KILN_NUM_OUTPUTS] = {...};",
-             " *   kiln_run(weights, arena, inputs, outputs);   (0: done)",
+             " *   kiln_run(weights, arena, inputs, outputs);   (0: done; 5: buffers overlap)",
              " *",
              f" * Link with the library: cc prog.c -IBUNDLE BUNDLE/{m.library} -Wl,-rpath,BUNDLE",
              " * Inputs and outputs are dense row-major buffers of kiln_*_bytes[i] bytes. One arena per",

@@ -30,6 +30,7 @@ import numpy as np
 from modelkiln.artifacts.element_types import kind
 from modelkiln.ir.errors import KilnError
 from modelkiln.ir.ops import SUPPORTED_OPS
+from tests.fenced import FencedOutputs
 
 # Expected outputs are compared with the case's own tolerances, loosened to Kiln's
 # float32 contract (exp/erf are polynomial approximations, reductions reassociate).
@@ -139,11 +140,20 @@ def _build(model, executor, shapes=None, dims=None):
 
 
 def _check(module, inputs: dict, expected: list, case) -> str:
+    """'' if the module's outputs match, returned and written into the caller's arrays
+    (fenced: a kernel writing outside an output's bytes fails the case)."""
+    feeds = {s["name"]: inputs[s["name"]] for s in module.inputs}
+    names = [s["name"] for s in module.outputs]
     try:
-        outs = module.run({s["name"]: inputs[s["name"]] for s in module.inputs})
+        outs = module.run(feeds)
+        fenced = FencedOutputs(outs)
+        module.run(feeds, out=fenced.arrays)
     except KilnError as e:
         return f"run: {e}"
-    return _compare([outs[s["name"]] for s in module.outputs], [s["name"] for s in module.outputs], expected, case)
+    if trespassed := fenced.trespassed():
+        return f"outputs {trespassed}: bytes written outside the caller's array"
+    return _compare([outs[n] for n in names], names, expected, case) or \
+        _compare([fenced.arrays[n] for n in names], names, expected, case)
 
 
 def _compare(outputs: list, names: list, expected: list, case) -> str:

@@ -201,6 +201,8 @@ class KernelBuilder:
         """A loop nest over `shape`; body_fn(idx) returns the statements of one point. With
         `parallel`, the outermost loop may be divided across threads: the caller promises
         that points write only their own outputs."""
+        if any(isinstance(d, int) and d == 0 for d in shape):
+            return ()  # (no points: not one, as an extent of 1 would make it)
         vars_ = [self.fresh("i") for _ in shape]
         runs = [isinstance(d, Expr) or d > 1 for d in shape]  # (a run-time extent always loops)
         idx = [Var(v) if r else Const(0) for v, r in zip(vars_, runs)]
