@@ -101,7 +101,7 @@ int main(int argc, char** argv) {
     }
   }
   for (int i = 0; i < KILN_NUM_OUTPUTS; ++i) {
-    outputs[i] = malloc(out_bytes[i] ? out_bytes[i] : 1);
+    outputs[i] = aligned_alloc(64, (out_bytes[i] + 64) / 64 * 64);  /* (kernels store whole vectors there) */
     if (!outputs[i]) return 1;
   }
   printf("running on %d thread(s)\n", kiln_num_threads());
