@@ -16,6 +16,7 @@ from .errors import KilnError
 KILN_VERSION = "0.1.0"  # the one place: pyproject.toml reads it from here
 FORMAT_VERSION = 1  # of this file; bump when a field changes meaning
 ENTRY_ABI_VERSION = 2  # of kiln_run & co. in the library; the library reports its own
+OVERLAPPING_BUFFERS = 5  # what the entry returns, running nothing, where the caller's buffers overlap
 MANIFEST = "manifest.json"
 
 

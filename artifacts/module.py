@@ -19,7 +19,7 @@ from .element_types import kind, numpy_dtype
 from .errors import KilnError
 from .kv_cache import KVCache
 
-from .manifest import ENTRY_ABI_VERSION, KILN_VERSION, Manifest, dim_value
+from .manifest import ENTRY_ABI_VERSION, KILN_VERSION, OVERLAPPING_BUFFERS, Manifest, dim_value
 from .output_pool import OutputPool
 from .symbols import Symbols
 from .cpu_features import host_arch, missing_on_host
@@ -226,7 +226,6 @@ class Module:
         for i, ((name, _, _), a) in enumerate(zip(self._in_specs, arrays)):
             self._in_ptrs[i] = _address(shared[name]) if name in shared else _address(a)
         self._keep = None  # (the last call's inputs: buffers the pool may hand out again)
-        given = out is not None
         if out is None:  # (views of buffers the caller let go of, where outputs are large: artifacts/output_pool.py)
             out = {name: self._outputs.array(shape, dt) for name, dt, shape in out_specs if name not in shared}
         for i, (name, dt, shape) in enumerate(out_specs):
@@ -240,21 +239,21 @@ class Module:
                 raise KilnError(f"out['{name}']: expected a writable C-contiguous {dt} array of shape {shape}, "
                                 f"got {type(a).__name__ if not isinstance(a, np.ndarray) else f'{a.dtype} {a.shape}'}")
             self._out_ptrs[i] = _address(a)
-        if given:
-            self._check_disjoint(arrays, out, out_specs, shared)
         self._keep = arrays  # the pointers above must outlive the call
         return out
 
-    def _check_disjoint(self, arrays: list, out: dict, out_specs: list, shared: dict) -> None:
-        """The caller's output arrays share no memory with the inputs or each other: kernels
-        write outputs in place while inputs are still read (the entry would return 5)."""
-        named = [(f"input '{name}'", a) for (name, _, _), a in zip(self._in_specs, arrays) if name not in shared]
-        named += [(f"out['{name}']", out[name]) for name, _, _ in out_specs if name not in shared]
+    def _overlap_error(self, outs: dict) -> KilnError:
+        """The error for the entry's code 5: which of the caller's arrays share memory (kernels
+        write the outputs in place while the inputs are still read). A KV cache's past input
+        is its present's buffer by design."""
+        pasts = {c["past"] for c in self.manifest.caches}
+        named = [(f"input '{name}'", a) for (name, _, _), a in zip(self._in_specs, self._keep) if name not in pasts]
+        named += [(f"out['{name}']", a) for name, a in outs.items()]
         spans = sorted((_address(a), _address(a) + a.nbytes, what) for what, a in named if a.nbytes)
-        for (_, end, first), (start, _, second) in zip(spans, spans[1:]):
-            if start < end:
-                raise KilnError(f"{first} and {second} share memory: outputs are written while the inputs "
-                                "are read; pass separate arrays")
+        pairs = [(first, second) for (_, end, first), (start, _, second) in zip(spans, spans[1:]) if start < end]
+        first, second = pairs[0] if pairs else ("two arrays", "another")
+        return KilnError(f"{first} and {second} share memory: outputs are written while the inputs are read; "
+                         "pass separate arrays (nothing was run)")
 
     def _with_cache(self, inputs: dict, cache: KVCache, shared: dict) -> dict:
         """The inputs with each past input taken from the cache (its entries so far)."""
@@ -279,6 +278,8 @@ class Module:
             outs = self._bind(inputs, out, cache)
             rc = self._run(self._weights_ptr, self._arena_ptr, self._in_ptrs, self._out_ptrs,
                            *self._dims_arg(), self._threads)
+        if rc == OVERLAPPING_BUFFERS:
+            raise self._overlap_error(outs)
         if rc != 0:
             raise KilnError(f"model '{self.path}' returned error code {rc}")
         if cache is not None:

@@ -12,7 +12,7 @@ import tempfile
 from ..artifacts.c_header import HEADER, model_header
 from ..artifacts.link import entry_source, find_linker, link_key, link_shared
 from ..artifacts.errors import KilnError
-from ..artifacts.manifest import MANIFEST, Manifest, dim_c
+from ..artifacts.manifest import MANIFEST, OVERLAPPING_BUFFERS, Manifest, dim_c
 from ..artifacts.memory_plan import pack_constants, plan_arena
 from ..artifacts.store import TemporaryBlob
 
@@ -77,8 +77,9 @@ def _preconditions(lowered) -> list[tuple[str, int]]:
         [(f"outputs[{i}]", lowered.types[t]) for i, t in enumerate(lowered.outputs)]
     buffers = [(p, t) for p, t in buffers if t.nbytes != 0]
     if len(buffers) > 1:
-        out.append((f"kiln_disjoint({len(buffers)}, (void*[]){{{', '.join(p for p, _ in buffers)}}}, "
-                     f"(size_t[]){{{', '.join(str(_nbytes_c(t, symbols)) for _, t in buffers)}}})", 5))
+        starts, sizes = ", ".join(p for p, _ in buffers), ", ".join(str(_nbytes_c(t, symbols)) for _, t in buffers)
+        out.append((f"kiln_disjoint({len(buffers)}, (void*[]){{{starts}}}, (size_t[]){{{sizes}}})",
+                    OVERLAPPING_BUFFERS))
     return out
 
 
