@@ -26,6 +26,12 @@ CASES = {
                                                                       "dilations": [1, 2], "pads": [1, 2, 0, 2]}),
     # Rows narrower than a register tile (AVX-512's 14) are one shorter tile each: SqueezeNet's
     # 13x13 layers, Inception's 7x1 convs at 17x17 (tiles of 9 and 8 rows), ResNet's 7x7.
+    # More output channels as rows where the window holds few values (a stem's 3 x 3 x 3),
+    # or at most 8 channels; a column stride reads a copy split by column phase.
+    "rows_stem_stride2": ((1, 3, 67, 71), (32, 3, 3, 3), {"strides": [2, 2], "pads": [1, 1, 1, 1]}),
+    "rows_stride2_no_pad": ((2, 16, 40, 70), (8, 16, 3, 3), {"strides": [2, 2]}),
+    "rows_stride3_asymmetric": ((1, 5, 30, 100), (24, 5, 3, 3), {"strides": [1, 3], "pads": [0, 1, 2, 2]}),
+    "rows_stride2_grouped": ((1, 8, 20, 70), (8, 4, 3, 3), {"group": 2, "strides": [2, 2], "pads": [1, 1, 1, 1]}),
     "implicit_13_wide": ((1, 48, 13, 13), (64, 48, 3, 3), {"pads": [1, 1, 1, 1]}),
     "implicit_17_wide_7x1": ((1, 32, 17, 17), (128, 32, 7, 1), {"pads": [3, 0, 3, 0]}),
     "implicit_7x7_many_channels": ((1, 64, 7, 7), (128, 64, 3, 3), {"pads": [1, 1, 1, 1]}),
@@ -81,9 +87,10 @@ def _conv_model(op, xshape, wshape, attrs, runtime_weights=False, bias=True):
 # 16-lane targets only, where the weights as rows against two vectors of an input row fit
 # the registers).
 IN_PLACE_EVERYWHERE = {"pointwise": True, "pointwise_grouped": True, "pointwise_wide_k": False,
-                       "pointwise_few_pixels": False, "implicit_stride2_dilated": False,
-                       "implicit_same_upper": False}
-IN_PLACE_ON_16_LANES = {"implicit_few_channels", "implicit_few_channels_grouped", "implicit_3x3_pad"}
+                       "pointwise_few_pixels": False, "implicit_no_pad_7x7_s2": False}
+IN_PLACE_ON_16_LANES = {"implicit_few_channels", "implicit_few_channels_grouped", "implicit_3x3_pad",
+                        "implicit_stride2_dilated", "implicit_same_upper", "rows_stem_stride2", "rows_stride2_no_pad",
+                        "rows_stride3_asymmetric", "rows_stride2_grouped"}
 
 
 @pytest.mark.parametrize("target", X86_TARGETS)
@@ -121,8 +128,8 @@ WINDOW_ROWS_IN_THE_BORDER = {
     "resnet_7x7": ((1, 64, 7, 7), (96, 64, 3, 3), {"pads": [1, 1, 1, 1]}),
     "inception_7x1": ((1, 32, 17, 17), (64, 32, 7, 1), {"pads": [3, 0, 3, 0]}),
     "fcn_dilated_4": ((1, 16, 12, 12), (32, 16, 3, 3), {"pads": [4, 4, 4, 4], "dilations": [4, 4]}),
-    "stride2_asymmetric": ((1, 4, 64, 64), (8, 4, 3, 3), {"strides": [2, 2], "dilations": [2, 2],
-                                                          "pads": [2, 1, 0, 2]}),
+    "stride2_asymmetric": ((1, 16, 64, 64), (24, 16, 3, 3), {"strides": [2, 2], "dilations": [2, 2],
+                                                             "pads": [2, 1, 0, 2]}),
     "grouped": ((1, 32, 14, 14), (64, 8, 3, 3), {"group": 4, "pads": [1, 1, 1, 1]}),
     "conv3d_depth": ((1, 6, 4, 9, 9), (40, 6, 3, 3, 3), {"pads": [1, 1, 1, 1, 1, 1]}),
 }
@@ -431,3 +438,29 @@ def test_conv_to_a_single_pixel_with_an_epilogue(executor):
                               [numpy_helper.from_array(rng.standard_normal((24, 16, 3, 3)).astype(np.float32), "w"),
                                numpy_helper.from_array(rng.standard_normal((1, 24, 1, 1)).astype(np.float32), "k")])
     build_and_compare(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), executor)
+
+
+def test_a_float16_stem_reads_its_phase_split_copy_converted(executor):
+    """A float16 3 -> 32 stride-2 conv, weights as rows on AVX-512: the copy split by column
+    phase widens each element as it goes (no Deinterleave of float32 rows). Against
+    onnxruntime in float32 on the same float16 values where the host runs AVX-512."""
+    from modelkiln.ir.loop import Deinterleave, Gemm
+    from modelkiln.orchestrator.api import build
+    from onnxconverter_common import float16
+    from tests.isa import AVX512, run_or_inspect
+    model = _conv_model("Conv", (1, 3, 45, 77), (32, 3, 3, 3), {"strides": [2, 2], "pads": [1, 0, 1, 1]})
+    half = float16.convert_float_to_float16(model, keep_io_types=False)
+    result = build(half, target=AVX512, executor=executor, cache=None, progress=False)
+    statements = [s for c in result.lowered.calls for s in kernel_statements(c.kernel.body)]
+    assert [g.b_ktab != "" for g in statements if isinstance(g, Gemm)] == [True]
+    assert not any(isinstance(s, Deinterleave) for s in statements)
+
+    def run():
+        x = np.random.default_rng(3).standard_normal((1, 3, 45, 77)).astype(np.float16)
+        got = result.load().run({"x": x})["y"]
+        widened = {i.name: numpy_helper.to_array(i).astype(np.float32) for i in half.graph.initializer}
+        for init in model.graph.initializer:
+            init.CopyFrom(numpy_helper.from_array(widened[init.name], init.name))
+        want = model_zoo.onnxruntime_outputs(model, {"x": x.astype(np.float32)})["y"]
+        np.testing.assert_allclose(got.astype(np.float32), want, rtol=1e-2, atol=1e-2)
+    run_or_inspect(result, run)

@@ -4,7 +4,7 @@ Depthwise convs have one way (direct windows, over sizes known at run time too);
 over symbolic spatial sizes are pointwise (few input channels, 1x1) or an implicit GEMM
 through tables computed at run time; every other conv may be an implicit GEMM (the input
 read in place), an im2col GEMM, a 1x1 conv with the weights as the broadcast operand ("pointwise"), a conv of
-few output channels with the weights as rows ("weights_rows"), or for 3x3 stride-1 convs
+few output channels or a small window with the weights as rows ("weights_rows"), or for 3x3 stride-1 convs
 Winograd's F(2x2, 3x3) (never the rule: the tuner's to choose).
 """
 from __future__ import annotations
@@ -13,9 +13,10 @@ import math
 
 from ..graph import Node
 from .builder import KernelBuilder
-from .gemm import (IMPLICIT_WASTE_LIMIT, NARROW_CONV_TILE, POINTWISE_MAX_K, POINTWISE_MIN_PIXELS, conv_border_spans,
-                   implicit_over_plane, is_depthwise, lower_conv_gemm, lower_conv_symbolic, lower_depthwise,
-                   lower_pointwise, pointwise_packs_input, row_blocks_filled, rows_wide_enough, tiles_border_skip)
+from .gemm import (IMPLICIT_WASTE_LIMIT, NARROW_CONV_TILE, POINTWISE_MAX_K, POINTWISE_MIN_PIXELS, ROWS_MAX_K,
+                   conv_border_spans, implicit_over_plane, is_depthwise, lower_conv_gemm, lower_conv_symbolic,
+                   lower_depthwise, lower_pointwise, pointwise_packs_input, row_blocks_filled, rows_wide_enough,
+                   tiles_border_skip)
 from .winograd import lower_winograd, winograd_fits
 
 
@@ -73,19 +74,22 @@ def conv_paths(b: KernelBuilder, node: Node) -> tuple:
     # 28x28 2.71 -> 1.97; AVX-512's taller tiles within rows stay ahead of im2col, 1.93
     # against 2.03 and 1.86 against 2.16; a 3x3 stride-2 copies 9 values a pixel and stays).
     # (The rule's tile decides, whatever tile is tuned.)
-    mr = b.config.tile(cog)[0]
+    mr, kk = b.config.tile(cog)[0], math.prod(b.type(w_name).shape[1:])
     if implicit_over_plane(mr):
-        fill, kk = row_blocks_filled(math.prod(out_sp), mr), math.prod(b.type(w_name).shape[1:])
+        fill = row_blocks_filled(math.prod(out_sp), mr)
         skipped = tiles_border_skip(conv_border_spans(b, node), math.prod(out_sp[1:]), math.prod(out_sp), mr, kk)
         implicit = math.prod(kernel) > 1 and fill > 0 and (1 - fill - skipped) * cog <= IMPLICIT_WASTE_LIMIT
     else:
-        packed_b = cog * b.type(w_name).shape[1] * math.prod(kernel) * 4
-        implicit = rows_wide_enough(out_sp[-1], mr, cog, packed_b)
+        implicit = rows_wide_enough(out_sp[-1], mr, cog, cog * kk * 4)
     # With at most a vector of output channels, a tile of pixels x channels broadcasts one
     # input value per FMA; with the weights as rows against two vectors of an input row, one
-    # weight feeds two FMAs.
-    can_rows = (b.config.vector_width * 2 == NARROW_CONV_TILE[1] and cog <= b.config.vector_width
-                and strides[-1] == 1 and const_w)
-    rule = ("weights_rows" if can_rows and out_sp[-1] >= NARROW_CONV_TILE[1] else "implicit") if implicit else "im2col"
+    # weight feeds two FMAs. More channels take it where the window holds few values
+    # (ROWS_MAX_K). A column stride reads the input from a copy split by column phase (2-D
+    # convs), and takes it for at most 8 channels otherwise.
+    can_rows = (b.config.vector_width * 2 == NARROW_CONV_TILE[1] and const_w
+                and (strides[-1] == 1 or len(kernel) == 2))
+    few = cog <= NARROW_CONV_TILE[0] or cog <= b.config.vector_width and strides[-1] == 1
+    rows = can_rows and (few or kk <= ROWS_MAX_K) and out_sp[-1] >= NARROW_CONV_TILE[1]
+    rule = ("weights_rows" if rows else "implicit") if implicit else "im2col"
     return rule, ("implicit", "im2col") + (("weights_rows",) if can_rows else ()) + \
         (("winograd",) if winograd_fits(b, node) else ())

@@ -89,6 +89,17 @@ DEPTHWISE_PASS_WEIGHTS = 21
 # two vectors of an input row's pixels (16 accumulators; 16 rows would need more registers
 # than AVX-512 has).
 NARROW_CONV_TILE = (8, 32)
+# More output channels take that tile too, in blocks of 8, where the window holds few values
+# (k = input channels x taps): the implicit GEMM's transposing write-back, per tile of 14
+# pixels x 32 channels, then outweighs its k loop. AVX-512, 1 thread, implicit -> rows:
+# 3 -> 32 3x3 stride 2 at 512 x 512 (k 27) 2.18 -> 1.72 ms, at 224 0.266 -> 0.252; 8 -> 48
+# 3x3 (72) at 128 1.55 -> 1.04; 3 -> 32 5x5 stride 2 (75) 0.83 -> 0.73; 14 -> 64 (126) at 96
+# 1.42 -> 1.33; but 16 -> 64 (144) at 112 2.29 -> 2.39, ResNet's 7x7 stem (147) at 224
+# 2.43 -> 2.56, 32 -> 32 (288) at 256 12.4 -> 15.7. With a column stride, at most a vector
+# of channels takes it only up to 8, one block of rows (the implicit tile's vector half
+# empty): 64 -> 8 3x3 stride 2 at 112 0.58 -> 0.37 ms, 32 -> 4 at 96 0.21 -> 0.09; but 24 ->
+# 16 at 160 0.46 -> 0.53.
+ROWS_MAX_K = 128
 
 
 # The implicit GEMM of few-row tiles (over the plane: AVX2's 6 rows) is taken while (1 - fill)
@@ -396,7 +407,13 @@ def lower_conv_gemm(b: KernelBuilder, node: Node, store, path: str, one_image: s
     bias = b.reader(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] else None
     xparam = b.in_param(x_name)
     padded = [spatial[i] + pads[i] + pads[nsp + i] for i in range(nsp)]
-    bordered = any(pads) and not a_in_place
+    # Weights as rows read an output row's inputs as vectors: with a column stride, from a
+    # copy split by column phase (planes.phase_split_copy: [c][row][phase][column // stride]),
+    # where a tap's inputs along an output row are contiguous.
+    split = strides[-1] if weights_as_rows and strides[-1] > 1 else 0
+    if split:
+        padded = [padded[0], split, -(-padded[1] // split)]  # (rows, phases, slots a phase)
+    bordered = (any(pads) or split) and not a_in_place
     # im2col in chunks of whole output rows, each small enough to stay in L2 for its GEMM.
     lead_rows, row_size = out_sp[0], math.prod(out_sp[1:])
     whole = a_in_place or kk * m <= WHOLE_COL_FLOATS
@@ -425,7 +442,17 @@ def lower_conv_gemm(b: KernelBuilder, node: Node, store, path: str, one_image: s
     body = []
     chan0 = lambda: add(mul(Var(bv), cin), mul(Var(gv), cg))  # first input channel of this group
     src_buf, src_shape = xparam, spatial
-    if xp_ws:
+    if split:
+        def input_row(c, i):  # (its buffer, the offset of element (c, i, 0) of the group's input)
+            return xparam, add(mul(add(chan0(), c), math.prod(spatial)), mul(i, spatial[1]))
+
+        def read(c, i, j):
+            return Load(xparam, add(input_row(c, i)[1], j))
+        plain = dtype(b.type(x_name).dtype).storage == "f32"  # (a Deinterleave of float32 rows)
+        body.append(phase_split_copy(b, read, cg, *spatial, pads[0], pads[1], split, padded[0], padded[2], xp_ws,
+                                     input_row if plain else None, dest_off=group_bordered))
+        src_buf, src_shape = xp_ws, padded
+    elif xp_ws:
         # Copy the group's input into a zero-bordered workspace: the GEMM then reads it unchecked.
         body.append(padded_copy(b, xparam, mul(chan0(), math.prod(spatial)), cg, spatial, pads, xp_ws,
                                 dest_off=group_bordered))
@@ -443,10 +470,14 @@ def lower_conv_gemm(b: KernelBuilder, node: Node, store, path: str, one_image: s
         if spans is not None:  # (window row first: (ky, c, kx))
             taps = [(c, k0, *rest) for k0, c, *rest in np.ndindex(kernel[0], cg, *kernel[1:])]
         for i, (c, *kpos) in enumerate(taps):
-            ktab[i] = np.ravel_multi_index((c,) + tuple(k * d for k, d in zip(kpos, dil)), [cg] + src_sp)
+            at = tuple(k * d for k, d in zip(kpos, dil))
+            if split:  # (row, column phase, slot)
+                at = (at[0], at[1] % split, at[1] // split)
+            ktab[i] = np.ravel_multi_index((c,) + at, [cg] + src_sp)
         ktab_param = b.constant_param("conv_koffsets", ktab)
         rv = [b.fresh("orow") for _ in range(nsp - 1)]
-        row_start = flat_index([mul(Var(v), st) for v, st in zip(rv, strides)] + [Const(0)], src_sp)
+        row_start = flat_index([mul(Var(v), st) for v, st in zip(rv, strides)] + [Const(0)] * (1 + bool(split)),
+                               src_sp)
         row_index = flat_index([Var(v) for v in rv], out_sp[:-1])
 
         def at_pixel(channel, pixel, acc):
