@@ -32,6 +32,7 @@ CASES = {
     "rows_stride2_no_pad": ((2, 16, 40, 70), (8, 16, 3, 3), {"strides": [2, 2]}),
     "rows_stride3_asymmetric": ((1, 5, 30, 100), (24, 5, 3, 3), {"strides": [1, 3], "pads": [0, 1, 2, 2]}),
     "rows_stride2_grouped": ((1, 8, 20, 70), (8, 4, 3, 3), {"group": 2, "strides": [2, 2], "pads": [1, 1, 1, 1]}),
+    "rows_16_channels_wide_window": ((1, 16, 20, 40), (16, 16, 3, 3), {"pads": [1, 1, 1, 1]}),  # (k 144: AVX-512's)
     "implicit_13_wide": ((1, 48, 13, 13), (64, 48, 3, 3), {"pads": [1, 1, 1, 1]}),
     "implicit_17_wide_7x1": ((1, 32, 17, 17), (128, 32, 7, 1), {"pads": [3, 0, 3, 0]}),
     "implicit_7x7_many_channels": ((1, 64, 7, 7), (128, 64, 3, 3), {"pads": [1, 1, 1, 1]}),
@@ -83,14 +84,15 @@ def _conv_model(op, xshape, wshape, attrs, runtime_weights=False, bias=True):
 
 
 # Which convs read their input in place, weights as the broadcast operand (Gemm.b_sk for 1x1,
-# on every target; Gemm.b_ktab for wider windows with at most a vector of output channels, on
-# 16-lane targets only, where the weights as rows against two vectors of an input row fit
-# the registers).
+# on every target; Gemm.b_ktab for wider windows where the weights as rows pay: a window of
+# few values or few output channels on both widths, up to 16 channels on 16 lanes only).
 IN_PLACE_EVERYWHERE = {"pointwise": True, "pointwise_grouped": True, "pointwise_wide_k": False,
-                       "pointwise_few_pixels": False, "implicit_no_pad_7x7_s2": False}
-IN_PLACE_ON_16_LANES = {"implicit_few_channels", "implicit_few_channels_grouped", "implicit_3x3_pad",
-                        "implicit_stride2_dilated", "implicit_same_upper", "rows_stem_stride2", "rows_stride2_no_pad",
-                        "rows_stride3_asymmetric", "rows_stride2_grouped"}
+                       "pointwise_few_pixels": False, "implicit_no_pad_7x7_s2": False,
+                       **{name: True for name in ("implicit_3x3_pad", "implicit_few_channels", "implicit_same_upper",
+                                                  "implicit_few_channels_grouped", "implicit_stride2_dilated",
+                                                  "rows_stem_stride2", "rows_stride3_asymmetric",
+                                                  "rows_stride2_grouped")}}
+IN_PLACE_ON_16_LANES = {"rows_stride2_no_pad", "rows_16_channels_wide_window"}
 
 
 @pytest.mark.parametrize("target", X86_TARGETS)

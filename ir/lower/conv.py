@@ -13,10 +13,10 @@ import math
 
 from ..graph import Node
 from .builder import KernelBuilder
-from .gemm import (IMPLICIT_WASTE_LIMIT, NARROW_CONV_TILE, POINTWISE_MAX_K, POINTWISE_MIN_PIXELS, ROWS_MAX_K,
-                   conv_border_spans, implicit_over_plane, is_depthwise, lower_conv_gemm, lower_conv_symbolic,
-                   lower_depthwise, lower_pointwise, pointwise_packs_input, row_blocks_filled, rows_wide_enough,
-                   tiles_border_skip)
+from .gemm import (IMPLICIT_WASTE_LIMIT, NARROW_CONV_TILES, POINTWISE_MAX_K, POINTWISE_MIN_PIXELS, ROWS_FEW_CHANNELS,
+                   ROWS_MAX_K, conv_border_spans, implicit_over_plane, is_depthwise, lower_conv_gemm,
+                   lower_conv_symbolic, lower_depthwise, lower_pointwise, pointwise_packs_input, row_blocks_filled,
+                   rows_wide_enough, tiles_border_skip)
 from .winograd import lower_winograd, winograd_fits
 
 
@@ -86,10 +86,10 @@ def conv_paths(b: KernelBuilder, node: Node) -> tuple:
     # weight feeds two FMAs. More channels take it where the window holds few values
     # (ROWS_MAX_K). A column stride reads the input from a copy split by column phase (2-D
     # convs), and takes it for at most 8 channels otherwise.
-    can_rows = (b.config.vector_width * 2 == NARROW_CONV_TILE[1] and const_w
-                and (strides[-1] == 1 or len(kernel) == 2))
-    few = cog <= NARROW_CONV_TILE[0] or cog <= b.config.vector_width and strides[-1] == 1
-    rows = can_rows and (few or kk <= ROWS_MAX_K) and out_sp[-1] >= NARROW_CONV_TILE[1]
+    tile = NARROW_CONV_TILES.get(b.config.vector_width)
+    can_rows = tile is not None and const_w and (strides[-1] == 1 or len(kernel) == 2)
+    few = can_rows and cog <= ROWS_FEW_CHANNELS[b.config.vector_width][0 if strides[-1] == 1 else 1]
+    rows = can_rows and (few or kk <= ROWS_MAX_K) and out_sp[-1] >= tile[1]
     rule = ("weights_rows" if rows else "implicit") if implicit else "im2col"
     return rule, ("implicit", "im2col") + (("weights_rows",) if can_rows else ()) + \
         (("winograd",) if winograd_fits(b, node) else ())

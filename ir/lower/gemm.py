@@ -85,20 +85,26 @@ def pointwise_packs_input(vector_width: int, channels_in: int, channels_out: int
 # On AVX2 (16 registers) too: passes of 9-14 weights took MobileNetV3 from 3.15 to 3.25 ms.
 DEPTHWISE_ONE_PASS_WEIGHTS = 25
 DEPTHWISE_PASS_WEIGHTS = 21
-# A conv with at most a vector of output channels, weights as rows: blocks of 8 channels by
-# two vectors of an input row's pixels (16 accumulators; 16 rows would need more registers
-# than AVX-512 has).
-NARROW_CONV_TILE = (8, 32)
-# More output channels take that tile too, in blocks of 8, where the window holds few values
-# (k = input channels x taps): the implicit GEMM's transposing write-back, per tile of 14
-# pixels x 32 channels, then outweighs its k loop. AVX-512, 1 thread, implicit -> rows:
-# 3 -> 32 3x3 stride 2 at 512 x 512 (k 27) 2.18 -> 1.72 ms, at 224 0.266 -> 0.252; 8 -> 48
-# 3x3 (72) at 128 1.55 -> 1.04; 3 -> 32 5x5 stride 2 (75) 0.83 -> 0.73; 14 -> 64 (126) at 96
-# 1.42 -> 1.33; but 16 -> 64 (144) at 112 2.29 -> 2.39, ResNet's 7x7 stem (147) at 224
-# 2.43 -> 2.56, 32 -> 32 (288) at 256 12.4 -> 15.7. With a column stride, at most a vector
-# of channels takes it only up to 8, one block of rows (the implicit tile's vector half
-# empty): 64 -> 8 3x3 stride 2 at 112 0.58 -> 0.37 ms, 32 -> 4 at 96 0.21 -> 0.09; but 24 ->
-# 16 at 160 0.46 -> 0.53.
+# A conv with the weights as rows ("weights_rows"), per vector width: tiles of (channels,
+# pixels), two vectors of an input row's pixels against blocks of channels (AVX-512's 8 rows
+# hold 16 accumulators, 16 rows would need more registers than it has; AVX2's 6 rows 12 of its
+# 16 ymm). No NEON tile: the rules keep the implicit GEMM there.
+NARROW_CONV_TILES = {16: (8, 32), 8: (6, 16)}
+# It pays whatever the window for at most this many output channels, (along rows of stride 1,
+# strided): where the implicit tile's vector of channels is half empty, and on AVX-512 up to a
+# vector at stride 1 (UNet's 16-channel 3x3 convs at 64x64: 180 -> 211 GFLOP/s). 1 thread,
+# implicit -> rows: AVX-512 64 -> 8 3x3 stride 2 at 112 0.58 -> 0.37 ms, 32 -> 4 at 96 0.21 ->
+# 0.09, but 24 -> 16 stride 2 at 160 0.46 -> 0.53; x86-64-v3 code 32 -> 4 at 64 0.230 ->
+# 0.106, stride 2 at 96 0.168 -> 0.098, but 64 -> 8 at 56 0.366 -> 0.400, at 28 0.084 -> 0.100.
+ROWS_FEW_CHANNELS = {16: (16, 8), 8: (4, 4)}
+# More output channels take it too where the window holds few values (k = input channels x
+# taps): the implicit GEMM's transposing write-back, per tile of pixels x channels, then
+# outweighs its k loop. AVX-512, 1 thread, implicit -> rows: 3 -> 32 3x3 stride 2 at 512 x 512
+# (k 27) 2.18 -> 1.72 ms, at 224 0.266 -> 0.252; 8 -> 48 3x3 (72) at 128 1.55 -> 1.04; 3 -> 32
+# 5x5 stride 2 (75) 0.83 -> 0.73; 14 -> 64 (126) at 96 1.42 -> 1.33; but 16 -> 64 (144) at
+# 112 2.29 -> 2.39, ResNet's 7x7 stem (147) at 224 2.43 -> 2.56, 32 -> 32 (288) at 256 12.4
+# -> 15.7. x86-64-v3 code alike: the 3 -> 32 stem at 512 1.77 -> 1.41, 8 -> 48 1.18 -> 1.05,
+# 14 -> 64 1.45 -> 1.36, 16 -> 64 2.41 -> 2.49.
 ROWS_MAX_K = 128
 
 
@@ -386,7 +392,7 @@ def lower_conv_gemm(b: KernelBuilder, node: Node, store, path: str, one_image: s
     implicit, weights_as_rows = path in ("implicit", "weights_rows"), path == "weights_rows"
     kk = cg * math.prod(kernel)
     m = math.prod(out_sp)
-    nr = NARROW_CONV_TILE[1] if weights_as_rows else b.tile(cog)[1]
+    nr = NARROW_CONV_TILES[b.config.vector_width][1] if weights_as_rows else b.tile(cog)[1]
     panel_stride = -(-cog // nr) * kk * nr
     spatial = list(xs[2:])
     # Taps in the zero border are skipped where whole window rows fall in it (Gemm.a_kspan):
@@ -502,7 +508,8 @@ def lower_conv_gemm(b: KernelBuilder, node: Node, store, path: str, one_image: s
                               a_ktab=ktab_param, stores_along="m", a_mtab=table,
                               a_rows=0 if over_plane else out_sp[-1], a_kspan=kspan)]
         stmt = gemm_stmt(b, w_rows, mul(Var(gv), cog * kk), kk, 1, src_buf, add(chan_base, row_start),
-                         cog, out_sp[-1], kk, epilogue, b_ktab=ktab_param, tile=NARROW_CONV_TILE)
+                         cog, out_sp[-1], kk, epilogue, b_ktab=ktab_param,
+                         tile=NARROW_CONV_TILES[b.config.vector_width])
         body_ = (stmt,)
         for i in range(nsp - 2, -1, -1):
             body_ = (For(rv[i], out_sp[i], body_, parallel=i == 0),)
