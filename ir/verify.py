@@ -189,11 +189,11 @@ class _Checker:
             if s.stores_along not in ("m", "n"):
                 raise _Problem(f"gemm stores along {s.stores_along!r}")
             if isinstance(s.b_sk, Expr) or isinstance(s.n, Expr):  # (a run-time count of columns read in place)
-                if not (isinstance(s.b_sk, Expr) and self.expr(s.b_sk) == "i64" and s.kind == "f32"
-                        and isinstance(s.n, Expr) and self.expr(s.n) == "i64" and s.split == "n"
-                        and isinstance(s.m, int)):
-                    raise _Problem(f"gemm of {s.n} columns read in place with row stride {s.b_sk}: float32, both "
-                                   "run-time, split n, a static m")
+                in_place = isinstance(s.b_sk, Expr) and self.expr(s.b_sk) == "i64" or s.b_ktab and not s.b_sk
+                if not (in_place and s.kind == "f32" and isinstance(s.n, Expr) and self.expr(s.n) == "i64"
+                        and s.split == "n" and isinstance(s.m, int)):
+                    raise _Problem(f"gemm of {s.n} columns read in place with row stride {s.b_sk} or table "
+                                   f"{s.b_ktab!r}: float32, a run-time n and stride (or a table), split n, a static m")
             elif s.b_sk and (s.kind != "f32" or s.b_sk < 0):
                 raise _Problem(f"{s.kind} gemm reads B in place with row stride {s.b_sk}")
             if s.n_bound < 0 or s.n_bound and not isinstance(s.n, Expr):

@@ -885,3 +885,37 @@ def test_a_manifest_edited_to_redefine_a_derived_symbol_is_refused(executor, tmp
         m["derived"][0]["divisor"] = 4
     with pytest.raises(KilnError, match="describes inputs, outputs or arena other than the library was built for"):
         Module(bundle_copy(bundle, tmp_path, halve_the_height))
+
+
+@pytest.mark.parametrize("target", X86_TARGETS)
+def test_convs_of_small_windows_over_run_time_sizes_take_the_weights_as_rows(target, executor):
+    """Stems over run-time image sizes (3 -> 32 3x3 and 3 -> 16 5x5 at stride 2, a stride of 3
+    with uneven pads; a group's are in _conv_branches): the weights as rows, as over static sizes, B each
+    output row read through a table of tap offsets the kernel computes from the sizes, from a
+    copy split by column phase where there is a column stride. Against onnxruntime at sizes
+    from below one tile of pixels to the bounds, where this host runs the target."""
+    from modelkiln.ir.loop import Expr, Gemm
+    rng = np.random.default_rng(7)
+    weights, nodes, outputs = [], [], []
+    for name, wshape, attrs in [("stem", (32, 3, 3, 3), {"strides": [2, 2], "pads": [1, 1, 1, 1]}),
+                                ("stem5", (16, 3, 5, 5), {"strides": [2, 2], "pads": [2, 1, 2, 2]}),
+                                ("s3", (24, 3, 3, 3), {"strides": [1, 3], "pads": [0, 1, 2, 2]})]:
+        weights += [numpy_helper.from_array((rng.standard_normal(wshape) * 0.3).astype(np.float32), f"{name}_w"),
+                    numpy_helper.from_array(rng.standard_normal(wshape[0]).astype(np.float32), f"{name}_b")]
+        nodes.append(helper.make_node("Conv", ["x", f"{name}_w", f"{name}_b"], [name], **attrs))
+        outputs.append(helper.make_tensor_value_info(name, F, None))
+    graph = helper.make_graph(nodes, "stems", [helper.make_tensor_value_info("x", F, ["n", 3, "h", "w"])], outputs,
+                              weights)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    result = build(model, target=target, dims={"n": (1, 2), "h": (5, 120), "w": (5, 150)}, executor=executor,
+                   cache=None, progress=False)
+    for call in result.lowered.calls:  # (a run-time batch: each kernel also holds a batch of one's Gemm)
+        gemms = [s for s in kernel_statements(call.kernel.body) if isinstance(s, Gemm)]
+        assert gemms and all(g.b_ktab and isinstance(g.n, Expr) for g in gemms), call.name
+    assert len(result.lowered.calls) == 3
+
+    def run():
+        module = result.load(threads=2)
+        for shape in [(1, 3, 5, 5), (2, 3, 17, 40), (1, 3, 120, 150), (1, 3, 64, 33), (2, 3, 9, 131)]:
+            _assert_like_onnxruntime(module, model, {"x": rng.standard_normal(shape).astype(np.float32)})
+    run_or_inspect(result, run)

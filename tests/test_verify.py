@@ -67,6 +67,8 @@ def good():
     (Kernel(WORD_BUFS, (replace(_byte_gemm().body[0], a_kspan="a1"),)), "k-span table a1: an i64 buffer"),
     (_kernel(Gemm("i0", Const(0), 1, 1, "i0", Const(0), 4, 16, 4, 4, 16, "m", "n", "acc", (), a_kspan="w0")),
      "k-span table w0: an i64 buffer, beside row and k-offset tables"),
+    (_kernel(Gemm("i0", Const(0), 1, 1, "i0", Const(0), 4, Load("w0", Const(0)), 4, 4, 16, "m", "n", "acc", (),
+                  split="n")), "columns read in place with row stride 0 or table ''"),
     (_byte_gemm(b_buf="b1"), "a1, b1 are not 16-bit buffers"),
     (_byte_gemm(a_buf="a0"), "a0, b0 are not 16-bit buffers"),
     (_byte_gemm(b_words=False, a_buf="a0"), "not byte buffers"),

@@ -13,10 +13,10 @@ import math
 
 from ..graph import Node
 from .builder import KernelBuilder
-from .gemm import (IMPLICIT_WASTE_LIMIT, NARROW_CONV_TILES, POINTWISE_MAX_K, POINTWISE_MIN_PIXELS, ROWS_FEW_CHANNELS,
-                   ROWS_MAX_K, conv_border_spans, implicit_over_plane, is_depthwise, lower_conv_gemm,
-                   lower_conv_symbolic, lower_depthwise, lower_pointwise, pointwise_packs_input, row_blocks_filled,
-                   rows_wide_enough, tiles_border_skip)
+from .gemm import (IMPLICIT_WASTE_LIMIT, NARROW_CONV_TILES, POINTWISE_MAX_K, POINTWISE_MIN_PIXELS, conv_border_spans,
+                   implicit_over_plane, is_depthwise, lower_conv_gemm, lower_conv_symbolic, lower_depthwise,
+                   lower_pointwise, pointwise_packs_input, row_blocks_filled, rows_wide_enough, tiles_border_skip,
+                   weights_as_rows_pay)
 from .winograd import lower_winograd, winograd_fits
 
 
@@ -83,13 +83,12 @@ def conv_paths(b: KernelBuilder, node: Node) -> tuple:
         implicit = rows_wide_enough(out_sp[-1], mr, cog, cog * kk * 4)
     # With at most a vector of output channels, a tile of pixels x channels broadcasts one
     # input value per FMA; with the weights as rows against two vectors of an input row, one
-    # weight feeds two FMAs. More channels take it where the window holds few values
-    # (ROWS_MAX_K). A column stride reads the input from a copy split by column phase (2-D
-    # convs), and takes it for at most 8 channels otherwise.
-    tile = NARROW_CONV_TILES.get(b.config.vector_width)
-    can_rows = tile is not None and const_w and (strides[-1] == 1 or len(kernel) == 2)
-    few = can_rows and cog <= ROWS_FEW_CHANNELS[b.config.vector_width][0 if strides[-1] == 1 else 1]
-    rows = can_rows and (few or kk <= ROWS_MAX_K) and out_sp[-1] >= tile[1]
+    # weight feeds two FMAs; more channels take it where the window holds few values
+    # (`weights_as_rows_pay`). A column stride reads the input from a copy split by column
+    # phase (2-D convs).
+    can_rows = b.config.vector_width in NARROW_CONV_TILES and const_w and (strides[-1] == 1 or len(kernel) == 2)
+    rows = can_rows and weights_as_rows_pay(b.config.vector_width, cog, kk, strides[-1]) and \
+        out_sp[-1] >= NARROW_CONV_TILES[b.config.vector_width][1]
     rule = ("weights_rows" if rows else "implicit") if implicit else "im2col"
     return rule, ("implicit", "im2col") + (("weights_rows",) if can_rows else ()) + \
         (("winograd",) if winograd_fits(b, node) else ())

@@ -108,6 +108,15 @@ ROWS_FEW_CHANNELS = {16: (16, 8), 8: (4, 4)}
 ROWS_MAX_K = 128
 
 
+def weights_as_rows_pay(vector_width: int, channels: int, k: int, column_stride: int) -> bool:
+    """Whether a conv's output channels as rows (NARROW_CONV_TILES) beat the implicit GEMM's
+    tiles of pixels x channels: few channels, or a window of few values (the output rows must
+    still be a tile wide)."""
+    if vector_width not in NARROW_CONV_TILES:
+        return False
+    return channels <= ROWS_FEW_CHANNELS[vector_width][0 if column_stride == 1 else 1] or k <= ROWS_MAX_K
+
+
 # The implicit GEMM of few-row tiles (over the plane: AVX2's 6 rows) is taken while (1 - fill)
 # x output channels stays within this, fill being how full the plane's row blocks are: im2col's
 # copy costs about as much as the GEMM work of this many output channels. (Measured per
@@ -316,6 +325,9 @@ def lower_conv_symbolic(b: KernelBuilder, node: Node, store) -> tuple:
     groups, kernel, strides, dil, pads = a.get("group", 1), a["kernel_shape"], a["strides"], a["dilations"], a["pads"]
     nsp, cog, kk = len(kernel), cout // groups, cg * math.prod(kernel)
     out_dims = b.type(node.outputs[0]).shape[2:]
+    if nsp == 2 and weights_as_rows_pay(b.config.vector_width, cog, kk, strides[-1]) and \
+            greatest(out_dims[-1]) >= NARROW_CONV_TILES[b.config.vector_width][1]:
+        return _conv_symbolic_weights_rows(b, node, store)
     in_sp, out_sp = [b.dim(d) for d in xs[2:]], [b.dim(d) for d in out_dims]
     pixels = math.prod(out_sp)
     nr = b.tile(cog)[1]
@@ -370,6 +382,62 @@ def lower_conv_symbolic(b: KernelBuilder, node: Node, store) -> tuple:
     # (A batch of 1 and one group leave both top level: threads divide the channels' copy and
     # the GEMM's rows or weight panels.)
     return (*tables, *starts, *over_images(b, bv, xs[0], loop(gv, groups, per_image + [product]), bordered_floats))
+
+
+def _conv_symbolic_weights_rows(b: KernelBuilder, node: Node, store) -> tuple:
+    """A 2-D conv over run-time sizes with the weights as rows (`weights_as_rows_pay`): per
+    output row, the output channels x the row's pixels, B the row read from the input's
+    bordered copy (split by column phase where the conv has a column stride) through a table
+    of tap offsets the kernel computes from the sizes. (As an implicit GEMM, MobileNetV2's
+    3 -> 32 stem over run-time sizes ran 1.35x its static build.)"""
+    x_name, w_name = node.inputs[0], node.inputs[1]
+    xs, (cout, cg) = b.type(x_name).shape, b.type(w_name).shape[:2]
+    a = b.attrs(node)
+    groups, (kh, kw), (sh, sw), (dh, dw) = a.get("group", 1), a["kernel_shape"], a["strides"], a["dilations"]
+    pt, pl, pb, pr = a["pads"]
+    cog, kk = cout // groups, cg * kh * kw
+    h_dim, w_dim = xs[2:]
+    h, w_ = b.dim(h_dim), b.dim(w_dim)
+    oh_dim, ow_dim = b.type(node.outputs[0]).shape[2:]
+    tile = NARROW_CONV_TILES[b.config.vector_width]
+    w_rows = b.constant_param(f"{w_name}_rows", b.g.constants[w_name].reshape(groups * cog, kk))
+    bias = b.reader(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] else None
+    xparam = b.in_param(x_name)
+    bv, gv = b.fresh("b"), b.fresh("g")
+    chan0 = add(mul(Var(bv), xs[1]), mul(Var(gv), cg))  # this image's and group's first channel
+    padded = lambda h, w: (h + pt + pb, (w + pl + pr + sw - 1) // sw)  # noqa: E731 (rows, slots a phase)
+    hp, wq = padded(h, w_)
+    hp_bound, wq_bound = padded(greatest(h_dim), greatest(w_dim))
+    row_floats = mul(wq, sw)  # (a padded row: its phases side by side)
+    floats = cg * hp_bound * sw * wq_bound
+    src, src_off = image_workspace(b, bv, xs[0], floats, images_in_parallel(b, xs[0], floats))
+
+    def input_row(c, i):  # (its buffer, the offset of element (c, i, 0) of the group's input)
+        return xparam, add(mul(add(chan0, c), mul(h, w_)), mul(i, w_))
+
+    def read(c, i, j):
+        return Load(xparam, add(input_row(c, i)[1], j))
+    if sw == 1:
+        copy = padded_copy(b, xparam, mul(chan0, mul(h, w_)), cg, [h, w_], [pt, pl, pb, pr], src, dest_off=src_off)
+    else:
+        copy = phase_split_copy(b, read, cg, h, w_, pt, pl, sw, hp, wq, src, input_row, dest_off=src_off,
+                                least_width=least(w_dim))
+    # ktab[(c, ky, kx)] = the tap's offset from its output row's first window: (row, phase, slot)
+    ktab = b.workspace(kk, "i64")
+    c, ky = b.fresh("c"), b.fresh("ky")
+    tap_row = add(mul(Var(c), mul(hp, row_floats)), mul(mul(Var(ky), dh), row_floats))
+    taps = tuple(Store(ktab, add(mul(add(mul(Var(c), kh), Var(ky)), kw), Const(kx)),
+                       add(tap_row, add(mul(Const(kx * dw % sw), wq), Const(kx * dw // sw)))) for kx in range(kw))
+    tables = (For(c, cg, (For(ky, kh, taps),)),)
+    oy = b.fresh("orow")
+
+    def epilogue(channel, column, acc):
+        co = add(mul(Var(gv), cog), channel)
+        return store([Var(bv), co, Var(oy), column], acc if bias is None else fbin("add", acc, bias([co])))
+    product = gemm_stmt(b, w_rows, mul(Var(gv), cog * kk), kk, 1, src, add(src_off, mul(mul(Var(oy), sh), row_floats)),
+                        cog, b.dim(ow_dim), kk, epilogue, b_ktab=ktab, tile=tile, split="n")
+    rows = For(oy, b.dim(oh_dim), (product,), parallel=True)
+    return (*tables, *over_images(b, bv, xs[0], loop(gv, groups, [copy, rows]), floats))
 
 
 def lower_conv_gemm(b: KernelBuilder, node: Node, store, path: str, one_image: str = "") -> tuple:
