@@ -57,7 +57,7 @@ def _nbytes_c(t, symbols: list) -> "int | str":
 
 
 def _preconditions(lowered) -> list[tuple[str, int]]:
-    """What kiln_run_dims checks before it runs anything, (C condition, error code): each
+    """What the entry checks before it runs anything, (C condition, error code): each
     symbol within its bounds (2: the caller's, and those read from inputs' values), each pair
     of sizes that must agree equal (3), each KV cache's new length within its capacity (4),
     the caller's buffers disjoint (5: outputs are written while inputs are still read,
@@ -128,8 +128,8 @@ def _derived_json(name: str, definition, bounds: tuple) -> dict:
 
 def output_homes(lowered) -> dict[str, int]:
     """Tensors computed straight into the caller's output buffers: {storage: output index}.
-    An output's storage lives there unless it is an input, a constant or a KV cache's
-    present (in place already), or another output claimed it first; those are copied at the
+    An output's storage lives there unless it is an input, a constant, a KV cache's present
+    (in place already), empty, or claimed by another output first; those are copied at the
     end. Writing in place saves a pass over each output (a 3 -> 64 7x7 conv at 512 x 512
     spent a tenth of its time copying its 16 MiB output) and its arena space."""
     claimed = set(lowered.inputs) | set(lowered.constants) | {c.present for c in lowered.caches}

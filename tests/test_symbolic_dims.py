@@ -919,3 +919,25 @@ def test_convs_of_small_windows_over_run_time_sizes_take_the_weights_as_rows(tar
         for shape in [(1, 3, 5, 5), (2, 3, 17, 40), (1, 3, 120, 150), (1, 3, 64, 33), (2, 3, 9, 131)]:
             _assert_like_onnxruntime(module, model, {"x": rng.standard_normal(shape).astype(np.float32)})
     run_or_inspect(result, run)
+
+
+def test_a_float16_stem_over_run_time_sizes(executor):
+    """A float16 3 -> 32 stride-2 conv over run-time sizes: its copy split by column phase
+    widens each element (a Deinterleave reads float32 rows only). Against onnxruntime in
+    float32 on the same float16 values."""
+    from onnxconverter_common import float16
+    rng = np.random.default_rng(9)
+    w = numpy_helper.from_array((rng.standard_normal((32, 3, 3, 3)) * 0.3).astype(np.float32), "w")
+    graph = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1], strides=[2, 2])], "g",
+                              [helper.make_tensor_value_info("x", F, [1, 3, "h", "w"])],
+                              [helper.make_tensor_value_info("y", F, None)], [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    half = float16.convert_float_to_float16(model, keep_io_types=False)
+    module = build(half, dims={"h": (5, 100), "w": (5, 100)}, executor=executor, cache=None, progress=False).load()
+    model.graph.initializer[0].CopyFrom(numpy_helper.from_array(
+        numpy_helper.to_array(half.graph.initializer[0]).astype(np.float32), "w"))
+    for h, w_ in [(5, 5), (37, 91), (100, 100)]:
+        x = rng.standard_normal((1, 3, h, w_)).astype(np.float16)
+        got = module.run({"x": x})["y"].astype(np.float32)
+        want = model_zoo.onnxruntime_outputs(model, {"x": x.astype(np.float32)})["y"]
+        np.testing.assert_allclose(got, want, rtol=1e-2, atol=1e-2)

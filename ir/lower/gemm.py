@@ -90,9 +90,10 @@ DEPTHWISE_PASS_WEIGHTS = 21
 # hold 16 accumulators, 16 rows would need more registers than it has; AVX2's 6 rows 12 of its
 # 16 ymm). No NEON tile: the rules keep the implicit GEMM there.
 NARROW_CONV_TILES = {16: (8, 32), 8: (6, 16)}
-# It pays whatever the window for at most this many output channels, (along rows of stride 1,
-# strided): where the implicit tile's vector of channels is half empty, and on AVX-512 up to a
-# vector at stride 1 (UNet's 16-channel 3x3 convs at 64x64: 180 -> 211 GFLOP/s). 1 thread,
+# It pays whatever the window for at most this many output channels (along rows of stride
+# 1, along strided rows): where the implicit tile's vector of channels is half empty, and on
+# AVX-512 up to a vector at stride 1 (UNet's 16-channel 3x3 convs at 64x64: 180 -> 211
+# GFLOP/s). 1 thread,
 # implicit -> rows: AVX-512 64 -> 8 3x3 stride 2 at 112 0.58 -> 0.37 ms, 32 -> 4 at 96 0.21 ->
 # 0.09, but 24 -> 16 stride 2 at 160 0.46 -> 0.53; x86-64-v3 code 32 -> 4 at 64 0.230 ->
 # 0.106, stride 2 at 96 0.168 -> 0.098, but 64 -> 8 at 56 0.366 -> 0.400, at 28 0.084 -> 0.100.
@@ -419,9 +420,10 @@ def _conv_symbolic_weights_rows(b: KernelBuilder, node: Node, store) -> tuple:
         return Load(xparam, add(input_row(c, i)[1], j))
     if sw == 1:
         copy = padded_copy(b, xparam, mul(chan0, mul(h, w_)), cg, [h, w_], [pt, pl, pb, pr], src, dest_off=src_off)
-    else:
-        copy = phase_split_copy(b, read, cg, h, w_, pt, pl, sw, hp, wq, src, input_row, dest_off=src_off,
-                                least_width=least(w_dim))
+    else:  # (a Deinterleave of float32 rows; a float16 input widened element by element)
+        plain = dtype(b.type(x_name).dtype).storage == "f32"
+        copy = phase_split_copy(b, read, cg, h, w_, pt, pl, sw, hp, wq, src, input_row if plain else None,
+                                dest_off=src_off, least_width=least(w_dim))
     # ktab[(c, ky, kx)] = the tap's offset from its output row's first window: (row, phase, slot)
     ktab = b.workspace(kk, "i64")
     c, ky = b.fresh("c"), b.fresh("ky")
