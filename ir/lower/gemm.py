@@ -26,7 +26,8 @@ from ..loop import (GEMM_SPLITS, Assign, Const, Expr, For, Gemm, If, Let, Load, 
 from ..schedule import CODEGEN_OPTIONS, PANEL_CHUNK_KIB
 from ..symbolic import greatest, least
 from .builder import KernelBuilder, broadcast_index
-from .planes import padded_copy, phase_split_copy, phase_split_row, ring_when, rows_through_a_ring
+from .planes import (padded_copy, phase_split_copy, phase_split_row, phase_split_size, plane_rows, ring_when,
+                     rows_through_a_ring)
 
 
 COL_CHUNK_FLOATS = 96 * 1024  # 384 KiB of im2col per GEMM: L2-resident on current x86 cores
@@ -406,18 +407,12 @@ def _conv_symbolic_weights_rows(b: KernelBuilder, node: Node, store) -> tuple:
     xparam = b.in_param(x_name)
     bv, gv = b.fresh("b"), b.fresh("g")
     chan0 = add(mul(Var(bv), xs[1]), mul(Var(gv), cg))  # this image's and group's first channel
-    padded = lambda h, w: (h + pt + pb, (w + pl + pr + sw - 1) // sw)  # noqa: E731 (rows, slots a phase)
-    hp, wq = padded(h, w_)
-    hp_bound, wq_bound = padded(greatest(h_dim), greatest(w_dim))
+    hp, wq = phase_split_size(h, w_, a["pads"], sw)
+    hp_bound, wq_bound = phase_split_size(greatest(h_dim), greatest(w_dim), a["pads"], sw)
     row_floats = mul(wq, sw)  # (a padded row: its phases side by side)
     floats = cg * hp_bound * sw * wq_bound
     src, src_off = image_workspace(b, bv, xs[0], floats, images_in_parallel(b, xs[0], floats))
-
-    def input_row(c, i):  # (its buffer, the offset of element (c, i, 0) of the group's input)
-        return xparam, add(mul(add(chan0, c), mul(h, w_)), mul(i, w_))
-
-    def read(c, i, j):
-        return Load(xparam, add(input_row(c, i)[1], j))
+    input_row, read = plane_rows(xparam, chan0, h, w_)
     if sw == 1:
         copy = padded_copy(b, xparam, mul(chan0, mul(h, w_)), cg, [h, w_], [pt, pl, pb, pr], src, dest_off=src_off)
     else:  # (a Deinterleave of float32 rows; a float16 input widened element by element)
@@ -487,8 +482,9 @@ def lower_conv_gemm(b: KernelBuilder, node: Node, store, path: str, one_image: s
     # copy split by column phase (planes.phase_split_copy: [c][row][phase][column // stride]),
     # where a tap's inputs along an output row are contiguous.
     split = strides[-1] if weights_as_rows and strides[-1] > 1 else 0
-    if split:
-        padded = [padded[0], split, -(-padded[1] // split)]  # (rows, phases, slots a phase)
+    if split:  # (rows, phases, slots a phase)
+        hp, wq = phase_split_size(*spatial, pads, split)
+        padded = [hp, split, wq]
     bordered = (any(pads) or split) and not a_in_place
     # im2col in chunks of whole output rows, each small enough to stay in L2 for its GEMM.
     lead_rows, row_size = out_sp[0], math.prod(out_sp[1:])
@@ -519,11 +515,7 @@ def lower_conv_gemm(b: KernelBuilder, node: Node, store, path: str, one_image: s
     chan0 = lambda: add(mul(Var(bv), cin), mul(Var(gv), cg))  # first input channel of this group
     src_buf, src_shape = xparam, spatial
     if split:
-        def input_row(c, i):  # (its buffer, the offset of element (c, i, 0) of the group's input)
-            return xparam, add(mul(add(chan0(), c), math.prod(spatial)), mul(i, spatial[1]))
-
-        def read(c, i, j):
-            return Load(xparam, add(input_row(c, i)[1], j))
+        input_row, read = plane_rows(xparam, chan0(), *spatial)
         plain = dtype(b.type(x_name).dtype).storage == "f32"  # (a Deinterleave of float32 rows)
         body.append(phase_split_copy(b, read, cg, *spatial, pads[0], pads[1], split, padded[0], padded[2], xp_ws,
                                      input_row if plain else None, dest_off=group_bordered))
@@ -768,9 +760,8 @@ def lower_depthwise(b: KernelBuilder, node: Node, store, value=lambda v: v, weig
     # With a column stride, the copy is split by column phase ([c][row][phase][col // stride]),
     # so a tap's inputs along an output row are contiguous instead of a strided gather.
     # (ints, or expressions over run-time sizes: // is a division of non-negative sizes)
-    padded = lambda h, w: (h + pt + pb, (w + pl + pr + sw - 1) // sw)  # noqa: E731 (rows, slots a phase)
-    hp, wq = padded(h, w_)
-    hp_bound, wq_bound = padded(greatest(h_dim), greatest(w_dim))
+    hp, wq = phase_split_size(h, w_, a["pads"], sw)
+    hp_bound, wq_bound = phase_split_size(greatest(h_dim), greatest(w_dim), a["pads"], sw)
     # A copy of a plane past L1 keeps a ring of the channel's last `ring` padded rows instead,
     # each output row's new input rows copied just before it (see below).
     ring = (kh - 1) * dh + 1 if mult == 1 else 0

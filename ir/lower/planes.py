@@ -54,6 +54,26 @@ def _minus(a, b):
     return a - b if isinstance(a, int) and isinstance(b, int) else sub(a, b)
 
 
+def phase_split_size(h, w, pads, sw: int) -> tuple:
+    """(rows, slots a phase) of phase_split_copy's copy of a plane of [h, w] with `pads`
+    (top, left, bottom, right) at column stride sw: ints, or expressions of run-time sizes
+    (// a division of non-negative sizes)."""
+    pt, pl, pb, pr = pads
+    return h + pt + pb, (w + pl + pr + sw - 1) // sw
+
+
+def plane_rows(src: str, first_channel, h, w) -> tuple:
+    """(row_start, read) of float32 planes of [h, w] in `src` from channel `first_channel` on,
+    as phase_split_copy takes them: row_start(c, i) is (src, the offset of element (c, i, 0)),
+    read(c, i, j) that element."""
+    def row_start(c, i):
+        return src, add(mul(add(first_channel, c), mul(h, w)), mul(i, w))
+
+    def read(c, i, j):
+        return Load(src, add(row_start(c, i)[1], j))
+    return row_start, read
+
+
 def phase_split_copy(b: KernelBuilder, read, channels: int, h: int, w: int, pt: int, pl: int, sw: int,
                      hp: int, wq: int, dest: str, row_start=None, border=Const(0.0, "f32"), dest_off=Const(0),
                      least_width: int = 1) -> For:
