@@ -149,6 +149,16 @@ FLOAT_CALLS = frozenset(("exp", "log", "sqrt", "tanh", "erf", "abs", "floor", "c
                          "round_f16", "round_bf16", "max_no_nan"))
 
 
+_CHEAP_CALLS = {"abs", "floor", "ceil", "round", "neg", "not", "sqrt", "round_f16", "round_bf16"}
+
+
+def calls_math(e) -> bool:
+    """Does expression e call a math function costlier than a few instructions?"""
+    if isinstance(e, Call):
+        return e.fn not in _CHEAP_CALLS or any(calls_math(a) for a in e.args)
+    return any(calls_math(getattr(e, f.name)) for f in fields(e) if isinstance(getattr(e, f.name), Expr))
+
+
 def operand_type(operands, type_of) -> str:
     """The type operands meeting in one expression share: that of the first one that is not a
     literal (a Const), else the first literal's own."""

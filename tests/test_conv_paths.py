@@ -361,6 +361,54 @@ def test_depthwise_window_rows_are_separate_sums(executor):
     assert all(c.kernel.option("reassociate", True) for c in dense.lowered.calls)
 
 
+def _output_rows_a_loop(kernel) -> int:
+    """The most output rows one loop along them stores (each row's store is one Store)."""
+    from modelkiln.ir.loop import For, Store
+    return max(sum(1 for t in s.body if isinstance(t, Store) and t.buf.startswith("o"))
+               for s in kernel_statements(kernel.body) if isinstance(s, For) and s.kind == "vector_masked")
+
+
+@pytest.mark.parametrize("target", X86_TARGETS)
+@pytest.mark.parametrize("height", [1, 2, 5, 8])
+def test_a_3x3_depthwise_conv_computes_its_rows_in_pairs_on_16_lanes(height, target, executor):
+    """On AVX-512 a 3x3 stride-1 depthwise conv computes two output rows a loop (their windows
+    share two input rows), then an odd last row alone; on AVX2 one row a loop (16 registers:
+    slower in pairs). Heights 2, 5 and 8: one pair, two and a last row alone, four; at height
+    1 the border leaves a 1 x 3 window, one row."""
+    from modelkiln.orchestrator.api import build
+    from tests.fenced import FencedOutputs
+    from tests.isa import run_or_inspect
+    model = _conv_model("Conv", (1, 8, height, 21), (8, 1, 3, 3), {"group": 8, "pads": [1, 1, 1, 1]})
+    result = build(model, target=target, executor=executor, cache=None, progress=False)
+
+    def run():  # (into arrays of guard bytes: a row left unwritten shows)
+        inputs = model_zoo.random_inputs(model, 1)
+        want = model_zoo.onnxruntime_outputs(model, inputs)
+        fenced = FencedOutputs(want)
+        result.load().run(inputs, out=fenced.arrays)
+        np.testing.assert_allclose(fenced.arrays["y"], want["y"], rtol=1e-4, atol=1e-5)
+        assert not fenced.trespassed()
+    run_or_inspect(result, run)
+    [call] = result.lowered.calls
+    assert _output_rows_a_loop(call.kernel) == (2 if lanes(target) == 16 and height > 1 else 1)
+
+
+def test_a_depthwise_conv_keeps_one_row_a_loop_where_pairs_were_slower(executor):
+    """Stride 2 (one shared input row), a 5x5 window (50 weights live) and an epilogue
+    calling exp (a SiLU: its constants twice over) keep one output row a loop on AVX-512."""
+    from modelkiln.orchestrator.api import build
+    silu = _conv_model("Conv", (1, 8, 9, 21), (8, 1, 3, 3), {"group": 8, "pads": [1, 1, 1, 1]})
+    silu.graph.node[1].op_type = "Sigmoid"
+    silu.graph.node[1].output[0] = "s"
+    silu.graph.node.append(helper.make_node("Mul", ["c", "s"], ["y"]))
+    models = [_conv_model("Conv", (1, 8, 9, 21), (8, 1, 3, 3), {"group": 8, "strides": [2, 2], "pads": [1, 1, 1, 1]}),
+              _conv_model("Conv", (1, 8, 9, 21), (8, 1, 5, 5), {"group": 8, "pads": [2, 2, 2, 2]}), silu]
+    for model in models:
+        result = build(model, target="cascadelake", executor=executor, cache=None, progress=False)
+        [call] = result.lowered.calls
+        assert _output_rows_a_loop(call.kernel) == 1, [n.op_type for n in model.graph.node]
+
+
 @pytest.mark.parametrize("width,kernel,stride,pads", [
     (14, 5, 2, [2, 2, 2, 2]),  # MobileNetV3's 14x14 stride 2: a row shorter than two vectors
     (15, 3, 2, [1, 0, 1, 1]),  # an odd row, asymmetric pads

@@ -7,14 +7,13 @@ readers, so a chain of them inlines into one loop nest.
 from __future__ import annotations
 
 import math
-from dataclasses import fields
 
 import numpy as np
 
 from ..attrs import check_attrs, const_input
 from ..dtypes import DTYPES, is_int, numpy_dtype
 from ..graph import Node, ShapeError, TensorType, UnsupportedError
-from ..loop import Call, Cast, Const, Expr, Var, call, cmp, fbin, fold_balanced, select, sub
+from ..loop import Cast, Const, Var, call, calls_math, cmp, fbin, fold_balanced, select, sub
 from ..lower.elementwise import and_, bcast_reader, clamp, f32
 from ..onnx_dtypes import onnx_to_dtype
 from ..symbolic import Dim, floor_div
@@ -42,19 +41,9 @@ def unary_expression(name: str, x, **attrs):
     return UNARY[name][0](x, attrs, True, None, None)
 
 
-_CHEAP_CALLS = {"abs", "floor", "ceil", "round", "neg", "not", "sqrt", "round_f16", "round_bf16"}
-
-
-def _calls_math(e) -> bool:
-    """Does expression e call a math function costlier than a few instructions?"""
-    if isinstance(e, Call):
-        return e.fn not in _CHEAP_CALLS or any(_calls_math(a) for a in e.args)
-    return any(_calls_math(getattr(e, f.name)) for f in fields(e) if isinstance(getattr(e, f.name), Expr))
-
-
 def _costly(expr) -> bool:
     try:  # the element of an op that reads only its input and attributes (not the builder)
-        return _calls_math(expr(Var("x", "f32"), {}, True, None, None))
+        return calls_math(expr(Var("x", "f32"), {}, True, None, None))
     except (AttributeError, TypeError, KeyError):
         return False
 
