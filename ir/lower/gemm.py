@@ -13,7 +13,7 @@ is a constant (weights), at run time into a workspace otherwise (attention).
 from __future__ import annotations
 
 import math
-from dataclasses import fields, replace
+from dataclasses import fields, is_dataclass, replace
 
 import numpy as np
 
@@ -89,8 +89,16 @@ DEPTHWISE_PASS_WEIGHTS = 21
 
 
 def _expressions(statement) -> list:
-    """The expressions a statement holds directly (not those of statements nested in it)."""
-    return [v for f in fields(statement) if isinstance(v := getattr(statement, f.name), Expr)]
+    """Every expression a statement holds, those of the statements nested in it too."""
+    found = []
+    for f in fields(statement):
+        value = getattr(statement, f.name)
+        for part in value if isinstance(value, tuple) else (value,):
+            if isinstance(part, Expr):
+                found.append(part)
+            elif is_dataclass(part):
+                found += _expressions(part)
+    return found
 
 
 def depthwise_row_pairs_pay(vector_width: int, kh: int, kw: int, row_stride: int, row_dilation: int) -> bool:
@@ -862,8 +870,9 @@ def lower_depthwise(b: KernelBuilder, node: Node, store, value=lambda v: v, weig
                 total = fbin("add", Load(partial, at), total)
             total = total if bias is None else fbin("add", total, bias([Var(co)]))
             return (*stmts, *store([Var(bv), Var(co), row, Var(q)], out(total) if out else total))
+        one_row = last_pass(Var(r))
         if not ring and len(passes) == 1 and depthwise_row_pairs_pay(b.config.vector_width, kh, kw, sh, dh) and \
-                not any(calls_math(e) for st in last_pass(Var(r)) for e in _expressions(st)):
+                not any(calls_math(e) for st in one_row for e in _expressions(st)):
             # Rows 2p and 2p + 1 in one loop along them (their shared input rows' loads are
             # one expression each: LLVM loads them once), then an odd last row alone.
             pair = b.fresh("rp")
@@ -875,7 +884,7 @@ def lower_depthwise(b: KernelBuilder, node: Node, store, value=lambda v: v, weig
             elif oh % 2:
                 rows.append(last)
             return tuple(rows)
-        steps.append(For(q, ow, last_pass(Var(r)), "vector_masked"))
+        steps.append(For(q, ow, one_row, "vector_masked"))
         if not ring:
             return (For(r, oh, tuple(steps)),)
         return rows_through_a_ring(b, copy_row, i, r, oh, sh, ring, tuple(steps))
