@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import math
 import struct
-from dataclasses import fields, is_dataclass
 
 from ..artifacts.cpu_features import byte_dot_widths
 from ..ir.loop import (FLOAT_TYPES, TRANSPOSE_LANES, WINDOW_DOT_LANES, SYMBOLS, Assign, Bin, Call, Cast, Cmp, Const,
                       Deinterleave, For, Gemm, If, Kernel, Let, Load, Local, Select, Store, TransposeBlock, Var,
-                      WindowDot, bits, compute_type, highest, is_unsigned, lowest, operand_type, phases)
+                      WindowDot, bits, called_functions, compute_type, highest, is_unsigned, lowest, operand_type, phases)
 from ..ir.schedule import PANEL_CHUNK_KIB, REDUCE_INTERLEAVE
 
 # LLVM's type for each loop-IR type. Integers are sign-less in LLVM: signedness picks the
@@ -269,17 +268,6 @@ MASKED_SUFFIX = {"float": "f32", "i32": "i32"}  # llvm.masked.load/store's name 
 # their static time: 144 x 56 x 56 stride 2 1.63 -> 1.43x, 960 x 7 x 7 2.29 -> 1.86x). From 64
 # wide the two loops win (a 224-wide row: 7% faster than predicated throughout).
 PREDICATED_ROW_VECTORS = 4
-
-
-def _called(node, seen: set) -> set:
-    """The functions (Call.fn) that IR statements or expressions call, nested ones included."""
-    if isinstance(node, (tuple, list)):
-        return set().union(*(_called(n, seen) for n in node))
-    if id(node) in seen or not is_dataclass(node):
-        return set()
-    seen.add(id(node))
-    own = {node.fn} if isinstance(node, Call) else set()
-    return own.union(*(_called(getattr(node, f.name), seen) for f in fields(node)))
 
 
 def first_lanes(lanes: int, count: int) -> str:
@@ -963,7 +951,7 @@ class FunctionEmitter:
         if g.kind != "f32" or self.vw < 16:
             return False
         if id(g) not in self.outline_choice:
-            self.outline_choice[id(g)] = bool(_called(g.epilogue, set()) & {"exp", "tanh", "erf"})
+            self.outline_choice[id(g)] = bool(called_functions(g.epilogue) & {"exp", "tanh", "erf"})
         return self.outline_choice[id(g)]
 
     def outlined_microkernel(self, g: Gemm, a_off: str, bp: str, m0: str, rows: int, vt: str, tile: str,

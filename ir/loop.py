@@ -41,7 +41,7 @@ import functools
 import hashlib
 import json
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, is_dataclass
 
 FORMAT_VERSION = 4
 SYMBOLS = "s"  # the kernel buffer of the symbols' run-time values (i64), where a kernel reads any
@@ -152,11 +152,23 @@ FLOAT_CALLS = frozenset(("exp", "log", "sqrt", "tanh", "erf", "abs", "floor", "c
 _CHEAP_CALLS = {"abs", "floor", "ceil", "round", "neg", "not", "sqrt", "round_f16", "round_bf16"}
 
 
-def calls_math(e) -> bool:
-    """Does expression e call a math function costlier than a few instructions?"""
-    if isinstance(e, Call):
-        return e.fn not in _CHEAP_CALLS or any(calls_math(a) for a in e.args)
-    return any(calls_math(getattr(e, f.name)) for f in fields(e) if isinstance(getattr(e, f.name), Expr))
+def called_functions(node, seen: set | None = None) -> set:
+    """The functions (Call.fn) that loop IR calls: an expression, a statement or a tuple of
+    them, nested ones included (a shared subexpression is visited once)."""
+    seen = set() if seen is None else seen
+    if isinstance(node, (tuple, list)):
+        return set().union(*(called_functions(n, seen) for n in node))
+    if id(node) in seen or not is_dataclass(node):
+        return set()
+    seen.add(id(node))
+    own = {node.fn} if isinstance(node, Call) else set()
+    return own.union(*(called_functions(getattr(node, f.name), seen) for f in fields(node)))
+
+
+def calls_math(node) -> bool:
+    """Does loop IR (as called_functions takes it) call a math function costlier than a few
+    instructions?"""
+    return bool(called_functions(node) - _CHEAP_CALLS)
 
 
 def operand_type(operands, type_of) -> str:

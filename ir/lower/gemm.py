@@ -13,7 +13,7 @@ is a constant (weights), at run time into a workspace otherwise (attention).
 from __future__ import annotations
 
 import math
-from dataclasses import fields, is_dataclass, replace
+from dataclasses import replace
 
 import numpy as np
 
@@ -88,29 +88,18 @@ DEPTHWISE_ONE_PASS_WEIGHTS = 25
 DEPTHWISE_PASS_WEIGHTS = 21
 
 
-def _expressions(statement) -> list:
-    """Every expression a statement holds, those of the statements nested in it too."""
-    found = []
-    for f in fields(statement):
-        value = getattr(statement, f.name)
-        for part in value if isinstance(value, tuple) else (value,):
-            if isinstance(part, Expr):
-                found.append(part)
-            elif is_dataclass(part):
-                found += _expressions(part)
-    return found
-
-
-def depthwise_row_pairs_pay(vector_width: int, kh: int, kw: int, row_stride: int, row_dilation: int) -> bool:
+def depthwise_row_pairs_pay(vector_width: int, kh: int, kw: int, row_stride: int, row_dilation: int,
+                            epilogue_calls_math: bool) -> bool:
     """Whether a depthwise conv computes two output rows a loop along them: their windows
     share kh - 1 input rows, loaded once, and the two rows' sums are independent chains.
     Measured per kernel, AVX-512 (whole planes, not a ring): 3x3 stride 1 144 x 56 x 56
     0.175 -> 0.136 ms, 384 x 14 x 14 0.037 -> 0.034, 960 x 7 x 7 0.037 -> 0.033; over run-time
     sizes 0.238 -> 0.205 and 0.051 -> 0.047. Not taken where it was slower: stride 2 (one
     shared row) level; 5x5 (50 weights live) 0.16 -> 0.51 ms; AVX2 (16 registers) 3x3 at
-    480 x 14 x 14 0.064 -> 0.071. (Nor with an epilogue calling exp, tanh or erf: their
-    constants twice over spilled, EfficientNet-B0's 144 x 56 x 56 with SiLU 0.28 -> 0.33.)"""
-    return vector_width >= 16 and row_stride == 1 and row_dilation == 1 and 2 <= kh and kh * kw <= 9
+    480 x 14 x 14 0.064 -> 0.071; an epilogue calling exp, tanh or erf (their constants twice
+    over spilled: EfficientNet-B0's 144 x 56 x 56 with SiLU 0.28 -> 0.33)."""
+    return (vector_width >= 16 and row_stride == 1 and row_dilation == 1 and 2 <= kh and kh * kw <= 9
+            and not epilogue_calls_math)
 
 
 # A conv with the weights as rows ("weights_rows"), per vector width: tiles of (channels,
@@ -871,8 +860,8 @@ def lower_depthwise(b: KernelBuilder, node: Node, store, value=lambda v: v, weig
             total = total if bias is None else fbin("add", total, bias([Var(co)]))
             return (*stmts, *store([Var(bv), Var(co), row, Var(q)], out(total) if out else total))
         one_row = last_pass(Var(r))
-        if not ring and len(passes) == 1 and depthwise_row_pairs_pay(b.config.vector_width, kh, kw, sh, dh) and \
-                not any(calls_math(e) for st in one_row for e in _expressions(st)):
+        if not ring and len(passes) == 1 and depthwise_row_pairs_pay(b.config.vector_width, kh, kw, sh, dh,
+                                                                     calls_math(one_row)):
             # Rows 2p and 2p + 1 in one loop along them (their shared input rows' loads are
             # one expression each: LLVM loads them once), then an odd last row alone.
             pair = b.fresh("rp")
