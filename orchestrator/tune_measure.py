@@ -124,6 +124,12 @@ def ratios_of(result: VariantResult, calls: list[int]) -> list[float]:
     return out
 
 
+def variant_deadline(rounds: int, sizes: int, model_ms: float) -> float:
+    """Seconds a variant's check and timing may take before it counts as hung: each round runs
+    three profiled runs of at least MODEL_ROUND_MS at each size; a wide margin."""
+    return LOAD_DEADLINE_S + 30 * rounds * sizes * max(MODEL_ROUND_MS, model_ms) / 1000
+
+
 def measure_variant(a_timed: str, a_checked: str, b_timed: str, b_checked: str, threads: int, cpus: list,
                     deadline_s: float, rounds: int = ROUNDS, sizes: list = ({},)) -> VariantResult:
     """Check the variant against the rules' model, then time both A/B/A at every size (a dict

@@ -45,8 +45,8 @@ from .options import BuildOptions
 from .pipeline import plan_model, schedule_for
 from .plan import make_job, unique_jobs
 from .target import parse_target
-from .tune_measure import (CONFIRM_ROUNDS, LOAD_DEADLINE_S, MODEL_ROUND_MS, ROUNDS, Workspace, check_alone,
-                           measure_variant, profile_calls, ratios_of, variant, write_kernel_bundle, write_model)
+from .tune_measure import (CONFIRM_ROUNDS, ROUNDS, Workspace, check_alone, measure_variant, profile_calls, ratios_of,
+                           variant, variant_deadline, write_kernel_bundle, write_model)
 from .tune_knowledge import MAX_LOG, Knowledge, kernel_features
 from .tune_search import IMPROVES, KernelSearch
 from .tuning_records import Records, make_record, record_parts, usable_cores
@@ -286,10 +286,8 @@ class Tuner:
         """The variant with `live`'s candidates, checked and timed against the rules' model:
         (its VariantResult, digest -> that kernel's ratio in each round)."""
         timed, checked = self._variant_dirs(state, live)
-        # (each round: three profiled runs of at least MODEL_ROUND_MS at each size; a wide margin)
-        deadline = LOAD_DEADLINE_S + 30 * rounds * len(state.sizes) * max(MODEL_ROUND_MS, state.ms) / 1000
         r = measure_variant(state.a_timed, state.a_checked, timed, checked, self.threads, self.measure_cpus,
-                            deadline, rounds, state.sizes)
+                            variant_deadline(rounds, len(state.sizes), state.ms), rounds, state.sizes)
         self.work.remove(timed)
         self.work.remove(checked)
         calls = state.plan.lowered.calls
