@@ -98,19 +98,51 @@ def copies_rows_as_it_goes(kernel) -> bool:
 KILN_TEMP_PREFIX = "kiln-"  # every temp file and folder Kiln (and this suite) makes is named so
 
 
-@pytest.fixture(scope="session", autouse=True)
-def _temp_dir_left_as_found():
-    """A full test run leaves the temp dir as it found it: nothing Kiln (or a test) creates
-    there may outlive its owner. Only Kiln's names are looked at: other processes on the
-    machine may come and go in the temp dir while the suite runs."""
-    tmp = tempfile.gettempdir()
+def _kiln_temp_names() -> set:
+    """Kiln's names in the temp dir (only those: other processes on the machine may come and
+    go there while the suite runs)."""
+    return {name for name in os.listdir(tempfile.gettempdir()) if name.startswith(KILN_TEMP_PREFIX)}
 
-    def kilns():
-        return {name for name in os.listdir(tmp) if name.startswith(KILN_TEMP_PREFIX)}
-    before = kilns()
-    yield
-    left = sorted(kilns() - before)
-    assert not left, f"the test run left these in {tmp}: {left}"
+
+def _is_xdist_worker(config) -> bool:
+    return hasattr(config, "workerinput")
+
+
+def pytest_sessionstart(session):
+    if not _is_xdist_worker(session.config):
+        session.config.kiln_temp_before = _kiln_temp_names()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """A full test run leaves the temp dir as it found it: nothing Kiln (or a test) creates
+    there may outlive its owner. Checked once, by the process that started the run, after
+    every worker (and every fixture) is gone."""
+    if _is_xdist_worker(session.config) or not hasattr(session.config, "kiln_temp_before"):
+        return
+    left = sorted(_kiln_temp_names() - session.config.kiln_temp_before)
+    if left:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.ensure_newline()
+            reporter.write_line(f"FAILED: the test run left these in {tempfile.gettempdir()}: {left}", red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto` (pyproject.toml): one test process per CPU this run may use, not per CPU of
+    the machine."""
+    return len(os.sched_getaffinity(0))
+
+
+RAY_FIXTURES = {"ray_cluster", "ray_session", "ray_executor"}
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests on the shared Ray cluster run in one test process, one after another: the cluster
+    is started once, and its node-loss timings are not shared with a second test's load."""
+    for item in items:
+        if RAY_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.xdist_group("ray"))
 
 
 @pytest.fixture(scope="session")

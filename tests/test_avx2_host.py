@@ -97,3 +97,10 @@ def test_the_zen3_cpuinfo_keeps_avx2_and_drops_avx512():
     real = "processor\t: 0\nmodel name\t: AMD EPYC 9B45\nflags\t\t: fpu avx avx2 fma avx512f avx512_vnni avx_vnni\n"
     flags = [line for line in avx2_host.zen3_cpuinfo(real).splitlines() if line.startswith("flags")]
     assert flags == ["flags\t\t: fpu avx avx2 fma"]
+
+
+def test_a_suite_run_as_an_avx2_host_keeps_its_tests_in_the_emulated_process():
+    """pytest-xdist's test processes would start outside qemu, on the real CPU."""
+    assert avx2_host.in_one_process(["-m", "pytest", "-q", "tests/"]) == ["-m", "pytest", "-n", "0", "-q", "tests/"]
+    assert avx2_host.in_one_process(["-m", "pytest", "-n", "1", "tests/"]) == ["-m", "pytest", "-n", "1", "tests/"]
+    assert avx2_host.in_one_process(["script.py"]) == ["script.py"]

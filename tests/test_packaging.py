@@ -9,6 +9,8 @@ import sys
 import sysconfig
 import zipfile
 
+import pytest
+
 from tests.conftest import ROOT
 
 TOP_LEVEL = ("orchestrator", "ir", "codegen_worker", "artifacts", "configs")
@@ -20,6 +22,7 @@ def _run(cmd, **kwargs):
     return r
 
 
+@pytest.mark.xdist_group("ray")  # (it starts a Ray of its own: beside the cluster's tests, not at once)
 def test_wheel_installs_into_a_fresh_venv_and_builds_the_example(tmp_path):
     # Built from a copy: setuptools writes build/ and *.egg-info beside the sources.
     src = tmp_path / "src"

@@ -75,6 +75,7 @@ def test_conflicting_target_options_do_not_leak(which, ray_executor, executor):
     assert batch.results[0].files["model.so"] != alone[2].files["model.so"]  # the options do change code
 
 
+@pytest.mark.xdist_group("ray")  # (a second Ray on the machine: beside the cluster's tests, not at once)
 def test_cli_executor_ray_starts_its_own_ray(tmp_path):
     """`kiln build --executor ray` with no address starts a local Ray with num_cpus = workers."""
     import json
