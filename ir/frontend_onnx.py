@@ -55,7 +55,8 @@ def _check_node_opset(node: Node, opset: int) -> None:
             old = onnx.defs.get_schema(node.op, new.since_version - 1)
         except onnx.defs.SchemaError:
             return  # this is its first version
-    added = sorted(set(node.attrs) & (set(new.attributes) - set(old.attributes)))
+    implemented = op_def(node.op).later_attributes if op_def(node.op) else frozenset()
+    added = sorted(set(node.attrs) & (set(new.attributes) - set(old.attributes)) - implemented)
     if added or [i.name for i in new.inputs] != [i.name for i in old.inputs]:
         what = f"attribute(s) {', '.join(added)}" if added else "its changed inputs"
         raise UnsupportedError(f"{node.describe()}: op {node.op} at opset {opset} uses {what}, "

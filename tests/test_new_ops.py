@@ -86,6 +86,27 @@ def test_depth_space_round_trip(executor):
     _around(helper.make_node("SpaceToDepth", ["x2"], ["d"], blocksize=2), (2, 3, 4, 6), executor=executor)
 
 
+@pytest.mark.parametrize("mode", ["DCR", "CRD"])
+def test_space_to_depth_modes_of_opset_28(mode, executor):
+    """SpaceToDepth's `mode` (opset 28), computed in a kernel (fused between neighbours) and
+    folded on a constant, against onnx's reference evaluator (onnxruntime may lack opset 28)."""
+    from onnx.reference import ReferenceEvaluator
+    x = _x((2, 3, 4, 6))
+    nodes = [helper.make_node("Mul", ["x", "two"], ["x2"]),
+             helper.make_node("SpaceToDepth", ["x2"], ["d"], blocksize=2, mode=mode),
+             helper.make_node("Neg", ["d"], ["y"]),
+             helper.make_node("SpaceToDepth", ["k"], ["folded"], blocksize=3, mode=mode)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", F, [2, 3, 4, 6])],
+                              [helper.make_tensor_value_info(n, F, None) for n in ("y", "folded")],
+                              [numpy_helper.from_array(np.array(2, np.float32), "two"),
+                               numpy_helper.from_array(_x((1, 2, 3, 6), seed=1), "k")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 28)], ir_version=10)
+    got = build(model, executor=executor, cache=None, progress=False).load().run({"x": x})
+    want = dict(zip(("y", "folded"), ReferenceEvaluator(model).run(None, {"x": x})))
+    for name in want:
+        np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+
+
 @pytest.mark.parametrize("exclusive,reverse", [(0, 0), (1, 0), (0, 1), (1, 1)])
 def test_cumsum(exclusive, reverse, executor):
     _around(helper.make_node("CumSum", ["x2", "axis"], ["c"], exclusive=exclusive, reverse=reverse), (3, 7),

@@ -189,6 +189,7 @@ def _depth_to_space_fold(a, values, g, node):
 def _space_to_depth(g, node, p):
     x = g.types[node.inputs[0]]
     bs = node.attrs["blocksize"]
+    check_attrs(node, {"mode": ("DCR", "CRD")})  # (mode: opset 28)
     n, c, h, w = x.shape
     if h % bs or w % bs:
         raise ShapeError(f"{node.describe()}: spatial {h}x{w} does not divide into blocks of {bs}")
@@ -196,12 +197,15 @@ def _space_to_depth(g, node, p):
 
 
 def _space_to_depth_reader(b, node):
+    """Output channel c holds input channel c % C at block offset c // C (DCR: blocks outer),
+    or input channel c // (bs*bs) at block offset c % (bs*bs) (CRD: channels outer)."""
     x, bs = b.reader(node.inputs[0]), node.attrs["blocksize"]
     c_in = b.shape(node.inputs[0])[1]
+    crd = node.attrs.get("mode", "DCR") == "CRD"
 
     def read(idx):
         n, c, y, xx = idx
-        block, ch = div(c, c_in), rem(c, c_in)
+        block, ch = (rem(c, bs * bs), div(c, bs * bs)) if crd else (div(c, c_in), rem(c, c_in))
         return x([n, ch, add(mul(y, bs), div(block, bs)), add(mul(xx, bs), rem(block, bs))])
     return read
 
@@ -209,7 +213,8 @@ def _space_to_depth_reader(b, node):
 def _space_to_depth_fold(a, values, g, node):
     x, bs = values[0], a["blocksize"]
     n, c, h, w = x.shape
-    y = x.reshape(n, c, h // bs, bs, w // bs, bs).transpose(0, 3, 5, 1, 2, 4)
+    blocks = x.reshape(n, c, h // bs, bs, w // bs, bs)
+    y = blocks.transpose(0, 1, 3, 5, 2, 4) if a.get("mode", "DCR") == "CRD" else blocks.transpose(0, 3, 5, 1, 2, 4)
     return [y.reshape(n, c * bs * bs, h // bs, w // bs)]
 
 
@@ -221,7 +226,8 @@ register(
     OpDef("Trilu", INJECTIVE, _trilu, _trilu_fold, one_output(_trilu_reader)),
     OpDef("Tile", INJECTIVE, _tile, lambda a, v, g, node: [np.tile(v[0], a["repeats"])], one_output(_tile_reader)),
     OpDef("DepthToSpace", INJECTIVE, _depth_to_space, _depth_to_space_fold, one_output(_depth_to_space_reader)),
-    OpDef("SpaceToDepth", INJECTIVE, _space_to_depth, _space_to_depth_fold, one_output(_space_to_depth_reader)),
+    OpDef("SpaceToDepth", INJECTIVE, _space_to_depth, _space_to_depth_fold, one_output(_space_to_depth_reader),
+          later_attributes=frozenset({"mode"})),
 )
 
 

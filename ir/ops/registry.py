@@ -43,6 +43,9 @@ class OpDef:
     # Its element calls a math function (exp, erf, tanh, ...): fusion recomputes it in at most
     # one reading kernel instead of in each.
     costly: bool = False
+    # Attributes ONNX added after the opset Kiln implements in full (frontend_onnx.FULL_OPSET)
+    # that this definition implements: a model that uses them is not refused.
+    later_attributes: frozenset = frozenset()
 
 
 REGISTRY: dict[str, OpDef] = {}
