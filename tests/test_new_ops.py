@@ -107,6 +107,34 @@ def test_space_to_depth_modes_of_opset_28(mode, executor):
         np.testing.assert_array_equal(got[name], want[name], err_msg=name)
 
 
+@pytest.mark.parametrize("pads", [[0, 0, 1, 2, 0, 0, 2, 1],     # within the sizes
+                                  [0, 1, 7, 3, 0, 0, 5, 9],     # past them: wrapping more than once
+                                  [0, 0, -1, 2, 0, 0, 1, -2]])  # cropping on one side, wrapping on the other
+def test_pad_wrap(pads, executor):
+    """Pad's wrap mode (opset 19), fused between neighbours, against onnxruntime; onnx's
+    reference evaluator (np.pad's wrap) agrees where it takes the pads (not negative ones)."""
+    from onnx.reference import ReferenceEvaluator
+    _around(helper.make_node("Pad", ["x2", "pads"], ["p"], mode="wrap"), (1, 2, 3, 4),
+            inits=[("pads", np.array(pads, np.int64))], opset=19, executor=executor)
+    if min(pads) >= 0:
+        graph = helper.make_graph([helper.make_node("Pad", ["x", "pads"], ["y"], mode="wrap")], "g",
+                                  [helper.make_tensor_value_info("x", F, [1, 2, 3, 4])],
+                                  [helper.make_tensor_value_info("y", F, None)],
+                                  [numpy_helper.from_array(np.array(pads, np.int64), "pads")])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)], ir_version=10)
+        x = _x((1, 2, 3, 4))
+        got = build(model, executor=executor, cache=None, progress=False).load().run({"x": x})["y"]
+        np.testing.assert_array_equal(got, ReferenceEvaluator(model).run(None, {"x": x})[0])
+
+
+def test_pad_wrap_refuses_to_wrap_around_nothing():
+    """An axis cropped to nothing and padded: onnxruntime refuses it too."""
+    from modelkiln.ir.errors import KilnError
+    with pytest.raises(KilnError, match=r"'cut'.*crops axis 3.*nothing to wrap around"):
+        _around(helper.make_node("Pad", ["x2", "pads"], ["p"], mode="wrap", name="cut"), (1, 2, 3, 4),
+                inits=[("pads", np.array([0, 0, 0, -4, 0, 0, 0, 2], np.int64))], opset=19)
+
+
 @pytest.mark.parametrize("exclusive,reverse", [(0, 0), (1, 0), (0, 1), (1, 1)])
 def test_cumsum(exclusive, reverse, executor):
     _around(helper.make_node("CumSum", ["x2", "axis"], ["c"], exclusive=exclusive, reverse=reverse), (3, 7),

@@ -446,15 +446,15 @@ def test_a_unet_pads_its_upsampled_maps_to_their_skips_sizes(executor):
                                                  .astype(np.float32)})
 
 
-@pytest.mark.parametrize("mode", ["constant", "edge", "reflect"])
+@pytest.mark.parametrize("mode", ["constant", "edge", "reflect", "wrap"])
 def test_a_pad_of_run_time_sizes(mode, executor):
     """Pad (constant pads) of a run-time height and width: the kernel's bounds checks, edge
-    clamps and reflections read the sizes it is given."""
+    clamps, reflections and wraps read the sizes it is given."""
     pads = numpy_helper.from_array(np.array([0, 0, 2, 1, 0, 0, 1, 3], np.int64), "pads")
     graph = helper.make_graph([helper.make_node("Pad", ["x", "pads"], ["y"], mode=mode)], "g",
                               [helper.make_tensor_value_info("x", F, [1, 2, "h", "w"])],
                               [helper.make_tensor_value_info("y", F, None)], [pads])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)], ir_version=8)
     module = build(model, dims={"h": (4, 20), "w": (4, 20)}, executor=executor, cache=None, progress=False).load()
     for shape in [(1, 2, 4, 4), (1, 2, 9, 17), (1, 2, 20, 5)]:
         _assert_like_onnxruntime(module, model, {"x": np.random.default_rng(shape[3]).standard_normal(shape)

@@ -8,9 +8,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..graph import Node
-from ..loop import (Cast, Const, Expr, For, Load, Store, Var, add, call, cmp, const, div, fbin, flat_index, mul, select,
-                    sub, unflatten)
-from ..symbolic import greatest
+from ..loop import (Cast, Const, Expr, For, Load, Store, Var, add, call, cmp, const, div, fbin, flat_index, mul, rem,
+                    select, sub, unflatten)
+from ..symbolic import greatest, is_symbolic
 from .builder import KernelBuilder, broadcast_index
 
 
@@ -189,6 +189,8 @@ def pad_reader(b: KernelBuilder, node: Node):
             j, last = sub(i, as_index(b.dim(before))), sub(n, 1)  # (n: an int, or a run-time size)
             if mode == "edge":
                 src.append(iclamp(j, 0, last))
+            elif mode == "wrap":
+                src.append(iclamp(_wrapped(i, n, before, pads[a + rank], b.dim), 0, last))
             elif mode == "reflect":
                 j = select(cmp("lt", j, Const(0)), sub(Const(0), j), j)
                 j = select(cmp("ge", j, n), sub(mul(2, last), j), j)
@@ -200,6 +202,19 @@ def pad_reader(b: KernelBuilder, node: Node):
         v = x(src)
         return v if inside is None else select(inside, v, value)
     return pad
+
+
+def _wrapped(i, n, before, after, dim):
+    """Pad's wrap mode along one axis: negative pads crop first (as onnxruntime does; onnx's
+    reference evaluator refuses them), then output index i reads the kept [crop_before,
+    n - crop_after) at (i - pad_before) modulo its length. (Pads read at run time are Dims,
+    never negative: ir/ops/shape._check_wrap. `dim` makes a Dim an expression.)"""
+    pad_before, crop_before = (before, 0) if is_symbolic(before) else (max(before, 0), max(-before, 0))
+    crop_after = 0 if is_symbolic(after) else max(-after, 0)
+    kept = sub(n, crop_before + crop_after)
+    t = rem(sub(i, as_index(dim(pad_before))), kept)
+    t = select(cmp("lt", t, Const(0)), add(t, kept), t)  # (remainders of either sign's convention)
+    return add(t, crop_before)
 
 
 def resize_source_coords(n_in: int, n_out: int, scale: float, ctm: str, roi=(0.0, 1.0)) -> np.ndarray:

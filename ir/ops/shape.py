@@ -330,7 +330,7 @@ def _gather_fold(a, values, g, node):
 def _pad(g, node, p):
     x = g.types[node.inputs[0]]
     rank = len(x.shape)
-    check_attrs(node, {"mode": ("constant", "reflect", "edge")})
+    check_attrs(node, {"mode": ("constant", "reflect", "edge", "wrap")})
     pads = attr_or_input(g, node, "pads", 1, at_run_time=True)
     axes = attr_or_input(g, node, "axes", 3, list(range(rank)))
     axes = [normalize_axis(a, rank, node) for a in axes]
@@ -346,12 +346,30 @@ def _pad(g, node, p):
         value = const_input(g, node, 2, "constant_value")
         p["value"] = float(value.reshape(-1)[0]) if value is not None and value.size else \
             float(node.attrs.get("value", 0.0))
+    if p["mode"] == "wrap":
+        _check_wrap(node, x.shape, full)
     shape = tuple(x.shape[i] + full[i] + full[i + rank] for i in range(rank))
     if any(is_symbolic(d) and least(d) < 0 and not at_most(0, d) for d in shape):
         raise TypeError(f"a Pad whose output may have a negative size ({', '.join(map(str, shape))})")
     if not any(is_symbolic(v) for v in full + list(x.shape)) and min(shape) < 0:
         raise ShapeError(f"{node.describe()}: pads {full} make a negative dimension of {x}")
     return TensorType(shape, x.dtype)
+
+
+def _check_wrap(node, shape, pads) -> None:
+    """Wrap crops first (negative pads, as onnxruntime does) and wraps around what is left:
+    that must be known to be nonempty, and a pad read at run time must not crop."""
+    rank = len(shape)
+    for a, n in enumerate(shape):
+        before, after = pads[a], pads[a + rank]
+        if (is_symbolic(before) and least(before) < 0) or (is_symbolic(after) and least(after) < 0):
+            raise UnsupportedError(f"{node.describe()}: wrap mode with pads read at run time that may be negative "
+                                   "(bound them from 0)")
+        crops = max(0 if is_symbolic(before) else -before, 0) + max(0 if is_symbolic(after) else -after, 0)
+        grows = any(is_symbolic(p) or p > 0 for p in (before, after))
+        if grows and (least(n) if is_symbolic(n) else n) - crops < 1:
+            raise ShapeError(f"{node.describe()}: wrap mode with pads {pads} crops axis {a} of {list(shape)} "
+                             "to nothing: there is nothing to wrap around")
 
 
 def _scaled_size(n, scale: float):
