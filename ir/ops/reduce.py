@@ -1,20 +1,22 @@
 """Reductions and windows: ReduceSum/Mean/Max, global pools, Softmax, LayerNormalization,
 MaxPool, AveragePool. Each is an anchor: its own loop nest over the points it produces,
-inner loops over what it reduces, the rest of its group as an epilogue."""
+inner loops over what it reduces, the rest of its group as an epilogue. (LRN, a window
+over channels, is read by its consumers instead.)"""
 from __future__ import annotations
 
 import numpy as np
 
 from ..attrs import attr_or_input, normalize_axis
-from ..loop import add, fbin, mul
+from ..loop import Const, add, call, cmp, const, fbin, fold_balanced, mul, select, sub
 from ..dtypes import is_float
 from ..graph import ShapeError, TensorType, UnsupportedError
 from ..symbolic import at_most, floor_div, is_symbolic, least
+from ..lower.elementwise import as_index, iclamp
 from ..lower.pool import lower_pool
 from ..lower.reduce import (lower_hardmax, lower_layernorm, lower_lp_normalize, lower_normalize,
                             lower_reduce, lower_softmax)
 from .conv_gemm import resolve_window
-from .registry import REDUCTION, OpDef, register
+from .registry import INJECTIVE, REDUCTION, OpDef, one_output, register
 
 REDUCE_SUM, REDUCE_MEAN = "ReduceSum", "ReduceMean"  # (other ops are built from them: einsum.py, elementwise.py)
 
@@ -205,7 +207,57 @@ def _mvn(g, node, p):
     return x
 
 
+def _lrn(g, node, p):
+    x = g.types[node.inputs[0]]
+    if len(x.shape) < 3 or not is_float(x.dtype):
+        raise UnsupportedError(f"{node.describe()}: LRN of {x} (floats of [N, C, D1, ...])")
+    if node.attrs.get("size", 0) < 1:
+        raise ShapeError(f"{node.describe()}: size={node.attrs.get('size')} (a window of at least one channel)")
+    return x
+
+
+def _lrn_terms(a) -> tuple:
+    """(channels below, channels above, bias, alpha / size, beta) of an LRN's window."""
+    size = a["size"]
+    return (size - 1) // 2, size // 2, a.get("bias", 1.0), a.get("alpha", 1e-4) / size, a.get("beta", 0.75)
+
+
+def _lrn_reader(b, node):
+    """x / (bias + alpha / size * the sum of squares of x over the channels c - below .. c +
+    above that exist) ** beta: the window's neighbours read at clamped channels and zeroed
+    outside. beta 0.75 (AlexNet's, GoogLeNet's) is two square roots, which vectorize."""
+    x, channels, t = b.reader(node.inputs[0]), b.shape(node.inputs[0])[1], b.compute(node.inputs[0])
+    below, above, bias, scale, beta = _lrn_terms(b.attrs(node))
+
+    def value(idx):
+        n, c, rest = idx[0], idx[1], list(idx[2:])
+        squares = []
+        for k in range(-below, above + 1):
+            ck = add(c, Const(k))
+            v = x([n, iclamp(ck, 0, sub(channels, 1)), *rest]) if k else x(idx)
+            square = fbin("mul", v, v)
+            if k:
+                inside = cmp("lt", ck, as_index(channels)) if k > 0 else cmp("ge", ck, Const(0))
+                square = select(inside, square, const(0.0, t))
+            squares.append(square)
+        d = fbin("add", const(bias, t), fbin("mul", const(scale, t), fold_balanced("add", squares)))
+        if beta == 0.75:
+            root = call("sqrt", d)
+            return fbin("div", x(idx), fbin("mul", root, call("sqrt", root)))
+        return fbin("div", x(idx), fbin("pow", d, const(beta, t)))
+    return value
+
+
+def _lrn_fold(a, values, g, node):
+    x = values[0]
+    below, above, bias, scale, beta = _lrn_terms(a)
+    squares = np.pad(x.astype(np.float64) ** 2, [(0, 0), (below, above)] + [(0, 0)] * (x.ndim - 2))
+    window = sum(squares[:, k:k + x.shape[1]] for k in range(below + above + 1))
+    return [(x / (bias + scale * window) ** beta).astype(x.dtype)]
+
+
 register(
+    OpDef("LRN", INJECTIVE, _lrn, _lrn_fold, one_output(_lrn_reader), costly=True),
     OpDef("LogSoftmax", REDUCTION, _softmax,
           anchor=lambda b, node, store, out: lower_softmax(b, node, store, out, log=True)),
     OpDef("Hardmax", REDUCTION, _softmax, anchor=lambda b, node, store, out: lower_hardmax(b, node, store)),
