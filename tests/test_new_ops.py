@@ -174,6 +174,20 @@ def test_cumsum(exclusive, reverse, executor):
             inits=[("axis", np.array(1, np.int64))], executor=executor)
 
 
+@pytest.mark.parametrize("exclusive,reverse", [(0, 0), (1, 0), (0, 1), (1, 1)])
+def test_cumprod(exclusive, reverse, executor):
+    """CumProd (opset 26), in a kernel and folded on a constant, against onnx's reference
+    evaluator (onnxruntime lacks opset 26); an exclusive product starts at 1."""
+    nodes = [helper.make_node("Mul", ["x", "two"], ["x2"]),
+             helper.make_node("CumProd", ["x2", "axis"], ["c"], exclusive=exclusive, reverse=reverse),
+             helper.make_node("Neg", ["c"], ["y"]),
+             helper.make_node("CumProd", ["k", "axis0"], ["folded"], exclusive=exclusive, reverse=reverse)]
+    _check(nodes, [("x", F, [3, 7])], {"x": _x((3, 7))}, [("y", F), ("folded", F)],
+           [("two", np.array(0.7, np.float32)), ("axis", np.array(1, np.int64)),
+            ("axis0", np.array(0, np.int64)), ("k", _x((4, 3), seed=2))], opset=26, rtol=1e-5,
+           executor=executor, oracle="reference")
+
+
 @pytest.mark.parametrize("op,last,keep", [("ArgMax", 0, 1), ("ArgMin", 1, 0), ("ArgMax", 1, 0)])
 def test_arg_reductions(op, last, keep, executor):
     x = np.round(_x((3, 8), 4))  # rounded: ties, where select_last_index matters

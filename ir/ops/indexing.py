@@ -14,7 +14,7 @@ from ..attrs import check_attrs, const_input, normalize_axis
 from ..graph import ShapeError, TensorType
 from ..symbolic import Dim, least
 from ..loop import (Assign, Cast, Const, For, If, Let, Load, Local, Store, Var, add, cmp, div, fbin, flat_index,
-                    lowest, mul, rem, select, sub)
+                    const, lowest, mul, rem, select, sub)
 from ..lower.elementwise import iclamp
 from ..lower.reduce import literal
 from .registry import INJECTIVE, OPAQUE, REDUCTION, OpDef, one_output, register
@@ -293,19 +293,25 @@ def _scatter_fold(a, values, g, node):
 
 # ---- CumSum, TopK -----------------------------------------------------------------------------
 
-def _cumsum(g, node, p):
+def _cumulative(g, node, p):
     x = g.types[node.inputs[0]]
     axis = const_input(g, node, 1, "axis", required=True)
     p["axis"] = normalize_axis(int(axis.reshape(-1)[0]), len(x.shape), node)
     return x
 
 
-def _cumsum_kernel(b, node):
-    """One running sum per line along the axis (reversed: from its end)."""
+# CumSum and CumProd (opset 26): their combining op, its identity (an exclusive scan's first
+# value) and numpy's scan.
+_CUMULATIVE = {"CumSum": ("add", 0, np.cumsum), "CumProd": ("mul", 1, np.cumprod)}
+
+
+def _cumulative_kernel(b, node):
+    """One running sum (product) per line along the axis (reversed: from its end)."""
     xs, axis = b.shape(node.inputs[0]), b.attrs(node)["axis"]
     x, param = b.reader(node.inputs[0]), b.out_param(node.outputs[0])
     exclusive, reverse = node.attrs.get("exclusive", 0), node.attrs.get("reverse", 0)
     t, n = b.compute(node.inputs[0]), xs[axis]
+    combine, identity, _ = _CUMULATIVE[node.op]
     outer = [d for a, d in enumerate(xs) if a != axis]
 
     def line(oidx):
@@ -313,19 +319,21 @@ def _cumsum_kernel(b, node):
         pos = sub(Const(n - 1), Var(j)) if reverse else Var(j)
         idx = list(oidx[:axis]) + [pos] + list(oidx[axis:])
         at = flat_index(idx, xs)
-        steps = [Store(param, at, Var(acc, t)), Assign(acc, fbin("add", Var(acc, t), x(idx)))] if exclusive else \
-            [Assign(acc, fbin("add", Var(acc, t), x(idx))), Store(param, at, Var(acc, t))]
-        return [Local(acc, t, Const(0)), For(j, n, tuple(steps))]
+        step = Assign(acc, fbin(combine, Var(acc, t), x(idx)))
+        steps = [Store(param, at, Var(acc, t)), step] if exclusive else [step, Store(param, at, Var(acc, t))]
+        return [Local(acc, t, const(identity, t)), For(j, n, tuple(steps))]
     return b.loops(outer, line, inner_kind="serial", parallel=True)
 
 
-def _cumsum_fold(a, values, g, node):
+def _cumulative_fold(a, values, g, node):
     x, axis = values[0], a["axis"]
+    _, identity, scan = _CUMULATIVE[node.op]
     if a.get("reverse", 0):
         x = np.flip(x, axis)
-    out = np.cumsum(x, axis=axis, dtype=x.dtype)
+    out = scan(x, axis=axis, dtype=x.dtype)
     if a.get("exclusive", 0):
-        out = np.concatenate([np.zeros_like(np.take(out, [0], axis)), np.delete(out, -1, axis)], axis)
+        first = np.full_like(np.take(out, [0], axis), identity)
+        out = np.concatenate([first, np.delete(out, -1, axis)], axis)
     return [np.flip(out, axis) if a.get("reverse", 0) else out]
 
 
@@ -392,7 +400,7 @@ def _topk_fold(a, values, g, node):
 register(
     OpDef("ScatterElements", OPAQUE, _scatter, _scatter_fold, alone=_scatter_kernel),
     OpDef("ScatterND", OPAQUE, _scatter, _scatter_fold, alone=_scatter_kernel),
-    OpDef("CumSum", OPAQUE, _cumsum, _cumsum_fold, alone=_cumsum_kernel),
+    *[OpDef(op, OPAQUE, _cumulative, _cumulative_fold, alone=_cumulative_kernel) for op in _CUMULATIVE],
     OpDef("TopK", OPAQUE, _topk, _topk_fold, alone=_topk_kernel),
 )
 
