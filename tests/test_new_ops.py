@@ -129,6 +129,17 @@ def test_lrn_in_an_alexnet_block_and_folded(executor):
     build_and_compare(g.model({"x": [1, 3, 17, 17]}, [h, folded], name="alexnet_block"), executor)
 
 
+def test_eye_like(executor):
+    """EyeLike above, on and below the diagonal of a non-square matrix, of the input's type and
+    of another, in a kernel (its input a graph input) and folded (a constant's)."""
+    I32 = TensorProto.INT32
+    nodes = [helper.make_node("EyeLike", ["x"], ["above"], k=2),
+             helper.make_node("EyeLike", ["x"], ["below"], k=-1, dtype=I32),
+             helper.make_node("EyeLike", ["k"], ["folded"])]
+    _check(nodes, [("x", F, [4, 6])], {"x": _x((4, 6))}, [("above", F), ("below", I32), ("folded", F)],
+           [("k", _x((5, 3)))], opset=22, executor=executor)
+
+
 def test_depth_space_round_trip(executor):
     for mode in ("DCR", "CRD"):
         _around(helper.make_node("DepthToSpace", ["x2"], ["d"], blocksize=2, mode=mode), (1, 8, 3, 4),

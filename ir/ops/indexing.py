@@ -1,6 +1,6 @@
-"""Indexing ops: GatherElements, GatherND, OneHot, Trilu, Tile, DepthToSpace, SpaceToDepth
-(readers: each output element reads one input element), ScatterElements, ScatterND, CumSum
-and TopK (kernels of their own: they write where their data says, or scan), ArgMax/ArgMin
+"""Indexing ops: GatherElements, GatherND, OneHot, Trilu, Tile, EyeLike, DepthToSpace, SpaceToDepth
+(readers: each output element reads one input element, or none), ScatterElements, ScatterND,
+CumSum, CumProd and TopK (kernels of their own: they write where their data says, or scan), ArgMax/ArgMin
 (anchors with an epilogue, like a reduction).
 
 Indices are clamped into range after negative ones wrap: an out-of-range index reads a
@@ -11,12 +11,14 @@ from __future__ import annotations
 import numpy as np
 
 from ..attrs import check_attrs, const_input, normalize_axis
+from ..dtypes import numpy_dtype
 from ..graph import ShapeError, TensorType
 from ..symbolic import Dim, least
 from ..loop import (Assign, Cast, Const, For, If, Let, Load, Local, Store, Var, add, cmp, div, fbin, flat_index,
                     const, lowest, mul, rem, select, sub)
 from ..lower.elementwise import iclamp
 from ..lower.reduce import literal
+from ..onnx_dtypes import onnx_to_dtype
 from .registry import INJECTIVE, OPAQUE, REDUCTION, OpDef, one_output, register
 
 
@@ -152,6 +154,25 @@ def _tile_reader(b, node):
     return lambda idx: x([i if r == 1 else rem(i, d) for i, d, r in zip(idx, xs, b.attrs(node)["repeats"])])
 
 
+def _eye_like(g, node, p):
+    x = g.types[node.inputs[0]]
+    if len(x.shape) != 2:
+        raise ShapeError(f"{node.describe()}: EyeLike of {x} (a matrix)")
+    code = node.attrs.get("dtype")
+    return TensorType(x.shape, onnx_to_dtype(code, node) if code else x.dtype)
+
+
+def _eye_like_reader(b, node):
+    """1 where column - row = k, else 0: the input's values are never read."""
+    t, k = b.compute(node.outputs[0]), node.attrs.get("k", 0)
+    return lambda idx: select(cmp("eq", sub(idx[1], idx[0]), Const(k)), const(1, t), const(0, t))
+
+
+def _eye_like_fold(a, values, g, node):
+    rows, cols = g.types[node.outputs[0]].shape
+    return [np.eye(rows, cols, a.get("k", 0), dtype=numpy_dtype(g.types[node.outputs[0]].dtype))]
+
+
 def _depth_to_space(g, node, p):
     x = g.types[node.inputs[0]]
     bs = node.attrs["blocksize"]
@@ -225,6 +246,7 @@ register(
     OpDef("OneHot", INJECTIVE, _one_hot, _one_hot_fold, one_output(_one_hot_reader)),
     OpDef("Trilu", INJECTIVE, _trilu, _trilu_fold, one_output(_trilu_reader)),
     OpDef("Tile", INJECTIVE, _tile, lambda a, v, g, node: [np.tile(v[0], a["repeats"])], one_output(_tile_reader)),
+    OpDef("EyeLike", INJECTIVE, _eye_like, _eye_like_fold, one_output(_eye_like_reader)),
     OpDef("DepthToSpace", INJECTIVE, _depth_to_space, _depth_to_space_fold, one_output(_depth_to_space_reader)),
     OpDef("SpaceToDepth", INJECTIVE, _space_to_depth, _space_to_depth_fold, one_output(_space_to_depth_reader),
           later_attributes=frozenset({"mode"})),
