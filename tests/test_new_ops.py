@@ -329,6 +329,31 @@ def test_rotary_embedding_from_its_function_body(executor):
                                   ("pos", pos)], opset=23, executor=executor)
 
 
+@pytest.mark.parametrize("reduction", [None, "sum", "none"])
+def test_losses_from_their_function_bodies(reduction, executor):
+    """SoftmaxCrossEntropyLoss (with its log-probabilities) and NegativeLogLikelihoodLoss with
+    weights and an ignored index, against onnxruntime. Their bodies refer to the node's
+    `reduction`: absent, it is the op's default (mean)."""
+    I64 = TensorProto.INT64
+    attrs = {"ignore_index": 2, **({"reduction": reduction} if reduction else {})}
+    labels = np.array([[0, 2, 4], [1, 3, 2]], np.int64)
+    nodes = [helper.make_node("SoftmaxCrossEntropyLoss", ["x", "labels", "w"], ["sce", "log_prob"], **attrs),
+             helper.make_node("NegativeLogLikelihoodLoss", ["log_prob", "labels", "w"], ["nll"], **attrs)]
+    _check(nodes, [("x", F, [2, 5, 3]), ("labels", I64, [2, 3])], {"x": _x((2, 5, 3), 6), "labels": labels},
+           [("sce", F), ("log_prob", F), ("nll", F)], [("w", np.linspace(0.5, 1.5, 5).astype(np.float32))],
+           opset=22, executor=executor)
+
+
+def test_center_crop_pad_and_windows_from_their_function_bodies(executor):
+    nodes = [helper.make_node("CenterCropPad", ["x", "shape"], ["y"], axes=[1, 2]),
+             helper.make_node("HannWindow", ["n"], ["hann"], periodic=0),
+             helper.make_node("HammingWindow", ["n"], ["hamming"]),
+             helper.make_node("BlackmanWindow", ["n"], ["blackman"])]
+    _check(nodes, [("x", F, [2, 5, 6])], {"x": _x((2, 5, 6), 7)},
+           [("y", F), ("hann", F), ("hamming", F), ("blackman", F)],
+           [("shape", np.array([3, 9], np.int64)), ("n", np.array(10, np.int64))], opset=18, executor=executor)
+
+
 @pytest.mark.parametrize("attrs,roi", [
     ({"mode": "cubic"}, None), ({"mode": "cubic", "exclude_outside": 1, "cubic_coeff_a": -0.5}, None),
     ({"mode": "linear", "coordinate_transformation_mode": "tf_crop_and_resize", "extrapolation_value": 3.0},

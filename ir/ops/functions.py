@@ -1,5 +1,6 @@
 """Ops ONNX defines as functions of other ops, which Kiln builds from that definition:
-Attention and RotaryEmbedding (opset 23). Type inference replaces such a node by the body
+Attention and RotaryEmbedding (opset 23), SwiGLU (28), CausalConvWithState (27), CenterCropPad,
+the losses NegativeLogLikelihoodLoss and SoftmaxCrossEntropyLoss, and the window functions. Type inference replaces such a node by the body
 onnx gives for it, specialized to the node's attributes and its inputs' types (a context-
 dependent function), so what the spec says the op computes is exactly what is compiled;
 the body's ops then infer, fold and fuse like any others.
@@ -28,6 +29,20 @@ def _type_proto(g: Graph, name: str):
     return helper.make_tensor_type_proto(DTYPES[t.dtype].onnx, list(t.shape))
 
 
+def _body_attributes(body_node, node: Node, schema) -> dict:
+    """A body node's attributes; one that refers to an attribute of the function's node takes
+    that node's value, else the op's default, else is left out (the body op's own default)."""
+    out = {}
+    for a in body_node.attribute:
+        if not a.ref_attr_name:
+            out[a.name] = attr_value(a)
+        elif a.ref_attr_name in node.attrs:
+            out[a.name] = node.attrs[a.ref_attr_name]
+        elif a.ref_attr_name in schema.attributes and schema.attributes[a.ref_attr_name].default_value.type:
+            out[a.name] = attr_value(schema.attributes[a.ref_attr_name].default_value)
+    return out
+
+
 def expand_function(g: Graph, node: Node) -> list[Node]:
     """The nodes of `node`'s function body, its inputs and outputs wired to the node's;
     the body's own tensors are named after the node, so expansions never collide."""
@@ -54,7 +69,7 @@ def expand_function(g: Graph, node: Node) -> list[Node]:
         if n.domain not in ("", "ai.onnx"):
             raise UnsupportedError(f"{node.describe()}: its function body uses domain '{n.domain}'")
         inner = Node(n.op_type, [rename(x) for x in n.input], [rename(x) for x in n.output],
-                     {a.name: attr_value(a) for a in n.attribute}, f"{node.name}/{n.op_type}_{i}")
+                     _body_attributes(n, node, schema), f"{node.name}/{n.op_type}_{i}")
         if inner.op == CONSTANT:
             g.add_constant(inner.outputs[0], constant_value(inner))
             continue
@@ -62,4 +77,8 @@ def expand_function(g: Graph, node: Node) -> list[Node]:
     return nodes
 
 
-register(*(OpDef(name, OPAQUE, expanded_only, expand=expand_function) for name in ("Attention", "RotaryEmbedding")))
+# (AffineGrid's and LinearAttention's bodies hold subgraphs, an If's and a Loop's, whose names
+# expand_function does not rename: not claimed.)
+register(*(OpDef(name, OPAQUE, expanded_only, expand=expand_function) for name in (
+    "Attention", "RotaryEmbedding", "SwiGLU", "CausalConvWithState", "CenterCropPad", "NegativeLogLikelihoodLoss",
+    "SoftmaxCrossEntropyLoss", "BlackmanWindow", "HammingWindow", "HannWindow")))
