@@ -60,3 +60,21 @@ def test_a_grid_of_the_wrong_shape_is_refused_by_name():
     model.graph.node[3].name = "sampler"
     with pytest.raises(KilnError, match=r"'sampler'.*grid"):
         build(model, cache=None, progress=False)
+
+
+@pytest.mark.parametrize("align_corners", [0, 1])
+def test_a_spatial_transformer_affine_grid_then_grid_sample(align_corners, executor):
+    """AffineGrid (built from its onnx function body: an If in it) makes the grid a predicted
+    theta gives; GridSample warps the image by it, as a spatial transformer network does."""
+    nodes = [helper.make_node("AffineGrid", ["theta", "size"], ["grid"], align_corners=align_corners),
+             helper.make_node("GridSample", ["x", "grid"], ["y"], align_corners=align_corners)]
+    graph = helper.make_graph(nodes, "stn", [helper.make_tensor_value_info("x", F, [2, 3, 6, 8]),
+                                             helper.make_tensor_value_info("theta", F, [2, 2, 3])],
+                              [helper.make_tensor_value_info("y", F, None)],
+                              [numpy_helper.from_array(np.array([2, 3, 5, 7], np.int64), "size")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)], ir_version=9)
+    rng = np.random.default_rng(1)
+    theta = (np.array([[1, 0, 0], [0, 1, 0]], np.float32) + 0.3 * rng.standard_normal((2, 2, 3))).astype(np.float32)
+    feeds = {"x": rng.standard_normal((2, 3, 6, 8)).astype(np.float32), "theta": theta}
+    got = build(model, executor=executor, cache=None, progress=False).load().run(feeds)["y"]
+    np.testing.assert_allclose(got, model_zoo.onnxruntime_outputs(model, feeds)["y"], rtol=1e-4, atol=1e-5)

@@ -1,6 +1,7 @@
 """Ops ONNX defines as functions of other ops, which Kiln builds from that definition:
-Attention and RotaryEmbedding (opset 23), SwiGLU (28), CausalConvWithState (27), CenterCropPad,
-the losses NegativeLogLikelihoodLoss and SoftmaxCrossEntropyLoss, and the window functions. Type inference replaces such a node by the body
+Attention and RotaryEmbedding (opset 23), SwiGLU (28), LinearAttention and CausalConvWithState
+(27), AffineGrid, CenterCropPad, the losses NegativeLogLikelihoodLoss and
+SoftmaxCrossEntropyLoss, and the window functions. Type inference replaces such a node by the body
 onnx gives for it, specialized to the node's attributes and its inputs' types (a context-
 dependent function), so what the spec says the op computes is exactly what is compiled;
 the body's ops then infer, fold and fuse like any others.
@@ -29,18 +30,56 @@ def _type_proto(g: Graph, name: str):
     return helper.make_tensor_type_proto(DTYPES[t.dtype].onnx, list(t.shape))
 
 
-def _body_attributes(body_node, node: Node, schema) -> dict:
-    """A body node's attributes; one that refers to an attribute of the function's node takes
-    that node's value, else the op's default, else is left out (the body op's own default)."""
-    out = {}
-    for a in body_node.attribute:
+def _resolved(attributes, node: Node, schema) -> list:
+    """A body node's attribute protos, those that refer to an attribute of the function's node
+    (ref_attr_name) given that node's value, else the op's default, else left out (the body
+    op's own default then holds)."""
+    from onnx import AttributeProto, helper
+    given, out = _proto_attributes(node), []
+    for a in attributes:
         if not a.ref_attr_name:
-            out[a.name] = attr_value(a)
-        elif a.ref_attr_name in node.attrs:
-            out[a.name] = node.attrs[a.ref_attr_name]
+            out.append(a)
+        elif a.ref_attr_name in given:
+            out.append(helper.make_attribute(a.name, given[a.ref_attr_name]))
         elif a.ref_attr_name in schema.attributes and schema.attributes[a.ref_attr_name].default_value.type:
-            out[a.name] = attr_value(schema.attributes[a.ref_attr_name].default_value)
+            default = AttributeProto()
+            default.CopyFrom(schema.attributes[a.ref_attr_name].default_value)
+            default.name = a.name
+            out.append(default)
     return out
+
+
+def _renamed_subgraph(gp, rename, node: Node, schema):
+    """A copy of a body node's subgraph (an If's branch, a Loop's body) whose every tensor name,
+    nested subgraphs' too, goes through `rename` as the body's own do, references resolved."""
+    from onnx import GraphProto
+    out = GraphProto()
+    out.CopyFrom(gp)
+
+    def walk(graph):
+        for vi in (*graph.input, *graph.output, *graph.value_info):
+            vi.name = rename(vi.name)
+        for init in graph.initializer:
+            init.name = rename(init.name)
+        for n in graph.node:
+            n.input[:] = [rename(x) for x in n.input]
+            n.output[:] = [rename(x) for x in n.output]
+            attributes = _resolved(n.attribute, node, schema)
+            del n.attribute[:]
+            n.attribute.extend(attributes)
+            for a in n.attribute:
+                for sub in ([a.g] if a.type == a.GRAPH else list(a.graphs)):
+                    walk(sub)
+    walk(out)
+    return out
+
+
+def _body_attributes(body_node, node: Node, schema, rename, opset: int, owner: str) -> dict:
+    """A body node's attributes as Kiln keeps them (subgraphs renamed and read as the frontend
+    reads a model's)."""
+    from ..frontend_onnx import read_subgraph
+    return {a.name: read_subgraph(_renamed_subgraph(a.g, rename, node, schema), opset, f"{owner}.{a.name}")
+            if a.type == a.GRAPH else attr_value(a) for a in _resolved(body_node.attribute, node, schema)}
 
 
 def expand_function(g: Graph, node: Node) -> list[Node]:
@@ -68,8 +107,9 @@ def expand_function(g: Graph, node: Node) -> list[Node]:
     for i, n in enumerate(body.node):
         if n.domain not in ("", "ai.onnx"):
             raise UnsupportedError(f"{node.describe()}: its function body uses domain '{n.domain}'")
+        name = f"{node.name}/{n.op_type}_{i}"
         inner = Node(n.op_type, [rename(x) for x in n.input], [rename(x) for x in n.output],
-                     _body_attributes(n, node, schema), f"{node.name}/{n.op_type}_{i}")
+                     _body_attributes(n, node, schema, rename, g.opset, name), name)
         if inner.op == CONSTANT:
             g.add_constant(inner.outputs[0], constant_value(inner))
             continue
@@ -77,8 +117,6 @@ def expand_function(g: Graph, node: Node) -> list[Node]:
     return nodes
 
 
-# (AffineGrid's and LinearAttention's bodies hold subgraphs, an If's and a Loop's, whose names
-# expand_function does not rename: not claimed.)
 register(*(OpDef(name, OPAQUE, expanded_only, expand=expand_function) for name in (
     "Attention", "RotaryEmbedding", "SwiGLU", "CausalConvWithState", "CenterCropPad", "NegativeLogLikelihoodLoss",
-    "SoftmaxCrossEntropyLoss", "BlackmanWindow", "HammingWindow", "HannWindow")))
+    "SoftmaxCrossEntropyLoss", "BlackmanWindow", "HammingWindow", "HannWindow", "AffineGrid", "LinearAttention")))
