@@ -140,6 +140,15 @@ def test_eye_like(executor):
            [("k", _x((5, 3)))], opset=22, executor=executor)
 
 
+@pytest.mark.parametrize("p,attrs", [(2, {"kernel_shape": [3, 3], "pads": [1, 0, 1, 2]}),
+                                     (3, {"kernel_shape": [2, 3], "strides": [2, 1], "dilations": [1, 2]}),
+                                     (1, {"kernel_shape": [3, 2], "auto_pad": "SAME_UPPER", "strides": [2, 2]})])
+def test_lp_pool(p, attrs, executor):
+    """LpPool's p-norm over each window (taps in the padding count as zeros)."""
+    _around(helper.make_node("LpPool", ["x2"], ["l"], p=p, **attrs), (2, 3, 7, 9), opset=18, rtol=1e-4,
+            executor=executor)
+
+
 def test_depth_space_round_trip(executor):
     for mode in ("DCR", "CRD"):
         _around(helper.make_node("DepthToSpace", ["x2"], ["d"], blocksize=2, mode=mode), (1, 8, 3, 4),

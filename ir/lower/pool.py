@@ -19,8 +19,8 @@ import numpy as np
 
 from ..dtypes import dtype
 from ..graph import Node
-from ..loop import (FLOAT_TYPES, Assign, Const, Expr, For, If, Let, Load, Local, Var, add, cmp, fbin, flat_index,
-                    lowest, mul, rem, select, sub)
+from ..loop import (FLOAT_TYPES, Assign, Const, Expr, For, If, Let, Load, Local, Var, add, call, cmp, fbin,
+                    flat_index, lowest, mul, rem, select, sub)
 from ..symbolic import greatest, least
 from .builder import KernelBuilder
 from .gemm import bordered_copies_limit, image_workspace, images_in_parallel, over_images
@@ -177,9 +177,21 @@ def _sticky_max(acc, x):
     return select(fbin("or", cmp("le", acc, x), cmp("ne", x, x)), x, acc)
 
 
-def lower_pool(b: KernelBuilder, node: Node, store, is_max: bool) -> tuple:
+def _lp_term(v, p: int):
+    """|v| ** p: an LpPool's term."""
+    return fbin("mul", v, v) if p == 2 else call("abs", v) if p == 1 else fbin("pow", call("abs", v), _f(p))
+
+
+def _lp_root(total, p: int):
+    """total ** (1 / p): an LpPool's output."""
+    return call("sqrt", total) if p == 2 else total if p == 1 else fbin("pow", total, _f(1.0 / p))
+
+
+def lower_pool(b: KernelBuilder, node: Node, store, is_max: bool, lp: int | None = None) -> tuple:
+    """A max or average pool, or with `lp` an LpPool's p-norm over each window (taps outside
+    the input count as zeros)."""
     t = b.compute(node.inputs[0])  # f32, or f64
-    if _on_bordered_planes(b, node, t, is_max):
+    if lp is None and _on_bordered_planes(b, node, t, is_max):
         return _lower_pool_on_planes(b, node, store, is_max)
     x, xshape = b.reader(node.inputs[0]), b.shape(node.inputs[0])
     oshape = b.shape(node.outputs[0])
@@ -241,13 +253,15 @@ def lower_pool(b: KernelBuilder, node: Node, store, is_max: bool) -> tuple:
             if is_max:
                 v = select(ok, v, literal(lowest(t))) if ok is not None else v
                 return [Assign(acc, _window_max(Var(acc, t), v, t))]
+            v = v if lp is None else _lp_term(v, lp)
             stmts = [Assign(acc, fbin("add", Var(acc, t), select(ok, v, _f(0)) if ok is not None else v))]
             counted = (in_pad if include_pad else ok)
             one = select(counted, _f(1), _f(0)) if counted is not None else _f(1)
             return stmts + [Assign(cnt, fbin("add", Var(cnt, t), one))]
 
         body += b.loops(kernel, accumulate, inner_kind="unroll")
-        value = Var(acc, t) if is_max else fbin("div", Var(acc, t), Var(cnt, t))
+        value = Var(acc, t) if is_max else _lp_root(Var(acc, t), lp) if lp is not None else \
+            fbin("div", Var(acc, t), Var(cnt, t))
         return body + list(store(oidx, value))
 
     if at_run_time:

@@ -142,6 +142,8 @@ register(
           anchor=lambda b, node, store, out: lower_layernorm(b, node, store)),
     OpDef(MAX_POOL, REDUCTION, _pool, anchor=lambda b, node, store, out: lower_pool(b, node, store, True)),
     OpDef("AveragePool", REDUCTION, _pool, anchor=lambda b, node, store, out: lower_pool(b, node, store, False)),
+    OpDef("LpPool", REDUCTION, _pool,
+          anchor=lambda b, node, store, out: lower_pool(b, node, store, False, lp=int(node.attrs.get("p", 2)))),
 )
 
 
