@@ -287,7 +287,7 @@ def _initializer(init, payload=None):
         raise UnsupportedError(f"initializer '{init.name}': {e}") from None
 
 
-def read_subgraph(gp, opset: int, owner: str) -> Subgraph:
+def _subgraph(gp, opset: int, owner: str) -> Subgraph:
     """A graph attribute (a branch or a loop body), its nodes and constants as the main graph's."""
     constants: dict = {}
     check_names_defined_once(gp, f"subgraph '{gp.name or owner}'")
@@ -321,7 +321,7 @@ def _nodes(protos, opset: int, add_constant) -> list[Node]:
             raise UnsupportedError(f"{node.describe()}: op {np_.op_type} (opset {opset}) is not supported by Kiln")
         check_node(np_, opset, node.describe())
         try:
-            node.attrs = {a.name: read_subgraph(a.g, opset, f"{node.name}.{a.name}") if a.type == a.GRAPH
+            node.attrs = {a.name: _subgraph(a.g, opset, f"{node.name}.{a.name}") if a.type == a.GRAPH
                           else attr_value(a) for a in np_.attribute}
         except UnsupportedError as e:
             msg = str(e)

@@ -78,3 +78,12 @@ def test_a_spatial_transformer_affine_grid_then_grid_sample(align_corners, execu
     feeds = {"x": rng.standard_normal((2, 3, 6, 8)).astype(np.float32), "theta": theta}
     got = build(model, executor=executor, cache=None, progress=False).load().run(feeds)["y"]
     np.testing.assert_allclose(got, model_zoo.onnxruntime_outputs(model, feeds)["y"], rtol=1e-4, atol=1e-5)
+
+
+def test_an_image_of_run_time_size_is_refused_by_name():
+    """The image's sizes must be known at build time (the grid's may vary)."""
+    from modelkiln.ir.errors import KilnError
+    model = _model([1, 2, "h", "w"], [1, 3, 3, 2])
+    model.graph.node[3].name = "sampler"
+    with pytest.raises(KilnError, match=r"'sampler'.*known at run time"):
+        build(model, dims={"h": (2, 8), "w": (2, 8)}, cache=None, progress=False)

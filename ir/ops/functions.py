@@ -9,7 +9,7 @@ the body's ops then infer, fold and fuse like any others.
 from __future__ import annotations
 
 from ..dtypes import DTYPES
-from ..graph import Graph, Node, UnsupportedError
+from ..graph import Graph, Node, Subgraph, UnsupportedError, as_kiln_array
 from ..onnx_attrs import attr_value, constant_value
 from .compile_time import CONSTANT
 from .registry import OPAQUE, OpDef, expanded_only, register
@@ -74,12 +74,32 @@ def _renamed_subgraph(gp, rename, node: Node, schema):
     return out
 
 
-def _body_attributes(body_node, node: Node, schema, rename, opset: int, owner: str) -> dict:
-    """A body node's attributes as Kiln keeps them (subgraphs renamed and read as the frontend
-    reads a model's)."""
-    from ..frontend_onnx import read_subgraph
-    return {a.name: read_subgraph(_renamed_subgraph(a.g, rename, node, schema), opset, f"{owner}.{a.name}")
-            if a.type == a.GRAPH else attr_value(a) for a in _resolved(body_node.attribute, node, schema)}
+def _body_subgraph(gp, owner: str) -> Subgraph:
+    """A subgraph of a body (renamed, its references resolved) as Kiln keeps one: a function
+    body is onnx's own, in order and checked, so it is read as it is, Constants as constants."""
+    from onnx import numpy_helper
+    constants = {init.name: as_kiln_array(numpy_helper.to_array(init)) for init in gp.initializer}
+    nodes = []
+    for i, n in enumerate(gp.node):
+        name = f"{owner}/{n.op_type}_{i}"
+        inner = Node(n.op_type, list(n.input), list(n.output), _attributes(n.attribute, name), name)
+        if inner.op == CONSTANT:
+            constants[inner.outputs[0]] = constant_value(inner)
+            continue
+        nodes.append(inner)
+    return Subgraph(gp.name or owner, [vi.name for vi in gp.input], [o.name for o in gp.output], nodes, constants)
+
+
+def _attributes(attributes, owner: str) -> dict:
+    return {a.name: _body_subgraph(a.g, f"{owner}.{a.name}") if a.type == a.GRAPH else attr_value(a)
+            for a in attributes}
+
+
+def _body_attributes(body_node, node: Node, schema, rename, owner: str) -> dict:
+    """A body node's attributes as Kiln keeps them, references resolved and subgraphs renamed."""
+    attributes = _resolved(body_node.attribute, node, schema)
+    return {a.name: _body_subgraph(_renamed_subgraph(a.g, rename, node, schema), f"{owner}.{a.name}")
+            if a.type == a.GRAPH else attr_value(a) for a in attributes}
 
 
 def expand_function(g: Graph, node: Node) -> list[Node]:
@@ -109,7 +129,7 @@ def expand_function(g: Graph, node: Node) -> list[Node]:
             raise UnsupportedError(f"{node.describe()}: its function body uses domain '{n.domain}'")
         name = f"{node.name}/{n.op_type}_{i}"
         inner = Node(n.op_type, [rename(x) for x in n.input], [rename(x) for x in n.output],
-                     _body_attributes(n, node, schema, rename, g.opset, name), name)
+                     _body_attributes(n, node, schema, rename, name), name)
         if inner.op == CONSTANT:
             g.add_constant(inner.outputs[0], constant_value(inner))
             continue

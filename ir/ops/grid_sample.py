@@ -16,6 +16,7 @@ from __future__ import annotations
 from ..attrs import check_attrs
 from ..dtypes import is_float
 from ..graph import ShapeError, TensorType, UnsupportedError
+from ..symbolic import is_symbolic
 from ..loop import Cast, Const, add, call, cmp, const, fbin, fold_balanced, select
 from ..lower.elementwise import and_, iclamp
 from .registry import INJECTIVE, OpDef, one_output, register
@@ -32,6 +33,9 @@ def _grid_sample(g, node, p):
     spatial = len(x.shape) - 2
     if spatial < 1 or not is_float(x.dtype) or not is_float(grid.dtype):
         raise UnsupportedError(f"{node.describe()}: GridSample of {x} by a grid of {grid} (floats)")
+    if any(is_symbolic(d) for d in x.shape[2:]):
+        raise UnsupportedError(f"{node.describe()}: GridSample of {x}, whose spatial sizes are known at run time "
+                               "only (give them with `shapes`)")
     if len(grid.shape) != spatial + 2 or grid.shape[-1] != spatial or grid.shape[0] != x.shape[0]:
         raise ShapeError(f"{node.describe()}: a grid of {grid} for an input of {x} (it must be "
                          f"[{x.shape[0]}, <output sizes>, {spatial}])")
@@ -74,9 +78,6 @@ def _cubic_weights(f, t: str) -> list:
 def _grid_sample_reader(b, node):
     x, grid = b.reader(node.inputs[0]), b.reader(node.inputs[1])
     xs, a = b.shape(node.inputs[0]), b.attrs(node)
-    if any(not isinstance(d, int) for d in xs[2:]):
-        raise UnsupportedError(f"{node.describe()}: GridSample of an input whose spatial sizes are known at run "
-                               "time only")
     t, mode = b.compute(node.inputs[0]), a["mode"]
     padding, corners = a.get("padding_mode", "zeros"), bool(a.get("align_corners", 0))
     dims = xs[2:]
