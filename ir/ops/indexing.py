@@ -1,7 +1,7 @@
-"""Indexing ops: GatherElements, GatherND, OneHot, Trilu, Tile, EyeLike, DepthToSpace, SpaceToDepth
-(readers: each output element reads one input element, or none), ScatterElements, ScatterND,
-CumSum, CumProd and TopK (kernels of their own: they write where their data says, or scan), ArgMax/ArgMin
-(anchors with an epilogue, like a reduction).
+"""Indexing ops: GatherElements, GatherND, OneHot, Trilu, Tile, EyeLike, DepthToSpace,
+SpaceToDepth (readers: each output element reads one input element, or none), ScatterElements,
+ScatterND, CumSum, CumProd and TopK (kernels of their own: they write where their data says, or
+scan), ArgMax/ArgMin (anchors with an epilogue, like a reduction).
 
 Indices are clamped into range after negative ones wrap: an out-of-range index reads a
 valid element instead of faulting (ONNX leaves the result undefined).
@@ -313,7 +313,7 @@ def _scatter_fold(a, values, g, node):
     return [out]
 
 
-# ---- CumSum, TopK -----------------------------------------------------------------------------
+# ---- CumSum, CumProd, TopK --------------------------------------------------------------------
 
 def _cumulative(g, node, p):
     x = g.types[node.inputs[0]]

@@ -1,5 +1,5 @@
 """Reductions and windows: ReduceSum/Mean/Max, global pools, Softmax, LayerNormalization,
-MaxPool, AveragePool. Each is an anchor: its own loop nest over the points it produces,
+MaxPool, AveragePool, LpPool. Each is an anchor: its own loop nest over the points it produces,
 inner loops over what it reduces, the rest of its group as an epilogue. (LRN, a window
 over channels, is read by its consumers instead.)"""
 from __future__ import annotations
