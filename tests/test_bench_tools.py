@@ -16,6 +16,12 @@ def _worktrees() -> list:
     return [line for line in out.splitlines() if line.startswith("worktree ")]
 
 
+# Tests that add git worktrees run in one test process, one after another: each compares the
+# repository's worktree list before and after, which another's worktree would change.
+WORKTREES = pytest.mark.xdist_group("git-worktrees")
+
+
+@WORKTREES
 @pytest.mark.parametrize("model", ["mlp_b1", "few_32_16_14"])  # (a bench model; a bench_convs layer)
 def test_compare_commits_builds_each_revision_and_removes_its_worktree(model):
     before = _worktrees()
@@ -28,7 +34,7 @@ def test_compare_commits_builds_each_revision_and_removes_its_worktree(model):
     assert _worktrees() == before and os.path.isdir(ROOT)
 
 
-
+@WORKTREES
 def test_compare_commits_builds_symbolic_dims_and_runs_at_the_sizes_asked(tmp_path):
     """--dim leaves a dim symbolic in both revisions' builds (each revision's own Kiln takes
     the bounds) and --at runs them at that size: here a batch of 3 of a MatMul built for 1..4."""
