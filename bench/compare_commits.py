@@ -25,9 +25,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
+import time
 
 import numpy as np
 import onnx
@@ -78,6 +80,22 @@ def _model_and_inputs(name: str) -> tuple:
     raise SystemExit(f"{name}: neither a model of bench_models.py, a layer of bench_convs.py nor an .onnx file")
 
 
+def _remove_worktree(where: str) -> None:
+    """Unregister and delete a worktree compare() added. git can fail to (a file in it still
+    being written: it happened under the test suite's parallel load, the revision's codegen
+    processes ending): it is asked again, and at last the folder is deleted here and
+    `git worktree prune` drops the entry."""
+    for attempt in range(5):
+        r = subprocess.run(["git", "-C", ROOT, "worktree", "remove", "--force", where], capture_output=True,
+                           text=True)
+        if r.returncode == 0:
+            return
+        time.sleep(0.2 * (attempt + 1))
+    sys.stderr.write(f"compare_commits: git worktree remove {where}: {r.stderr.strip()}\n")
+    shutil.rmtree(where, ignore_errors=True)
+    subprocess.run(["git", "-C", ROOT, "worktree", "prune"], check=False)
+
+
 def compare(model_name: str, revs: list, rounds: int, repeat: int, threads: int, target: str = "llvm",
             dims: dict | None = None, at: dict | None = None) -> dict:
     """{rev: (median over rounds, best round, kernel sum, per-kernel ms)} for each revision;
@@ -99,7 +117,7 @@ def compare(model_name: str, revs: list, rounds: int, repeat: int, threads: int,
                     inputs = modules[rev].random_inputs(dims=at)
         finally:
             for w in worktrees:
-                subprocess.run(["git", "-C", ROOT, "worktree", "remove", "--force", w], check=False)
+                _remove_worktree(w)
         medians = {rev: [] for rev in revs}
         kernels = {rev: None for rev in revs}
         for _ in range(rounds):
