@@ -23,15 +23,24 @@ WORKTREES = pytest.mark.xdist_group("git-worktrees")
 
 @WORKTREES
 @pytest.mark.parametrize("model", ["mlp_b1", "few_32_16_14"])  # (a bench model; a bench_convs layer)
-def test_compare_commits_builds_each_revision_and_removes_its_worktree(model):
-    before = _worktrees()
+def test_compare_commits_builds_each_revision_and_removes_its_worktree(model, monkeypatch):
+    from bench import compare_commits
+    added, checkout = [], compare_commits._checkout
+
+    def recorded(rev, where):
+        source = checkout(rev, where)
+        added.append(source)
+        return source
+    monkeypatch.setattr(compare_commits, "_checkout", recorded)
     found = compare(model, ["HEAD", WORKING_TREE], rounds=2, repeat=5, threads=1)
     assert list(found) == ["HEAD", WORKING_TREE]
     for median, best, kernel_sum, kernels in found.values():
         assert 0 < best <= median and kernel_sum == sum(kernels) > 0
     # The same model and, in a clean checkout, the same code: the same kernels either way.
     assert len(found["HEAD"][3]) == len(found[WORKING_TREE][3])
-    assert _worktrees() == before and os.path.isdir(ROOT)
+    # (its own worktree, by path: a CI run from a fresh clone once listed another one here)
+    assert len(added) == 2 and added[1] == ROOT and os.path.isdir(ROOT)
+    assert f"worktree {added[0]}" not in _worktrees() and not os.path.exists(added[0])
 
 
 @WORKTREES
