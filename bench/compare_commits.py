@@ -29,7 +29,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 
 import numpy as np
 import onnx
@@ -81,19 +80,13 @@ def _model_and_inputs(name: str) -> tuple:
 
 
 def _remove_worktree(where: str) -> None:
-    """Unregister and delete a worktree compare() added. git can fail to (a file in it still
-    being written: it happened under the test suite's parallel load, the revision's codegen
-    processes ending): it is asked again, and at last the folder is deleted here and
-    `git worktree prune` drops the entry."""
-    for attempt in range(5):
-        r = subprocess.run(["git", "-C", ROOT, "worktree", "remove", "--force", where], capture_output=True,
-                           text=True)
-        if r.returncode == 0:
-            return
-        time.sleep(0.2 * (attempt + 1))
-    sys.stderr.write(f"compare_commits: git worktree remove {where}: {r.stderr.strip()}\n")
-    shutil.rmtree(where, ignore_errors=True)
-    subprocess.run(["git", "-C", ROOT, "worktree", "prune"], check=False)
+    """Unregister and delete a worktree compare() added; where git cannot, say why, delete the
+    folder here and let `git worktree prune` drop the entry."""
+    r = subprocess.run(["git", "-C", ROOT, "worktree", "remove", "--force", where], capture_output=True, text=True)
+    if r.returncode != 0:
+        sys.stderr.write(f"compare_commits: git worktree remove {where}: {r.stderr.strip()}\n")
+        shutil.rmtree(where, ignore_errors=True)
+        subprocess.run(["git", "-C", ROOT, "worktree", "prune"], check=False)
 
 
 def compare(model_name: str, revs: list, rounds: int, repeat: int, threads: int, target: str = "llvm",

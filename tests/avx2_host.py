@@ -17,9 +17,10 @@ Python command (the whole suite, or one script) as if on such a machine:
 
 A pytest command runs its tests in the emulated process itself (`-n 0`: pytest-xdist's test
 processes would start natively). Other processes the guest starts (Kiln's codegen workers,
-a test's subprocess) run natively, on the real CPU: workers compile for the target the emulated parent resolved, so the code is the
-same. A child that builds for `llvm` on its own builds for the real CPU: its bundle is then
-refused by the emulated parent, or differs from the parent's build. On a Zen 5, 2026-11-24,
+a test's subprocess) run natively, on the real CPU: workers compile for the target the
+emulated parent resolved, so the code is the same. A child that builds for `llvm` on its own
+builds for the real CPU: its bundle is then refused by the emulated parent, or differs from
+the parent's build. On a Zen 5, 2026-11-24,
 the whole suite so (on 40f7bce): 2462 passed, and 6 failed for that reason alone
 (test_bench_tools' three, test_big_models' language model, test_tuning's concurrent tuners,
 test_worker_pool's warm pool); 35 minutes, against 15 natively.
@@ -84,7 +85,7 @@ QEMU_NOISE = "TCG doesn't support requested feature"  # once per cpuid bit TCG l
 def in_one_process(argv: list[str]) -> list[str]:
     """A pytest command run by the emulated Python itself: the test processes pytest-xdist
     starts (pyproject.toml's `-n auto`) would run natively, outside qemu."""
-    if argv[:2] == ["-m", "pytest"] and not any(a == "-n" or a.startswith("-n") for a in argv[2:]):
+    if argv[:2] == ["-m", "pytest"] and not any(a.startswith("-n") for a in argv[2:]):
         return [*argv[:2], "-n", "0", *argv[2:]]
     return argv
 
@@ -92,7 +93,8 @@ def in_one_process(argv: list[str]) -> list[str]:
 def main(argv: list[str]) -> int:
     import subprocess
     with tempfile.TemporaryDirectory(prefix="kiln-avx2-host-") as root:
-        proc = subprocess.Popen(command(root, in_one_process(argv)), env=prepare(root), stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(command(root, in_one_process(argv)), env=prepare(root), stderr=subprocess.PIPE,
+                                text=True)
         for line in proc.stderr:
             if QEMU_NOISE not in line:
                 sys.stderr.write(line)
