@@ -14,9 +14,12 @@ import math
 from .manifest import ENTRY_ABI_VERSION, Manifest, dim_c, dim_text, dim_value
 
 HEADER = "kiln_model.h"
+# (int4, uint4, int2, uint2: one to a byte, in its low bits)
 _C_TYPES = {"float32": "float", "float64": "double", "float16": "uint16_t", "bfloat16": "uint16_t", "bool": "uint8_t",
+            **{t: "uint8_t" for t in ("int4", "uint4", "int2", "uint2")},
             **{f"int{w}": f"int{w}_t" for w in (8, 16, 32, 64)}, **{f"uint{w}": f"uint{w}_t" for w in (8, 16, 32, 64)}}
-_ITEMSIZE = {"float16": 2, "bfloat16": 2, "bool": 1, "float32": 4, "float64": 8,
+_ITEMSIZE = {"float16": 2, "bfloat16": 2, "bool": 1, "float32": 4, "float64": 8, "int4": 1, "uint4": 1, "int2": 1,
+             "uint2": 1,
              **{f"{s}int{w}": w // 8 for s in ("", "u") for w in (8, 16, 32, 64)}}
 
 

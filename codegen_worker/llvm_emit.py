@@ -14,15 +14,17 @@ import math
 import struct
 
 from ..artifacts.cpu_features import byte_dot_widths
-from ..ir.loop import (FLOAT_TYPES, TRANSPOSE_LANES, WINDOW_DOT_LANES, SYMBOLS, Assign, Bin, Call, Cast, Cmp, Const,
-                      Deinterleave, For, Gemm, If, Kernel, Let, Load, Local, Select, Store, TransposeBlock, Var,
-                      WindowDot, bits, called_functions, compute_type, highest, is_unsigned, lowest, operand_type, phases)
+from ..ir.loop import (FLOAT_TYPES, SUB_BYTE_TYPES, TRANSPOSE_LANES, WINDOW_DOT_LANES, SYMBOLS, Assign, Bin, Call,
+                      Cast, Cmp, Const, Deinterleave, For, Gemm, If, Kernel, Let, Load, Local, Select, Store,
+                      TransposeBlock, Var, WindowDot, bits, called_functions, compute_type, highest, is_unsigned,
+                      lowest, operand_type, phases, value_bits)
 from ..ir.schedule import PANEL_CHUNK_KIB, REDUCE_INTERLEAVE
 
 # LLVM's type for each loop-IR type. Integers are sign-less in LLVM: signedness picks the
 # instruction. f16 and bf16 are stored as i16 and converted in software (see _math_lib), so
 # no target needs F16C or AVX512-BF16 and no libgcc helper is linked.
 LL = {"f32": "float", "f64": "double", "i1": "i1", "b8": "i8", "f16": "i16", "bf16": "i16",
+      **{t: "i8" for t in SUB_BYTE_TYPES},
       **{f"{s}{w}": f"i{w}" for s in "iu" for w in (8, 16, 32, 64)}}
 _FSUFFIX = {"f32": "f32", "f64": "f64"}
 _PACK = {"f16": "kiln_f2h", "bf16": "kiln_f2bf"}
@@ -421,6 +423,20 @@ class FunctionEmitter:
             f = self.tmp("wide")
             self.emit(f"{f} = call float @{_UNPACK[storage]}(i16 {v})")
             return f
+        if storage in SUB_BYTE_TYPES:
+            return self.sub_byte(v, storage)
+        return v
+
+    def sub_byte(self, byte: str, storage: str) -> str:
+        """A 4- or 2-bit integer in the low bits of an i8 as its 8-bit value: the high bits
+        cleared (unsigned) or copies of its sign bit (signed), whatever they were."""
+        v, unused = self.tmp("nib"), 8 - value_bits(storage)
+        if is_unsigned(storage):
+            self.emit(f"{v} = and i8 {byte}, {(1 << (8 - unused)) - 1}")
+        else:
+            up = self.tmp("up")
+            self.emit(f"{up} = shl i8 {byte}, {unused}")
+            self.emit(f"{v} = ashr i8 {up}, {unused}")
         return v
 
     def store(self, ptr: str, storage: str, index: str, value: str) -> None:
@@ -433,6 +449,10 @@ class FunctionEmitter:
             h = self.tmp("narrow")
             self.emit(f"{h} = call i16 @{_PACK[storage]}(float {value})")
             value = h
+        elif storage in SUB_BYTE_TYPES:  # its low bits, the rest clear (as ml_dtypes stores it)
+            low = self.tmp("low")
+            self.emit(f"{low} = and i8 {value}, {(1 << value_bits(storage)) - 1}")
+            value = low
         p = self.gep(ptr, storage, index)
         self.emit(f"store {LL[storage]} {value}, ptr {p}, align {_align(storage)}")
 

@@ -4,7 +4,9 @@ A tensor's dtype is its ONNX element type by name ("float16", "uint8", ...), kep
 from the model to the module's outputs. Each has a *storage* type in the loop IR (what a
 buffer holds) and a *compute* type (what a loaded element is while a kernel works on it):
 float16 and bfloat16 compute in float32 and round when stored, bool computes as i1 and is
-stored as a byte, every other type computes as itself (integers wrap at their own width).
+stored as a byte, the 4- and 2-bit integers are stored one to a byte (in its low bits, as
+ml_dtypes holds them and so numpy's arrays of them) and compute as 8-bit integers, every
+other type computes as itself (integers wrap at their own width).
 """
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..artifacts import element_types
-from .loop import compute_type
+from .loop import compute_type, value_bits
 
 numpy_dtype = element_types.numpy_dtype  # one definition for the loader and the compiler
 
@@ -41,18 +43,24 @@ class DType:
     def is_signed(self) -> bool:
         return self.storage[0] == "i" or self.is_float
 
+    @property
+    def int_range(self) -> tuple[int, int]:
+        """The least and greatest value of an integer type (a 4-bit one's, not its byte's)."""
+        width = value_bits(self.storage)
+        return (-(1 << (width - 1)), (1 << (width - 1)) - 1) if self.is_signed else (0, (1 << width) - 1)
+
 
 _TABLE = [DType("float32", 1, "f32", 4), DType("uint8", 2, "u8", 1), DType("int8", 3, "i8", 1),
           DType("uint16", 4, "u16", 2), DType("int16", 5, "i16", 2), DType("int32", 6, "i32", 4),
           DType("int64", 7, "i64", 8), DType("bool", 9, "b8", 1), DType("float16", 10, "f16", 2),
           DType("float64", 11, "f64", 8), DType("uint32", 12, "u32", 4), DType("uint64", 13, "u64", 8),
-          DType("bfloat16", 16, "bf16", 2)]
+          DType("bfloat16", 16, "bf16", 2), DType("uint4", 21, "u4", 1), DType("int4", 22, "i4", 1),
+          DType("uint2", 25, "u2", 1), DType("int2", 26, "i2", 1)]
 DTYPES = {d.name: d for d in _TABLE}
 _BY_ONNX = {d.onnx: d for d in _TABLE}
 # Names of the ONNX element types Kiln does not compute in, for error messages.
 _OTHER_ONNX = {8: "STRING", 14: "COMPLEX64", 15: "COMPLEX128", 17: "FLOAT8E4M3FN", 18: "FLOAT8E4M3FNUZ",
-               19: "FLOAT8E5M2", 20: "FLOAT8E5M2FNUZ", 21: "UINT4", 22: "INT4", 23: "FLOAT4E2M1",
-               24: "FLOAT8E8M0", 25: "UINT2", 26: "INT2"}
+               19: "FLOAT8E5M2", 20: "FLOAT8E5M2FNUZ", 23: "FLOAT4E2M1", 24: "FLOAT8E8M0"}
 
 
 def dtype(name: str) -> DType:

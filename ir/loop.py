@@ -7,9 +7,11 @@ codegen worker that knows nothing of graphs. This module imports nothing else of
 Types. A value computes as one of COMPUTE_TYPES: f32, f64, i1 (booleans), the signed
 integers i8..i64 and the unsigned u8..u64 (integer arithmetic wraps at the type's width;
 division, comparison, max/min and widening follow its signedness). A buffer stores one of
-STORAGE_TYPES: the compute types except i1, plus b8 (a bool in a byte), f16 and bf16. A Load
-converts the stored element to its compute type (`compute_type`: b8 -> i1, f16/bf16 -> f32)
-and a Store converts back, rounding to nearest even.
+STORAGE_TYPES: the compute types except i1, plus b8 (a bool in a byte), f16 and bf16, and the
+4- and 2-bit integers i4, u4, i2, u2 (one to a byte, in its low bits). A Load converts the
+stored element to its compute type (`compute_type`: b8 -> i1, f16/bf16 -> f32, i4/i2 -> i8
+sign-extended, u4/u2 -> u8 with the high bits cleared) and a Store converts back, rounding
+to nearest even (keeping the low bits of a 4- or 2-bit integer: it wraps at its width).
 
 A Const is a literal: where it meets a non-constant operand (in a Bin, Cmp, Select, Call,
 Store, Local or Assign) it takes that operand's type, so `x * 0.5` is written once for f32
@@ -49,8 +51,9 @@ SYMBOLS = "s"  # the kernel buffer of the symbols' run-time values (i64), where 
 INT_TYPES = ("i8", "i16", "i32", "i64", "u8", "u16", "u32", "u64")
 FLOAT_TYPES = ("f32", "f64")
 COMPUTE_TYPES = frozenset(("i1",) + INT_TYPES + FLOAT_TYPES)
-STORAGE_TYPES = frozenset(INT_TYPES + FLOAT_TYPES + ("b8", "f16", "bf16"))
-_LOADS_AS = {"b8": "i1", "f16": "f32", "bf16": "f32"}
+SUB_BYTE_TYPES = ("i4", "u4", "i2", "u2")
+STORAGE_TYPES = frozenset(INT_TYPES + FLOAT_TYPES + SUB_BYTE_TYPES + ("b8", "f16", "bf16"))
+_LOADS_AS = {"b8": "i1", "f16": "f32", "bf16": "f32", "i4": "i8", "u4": "u8", "i2": "i8", "u2": "u8"}
 
 
 def compute_type(storage: str) -> str:
@@ -59,7 +62,13 @@ def compute_type(storage: str) -> str:
 
 
 def bits(t: str) -> int:
-    return 1 if t == "i1" else 16 if t in ("f16", "bf16") else 8 if t == "b8" else int(t[1:])
+    """Bits a value of type t takes in a register or a buffer (a 4-bit integer: its byte)."""
+    return 1 if t == "i1" else 16 if t in ("f16", "bf16") else 8 if t == "b8" or t in SUB_BYTE_TYPES else int(t[1:])
+
+
+def value_bits(storage: str) -> int:
+    """Bits of a stored value: 4 for i4, where `bits` gives the byte it is stored in."""
+    return int(storage[1:]) if storage in SUB_BYTE_TYPES else bits(storage)
 
 
 def is_unsigned(t: str) -> bool:
@@ -674,6 +683,17 @@ def call(fn: str, *args) -> Expr:
 
 def select(c, a, b) -> Expr:
     return Select(_c(c), _c(a), _c(b))
+
+
+def stored_value(storage: str, value: Expr) -> Expr:
+    """`value` (of `storage`'s compute type) as a Store into `storage` keeps it: a 4- or 2-bit
+    integer wraps at its width. For code that uses a converted value before it is stored."""
+    if storage not in SUB_BYTE_TYPES:
+        return value
+    if is_unsigned(storage):
+        return fbin("and", value, (1 << value_bits(storage)) - 1)
+    unused = 8 - value_bits(storage)
+    return fbin("shr", fbin("shl", value, unused), unused)
 
 
 def const(value, dtype: str) -> Const:

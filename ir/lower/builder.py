@@ -19,8 +19,8 @@ import numpy as np
 from ..dtypes import dtype
 from ..graph import Graph, TensorType, UnsupportedError
 from ..errors import InternalError
-from ..loop import (SYMBOLS, Buffer, Const, Expr, For, Gemm, Kernel, Let, Load, Var, add, div, flat_index, mul, phases,
-                    rem)
+from ..loop import (SYMBOLS, Buffer, Const, Expr, For, Gemm, Kernel, Let, Load, Var, add, bits, div, flat_index, mul,
+                    phases, rem)
 from ..parallel import MIN_PIECE_WORK
 from ..schedule import CODEGEN_OPTIONS, KNOBS, ScheduleError, gemm_tiles, value_of
 from ..symbolic import Dim, greatest, product
@@ -248,7 +248,7 @@ class KernelBuilder:
 
 def storage_bytes(storage: str) -> int:
     """Bytes per element of a loop-IR storage type."""
-    return {"b8": 1, "f16": 2, "bf16": 2, "f32": 4, "f64": 8}.get(storage) or int(storage[1:]) // 8
+    return bits(storage) // 8
 
 
 def broadcast_index(idx, out_shape, in_shape) -> list:

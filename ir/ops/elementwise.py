@@ -13,7 +13,7 @@ import numpy as np
 from ..attrs import check_attrs, const_input
 from ..dtypes import DTYPES, is_int, numpy_dtype
 from ..graph import Node, ShapeError, TensorType, UnsupportedError
-from ..loop import Cast, Const, Var, call, calls_math, cmp, fbin, fold_balanced, select, sub
+from ..loop import Cast, Const, Var, call, calls_math, cmp, fbin, fold_balanced, select, stored_value, sub
 from ..lower.elementwise import and_, bcast_reader, clamp, f32
 from ..onnx_dtypes import onnx_to_dtype
 from ..symbolic import Dim, floor_div
@@ -112,7 +112,8 @@ def _castlike_infer(g, node, p):
 
 def _cast_reader(b, node):
     """A conversion between compute types; a cast to float16 or bfloat16 also rounds to that
-    precision (the value may be used before it is stored)."""
+    precision, and one to a 4- or 2-bit integer wraps at its width (the value may be used
+    before it is stored)."""
     x = bcast_reader(b, node.inputs[0], b.shape(node.outputs[0]))
     src, dst = b.type(node.inputs[0]).dtype, b.type(node.outputs[0]).dtype
     s, d = b.compute(node.inputs[0]), b.compute(node.outputs[0])
@@ -120,7 +121,7 @@ def _cast_reader(b, node):
 
     def value(idx):
         v = x(idx) if s == d else Cast(d, x(idx))
-        return call(rounding, v) if rounding else v
+        return call(rounding, v) if rounding else stored_value(DTYPES[dst].storage, v)
     return {node.outputs[0]: value}
 
 

@@ -17,7 +17,7 @@ import numpy as np
 from ..attrs import check_attrs, normalize_axis
 from ..dtypes import DTYPES, numpy_dtype
 from ..graph import Node, ShapeError, TensorType, UnsupportedError
-from ..loop import Cast, Const, call, fbin, lowest, highest
+from ..loop import Cast, Const, call, fbin
 from ..lower.elementwise import f32
 from ..lower.integer_gemm import lower_conv_integer, lower_matmul_integer
 from ..onnx_dtypes import onnx_to_dtype
@@ -32,7 +32,7 @@ QUANTIZE_LINEAR, DEQUANTIZE_LINEAR = "QuantizeLinear", "DequantizeLinear"
 MATMUL_INTEGER, CONV_INTEGER = "MatMulInteger", "ConvInteger"
 
 # What Kiln quantizes to and from; float8, int4 and the like stay refused by the type table.
-QUANTIZED = ("int8", "uint8", "int16", "uint16")
+QUANTIZED = ("int8", "uint8", "int16", "uint16", "int4", "uint4", "int2", "uint2")
 DEQUANTIZED = QUANTIZED + ("int32",)  # an int32 accumulator dequantizes too
 FLOATS = ("float32", "float16", "bfloat16")
 BYTES = ("int8", "uint8")
@@ -104,20 +104,20 @@ def _quantize_infer(g, node, p):
 
 
 def quantize_expr(value, scale, zero_point, out_dtype: str, power_of_two: float | None = None):
-    """round(value / scale) + zero_point, saturated to out_dtype (all in float32: exact for
-    the 8- and 16-bit types, as onnxruntime computes it). A scale known to be the power of
+    """round(value / scale) + zero_point, saturated to out_dtype's range (all in float32:
+    exact for the 2- to 16-bit types, as onnxruntime computes it). A scale known to be the power of
     two `power_of_two` (1 after integer_products folded the scales into one multiplier)
     divides as a multiply by its reciprocal: exact, and a division costs a vector divide
     per 16 outputs of an int8 conv's epilogue."""
     from ..dtypes import dtype as dtype_of
-    t = dtype_of(out_dtype).compute
+    t, (least, greatest) = dtype_of(out_dtype).compute, dtype_of(out_dtype).int_range
     if power_of_two is not None:
         q = call("round", fbin("mul", value, Const(1.0 / power_of_two, "f32")))
     else:
         q = call("round", fbin("div", value, scale))
     if zero_point is not None:
         q = fbin("add", q, Cast("f32", zero_point))
-    return Cast(t, fbin("min", fbin("max", q, f32(lowest(t))), f32(highest(t))))
+    return Cast(t, fbin("min", fbin("max", q, f32(least)), f32(greatest)))
 
 
 def _quantize_reader(b, node):
@@ -153,8 +153,8 @@ def _quantize_fold(a, values, g, node):
     q = np.round(x / _np_scale(s, a, x.shape))  # numpy rounds half to even, as ONNX does
     if zp is not None:
         q = q + _np_scale(zp, a, x.shape).astype(np.float32)
-    info = np.iinfo(out)
-    return [np.clip(q, info.min, info.max).astype(out)]
+    least, greatest = DTYPES[g.types[node.outputs[0]].dtype].int_range
+    return [np.clip(q, least, greatest).astype(out)]
 
 
 def _dequantize_infer(g, node, p):

@@ -1,0 +1,141 @@
+"""onnxruntime's com.microsoft.MatMulNBits (block-quantized weights, what int4 LLMs are made
+of) and its QDQ spelling (DequantizeLinear of int4 blocks, then MatMul), against onnxruntime:
+models written by onnxruntime's own `MatMulNBitsQuantizer`, and nodes packed here from the
+op's definition for what the quantizer does not write (2 and 8 bits, float zero points, a
+bias, K not a whole number of blocks)."""
+import logging
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from modelkiln.ir.graph import UnsupportedError
+from modelkiln.orchestrator.api import build
+
+
+def _matmul_model(k: int, n: int, seed: int):
+    w = numpy_helper.from_array(np.random.default_rng(seed).standard_normal((k, n)).astype(np.float32), "w")
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, k])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [w])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+
+
+def _quantized_by_onnxruntime(symmetric: bool, quant_format):
+    from onnxruntime.quantization import matmul_nbits_quantizer as mq
+    logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer").setLevel(logging.WARNING)
+    config = mq.DefaultWeightOnlyQuantConfig(block_size=32, is_symmetric=symmetric, quant_format=quant_format)
+    quantizer = mq.MatMulNBitsQuantizer(_matmul_model(128, 48, seed=int(symmetric)), algo_config=config)
+    quantizer.process()
+    return quantizer.model.model
+
+
+def _onnxruntime(model, feeds, optimize=True):
+    options = ort.SessionOptions()
+    if not optimize:
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    return session.run(None, feeds)[0]
+
+
+def _kiln(model, feeds, executor):
+    return build(model, executor=executor, cache=None, progress=False).load().run(feeds)["y"]
+
+
+@pytest.mark.parametrize("symmetric", [True, False], ids=["symmetric", "zero-points"])
+def test_onnxruntimes_quantizer_output(symmetric, executor):
+    """MatMulNBits as onnxruntime's quantizer writes it (4 bits, blocks of 32, packed zero
+    points where asymmetric)."""
+    from onnxruntime.quantization import QuantFormat
+    model = _quantized_by_onnxruntime(symmetric, QuantFormat.QOperator)
+    assert [n.op_type for n in model.graph.node] == ["MatMulNBits"]
+    x = np.random.default_rng(7).standard_normal((2, 3, 128)).astype(np.float32)
+    np.testing.assert_allclose(_kiln(model, {"x": x}, executor), _onnxruntime(model, {"x": x}), rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("symmetric", [True, False], ids=["symmetric", "zero-points"])
+def test_onnxruntimes_quantizer_qdq_output(symmetric, executor):
+    """The quantizer's QDQ format: DequantizeLinear of an int4 (uint4 with zero points)
+    [K, N] weight with a scale a block of 32 rows, then MatMul. onnxruntime's optimized
+    session fuses the pair into a kernel that rounds A to 8 bits (0.2 off here); with its
+    optimizations off it computes the ops as written, which is the oracle."""
+    from onnxruntime.quantization import QuantFormat
+    model = _quantized_by_onnxruntime(symmetric, QuantFormat.QDQ)
+    weight = [i for i in model.graph.initializer if i.dims[0] == 128][0]
+    assert weight.data_type == (TensorProto.INT4 if symmetric else TensorProto.UINT4)
+    x = np.random.default_rng(8).standard_normal((2, 3, 128)).astype(np.float32)
+    want = _onnxruntime(model, {"x": x}, optimize=False)
+    np.testing.assert_allclose(_kiln(model, {"x": x}, executor), want, rtol=1e-5, atol=1e-4)
+
+
+def _pack(codes: np.ndarray, bits: int) -> np.ndarray:
+    """uint8 codes [..., count] packed lowest bits first, `8 // bits` a byte (count a whole
+    number of bytes' worth)."""
+    per_byte = 8 // bits
+    grouped = codes.reshape(*codes.shape[:-1], -1, per_byte).astype(np.uint16)
+    return np.sum(grouped << (np.arange(per_byte) * bits), axis=-1).astype(np.uint8)
+
+
+def _nbits_model(k, n, bits, block, zero_points: str, bias: bool, float_type=np.float32, seed=0):
+    """A MatMulNBits node with random codes: zero_points "none", "packed" or "float"."""
+    rng = np.random.default_rng(seed)
+    blocks = -(-k // block)
+    codes = rng.integers(0, 1 << bits, (n, blocks, block)).astype(np.uint8)
+    scales = rng.uniform(0.01, 0.1, (n, blocks)).astype(float_type)
+    inits = [numpy_helper.from_array(_pack(codes, bits), "b"), numpy_helper.from_array(scales.ravel(), "scales")]
+    inputs = ["x", "b", "scales"]
+    if zero_points == "packed":
+        zp = rng.integers(0, 1 << bits, (n, blocks)).astype(np.uint8)
+        per_byte = 8 // bits
+        padded = np.zeros((n, -(-blocks // per_byte) * per_byte), np.uint8)
+        padded[:, :blocks] = zp
+        inits.append(numpy_helper.from_array(_pack(padded, bits).ravel(), "zp"))
+        inputs.append("zp")
+    elif zero_points == "float":
+        inits.append(numpy_helper.from_array(rng.uniform(0, (1 << bits) - 1, (n, blocks)).astype(float_type), "zp"))
+        inputs.append("zp")
+    if bias:
+        inputs += [""] * (5 - len(inputs)) + ["bias"]
+        inits.append(numpy_helper.from_array(rng.standard_normal(n).astype(float_type), "bias"))
+    elem = TensorProto.FLOAT if float_type == np.float32 else TensorProto.FLOAT16
+    node = helper.make_node("MatMulNBits", inputs, ["y"], domain="com.microsoft", K=k, N=n, bits=bits, block_size=block)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", elem, [5, k])],
+                              [helper.make_tensor_value_info("y", elem, None)], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)])
+
+
+@pytest.mark.parametrize("bits,block,zero_points,bias", [
+    (4, 32, "packed", True),    # K = 100: the last block only partly used
+    (4, 16, "float", False),
+    (8, 32, "packed", False),
+    (8, 64, "none", True),
+    (2, 32, "packed", False),
+])
+def test_packed_by_definition(bits, block, zero_points, bias, executor):
+    model = _nbits_model(100, 24, bits, block, zero_points, bias)
+    x = np.random.default_rng(9).standard_normal((5, 100)).astype(np.float32)
+    np.testing.assert_allclose(_kiln(model, {"x": x}, executor), _onnxruntime(model, {"x": x}), rtol=1e-5, atol=1e-4)
+
+
+def test_float16(executor):
+    model = _nbits_model(64, 16, 4, 32, "packed", True, float_type=np.float16)
+    x = np.random.default_rng(10).standard_normal((5, 64)).astype(np.float16)
+    got, want = _kiln(model, {"x": x}, executor), _onnxruntime(model, {"x": x})
+    assert got.dtype == want.dtype == np.float16
+    # Kiln sums in float32 and rounds once; onnxruntime's float16 kernel rounds along the way.
+    np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), rtol=1e-2, atol=1e-2)
+
+
+def test_unsupported_forms_are_refused_by_name():
+    model = _nbits_model(64, 16, 4, 32, "none", False)
+    model.graph.node[0].input.extend(["", "g_idx"])
+    model.graph.initializer.append(numpy_helper.from_array(np.arange(64, dtype=np.int32) // 32, "g_idx"))
+    with pytest.raises(UnsupportedError, match="MatMulNBits.*g_idx"):
+        build(model, executor="inprocess", cache=None, progress=False)
+    model = _nbits_model(64, 16, 4, 32, "none", False)
+    b = model.graph.initializer[0]
+    model.graph.input.append(helper.make_tensor_value_info("b", TensorProto.UINT8, list(b.dims)))
+    del model.graph.initializer[0]
+    with pytest.raises(UnsupportedError, match="input 'b' \\(B\\) must be known at compile time"):
+        build(model, executor="inprocess", cache=None, progress=False)
