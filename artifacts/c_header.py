@@ -14,12 +14,13 @@ import math
 from .manifest import ENTRY_ABI_VERSION, Manifest, dim_c, dim_text, dim_value
 
 HEADER = "kiln_model.h"
-# (int4, uint4, int2, uint2: one to a byte, in its low bits)
+# (int4, uint4, int2, uint2 and the 8- and 4-bit floats: one to a byte, a 4-bit value in its low bits)
+_BYTE_CODED = ("int4", "uint4", "int2", "uint2", "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz",
+               "float4_e2m1fn")
 _C_TYPES = {"float32": "float", "float64": "double", "float16": "uint16_t", "bfloat16": "uint16_t", "bool": "uint8_t",
-            **{t: "uint8_t" for t in ("int4", "uint4", "int2", "uint2")},
+            **{t: "uint8_t" for t in _BYTE_CODED},
             **{f"int{w}": f"int{w}_t" for w in (8, 16, 32, 64)}, **{f"uint{w}": f"uint{w}_t" for w in (8, 16, 32, 64)}}
-_ITEMSIZE = {"float16": 2, "bfloat16": 2, "bool": 1, "float32": 4, "float64": 8, "int4": 1, "uint4": 1, "int2": 1,
-             "uint2": 1,
+_ITEMSIZE = {"float16": 2, "bfloat16": 2, "bool": 1, "float32": 4, "float64": 8, **{t: 1 for t in _BYTE_CODED},
              **{f"{s}int{w}": w // 8 for s in ("", "u") for w in (8, 16, 32, 64)}}
 
 

@@ -1,17 +1,19 @@
 """numpy dtypes of a bundle's element types, for the loader (numpy alone) and the compiler.
 
-Every element type is numpy's own but bfloat16 and the 4- and 2-bit integers, which numpy
-lacks: they are ml_dtypes' types (those onnx itself uses) where ml_dtypes is installed, and
-otherwise their raw bits (bfloat16 as uint16; int4, uint4, int2, uint2 as uint8, the value in
-its low bits), so a bundle still loads and runs with numpy alone.
+Every element type is numpy's own but bfloat16, the 4- and 2-bit integers and the 8- and
+4-bit floats, which numpy lacks: they are ml_dtypes' types (those onnx itself uses) where
+ml_dtypes is installed, and otherwise their raw bits (bfloat16 as uint16; the others as
+uint8, a 4- or 2-bit value in its low bits), so a bundle still loads and runs with numpy alone.
 """
 from __future__ import annotations
 
 import numpy as np
 
 
-_ML_DTYPES = {"bfloat16": np.uint16, "int4": np.uint8, "uint4": np.uint8, "int2": np.uint8, "uint2": np.uint8}
-_ML_KINDS = {"bfloat16": "f", "int4": "i", "int2": "i", "uint4": "u", "uint2": "u"}
+_SMALL_FLOATS = ("float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz", "float4_e2m1fn")
+_ML_DTYPES = {"bfloat16": np.uint16, "int4": np.uint8, "uint4": np.uint8, "int2": np.uint8, "uint2": np.uint8,
+              **{name: np.uint8 for name in _SMALL_FLOATS}}
+_ML_KINDS = {"bfloat16": "f", "int4": "i", "int2": "i", "uint4": "u", "uint2": "u", **{name: "f" for name in _SMALL_FLOATS}}
 
 
 def numpy_dtype(name: str) -> np.dtype:

@@ -18,17 +18,19 @@ from ..ir.loop import (FLOAT_TYPES, SUB_BYTE_TYPES, TRANSPOSE_LANES, WINDOW_DOT_
                       Cast, Cmp, Const, Deinterleave, For, Gemm, If, Kernel, Let, Load, Local, Select, Store,
                       TransposeBlock, Var, WindowDot, bits, called_functions, compute_type, highest, is_unsigned,
                       lowest, operand_type, phases, value_bits)
+from ..ir.minifloats import MINIFLOATS
 from ..ir.schedule import PANEL_CHUNK_KIB, REDUCE_INTERLEAVE
+from .minifloat_ir import from_float_name, minifloat_conversions, to_float_name
 
 # LLVM's type for each loop-IR type. Integers are sign-less in LLVM: signedness picks the
 # instruction. f16 and bf16 are stored as i16 and converted in software (see _math_lib), so
 # no target needs F16C or AVX512-BF16 and no libgcc helper is linked.
 LL = {"f32": "float", "f64": "double", "i1": "i1", "b8": "i8", "f16": "i16", "bf16": "i16",
-      **{t: "i8" for t in SUB_BYTE_TYPES},
+      **{t: "i8" for t in SUB_BYTE_TYPES + tuple(MINIFLOATS)},
       **{f"{s}{w}": f"i{w}" for s in "iu" for w in (8, 16, 32, 64)}}
 _FSUFFIX = {"f32": "f32", "f64": "f64"}
-_PACK = {"f16": "kiln_f2h", "bf16": "kiln_f2bf"}
-_UNPACK = {"f16": "kiln_h2f", "bf16": "kiln_bf2f"}
+_PACK = {"f16": "kiln_f2h", "bf16": "kiln_f2bf", **{t: from_float_name(t) for t in MINIFLOATS}}
+_UNPACK = {"f16": "kiln_h2f", "bf16": "kiln_bf2f", **{t: to_float_name(t) for t in MINIFLOATS}}
 # No arcp: x / c must stay exact (Resize coordinates land on .5 boundaries by design).
 FMF = "reassoc nsz contract afn"
 _FBIN = {"add": "fadd", "sub": "fsub", "mul": "fmul", "div": "fdiv", "rem": "frem"}
@@ -421,7 +423,7 @@ class FunctionEmitter:
             return b
         if storage in _UNPACK:
             f = self.tmp("wide")
-            self.emit(f"{f} = call float @{_UNPACK[storage]}(i16 {v})")
+            self.emit(f"{f} = call float @{_UNPACK[storage]}({LL[storage]} {v})")
             return f
         if storage in SUB_BYTE_TYPES:
             return self.sub_byte(v, storage)
@@ -447,7 +449,7 @@ class FunctionEmitter:
             value = z
         elif storage in _PACK:
             h = self.tmp("narrow")
-            self.emit(f"{h} = call i16 @{_PACK[storage]}(float {value})")
+            self.emit(f"{h} = call {LL[storage]} @{_PACK[storage]}(float {value})")
             value = h
         elif storage in SUB_BYTE_TYPES:  # its low bits, the rest clear (as ml_dtypes stores it)
             low = self.tmp("low")
@@ -565,11 +567,11 @@ class FunctionEmitter:
             self.emit(f"{v} = fneg {t} {args[0]}" if dt in FLOAT_TYPES else f"{v} = sub {t} 0, {args[0]}")
         elif fn == "not":
             self.emit(f"{v} = xor i1 {args[0]}, true")
-        elif fn in ("round_f16", "round_bf16"):
+        elif fn.startswith("round_") and fn[6:] in _PACK:  # to the precision of a narrower float
             h = self.tmp("narrow")
             storage = fn[6:]
-            self.emit(f"{h} = call i16 @{_PACK[storage]}(float {args[0]})")
-            self.emit(f"{v} = call float @{_UNPACK[storage]}(i16 {h})")
+            self.emit(f"{h} = call {LL[storage]} @{_PACK[storage]}(float {args[0]})")
+            self.emit(f"{v} = call float @{_UNPACK[storage]}({LL[storage]} {h})")
         elif fn in ("exp", "tanh", "erf") and dt == "f32":
             self.emit(f"{v} = call {self.fmf} float @kiln_{fn}(float {args[0]})")
         elif fn == "fmod":
@@ -1549,7 +1551,7 @@ def kernel_to_llvm_ir(kernel: Kernel, symbol: str, triple: str, cpu: str, featur
              f'"target-cpu"="{cpu}" "target-features"="{features}"{calls} }}')
     math_attrs = attrs.replace("#0", "#1")
     decls = sorted(set(_DECLS.strip().splitlines()) | fe.decls)
-    parts = [f'target triple = "{triple}"', *decls, _math_lib(), *fe.functions,
+    parts = [f'target triple = "{triple}"', *decls, _math_lib(), *minifloat_conversions(body + ''.join(fe.functions)), *fe.functions,
              body, attrs, math_attrs.replace("nounwind", "nounwind alwaysinline"),
              attrs.replace("#0", "#2").replace("nounwind", "nounwind noinline"), *fe.meta]
     return "\n".join(parts) + "\n"

@@ -2,16 +2,19 @@
 
 Plain frozen dataclasses with a canonical byte form (`Kernel.to_bytes`), so a kernel can
 cross a process or machine boundary, be hashed into a cache key, and be decoded by a
-codegen worker that knows nothing of graphs. This module imports nothing else of Kiln.
+codegen worker that knows nothing of graphs. This module imports nothing else of Kiln but
+the table of small float formats (ir/minifloats.py, which imports nothing).
 
 Types. A value computes as one of COMPUTE_TYPES: f32, f64, i1 (booleans), the signed
 integers i8..i64 and the unsigned u8..u64 (integer arithmetic wraps at the type's width;
 division, comparison, max/min and widening follow its signedness). A buffer stores one of
 STORAGE_TYPES: the compute types except i1, plus b8 (a bool in a byte), f16 and bf16, and the
-4- and 2-bit integers i4, u4, i2, u2 (one to a byte, in its low bits). A Load converts the
-stored element to its compute type (`compute_type`: b8 -> i1, f16/bf16 -> f32, i4/i2 -> i8
-sign-extended, u4/u2 -> u8 with the high bits cleared) and a Store converts back, rounding
-to nearest even (keeping the low bits of a 4- or 2-bit integer: it wraps at its width).
+4- and 2-bit integers i4, u4, i2, u2 (one to a byte, in its low bits), and the 8- and 4-bit
+floats of MINIFLOATS (f8e4m3fn, f8e5m2, ...: one a byte). A Load converts the stored element
+to its compute type (`compute_type`: b8 -> i1, f16/bf16 and the small floats -> f32, i4/i2
+-> i8 sign-extended, u4/u2 -> u8 with the high bits cleared) and a Store converts back,
+rounding to nearest even (a small float's overflow is its Inf or NaN; a 4- or 2-bit integer
+keeps its low bits: it wraps at its width).
 
 A Const is a literal: where it meets a non-constant operand (in a Bin, Cmp, Select, Call,
 Store, Local or Assign) it takes that operand's type, so `x * 0.5` is written once for f32
@@ -45,6 +48,8 @@ import json
 import math
 from dataclasses import dataclass, fields, is_dataclass
 
+from .minifloats import MINIFLOATS
+
 FORMAT_VERSION = 4
 SYMBOLS = "s"  # the kernel buffer of the symbols' run-time values (i64), where a kernel reads any
 
@@ -52,8 +57,9 @@ INT_TYPES = ("i8", "i16", "i32", "i64", "u8", "u16", "u32", "u64")
 FLOAT_TYPES = ("f32", "f64")
 COMPUTE_TYPES = frozenset(("i1",) + INT_TYPES + FLOAT_TYPES)
 SUB_BYTE_TYPES = ("i4", "u4", "i2", "u2")
-STORAGE_TYPES = frozenset(INT_TYPES + FLOAT_TYPES + SUB_BYTE_TYPES + ("b8", "f16", "bf16"))
-_LOADS_AS = {"b8": "i1", "f16": "f32", "bf16": "f32", "i4": "i8", "u4": "u8", "i2": "i8", "u2": "u8"}
+STORAGE_TYPES = frozenset(INT_TYPES + FLOAT_TYPES + SUB_BYTE_TYPES + tuple(MINIFLOATS) + ("b8", "f16", "bf16"))
+_LOADS_AS = {"b8": "i1", "f16": "f32", "bf16": "f32", "i4": "i8", "u4": "u8", "i2": "i8", "u2": "u8",
+             **{t: "f32" for t in MINIFLOATS}}
 
 
 def compute_type(storage: str) -> str:
@@ -63,7 +69,9 @@ def compute_type(storage: str) -> str:
 
 def bits(t: str) -> int:
     """Bits a value of type t takes in a register or a buffer (a 4-bit integer: its byte)."""
-    return 1 if t == "i1" else 16 if t in ("f16", "bf16") else 8 if t == "b8" or t in SUB_BYTE_TYPES else int(t[1:])
+    if t in ("f16", "bf16"):
+        return 16
+    return 1 if t == "i1" else 8 if t == "b8" or t in SUB_BYTE_TYPES or t in MINIFLOATS else int(t[1:])
 
 
 def value_bits(storage: str) -> int:
@@ -134,7 +142,8 @@ class Cmp(Expr):
 
 @dataclass(frozen=True)
 class Call(Expr):
-    # see FLOAT_CALLS; `not` on i1; round_f16/round_bf16 round an f32 to that precision;
+    # see FLOAT_CALLS; `not` on i1; round_f16/round_bf16 (and round_ of each small float
+    # format, overflowing to its Inf or NaN) round an f32 to that precision;
     # max_no_nan(a, b) is the larger, and either one where one is NaN (no NaN fix-ups)
     fn: str
     args: tuple
@@ -155,7 +164,7 @@ class Cast(Expr):
 
 FLOAT_CALLS = frozenset(("exp", "log", "sqrt", "tanh", "erf", "abs", "floor", "ceil", "round", "neg", "fmod",
                          "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh",
-                         "round_f16", "round_bf16", "max_no_nan"))
+                         "round_f16", "round_bf16", "max_no_nan", *(f"round_{t}" for t in MINIFLOATS)))
 
 
 _CHEAP_CALLS = {"abs", "floor", "ceil", "round", "neg", "not", "sqrt", "round_f16", "round_bf16"}

@@ -14,6 +14,7 @@ from ..attrs import check_attrs, const_input
 from ..dtypes import DTYPES, is_int, numpy_dtype
 from ..graph import Node, ShapeError, TensorType, UnsupportedError
 from ..loop import Cast, Const, Var, call, calls_math, cmp, fbin, fold_balanced, select, stored_value, sub
+from ..minifloats import MINIFLOATS
 from ..lower.elementwise import and_, bcast_reader, clamp, f32
 from ..onnx_dtypes import onnx_to_dtype
 from ..symbolic import Dim, floor_div
@@ -110,26 +111,54 @@ def _castlike_infer(g, node, p):
     return TensorType(g.types[node.inputs[0]].shape, g.types[node.inputs[1]].dtype)
 
 
+def to_small_float(value, dtype_name: str, saturate: bool):
+    """An f32 value rounded to an 8- or 4-bit float (ir/minifloats.py), as its Store keeps
+    it: past the greatest finite value, that value where `saturate` (NaN stays NaN), else
+    the format's Inf or NaN."""
+    storage = DTYPES[dtype_name].storage
+    if saturate:
+        top = MINIFLOATS[storage].greatest
+        value = select(cmp("gt", value, f32(top)), f32(top), select(cmp("lt", value, f32(-top)), f32(-top), value))
+    return call(f"round_{storage}", value)
+
+
+def small_float_array(x: np.ndarray, dtype_name: str, saturate: bool) -> np.ndarray:
+    """numpy's to_small_float: ml_dtypes' conversion, after a clip where `saturate`."""
+    x = np.asarray(x, np.float32)
+    if saturate:
+        top = MINIFLOATS[DTYPES[dtype_name].storage].greatest
+        x = np.clip(x, -top, top)  # (NaN stays NaN)
+    with np.errstate(all="ignore"):
+        return x.astype(numpy_dtype(dtype_name))
+
+
 def _cast_reader(b, node):
-    """A conversion between compute types; a cast to float16 or bfloat16 also rounds to that
-    precision, and one to a 4- or 2-bit integer wraps at its width (the value may be used
-    before it is stored)."""
+    """A conversion between compute types; a cast to float16, bfloat16 or a smaller float
+    also rounds to that precision, and one to a 4- or 2-bit integer wraps at its width (the
+    value may be used before it is stored)."""
     x = bcast_reader(b, node.inputs[0], b.shape(node.outputs[0]))
     src, dst = b.type(node.inputs[0]).dtype, b.type(node.outputs[0]).dtype
     s, d = b.compute(node.inputs[0]), b.compute(node.outputs[0])
     rounding = {"float16": "round_f16", "bfloat16": "round_bf16"}.get(dst) if dst != src else None
+    small = DTYPES[dst].storage in MINIFLOATS and dst != src
+    saturate = bool(node.attrs.get("saturate", 1))
 
     def value(idx):
         v = x(idx) if s == d else Cast(d, x(idx))
+        if small:
+            return to_small_float(v, dst, saturate)
         return call(rounding, v) if rounding else stored_value(DTYPES[dst].storage, v)
     return {node.outputs[0]: value}
 
 
 def _cast_fold(a, values, g, node):
-    to = numpy_dtype(g.types[node.outputs[0]].dtype)
+    dst = g.types[node.outputs[0]].dtype
+    to = numpy_dtype(dst)
     # Sizes stay sizes (symbolic values), as floats too: arange(float(w)) counts w.
     if values[0].dtype == object and (np.issubdtype(to, np.integer) or to in (np.float32, np.float64)):
         return [values[0]]
+    if DTYPES[dst].storage in MINIFLOATS:
+        return [small_float_array(values[0], dst, bool(node.attrs.get("saturate", 1)))]
     with np.errstate(all="ignore"):  # NaN or out of range to an integer: whatever numpy gives
         return [values[0].astype(to)]
 

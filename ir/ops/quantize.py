@@ -22,7 +22,7 @@ from ..lower.elementwise import f32
 from ..lower.integer_gemm import lower_conv_integer, lower_matmul_integer
 from ..onnx_dtypes import onnx_to_dtype
 from .conv_gemm import infer_conv, infer_matmul
-from .elementwise import ADD, CAST, DIV, LEAKY_RELU, MUL, SIGMOID
+from .elementwise import ADD, CAST, DIV, LEAKY_RELU, MUL, SIGMOID, small_float_array, to_small_float
 from .functions import expand_function
 from .reduce import GLOBAL_AVERAGE_POOL
 from .shape import CONCAT, RESHAPE
@@ -31,8 +31,9 @@ from .registry import ELEMWISE, OPAQUE, OUT_EWISE_FUSABLE, OpDef, expanded_only,
 QUANTIZE_LINEAR, DEQUANTIZE_LINEAR = "QuantizeLinear", "DequantizeLinear"
 MATMUL_INTEGER, CONV_INTEGER = "MatMulInteger", "ConvInteger"
 
-# What Kiln quantizes to and from; float8, int4 and the like stay refused by the type table.
-QUANTIZED = ("int8", "uint8", "int16", "uint16", "int4", "uint4", "int2", "uint2")
+# What Kiln quantizes to and from.
+SMALL_FLOATS = ("float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz", "float4_e2m1fn")
+QUANTIZED = ("int8", "uint8", "int16", "uint16", "int4", "uint4", "int2", "uint2") + SMALL_FLOATS
 DEQUANTIZED = QUANTIZED + ("int32",)  # an int32 accumulator dequantizes too
 FLOATS = ("float32", "float16", "bfloat16")
 BYTES = ("int8", "uint8")
@@ -87,7 +88,7 @@ def _np_scale(v: np.ndarray, a: dict, shape) -> np.ndarray:
 # ---- QuantizeLinear and DequantizeLinear -------------------------------------------------------
 
 def _quantize_infer(g, node, p):
-    check_attrs(node, {"saturate": (1,), "precision": (0,)})
+    check_attrs(node, {"saturate": (0, 1), "precision": (0,)})
     x, scale, zp = g.types[node.inputs[0]], node.inputs[1], _optional(node, 2)
     if x.dtype not in FLOATS + ("int32",):
         raise UnsupportedError(f"{node.describe()}: quantizing {x.dtype} is not supported ({', '.join(FLOATS)})")
@@ -103,13 +104,17 @@ def _quantize_infer(g, node, p):
     return TensorType(x.shape, out)
 
 
-def quantize_expr(value, scale, zero_point, out_dtype: str, power_of_two: float | None = None):
+def quantize_expr(value, scale, zero_point, out_dtype: str, power_of_two: float | None = None, saturate=True):
     """round(value / scale) + zero_point, saturated to out_dtype's range (all in float32:
     exact for the 2- to 16-bit types, as onnxruntime computes it). A scale known to be the power of
     two `power_of_two` (1 after integer_products folded the scales into one multiplier)
     divides as a multiply by its reciprocal: exact, and a division costs a vector divide
-    per 16 outputs of an int8 conv's epilogue."""
+    per 16 outputs of an int8 conv's epilogue. To a small float, value / scale + zero_point
+    rounds to it (saturated only where `saturate`: the QuantizeLinear attribute)."""
     from ..dtypes import dtype as dtype_of
+    if out_dtype in SMALL_FLOATS:
+        q = fbin("div", value, scale)
+        return to_small_float(q if zero_point is None else fbin("add", q, zero_point), out_dtype, saturate)
     t, (least, greatest) = dtype_of(out_dtype).compute, dtype_of(out_dtype).int_range
     if power_of_two is not None:
         q = call("round", fbin("mul", value, Const(1.0 / power_of_two, "f32")))
@@ -131,7 +136,7 @@ def _quantize_reader(b, node):
     to_f32 = (lambda v: v) if b.compute(node.inputs[0]) == "f32" else (lambda v: Cast("f32", v))
     return {out: lambda idx: quantize_expr(
         to_f32(x(idx)), s(scale_index(idx, a, sshape)), zp(scale_index(idx, a, zshape)) if zp else None,
-        b.type(out).dtype, _power_of_two(b.g.constants.get(node.inputs[1])))}
+        b.type(out).dtype, _power_of_two(b.g.constants.get(node.inputs[1])), bool(node.attrs.get("saturate", 1)))}
 
 
 def _power_of_two(scale) -> float | None:
@@ -150,6 +155,11 @@ def _quantize_fold(a, values, g, node):
     x, s = values[0].astype(np.float32), values[1].astype(np.float32)
     zp = values[2] if len(values) > 2 and values[2] is not None else None
     out = numpy_dtype(g.types[node.outputs[0]].dtype)
+    if g.types[node.outputs[0]].dtype in SMALL_FLOATS:
+        q = x / _np_scale(s, a, x.shape)
+        if zp is not None:
+            q = q + _np_scale(zp, a, x.shape).astype(np.float32)
+        return [small_float_array(q, g.types[node.outputs[0]].dtype, bool(node.attrs.get("saturate", 1)))]
     q = np.round(x / _np_scale(s, a, x.shape))  # numpy rounds half to even, as ONNX does
     if zp is not None:
         q = q + _np_scale(zp, a, x.shape).astype(np.float32)
