@@ -2,7 +2,8 @@
 of) and its QDQ spelling (DequantizeLinear of int4 blocks, then MatMul), against onnxruntime:
 models written by onnxruntime's own `MatMulNBitsQuantizer`, and nodes packed here from the
 op's definition for what the quantizer does not write (2 and 8 bits, float zero points, a
-bias, K not a whole number of blocks)."""
+bias, K not a whole number of blocks); 4-bit codes kept as codes on both of their paths
+(few rows, more rows in chunks, a row count known at run time)."""
 import logging
 
 import numpy as np
@@ -77,8 +78,10 @@ def _pack(codes: np.ndarray, bits: int) -> np.ndarray:
     return np.sum(grouped << (np.arange(per_byte) * bits), axis=-1).astype(np.uint8)
 
 
-def _nbits_model(k, n, bits, block, zero_points: str, bias: bool, float_type=np.float32, seed=0):
-    """A MatMulNBits node with random codes: zero_points "none", "packed" or "float"."""
+def _nbits_model(k, n, bits, block, zero_points: str, bias: bool, float_type=np.float32, seed=0, a_shape=(5,),
+                 then_relu=False):
+    """A MatMulNBits node with random codes (zero_points "none", "packed" or "float"), A of
+    shape a_shape + [K]; then_relu: a Relu after it (fused into its kernel)."""
     rng = np.random.default_rng(seed)
     blocks = -(-k // block)
     codes = rng.integers(0, 1 << bits, (n, blocks, block)).astype(np.uint8)
@@ -99,22 +102,26 @@ def _nbits_model(k, n, bits, block, zero_points: str, bias: bool, float_type=np.
         inputs += [""] * (5 - len(inputs)) + ["bias"]
         inits.append(numpy_helper.from_array(rng.standard_normal(n).astype(float_type), "bias"))
     elem = TensorProto.FLOAT if float_type == np.float32 else TensorProto.FLOAT16
-    node = helper.make_node("MatMulNBits", inputs, ["y"], domain="com.microsoft", K=k, N=n, bits=bits, block_size=block)
-    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", elem, [5, k])],
+    nodes = [helper.make_node("MatMulNBits", inputs, ["y"], domain="com.microsoft", K=k, N=n, bits=bits,
+                              block_size=block)]
+    if then_relu:
+        nodes = [helper.make_node("MatMulNBits", inputs, ["p"], domain="com.microsoft", K=k, N=n, bits=bits,
+                                  block_size=block), helper.make_node("Relu", ["p"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", elem, [*a_shape, k])],
                               [helper.make_tensor_value_info("y", elem, None)], inits)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)])
 
 
-@pytest.mark.parametrize("bits,block,zero_points,bias", [
-    (4, 32, "packed", True),    # K = 100: the last block only partly used
-    (4, 16, "float", False),
-    (8, 32, "packed", False),
-    (8, 64, "none", True),
-    (2, 32, "packed", False),
+@pytest.mark.parametrize("k,bits,block,zero_points,bias", [
+    (100, 4, 32, "packed", True),  # the last block only partly used: dequantized when built
+    (96, 4, 16, "float", False),   # codes kept
+    (100, 8, 32, "packed", False),
+    (100, 8, 64, "none", True),
+    (100, 2, 32, "packed", False),
 ])
-def test_packed_by_definition(bits, block, zero_points, bias, executor):
-    model = _nbits_model(100, 24, bits, block, zero_points, bias)
-    x = np.random.default_rng(9).standard_normal((5, 100)).astype(np.float32)
+def test_packed_by_definition(k, bits, block, zero_points, bias, executor):
+    model = _nbits_model(k, 24, bits, block, zero_points, bias)
+    x = np.random.default_rng(9).standard_normal((5, k)).astype(np.float32)
     np.testing.assert_allclose(_kiln(model, {"x": x}, executor), _onnxruntime(model, {"x": x}), rtol=1e-5, atol=1e-4)
 
 
@@ -139,3 +146,40 @@ def test_unsupported_forms_are_refused_by_name():
     del model.graph.initializer[0]
     with pytest.raises(UnsupportedError, match="input 'b' \\(B\\) must be known at compile time"):
         build(model, executor="inprocess", cache=None, progress=False)
+
+
+# ---- 4-bit codes kept as codes (ir/lower/matmul_nbits.py) ---------------------------------------
+
+@pytest.mark.parametrize("target", ["llvm", "x86-64-v3"])
+@pytest.mark.parametrize("rows", [1, 3, 5, 40])
+def test_codes_kept_few_and_many_rows(rows, target, executor):
+    """A decoding step's few rows run on the codes (1, 3), more on panels dequantized per call
+    (5, 40); N=80 ends inside a panel; the bias and a Relu are the kernel's epilogue. For
+    the host's vector width and AVX2's (its panels are half as wide)."""
+    model = _nbits_model(256, 80, 4, 32, "packed", True, seed=rows, a_shape=(rows,), then_relu=True)
+    x = np.random.default_rng(rows).standard_normal((rows, 256)).astype(np.float32)
+    module = build(model, executor=executor, cache=None, progress=False, target=target).load()
+    got = module.run({"x": x})["y"]
+    np.testing.assert_allclose(got, _onnxruntime(model, {"x": x}), rtol=1e-5, atol=1e-4)
+    assert module.manifest.weights_bytes < 256 * 80 * 4 / 4  # half a byte a weight, and the block tables
+
+
+def test_codes_kept_over_columns_in_chunks(monkeypatch, executor):
+    """More rows dequantize a chunk of columns at a time: three chunks, the last one short."""
+    from modelkiln.ir.lower import matmul_nbits
+    monkeypatch.setattr(matmul_nbits, "CHUNK_COLUMNS", 32)
+    model = _nbits_model(64, 80, 4, 16, "none", True, a_shape=(2, 9))
+    x = np.random.default_rng(12).standard_normal((2, 9, 64)).astype(np.float32)
+    got = build(model, executor="inprocess", cache=None, progress=False).load().run({"x": x})["y"]
+    np.testing.assert_allclose(got, _onnxruntime(model, {"x": x}), rtol=1e-5, atol=1e-4)
+
+
+def test_codes_kept_over_rows_known_at_run_time(executor):
+    """A [batch, seq, K] input with seq bounded, as a decoder with a KV cache has it: one build
+    takes the decoding step's path (seq 1) and the prompt's (seq 37) as each call's rows say."""
+    model = _nbits_model(128, 48, 4, 32, "packed", False, a_shape=(1, "seq"))
+    module = build(model, executor=executor, cache=None, progress=False, dims={"seq": (1, 64)}).load()
+    for seq in (1, 4, 5, 37):
+        x = np.random.default_rng(seq).standard_normal((1, seq, 128)).astype(np.float32)
+        got = module.run({"x": x})["y"]
+        np.testing.assert_allclose(got, _onnxruntime(model, {"x": x}), rtol=1e-5, atol=1e-4, err_msg=f"seq {seq}")

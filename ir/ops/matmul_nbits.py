@@ -6,27 +6,42 @@ B is uint8 [N, blocks, block_size * bits / 8]: column n of the [K, N] weight, `b
 codes a block, packed lowest bits first. Each block has a scale (`scales`, [N * blocks] or
 [N, blocks], A's float type) and a zero point: packed codes like B's ([N * ceil(blocks *
 bits / 8)], uint8), one float each (A's type, [N, blocks]), or, absent, 2^(bits - 1). The
-weight is (code - zero point) * scale, Y = A W + bias ([N], optional).
+weight is (code - zero point) * scale, Y = A W + bias ([N], optional). The quantized weight
+must be a constant.
 
-The quantized weight must be a constant; Kiln dequantizes it when it builds, computing
-(code - zero point) * scale in float32 and rounding once to A's type (exact for float32
-and, the product of an 8-bit integer and a float16 scale fitting float32, for float16 too),
-and the op is that MatMul. The weights file then holds the weight in A's type: 8 times the
-bytes of 4-bit codes for float32.
+4-bit codes filling whole blocks of K (what the quantizer writes) stay codes: the node is
+an anchor of its own (ir/lower/matmul_nbits.py), and the weights file holds half a byte a
+weight. Other widths, and a K that ends inside a block, are dequantized when the model is
+built, computing (code - zero point) * scale in float32 and rounding once to A's type
+(exact for float32 and, the product of an 8-bit integer and a float16 scale fitting
+float32, for float16 too): the node becomes that MatMul, whose weights file holds floats.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 
 from ..attrs import const_input
-from ..graph import Node, ShapeError, UnsupportedError
+from ..graph import Node, ShapeError, TensorType, UnsupportedError
+from ..lower.matmul_nbits import lower_matmul_nbits
 from .conv_gemm import MATMUL
 from .elementwise import ADD
 from .quantize import CONTRIB, NodeBuilder
-from .registry import OPAQUE, OpDef, expanded_only, register
+from .registry import OUT_EWISE_FUSABLE, OpDef, register
 
 MATMUL_NBITS = CONTRIB + "MatMulNBits"
 _A, _B, _SCALES, _ZERO_POINTS, _G_IDX, _BIAS = range(6)
+
+
+@dataclass(frozen=True)
+class Blocks:
+    """A MatMulNBits node's weight as block-quantized codes."""
+    codes: np.ndarray        # uint8 [N, K]: column n's codes along K
+    scales: np.ndarray       # float32 [N, blocks]
+    zero_points: np.ndarray  # float32 [N, blocks]
+    block_size: int
+    bits: int
 
 
 def _input(node: Node, index: int) -> str:
@@ -59,16 +74,18 @@ def _zero_points(g, node: Node, n: int, blocks: int, bits: int, float_type) -> n
     return zp.reshape(n, blocks).astype(np.float32)
 
 
-def dequantized_weight(g, node: Node) -> np.ndarray:
-    """B as the [K, N] weight it encodes, in A's float type."""
+def quantized_blocks(g, node: Node) -> Blocks:
+    """The node's weight as its codes, scales and zero points, checked against its attributes."""
     a = g.types[node.inputs[_A]]
     k, n, bits, block = (int(node.attrs.get(name, 0)) for name in ("K", "N", "bits", "block_size"))
     if bits not in (2, 4, 8):
         raise UnsupportedError(f"{node.describe()}: bits={bits} is not supported (2, 4, 8)")
     if block < 16 or block & (block - 1):
         raise ShapeError(f"{node.describe()}: block_size={block} must be a power of two, at least 16")
-    if a.shape[-1] != k:
-        raise ShapeError(f"{node.describe()}: A's last dim is {a.shape[-1]}, attribute K is {k}")
+    if len(a.shape) < 2 or a.shape[-1] != k:
+        raise ShapeError(f"{node.describe()}: A is {a}; MatMulNBits takes [..., K] with K={k} (attribute K)")
+    if a.dtype not in ("float32", "float16"):
+        raise UnsupportedError(f"{node.describe()}: A of {a.dtype} is not supported (float32, float16)")
     if _input(node, _G_IDX):
         raise UnsupportedError(f"{node.describe()}: g_idx (act-order) is not supported")
     blocks = -(-k // block)
@@ -81,18 +98,44 @@ def dequantized_weight(g, node: Node) -> np.ndarray:
     if scales.dtype != float_type or scales.size != n * blocks:
         raise ShapeError(f"{node.describe()}: scales is {scales.dtype} {list(scales.shape)}, expected "
                          f"{float_type} [{n}, {blocks}] like A")
-    codes = unpack_codes(b.reshape(n, blocks, -1), bits, block).astype(np.float32)
-    zero_points = _zero_points(g, node, n, blocks, bits, float_type)
-    w = (codes - zero_points[:, :, None]) * scales.reshape(n, blocks, 1).astype(np.float32)
-    return np.ascontiguousarray(w.reshape(n, blocks * block)[:, :k].T).astype(float_type)
+    codes = unpack_codes(b.reshape(n, blocks, -1), bits, block).reshape(n, blocks * block)[:, :k]
+    return Blocks(np.ascontiguousarray(codes), scales.reshape(n, blocks).astype(np.float32),
+                  _zero_points(g, node, n, blocks, bits, float_type), block, bits)
 
 
-def _expand_matmul_nbits(g, node: Node) -> list[Node]:
-    if g.types[node.inputs[_A]].dtype not in ("float32", "float16"):
-        raise UnsupportedError(f"{node.describe()}: A of {g.types[node.inputs[_A]].dtype} is not supported "
-                               "(float32, float16)")
+def dequantized_weight(g, node: Node, blocks: Blocks) -> np.ndarray:
+    """The [K, N] weight the codes encode, in A's float type."""
+    n, k = blocks.codes.shape
+    per_element = np.repeat(np.arange(blocks.scales.shape[1]), blocks.block_size)[:k]
+    w = (blocks.codes.astype(np.float32) - blocks.zero_points[:, per_element]) * blocks.scales[:, per_element]
+    return np.ascontiguousarray(w.T).astype(g.types[node.inputs[_A]].dtype)
+
+
+def keeps_codes(blocks: Blocks) -> bool:
+    """Whether the node runs on its codes (ir/lower/matmul_nbits.py) rather than as a MatMul
+    of the dequantized weight."""
+    return blocks.bits == 4 and blocks.codes.shape[1] % blocks.block_size == 0
+
+
+def _infer_matmul_nbits(g, node, p):
+    a = g.types[node.inputs[_A]]
+    quantized_blocks(g, node)  # (its checks)
+    return TensorType(a.shape[:-1] + (int(node.attrs["N"]),), a.dtype)
+
+
+def _fold_matmul_nbits(a, values, g, node):
+    out = values[_A].astype(np.float32) @ dequantized_weight(g, node, quantized_blocks(g, node)).astype(np.float32)
+    if len(values) > _BIAS and values[_BIAS] is not None:
+        out = out + values[_BIAS].astype(np.float32)
+    return [out.astype(values[_A].dtype)]
+
+
+def _expand_matmul_nbits(g, node: Node) -> list[Node] | None:
+    blocks = quantized_blocks(g, node)
+    if keeps_codes(blocks):
+        return None
     body = NodeBuilder(g, node)
-    weight = body.const(dequantized_weight(g, node))
+    weight = body.const(dequantized_weight(g, node, blocks))
     bias = _input(node, _BIAS)
     body.add(MATMUL, [node.inputs[_A], weight], "" if bias else node.outputs[0])
     if bias:
@@ -100,4 +143,5 @@ def _expand_matmul_nbits(g, node: Node) -> list[Node]:
     return body.nodes
 
 
-register(OpDef(MATMUL_NBITS, OPAQUE, expanded_only, expand=_expand_matmul_nbits))
+register(OpDef(MATMUL_NBITS, OUT_EWISE_FUSABLE, _infer_matmul_nbits, _fold_matmul_nbits, expand=_expand_matmul_nbits,
+               anchor=lambda b, node, store, out: lower_matmul_nbits(b, node, store, quantized_blocks(b.g, node))))
