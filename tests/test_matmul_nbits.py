@@ -183,3 +183,36 @@ def test_codes_kept_over_rows_known_at_run_time(executor):
         x = np.random.default_rng(seq).standard_normal((1, seq, 128)).astype(np.float32)
         got = module.run({"x": x})["y"]
         np.testing.assert_allclose(got, _onnxruntime(model, {"x": x}), rtol=1e-5, atol=1e-4, err_msg=f"seq {seq}")
+
+
+def test_an_int4_decoder_generates_onnxruntimes_tokens(executor):
+    """A GPT-2-style decoder with a KV cache, every MatMul with constant weights quantized by
+    onnxruntime's MatMulNBitsQuantizer: one build (batch, seq and past symbolic) generates
+    greedily from a prompt, its cache in place, as onnxruntime does on the same model."""
+    import json
+
+    from onnxruntime.quantization import QuantFormat
+    from onnxruntime.quantization import matmul_nbits_quantizer as mq
+
+    from tests import dynamic_zoo, model_zoo
+    logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer").setLevel(logging.WARNING)
+    model, info = dynamic_zoo.gpt2_decoder_dynamic(positions="range")
+    config = mq.DefaultWeightOnlyQuantConfig(block_size=32, is_symmetric=False, quant_format=QuantFormat.QOperator)
+    quantizer = mq.MatMulNBitsQuantizer(model, algo_config=config)
+    quantizer.process()
+    model = quantizer.model.model
+    assert sum(n.op_type == "MatMulNBits" for n in model.graph.node) == 4 * info["layers"] + 1
+    result = build(model, dims={"batch": (1, 2), "seq": (1, 16), "past": (0, 60)}, executor=executor, cache=None,
+                   progress=False)
+    ops = [op for call in json.loads(result.files["manifest.json"])["calls"] for op in call["ops"]]
+    assert ops.count("com.microsoft.MatMulNBits") == 4 * info["layers"] + 1  # (all kept as codes)
+    module = result.load()
+    prompt = [5, 17, 3, 40, 11]
+    want_tokens, want_logits = dynamic_zoo.greedy_tokens(lambda f: model_zoo.onnxruntime_outputs(model, f), info,
+                                                         prompt, 16)
+    cache = module.new_cache()
+    got_tokens, got_logits = dynamic_zoo.greedy_tokens(lambda f: module.run(f, cache=cache), info, prompt, 16,
+                                                       feed_past=False)
+    assert got_tokens == want_tokens
+    for step, (got, want) in enumerate(zip(got_logits, want_logits)):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=f"step {step}")
