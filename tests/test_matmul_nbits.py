@@ -179,7 +179,7 @@ def test_codes_kept_over_rows_known_at_run_time(executor):
     takes the decoding step's path (seq 1) and the prompt's (seq 37) as each call's rows say."""
     model = _nbits_model(128, 48, 4, 32, "packed", False, a_shape=(1, "seq"))
     module = build(model, executor=executor, cache=None, progress=False, dims={"seq": (1, 64)}).load()
-    for seq in (1, 4, 5, 37):
+    for seq in (1, 2, 3, 4, 5, 37):
         x = np.random.default_rng(seq).standard_normal((1, seq, 128)).astype(np.float32)
         got = module.run({"x": x})["y"]
         np.testing.assert_allclose(got, _onnxruntime(model, {"x": x}), rtol=1e-5, atol=1e-4, err_msg=f"seq {seq}")

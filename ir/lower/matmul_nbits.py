@@ -8,11 +8,12 @@ a mask or a shift apart. Each block of K has a scale and scale * zero point per 
 file does.
 
 A call's rows are computed one of two ways:
-  - few rows (a decoding step, FEW_ROWS or fewer): per panel, row and block, the block's
-    partial sums sum_k a[k] * code[k][j] over the panel's columns (the block unrolled, a
-    vector of P/2 columns a half), then acc[j] += scale[j] * partial[j] - (scale * zero
-    point)[j] * (the block's sum of a). Each weight streams as half a byte, 8 times fewer
-    bytes than float32 panels: a decoding step is bound by those bytes.
+  - few rows (a decoding step, FEW_ROWS or fewer): per panel and block, each row's partial
+    sums sum_k a[k] * code[k][j] over the panel's columns (the block unrolled, a vector of
+    P/2 columns a half, each code loaded once for all the rows), then acc[j] += scale[j] *
+    partial[j] - (scale * zero point)[j] * (the row's sum of a over the block). Each weight
+    streams as half a byte, 8 times fewer bytes than float32 panels: a decoding step is
+    bound by those bytes. A row count known at run time has a variant per count.
   - more rows (a prompt): CHUNK_COLUMNS columns at a time dequantized into the float GEMM's
     panels in a workspace, then that GEMM over all the rows.
 Rows known only at run time choose at each call (guarded phases, ir/loop.py).
@@ -81,41 +82,58 @@ def lower_matmul_nbits(b: KernelBuilder, node: Node, store, blocks) -> tuple:
         value = fbin("add", value, bias_of([col])) if bias else value
         return list(store(unflatten(row, lead) + [col], value))
 
-    def few_rows() -> list:
-        panels = -(-n // width)
-        sums = b.workspace(min(FEW_ROWS, _greatest_rows(b, out)) * nb)
-        acc = b.workspace(panels * width)
+    def a_at(row, blk, t):
+        return Load(a, add(mul(row, k), add(mul(blk, bs), t)))
+
+    def few_rows() -> tuple[list, list]:
+        """(A's block sums, the products): all of a call's rows at once, so each code loads
+        once for them all (a variant per count, guarded, where the count is known at run
+        time only)."""
+        panels, most = -(-n // width), min(FEW_ROWS, _greatest_rows(b, out))
+        sums, acc = b.workspace(most * nb), b.workspace(panels * most * width)
         r, blk, kk, s = b.fresh("r"), b.fresh("blk"), b.fresh("kk"), b.fresh("s")
-        a_at = lambda row, blk_, t: Load(a, add(mul(row, k), add(mul(blk_, bs), t)))  # noqa: E731
         block_sums = For(r, rows, (For(blk, nb, (
             Local(s, "f32", Const(0.0, "f32")),
             For(kk, bs, (Assign(s, fbin("add", Var(s, "f32"), a_at(Var(r), Var(blk), Var(kk)))),)),
             Store(sums, add(mul(Var(r), nb), Var(blk)), Var(s, "f32")))),))
-        p, r, blk, j, jo = b.fresh("p"), b.fresh("r"), b.fresh("blk"), b.fresh("j"), b.fresh("jo")
-        lets, low, high = [], [], []
-        for t in range(bs):  # the block unrolled: its column sums are the vectors of P/2 columns
-            c = b.fresh("c")
-            lets.append(Let(c, Load(codes, add(mul(add(mul(Var(p), k), add(mul(Var(blk), bs), Const(t))), half), Var(j)))))
-            x = a_at(Var(r), Var(blk), Const(t))
-            low.append(fbin("mul", x, Cast("f32", fbin("and", Var(c, "u8"), Const(15)))))
-            high.append(fbin("mul", x, Cast("f32", fbin("shr", Var(c, "u8"), Const(4)))))
-        block_sum = Load(sums, add(mul(Var(r), nb), Var(blk)))
 
-        def accumulate(column, partial):
-            at = add(mul(Var(p), width), column)
-            table = add(mul(add(mul(Var(p), nb), Var(blk)), width), column)
-            scaled = fbin("sub", fbin("mul", Load(scales, table), partial), fbin("mul", Load(offsets, table), block_sum))
-            return Store(acc, at, fbin("add", Load(acc, at), scaled))
-        block = For(j, half, (*lets, accumulate(Var(j), fold_balanced("add", low)),
-                              accumulate(add(Var(j), half), fold_balanced("add", high))), "vectorize")
-        zero = For(jo, width, (Store(acc, add(mul(Var(p), width), Var(jo)), Const(0.0, "f32")),), "vectorize")
-        col = add(mul(Var(p), width), Var(jo))
-        write = finish(Var(r), col, Load(acc, col))
-        if n % width:
-            write = [If(cmp("lt", col, Const(n)), tuple(write))]
-        write_loop = For(jo, width, tuple(write), "vectorize")
-        products = For(p, panels, (For(r, rows, (zero, For(blk, nb, (block,)), write_loop)),), parallel=True)
-        return [block_sums, products]
+        def products(count: int) -> For:
+            p, blk, j, jo = b.fresh("p"), b.fresh("blk"), b.fresh("j"), b.fresh("jo")
+            lets, low, high = [], [[] for _ in range(count)], [[] for _ in range(count)]
+            for t in range(bs):  # the block unrolled: its column sums are the vectors of P/2 columns
+                c, lo, hi = b.fresh("c"), b.fresh("lo"), b.fresh("hi")
+                lets += [Let(c, Load(codes, add(mul(add(mul(Var(p), k), add(mul(Var(blk), bs), Const(t))), half),
+                                                Var(j)))),
+                         Let(lo, Cast("f32", fbin("and", Var(c, "u8"), Const(15)))),
+                         Let(hi, Cast("f32", fbin("shr", Var(c, "u8"), Const(4))))]
+                for row in range(count):
+                    x = a_at(Const(row), Var(blk), Const(t))
+                    low[row].append(fbin("mul", x, Var(lo, "f32")))
+                    high[row].append(fbin("mul", x, Var(hi, "f32")))
+
+            def accumulate(row: int, column, partial):
+                at = add(mul(add(mul(Var(p), count), row), width), column)
+                table = add(mul(add(mul(Var(p), nb), Var(blk)), width), column)
+                block_sum = Load(sums, add(Const(row * nb), Var(blk)))
+                scaled = fbin("sub", fbin("mul", Load(scales, table), partial), fbin("mul", Load(offsets, table), block_sum))
+                return Store(acc, at, fbin("add", Load(acc, at), scaled))
+            block = For(j, half, (*lets, *[accumulate(row, column, fold_balanced("add", partial))
+                                           for row in range(count)
+                                           for column, partial in ((Var(j), low[row]), (add(Var(j), half), high[row]))]),
+                        "vectorize")
+            zero = For(jo, count * width, (Store(acc, add(mul(Var(p), count * width), Var(jo)), Const(0.0, "f32")),),
+                       "vectorize")
+            col = add(mul(Var(p), width), Var(jo))
+            writes = []
+            for row in range(count):
+                write = finish(Const(row), col, Load(acc, add(mul(add(mul(Var(p), count), row), width), Var(jo))))
+                if n % width:
+                    write = [If(cmp("lt", col, Const(n)), tuple(write))]
+                writes.append(For(jo, width, tuple(write), "vectorize"))
+            return For(p, panels, (zero, For(blk, nb, (block,)), *writes), parallel=True)
+        if isinstance(rows, Expr):
+            return [block_sums], [If(cmp("eq", rows, Const(count)), (products(count),)) for count in range(1, most + 1)]
+        return [block_sums], [products(rows)]
 
     def more_rows() -> list:
         # The GEMM's panels are the code panels (the target's default tile), so each half of a
@@ -142,7 +160,7 @@ def lower_matmul_nbits(b: KernelBuilder, node: Node, store, blocks) -> tuple:
         return phases
 
     if not isinstance(rows, Expr):
-        return tuple(few_rows() if rows <= FEW_ROWS else more_rows())
-    few = cmp("le", rows, Const(FEW_ROWS))
-    more = cmp("gt", rows, Const(FEW_ROWS))
-    return tuple([If(few, (phase,)) for phase in few_rows()] + [If(more, (phase,)) for phase in more_rows()])
+        return tuple(sum(few_rows(), []) if rows <= FEW_ROWS else more_rows())
+    sums, products = few_rows()
+    few, more = cmp("le", rows, Const(FEW_ROWS)), cmp("gt", rows, Const(FEW_ROWS))
+    return tuple([If(few, (phase,)) for phase in sums] + products + [If(more, (phase,)) for phase in more_rows()])
