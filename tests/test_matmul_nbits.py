@@ -67,7 +67,29 @@ def test_onnxruntimes_quantizer_qdq_output(symmetric, executor):
     assert weight.data_type == (TensorProto.INT4 if symmetric else TensorProto.UINT4)
     x = np.random.default_rng(8).standard_normal((2, 3, 128)).astype(np.float32)
     want = _onnxruntime(model, {"x": x}, optimize=False)
-    np.testing.assert_allclose(_kiln(model, {"x": x}, executor), want, rtol=1e-5, atol=1e-4)
+    result = build(model, executor=executor, cache=None, progress=False)
+    np.testing.assert_allclose(result.load().run({"x": x})["y"], want, rtol=1e-5, atol=1e-4)
+    # (the pair runs as MatMulNBits on the codes: ir/passes/weight_only_blocks.py)
+    assert [op for call in result.lowered.calls for op in call.ops] == ["com.microsoft.MatMulNBits"]
+    assert result.load().manifest.weights_bytes < 128 * 48 * 4 / 2  # (float32: 24 KiB)
+
+
+def test_a_dequantized_weight_read_elsewhere_stays_float(executor):
+    """Where the dequantized weight is also a graph output, the pair stays as written (the
+    weight folded to float32), and both outputs match."""
+    from onnxruntime.quantization import QuantFormat
+    model = _quantized_by_onnxruntime(False, QuantFormat.QDQ)
+    dq = next(n for n in model.graph.node if n.op_type == "DequantizeLinear")
+    model.graph.output.append(helper.make_tensor_value_info(dq.output[0], TensorProto.FLOAT, None))
+    x = np.random.default_rng(13).standard_normal((2, 3, 128)).astype(np.float32)
+    result = build(model, executor=executor, cache=None, progress=False)
+    assert "com.microsoft.MatMulNBits" not in [op for call in result.lowered.calls for op in call.ops]
+    got = result.load().run({"x": x})
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    want = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    np.testing.assert_allclose(got["y"], want[0], rtol=1e-5, atol=1e-4)
+    np.testing.assert_array_equal(got[dq.output[0]], want[1])
 
 
 def _pack(codes: np.ndarray, bits: int) -> np.ndarray:

@@ -10,18 +10,20 @@ from .kv_cache import bind_kv_caches
 from .quantized_moves import quantized_moves
 from .simplify_inference import simplify_inference
 from .trim_conv_windows import trim_conv_windows
+from .weight_only_blocks import weight_only_blocks
 
 
 def default_pipeline(extra=()) -> Sequential:
     """The passes `build` runs, in order; `extra` passes run before fusion. Types and
     parameters are inferred again right before fusion, for whatever the passes between
     rewrote or added (a custom pass adds plain ONNX-style nodes and nothing else)."""
-    return Sequential([infer_types, integer_products, quantized_moves, fold_constants, simplify_inference,
-                       trim_conv_windows, elementwise_before_layout, eliminate_common_subexpr, eliminate_dead_code,
+    return Sequential([infer_types, integer_products, weight_only_blocks, quantized_moves, fold_constants,
+                       simplify_inference, trim_conv_windows, elementwise_before_layout, eliminate_common_subexpr,
+                       eliminate_dead_code,
                        *extra, infer_types, bind_kv_caches, fuse_ops],
                       name="default_pipeline")
 
 
-__all__ = ["default_pipeline", "infer_types", "integer_products", "quantized_moves", "fold_constants",
-           "simplify_inference", "trim_conv_windows", "elementwise_before_layout",
+__all__ = ["default_pipeline", "infer_types", "integer_products", "weight_only_blocks", "quantized_moves",
+           "fold_constants", "simplify_inference", "trim_conv_windows", "elementwise_before_layout",
            "eliminate_common_subexpr", "eliminate_dead_code", "bind_kv_caches", "fuse_ops", "groups_of"]
