@@ -16,7 +16,7 @@ from .manifest import ENTRY_ABI_VERSION, Manifest, dim_c, dim_text, dim_value
 HEADER = "kiln_model.h"
 # (int4, uint4, int2, uint2 and the 8- and 4-bit floats: one to a byte, a 4-bit value in its low bits)
 _BYTE_CODED = ("int4", "uint4", "int2", "uint2", "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz",
-               "float4_e2m1fn")
+               "float4_e2m1fn", "float8_e8m0fnu")
 _C_TYPES = {"float32": "float", "float64": "double", "float16": "uint16_t", "bfloat16": "uint16_t", "bool": "uint8_t",
             **{t: "uint8_t" for t in _BYTE_CODED},
             **{f"int{w}": f"int{w}_t" for w in (8, 16, 32, 64)}, **{f"uint{w}": f"uint{w}_t" for w in (8, 16, 32, 64)}}

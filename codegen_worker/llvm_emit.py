@@ -14,23 +14,29 @@ import math
 import struct
 
 from ..artifacts.cpu_features import byte_dot_widths
-from ..ir.loop import (FLOAT_TYPES, SUB_BYTE_TYPES, TRANSPOSE_LANES, WINDOW_DOT_LANES, SYMBOLS, Assign, Bin, Call,
-                      Cast, Cmp, Const, Deinterleave, For, Gemm, If, Kernel, Let, Load, Local, Select, Store,
-                      TransposeBlock, Var, WindowDot, bits, called_functions, compute_type, highest, is_unsigned,
-                      lowest, operand_type, phases, value_bits)
-from ..ir.minifloats import MINIFLOATS
+from ..ir.loop import (FLOAT_TYPES, SMALL_FLOAT_TYPES, SUB_BYTE_TYPES, TRANSPOSE_LANES, WINDOW_DOT_LANES, SYMBOLS,
+                      Assign, Bin, Call, Cast, Cmp, Const, Deinterleave, For, Gemm, If, Kernel, Let, Load, Local, Select,
+                      Store, TransposeBlock, Var, WindowDot, bits, called_functions, compute_type, highest,
+                      is_unsigned, lowest, operand_type, phases, value_bits)
+from ..ir.minifloats import E8M0, E8M0_ROUNDINGS, MINIFLOATS, e8m0_rounding
 from ..ir.schedule import PANEL_CHUNK_KIB, REDUCE_INTERLEAVE
-from .minifloat_ir import from_float_name, minifloat_conversions, to_float_name
+from .minifloat_ir import e8m0_encoder_name, from_float_name, minifloat_conversions, to_float_name
 
 # LLVM's type for each loop-IR type. Integers are sign-less in LLVM: signedness picks the
 # instruction. f16 and bf16 are stored as i16 and converted in software (see _math_lib), so
 # no target needs F16C or AVX512-BF16 and no libgcc helper is linked.
 LL = {"f32": "float", "f64": "double", "i1": "i1", "b8": "i8", "f16": "i16", "bf16": "i16",
-      **{t: "i8" for t in SUB_BYTE_TYPES + tuple(MINIFLOATS)},
+      **{t: "i8" for t in SUB_BYTE_TYPES + SMALL_FLOAT_TYPES},
       **{f"{s}{w}": f"i{w}" for s in "iu" for w in (8, 16, 32, 64)}}
 _FSUFFIX = {"f32": "f32", "f64": "f64"}
-_PACK = {"f16": "kiln_f2h", "bf16": "kiln_f2bf", **{t: from_float_name(t) for t in MINIFLOATS}}
-_UNPACK = {"f16": "kiln_h2f", "bf16": "kiln_bf2f", **{t: to_float_name(t) for t in MINIFLOATS}}
+# (E8M0's store truncates its exponent: a Cast to it rounds first, as its round_mode says)
+_PACK = {"f16": "kiln_f2h", "bf16": "kiln_f2bf", **{t: from_float_name(t) for t in MINIFLOATS},
+         E8M0: e8m0_encoder_name("down", False)}
+_UNPACK = {"f16": "kiln_h2f", "bf16": "kiln_bf2f", **{t: to_float_name(t) for t in (*MINIFLOATS, E8M0)}}
+# round_<storage> calls: (conversion to the narrow type, back to f32, the narrow type's storage)
+_ROUNDINGS = {**{f"round_{t}": (_PACK[t], _UNPACK[t], t) for t in _PACK},
+              **{e8m0_rounding(m, s): (e8m0_encoder_name(m, s), _UNPACK[E8M0], E8M0)
+                 for m in E8M0_ROUNDINGS for s in (False, True)}}
 # No arcp: x / c must stay exact (Resize coordinates land on .5 boundaries by design).
 FMF = "reassoc nsz contract afn"
 _FBIN = {"add": "fadd", "sub": "fsub", "mul": "fmul", "div": "fdiv", "rem": "frem"}
@@ -567,11 +573,11 @@ class FunctionEmitter:
             self.emit(f"{v} = fneg {t} {args[0]}" if dt in FLOAT_TYPES else f"{v} = sub {t} 0, {args[0]}")
         elif fn == "not":
             self.emit(f"{v} = xor i1 {args[0]}, true")
-        elif fn.startswith("round_") and fn[6:] in _PACK:  # to the precision of a narrower float
+        elif fn in _ROUNDINGS:  # to the precision of a narrower float
             h = self.tmp("narrow")
-            storage = fn[6:]
-            self.emit(f"{h} = call {LL[storage]} @{_PACK[storage]}(float {args[0]})")
-            self.emit(f"{v} = call float @{_UNPACK[storage]}({LL[storage]} {h})")
+            pack, unpack, storage = _ROUNDINGS[fn]
+            self.emit(f"{h} = call {LL[storage]} @{pack}(float {args[0]})")
+            self.emit(f"{v} = call float @{unpack}({LL[storage]} {h})")
         elif fn in ("exp", "tanh", "erf") and dt == "f32":
             self.emit(f"{v} = call {self.fmf} float @kiln_{fn}(float {args[0]})")
         elif fn == "fmod":

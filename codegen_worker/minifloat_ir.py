@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 
-from ..ir.minifloats import MINIFLOATS, Minifloat
+from ..ir.minifloats import E8M0, E8M0_ROUNDINGS, MINIFLOATS, Minifloat
 
 _F32_EXP = 0x7F800000
 _F32_ABS = 0x7FFFFFFF
@@ -51,7 +51,8 @@ def _to_float(storage: str, fmt: Minifloat) -> list:
              f"  %exp = lshr i32 %mag, {fmt.mbits}", f"  %mant = and i32 %mag, {mantissa_mask}",
              f"  %e1 = add i32 %exp, {127 - fmt.bias}", "  %e2 = shl i32 %e1, 23",
              f"  %m2 = shl i32 %mant, {23 - fmt.mbits}", "  %nb = or i32 %e2, %m2", "  %nf = bitcast i32 %nb to float",
-             "  %mf = uitofp i32 %mant to float", f"  %sf = fmul float %mf, {_float_hex(2.0 ** (1 - fmt.bias - fmt.mbits))}",
+             "  %mf = uitofp i32 %mant to float",
+             f"  %sf = fmul float %mf, {_float_hex(2.0 ** (1 - fmt.bias - fmt.mbits))}",
              "  %isub = icmp eq i32 %exp, 0", "  %v = select i1 %isub, float %sf, float %nf"]
     nan = _float_hex(math.nan)
     if fmt.specials == "ieee":
@@ -59,7 +60,8 @@ def _to_float(storage: str, fmt: Minifloat) -> list:
                   f"  %io = select i1 %zm, float {_float_hex(math.inf)}, float {nan}",
                   "  %v2 = select i1 %top, float %io, float %v"]
     elif fmt.specials == "fn":
-        lines += [f"  %isnan = icmp eq i32 %mag, {fmt.sign_bit - 1}", f"  %v2 = select i1 %isnan, float {nan}, float %v"]
+        lines += [f"  %isnan = icmp eq i32 %mag, {fmt.sign_bit - 1}",
+                  f"  %v2 = select i1 %isnan, float {nan}, float %v"]
     elif fmt.specials == "fnuz":
         lines += [f"  %isnan = icmp eq i32 %w, {fmt.sign_bit}", f"  %v2 = select i1 %isnan, float {nan}, float %v"]
     else:
@@ -82,7 +84,8 @@ def _from_float(storage: str, fmt: Minifloat) -> list:
              "  %u = bitcast float %f to i32", "  %s = lshr i32 %u, 31", f"  %a0 = and i32 %u, {_F32_ABS}",
              f"  %nan = icmp ugt i32 %a0, {_F32_EXP}", "  %af0 = bitcast i32 %a0 to float"]
     if fmt.specials == "none":  # saturates: no Inf to overflow to
-        lines += [f"  %af = call float @llvm.minnum.f32(float %af0, float {greatest})", "  %a = bitcast float %af to i32"]
+        lines += [f"  %af = call float @llvm.minnum.f32(float %af0, float {greatest})",
+                  "  %a = bitcast float %af to i32"]
     else:
         lines += ["  %af = fadd float %af0, 0.0", "  %a = add i32 %a0, 0"]
     lines += [f"  %e0 = and i32 %a, {_F32_EXP}", f"  %lo = icmp ult i32 %e0, {least_normal}",
@@ -95,9 +98,11 @@ def _from_float(storage: str, fmt: Minifloat) -> list:
               f"  %ef = sub i32 %re, {127 - fmt.bias}", f"  %eh = shl i32 %ef, {fmt.mbits}",
               f"  %mf = lshr i32 %rb, {23 - fmt.mbits}", f"  %mm = and i32 %mf, {(1 << fmt.mbits) - 1}",
               "  %cn = or i32 %eh, %mm",
-              f"  %sx = fmul float %r, {_float_hex(2.0 ** (fmt.bias - 1 + fmt.mbits))}", "  %cs = fptoui float %sx to i32",
+              f"  %sx = fmul float %r, {_float_hex(2.0 ** (fmt.bias - 1 + fmt.mbits))}",
+              "  %cs = fptoui float %sx to i32",
               "  %c0 = select i1 %normal, i32 %cn, i32 %cs",
-              f"  %over = fcmp ogt float %r, {greatest}", f"  %c1 = select i1 %over, i32 {_overflow_code(fmt)}, i32 %c0",
+              f"  %over = fcmp ogt float %r, {greatest}",
+              f"  %c1 = select i1 %over, i32 {_overflow_code(fmt)}, i32 %c0",
               f"  %c2 = select i1 %nan, i32 {_nan_code(fmt)}, i32 %c1",
               f"  %sg = shl i32 %s, {fmt.ebits + fmt.mbits}",
               # (xor: E2M1's NaN code is -0's, and a negative NaN gives +0, as ml_dtypes converts)
@@ -117,6 +122,39 @@ def _nan_code(fmt: Minifloat) -> int:
     return fmt.sign_bit  # fnuz's NaN; E2M1's -0, what ml_dtypes makes of a NaN
 
 
+def e8m0_encoder_name(round_mode: str, saturate: bool) -> str:
+    return f"kiln_f_to_{E8M0}_{round_mode}" + ("_sat" if saturate else "")
+
+
+def _e8m0_to_float() -> list:
+    """2^(code - 127): the code as an f32 exponent (code 0, 2^-127, a subnormal), 0xFF NaN."""
+    return [f"define internal float @{to_float_name(E8M0)}(i8 %c) #1 {{",
+            "  %w = zext i8 %c to i32", "  %b = shl i32 %w, 23", "  %zero = icmp eq i32 %w, 0",
+            "  %b2 = select i1 %zero, i32 4194304, i32 %b", "  %nan = icmp eq i32 %w, 255",
+            "  %b3 = select i1 %nan, i32 2143289344, i32 %b2", "  %f = bitcast i32 %b3 to float", "  ret float %f", "}"]
+
+
+def _e8m0_from_float(round_mode: str, saturate: bool) -> list:
+    """An f32's exponent bits, rounded as onnx's reference rounds them (ir/minifloats.py)."""
+    lines = [f"define internal i8 @{e8m0_encoder_name(round_mode, saturate)}(float %f) #1 {{",
+             "  %u = bitcast float %f to i32", "  %e0 = lshr i32 %u, 23", "  %e = and i32 %e0, 255",
+             "  %special = icmp eq i32 %e, 255"]
+    if round_mode == "down":
+        lines += ["  %up = icmp ne i32 0, 0"]
+    elif round_mode == "up":  # any fraction bit
+        lines += [f"  %frac = and i32 %u, {0x7FFFFF}", "  %up = icmp ne i32 %frac, 0"]
+    else:  # the guard bit, and any bit after it or a nonzero exponent (onnx's reference)
+        lines += [f"  %gb = and i32 %u, {0x400000}", "  %g = icmp ne i32 %gb, 0",
+                  f"  %rest = and i32 %u, {0x3FFFFF}", "  %rs = icmp ne i32 %rest, 0", "  %lsb = icmp ne i32 %e, 0",
+                  "  %tie = or i1 %rs, %lsb", "  %up = and i1 %g, %tie"]
+    if saturate:  # never past 2^127
+        lines += ["  %top = icmp eq i32 %e, 254", "  %below = xor i1 %top, true", "  %go = and i1 %up, %below"]
+    else:
+        lines += ["  %go = and i1 %up, true"]
+    return lines + ["  %inc = zext i1 %go to i32", "  %r = add i32 %e, %inc",
+                    "  %code = select i1 %special, i32 255, i32 %r", "  %t = trunc i32 %code to i8", "  ret i8 %t", "}"]
+
+
 def minifloat_conversions(code: str) -> list:
     """The conversion functions that `code` (a kernel's LLVM IR) calls."""
     lines = []
@@ -125,4 +163,10 @@ def minifloat_conversions(code: str) -> list:
             lines += _to_float(storage, fmt)
         if f"@{from_float_name(storage)}(" in code:
             lines += _from_float(storage, fmt)
+    if f"@{to_float_name(E8M0)}(" in code:
+        lines += _e8m0_to_float()
+    for round_mode in E8M0_ROUNDINGS:
+        for saturate in (False, True):
+            if f"@{e8m0_encoder_name(round_mode, saturate)}(" in code:
+                lines += _e8m0_from_float(round_mode, saturate)
     return lines

@@ -6,7 +6,7 @@ buffer holds) and a *compute* type (what a loaded element is while a kernel work
 float16 and bfloat16 compute in float32 and round when stored, bool computes as i1 and is
 stored as a byte, the 4- and 2-bit integers are stored one to a byte (in its low bits, as
 ml_dtypes holds them and so numpy's arrays of them) and compute as 8-bit integers, the 8-
-and 4-bit floats (float8_e4m3fn ... float4_e2m1fn, ml_dtypes' names; ir/minifloats.py) are
+and 4-bit floats (float8_e4m3fn ... float8_e8m0fnu, ml_dtypes' names; ir/minifloats.py) are
 stored one to a byte and compute in float32, every other type computes as itself (integers
 wrap at their own width).
 """
@@ -59,11 +59,12 @@ _TABLE = [DType("float32", 1, "f32", 4), DType("uint8", 2, "u8", 1), DType("int8
           DType("bfloat16", 16, "bf16", 2), DType("uint4", 21, "u4", 1), DType("int4", 22, "i4", 1),
           DType("uint2", 25, "u2", 1), DType("int2", 26, "i2", 1), DType("float8_e4m3fn", 17, "f8e4m3fn", 1),
           DType("float8_e4m3fnuz", 18, "f8e4m3fnuz", 1), DType("float8_e5m2", 19, "f8e5m2", 1),
-          DType("float8_e5m2fnuz", 20, "f8e5m2fnuz", 1), DType("float4_e2m1fn", 23, "f4e2m1", 1)]
+          DType("float8_e5m2fnuz", 20, "f8e5m2fnuz", 1), DType("float4_e2m1fn", 23, "f4e2m1", 1),
+          DType("float8_e8m0fnu", 24, "f8e8m0", 1)]
 DTYPES = {d.name: d for d in _TABLE}
 _BY_ONNX = {d.onnx: d for d in _TABLE}
 # Names of the ONNX element types Kiln does not compute in, for error messages.
-_OTHER_ONNX = {8: "STRING", 14: "COMPLEX64", 15: "COMPLEX128", 24: "FLOAT8E8M0"}
+_OTHER_ONNX = {8: "STRING", 14: "COMPLEX64", 15: "COMPLEX128"}
 
 
 def dtype(name: str) -> DType:

@@ -10,11 +10,12 @@ integers i8..i64 and the unsigned u8..u64 (integer arithmetic wraps at the type'
 division, comparison, max/min and widening follow its signedness). A buffer stores one of
 STORAGE_TYPES: the compute types except i1, plus b8 (a bool in a byte), f16 and bf16, and the
 4- and 2-bit integers i4, u4, i2, u2 (one to a byte, in its low bits), and the 8- and 4-bit
-floats of MINIFLOATS (f8e4m3fn, f8e5m2, ...: one a byte). A Load converts the stored element
-to its compute type (`compute_type`: b8 -> i1, f16/bf16 and the small floats -> f32, i4/i2
--> i8 sign-extended, u4/u2 -> u8 with the high bits cleared) and a Store converts back,
-rounding to nearest even (a small float's overflow is its Inf or NaN; a 4- or 2-bit integer
-keeps its low bits: it wraps at its width).
+floats of MINIFLOATS and E8M0 (f8e4m3fn, f8e5m2, ..., f8e8m0: one a byte). A Load converts
+the stored element to its compute type (`compute_type`: b8 -> i1, f16/bf16 and the small
+floats -> f32, i4/i2 -> i8 sign-extended, u4/u2 -> u8 with the high bits cleared) and a Store
+converts back, rounding to nearest even (a small float's overflow is its Inf or NaN; E8M0's
+exponent is truncated: a Cast rounds it first; a 4- or 2-bit integer keeps its low bits: it
+wraps at its width).
 
 A Const is a literal: where it meets a non-constant operand (in a Bin, Cmp, Select, Call,
 Store, Local or Assign) it takes that operand's type, so `x * 0.5` is written once for f32
@@ -48,7 +49,7 @@ import json
 import math
 from dataclasses import dataclass, fields, is_dataclass
 
-from .minifloats import MINIFLOATS
+from .minifloats import E8M0, E8M0_ROUNDINGS, MINIFLOATS, e8m0_rounding
 
 FORMAT_VERSION = 4
 SYMBOLS = "s"  # the kernel buffer of the symbols' run-time values (i64), where a kernel reads any
@@ -57,9 +58,10 @@ INT_TYPES = ("i8", "i16", "i32", "i64", "u8", "u16", "u32", "u64")
 FLOAT_TYPES = ("f32", "f64")
 COMPUTE_TYPES = frozenset(("i1",) + INT_TYPES + FLOAT_TYPES)
 SUB_BYTE_TYPES = ("i4", "u4", "i2", "u2")
-STORAGE_TYPES = frozenset(INT_TYPES + FLOAT_TYPES + SUB_BYTE_TYPES + tuple(MINIFLOATS) + ("b8", "f16", "bf16"))
+SMALL_FLOAT_TYPES = tuple(MINIFLOATS) + (E8M0,)
+STORAGE_TYPES = frozenset(INT_TYPES + FLOAT_TYPES + SUB_BYTE_TYPES + SMALL_FLOAT_TYPES + ("b8", "f16", "bf16"))
 _LOADS_AS = {"b8": "i1", "f16": "f32", "bf16": "f32", "i4": "i8", "u4": "u8", "i2": "i8", "u2": "u8",
-             **{t: "f32" for t in MINIFLOATS}}
+             **{t: "f32" for t in SMALL_FLOAT_TYPES}}
 
 
 def compute_type(storage: str) -> str:
@@ -71,7 +73,7 @@ def bits(t: str) -> int:
     """Bits a value of type t takes in a register or a buffer (a 4-bit integer: its byte)."""
     if t in ("f16", "bf16"):
         return 16
-    return 1 if t == "i1" else 8 if t == "b8" or t in SUB_BYTE_TYPES or t in MINIFLOATS else int(t[1:])
+    return 1 if t == "i1" else 8 if t == "b8" or t in SUB_BYTE_TYPES or t in SMALL_FLOAT_TYPES else int(t[1:])
 
 
 def value_bits(storage: str) -> int:
@@ -143,7 +145,8 @@ class Cmp(Expr):
 @dataclass(frozen=True)
 class Call(Expr):
     # see FLOAT_CALLS; `not` on i1; round_f16/round_bf16 (and round_ of each small float
-    # format, overflowing to its Inf or NaN) round an f32 to that precision;
+    # format, overflowing to its Inf or NaN; E8M0's per rounding mode and saturation: see
+    # ir/minifloats.py) round an f32 to that precision;
     # max_no_nan(a, b) is the larger, and either one where one is NaN (no NaN fix-ups)
     fn: str
     args: tuple
@@ -164,7 +167,8 @@ class Cast(Expr):
 
 FLOAT_CALLS = frozenset(("exp", "log", "sqrt", "tanh", "erf", "abs", "floor", "ceil", "round", "neg", "fmod",
                          "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh",
-                         "round_f16", "round_bf16", "max_no_nan", *(f"round_{t}" for t in MINIFLOATS)))
+                         "round_f16", "round_bf16", "max_no_nan", *(f"round_{t}" for t in MINIFLOATS),
+                         *(e8m0_rounding(m, s) for m in E8M0_ROUNDINGS for s in (False, True))))
 
 
 _CHEAP_CALLS = {"abs", "floor", "ceil", "round", "neg", "not", "sqrt", "round_f16", "round_bf16"}

@@ -8,6 +8,11 @@ the exponent field is 0, and one of four ways with what a float32 has and they l
   - "fnuz" (E4M3FNUZ, E5M2FNUZ): no Inf, no -0; 0x80 (the code of -0) is the one NaN;
   - "none" (E2M1): no Inf, no NaN; a NaN becomes -0 (+0 if its sign bit is set) and any
     overflow the greatest value, as ml_dtypes (onnx's reference) converts.
+E8M0 (float8_e8m0fnu, the scale of microscaling formats) is an exponent alone: 2^(code -
+127), 0xFF NaN, no sign and no zero. A float converts to it by its exponent bits, rounded by
+Cast's `round_mode` (up where any fraction bit is set, down, or to nearest as onnx's
+reference does it) and, with `saturate`, never past 2^127.
+
 The conversions themselves are codegen's (codegen_worker/minifloat_ir.py); this module
 imports nothing, so the loop IR and codegen share one table.
 """
@@ -42,3 +47,11 @@ MINIFLOATS = {
     "f8e5m2fnuz": Minifloat(5, 2, 16, "fnuz"),
     "f4e2m1": Minifloat(2, 1, 1, "none"),
 }
+
+E8M0 = "f8e8m0"
+E8M0_ROUNDINGS = ("up", "down", "nearest")
+
+
+def e8m0_rounding(round_mode: str, saturate: bool) -> str:
+    """The loop-IR call rounding an f32 to E8M0 (then back, exactly) as Cast's attributes say."""
+    return f"round_{E8M0}_{round_mode}" + ("_sat" if saturate else "")

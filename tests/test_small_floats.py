@@ -101,3 +101,36 @@ def test_quantize_and_dequantize(fmt, executor):
     for name, want in zip(("q", "d", "dw"), ReferenceEvaluator(model).run(None, {"x": x})):
         _assert_same(got[name], want, name)
     assert np.abs(got["q"].astype(np.float32)).max() == top  # saturated
+
+
+def test_every_e8m0_code_decodes(executor):
+    """E8M0 (float8_e8m0fnu): 2^(code - 127), 0xFF NaN."""
+    codes = np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e8m0fnu)
+    graph = helper.make_graph([helper.make_node("Cast", ["x"], ["y"], to=TensorProto.FLOAT)], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT8E8M0, [256])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 24)], ir_version=11)
+    got = build(model, executor=executor, cache=None, progress=False).load().run({"x": codes})["y"]
+    _assert_same(got, codes.astype(np.float32), "decoded")
+
+
+@pytest.mark.parametrize("saturate", [1, 0], ids=["saturate", "overflow"])
+@pytest.mark.parametrize("round_mode", ["up", "down", "nearest"])
+def test_float32_to_e8m0_rounds_as_asked(round_mode, saturate, executor):
+    """Cast to E8M0 by the float's exponent, rounded by round_mode (the fraction's bits decide),
+    saturating at 2^127 or not; stored and passed on (cast back in the same kernel)."""
+    rng = np.random.default_rng(14)
+    powers = np.ldexp(1.0, np.arange(-126, 128)).astype(np.float32)
+    between = [powers * f for f in (1.25, 1.5, 1.75, np.float32(1.5) + np.float32(2.0 ** -22))]
+    extra = np.array([0.0, -0.0, 2.0 ** -127, 1e-45, 2.0 ** 127 * 1.5, 3.4e38, np.inf, -np.inf, np.nan], np.float32)
+    x = np.concatenate([powers, *between, -powers * 1.5, extra, rng.standard_normal(64).astype(np.float32)])
+    nodes = [helper.make_node("Cast", ["x"], ["y"], to=TensorProto.FLOAT8E8M0, saturate=saturate, round_mode=round_mode),
+             helper.make_node("Cast", ["y"], ["back"], to=TensorProto.FLOAT)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [x.size])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT8E8M0, None),
+                               helper.make_tensor_value_info("back", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 24)], ir_version=11)
+    got = build(model, executor=executor, cache=None, progress=False).load().run({"x": x})
+    want_y, want_back = ReferenceEvaluator(model).run(None, {"x": x})
+    _assert_same(got["y"], want_y, "stored")
+    _assert_same(got["back"], want_back, "passed on")

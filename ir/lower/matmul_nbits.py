@@ -25,8 +25,8 @@ import math
 import numpy as np
 
 from ..graph import Node
-from ..loop import (Assign, Cast, Const, Expr, For, If, Let, Load, Local, Store, Var, add, cmp, div, fbin, fold_balanced,
-                    mul, unflatten)
+from ..loop import (Assign, Cast, Const, Expr, For, If, Let, Load, Local, Store, Var, add, cmp, div, fbin,
+                    fold_balanced, mul, unflatten)
 from ..symbolic import greatest
 from .builder import KernelBuilder
 from .gemm import gemm_stmt
@@ -115,12 +115,13 @@ def lower_matmul_nbits(b: KernelBuilder, node: Node, store, blocks) -> tuple:
                 at = add(mul(add(mul(Var(p), count), row), width), column)
                 table = add(mul(add(mul(Var(p), nb), Var(blk)), width), column)
                 block_sum = Load(sums, add(Const(row * nb), Var(blk)))
-                scaled = fbin("sub", fbin("mul", Load(scales, table), partial), fbin("mul", Load(offsets, table), block_sum))
+                scaled = fbin("sub", fbin("mul", Load(scales, table), partial),
+                              fbin("mul", Load(offsets, table), block_sum))
                 return Store(acc, at, fbin("add", Load(acc, at), scaled))
+            halves = [(row, Var(j), low[row]) for row in range(count)] + \
+                [(row, add(Var(j), half), high[row]) for row in range(count)]
             block = For(j, half, (*lets, *[accumulate(row, column, fold_balanced("add", partial))
-                                           for row in range(count)
-                                           for column, partial in ((Var(j), low[row]), (add(Var(j), half), high[row]))]),
-                        "vectorize")
+                                           for row, column, partial in halves]), "vectorize")
             zero = For(jo, count * width, (Store(acc, add(mul(Var(p), count * width), Var(jo)), Const(0.0, "f32")),),
                        "vectorize")
             col = add(mul(Var(p), width), Var(jo))

@@ -13,8 +13,9 @@ import numpy as np
 from ..attrs import check_attrs, const_input
 from ..dtypes import DTYPES, is_int, numpy_dtype
 from ..graph import Node, ShapeError, TensorType, UnsupportedError
-from ..loop import Cast, Const, Var, call, calls_math, cmp, fbin, fold_balanced, select, stored_value, sub
-from ..minifloats import MINIFLOATS
+from ..loop import (SMALL_FLOAT_TYPES, Cast, Const, Var, call, calls_math, cmp, fbin, fold_balanced, select,
+                    stored_value, sub)
+from ..minifloats import E8M0, E8M0_ROUNDINGS, MINIFLOATS, e8m0_rounding
 from ..lower.elementwise import and_, bcast_reader, clamp, f32
 from ..onnx_dtypes import onnx_to_dtype
 from ..symbolic import Dim, floor_div
@@ -103,28 +104,52 @@ def _clip(x, a, is_f, b, node):
     return x
 
 
+_CAST_ATTRS = {"saturate": (0, 1), "round_mode": E8M0_ROUNDINGS}
+
+
 def _cast_infer(g, node, p):
+    check_attrs(node, _CAST_ATTRS)
     return TensorType(g.types[node.inputs[0]].shape, onnx_to_dtype(node.attrs["to"], node))
 
 
 def _castlike_infer(g, node, p):
+    check_attrs(node, _CAST_ATTRS)
     return TensorType(g.types[node.inputs[0]].shape, g.types[node.inputs[1]].dtype)
 
 
-def to_small_float(value, dtype_name: str, saturate: bool):
+def to_small_float(value, dtype_name: str, saturate: bool, round_mode: str = "up"):
     """An f32 value rounded to an 8- or 4-bit float (ir/minifloats.py), as its Store keeps
     it: past the greatest finite value, that value where `saturate` (NaN stays NaN), else
-    the format's Inf or NaN."""
+    the format's Inf or NaN. E8M0 rounds its exponent as `round_mode` says."""
     storage = DTYPES[dtype_name].storage
+    if storage == E8M0:
+        return call(e8m0_rounding(round_mode, saturate), value)
     if saturate:
         top = MINIFLOATS[storage].greatest
         value = select(cmp("gt", value, f32(top)), f32(top), select(cmp("lt", value, f32(-top)), f32(-top), value))
     return call(f"round_{storage}", value)
 
 
-def small_float_array(x: np.ndarray, dtype_name: str, saturate: bool) -> np.ndarray:
+def _e8m0_codes(x: np.ndarray, saturate: bool, round_mode: str) -> np.ndarray:
+    """float32 -> E8M0 codes as onnx's reference converts (ir/minifloats.py)."""
+    bits = x.view(np.uint32)
+    exponent = ((bits >> 23) & 0xFF).astype(np.int32)
+    if round_mode == "up":
+        up = (bits & 0x7FFFFF) != 0
+    elif round_mode == "nearest":
+        up = ((bits & 0x400000) != 0) & (((bits & 0x3FFFFF) != 0) | (exponent > 0))
+    else:
+        up = np.zeros(bits.shape, bool)
+    if saturate:
+        up &= exponent != 0xFE
+    return np.where(exponent == 0xFF, 0xFF, exponent + up).astype(np.uint8)
+
+
+def small_float_array(x: np.ndarray, dtype_name: str, saturate: bool, round_mode: str = "up") -> np.ndarray:
     """numpy's to_small_float: ml_dtypes' conversion, after a clip where `saturate`."""
     x = np.asarray(x, np.float32)
+    if DTYPES[dtype_name].storage == E8M0:
+        return _e8m0_codes(x, saturate, round_mode).view(numpy_dtype(dtype_name))
     if saturate:
         top = MINIFLOATS[DTYPES[dtype_name].storage].greatest
         x = np.clip(x, -top, top)  # (NaN stays NaN)
@@ -140,13 +165,13 @@ def _cast_reader(b, node):
     src, dst = b.type(node.inputs[0]).dtype, b.type(node.outputs[0]).dtype
     s, d = b.compute(node.inputs[0]), b.compute(node.outputs[0])
     rounding = {"float16": "round_f16", "bfloat16": "round_bf16"}.get(dst) if dst != src else None
-    small = DTYPES[dst].storage in MINIFLOATS and dst != src
-    saturate = bool(node.attrs.get("saturate", 1))
+    small = DTYPES[dst].storage in SMALL_FLOAT_TYPES and dst != src
+    saturate, round_mode = bool(node.attrs.get("saturate", 1)), node.attrs.get("round_mode", "up")
 
     def value(idx):
         v = x(idx) if s == d else Cast(d, x(idx))
         if small:
-            return to_small_float(v, dst, saturate)
+            return to_small_float(v, dst, saturate, round_mode)
         return call(rounding, v) if rounding else stored_value(DTYPES[dst].storage, v)
     return {node.outputs[0]: value}
 
@@ -157,8 +182,9 @@ def _cast_fold(a, values, g, node):
     # Sizes stay sizes (symbolic values), as floats too: arange(float(w)) counts w.
     if values[0].dtype == object and (np.issubdtype(to, np.integer) or to in (np.float32, np.float64)):
         return [values[0]]
-    if DTYPES[dst].storage in MINIFLOATS:
-        return [small_float_array(values[0], dst, bool(node.attrs.get("saturate", 1)))]
+    if DTYPES[dst].storage in SMALL_FLOAT_TYPES:
+        return [small_float_array(values[0], dst, bool(node.attrs.get("saturate", 1)),
+                                  node.attrs.get("round_mode", "up"))]
     with np.errstate(all="ignore"):  # NaN or out of range to an integer: whatever numpy gives
         return [values[0].astype(to)]
 
@@ -194,8 +220,9 @@ register(
            lambda x, a: np.abs(x)),
     _unary("Not", lambda x, a, is_f, b, n: call("not", x), lambda x, a: np.logical_not(x), infer=_not_infer),
     _unary(CLIP, _clip, lambda x, a: np.clip(x, a["min"], a["max"]), infer=_clip_infer),
-    OpDef(CAST, ELEMWISE, _cast_infer, _cast_fold, _cast_reader),
-    OpDef("CastLike", BROADCAST, _castlike_infer, _cast_fold, _cast_reader),
+    # (round_mode, opset 24: E8M0's rounding, which no other type reads)
+    OpDef(CAST, ELEMWISE, _cast_infer, _cast_fold, _cast_reader, later_attributes=frozenset({"round_mode"})),
+    OpDef("CastLike", BROADCAST, _castlike_infer, _cast_fold, _cast_reader, later_attributes=frozenset({"round_mode"})),
 )
 
 
