@@ -10,10 +10,12 @@ from __future__ import annotations
 import numpy as np
 
 
-_SMALL_FLOATS = ("float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz", "float4_e2m1fn", "float8_e8m0fnu")
+_SMALL_FLOATS = ("float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz", "float4_e2m1fn",
+                 "float8_e8m0fnu")
 _ML_DTYPES = {"bfloat16": np.uint16, "int4": np.uint8, "uint4": np.uint8, "int2": np.uint8, "uint2": np.uint8,
               **{name: np.uint8 for name in _SMALL_FLOATS}}
-_ML_KINDS = {"bfloat16": "f", "int4": "i", "int2": "i", "uint4": "u", "uint2": "u", **{name: "f" for name in _SMALL_FLOATS}}
+_ML_KINDS = {"bfloat16": "f", "int4": "i", "int2": "i", "uint4": "u", "uint2": "u",
+             **{name: "f" for name in _SMALL_FLOATS}}
 
 
 def numpy_dtype(name: str) -> np.dtype:

@@ -82,7 +82,8 @@ def main() -> None:
     args = parser.parse_args()
     print(f"{cpu_name()} ({host_isa()}), {args.threads} thread(s), target {args.target}, better of {args.rounds} "
           "interleaved rounds, ms\n")
-    print("| layer | rows | Kiln int4 | Kiln float32 | onnxruntime int4 | Kiln int4 / onnxruntime | weights int4 / float32 MB |")
+    print("| layer | rows | Kiln int4 | Kiln float32 | onnxruntime int4 | Kiln int4 / onnxruntime "
+          "| weights int4 / float32 MB |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     for name in args.layers.split(","):
         k, n = LAYERS[name]

@@ -1557,7 +1557,8 @@ def kernel_to_llvm_ir(kernel: Kernel, symbol: str, triple: str, cpu: str, featur
              f'"target-cpu"="{cpu}" "target-features"="{features}"{calls} }}')
     math_attrs = attrs.replace("#0", "#1")
     decls = sorted(set(_DECLS.strip().splitlines()) | fe.decls)
-    parts = [f'target triple = "{triple}"', *decls, _math_lib(), *minifloat_conversions(body + ''.join(fe.functions)), *fe.functions,
+    conversions = minifloat_conversions(body + "".join(fe.functions))  # (those the kernel calls)
+    parts = [f'target triple = "{triple}"', *decls, _math_lib(), *conversions, *fe.functions,
              body, attrs, math_attrs.replace("nounwind", "nounwind alwaysinline"),
              attrs.replace("#0", "#2").replace("nounwind", "nounwind noinline"), *fe.meta]
     return "\n".join(parts) + "\n"

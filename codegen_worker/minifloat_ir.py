@@ -15,6 +15,7 @@ before this, in the loop IR.
 from __future__ import annotations
 
 import math
+import struct
 
 from ..ir.minifloats import E8M0, E8M0_ROUNDINGS, MINIFLOATS, Minifloat
 
@@ -32,7 +33,6 @@ def from_float_name(storage: str) -> str:
 
 def _float_hex(v: float) -> str:
     """An f32 constant as LLVM writes it (the bits of the double of that value)."""
-    import struct
     if math.isinf(v) or math.isnan(v):
         return "0x7FF0000000000000" if v > 0 else "0xFFF0000000000000" if math.isinf(v) else "0x7FF8000000000000"
     return f"0x{struct.unpack('<Q', struct.pack('<d', v))[0]:016X}"

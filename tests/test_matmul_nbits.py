@@ -87,7 +87,8 @@ def test_a_dequantized_weight_read_elsewhere_stays_float(executor):
     got = result.load().run({"x": x})
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    want = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    want = session.run(None, {"x": x})
     np.testing.assert_allclose(got["y"], want[0], rtol=1e-5, atol=1e-4)
     np.testing.assert_array_equal(got[dq.output[0]], want[1])
 
@@ -131,7 +132,8 @@ def _nbits_model(k, n, bits, block, zero_points: str, bias: bool, float_type=np.
                                   block_size=block), helper.make_node("Relu", ["p"], ["y"])]
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", elem, [*a_shape, k])],
                               [helper.make_tensor_value_info("y", elem, None)], inits)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)])
+    opsets = [helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)]
+    return helper.make_model(graph, opset_imports=opsets)
 
 
 @pytest.mark.parametrize("k,bits,block,zero_points,bias", [

@@ -52,8 +52,10 @@ def test_casts_wrap_at_the_width(dtype, executor):
     i = rng.integers(-300, 300, (5, 13), dtype=np.int32)
     other = dtype[1:] if dtype.startswith("u") else "u" + dtype
     to = SUB_BYTE[dtype]
-    nodes = [helper.make_node("Cast", ["x"], ["q"], to=to), helper.make_node("Cast", ["q"], ["back"], to=TensorProto.FLOAT),
-             helper.make_node("Cast", ["i"], ["qi"], to=to), helper.make_node("Cast", ["qi"], ["wide"], to=TensorProto.INT32),
+    nodes = [helper.make_node("Cast", ["x"], ["q"], to=to),
+             helper.make_node("Cast", ["q"], ["back"], to=TensorProto.FLOAT),
+             helper.make_node("Cast", ["i"], ["qi"], to=to),
+             helper.make_node("Cast", ["qi"], ["wide"], to=TensorProto.INT32),
              helper.make_node("Cast", ["q"], ["flipped"], to=SUB_BYTE[other])]
     model = _model(nodes, [("x", "float32", [5, 13]), ("i", "int32", [5, 13])],
                    [("q", dtype), ("back", "float32"), ("wide", "int32"), ("flipped", other)])
@@ -78,7 +80,8 @@ def test_inputs_and_constants_through_layout_ops(executor):
              helper.make_node("Slice", ["u", "starts", "ends", "axes"], ["s"])]
     inits = [k, numpy_helper.from_array(np.array([3, 14], np.int64), "shape"),
              numpy_helper.from_array(np.array([2], np.int64), "starts"),
-             numpy_helper.from_array(np.array([7], np.int64), "ends"), numpy_helper.from_array(np.array([1], np.int64), "axes")]
+             numpy_helper.from_array(np.array([7], np.int64), "ends"),
+             numpy_helper.from_array(np.array([1], np.int64), "axes")]
     model = _model(nodes, [("x", "int4", [4, 6]), ("u", "uint2", [2, 9])],
                    [("y", "int4"), ("w", "int8"), ("s", "uint2")], inits)
     _check(model, {"x": x, "u": u}, executor)

@@ -74,8 +74,9 @@ def _zero_points(g, node: Node, n: int, blocks: int, bits: int, float_type) -> n
     return zp.reshape(n, blocks).astype(np.float32)
 
 
-def quantized_blocks(g, node: Node) -> Blocks:
-    """The node's weight as its codes, scales and zero points, checked against its attributes."""
+def _layout(g, node: Node) -> tuple[int, int, int, int]:
+    """(K, N, bits, block_size), the inputs' types and shapes checked against them; nothing
+    unpacked (type inference runs this on every call of a big model's layers)."""
     a = g.types[node.inputs[_A]]
     k, n, bits, block = (int(node.attrs.get(name, 0)) for name in ("K", "N", "bits", "block_size"))
     if bits not in (2, 4, 8):
@@ -93,14 +94,22 @@ def quantized_blocks(g, node: Node) -> Blocks:
     if b.dtype != np.uint8 or b.size != n * blocks * block * bits // 8:
         raise ShapeError(f"{node.describe()}: B is {b.dtype} {list(b.shape)}, expected uint8 "
                          f"[{n}, {blocks}, {block * bits // 8}] (N, blocks, block_size * bits / 8)")
-    float_type = np.dtype(a.dtype)
     scales = const_input(g, node, _SCALES, "scales", required=True)
-    if scales.dtype != float_type or scales.size != n * blocks:
+    if scales.dtype != np.dtype(a.dtype) or scales.size != n * blocks:
         raise ShapeError(f"{node.describe()}: scales is {scales.dtype} {list(scales.shape)}, expected "
-                         f"{float_type} [{n}, {blocks}] like A")
+                         f"{a.dtype} [{n}, {blocks}] like A")
+    return k, n, bits, block
+
+
+def quantized_blocks(g, node: Node) -> Blocks:
+    """The node's weight as its codes, scales and zero points."""
+    k, n, bits, block = _layout(g, node)
+    blocks = -(-k // block)
+    b = const_input(g, node, _B, "B", required=True)
+    scales = const_input(g, node, _SCALES, "scales", required=True)
     codes = unpack_codes(b.reshape(n, blocks, -1), bits, block).reshape(n, blocks * block)[:, :k]
     return Blocks(np.ascontiguousarray(codes), scales.reshape(n, blocks).astype(np.float32),
-                  _zero_points(g, node, n, blocks, bits, float_type), block, bits)
+                  _zero_points(g, node, n, blocks, bits, np.dtype(g.types[node.inputs[_A]].dtype)), block, bits)
 
 
 def dequantized_weight(g, node: Node, blocks: Blocks) -> np.ndarray:
@@ -111,15 +120,16 @@ def dequantized_weight(g, node: Node, blocks: Blocks) -> np.ndarray:
     return np.ascontiguousarray(w.T).astype(g.types[node.inputs[_A]].dtype)
 
 
-def keeps_codes(blocks: Blocks) -> bool:
+def _keeps_codes(g, node: Node) -> bool:
     """Whether the node runs on its codes (ir/lower/matmul_nbits.py) rather than as a MatMul
-    of the dequantized weight."""
-    return blocks.bits == 4 and blocks.codes.shape[1] % blocks.block_size == 0
+    of the dequantized weight: 4 bits in whole blocks."""
+    k, _, bits, block = _layout(g, node)
+    return bits == 4 and k % block == 0
 
 
 def _infer_matmul_nbits(g, node, p):
+    _layout(g, node)
     a = g.types[node.inputs[_A]]
-    quantized_blocks(g, node)  # (its checks)
     return TensorType(a.shape[:-1] + (int(node.attrs["N"]),), a.dtype)
 
 
@@ -131,11 +141,10 @@ def _fold_matmul_nbits(a, values, g, node):
 
 
 def _expand_matmul_nbits(g, node: Node) -> list[Node] | None:
-    blocks = quantized_blocks(g, node)
-    if keeps_codes(blocks):
+    if _keeps_codes(g, node):
         return None
     body = NodeBuilder(g, node)
-    weight = body.const(dequantized_weight(g, node, blocks))
+    weight = body.const(dequantized_weight(g, node, quantized_blocks(g, node)))
     bias = _input(node, _BIAS)
     body.add(MATMUL, [node.inputs[_A], weight], "" if bias else node.outputs[0])
     if bias:
