@@ -141,6 +141,17 @@ def test_float16_model_matches_onnxruntime_under_emulation(half_io, tmp_path, em
     np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), rtol=1e-2, atol=2e-3)
 
 
+@pytest.mark.parametrize("rows", [1, 6], ids=["decoding-rows", "prompt-rows"])
+def test_int4_matmul_nbits_matches_onnxruntime_under_emulation(rows, tmp_path, emulator, executor):
+    """MatMulNBits on its 4-bit codes with NEON's panels (2 vectors of 4 columns): a decoding
+    step's rows and a prompt's, the bias fused."""
+    from tests.test_matmul_nbits import _nbits_model
+    model = _nbits_model(128, 40, 4, 32, "packed", True, a_shape=(rows,))
+    x = np.random.default_rng(15).standard_normal((rows, 128)).astype(np.float32)
+    got = _run_on_aarch64(model, {"x": x}, tmp_path, emulator, executor)["y"]
+    np.testing.assert_allclose(got, model_zoo.onnxruntime_outputs(model, {"x": x})["y"], rtol=1e-5, atol=1e-4)
+
+
 def test_without_a_cross_compiler_the_bundle_holds_objects(tmp_path, executor, monkeypatch):
     """No linker for the target's architecture: the bundle keeps the objects, and loading it
     says why it cannot run."""
