@@ -9,7 +9,7 @@ import numpy as np
 from ..attrs import attr_or_input, normalize_axis
 from ..loop import Const, add, call, cmp, const, fbin, fold_balanced, mul, select, sub
 from ..dtypes import is_float
-from ..graph import ShapeError, TensorType, UnsupportedError
+from ..graph import Node, ShapeError, TensorType, UnsupportedError
 from ..symbolic import at_most, floor_div, is_symbolic, least
 from ..lower.elementwise import as_index, iclamp
 from ..lower.pool import lower_pool
@@ -21,6 +21,7 @@ from .registry import INJECTIVE, REDUCTION, OpDef, one_output, register
 REDUCE_SUM, REDUCE_MEAN = "ReduceSum", "ReduceMean"  # (other ops are built from them: einsum.py, elementwise.py)
 
 GLOBAL_AVERAGE_POOL, MAX_POOL = "GlobalAveragePool", "MaxPool"
+MAX_POOL_INDICES = "kiln.MaxPoolIndices"
 REDUCE_MAX, REDUCE_MIN = "ReduceMax", "ReduceMin"
 
 
@@ -84,12 +85,22 @@ def _layernorm(g, node, p):
     return [x] + [stats] * (len(node.outputs) - 1)
 
 
-def _pool(g, node, p):
+def split_max_pool(g, node: Node) -> list[Node] | None:
+    """A MaxPool asked for its Indices as the pool and a kiln.MaxPoolIndices node beside it
+    (ir/ops/pool_indices.py); None where it is not asked for them."""
+    if len(node.outputs) < 2 or not node.outputs[1]:
+        return None
+    values = node.outputs[0] or f"{node.key}/values"
+    return [Node(MAX_POOL, [node.inputs[0]], [values], dict(node.attrs), node.name, node.guard),
+            Node(MAX_POOL_INDICES, [node.inputs[0]], [node.outputs[1]], dict(node.attrs), f"{node.name}/indices",
+                 node.guard)]
+
+
+def pool_output_type(g, node, p):
+    """A pool's output type (its window resolved into `p`)."""
     x = g.types[node.inputs[0]]
     spatial = x.shape[2:]
     kernel = node.attrs["kernel_shape"]
-    if len(node.outputs) > 1 and any(node.outputs[1:]):
-        raise UnsupportedError(f"{node.describe()}: the Indices output of MaxPool is not supported")
     strides, dil, pads = resolve_window(node, p, spatial, kernel)
     n, ceil_mode = len(spatial), node.attrs.get("ceil_mode", 0)
     out = []
@@ -140,9 +151,11 @@ register(
     OpDef("Softmax", REDUCTION, _softmax, anchor=lambda b, node, store, out: lower_softmax(b, node, store, out)),
     OpDef("LayerNormalization", REDUCTION, _layernorm,
           anchor=lambda b, node, store, out: lower_layernorm(b, node, store)),
-    OpDef(MAX_POOL, REDUCTION, _pool, anchor=lambda b, node, store, out: lower_pool(b, node, store, True)),
-    OpDef("AveragePool", REDUCTION, _pool, anchor=lambda b, node, store, out: lower_pool(b, node, store, False)),
-    OpDef("LpPool", REDUCTION, _pool,
+    OpDef(MAX_POOL, REDUCTION, pool_output_type, anchor=lambda b, node, store, out: lower_pool(b, node, store, True),
+          expand=split_max_pool),
+    OpDef("AveragePool", REDUCTION, pool_output_type,
+          anchor=lambda b, node, store, out: lower_pool(b, node, store, False)),
+    OpDef("LpPool", REDUCTION, pool_output_type,
           anchor=lambda b, node, store, out: lower_pool(b, node, store, False, lp=int(node.attrs.get("p", 2)))),
 )
 
