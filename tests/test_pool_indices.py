@@ -93,3 +93,11 @@ def test_unpool_into_a_larger_output_shape_follows_onnx(executor):
     got = _kiln(model, {"x": x, "i": i}, executor)["y"]
     np.testing.assert_array_equal(got, ReferenceEvaluator(model).run(None, {"x": x, "i": i})[0])
     assert got[0, 0, 1, 1] == 5 and got[0, 0, 3, 3] == 8
+
+
+def test_indices_over_run_time_sizes_are_refused_by_name():
+    """(Refused by type inference, naming the node, before anything is lowered.)"""
+    model = _model([helper.make_node("MaxPool", ["x"], ["y", "i"], kernel_shape=[2, 2], strides=[2, 2])],
+                   [1, 2, "h", "w"], [("y", TensorProto.FLOAT), ("i", TensorProto.INT64)])
+    with pytest.raises(Exception, match="MaxPool's Indices of .* sizes known at run time only"):
+        build(model, executor="inprocess", cache=None, progress=False, dims={"h": (2, 32), "w": (2, 32)})

@@ -22,16 +22,22 @@ from .conv_gemm import resolve_window
 from .reduce import MAX_POOL_INDICES, pool_output_type
 from .registry import OPAQUE, OpDef, register
 
+
+def _static_input(g, node, what: str) -> None:
+    x = g.types[node.inputs[0]]
+    if not x.is_static:
+        raise UnsupportedError(f"{node.describe()}: {what} of {x}, sizes known at run time only, is not supported "
+                               "yet; fix those dims with --shape")
+
+
 def _indices_infer(g, node, p):
     check_attrs(node, {"storage_order": (0, 1)})
+    _static_input(g, node, "MaxPool's Indices")
     return TensorType(pool_output_type(g, node, p).shape, "int64")
 
 
 def _indices_kernel(b, node):
     xs, os_ = b.shape(node.inputs[0]), b.shape(node.outputs[0])
-    if not all(isinstance(d, int) for d in xs):
-        raise UnsupportedError(f"{node.describe()}: MaxPool's Indices over sizes known at run time only is not "
-                               "supported yet; fix those dims with --shape")
     a = b.attrs(node)
     kernel, strides, dilations, pads = a["kernel_shape"], a["strides"], a["dilations"], a["pads"]
     spatial, n = xs[2:], len(xs) - 2
@@ -65,6 +71,7 @@ def _indices_kernel(b, node):
 
 
 def _unpool_infer(g, node, p):
+    _static_input(g, node, "MaxUnpool")
     x, i = g.types[node.inputs[0]], g.types[node.inputs[1]]
     kernel = list(node.attrs["kernel_shape"])
     n = len(kernel)
@@ -82,9 +89,6 @@ def _unpool_infer(g, node, p):
 
 def _unpool_kernel(b, node):
     xs, os_ = b.shape(node.inputs[0]), b.shape(node.outputs[0])
-    if not all(isinstance(d, int) for d in xs):
-        raise UnsupportedError(f"{node.describe()}: MaxUnpool over sizes known at run time only is not supported "
-                               "yet; fix those dims with --shape")
     inferred = list(xs[:2]) + b.attrs(node)["inferred"]
     x, ind, out = b.reader(node.inputs[0]), b.reader(node.inputs[1]), b.out_param(node.outputs[0])
     t = b.compute(node.inputs[0])
