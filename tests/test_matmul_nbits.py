@@ -188,10 +188,16 @@ def test_codes_kept_few_and_many_rows(rows, target, executor):
     assert module.manifest.weights_bytes < 256 * 80 * 4 / 4  # half a byte a weight, and the block tables
 
 
-def test_codes_kept_over_columns_in_chunks(monkeypatch, executor):
-    """More rows dequantize a chunk of columns at a time: three chunks, the last one short."""
+@pytest.mark.parametrize("limit", ["columns", "bytes"])
+def test_codes_kept_over_columns_in_chunks(limit, monkeypatch, executor):
+    """More rows dequantize a chunk of columns at a time: three chunks, the last one short,
+    where the chunk's columns or its bytes (40 columns of K = 64 floats: 32, whole panels)
+    are the limit."""
     from modelkiln.ir.lower import matmul_nbits
-    monkeypatch.setattr(matmul_nbits, "CHUNK_COLUMNS", 32)
+    if limit == "columns":
+        monkeypatch.setattr(matmul_nbits, "CHUNK_COLUMNS", 32)
+    else:
+        monkeypatch.setattr(matmul_nbits, "CHUNK_BYTES", 4 * 64 * 40)
     model = _nbits_model(64, 80, 4, 16, "none", True, a_shape=(2, 9))
     x = np.random.default_rng(12).standard_normal((2, 9, 64)).astype(np.float32)
     got = build(model, executor="inprocess", cache=None, progress=False).load().run({"x": x})["y"]
