@@ -124,7 +124,7 @@ def to_small_float(value, dtype_name: str, saturate: bool, round_mode: str = "up
     storage = DTYPES[dtype_name].storage
     if storage == E8M0:
         return call(e8m0_rounding(round_mode, saturate), value)
-    if saturate:
+    if saturate:  # (compares, not `clamp`: a NaN must stay NaN, not become a bound)
         top = MINIFLOATS[storage].greatest
         value = select(cmp("gt", value, f32(top)), f32(top), select(cmp("lt", value, f32(-top)), f32(-top), value))
     return call(f"round_{storage}", value)
