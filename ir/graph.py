@@ -142,6 +142,9 @@ class Graph:
     # (size, size, where) pairs of sizes that must be equal at run time, one at least symbolic
     # (two inputs broadcast together, a MatMul's inner dims): the module checks them first.
     checks: list = field(default_factory=list)
+    # The checks an op's expansion required (OpDef.expand): its node is gone once expanded,
+    # so type inference, which rebuilds `checks` each time it runs, starts from these.
+    expansion_checks: list = field(default_factory=list)
     caches: list = field(default_factory=list)  # CachePair: inputs and outputs sharing a buffer
     # Bounds the user gave for values a call reads from integer inputs (`--dim shape=1..64`,
     # `--dim 'shape[1]=1..8'`): ir/value_symbols.py makes those inputs' elements symbols.
@@ -154,6 +157,7 @@ class Graph:
         g.nodes = [Node(n.op, list(n.inputs), list(n.outputs), dict(n.attrs), n.name, n.guard) for n in self.nodes]
         g.types, g.constants, g.params = dict(self.types), dict(self.constants), dict(self.params)
         g.symbols, g.symbolic_values, g.checks = dict(self.symbols), dict(self.symbolic_values), list(self.checks)
+        g.expansion_checks = list(self.expansion_checks)
         g.derived, g.caches, g.value_bounds = dict(self.derived), list(self.caches), dict(self.value_bounds)
         g.groups = None if self.groups is None else [list(m) for m in self.groups]
         return g

@@ -169,7 +169,7 @@ def resolve(g: Graph, fold_floats: bool) -> Graph:
     """Types and canonical parameters of every node (anew: passes before may have rewritten
     nodes), folding what it may, and on demand what a node needs at compile time; the
     equalities of symbolic sizes the ops require go to `g.checks`."""
-    g.checks = []
+    g.checks = list(g.expansion_checks)
     with collecting_checks(g.checks), deriving_symbols(g.symbols, g.derived):
         return _resolve(g, fold_floats)
 
@@ -182,9 +182,11 @@ def _resolve(g: Graph, fold_floats: bool) -> Graph:
     while pending:
         node = pending.popleft()
         definition = op_def(node.op)
+        required = len(g.checks)
         body = None if definition is None or definition.expand is None else \
             _with_constants(g, lambda: definition.expand(g, node), producer, folded)
         if body is not None:  # its body takes its place (None: this node is as it is)
+            g.expansion_checks += g.checks[required:]
             for n in body:  # (a node in a branch decided at run time: so is what it expands to)
                 n.guard = n.guard or node.guard
             pending.extendleft(reversed(body))

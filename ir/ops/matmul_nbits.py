@@ -27,7 +27,8 @@ from ..graph import Node, ShapeError, TensorType, UnsupportedError
 from ..lower.matmul_nbits import lower_matmul_nbits
 from .conv_gemm import MATMUL
 from .elementwise import ADD
-from .quantize import CONTRIB, NodeBuilder
+from .node_builder import NodeBuilder
+from .quantize import CONTRIB
 from .registry import OUT_EWISE_FUSABLE, OpDef, register
 
 MATMUL_NBITS = CONTRIB + "MatMulNBits"

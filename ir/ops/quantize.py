@@ -25,7 +25,8 @@ from .conv_gemm import infer_conv, infer_matmul
 from .elementwise import ADD, CAST, DIV, LEAKY_RELU, MUL, SIGMOID, small_float_array, to_small_float
 from .functions import expand_function
 from .reduce import GLOBAL_AVERAGE_POOL
-from .shape import CONCAT, RESHAPE
+from .shape import CONCAT
+from .node_builder import NodeBuilder
 from .registry import ELEMWISE, OPAQUE, OUT_EWISE_FUSABLE, OpDef, expanded_only, register
 
 QUANTIZE_LINEAR, DEQUANTIZE_LINEAR = "QuantizeLinear", "DequantizeLinear"
@@ -276,26 +277,6 @@ register(
 
 
 # ---- QLinear ops: built from the integer products ---------------------------------------------
-
-class NodeBuilder:
-    """Nodes an expansion or rewrite creates, named after the node they replace."""
-
-    def __init__(self, g, node: Node):
-        self.g, self.node, self.nodes, self.n = g, node, [], 0
-
-    def const(self, value) -> str:
-        self.n += 1
-        return self.g.add_constant(f"{self.node.key}/c{self.n}", np.asarray(value))
-
-    def add(self, op: str, inputs: list, out: str = "", **attrs) -> str:
-        self.n += 1
-        out = out or f"{self.node.key}/{op}{self.n}"
-        self.nodes.append(Node(op, list(inputs), [out], attrs, f"{self.node.name}/{op}_{self.n}"))
-        return out
-
-    def reshaped(self, name: str, shape: list) -> str:
-        return self.add(RESHAPE, [name, self.const(np.array(shape, np.int64))])
-
 
 def _requantize(body: NodeBuilder, acc_int32: str, multiplier: str, y_zp: str, scale_of: str) -> None:
     """y = saturate(round(float(acc) * multiplier) + y_zp): the node's output, computed in

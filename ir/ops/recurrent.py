@@ -20,7 +20,7 @@ from ..loop import Const, call, fbin
 from ..lower.recurrent import lower_recurrence
 from .conv_gemm import MATMUL
 from .elementwise import ADD, SIGMOID, TANH, UNARY, unary_expression
-from .quantize import NodeBuilder
+from .node_builder import NodeBuilder
 from .registry import OPAQUE, OpDef, expanded_only, register
 from .shape import TRANSPOSE
 

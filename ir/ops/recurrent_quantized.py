@@ -21,7 +21,8 @@ import numpy as np
 from ..attrs import const_input
 from ..graph import Node, ShapeError, UnsupportedError
 from .elementwise import ADD, CAST, CLIP, DIV, EQUAL, LESS, MAX, MIN, MUL, ROUND, SUB, WHERE
-from .quantize import CONTRIB, MATMUL_INTEGER, QUANTIZE_LINEAR, NodeBuilder
+from .node_builder import NodeBuilder
+from .quantize import CONTRIB, MATMUL_INTEGER, QUANTIZE_LINEAR
 from .reduce import REDUCE_MAX, REDUCE_MIN
 from .recurrent import (CELLS, LSTM, add_recurrence, check_hidden_size, recurrent_bias, recurrent_geometry,
                         steps_by_rows)

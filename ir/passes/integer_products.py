@@ -22,8 +22,8 @@ import numpy as np
 from ..graph import Graph, Node
 from ..ops.conv_gemm import CONV, GEMM, MATMUL
 from ..ops.elementwise import ADD, CAST, DIV, MUL
-from ..ops.quantize import (BYTES, CONV_INTEGER, DEQUANTIZE_LINEAR, MATMUL_INTEGER, QUANTIZE_LINEAR, NodeBuilder,
-                             channel_view)
+from ..ops.node_builder import NodeBuilder
+from ..ops.quantize import BYTES, CONV_INTEGER, DEQUANTIZE_LINEAR, MATMUL_INTEGER, QUANTIZE_LINEAR, channel_view
 from ..transform import graph_pass
 
 FLOAT = 1  # onnx's code for float32, Cast's `to`

@@ -20,7 +20,8 @@ import numpy as np
 from ..graph import Graph, Node
 from ..ops.conv_gemm import MATMUL
 from ..ops.matmul_nbits import MATMUL_NBITS
-from ..ops.quantize import DEQUANTIZE_LINEAR, NodeBuilder
+from ..ops.node_builder import NodeBuilder
+from ..ops.quantize import DEQUANTIZE_LINEAR
 from ..transform import graph_pass
 
 _FOUR_BITS = ("int4", "uint4")

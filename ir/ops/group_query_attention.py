@@ -1,0 +1,204 @@
+"""com.microsoft.GroupQueryAttention: causal self-attention with a KV cache, fewer key and
+value heads than query heads (each serves num_heads / kv_num_heads query heads), rotary
+embeddings applied inside, as onnxruntime-genai's model builder writes every layer of a
+Llama, Mistral, Phi-3, Qwen or Gemma.
+
+Built from ONNX's ops, so the KV cache is the Concat of the past and this call's keys that
+ir/passes/kv_cache.py keeps in place, and attention is the MatMul -> Softmax -> MatMul that
+fuses like any other:
+  - query, key and value [batch, seq, heads * head_size] (or one packed tensor) become
+    [batch, heads, seq, head_size], queries and keys rotated at positions past .. past + seq;
+  - present = Concat(past, new) along the sequence, for keys and for values;
+  - each key head's group of query heads is one matrix of rows [batch, kv_heads,
+    group * seq, head_size], so keys are read once per group, not copied per query head;
+  - row r (token s = r mod seq) sees keys 0 .. past + s (and only the last
+    local_window_size + 1 of those when a window is set), softcap applied to the scores first.
+
+The cache is the one the caller passes, `past_sequence_length` long: onnxruntime's
+`seqlens_k` (each sequence's length - 1) and `total_sequence_length` describe the same
+lengths when every sequence fills the cache, which the module checks for the total (a named
+error before it runs). Onnxruntime also reads shorter sequences inside a longer buffer
+(right-padded batches, past and present sharing one max-length buffer); Kiln's cache is
+kept in place its own way (`Module.new_cache`), so those layouts are not read: a batch whose
+sequences differ in length gives onnxruntime's outputs for the first prompt only.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..dtypes import numpy_dtype
+from ..graph import Node, ShapeError, UnsupportedError
+from ..symbolic import is_symbolic, require_equal
+from .conv_gemm import MATMUL
+from .elementwise import ADD, MUL, SUB, WHERE
+from .node_builder import NodeBuilder
+from .quantize import CONTRIB
+from .registry import OPAQUE, OpDef, expanded_only, register
+from .rotary import cache_rows, rotate
+from .shape import CONCAT, RESHAPE, TRANSPOSE, UNSQUEEZE
+
+GROUP_QUERY_ATTENTION = CONTRIB + "GroupQueryAttention"
+_QUERY, _KEY, _VALUE, _PAST_KEY, _PAST_VALUE, _SEQLENS_K, _TOTAL, _COS, _SIN = range(9)
+# Inputs after sin_cache, by position: none is read.
+_LATER_INPUTS = ("position_ids", "attention_bias", "head_sink", "k_scale", "v_scale", "q_norm_weight",
+                 "k_norm_weight", "query_seqlens")
+# Attributes whose other values ask for what Kiln does not compute: (name, the values it accepts).
+_FIXED_ATTRIBUTES = (("causal", (1,)), ("qk_output", (0,)), ("smooth_softmax", (-1, 0)),
+                     ("sliding_window_cache", (0,)), ("kv_cache_bit_width", (0,)),
+                     ("k_quant_type", ("NONE",)), ("v_quant_type", ("NONE",)))
+
+
+def _input(node: Node, index: int) -> str:
+    return node.inputs[index] if index < len(node.inputs) else ""
+
+
+def _check_supported(node: Node) -> None:
+    for i, name in enumerate(_LATER_INPUTS, start=_SIN + 1):
+        if _input(node, i):
+            raise UnsupportedError(f"{node.describe()}: input {i} ({name}) is not supported")
+    for name, accepted in _FIXED_ATTRIBUTES:
+        value = node.attrs.get(name, accepted[0])
+        value = value.decode() if isinstance(value, bytes) else value
+        if value not in accepted:
+            raise UnsupportedError(f"{node.describe()}: {name}={value!r} is not supported")
+    if len(node.outputs) > 3 and node.outputs[3]:
+        raise UnsupportedError(f"{node.describe()}: output 3 (output_qk) is not supported")
+
+
+def _known_size(g, name: str):
+    """The value of a one-element size tensor where the build knows it (a constant, or an
+    expression of the symbols: genai computes it from the attention mask's shape), else None."""
+    value = g.constants.get(name)
+    if value is None:
+        value = g.symbolic_values.get(name)
+    if value is None or np.asarray(value).size != 1:
+        return None
+    v = np.asarray(value).reshape(-1)[0]
+    return v if is_symbolic(v) else int(v)
+
+
+class _Shapes:
+    """The sizes the node's inputs give: batch, seq, heads, kv_heads, head_size, past."""
+
+    def __init__(self, g, node: Node):
+        a = node.attrs
+        self.heads, self.kv_heads = int(a.get("num_heads", 0)), int(a.get("kv_num_heads", 0))
+        if self.heads <= 0 or self.kv_heads <= 0 or self.heads % self.kv_heads:
+            raise ShapeError(f"{node.describe()}: num_heads {self.heads} must be a positive multiple of kv_num_heads "
+                             f"{self.kv_heads}")
+        q = g.types[node.inputs[_QUERY]]
+        if len(q.shape) != 3 or is_symbolic(q.shape[2]):
+            raise ShapeError(f"{node.describe()}: query {q} must be [batch, seq, hidden] with a fixed hidden size")
+        self.batch, self.seq, width = q.shape
+        self.packed = not _input(node, _KEY)
+        per_token = self.heads + 2 * self.kv_heads if self.packed else self.heads
+        if width % per_token:
+            raise ShapeError(f"{node.describe()}: query {q} does not split into heads ({per_token} of them)")
+        self.head_size = width // per_token
+        kv = [self.batch, self.seq, self.kv_heads * self.head_size]
+        if not self.packed:
+            for i in (_KEY, _VALUE):
+                t = g.types[node.inputs[i]] if _input(node, i) else None
+                if t is None or len(t.shape) != 3 or t.shape[2] != kv[2]:
+                    raise ShapeError(f"{node.describe()}: {['key', 'value'][i - 1]} {t} must be [batch, seq, {kv[2]}]")
+                require_equal(t.shape[0], self.batch, f"{node.describe()}: the batch of query and input {i}")
+                require_equal(t.shape[1], self.seq, f"{node.describe()}: the sequence of query and input {i}")
+        self.past = 0
+        if bool(_input(node, _PAST_KEY)) != bool(_input(node, _PAST_VALUE)):
+            raise ShapeError(f"{node.describe()}: past_key and past_value come together")
+        if _input(node, _PAST_KEY):
+            for i in (_PAST_KEY, _PAST_VALUE):
+                t = g.types[node.inputs[i]]
+                if len(t.shape) != 4 or t.shape[1] != self.kv_heads or t.shape[3] != self.head_size:
+                    raise ShapeError(f"{node.describe()}: input {i} {t} must be [batch, {self.kv_heads}, past, "
+                                     f"{self.head_size}]")
+                require_equal(t.shape[0], self.batch, f"{node.describe()}: the batch of query and input {i}")
+            self.past = g.types[node.inputs[_PAST_KEY]].shape[2]
+            require_equal(g.types[node.inputs[_PAST_VALUE]].shape[2], self.past,
+                          f"{node.describe()}: the lengths of past_key and past_value")
+
+
+def _check_total(g, node: Node, s: _Shapes) -> None:
+    """total_sequence_length must be past + seq: the cache Kiln reads is full."""
+    total = _known_size(g, node.inputs[_TOTAL])
+    if total is None:
+        raise UnsupportedError(f"{node.describe()}: total_sequence_length '{node.inputs[_TOTAL]}' must be a size the "
+                               "build can compute (a constant, or from the shapes of the inputs, as onnxruntime-genai "
+                               "computes it from attention_mask)")
+    if not (is_symbolic(total) or is_symbolic(s.past + s.seq)) and total != s.past + s.seq:
+        raise ShapeError(f"{node.describe()}: total_sequence_length is {total}, past {s.past} + seq {s.seq} = "
+                         f"{s.past + s.seq}; Kiln reads a cache that every sequence fills")
+    require_equal(total, s.past + s.seq, f"{node.describe()}: total_sequence_length and past + seq")
+
+
+def _causal_mask(body: NodeBuilder, s: _Shapes, group: int, window: int) -> str | None:
+    """bool [group * seq, past + seq]: may row r (token r mod seq) see key j? None where it
+    sees every key (one token, no window)."""
+    if s.seq == 1 and window <= 0:
+        return None
+    rng = lambda limit: body.add("Range", [body.const(np.int64(0)), body.sizes(limit), body.const(np.int64(1))])  # noqa: E731
+    token = body.add("Mod", [rng(group * s.seq), body.sizes(s.seq)])
+    last = body.add(UNSQUEEZE, [body.add(ADD, [token, body.sizes(s.past)]), body.const(np.array([1], np.int64))])
+    keys = rng(s.past + s.seq)
+    allowed = body.add("LessOrEqual", [keys, last])
+    if window > 0:
+        first = body.add(SUB, [last, body.const(np.int64(window - 1))])
+        allowed = body.add("And", [allowed, body.add("GreaterOrEqual", [keys, first])])
+    return allowed
+
+
+def _expand(g, node: Node) -> list[Node]:
+    _check_supported(node)
+    s = _Shapes(g, node)
+    _check_total(g, node, s)
+    a, body = node.attrs, NodeBuilder(g, node)
+    dtype = numpy_dtype(g.types[node.inputs[_QUERY]].dtype)
+    h, group = s.head_size, s.heads // s.kv_heads
+
+    if s.packed:
+        q, k, v = body.add_many("Split", [node.inputs[_QUERY], body.const(np.array(
+            [s.heads * h, s.kv_heads * h, s.kv_heads * h], np.int64))], ["", "", ""], axis=2)
+    else:
+        q, k, v = node.inputs[_QUERY], node.inputs[_KEY], node.inputs[_VALUE]
+
+    def heads_first(x: str, n: int) -> str:  # [batch, seq, n * h] -> [batch, n, seq, h]
+        return body.add(TRANSPOSE, [body.reshaped(x, [0, 0, n, h])], perm=[0, 2, 1, 3])
+    q, k, v = heads_first(q, s.heads), heads_first(k, s.kv_heads), heads_first(v, s.kv_heads)
+
+    if int(a.get("do_rotary", 0)):
+        cos_cache, sin_cache = _input(node, _COS), _input(node, _SIN)
+        if not (cos_cache and sin_cache):
+            raise ShapeError(f"{node.describe()}: do_rotary=1 needs cos_cache and sin_cache")
+        rotary_dim = 2 * g.types[cos_cache].shape[-1]
+        if rotary_dim > h or g.types[sin_cache].shape != g.types[cos_cache].shape:
+            raise ShapeError(f"{node.describe()}: caches {g.types[cos_cache]} and {g.types[sin_cache]} do not fit "
+                             f"heads of {h}")
+        positions = body.add("Range", [body.sizes(s.past), body.sizes(s.past + s.seq), body.const(np.int64(1))])
+        cos, sin = cache_rows(body, cos_cache, positions), cache_rows(body, sin_cache, positions)
+        interleaved = bool(a.get("rotary_interleaved", 0))
+        q, k = (rotate(body, x, 4, h, cos, sin, rotary_dim, interleaved) for x in (q, k))
+
+    def present(new: str, past_index: int, out_index: int) -> str:
+        out = node.outputs[out_index] if out_index < len(node.outputs) else ""
+        if _input(node, past_index):
+            return body.add(CONCAT, [node.inputs[past_index], new], out, axis=2)
+        return body.add("Identity", [new], out) if out else new
+    keys, values = present(k, _PAST_KEY, 1), present(v, _PAST_VALUE, 2)
+
+    scale = float(a.get("scale", 0.0)) or 1.0 / float(np.sqrt(h))
+    rows = body.add(MUL, [body.reshaped(q, [0, s.kv_heads, -1, h]), body.const(dtype.type(scale))])
+    scores = body.add(MATMUL, [rows, body.add(TRANSPOSE, [keys], perm=[0, 1, 3, 2])])  # [b, kv_heads, rows, keys]
+    softcap = float(a.get("softcap", 0.0))
+    if softcap > 0:
+        scores = body.add(MUL, [body.add("Tanh", [body.add(MUL, [scores, body.const(dtype.type(1 / softcap))])]),
+                                body.const(dtype.type(softcap))])
+    allowed = _causal_mask(body, s, group, int(a.get("local_window_size", -1)))
+    if allowed is not None:
+        scores = body.add(WHERE, [allowed, scores, body.const(dtype.type(-np.inf))])
+    context = body.add(MATMUL, [body.add("Softmax", [scores], axis=-1), values])  # [b, kv_heads, rows, h]
+    per_head = body.add(TRANSPOSE, [body.reshaped(context, [0, s.heads, -1, h])], perm=[0, 2, 1, 3])
+    body.add(RESHAPE, [per_head, body.const(np.array([0, 0, s.heads * h], np.int64))], node.outputs[0])
+    return body.nodes
+
+
+register(OpDef(GROUP_QUERY_ATTENTION, OPAQUE, expanded_only, expand=_expand))

@@ -1,0 +1,44 @@
+"""NodeBuilder: the nodes an op's expansion (OpDef.expand) or a rewrite creates in its place,
+named after the node they replace, so expansions never collide."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..graph import Node
+from ..symbolic import is_symbolic
+from .compile_time import symbolic_value_node
+from .shape import RESHAPE
+
+
+class NodeBuilder:
+    def __init__(self, g, node: Node):
+        self.g, self.node, self.nodes, self.n = g, node, [], 0
+
+    def const(self, value) -> str:
+        self.n += 1
+        return self.g.add_constant(f"{self.node.key}/c{self.n}", np.asarray(value))
+
+    def add(self, op: str, inputs: list, out: str = "", **attrs) -> str:
+        return self.add_many(op, inputs, [out], **attrs)[0]
+
+    def add_many(self, op: str, inputs: list, outs: list, **attrs) -> list[str]:
+        """A node of several outputs; a "" in `outs` gets a name of its own."""
+        self.n += 1
+        outs = [o or f"{self.node.key}/{op}{self.n}_{i}" for i, o in enumerate(outs)]
+        self.nodes.append(Node(op, list(inputs), outs, attrs, f"{self.node.name}/{op}_{self.n}"))
+        return outs
+
+    def sizes(self, values) -> str:
+        """An int64 vector of sizes (or one size, a scalar), some of which may be symbolic: a
+        constant, or a tensor the module computes from the symbols (a Reshape's shape over a
+        run-time batch)."""
+        values = np.array(values, dtype=object)
+        if not any(is_symbolic(v) for v in values.reshape(-1)):
+            return self.const(values.astype(np.int64))
+        self.n += 1
+        out = f"{self.node.key}/sizes{self.n}"
+        self.nodes.append(symbolic_value_node(out, values, "int64"))
+        return out
+
+    def reshaped(self, name: str, shape: list) -> str:
+        return self.add(RESHAPE, [name, self.sizes(shape)])
