@@ -105,6 +105,35 @@ def test_group_query_attention(form, packed, executor):
         _compare(model, module, _gqa_feeds(rng, packed, head_size, batch, seq, past), what=f"at {batch, seq, past}")
 
 
+@pytest.mark.parametrize("in_place", [True, False], ids=["cache-in-place", "cache-as-tensors"])
+def test_group_query_attention_right_padded_batch(in_place, executor):
+    """Sequences of different lengths in one batch, right-padded, as onnxruntime reads them:
+    each entry's keys go after its own length (seqlens_k), the rows after them are zeroed,
+    its positions start there. A prompt (padded rows' outputs are unspecified: compared
+    where they are real), then decoding steps fed onnxruntime's presents."""
+    from modelkiln.ir import PassContext
+    model = _gqa_model(True, 16, 16, local_window_size=4)
+    context = None if in_place else PassContext(disabled_pass={"bind_kv_caches"})
+    result = build(model, dims=GQA_DIMS, executor=executor, cache=None, progress=False, pass_context=context)
+    assert bool(json.loads(result.files["manifest.json"]).get("caches")) == in_place
+    module, session, rng = result.load(), _session(model), np.random.default_rng(4)
+    lengths = np.array([5, 3])  # (each sequence's tokens; the mask's sum is what GQA reads)
+    feeds = _gqa_feeds(rng, True, 16, 2, 5, 0)
+    feeds["attention_mask"] = (np.arange(5)[None] < lengths[:, None]).astype(np.int64)
+    for step in range(4):
+        want = dict(zip(["out", "present_k", "present_v"], session.run(None, feeds)))
+        got = module.run(feeds)
+        for name in ("present_k", "present_v"):
+            np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=2e-5, err_msg=f"{name} step {step}")
+        for n, rows in enumerate(lengths if step == 0 else [1, 1]):
+            np.testing.assert_allclose(got["out"][n, :rows], want["out"][n, :rows], rtol=1e-5, atol=2e-5,
+                                       err_msg=f"out of entry {n} step {step}")
+        past, lengths = want["present_k"].shape[2], lengths + 1
+        feeds = _gqa_feeds(rng, True, 16, 2, 1, past)
+        feeds.update(past_k=want["present_k"], past_v=want["present_v"])
+        feeds["attention_mask"] = (np.arange(past + 1)[None] < lengths[:, None]).astype(np.int64)
+
+
 def test_group_query_attention_keeps_its_cache_in_place(executor):
     """The presents are the pasts' buffers (ir/passes/kv_cache.py), keys read as they lie."""
     model = _gqa_model(True, 16, 16)

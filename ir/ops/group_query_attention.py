@@ -3,24 +3,25 @@ value heads than query heads (each serves num_heads / kv_num_heads query heads),
 embeddings applied inside, as onnxruntime-genai's model builder writes every layer of a
 Llama, Mistral, Phi-3, Qwen or Gemma.
 
-Built from ONNX's ops, so the KV cache is the Concat of the past and this call's keys that
+Built from ONNX's ops and a kiln.CacheWrite, so the KV cache is one that
 ir/passes/kv_cache.py keeps in place, and attention is the MatMul -> Softmax -> MatMul that
 fuses like any other:
   - query, key and value [batch, seq, heads * head_size] (or one packed tensor) become
-    [batch, heads, seq, head_size], queries and keys rotated at positions past .. past + seq;
-  - present = Concat(past, new) along the sequence, for keys and for values;
+    [batch, heads, seq, head_size], queries and keys rotated at their positions;
+  - present: the past with this call's keys (values) written at each batch entry's start,
+    the rows after them zero. A start is onnxruntime's past_seqlen: seqlens_k + 1 - seq (the
+    sequence's length before this call), 0 for a first prompt. Where every sequence fills
+    the cache it is the past's length, and the present is Concat(past, new);
   - each key head's group of query heads is one matrix of rows [batch, kv_heads,
     group * seq, head_size], so keys are read once per group, not copied per query head;
-  - row r (token s = r mod seq) sees keys 0 .. past + s (and only the last
-    local_window_size + 1 of those when a window is set), softcap applied to the scores first.
+  - row r (token s = r mod seq, at position start + s) sees keys 0 .. start + s (only the
+    last local_window_size of those, itself included, when a window is set), softcap
+    applied to the scores first.
 
-The cache is the one the caller passes, `past_sequence_length` long: onnxruntime's
-`seqlens_k` (each sequence's length - 1) and `total_sequence_length` describe the same
-lengths when every sequence fills the cache, which the module checks for the total (a named
-error before it runs). Onnxruntime also reads shorter sequences inside a longer buffer
-(right-padded batches, past and present sharing one max-length buffer); Kiln's cache is
-kept in place its own way (`Module.new_cache`), so those layouts are not read: a batch whose
-sequences differ in length gives onnxruntime's outputs for the first prompt only.
+present is past + seq long, so total_sequence_length must be past + seq: the module checks
+it (a named error before it runs). onnxruntime also runs past and present as one
+max-length buffer (past longer than total); Kiln keeps its cache in place its own way
+(`Module.new_cache`).
 """
 from __future__ import annotations
 
@@ -28,14 +29,15 @@ import numpy as np
 
 from ..dtypes import numpy_dtype
 from ..graph import Node, ShapeError, UnsupportedError
-from ..symbolic import is_symbolic, require_equal
+from ..symbolic import greatest, is_symbolic, require_equal
 from .conv_gemm import MATMUL
 from .elementwise import ADD, MUL, SUB, WHERE
 from .node_builder import NodeBuilder
 from .quantize import CONTRIB
 from .registry import OPAQUE, OpDef, expanded_only, register
 from .rotary import cache_rows, rotate
-from .shape import CONCAT, RESHAPE, TRANSPOSE, UNSQUEEZE
+from .kv_cache import CACHE_WRITE
+from .shape import RESHAPE, TRANSPOSE, UNSQUEEZE
 
 GROUP_QUERY_ATTENTION = CONTRIB + "GroupQueryAttention"
 _QUERY, _KEY, _VALUE, _PAST_KEY, _PAST_VALUE, _SEQLENS_K, _TOTAL, _COS, _SIN = range(9)
@@ -119,7 +121,8 @@ class _Shapes:
 
 
 def _check_total(g, node: Node, s: _Shapes) -> None:
-    """total_sequence_length must be past + seq: the cache Kiln reads is full."""
+    """total_sequence_length must be past + seq, the present's length (a past longer than
+    that is onnxruntime's shared max-length buffer, which Kiln does not read)."""
     total = _known_size(g, node.inputs[_TOTAL])
     if total is None:
         raise UnsupportedError(f"{node.describe()}: total_sequence_length '{node.inputs[_TOTAL]}' must be a size the "
@@ -127,18 +130,46 @@ def _check_total(g, node: Node, s: _Shapes) -> None:
                                "computes it from attention_mask)")
     if not (is_symbolic(total) or is_symbolic(s.past + s.seq)) and total != s.past + s.seq:
         raise ShapeError(f"{node.describe()}: total_sequence_length is {total}, past {s.past} + seq {s.seq} = "
-                         f"{s.past + s.seq}; Kiln reads a cache that every sequence fills")
+                         f"{s.past + s.seq}; the present is past + seq long")
     require_equal(total, s.past + s.seq, f"{node.describe()}: total_sequence_length and past + seq")
 
 
-def _causal_mask(body: NodeBuilder, s: _Shapes, group: int, window: int) -> str | None:
-    """bool [group * seq, past + seq]: may row r (token r mod seq) see key j? None where it
-    sees every key (one token, no window)."""
-    if s.seq == 1 and window <= 0:
+def _starts(body: NodeBuilder, node: Node, s: _Shapes) -> str:
+    """int64 [batch] (a scalar 0 without a past): where each batch entry's new entries go,
+    onnxruntime's past_seqlen. 0 for a first prompt (no past), else seqlens_k + 1 - seq,
+    clamped to [0, past]: a sequence shorter than the cache (a right-padded batch)
+    continues where it ends, as onnxruntime writes it."""
+    if not _input(node, _PAST_KEY) or s.past == 0:
+        return body.const(np.int64(0))
+    past = body.sizes(s.past)
+    lengths = body.add("Cast", [node.inputs[_SEQLENS_K]], to=7)
+    after = body.add(SUB, [lengths, body.sizes(s.seq - 1)])
+    clamped = body.add("Min", [body.add("Max", [after, body.const(np.int64(0))]), past])
+    first_prompt = body.add("Equal", [past, body.const(np.int64(0))])
+    return body.add(WHERE, [first_prompt, body.const(np.int64(0)), clamped])
+
+
+def _positions(body: NodeBuilder, node: Node, s: _Shapes, starts: str) -> str:
+    """int64 [batch, seq] (or [seq] without a past): each token's position, start + s, as
+    onnxruntime's CPU kernel places them (padding tokens too)."""
+    steps = body.add("Range", [body.const(np.int64(0)), body.sizes(s.seq), body.const(np.int64(1))])
+    if not _input(node, _PAST_KEY) or s.past == 0:
+        return steps
+    return body.add(ADD, [body.add(UNSQUEEZE, [starts, body.const(np.array([-1], np.int64))]), steps])
+
+
+def _causal_mask(body: NodeBuilder, node: Node, s: _Shapes, starts: str, group: int, window: int) -> str | None:
+    """bool [batch, 1, group * seq, past + seq]: may row r (token r mod seq, at start + that)
+    see key j? None where every row sees every key (one token, no past, no window)."""
+    has_past = _input(node, _PAST_KEY) and s.past != 0
+    if s.seq == 1 and window <= 0 and not has_past:
         return None
     rng = lambda limit: body.add("Range", [body.const(np.int64(0)), body.sizes(limit), body.const(np.int64(1))])  # noqa: E731
-    token = body.add("Mod", [rng(group * s.seq), body.sizes(s.seq)])
-    last = body.add(UNSQUEEZE, [body.add(ADD, [token, body.sizes(s.past)]), body.const(np.array([1], np.int64))])
+    token = body.add(UNSQUEEZE, [body.add("Mod", [rng(group * s.seq), body.sizes(s.seq)]),
+                                 body.const(np.array([-1], np.int64))])
+    if has_past:
+        starts = body.add(RESHAPE, [starts, body.const(np.array([-1, 1, 1, 1], np.int64))])
+    last = body.add(ADD, [token, starts])
     keys = rng(s.past + s.seq)
     allowed = body.add("LessOrEqual", [keys, last])
     if window > 0:
@@ -164,6 +195,7 @@ def _expand(g, node: Node) -> list[Node]:
     def heads_first(x: str, n: int) -> str:  # [batch, seq, n * h] -> [batch, n, seq, h]
         return body.add(TRANSPOSE, [body.reshaped(x, [0, 0, n, h])], perm=[0, 2, 1, 3])
     q, k, v = heads_first(q, s.heads), heads_first(k, s.kv_heads), heads_first(v, s.kv_heads)
+    starts = _starts(body, node, s)
 
     if int(a.get("do_rotary", 0)):
         cos_cache, sin_cache = _input(node, _COS), _input(node, _SIN)
@@ -173,15 +205,20 @@ def _expand(g, node: Node) -> list[Node]:
         if rotary_dim > h or g.types[sin_cache].shape != g.types[cos_cache].shape:
             raise ShapeError(f"{node.describe()}: caches {g.types[cos_cache]} and {g.types[sin_cache]} do not fit "
                              f"heads of {h}")
-        positions = body.add("Range", [body.sizes(s.past), body.sizes(s.past + s.seq), body.const(np.int64(1))])
-        cos, sin = cache_rows(body, cos_cache, positions), cache_rows(body, sin_cache, positions)
+        if greatest(s.past + s.seq) > g.types[cos_cache].shape[0]:
+            raise ShapeError(f"{node.describe()}: the rotary caches hold {g.types[cos_cache].shape[0]} positions, "
+                             f"past + seq may reach {greatest(s.past + s.seq)}: bound the past and the sequence "
+                             "so that they sum to at most that")
+        positions = _positions(body, node, s, starts)
+        cos, sin = (body.add(UNSQUEEZE, [cache_rows(body, c, positions), body.const(np.array([-3], np.int64))])
+                    for c in (cos_cache, sin_cache))  # [(batch,) 1, seq, rotary_dim / 2]
         interleaved = bool(a.get("rotary_interleaved", 0))
         q, k = (rotate(body, x, 4, h, cos, sin, rotary_dim, interleaved) for x in (q, k))
 
     def present(new: str, past_index: int, out_index: int) -> str:
         out = node.outputs[out_index] if out_index < len(node.outputs) else ""
         if _input(node, past_index):
-            return body.add(CONCAT, [node.inputs[past_index], new], out, axis=2)
+            return body.add(CACHE_WRITE, [node.inputs[past_index], new, starts], out, axis=2)
         return body.add("Identity", [new], out) if out else new
     keys, values = present(k, _PAST_KEY, 1), present(v, _PAST_VALUE, 2)
 
@@ -192,7 +229,7 @@ def _expand(g, node: Node) -> list[Node]:
     if softcap > 0:
         scores = body.add(MUL, [body.add("Tanh", [body.add(MUL, [scores, body.const(dtype.type(1 / softcap))])]),
                                 body.const(dtype.type(softcap))])
-    allowed = _causal_mask(body, s, group, int(a.get("local_window_size", -1)))
+    allowed = _causal_mask(body, node, s, starts, group, int(a.get("local_window_size", -1)))
     if allowed is not None:
         scores = body.add(WHERE, [allowed, scores, body.const(dtype.type(-np.inf))])
     context = body.add(MATMUL, [body.add("Softmax", [scores], axis=-1), values])  # [b, kv_heads, rows, h]

@@ -3,19 +3,38 @@ Concat of a past input and of the Transpose of what it made: an append into the 
 buffer, and a MatMul that reads its B operand transposed (the keys as they are cached)."""
 from __future__ import annotations
 
-from ..graph import ShapeError, TensorType
-from ..lower.kv_cache import lower_append_cache, lower_matmul_transposed_b
+from ..dtypes import DTYPES
+from ..graph import Node, ShapeError, TensorType
+from ..lower.kv_cache import lower_append_cache, lower_cache_write, lower_matmul_transposed_b
 from ..symbolic import is_symbolic, require_equal
 from .broadcast import broadcast
 from .registry import OUT_EWISE_FUSABLE, REDUCTION, OpDef, op_def, register
 from .shape import CONCAT
 
-APPEND_CACHE = "kiln.AppendCache"  # (past, new) -> present: Concat's meaning, written in place
+APPEND_CACHE = "kiln.AppendCache"  # (past, new[, starts]) -> present: Concat's (or CacheWrite's) meaning, in place
 MATMUL_TRANSPOSED_B = "kiln.MatMulTransposedB"  # (a, x) -> MatMul(a, x with its last two dims swapped)
+# (past, new, starts) -> present, as long as Concat(past, new) along `axis`: batch entry n
+# holds the past's entries before starts[n] (clamped to [0, past]), then the new ones, then
+# zeros. onnxruntime's GroupQueryAttention writes a batch of sequences of different lengths
+# so; where every start is the past's length it is the Concat.
+CACHE_WRITE = "kiln.CacheWrite"
 
 
 def _append_cache(g, node, p):
+    if len(node.inputs) == 3:
+        return _cache_write(g, node, p)
     return op_def(CONCAT).infer(g, node, p)
+
+
+def _cache_write(g, node, p):
+    past, new, starts = node.inputs
+    t = op_def(CONCAT).infer(g, Node(CONCAT, [past, new], node.outputs, {"axis": node.attrs["axis"]}, node.name), p)
+    s = g.types[starts]
+    if p["axis"] == 0 or len(s.shape) != 1 or not DTYPES[s.dtype].is_int:
+        raise ShapeError(f"{node.describe()}: starts {s} must be integers, one per batch entry (axis 0), and the "
+                         f"cache axis {p['axis']} another")
+    require_equal(s.shape[0], g.types[past].shape[0], f"{node.describe()}: starts and the batch")
+    return t
 
 
 def _matmul_transposed_b(g, node, p):
@@ -32,5 +51,6 @@ def _matmul_transposed_b(g, node, p):
 register(
     # (a reduction's kind: it absorbs the index maps that compute its new entries)
     OpDef(APPEND_CACHE, REDUCTION, _append_cache, anchor=lower_append_cache),
+    OpDef(CACHE_WRITE, REDUCTION, _cache_write, anchor=lower_cache_write),
     OpDef(MATMUL_TRANSPOSED_B, OUT_EWISE_FUSABLE, _matmul_transposed_b, anchor=lower_matmul_transposed_b),
 )

@@ -8,7 +8,9 @@ into the transposed keys): work that grows with the past at every token.
 
 Where a model has that form, this pass makes the past and the present one buffer, laid out
 with a `capacity` along the axis (a symbol: the caller's buffer size, at least past + seq):
-  - the Concat becomes kiln.AppendCache, which writes only the new entries, after the past;
+  - the Concat becomes kiln.AppendCache, which writes only the new entries, after the past
+    (a kiln.CacheWrite, GroupQueryAttention's, one with its starts: it writes each batch
+    entry's new entries at its start and zeroes the rest after them);
   - a MatMul of a Transpose of the present (the scores) becomes kiln.MatMulTransposedB,
     which reads the keys as they lie;
   - `Graph.caches` records the pair, and every kernel indexes both tensors by the capacity
@@ -33,7 +35,7 @@ from __future__ import annotations
 from ..graph import CachePair, Graph, Node
 from ..ops.control_flow import IF_MERGE
 from ..ops.conv_gemm import MATMUL
-from ..ops.kv_cache import APPEND_CACHE, MATMUL_TRANSPOSED_B
+from ..ops.kv_cache import APPEND_CACHE, CACHE_WRITE, MATMUL_TRANSPOSED_B
 from ..ops.shape import CONCAT, IDENTITY, TRANSPOSE
 from ..symbolic import greatest, is_symbolic, least
 from ..transform import graph_pass
@@ -44,7 +46,7 @@ def bind_kv_caches(g: Graph, ctx) -> Graph:
     if not g.symbols:
         return g
     capacities: dict = {}  # the present's length -> its capacity symbol (caches that grow together share one)
-    for concat in [n for n in g.nodes if n.op == CONCAT]:
+    for concat in [n for n in g.nodes if n.op in (CONCAT, CACHE_WRITE)]:
         found = _cache_of(g, concat)
         if found is None:
             continue
@@ -64,7 +66,7 @@ def _cache_of(g: Graph, concat: Node):
     [(Transpose, MatMul)] of the scores) where `concat` appends to a past input a present
     output that can be kept in place, else None."""
     uses = g.consumers()
-    if len(concat.inputs) != 2:
+    if len(concat.inputs) != (3 if concat.op == CACHE_WRITE else 2):
         return None
     past, out = concat.inputs[0], concat.outputs[0]
     axis = g.params_of(concat)["axis"]
