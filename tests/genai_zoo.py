@@ -49,8 +49,10 @@ def rotary_caches(max_length: int, rotary_dim: int, base: float = 10000.0) -> tu
 
 
 def llama_decoder(layers: int = 2, d: int = 64, heads: int = 4, kv_heads: int = 2, ffn: int = 128, vocab: int = 97,
-                  max_length: int = 96, seed: int = 0, window: int = -1, int4: bool = True) -> tuple:
-    """(model, info): a genai-shaped decoder; info gives layers, kv_heads and head_size."""
+                  max_length: int = 96, seed: int = 0, window: int = -1, int4: bool = True, tied: bool = False) -> tuple:
+    """(model, info): a genai-shaped decoder; info gives layers, kv_heads and head_size.
+    tied (with int4): the embedding is the LM head's codes, read by GatherBlockQuantized, as
+    the builder writes a model whose config ties them (Llama 3.2, Qwen2.5)."""
     g, h = _Graph(seed), d // heads
     cos, sin = rotary_caches(max_length, h)
     cos, sin = g.const(cos, "cos_cache"), g.const(sin, "sin_cache")
@@ -96,6 +98,8 @@ def llama_decoder(layers: int = 2, d: int = 64, heads: int = 4, kv_heads: int = 
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)])
     if int4:
         model = _int4(model)
+        if tied:
+            _tie_embedding(model, vocab)
     return model, {"layers": layers, "kv_heads": kv_heads, "head_size": h, "vocab": vocab}
 
 
@@ -107,6 +111,29 @@ def _int4(model: onnx.ModelProto) -> onnx.ModelProto:
     quantizer = mq.MatMulNBitsQuantizer(model, algo_config=config)
     quantizer.process()
     return quantizer.model.model
+
+
+def _tie_embedding(model: onnx.ModelProto, vocab: int) -> None:
+    """The embedding Gather replaced by GatherBlockQuantized over the LM head's MatMulNBits
+    codes, scales and zero points, reshaped to rows of the vocabulary (the builder's wiring)."""
+    nodes = model.graph.node
+    head = [n for n in nodes if n.op_type == "MatMulNBits" and n.output[0] == "logits"][0]
+    gather = [n for n in nodes if n.op_type == "Gather" and n.input[0] == "embed_tokens"][0]
+    block = [a.i for a in head.attribute if a.name == "block_size"][0]
+    added, shaped = [], []
+    for name in head.input[1:4]:
+        shape = numpy_helper.from_array(np.array([vocab, -1], np.int64), f"{name}/rows_shape")
+        model.graph.initializer.append(shape)
+        added.append(helper.make_node("Reshape", [name, shape.name], [f"{name}/rows"], name=f"/{name}/Reshape"))
+        shaped.append(f"{name}/rows")
+    added.append(helper.make_node("GatherBlockQuantized", [shaped[0], "input_ids", shaped[1], shaped[2]],
+                                  list(gather.output), name="/embed_tokens/GatherBlockQuantized",
+                                  domain="com.microsoft", bits=4, block_size=block, gather_axis=0, quantize_axis=1))
+    at = list(nodes).index(gather)
+    nodes.remove(gather)
+    for i, node in enumerate(added):
+        nodes.insert(at + i, node)
+    model.graph.initializer.remove([i for i in model.graph.initializer if i.name == "embed_tokens"][0])
 
 
 def greedy_tokens(run, info: dict, prompts: list, steps: int, feed_past: bool = True) -> tuple[list, list]:

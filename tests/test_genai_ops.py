@@ -234,10 +234,12 @@ def test_normalizations(op, domain, inputs, outputs, attrs, executor):
 
 def test_a_genai_int4_decoder_generates_onnxruntimes_tokens(executor):
     """A Llama-shaped decoder written as genai's builder writes it for the CPU (int4
-    MatMulNBits, packed QKV, GQA with the rotation inside, skip RMS norms): one build
-    generates greedily for a batch of two prompts, its cache in place, the tokens and logits
-    onnxruntime gives; fed the past as arrays too."""
-    model, info = genai_zoo.llama_decoder()
+    MatMulNBits, packed QKV, GQA with the rotation inside, skip RMS norms, the embedding tied
+    to the LM head's codes by GatherBlockQuantized): one build generates greedily for a
+    batch of two prompts, its cache in place, the tokens and logits onnxruntime gives; fed
+    the past as arrays too."""
+    model, info = genai_zoo.llama_decoder(tied=True)
+    assert "GatherBlockQuantized" in [n.op_type for n in model.graph.node]
     dims = {"batch_size": (1, 2), "sequence_length": (1, 16), "past_sequence_length": (0, 64),
             "total_sequence_length": (1, 80)}
     result = build(model, dims=dims, executor=executor, cache=None, progress=False)
@@ -255,3 +257,54 @@ def test_a_genai_int4_decoder_generates_onnxruntimes_tokens(executor):
         assert tokens == want_tokens
         for step, (got, want) in enumerate(zip(logits, want_logits)):
             np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=f"step {step}")
+
+
+# ---- GatherBlockQuantized -----------------------------------------------------------------------
+
+def _gather_block_quantized_model(dtype: str, bits: int, block: int, columns: int, zero_points: bool):
+    """A table of 40 rows quantized in blocks along its columns, as genai's builder ties the
+    embedding to the LM head's MatMulNBits codes (uint8, codes lowest bits first), or as
+    int4/uint4 elements."""
+    from onnx import numpy_helper
+    rng, rows = np.random.default_rng(bits + block), 40
+    blocks = -(-columns // block)
+    scales = numpy_helper.from_array(rng.uniform(0.01, 0.1, (rows, blocks)).astype(np.float32), "scales")
+    inputs, inits = ["data", "ids", "scales"], [scales]
+    if dtype == "uint8":
+        codes = rng.integers(0, 1 << bits, (rows, columns)).astype(np.uint8)
+        per_byte = 8 // bits
+        packed = np.sum(codes.reshape(rows, -1, per_byte).astype(np.uint16) << (np.arange(per_byte) * bits), axis=-1)
+        inits.append(numpy_helper.from_array(packed.astype(np.uint8), "data"))
+        if zero_points:
+            zp = np.zeros((rows, -(-blocks // per_byte) * per_byte), np.uint8)
+            zp[:, :blocks] = rng.integers(0, 1 << bits, (rows, blocks))
+            inits.append(numpy_helper.from_array(np.sum(zp.reshape(rows, -1, per_byte).astype(np.uint16) <<
+                                                        (np.arange(per_byte) * bits), axis=-1).astype(np.uint8), "zp"))
+    else:
+        kind = TensorProto.INT4 if dtype == "int4" else TensorProto.UINT4
+        low, high = (-8, 8) if dtype == "int4" else (0, 16)
+        inits.append(helper.make_tensor("data", kind, [rows, columns], rng.integers(low, high, rows * columns).tolist()))
+        if zero_points:
+            inits.append(helper.make_tensor("zp", kind, [rows, blocks], rng.integers(low, high, rows * blocks).tolist()))
+    if zero_points:
+        inputs.append("zp")
+    node = helper.make_node("GatherBlockQuantized", inputs, ["y"], domain="com.microsoft", bits=bits, block_size=block,
+                            gather_axis=0, quantize_axis=1)
+    graph = helper.make_graph([node], "gbq", [helper.make_tensor_value_info("ids", TensorProto.INT64, ["batch", 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    return helper.make_model(graph, opset_imports=MS_OPSETS)
+
+
+@pytest.mark.parametrize("dtype,bits,block,columns,zero_points", [
+    ("uint8", 4, 32, 64, True), ("uint8", 4, 16, 48, False), ("uint8", 8, 32, 64, True), ("uint8", 2, 32, 64, True),
+    ("int4", 4, 16, 32, False), ("uint4", 4, 16, 32, True)],
+    ids=["u8-4bit-zp", "u8-4bit", "u8-8bit-zp", "u8-2bit-zp", "int4", "uint4-zp"])
+def test_gather_block_quantized(dtype, bits, block, columns, zero_points, executor):
+    """Rows (negative indices too) gathered and dequantized, against onnxruntime; the
+    weights file holds the codes, not a float table."""
+    model = _gather_block_quantized_model(dtype, bits, block, columns, zero_points)
+    result = build(model, dims={"batch": (1, 4)}, executor=executor, cache=None, progress=False)
+    module = result.load()
+    for ids in (np.array([[0, 39, 7]]), np.array([[3, -1, 12], [25, 25, -40], [1, 2, 3], [38, 0, 9]])):
+        _compare(model, module, {"ids": ids.astype(np.int64)}, atol=1e-6, what=f"ids {ids.tolist()}")
+    assert module.manifest.weights_bytes < 40 * columns * 4 / 2  # (the table as float32: 4 bytes a value)
