@@ -3,13 +3,14 @@ row dequantized. onnxruntime-genai's builder writes it for the token embedding o
 model whose embedding and LM head are one matrix (tie_word_embeddings: Llama 3.2, Qwen2.5,
 Gemma, Phi-4-mini), reading the LM head's 4-bit codes.
 
-The table is a constant: uint8 [rows, bytes] holding `bits`-bit codes lowest bits first
-(onnxruntime's MatMulNBits layout), or int4/uint4 [rows, columns]. Blocks of `block_size`
-run along the last axis (quantize_axis), rows are gathered (gather_axis 0); scales
-[rows, blocks], zero points like the codes (packed for uint8) or absent (2^(bits - 1) for
-uint8, 0 for int4/uint4). Built from ONNX's ops: the gathered rows' bytes are unpacked and
-dequantized as (code - zero point) * scale, so the weights file holds the codes as they are
-and a token reads its own row only.
+The table (a weight, or genai's Reshape of the LM head's codes) is uint8 [rows, bytes]
+holding `bits`-bit codes lowest bits first (onnxruntime's MatMulNBits layout), or
+int4/uint4 [rows, columns]. Blocks of `block_size` run along the last axis
+(quantize_axis), rows are gathered (gather_axis 0); scales [rows, blocks], zero points like
+the codes (packed for uint8) or absent (2^(bits - 1) for uint8, 0 for int4/uint4). Built
+from ONNX's ops: the gathered rows' bytes are unpacked and dequantized as (code - zero
+point) * scale, so the weights file holds the codes as they are and a token reads its own
+row only.
 """
 from __future__ import annotations
 
@@ -48,8 +49,6 @@ def _expand(g, node: Node) -> list[Node]:
     zero_points = node.inputs[3] if len(node.inputs) > 3 else ""
     a = node.attrs
     d, s = g.types[data], g.types[scales]
-    if data not in g.constants:
-        raise UnsupportedError(f"{node.describe()}: its quantized data must be a constant")
     if len(d.shape) != 2 or int(a.get("gather_axis", 0)) % 2 != 0 or int(a.get("quantize_axis", 1)) % 2 != 1:
         raise UnsupportedError(f"{node.describe()}: only a [rows, columns] table gathered by rows (gather_axis 0) "
                                "and quantized along its columns (quantize_axis 1) is supported")
