@@ -155,11 +155,12 @@ def _lower_symbolic_value(b, node) -> tuple:
 
 
 CONSTANT = "Constant"  # the frontend turns these into graph constants directly
+RANGE = "Range"
 register(
     OpDef("Shape", OPAQUE, _shape, _shape_value, compile_time=True, shape_only=True),
     OpDef("Size", OPAQUE, _size, _size_value, compile_time=True, shape_only=True),
     OpDef(CONSTANT, OPAQUE, _from_value(_constant_value), _constant_value, compile_time=True),
-    OpDef("Range", OPAQUE, _range_infer, _range_value, _range_reader, compile_time=True),
+    OpDef(RANGE, OPAQUE, _range_infer, _range_value, _range_reader, compile_time=True),
     OpDef("ConstantOfShape", OPAQUE, _constant_of_shape_infer, _constant_of_shape_value, _constant_of_shape_reader,
           compile_time=True),
     OpDef(SYMBOLIC_VALUE, OPAQUE, lambda g, node, p: TensorType(tuple(node.attrs["shape"]), node.attrs["dtype"]),

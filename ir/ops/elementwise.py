@@ -27,6 +27,8 @@ from .registry import BROADCAST, ELEMWISE, OpDef, register
 # Ops other ops are built from (QLinear ops, recurrent nets, control flow).
 CAST, DIV, SIGMOID, TANH, LEAKY_RELU, AND = "Cast", "Div", "Sigmoid", "Tanh", "LeakyRelu", "And"
 SUB, MIN, MAX, CLIP, ROUND, EQUAL, LESS = "Sub", "Min", "Max", "Clip", "Round", "Equal", "Less"
+SQRT, RECIPROCAL, MOD, BIT_SHIFT, BITWISE_AND = "Sqrt", "Reciprocal", "Mod", "BitShift", "BitwiseAnd"
+GREATER_OR_EQUAL, LESS_OR_EQUAL = "GreaterOrEqual", "LessOrEqual"
 
 
 def _same(g, node, p):
@@ -213,8 +215,8 @@ register(
     _unary("Gelu", _gelu, infer=_gelu_infer),
     _unary("Exp", lambda x, a, is_f, b, n: call("exp", x), lambda x, a: np.exp(x)),
     _unary("Log", lambda x, a, is_f, b, n: call("log", x), lambda x, a: np.log(x)),
-    _unary("Sqrt", lambda x, a, is_f, b, n: call("sqrt", x), lambda x, a: np.sqrt(x)),
-    _unary("Reciprocal", lambda x, a, is_f, b, n: fbin("div", f32(1), x), lambda x, a: 1 / x),
+    _unary(SQRT, lambda x, a, is_f, b, n: call("sqrt", x), lambda x, a: np.sqrt(x)),
+    _unary(RECIPROCAL, lambda x, a, is_f, b, n: fbin("div", f32(1), x), lambda x, a: 1 / x),
     _unary("Neg", lambda x, a, is_f, b, n: call("neg", x) if is_f else sub(Const(0), x), lambda x, a: -x),
     _unary("Abs", lambda x, a, is_f, b, n: call("abs", x) if is_f else select(cmp("lt", x, Const(0)), sub(Const(0), x), x),
            lambda x, a: np.abs(x)),
@@ -353,7 +355,7 @@ register(
     _arith(MIN, "min", lambda x, y, a: np.minimum(x, y), _variadic_infer),
     _compare(EQUAL, "eq", np.equal), _compare(LESS, "lt", np.less), _compare("Greater", "gt", np.greater),
     OpDef("Pow", BROADCAST, _pow_infer, lambda a, v, g, node: [np.power(v[0], v[1])], _pow_reader, costly=True),
-    OpDef("Mod", BROADCAST, _binary_infer,
+    OpDef(MOD, BROADCAST, _binary_infer,
           lambda a, v, g, node: [np.fmod(v[0], v[1]) if a.get("fmod", 0) else np.mod(v[0], v[1])], _mod_reader),
 )
 
@@ -494,7 +496,7 @@ def _np_softplus(x):
 
 
 register(
-    _compare("GreaterOrEqual", "ge", np.greater_equal), _compare("LessOrEqual", "le", np.less_equal),
+    _compare(GREATER_OR_EQUAL, "ge", np.greater_equal), _compare(LESS_OR_EQUAL, "le", np.less_equal),
     _logic(AND, lambda p, q: fbin("and", p, q), np.logical_and),
     _logic("Or", lambda p, q: fbin("or", p, q), np.logical_or),
     _logic("Xor", lambda p, q: cmp("ne", p, q), np.logical_xor),
@@ -592,8 +594,8 @@ register(
     _arith("Sum", "add", lambda x, y, a: np.add(x, y), _variadic_infer),
     OpDef("Mean", BROADCAST, _variadic_infer, lambda a, v, g, node: [sum(v[1:], v[0]) / len(v)], _mean_reader),
     _unary("Swish", _swish, lambda x, a: x / (1 + np.exp(-a.get("alpha", 1.0) * x))),
-    OpDef("BitShift", BROADCAST, _bitshift, _bitshift_fold, _bitshift_reader),
-    _arith("BitwiseAnd", "and", lambda x, y, a: np.bitwise_and(x, y), _int_infer),
+    OpDef(BIT_SHIFT, BROADCAST, _bitshift, _bitshift_fold, _bitshift_reader),
+    _arith(BITWISE_AND, "and", lambda x, y, a: np.bitwise_and(x, y), _int_infer),
     _arith("BitwiseOr", "or", lambda x, y, a: np.bitwise_or(x, y), _int_infer),
     _arith("BitwiseXor", "xor", lambda x, y, a: np.bitwise_xor(x, y), _int_infer),
     _unary("BitwiseNot", lambda x, a, is_f, b, n: fbin("xor", x, Const(-1)), lambda x, a: np.invert(x),

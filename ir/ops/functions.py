@@ -137,6 +137,8 @@ def expand_function(g: Graph, node: Node) -> list[Node]:
     return nodes
 
 
+# (onnxruntime's com.microsoft op of that name, ir/ops/rotary.py, is named after this one)
+ROTARY_EMBEDDING = "RotaryEmbedding"
 register(*(OpDef(name, OPAQUE, expanded_only, expand=expand_function) for name in (
-    "Attention", "RotaryEmbedding", "SwiGLU", "CausalConvWithState", "CenterCropPad", "NegativeLogLikelihoodLoss",
+    "Attention", ROTARY_EMBEDDING, "SwiGLU", "CausalConvWithState", "CenterCropPad", "NegativeLogLikelihoodLoss",
     "SoftmaxCrossEntropyLoss", "BlackmanWindow", "HammingWindow", "HannWindow", "AffineGrid", "LinearAttention")))

@@ -17,11 +17,11 @@ from __future__ import annotations
 import numpy as np
 
 from ..graph import Node, ShapeError, UnsupportedError
-from .elementwise import CAST, MUL, SUB
+from .elementwise import BITWISE_AND, BIT_SHIFT, CAST, MUL, SUB
 from .node_builder import NodeBuilder
 from .quantize import CONTRIB
 from .registry import OPAQUE, OpDef, expanded_only, register
-from .shape import CONCAT, GATHER, SLICE, UNSQUEEZE
+from .shape import CONCAT, GATHER, IDENTITY, PAD, SLICE, UNSQUEEZE
 
 GATHER_BLOCK_QUANTIZED = CONTRIB + "GatherBlockQuantized"
 _FLOAT_CODE = {"float32": 1, "float16": 10, "bfloat16": 16}
@@ -34,8 +34,8 @@ def _unpacked(body: NodeBuilder, packed: str, bits: int, rank: int) -> str:
     mask = body.const(np.uint8((1 << bits) - 1))
     parts = []
     for shift in range(0, 8, bits):
-        moved = body.add("BitShift", [packed, body.const(np.uint8(shift))], direction="RIGHT") if shift else packed
-        parts.append(body.add(UNSQUEEZE, [body.add("BitwiseAnd", [moved, mask]), body.const(np.array([-1], np.int64))]))
+        moved = body.add(BIT_SHIFT, [packed, body.const(np.uint8(shift))], direction="RIGHT") if shift else packed
+        parts.append(body.add(UNSQUEEZE, [body.add(BITWISE_AND, [moved, mask]), body.const(np.array([-1], np.int64))]))
     return body.reshaped(body.add(CONCAT, parts, axis=-1), [0] * (rank - 1) + [-1])
 
 
@@ -75,7 +75,7 @@ def _expand(g, node: Node) -> list[Node]:
 
     codes = _unpacked(body, body.add(GATHER, [data, indices], axis=0), bits, rank)  # [..., columns]
     if blocks * block != columns:  # (a last block that ends early: padded to whole blocks)
-        codes = body.add("Pad", [codes, body.const(np.array([0] * rank + [0] * (rank - 1) + [blocks * block - columns],
+        codes = body.add(PAD, [codes, body.const(np.array([0] * rank + [0] * (rank - 1) + [blocks * block - columns],
                                                             np.int64))])
     codes = body.reshaped(body.add(CAST, [codes], to=to_float), [0] * (rank - 1) + [blocks, block])
     if zero_points:
@@ -95,7 +95,7 @@ def _expand(g, node: Node) -> list[Node]:
     values = body.reshaped(body.add(MUL, [body.add(SUB, [codes, zero]), scale]), [0] * (rank - 1) + [-1])
     if blocks * block != columns:
         values = _last(body, values, columns)
-    body.add("Identity", [values], node.outputs[0])
+    body.add(IDENTITY, [values], node.outputs[0])
     return body.nodes
 
 

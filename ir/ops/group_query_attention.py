@@ -30,14 +30,17 @@ import numpy as np
 from ..dtypes import numpy_dtype
 from ..graph import Node, ShapeError, UnsupportedError
 from ..symbolic import greatest, is_symbolic, require_equal
+from .compile_time import RANGE
 from .conv_gemm import MATMUL
-from .elementwise import ADD, MUL, SUB, WHERE
+from .elementwise import (ADD, AND, CAST, EQUAL, GREATER_OR_EQUAL, LESS_OR_EQUAL, MAX, MIN, MOD, MUL, SUB, TANH,
+                          WHERE)
+from .kv_cache import CACHE_WRITE
 from .node_builder import NodeBuilder
 from .quantize import CONTRIB
+from .reduce import SOFTMAX
 from .registry import OPAQUE, OpDef, expanded_only, register
 from .rotary import cache_rows, rotate
-from .kv_cache import CACHE_WRITE
-from .shape import RESHAPE, TRANSPOSE, UNSQUEEZE
+from .shape import IDENTITY, RESHAPE, SPLIT, TRANSPOSE, UNSQUEEZE
 
 GROUP_QUERY_ATTENTION = CONTRIB + "GroupQueryAttention"
 _QUERY, _KEY, _VALUE, _PAST_KEY, _PAST_VALUE, _SEQLENS_K, _TOTAL, _COS, _SIN = range(9)
@@ -142,17 +145,17 @@ def _starts(body: NodeBuilder, node: Node, s: _Shapes) -> str:
     if not _input(node, _PAST_KEY) or s.past == 0:
         return body.const(np.int64(0))
     past = body.sizes(s.past)
-    lengths = body.add("Cast", [node.inputs[_SEQLENS_K]], to=7)
+    lengths = body.add(CAST, [node.inputs[_SEQLENS_K]], to=7)
     after = body.add(SUB, [lengths, body.sizes(s.seq - 1)])
-    clamped = body.add("Min", [body.add("Max", [after, body.const(np.int64(0))]), past])
-    first_prompt = body.add("Equal", [past, body.const(np.int64(0))])
+    clamped = body.add(MIN, [body.add(MAX, [after, body.const(np.int64(0))]), past])
+    first_prompt = body.add(EQUAL, [past, body.const(np.int64(0))])
     return body.add(WHERE, [first_prompt, body.const(np.int64(0)), clamped])
 
 
 def _positions(body: NodeBuilder, node: Node, s: _Shapes, starts: str) -> str:
     """int64 [batch, seq] (or [seq] without a past): each token's position, start + s, as
     onnxruntime's CPU kernel places them (padding tokens too)."""
-    steps = body.add("Range", [body.const(np.int64(0)), body.sizes(s.seq), body.const(np.int64(1))])
+    steps = body.add(RANGE, [body.const(np.int64(0)), body.sizes(s.seq), body.const(np.int64(1))])
     if not _input(node, _PAST_KEY) or s.past == 0:
         return steps
     return body.add(ADD, [body.add(UNSQUEEZE, [starts, body.const(np.array([-1], np.int64))]), steps])
@@ -164,17 +167,17 @@ def _causal_mask(body: NodeBuilder, node: Node, s: _Shapes, starts: str, group: 
     has_past = _input(node, _PAST_KEY) and s.past != 0
     if s.seq == 1 and window <= 0 and not has_past:
         return None
-    rng = lambda limit: body.add("Range", [body.const(np.int64(0)), body.sizes(limit), body.const(np.int64(1))])  # noqa: E731
-    token = body.add(UNSQUEEZE, [body.add("Mod", [rng(group * s.seq), body.sizes(s.seq)]),
+    rng = lambda limit: body.add(RANGE, [body.const(np.int64(0)), body.sizes(limit), body.const(np.int64(1))])  # noqa: E731
+    token = body.add(UNSQUEEZE, [body.add(MOD, [rng(group * s.seq), body.sizes(s.seq)]),
                                  body.const(np.array([-1], np.int64))])
     if has_past:
         starts = body.add(RESHAPE, [starts, body.const(np.array([-1, 1, 1, 1], np.int64))])
     last = body.add(ADD, [token, starts])
     keys = rng(s.past + s.seq)
-    allowed = body.add("LessOrEqual", [keys, last])
+    allowed = body.add(LESS_OR_EQUAL, [keys, last])
     if window > 0:
         first = body.add(SUB, [last, body.const(np.int64(window - 1))])
-        allowed = body.add("And", [allowed, body.add("GreaterOrEqual", [keys, first])])
+        allowed = body.add(AND, [allowed, body.add(GREATER_OR_EQUAL, [keys, first])])
     return allowed
 
 
@@ -187,7 +190,7 @@ def _expand(g, node: Node) -> list[Node]:
     h, group = s.head_size, s.heads // s.kv_heads
 
     if s.packed:
-        q, k, v = body.add_many("Split", [node.inputs[_QUERY], body.const(np.array(
+        q, k, v = body.add_many(SPLIT, [node.inputs[_QUERY], body.const(np.array(
             [s.heads * h, s.kv_heads * h, s.kv_heads * h], np.int64))], ["", "", ""], axis=2)
     else:
         q, k, v = node.inputs[_QUERY], node.inputs[_KEY], node.inputs[_VALUE]
@@ -219,7 +222,7 @@ def _expand(g, node: Node) -> list[Node]:
         out = node.outputs[out_index] if out_index < len(node.outputs) else ""
         if _input(node, past_index):
             return body.add(CACHE_WRITE, [node.inputs[past_index], new, starts], out, axis=2)
-        return body.add("Identity", [new], out) if out else new
+        return body.add(IDENTITY, [new], out) if out else new
     keys, values = present(k, _PAST_KEY, 1), present(v, _PAST_VALUE, 2)
 
     scale = float(a.get("scale", 0.0)) or 1.0 / float(np.sqrt(h))
@@ -227,12 +230,12 @@ def _expand(g, node: Node) -> list[Node]:
     scores = body.add(MATMUL, [rows, body.add(TRANSPOSE, [keys], perm=[0, 1, 3, 2])])  # [b, kv_heads, rows, keys]
     softcap = float(a.get("softcap", 0.0))
     if softcap > 0:
-        scores = body.add(MUL, [body.add("Tanh", [body.add(MUL, [scores, body.const(dtype.type(1 / softcap))])]),
+        scores = body.add(MUL, [body.add(TANH, [body.add(MUL, [scores, body.const(dtype.type(1 / softcap))])]),
                                 body.const(dtype.type(softcap))])
     allowed = _causal_mask(body, node, s, starts, group, int(a.get("local_window_size", -1)))
     if allowed is not None:
         scores = body.add(WHERE, [allowed, scores, body.const(dtype.type(-np.inf))])
-    context = body.add(MATMUL, [body.add("Softmax", [scores], axis=-1), values])  # [b, kv_heads, rows, h]
+    context = body.add(MATMUL, [body.add(SOFTMAX, [scores], axis=-1), values])  # [b, kv_heads, rows, h]
     per_head = body.add(TRANSPOSE, [body.reshaped(context, [0, s.heads, -1, h])], perm=[0, 2, 1, 3])
     body.add(RESHAPE, [per_head, body.const(np.array([0, 0, s.heads * h], np.int64))], node.outputs[0])
     return body.nodes

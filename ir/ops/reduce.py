@@ -23,6 +23,7 @@ REDUCE_SUM, REDUCE_MEAN = "ReduceSum", "ReduceMean"  # (other ops are built from
 GLOBAL_AVERAGE_POOL, MAX_POOL = "GlobalAveragePool", "MaxPool"
 MAX_POOL_INDICES = "kiln.MaxPoolIndices"
 REDUCE_MAX, REDUCE_MIN = "ReduceMax", "ReduceMin"
+SOFTMAX, LAYER_NORMALIZATION, RMS_NORMALIZATION = "Softmax", "LayerNormalization", "RMSNormalization"
 
 
 def _reduce(g, node, p):
@@ -148,8 +149,8 @@ register(
     _reduction("ReduceLogSum", "logsum", _float_reduce, lambda x, **k: np.log(np.sum(x, **k))),
     _reduction("ReduceLogSumExp", "logsumexp", _float_reduce, _logsumexp),
     _reduction(GLOBAL_AVERAGE_POOL, "mean", _global_pool), _reduction("GlobalMaxPool", "max", _global_pool),
-    OpDef("Softmax", REDUCTION, _softmax, anchor=lambda b, node, store, out: lower_softmax(b, node, store, out)),
-    OpDef("LayerNormalization", REDUCTION, _layernorm,
+    OpDef(SOFTMAX, REDUCTION, _softmax, anchor=lambda b, node, store, out: lower_softmax(b, node, store, out)),
+    OpDef(LAYER_NORMALIZATION, REDUCTION, _layernorm,
           anchor=lambda b, node, store, out: lower_layernorm(b, node, store)),
     OpDef(MAX_POOL, REDUCTION, pool_output_type, anchor=lambda b, node, store, out: lower_pool(b, node, store, True),
           expand=split_max_pool),
@@ -276,7 +277,7 @@ register(
     OpDef("LogSoftmax", REDUCTION, _softmax,
           anchor=lambda b, node, store, out: lower_softmax(b, node, store, out, log=True)),
     OpDef("Hardmax", REDUCTION, _softmax, anchor=lambda b, node, store, out: lower_hardmax(b, node, store)),
-    OpDef("RMSNormalization", REDUCTION, _trailing_axes,
+    OpDef(RMS_NORMALIZATION, REDUCTION, _trailing_axes,
           anchor=lambda b, node, store, out: lower_layernorm(b, node, store, center=False)),
     OpDef("InstanceNormalization", REDUCTION, _channels_first, anchor=lambda b, node, store, out: _instance_norm(
         b, node, store)),

@@ -13,13 +13,15 @@ import numpy as np
 
 from ..graph import Node, ShapeError, UnsupportedError
 from ..symbolic import is_symbolic
-from .elementwise import ADD, MUL, SUB
+from .compile_time import RANGE
+from .elementwise import ADD, CAST, MUL, SUB
+from .functions import ROTARY_EMBEDDING as ONNX_ROTARY_EMBEDDING
 from .node_builder import NodeBuilder
 from .quantize import CONTRIB
 from .registry import OPAQUE, OpDef, expanded_only, register
-from .shape import CONCAT, GATHER, RESHAPE, SLICE, UNSQUEEZE
+from .shape import CONCAT, GATHER, IDENTITY, RESHAPE, SLICE, UNSQUEEZE
 
-ROTARY_EMBEDDING = CONTRIB + "RotaryEmbedding"
+ROTARY_EMBEDDING = CONTRIB + ONNX_ROTARY_EMBEDDING  # (onnxruntime's, before ONNX had one)
 
 
 def _last(body: NodeBuilder, x: str, start: int, end: int) -> str:
@@ -46,7 +48,7 @@ def rotate(body: NodeBuilder, x: str, rank: int, head_size: int, cos: str, sin: 
     else:
         rotated = body.add(CONCAT, [y1, y2], axis=-1)
     if rotary_dim == head_size:
-        return body.add("Identity", [rotated], out) if out else rotated
+        return body.add(IDENTITY, [rotated], out) if out else rotated
     return body.add(CONCAT, [rotated, _last(body, x, rotary_dim, head_size)], out, axis=-1)
 
 
@@ -85,9 +87,9 @@ def _expand_rotary_embedding(g, node: Node) -> list[Node]:
     body = NodeBuilder(g, node)
     pos_shape = g.types[positions].shape
     if len(pos_shape) == 1:  # (the first position; the sequence follows it)
-        steps = body.add("Range", [body.const(np.int64(0)), body.sizes(shape[-2] if len(shape) == 4 else shape[1]),
+        steps = body.add(RANGE, [body.const(np.int64(0)), body.sizes(shape[-2] if len(shape) == 4 else shape[1]),
                                    body.const(np.int64(1))])
-        positions = body.add(ADD, [body.add("Cast", [positions], to=7), steps])
+        positions = body.add(ADD, [body.add(CAST, [positions], to=7), steps])
     cos, sin = cache_rows(body, cos_cache, positions), cache_rows(body, sin_cache, positions)  # [(batch,) seq, half]
     if len(shape) == 4:  # [batch, heads, seq, head]: the heads axis broadcast
         if len(pos_shape) == 2:

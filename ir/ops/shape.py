@@ -136,6 +136,7 @@ def _unsqueeze(g, node, p):
 
 IDENTITY, RESHAPE, CONCAT, TRANSPOSE, SLICE = "Identity", "Reshape", "Concat", "Transpose", "Slice"
 UNSQUEEZE, GATHER, FLATTEN, SQUEEZE = "Unsqueeze", "Gather", "Flatten", "Squeeze"
+SPLIT, PAD = "Split", "Pad"
 register(_view_def(RESHAPE, _reshape), _view_def(FLATTEN, _flatten), _view_def(SQUEEZE, _squeeze),
          _view_def(UNSQUEEZE, _unsqueeze), _view_def(IDENTITY, lambda g, node, p: g.types[node.inputs[0]], ELEMWISE))
 
@@ -443,7 +444,7 @@ register(
     OpDef(CONCAT, INJECTIVE, _concat,
           lambda a, v, g, node: [np.concatenate([x for x in v if x is not None], axis=a["axis"])],
           one_output(concat_reader), alone=concat_by_slabs),
-    OpDef("Split", INJECTIVE, _split,
+    OpDef(SPLIT, INJECTIVE, _split,
           lambda a, v, g, node: list(np.split(v[0], np.cumsum(a["sizes"])[:-1], axis=a["axis"])), split_readers),
     OpDef(SLICE, INJECTIVE, _slice, _slice_fold, _slice_reader),
     OpDef("Expand", INJECTIVE, _expand,
@@ -451,7 +452,7 @@ register(
                                                  g.types[node.outputs[0]].shape)],
           lambda b, node: {node.outputs[0]: bcast_reader(b, node.inputs[0], b.shape(node.outputs[0]))}),
     OpDef(GATHER, INJECTIVE, _gather, _gather_fold, one_output(gather_reader)),
-    OpDef("Pad", INJECTIVE, _pad, None, one_output(pad_reader)),
+    OpDef(PAD, INJECTIVE, _pad, None, one_output(pad_reader)),
     OpDef("Resize", INJECTIVE, _resize, None, one_output(resize_reader), alone=resize_by_phases),
 )
 

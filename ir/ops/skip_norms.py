@@ -10,13 +10,13 @@ from __future__ import annotations
 import numpy as np
 
 from ..graph import Node, UnsupportedError
-from .elementwise import ADD, MUL
+from .elementwise import ADD, CAST, MUL, RECIPROCAL, SQRT
 from .node_builder import NodeBuilder
 from .quantize import CONTRIB
-from .reduce import REDUCE_MEAN
+from .reduce import LAYER_NORMALIZATION, REDUCE_MEAN, RMS_NORMALIZATION
 from .registry import OPAQUE, OpDef, expanded_only, register
+from .shape import IDENTITY
 
-LAYER_NORMALIZATION, RMS_NORMALIZATION = "LayerNormalization", "RMSNormalization"
 SIMPLIFIED_LAYER_NORMALIZATION = "SimplifiedLayerNormalization"
 SKIP_LAYER_NORMALIZATION = CONTRIB + "SkipLayerNormalization"
 SKIP_SIMPLIFIED_LAYER_NORMALIZATION = CONTRIB + "SkipSimplifiedLayerNormalization"
@@ -38,11 +38,11 @@ def _inverse_rms(body: NodeBuilder, x: str, like: str, axis: int, epsilon: float
     rank = len(body.g.types[like].shape)
     axis = axis % rank
     if body.g.types[like].dtype != "float32":
-        x = body.add("Cast", [x], to=1)
+        x = body.add(CAST, [x], to=1)
     mean = body.add(REDUCE_MEAN, [body.add(MUL, [x, x]), body.const(np.arange(axis, rank, dtype=np.int64))],
                     keepdims=1)
-    root = body.add("Sqrt", [body.add(ADD, [mean, body.const(np.float32(epsilon))])])
-    body.add("Reciprocal", [root], out)
+    root = body.add(SQRT, [body.add(ADD, [mean, body.const(np.float32(epsilon))])])
+    body.add(RECIPROCAL, [root], out)
 
 
 def _expand_simplified(g, node: Node) -> list[Node]:
@@ -61,7 +61,7 @@ def _skip_sum(body: NodeBuilder, node: Node, bias_index: int) -> str:
     total = body.add(ADD, [node.inputs[0], node.inputs[1]])
     if _input(node, bias_index):
         total = body.add(ADD, [total, node.inputs[bias_index]])
-    return body.add("Identity", [total], _output(node, 3)) if _output(node, 3) else total
+    return body.add(IDENTITY, [total], _output(node, 3)) if _output(node, 3) else total
 
 
 def _expand_skip_simplified(g, node: Node) -> list[Node]:
