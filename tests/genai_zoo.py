@@ -41,25 +41,33 @@ class _Graph:
         return self.const((1 + 0.1 * self.rng.standard_normal(d)).astype(np.float32))
 
 
-def rotary_caches(max_length: int, rotary_dim: int, base: float = 10000.0) -> tuple[np.ndarray, np.ndarray]:
-    """cos and sin [max_length, rotary_dim / 2] as the builder stores them."""
+def rotary_caches(max_length: int, rotary_dim: int, base: float = 10000.0, stretch: float = 1.0,
+                  magnitude: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin [max_length, rotary_dim / 2] as the builder stores them; stretch and
+    magnitude rescale the angles and the values (a long-context cache's)."""
     inv = 1.0 / base ** (np.arange(0, rotary_dim, 2, dtype=np.float64) / rotary_dim)
-    angles = np.arange(max_length)[:, None] * inv[None]
-    return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+    angles = np.arange(max_length)[:, None] * inv[None] / stretch
+    return (magnitude * np.cos(angles)).astype(np.float32), (magnitude * np.sin(angles)).astype(np.float32)
 
 
 def llama_decoder(layers: int = 2, d: int = 64, heads: int = 4, kv_heads: int = 2, ffn: int = 128, vocab: int = 97,
-                  max_length: int = 96, seed: int = 0, window: int = -1, int4: bool = True, tied: bool = False) -> tuple:
+                  max_length: int = 96, seed: int = 0, window: int = -1, int4: bool = True, tied: bool = False,
+                  long_rope: int = 0) -> tuple:
     """(model, info): a genai-shaped decoder; info gives layers, kv_heads and head_size.
     tied (with int4): the embedding is the LM head's codes, read by GatherBlockQuantized, as
-    the builder writes a model whose config ties them (Llama 3.2, Qwen2.5)."""
+    the builder writes a model whose config ties them (Llama 3.2, Qwen2.5). long_rope: Phi-3's
+    two rotary caches, `long_rope` positions (its original context) and max_length, picked
+    by an If on whether the total length passes the first."""
     g, h = _Graph(seed), d // heads
-    cos, sin = rotary_caches(max_length, h)
-    cos, sin = g.const(cos, "cos_cache"), g.const(sin, "sin_cache")
     one, one_vec = g.const(np.int64(1)), g.const(np.array([1], np.int64))
     seqlens_k = g.op("Cast", [g.op("Sub", [g.op("ReduceSum", ["attention_mask", one_vec], keepdims=0), one])],
                      to=TensorProto.INT32)
-    total = g.op("Cast", [g.op("Gather", [g.op("Shape", ["attention_mask"]), one], axis=0)], to=TensorProto.INT32)
+    length = g.op("Gather", [g.op("Shape", ["attention_mask"]), one], axis=0)
+    total = g.op("Cast", [length], to=TensorProto.INT32)
+    if long_rope:
+        cos, sin = _rope_caches_by_length(g, length, long_rope, max_length, h)
+    else:
+        cos, sin = (g.const(c, name) for c, name in zip(rotary_caches(max_length, h), ("cos_cache", "sin_cache")))
     embed = g.const((0.5 * g.rng.standard_normal((vocab, d))).astype(np.float32), "embed_tokens")
     hidden, residual = g.op("Gather", [embed, "input_ids"]), None
     inputs = [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch_size", "sequence_length"]),
@@ -101,6 +109,20 @@ def llama_decoder(layers: int = 2, d: int = 64, heads: int = 4, kv_heads: int = 
         if tied:
             _tie_embedding(model, vocab)
     return model, {"layers": layers, "kv_heads": kv_heads, "head_size": h, "vocab": vocab}
+
+
+def _rope_caches_by_length(g: _Graph, length: str, original: int, max_length: int, h: int) -> tuple[str, str]:
+    """Phi-3's LongRoPE as genai writes it: If(total length > original) then the long caches
+    (max_length rows, angles stretched) else the short ones (original rows)."""
+    def branch(name: str, caches: tuple) -> onnx.GraphProto:
+        outs = [f"{name}_{kind}" for kind in ("cos", "sin")]
+        nodes = [helper.make_node("Constant", [], [o], value=numpy_helper.from_array(c)) for o, c in zip(outs, caches)]
+        return helper.make_graph(nodes, name, [], [helper.make_tensor_value_info(o, TensorProto.FLOAT, caches[0].shape)
+                                                   for o in outs])
+    longer = g.op("Greater", [length, g.const(np.int64(original))])
+    return g.op("If", [longer], ["cos_cache", "sin_cache"],
+                then_branch=branch("long", rotary_caches(max_length, h, stretch=2.0, magnitude=1.1)),
+                else_branch=branch("short", rotary_caches(original, h)))
 
 
 def _int4(model: onnx.ModelProto) -> onnx.ModelProto:

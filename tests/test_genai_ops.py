@@ -308,3 +308,24 @@ def test_gather_block_quantized(dtype, bits, block, columns, zero_points, execut
     for ids in (np.array([[0, 39, 7]]), np.array([[3, -1, 12], [25, 25, -40], [1, 2, 3], [38, 0, 9]])):
         _compare(model, module, {"ids": ids.astype(np.int64)}, atol=1e-6, what=f"ids {ids.tolist()}")
     assert module.manifest.weights_bytes < 40 * columns * 4 / 2  # (the table as float32: 4 bytes a value)
+
+
+def test_phi3_long_rope_caches_picked_by_the_bounds(executor):
+    """Phi-3's two rotary caches, picked by an If on total length > its original context
+    (48 here): bounds within the original decide the If when Kiln builds, and the decoder
+    generates onnxruntime's tokens; bounds across it are refused, naming the If and how to
+    decide it."""
+    model, info = genai_zoo.llama_decoder(long_rope=48, max_length=96)
+    prompts = [[5, 17, 3, 40, 11]]
+    dims = {"batch_size": (1, 1), "sequence_length": (1, 16), "past_sequence_length": (0, 32),
+            "total_sequence_length": (1, 48)}
+    module = build(model, dims=dims, executor=executor, cache=None, progress=False).load()
+    want_tokens, want_logits = genai_zoo.greedy_tokens(lambda f: model_zoo.onnxruntime_outputs(model, f), info,
+                                                       prompts, 16)
+    tokens, logits = genai_zoo.greedy_tokens(module.run, info, prompts, 16)
+    assert tokens == want_tokens
+    for step, (got, want) in enumerate(zip(logits, want_logits)):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=f"step {step}")
+    with pytest.raises(KilnError, match="If.*float32\\[96x8\\] in the then branch.*bounds on one side of it"):
+        build(model, dims={**dims, "total_sequence_length": (1, 80), "past_sequence_length": (0, 64)},
+              executor=executor, cache=None, progress=False)

@@ -125,7 +125,9 @@ def _if_merge_infer(g, node, p):
             any(not (is_symbolic(a) or is_symbolic(b)) for a, b in differ) or (differ and cond not in g.inputs):
         raise ShapeError(f"{node.attrs['owner']}: output {node.attrs['index']} is {t} in the then branch and {e} in "
                          "the else branch; Kiln compiles one static type per output (make both branches agree), or "
-                         "sizes that differ symbolically when the condition is a model input")
+                         "sizes that differ symbolically when the condition is a model input. Its condition "
+                         f"'{cond}' is computed at run time: where it compares sizes (Phi-3's rotary caches, "
+                         "picked by the total length), bounds on one side of it decide it at build time")
     for a, b in differ:
         require_equal(a, b, f"{node.attrs['owner']}: output {node.attrs['index']} when '{cond}' is false",
                       unless=(cond, True))
