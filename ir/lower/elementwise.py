@@ -165,8 +165,9 @@ def gather_reader(b: KernelBuilder, node: Node):
 
     def gather(idx):
         i = ind(idx[axis:axis + r])
-        i = select(cmp("lt", i, Const(0)), add(i, as_index(dim, t)), i)
-        return x(list(idx[:axis]) + [iclamp(i, 0, dim - 1, t)]
+        i = i if t == "i64" else Cast("i64", i)  # (an index is i64: int32 ids widen first)
+        i = select(cmp("lt", i, Const(0)), add(i, as_index(dim)), i)
+        return x(list(idx[:axis]) + [iclamp(i, 0, dim - 1)]
                  + list(idx[axis + r:]))
     return gather
 

@@ -28,7 +28,7 @@ from .registry import BROADCAST, ELEMWISE, OpDef, register
 CAST, DIV, SIGMOID, TANH, LEAKY_RELU, AND = "Cast", "Div", "Sigmoid", "Tanh", "LeakyRelu", "And"
 SUB, MIN, MAX, CLIP, ROUND, EQUAL, LESS = "Sub", "Min", "Max", "Clip", "Round", "Equal", "Less"
 SQRT, RECIPROCAL, MOD, BIT_SHIFT, BITWISE_AND = "Sqrt", "Reciprocal", "Mod", "BitShift", "BitwiseAnd"
-GREATER_OR_EQUAL, LESS_OR_EQUAL = "GreaterOrEqual", "LessOrEqual"
+GREATER_OR_EQUAL, LESS_OR_EQUAL, GELU = "GreaterOrEqual", "LessOrEqual", "Gelu"
 
 
 def _same(g, node, p):
@@ -212,7 +212,7 @@ register(
            lambda x, a: x * np.clip(x / 6 + 0.5, 0, 1)),
     _unary(TANH, lambda x, a, is_f, b, n: call("tanh", x), lambda x, a: np.tanh(x)),
     _unary("Erf", lambda x, a, is_f, b, n: call("erf", x), _erf_fold),
-    _unary("Gelu", _gelu, infer=_gelu_infer),
+    _unary(GELU, _gelu, infer=_gelu_infer),
     _unary("Exp", lambda x, a, is_f, b, n: call("exp", x), lambda x, a: np.exp(x)),
     _unary("Log", lambda x, a, is_f, b, n: call("log", x), lambda x, a: np.log(x)),
     _unary(SQRT, lambda x, a, is_f, b, n: call("sqrt", x), lambda x, a: np.sqrt(x)),

@@ -137,8 +137,8 @@ def expand_function(g: Graph, node: Node) -> list[Node]:
     return nodes
 
 
-# (onnxruntime's com.microsoft op of that name, ir/ops/rotary.py, is named after this one)
-ROTARY_EMBEDDING = "RotaryEmbedding"
+# (onnxruntime's com.microsoft ops of these names, ir/ops/bert_fusions.py and rotary.py, are named after these)
+ATTENTION, ROTARY_EMBEDDING = "Attention", "RotaryEmbedding"
 register(*(OpDef(name, OPAQUE, expanded_only, expand=expand_function) for name in (
-    "Attention", ROTARY_EMBEDDING, "SwiGLU", "CausalConvWithState", "CenterCropPad", "NegativeLogLikelihoodLoss",
+    ATTENTION, ROTARY_EMBEDDING, "SwiGLU", "CausalConvWithState", "CenterCropPad", "NegativeLogLikelihoodLoss",
     "SoftmaxCrossEntropyLoss", "BlackmanWindow", "HammingWindow", "HannWindow", "AffineGrid", "LinearAttention")))

@@ -1,0 +1,192 @@
+"""The fused ops onnxruntime's transformer optimizer writes into BERT-style encoders (what
+`onnxruntime.transformers.optimizer` and HF optimum's ORTOptimizer save as an optimized
+model): com.microsoft.EmbedLayerNormalization, Attention, Gelu, BiasGelu, FastGelu and
+QuickGelu (SkipLayerNormalization: ir/ops/skip_norms.py). Each is built from ONNX's ops,
+so the encoder compiles as the unfused export does: the QKV projection one GEMM against
+its weight, attention MatMul -> Softmax -> MatMul, activations in their GEMM's epilogue.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..dtypes import numpy_dtype
+from ..graph import Node, ShapeError, UnsupportedError
+from ..symbolic import is_symbolic
+from .compile_time import RANGE
+from .conv_gemm import MATMUL
+from .elementwise import ADD, AND, CAST, GELU, GREATER_OR_EQUAL, LESS, LESS_OR_EQUAL, MUL, SIGMOID, WHERE
+from .functions import ATTENTION as ONNX_ATTENTION
+from .node_builder import NodeBuilder
+from .quantize import CONTRIB
+from .reduce import LAYER_NORMALIZATION, REDUCE_SUM, SOFTMAX
+from .registry import OPAQUE, OpDef, expanded_only, register
+from .shape import GATHER, IDENTITY, RESHAPE, SLICE, SPLIT, TRANSPOSE, UNSQUEEZE
+
+ATTENTION, EMBED_LAYER_NORMALIZATION = CONTRIB + ONNX_ATTENTION, CONTRIB + "EmbedLayerNormalization"
+_INT32 = 6
+
+
+def _input(node: Node, index: int) -> str:
+    return node.inputs[index] if index < len(node.inputs) else ""
+
+
+def _output(node: Node, index: int) -> str:
+    return node.outputs[index] if index < len(node.outputs) else ""
+
+
+# ---- activations ------------------------------------------------------------------------------
+
+def _expand_gelu(g, node: Node) -> list[Node]:
+    return [Node(GELU, [node.inputs[0]], [node.outputs[0]], {}, node.name)]
+
+
+def _expand_bias_gelu(g, node: Node) -> list[Node]:
+    body = NodeBuilder(g, node)
+    body.add(GELU, [body.add(ADD, node.inputs[:2])], node.outputs[0])
+    return body.nodes
+
+
+def _expand_fast_gelu(g, node: Node) -> list[Node]:
+    """0.5 x (1 + tanh(0.797885 x + 0.035677 x^3)): ONNX's tanh Gelu, of x + bias."""
+    body = NodeBuilder(g, node)
+    x = body.add(ADD, node.inputs[:2]) if _input(node, 1) else node.inputs[0]
+    body.add(GELU, [x], node.outputs[0], approximate="tanh")
+    return body.nodes
+
+
+def _expand_quick_gelu(g, node: Node) -> list[Node]:
+    """x * sigmoid(alpha x)."""
+    body = NodeBuilder(g, node)
+    x = node.inputs[0]
+    alpha = numpy_dtype(g.types[x].dtype).type(node.attrs.get("alpha", 1.702))
+    body.add(MUL, [x, body.add(SIGMOID, [body.add(MUL, [x, body.const(alpha)])])], node.outputs[0])
+    return body.nodes
+
+
+# ---- EmbedLayerNormalization ---------------------------------------------------------------
+
+def _expand_embed_layer_normalization(g, node: Node) -> list[Node]:
+    """LayerNormalization(word[ids] + position[positions] (+ segment[segment_ids])), with
+    mask_index the number of ones in each mask row (int32) and embedding_sum the sum before
+    the normalization."""
+    ids, segment_ids, words, positions_table, segments = (_input(node, i) for i in range(5))
+    gamma, beta, mask, position_ids = (_input(node, i) for i in range(5, 9))
+    if bool(segment_ids) != bool(segments):
+        raise ShapeError(f"{node.describe()}: segment_ids and segment_embedding come together")
+    body = NodeBuilder(g, node)
+    seq = g.types[ids].shape[1]
+    if not position_ids:
+        position_ids = body.add(RANGE, [body.const(np.int64(0)), body.sizes(seq), body.const(np.int64(1))])
+    total = body.add(ADD, [body.add(GATHER, [words, ids], axis=0), body.add(GATHER, [positions_table, position_ids],
+                                                                              axis=0)])
+    if segment_ids:
+        total = body.add(ADD, [total, body.add(GATHER, [segments, segment_ids], axis=0)])
+    if _output(node, 2):
+        total = body.add(IDENTITY, [total], node.outputs[2])
+    body.add(LAYER_NORMALIZATION, [total, gamma, beta], node.outputs[0] or "", axis=-1,
+             epsilon=float(node.attrs.get("epsilon", 1e-12)))
+    if _output(node, 1):
+        if not mask:
+            raise UnsupportedError(f"{node.describe()}: output mask_index needs the mask input")
+        body.add(CAST, [body.add(REDUCE_SUM, [mask, body.const(np.array([1], np.int64))], keepdims=0)],
+                 node.outputs[1], to=_INT32)
+    return body.nodes
+
+
+# ---- Attention ----------------------------------------------------------------------------
+
+def _hidden_sizes(g, node: Node) -> tuple[int, int, int]:
+    width = g.types[node.inputs[1]].shape[1]
+    sizes = node.attrs.get("qkv_hidden_sizes")
+    sizes = [int(v) for v in sizes] if sizes is not None and len(sizes) else [width // 3] * 3
+    heads = int(node.attrs["num_heads"])
+    if len(sizes) != 3 or sum(sizes) != width or sizes[0] != sizes[1] or any(v % heads for v in sizes):
+        raise ShapeError(f"{node.describe()}: weights {g.types[node.inputs[1]]} do not split into Q, K and V of "
+                         f"{sizes} ({heads} heads each; Q and K alike)")
+    return tuple(sizes)
+
+
+def _allowed_keys(body: NodeBuilder, node: Node, mask: str, batch, seq, unidirectional: bool) -> str | None:
+    """bool, broadcast against the scores [batch, heads, seq, keys]: may a query see a key?
+    From mask_index as onnxruntime reads its shapes: [batch] (each row's length, right
+    padding), [2 * batch] (ends, then starts: left padding), [batch, keys] or [batch, seq,
+    keys] (1 keeps, 0 masks); and causal where unidirectional."""
+    g = body.g
+    keys = body.add(RANGE, [body.const(np.int64(0)), body.sizes(seq), body.const(np.int64(1))])  # [keys]
+    allowed = None
+    if mask:
+        shape = g.types[mask].shape
+        column = body.const(np.array([-1, 1, 1, 1], np.int64))
+        if len(shape) == 1:  # (lengths, or ends then starts)
+            bounds = body.add(CAST, [mask], to=7)
+            if shape[0] == batch:
+                allowed = body.add(LESS, [keys, body.add(RESHAPE, [bounds, column])])
+            else:
+                def half(first, last):
+                    part = body.add(SLICE, [bounds, body.sizes([first]), body.sizes([last]),
+                                            body.const(np.array([0], np.int64))])
+                    return body.add(RESHAPE, [part, column])
+                ends, starts = half(0, batch), half(batch, 2 * batch)
+                allowed = body.add(AND, [body.add(LESS, [keys, ends]), body.add(GREATER_OR_EQUAL, [keys, starts])])
+        elif len(shape) == 2:  # [batch, keys]
+            allowed = body.add(RESHAPE, [body.add(CAST, [mask], to=9), body.const(np.array([0, 1, 1, -1], np.int64))])
+        elif len(shape) == 3:  # [batch, seq, keys]
+            allowed = body.add(UNSQUEEZE, [body.add(CAST, [mask], to=9), body.const(np.array([1], np.int64))])
+        else:
+            raise UnsupportedError(f"{node.describe()}: mask_index {g.types[mask]} (4-D, Megatron's) is not supported")
+    if unidirectional:
+        rows = body.add(UNSQUEEZE, [keys, body.const(np.array([-1], np.int64))])
+        causal = body.add(LESS_OR_EQUAL, [keys, rows])  # [seq, keys]
+        allowed = causal if allowed is None else body.add(AND, [allowed, causal])
+    return allowed
+
+
+def _expand_attention(g, node: Node) -> list[Node]:
+    """softmax(Q K^T * scale + mask) V per head, Q, K and V one GEMM of the input and the
+    merged weights (and bias); a masked score gets mask_filter_value added, as onnxruntime
+    does (so a row masked whole averages its values instead of giving NaN)."""
+    for i, name in ((4, "past"), (5, "attention_bias"), (6, "past_sequence_length")):
+        if _input(node, i):
+            raise UnsupportedError(f"{node.describe()}: input {i} ({name}) is not supported")
+    for name in ("do_rotary", "past_present_share_buffer"):
+        if node.attrs.get(name, 0):
+            raise UnsupportedError(f"{node.describe()}: {name}={node.attrs[name]} is not supported")
+    if _output(node, 1):
+        raise UnsupportedError(f"{node.describe()}: output 1 (present) is not supported: the past is not")
+    x = g.types[node.inputs[0]]
+    if len(x.shape) != 3 or is_symbolic(x.shape[2]):
+        raise ShapeError(f"{node.describe()}: input {x} must be [batch, seq, hidden] with a fixed hidden size")
+    heads = int(node.attrs["num_heads"])
+    q_size, _, v_size = _hidden_sizes(g, node)
+    batch, seq = x.shape[0], x.shape[1]
+    body = NodeBuilder(g, node)
+    dtype = numpy_dtype(x.dtype)
+    qkv = body.add(MATMUL, node.inputs[:2])
+    if _input(node, 2):
+        qkv = body.add(ADD, [qkv, node.inputs[2]])
+    q, k, v = body.add_many(SPLIT, [qkv, body.const(np.array([q_size, q_size, v_size], np.int64))], ["", "", ""],
+                            axis=2)
+
+    def heads_first(t: str, size: int) -> str:
+        return body.add(TRANSPOSE, [body.reshaped(t, [0, 0, heads, size // heads])], perm=[0, 2, 1, 3])
+    scale = float(node.attrs.get("scale", 0.0)) or 1.0 / float(np.sqrt(q_size // heads))
+    q = body.add(MUL, [heads_first(q, q_size), body.const(dtype.type(scale))])
+    scores = body.add(MATMUL, [q, body.add(TRANSPOSE, [heads_first(k, q_size)], perm=[0, 1, 3, 2])])
+    allowed = _allowed_keys(body, node, _input(node, 3), batch, seq, bool(node.attrs.get("unidirectional", 0)))
+    if allowed is not None:
+        masked = body.const(dtype.type(node.attrs.get("mask_filter_value", -10000.0)))
+        scores = body.add(ADD, [scores, body.add(WHERE, [allowed, body.const(dtype.type(0)), masked])])
+    context = body.add(MATMUL, [body.add(SOFTMAX, [scores], axis=-1), heads_first(v, v_size)])
+    merged = body.add(TRANSPOSE, [context], perm=[0, 2, 1, 3])
+    body.add(RESHAPE, [merged, body.const(np.array([0, 0, v_size], np.int64))], node.outputs[0])
+    return body.nodes
+
+
+register(
+    OpDef(CONTRIB + GELU, OPAQUE, expanded_only, expand=_expand_gelu),
+    OpDef(CONTRIB + "BiasGelu", OPAQUE, expanded_only, expand=_expand_bias_gelu),
+    OpDef(CONTRIB + "FastGelu", OPAQUE, expanded_only, expand=_expand_fast_gelu),
+    OpDef(CONTRIB + "QuickGelu", OPAQUE, expanded_only, expand=_expand_quick_gelu),
+    OpDef(EMBED_LAYER_NORMALIZATION, OPAQUE, expanded_only, expand=_expand_embed_layer_normalization),
+    OpDef(ATTENTION, OPAQUE, expanded_only, expand=_expand_attention),
+)
