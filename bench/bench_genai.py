@@ -1,7 +1,7 @@
 """An int4 decoder as onnxruntime-genai's builder writes it for the CPU (GroupQueryAttention
 with the rotation inside, MatMulNBits, skip RMS norms, the embedding tied to the LM head's
-codes; tests/genai_zoo.py), at Llama 3.2 1B's widths: Kiln against onnxruntime-genai (the runtime such exports are made for) and
-plain onnxruntime running the same model.
+codes; tests/genai_zoo.py), at Llama 3.2 1B's widths: Kiln against onnxruntime-genai (the
+runtime such exports are made for) and plain onnxruntime running the same model.
 
     python bench/bench_genai.py [--threads 1] [--rounds 3] [--layers 4] [--past 256]
 
@@ -55,7 +55,8 @@ def genai_folder(model, info: dict, threads: int, context: int, folder: str) -> 
     decoder = {"session_options": {"log_id": "onnxruntime-genai", "provider_options": [],
                                    "intra_op_num_threads": threads, "inter_op_num_threads": 1},
                "filename": "model.onnx", "head_size": info["head_size"], "hidden_size": WIDTHS["d"],
-               "num_attention_heads": heads, "num_hidden_layers": info["layers"], "num_key_value_heads": info["kv_heads"],
+               "num_attention_heads": heads, "num_hidden_layers": info["layers"],
+               "num_key_value_heads": info["kv_heads"],
                "inputs": {"input_ids": "input_ids", "attention_mask": "attention_mask",
                           "past_key_names": "past_key_values.%d.key", "past_value_names": "past_key_values.%d.value"},
                "outputs": {"logits": "logits", "present_key_names": "present.%d.key",

@@ -71,7 +71,8 @@ def llama_decoder(layers: int = 2, d: int = 64, heads: int = 4, kv_heads: int = 
     embed = g.const((0.5 * g.rng.standard_normal((vocab, d))).astype(np.float32), "embed_tokens")
     hidden, residual = g.op("Gather", [embed, "input_ids"]), None
     inputs = [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch_size", "sequence_length"]),
-              helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch_size", "total_sequence_length"])]
+              helper.make_tensor_value_info("attention_mask", TensorProto.INT64,
+                                            ["batch_size", "total_sequence_length"])]
     outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch_size", "sequence_length", vocab])]
 
     def skip_norm(x: str, res: str | None) -> tuple[str, str]:
@@ -103,7 +104,8 @@ def llama_decoder(layers: int = 2, d: int = 64, heads: int = 4, kv_heads: int = 
     normed, _ = skip_norm(hidden, residual)
     g.op("MatMul", [normed, g.const((g.rng.standard_normal((d, vocab)) / np.sqrt(d)).astype(np.float32))], ["logits"])
     graph = helper.make_graph(g.nodes, "genai_llama", inputs, outputs, g.inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21),
+                                                    helper.make_opsetid("com.microsoft", 1)])
     if int4:
         model = _int4(model)
         if tied:

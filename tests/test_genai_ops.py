@@ -39,8 +39,10 @@ def _gqa_model(packed: bool, head_size: int, rotary_dim: int | None, **attrs):
     f = TensorProto.FLOAT
     inputs = [helper.make_tensor_value_info("query", f, ["batch", "seq", width])]
     if not packed:
-        inputs += [helper.make_tensor_value_info(n, f, ["batch", "seq", KV_HEADS * head_size]) for n in ("key", "value")]
-    inputs += [helper.make_tensor_value_info(n, f, ["batch", KV_HEADS, "past", head_size]) for n in ("past_k", "past_v")]
+        inputs += [helper.make_tensor_value_info(n, f, ["batch", "seq", KV_HEADS * head_size])
+                   for n in ("key", "value")]
+    inputs += [helper.make_tensor_value_info(n, f, ["batch", KV_HEADS, "past", head_size])
+               for n in ("past_k", "past_v")]
     inputs.append(helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", "total"]))
     one = helper.make_tensor("one", TensorProto.INT64, [], [1])
     axis = helper.make_tensor("axis", TensorProto.INT64, [1], [1])
@@ -54,7 +56,7 @@ def _gqa_model(packed: bool, head_size: int, rotary_dim: int | None, **attrs):
     caches = []
     if rotary_dim:
         cos, sin = genai_zoo.rotary_caches(64, rotary_dim)
-        inits += [helper.make_tensor("cos", f, cos.shape, cos.ravel()), helper.make_tensor("sin", f, sin.shape, sin.ravel())]
+        inits += [helper.make_tensor(n, f, c.shape, c.ravel()) for n, c in (("cos", cos), ("sin", sin))]
         caches = ["cos", "sin"]
     qkv = ["query", "", ""] if packed else ["query", "key", "value"]
     nodes.append(helper.make_node("GroupQueryAttention", qkv + ["past_k", "past_v", "seqlens_k", "total"] + caches,
@@ -184,7 +186,8 @@ def test_rotary_embedding(layout, positions, interleaved, rotary_dim, executor):
         attrs.update(rotary_embedding_dim=rotary_dim, num_heads=heads)
     node = helper.make_node("RotaryEmbedding", ["x", "positions", "cos", "sin"], ["y"], domain="com.microsoft", **attrs)
     graph = helper.make_graph([node], "rope", [helper.make_tensor_value_info("x", f, shape),
-                                               helper.make_tensor_value_info("positions", TensorProto.INT64, pos_shape)],
+                                               helper.make_tensor_value_info("positions", TensorProto.INT64,
+                                                                             pos_shape)],
                               [helper.make_tensor_value_info("y", f, None)],
                               [helper.make_tensor("cos", f, cos.shape, cos.ravel()),
                                helper.make_tensor("sin", f, sin.shape, sin.ravel())])
@@ -283,9 +286,11 @@ def _gather_block_quantized_model(dtype: str, bits: int, block: int, columns: in
     else:
         kind = TensorProto.INT4 if dtype == "int4" else TensorProto.UINT4
         low, high = (-8, 8) if dtype == "int4" else (0, 16)
-        inits.append(helper.make_tensor("data", kind, [rows, columns], rng.integers(low, high, rows * columns).tolist()))
+        inits.append(helper.make_tensor("data", kind, [rows, columns],
+                                        rng.integers(low, high, rows * columns).tolist()))
         if zero_points:
-            inits.append(helper.make_tensor("zp", kind, [rows, blocks], rng.integers(low, high, rows * blocks).tolist()))
+            inits.append(helper.make_tensor("zp", kind, [rows, blocks],
+                                            rng.integers(low, high, rows * blocks).tolist()))
     if zero_points:
         inputs.append("zp")
     node = helper.make_node("GatherBlockQuantized", inputs, ["y"], domain="com.microsoft", bits=bits, block_size=block,

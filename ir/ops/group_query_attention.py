@@ -167,7 +167,8 @@ def _causal_mask(body: NodeBuilder, node: Node, s: _Shapes, starts: str, group: 
     has_past = _input(node, _PAST_KEY) and s.past != 0
     if s.seq == 1 and window <= 0 and not has_past:
         return None
-    rng = lambda limit: body.add(RANGE, [body.const(np.int64(0)), body.sizes(limit), body.const(np.int64(1))])  # noqa: E731
+    def rng(limit):
+        return body.add(RANGE, [body.const(np.int64(0)), body.sizes(limit), body.const(np.int64(1))])
     token = body.add(UNSQUEEZE, [body.add(MOD, [rng(group * s.seq), body.sizes(s.seq)]),
                                  body.const(np.array([-1], np.int64))])
     if has_past:
