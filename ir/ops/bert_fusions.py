@@ -9,29 +9,21 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..dtypes import numpy_dtype
+from ..dtypes import DTYPES, numpy_dtype
 from ..graph import Node, ShapeError, UnsupportedError
 from ..symbolic import is_symbolic
 from .compile_time import RANGE
 from .conv_gemm import MATMUL
 from .elementwise import ADD, AND, CAST, GELU, GREATER_OR_EQUAL, LESS, LESS_OR_EQUAL, MUL, SIGMOID, WHERE
 from .functions import ATTENTION as ONNX_ATTENTION
-from .node_builder import NodeBuilder
+from .node_builder import NodeBuilder, input_at, output_at
 from .quantize import CONTRIB
 from .reduce import LAYER_NORMALIZATION, REDUCE_SUM, SOFTMAX
 from .registry import OPAQUE, OpDef, expanded_only, register
 from .shape import GATHER, IDENTITY, RESHAPE, SLICE, SPLIT, TRANSPOSE, UNSQUEEZE
 
 ATTENTION, EMBED_LAYER_NORMALIZATION = CONTRIB + ONNX_ATTENTION, CONTRIB + "EmbedLayerNormalization"
-_INT32 = 6
-
-
-def _input(node: Node, index: int) -> str:
-    return node.inputs[index] if index < len(node.inputs) else ""
-
-
-def _output(node: Node, index: int) -> str:
-    return node.outputs[index] if index < len(node.outputs) else ""
+INT32, INT64, BOOL = (DTYPES[t].onnx for t in ("int32", "int64", "bool"))  # (Cast's `to` codes)
 
 
 # ---- activations ------------------------------------------------------------------------------
@@ -49,7 +41,7 @@ def _expand_bias_gelu(g, node: Node) -> list[Node]:
 def _expand_fast_gelu(g, node: Node) -> list[Node]:
     """0.5 x (1 + tanh(0.797885 x + 0.035677 x^3)): ONNX's tanh Gelu, of x + bias."""
     body = NodeBuilder(g, node)
-    x = body.add(ADD, node.inputs[:2]) if _input(node, 1) else node.inputs[0]
+    x = body.add(ADD, node.inputs[:2]) if input_at(node, 1) else node.inputs[0]
     body.add(GELU, [x], node.outputs[0], approximate="tanh")
     return body.nodes
 
@@ -69,8 +61,8 @@ def _expand_embed_layer_normalization(g, node: Node) -> list[Node]:
     """LayerNormalization(word[ids] + position[positions] (+ segment[segment_ids])), with
     mask_index the number of ones in each mask row (int32) and embedding_sum the sum before
     the normalization."""
-    ids, segment_ids, words, positions_table, segments = (_input(node, i) for i in range(5))
-    gamma, beta, mask, position_ids = (_input(node, i) for i in range(5, 9))
+    ids, segment_ids, words, positions_table, segments = (input_at(node, i) for i in range(5))
+    gamma, beta, mask, position_ids = (input_at(node, i) for i in range(5, 9))
     if bool(segment_ids) != bool(segments):
         raise ShapeError(f"{node.describe()}: segment_ids and segment_embedding come together")
     body = NodeBuilder(g, node)
@@ -81,15 +73,15 @@ def _expand_embed_layer_normalization(g, node: Node) -> list[Node]:
                                                                               axis=0)])
     if segment_ids:
         total = body.add(ADD, [total, body.add(GATHER, [segments, segment_ids], axis=0)])
-    if _output(node, 2):
+    if output_at(node, 2):
         total = body.add(IDENTITY, [total], node.outputs[2])
     body.add(LAYER_NORMALIZATION, [total, gamma, beta], node.outputs[0] or "", axis=-1,
              epsilon=float(node.attrs.get("epsilon", 1e-12)))
-    if _output(node, 1):
+    if output_at(node, 1):
         if not mask:
             raise UnsupportedError(f"{node.describe()}: output mask_index needs the mask input")
         body.add(CAST, [body.add(REDUCE_SUM, [mask, body.const(np.array([1], np.int64))], keepdims=0)],
-                 node.outputs[1], to=_INT32)
+                 node.outputs[1], to=INT32)
     return body.nodes
 
 
@@ -118,9 +110,12 @@ def _allowed_keys(body: NodeBuilder, node: Node, mask: str, batch, seq, unidirec
         shape = g.types[mask].shape
         column = body.const(np.array([-1, 1, 1, 1], np.int64))
         if len(shape) == 1:  # (lengths, or ends then starts)
-            bounds = body.add(CAST, [mask], to=7)
+            bounds = body.add(CAST, [mask], to=INT64)
             if shape[0] == batch:
                 allowed = body.add(LESS, [keys, body.add(RESHAPE, [bounds, column])])
+            elif shape[0] != 2 * batch:
+                raise UnsupportedError(f"{node.describe()}: mask_index {g.types[mask]} is neither [batch] nor "
+                                       "[2 * batch] (the 3 * batch + 2 form is not supported)")
             else:
                 def half(first, last):
                     part = body.add(SLICE, [bounds, body.sizes([first]), body.sizes([last]),
@@ -129,9 +124,10 @@ def _allowed_keys(body: NodeBuilder, node: Node, mask: str, batch, seq, unidirec
                 ends, starts = half(0, batch), half(batch, 2 * batch)
                 allowed = body.add(AND, [body.add(LESS, [keys, ends]), body.add(GREATER_OR_EQUAL, [keys, starts])])
         elif len(shape) == 2:  # [batch, keys]
-            allowed = body.add(RESHAPE, [body.add(CAST, [mask], to=9), body.const(np.array([0, 1, 1, -1], np.int64))])
+            keep = body.add(CAST, [mask], to=BOOL)
+            allowed = body.add(RESHAPE, [keep, body.const(np.array([0, 1, 1, -1], np.int64))])
         elif len(shape) == 3:  # [batch, seq, keys]
-            allowed = body.add(UNSQUEEZE, [body.add(CAST, [mask], to=9), body.const(np.array([1], np.int64))])
+            allowed = body.add(UNSQUEEZE, [body.add(CAST, [mask], to=BOOL), body.const(np.array([1], np.int64))])
         else:
             raise UnsupportedError(f"{node.describe()}: mask_index {g.types[mask]} (4-D, Megatron's) is not supported")
     if unidirectional:
@@ -146,12 +142,12 @@ def _expand_attention(g, node: Node) -> list[Node]:
     merged weights (and bias); a masked score gets mask_filter_value added, as onnxruntime
     does (so a row masked whole averages its values instead of giving NaN)."""
     for i, name in ((4, "past"), (5, "attention_bias"), (6, "past_sequence_length")):
-        if _input(node, i):
+        if input_at(node, i):
             raise UnsupportedError(f"{node.describe()}: input {i} ({name}) is not supported")
     for name in ("do_rotary", "past_present_share_buffer"):
         if node.attrs.get(name, 0):
             raise UnsupportedError(f"{node.describe()}: {name}={node.attrs[name]} is not supported")
-    if _output(node, 1):
+    if output_at(node, 1):
         raise UnsupportedError(f"{node.describe()}: output 1 (present) is not supported: the past is not")
     x = g.types[node.inputs[0]]
     if len(x.shape) != 3 or is_symbolic(x.shape[2]):
@@ -162,7 +158,7 @@ def _expand_attention(g, node: Node) -> list[Node]:
     body = NodeBuilder(g, node)
     dtype = numpy_dtype(x.dtype)
     qkv = body.add(MATMUL, node.inputs[:2])
-    if _input(node, 2):
+    if input_at(node, 2):
         qkv = body.add(ADD, [qkv, node.inputs[2]])
     q, k, v = body.add_many(SPLIT, [qkv, body.const(np.array([q_size, q_size, v_size], np.int64))], ["", "", ""],
                             axis=2)
@@ -172,7 +168,7 @@ def _expand_attention(g, node: Node) -> list[Node]:
     scale = float(node.attrs.get("scale", 0.0)) or 1.0 / float(np.sqrt(q_size // heads))
     q = body.add(MUL, [heads_first(q, q_size), body.const(dtype.type(scale))])
     scores = body.add(MATMUL, [q, body.add(TRANSPOSE, [heads_first(k, q_size)], perm=[0, 1, 3, 2])])
-    allowed = _allowed_keys(body, node, _input(node, 3), batch, seq, bool(node.attrs.get("unidirectional", 0)))
+    allowed = _allowed_keys(body, node, input_at(node, 3), batch, seq, bool(node.attrs.get("unidirectional", 0)))
     if allowed is not None:
         masked = body.const(dtype.type(node.attrs.get("mask_filter_value", -10000.0)))
         scores = body.add(ADD, [scores, body.add(WHERE, [allowed, body.const(dtype.type(0)), masked])])

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..dtypes import DTYPES
 from ..graph import Node, ShapeError, UnsupportedError
 from .elementwise import BITWISE_AND, BIT_SHIFT, CAST, MUL, SUB
 from .node_builder import NodeBuilder
@@ -24,7 +25,7 @@ from .registry import OPAQUE, OpDef, expanded_only, register
 from .shape import CONCAT, GATHER, IDENTITY, PAD, SLICE, UNSQUEEZE
 
 GATHER_BLOCK_QUANTIZED = CONTRIB + "GatherBlockQuantized"
-_FLOAT_CODE = {"float32": 1, "float16": 10, "bfloat16": 16}
+_FLOATS = ("float32", "float16", "bfloat16")  # (the scales' types, and the output's)
 
 
 def _unpacked(body: NodeBuilder, packed: str, bits: int, rank: int) -> str:
@@ -61,7 +62,7 @@ def _expand(g, node: Node) -> list[Node]:
         bits, default_zero = 8, 0  # (one code an element already)
     else:
         raise UnsupportedError(f"{node.describe()}: data of type {d.dtype} is not supported (uint8, int4, uint4)")
-    if s.dtype not in _FLOAT_CODE:
+    if s.dtype not in _FLOATS:
         raise ShapeError(f"{node.describe()}: scales {s} must be float32, float16 or bfloat16")
     columns = d.shape[1] * 8 // bits
     block = int(a.get("block_size", 128))
@@ -71,7 +72,7 @@ def _expand(g, node: Node) -> list[Node]:
                          f"in blocks of {block} (a power of 2, at least 16)")
     rank = len(g.types[indices].shape) + 1
     body = NodeBuilder(g, node)
-    to_float = _FLOAT_CODE[s.dtype]
+    to_float = DTYPES[s.dtype].onnx
 
     codes = _unpacked(body, body.add(GATHER, [data, indices], axis=0), bits, rank)  # [..., columns]
     if blocks * block != columns:  # (a last block that ends early: padded to whole blocks)

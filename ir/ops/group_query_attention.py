@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..dtypes import numpy_dtype
+from ..dtypes import DTYPES, numpy_dtype
 from ..graph import Node, ShapeError, UnsupportedError
 from ..symbolic import greatest, is_symbolic, require_equal
 from .compile_time import RANGE
@@ -35,7 +35,7 @@ from .conv_gemm import MATMUL
 from .elementwise import (ADD, AND, CAST, EQUAL, GREATER_OR_EQUAL, LESS_OR_EQUAL, MAX, MIN, MOD, MUL, SUB, TANH,
                           WHERE)
 from .kv_cache import CACHE_WRITE
-from .node_builder import NodeBuilder
+from .node_builder import NodeBuilder, input_at
 from .quantize import CONTRIB
 from .reduce import SOFTMAX
 from .registry import OPAQUE, OpDef, expanded_only, register
@@ -53,13 +53,9 @@ _FIXED_ATTRIBUTES = (("causal", (1,)), ("qk_output", (0,)), ("smooth_softmax", (
                      ("k_quant_type", ("NONE",)), ("v_quant_type", ("NONE",)))
 
 
-def _input(node: Node, index: int) -> str:
-    return node.inputs[index] if index < len(node.inputs) else ""
-
-
 def _check_supported(node: Node) -> None:
     for i, name in enumerate(_LATER_INPUTS, start=_SIN + 1):
-        if _input(node, i):
+        if input_at(node, i):
             raise UnsupportedError(f"{node.describe()}: input {i} ({name}) is not supported")
     for name, accepted in _FIXED_ATTRIBUTES:
         value = node.attrs.get(name, accepted[0])
@@ -82,6 +78,13 @@ def _known_size(g, name: str):
     return v if is_symbolic(v) else int(v)
 
 
+def _same(a, b, what: str):
+    """Sizes the op needs equal: a build error where both are known, else a run-time check."""
+    if not (is_symbolic(a) or is_symbolic(b)) and a != b:
+        raise ShapeError(f"{what}: {a} and {b} differ")
+    require_equal(a, b, what)
+
+
 class _Shapes:
     """The sizes the node's inputs give: batch, seq, heads, kv_heads, head_size, past."""
 
@@ -95,7 +98,7 @@ class _Shapes:
         if len(q.shape) != 3 or is_symbolic(q.shape[2]):
             raise ShapeError(f"{node.describe()}: query {q} must be [batch, seq, hidden] with a fixed hidden size")
         self.batch, self.seq, width = q.shape
-        self.packed = not _input(node, _KEY)
+        self.packed = not input_at(node, _KEY)
         per_token = self.heads + 2 * self.kv_heads if self.packed else self.heads
         if width % per_token:
             raise ShapeError(f"{node.describe()}: query {q} does not split into heads ({per_token} of them)")
@@ -103,24 +106,24 @@ class _Shapes:
         kv = [self.batch, self.seq, self.kv_heads * self.head_size]
         if not self.packed:
             for i in (_KEY, _VALUE):
-                t = g.types[node.inputs[i]] if _input(node, i) else None
+                t = g.types[node.inputs[i]] if input_at(node, i) else None
                 if t is None or len(t.shape) != 3 or t.shape[2] != kv[2]:
                     raise ShapeError(f"{node.describe()}: {['key', 'value'][i - 1]} {t} must be [batch, seq, {kv[2]}]")
-                require_equal(t.shape[0], self.batch, f"{node.describe()}: the batch of query and input {i}")
-                require_equal(t.shape[1], self.seq, f"{node.describe()}: the sequence of query and input {i}")
+                _same(t.shape[0], self.batch, f"{node.describe()}: the batch of query and input {i}")
+                _same(t.shape[1], self.seq, f"{node.describe()}: the sequence of query and input {i}")
         self.past = 0
-        if bool(_input(node, _PAST_KEY)) != bool(_input(node, _PAST_VALUE)):
+        if bool(input_at(node, _PAST_KEY)) != bool(input_at(node, _PAST_VALUE)):
             raise ShapeError(f"{node.describe()}: past_key and past_value come together")
-        if _input(node, _PAST_KEY):
+        if input_at(node, _PAST_KEY):
             for i in (_PAST_KEY, _PAST_VALUE):
                 t = g.types[node.inputs[i]]
                 if len(t.shape) != 4 or t.shape[1] != self.kv_heads or t.shape[3] != self.head_size:
                     raise ShapeError(f"{node.describe()}: input {i} {t} must be [batch, {self.kv_heads}, past, "
                                      f"{self.head_size}]")
-                require_equal(t.shape[0], self.batch, f"{node.describe()}: the batch of query and input {i}")
+                _same(t.shape[0], self.batch, f"{node.describe()}: the batch of query and input {i}")
             self.past = g.types[node.inputs[_PAST_KEY]].shape[2]
-            require_equal(g.types[node.inputs[_PAST_VALUE]].shape[2], self.past,
-                          f"{node.describe()}: the lengths of past_key and past_value")
+            _same(g.types[node.inputs[_PAST_VALUE]].shape[2], self.past,
+                  f"{node.describe()}: the lengths of past_key and past_value")
 
 
 def _check_total(g, node: Node, s: _Shapes) -> None:
@@ -131,10 +134,8 @@ def _check_total(g, node: Node, s: _Shapes) -> None:
         raise UnsupportedError(f"{node.describe()}: total_sequence_length '{node.inputs[_TOTAL]}' must be a size the "
                                "build can compute (a constant, or from the shapes of the inputs, as onnxruntime-genai "
                                "computes it from attention_mask)")
-    if not (is_symbolic(total) or is_symbolic(s.past + s.seq)) and total != s.past + s.seq:
-        raise ShapeError(f"{node.describe()}: total_sequence_length is {total}, past {s.past} + seq {s.seq} = "
-                         f"{s.past + s.seq}; the present is past + seq long")
-    require_equal(total, s.past + s.seq, f"{node.describe()}: total_sequence_length and past + seq")
+    _same(total, s.past + s.seq, f"{node.describe()}: total_sequence_length and past + seq (the present's "
+                                 "length)")
 
 
 def _starts(body: NodeBuilder, node: Node, s: _Shapes) -> str:
@@ -142,10 +143,10 @@ def _starts(body: NodeBuilder, node: Node, s: _Shapes) -> str:
     onnxruntime's past_seqlen. 0 for a first prompt (no past), else seqlens_k + 1 - seq,
     clamped to [0, past]: a sequence shorter than the cache (a right-padded batch)
     continues where it ends, as onnxruntime writes it."""
-    if not _input(node, _PAST_KEY) or s.past == 0:
+    if not input_at(node, _PAST_KEY) or s.past == 0:
         return body.const(np.int64(0))
     past = body.sizes(s.past)
-    lengths = body.add(CAST, [node.inputs[_SEQLENS_K]], to=7)
+    lengths = body.add(CAST, [node.inputs[_SEQLENS_K]], to=DTYPES["int64"].onnx)
     after = body.add(SUB, [lengths, body.sizes(s.seq - 1)])
     clamped = body.add(MIN, [body.add(MAX, [after, body.const(np.int64(0))]), past])
     first_prompt = body.add(EQUAL, [past, body.const(np.int64(0))])
@@ -156,7 +157,7 @@ def _positions(body: NodeBuilder, node: Node, s: _Shapes, starts: str) -> str:
     """int64 [batch, seq] (or [seq] without a past): each token's position, start + s, as
     onnxruntime's CPU kernel places them (padding tokens too)."""
     steps = body.add(RANGE, [body.const(np.int64(0)), body.sizes(s.seq), body.const(np.int64(1))])
-    if not _input(node, _PAST_KEY) or s.past == 0:
+    if not input_at(node, _PAST_KEY) or s.past == 0:
         return steps
     return body.add(ADD, [body.add(UNSQUEEZE, [starts, body.const(np.array([-1], np.int64))]), steps])
 
@@ -164,7 +165,7 @@ def _positions(body: NodeBuilder, node: Node, s: _Shapes, starts: str) -> str:
 def _causal_mask(body: NodeBuilder, node: Node, s: _Shapes, starts: str, group: int, window: int) -> str | None:
     """bool [batch, 1, group * seq, past + seq]: may row r (token r mod seq, at start + that)
     see key j? None where every row sees every key (one token, no past, no window)."""
-    has_past = _input(node, _PAST_KEY) and s.past != 0
+    has_past = input_at(node, _PAST_KEY) and s.past != 0
     if s.seq == 1 and window <= 0 and not has_past:
         return None
     def rng(limit):
@@ -202,7 +203,7 @@ def _expand(g, node: Node) -> list[Node]:
     starts = _starts(body, node, s)
 
     if int(a.get("do_rotary", 0)):
-        cos_cache, sin_cache = _input(node, _COS), _input(node, _SIN)
+        cos_cache, sin_cache = input_at(node, _COS), input_at(node, _SIN)
         if not (cos_cache and sin_cache):
             raise ShapeError(f"{node.describe()}: do_rotary=1 needs cos_cache and sin_cache")
         rotary_dim = 2 * g.types[cos_cache].shape[-1]
@@ -221,7 +222,7 @@ def _expand(g, node: Node) -> list[Node]:
 
     def present(new: str, past_index: int, out_index: int) -> str:
         out = node.outputs[out_index] if out_index < len(node.outputs) else ""
-        if _input(node, past_index):
+        if input_at(node, past_index):
             return body.add(CACHE_WRITE, [node.inputs[past_index], new, starts], out, axis=2)
         return body.add(IDENTITY, [new], out) if out else new
     keys, values = present(k, _PAST_KEY, 1), present(v, _PAST_VALUE, 2)

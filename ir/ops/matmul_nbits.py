@@ -27,7 +27,7 @@ from ..graph import Node, ShapeError, TensorType, UnsupportedError
 from ..lower.matmul_nbits import lower_matmul_nbits
 from .conv_gemm import MATMUL
 from .elementwise import ADD
-from .node_builder import NodeBuilder
+from .node_builder import NodeBuilder, input_at
 from .quantize import CONTRIB
 from .registry import OUT_EWISE_FUSABLE, OpDef, register
 
@@ -45,10 +45,6 @@ class Blocks:
     bits: int
 
 
-def _input(node: Node, index: int) -> str:
-    return node.inputs[index] if index < len(node.inputs) else ""
-
-
 def unpack_codes(packed: np.ndarray, bits: int, count: int) -> np.ndarray:
     """The first `count` codes of each row of `packed` (uint8 [..., bytes]), lowest bits first."""
     shifts = np.arange(0, 8, bits, dtype=np.uint8)
@@ -58,7 +54,7 @@ def unpack_codes(packed: np.ndarray, bits: int, count: int) -> np.ndarray:
 
 def _zero_points(g, node: Node, n: int, blocks: int, bits: int, float_type) -> np.ndarray:
     """The zero point of every block, [N, blocks], as float32."""
-    if not _input(node, _ZERO_POINTS):
+    if not input_at(node, _ZERO_POINTS):
         return np.full((n, blocks), 1 << (bits - 1), np.float32)
     zp = const_input(g, node, _ZERO_POINTS, "zero_points", required=True)
     if zp.dtype == np.uint8:
@@ -88,7 +84,7 @@ def _layout(g, node: Node) -> tuple[int, int, int, int]:
         raise ShapeError(f"{node.describe()}: A is {a}; MatMulNBits takes [..., K] with K={k} (attribute K)")
     if a.dtype not in ("float32", "float16"):
         raise UnsupportedError(f"{node.describe()}: A of {a.dtype} is not supported (float32, float16)")
-    if _input(node, _G_IDX):
+    if input_at(node, _G_IDX):
         raise UnsupportedError(f"{node.describe()}: g_idx (act-order) is not supported")
     blocks = -(-k // block)
     b = const_input(g, node, _B, "B", required=True)
@@ -146,7 +142,7 @@ def _expand_matmul_nbits(g, node: Node) -> list[Node] | None:
         return None
     body = NodeBuilder(g, node)
     weight = body.const(dequantized_weight(g, node, quantized_blocks(g, node)))
-    bias = _input(node, _BIAS)
+    bias = input_at(node, _BIAS)
     body.add(MATMUL, [node.inputs[_A], weight], "" if bias else node.outputs[0])
     if bias:
         body.add(ADD, [body.nodes[-1].outputs[0], bias], node.outputs[0])

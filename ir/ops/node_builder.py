@@ -10,6 +10,16 @@ from .compile_time import symbolic_value_node
 from .shape import RESHAPE
 
 
+def input_at(node: Node, index: int) -> str:
+    """The node's input `index`, or "" where it is omitted (an optional input past its end)."""
+    return node.inputs[index] if index < len(node.inputs) else ""
+
+
+def output_at(node: Node, index: int) -> str:
+    """The node's output `index`, or "" where it is not asked for."""
+    return node.outputs[index] if index < len(node.outputs) else ""
+
+
 class NodeBuilder:
     def __init__(self, g, node: Node):
         self.g, self.node, self.nodes, self.n = g, node, [], 0

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..dtypes import DTYPES
 from ..graph import Node, ShapeError, UnsupportedError
 from ..symbolic import is_symbolic
 from .compile_time import RANGE
@@ -89,7 +90,7 @@ def _expand_rotary_embedding(g, node: Node) -> list[Node]:
     if len(pos_shape) == 1:  # (the first position; the sequence follows it)
         steps = body.add(RANGE, [body.const(np.int64(0)), body.sizes(shape[-2] if len(shape) == 4 else shape[1]),
                                    body.const(np.int64(1))])
-        positions = body.add(ADD, [body.add(CAST, [positions], to=7), steps])
+        positions = body.add(ADD, [body.add(CAST, [positions], to=DTYPES["int64"].onnx), steps])
     cos, sin = cache_rows(body, cos_cache, positions), cache_rows(body, sin_cache, positions)  # [(batch,) seq, half]
     if len(shape) == 4:  # [batch, heads, seq, head]: the heads axis broadcast
         if len(pos_shape) == 2:
