@@ -32,9 +32,10 @@ def _compare(model, module, feeds: dict, atol=2e-5, what=""):
 
 # ---- GroupQueryAttention ----------------------------------------------------------------------
 
-def _gqa_model(packed: bool, head_size: int, rotary_dim: int | None, **attrs):
+def _gqa_model(packed: bool, head_size: int, rotary_dim: int | None, head_sink: bool = False, **attrs):
     """One GQA node as the builder wires it: seqlens_k and total_sequence_length from an
-    attention mask [batch, total]; past [batch, kv_heads, past, head_size]."""
+    attention mask [batch, total]; past [batch, kv_heads, past, head_size]; head_sink: a
+    logit per head in each softmax's sum (gpt-oss's sinks)."""
     width = (HEADS + 2 * KV_HEADS) * head_size if packed else HEADS * head_size
     f = TensorProto.FLOAT
     inputs = [helper.make_tensor_value_info("query", f, ["batch", "seq", width])]
@@ -53,11 +54,15 @@ def _gqa_model(packed: bool, head_size: int, rotary_dim: int | None, **attrs):
              helper.make_node("Gather", ["mask_shape", "one"], ["total64"], axis=0),
              helper.make_node("Cast", ["total64"], ["total"], to=TensorProto.INT32)]
     inits = [one, axis]
-    caches = []
+    caches = ["", ""]
     if rotary_dim:
         cos, sin = genai_zoo.rotary_caches(64, rotary_dim)
         inits += [helper.make_tensor(n, f, c.shape, c.ravel()) for n, c in (("cos", cos), ("sin", sin))]
         caches = ["cos", "sin"]
+    if head_sink:
+        sinks = np.random.default_rng(5).standard_normal(HEADS).astype(np.float32)
+        inits.append(helper.make_tensor("sink", f, [HEADS], sinks))
+        caches += ["", "", "sink"]
     qkv = ["query", "", ""] if packed else ["query", "key", "value"]
     nodes.append(helper.make_node("GroupQueryAttention", qkv + ["past_k", "past_v", "seqlens_k", "total"] + caches,
                                   ["out", "present_k", "present_v"], domain="com.microsoft", num_heads=HEADS,
@@ -90,6 +95,8 @@ GQA_FORMS = {
     "window": dict(head_size=16, rotary_dim=16, local_window_size=3),
     "softcap": dict(head_size=16, rotary_dim=16, softcap=2.5),
     "scale": dict(head_size=16, rotary_dim=16, scale=0.3),
+    "smooth_softmax": dict(head_size=16, rotary_dim=16, smooth_softmax=1),
+    "head_sink": dict(head_size=16, rotary_dim=16, head_sink=True, local_window_size=4),
 }
 
 
@@ -157,8 +164,8 @@ def test_group_query_attention_needs_a_full_cache(executor):
 
 
 def test_group_query_attention_refuses_what_it_does_not_compute():
-    model = _gqa_model(True, 16, 16, smooth_softmax=1)
-    with pytest.raises(UnsupportedError, match="GroupQueryAttention.*smooth_softmax=1 is not supported"):
+    model = _gqa_model(True, 16, 16, causal=0)
+    with pytest.raises(UnsupportedError, match="GroupQueryAttention.*causal=0 is not supported"):
         build(model, dims=GQA_DIMS, cache=None, progress=False)
     model = _gqa_model(True, 16, 16)
     node = model.graph.node[-1]

@@ -16,7 +16,8 @@ fuses like any other:
     group * seq, head_size], so keys are read once per group, not copied per query head;
   - row r (token s = r mod seq, at position start + s) sees keys 0 .. start + s (only the
     last local_window_size of those, itself included, when a window is set), softcap
-    applied to the scores first.
+    applied to the scores first; a head's sink (head_sink, or 0 under smooth_softmax) is
+    one more logit in its rows' softmax sums.
 
 present is past + seq long, so total_sequence_length must be past + seq: the module checks
 it (a named error before it runs). onnxruntime also runs past and present as one
@@ -40,21 +41,21 @@ from .quantize import CONTRIB
 from .reduce import SOFTMAX
 from .registry import OPAQUE, OpDef, expanded_only, register
 from .rotary import cache_rows, rotate
-from .shape import IDENTITY, RESHAPE, SPLIT, TRANSPOSE, UNSQUEEZE
+from .shape import CONCAT, EXPAND, IDENTITY, RESHAPE, SLICE, SPLIT, TRANSPOSE, UNSQUEEZE
 
 GROUP_QUERY_ATTENTION = CONTRIB + "GroupQueryAttention"
-_QUERY, _KEY, _VALUE, _PAST_KEY, _PAST_VALUE, _SEQLENS_K, _TOTAL, _COS, _SIN = range(9)
-# Inputs after sin_cache, by position: none is read.
-_LATER_INPUTS = ("position_ids", "attention_bias", "head_sink", "k_scale", "v_scale", "q_norm_weight",
-                 "k_norm_weight", "query_seqlens")
+_QUERY, _KEY, _VALUE, _PAST_KEY, _PAST_VALUE, _SEQLENS_K, _TOTAL, _COS, _SIN, _HEAD_SINK = (*range(9), 11)
+# Inputs after sin_cache that Kiln does not read, by position.
+_UNREAD_INPUTS = {9: "position_ids", 10: "attention_bias", 12: "k_scale", 13: "v_scale", 14: "q_norm_weight",
+                  15: "k_norm_weight", 16: "query_seqlens"}
 # Attributes whose other values ask for what Kiln does not compute: (name, the values it accepts).
-_FIXED_ATTRIBUTES = (("causal", (1,)), ("qk_output", (0,)), ("smooth_softmax", (-1, 0)),
+_FIXED_ATTRIBUTES = (("causal", (1,)), ("qk_output", (0,)),
                      ("sliding_window_cache", (0,)), ("kv_cache_bit_width", (0,)),
                      ("k_quant_type", ("NONE",)), ("v_quant_type", ("NONE",)))
 
 
 def _check_supported(node: Node) -> None:
-    for i, name in enumerate(_LATER_INPUTS, start=_SIN + 1):
+    for i, name in _UNREAD_INPUTS.items():
         if input_at(node, i):
             raise UnsupportedError(f"{node.describe()}: input {i} ({name}) is not supported")
     for name, accepted in _FIXED_ATTRIBUTES:
@@ -183,6 +184,17 @@ def _causal_mask(body: NodeBuilder, node: Node, s: _Shapes, starts: str, group: 
     return allowed
 
 
+def _sink_logits(body: NodeBuilder, node: Node, s: _Shapes, group: int, dtype) -> str | None:
+    """[1, kv_heads, group * seq, 1]: the logit each row's softmax also sums over (its head's
+    head_sink; 0 under smooth_softmax without one), or None for a plain softmax."""
+    sink = input_at(node, _HEAD_SINK)
+    if not sink:
+        return body.const(np.zeros((1, 1, 1, 1), dtype)) if int(node.attrs.get("smooth_softmax", -1)) == 1 else None
+    per_head = body.reshaped(sink, [s.kv_heads, group, 1])  # (query head kv * group + g)
+    rows = body.add(EXPAND, [per_head, body.sizes([s.kv_heads, group, s.seq])])
+    return body.reshaped(rows, [1, s.kv_heads, group * s.seq, 1])
+
+
 def _expand(g, node: Node) -> list[Node]:
     _check_supported(node)
     s = _Shapes(g, node)
@@ -237,7 +249,15 @@ def _expand(g, node: Node) -> list[Node]:
     allowed = _causal_mask(body, node, s, starts, group, int(a.get("local_window_size", -1)))
     if allowed is not None:
         scores = body.add(WHERE, [allowed, scores, body.const(dtype.type(-np.inf))])
-    context = body.add(MATMUL, [body.add(SOFTMAX, [scores], axis=-1), values])  # [b, kv_heads, rows, h]
+    sink = _sink_logits(body, node, s, group, dtype)
+    if sink is None:
+        probs = body.add(SOFTMAX, [scores], axis=-1)
+    else:  # (one more logit per row in the softmax's sum, dropped after)
+        column = body.add(EXPAND, [sink, body.sizes([s.batch, s.kv_heads, group * s.seq, 1])])
+        probs = body.add(SOFTMAX, [body.add(CONCAT, [scores, column], axis=-1)], axis=-1)
+        probs = body.add(SLICE, [probs, body.const(np.array([0], np.int64)), body.sizes([s.past + s.seq]),
+                                 body.const(np.array([-1], np.int64))])
+    context = body.add(MATMUL, [probs, values])  # [b, kv_heads, rows, h]
     per_head = body.add(TRANSPOSE, [body.reshaped(context, [0, s.heads, -1, h])], perm=[0, 2, 1, 3])
     body.add(RESHAPE, [per_head, body.const(np.array([0, 0, s.heads * h], np.int64))], node.outputs[0])
     return body.nodes

@@ -136,7 +136,7 @@ def _unsqueeze(g, node, p):
 
 IDENTITY, RESHAPE, CONCAT, TRANSPOSE, SLICE = "Identity", "Reshape", "Concat", "Transpose", "Slice"
 UNSQUEEZE, GATHER, FLATTEN, SQUEEZE = "Unsqueeze", "Gather", "Flatten", "Squeeze"
-SPLIT, PAD = "Split", "Pad"
+SPLIT, PAD, EXPAND = "Split", "Pad", "Expand"
 register(_view_def(RESHAPE, _reshape), _view_def(FLATTEN, _flatten), _view_def(SQUEEZE, _squeeze),
          _view_def(UNSQUEEZE, _unsqueeze), _view_def(IDENTITY, lambda g, node, p: g.types[node.inputs[0]], ELEMWISE))
 
@@ -447,7 +447,7 @@ register(
     OpDef(SPLIT, INJECTIVE, _split,
           lambda a, v, g, node: list(np.split(v[0], np.cumsum(a["sizes"])[:-1], axis=a["axis"])), split_readers),
     OpDef(SLICE, INJECTIVE, _slice, _slice_fold, _slice_reader),
-    OpDef("Expand", INJECTIVE, _expand,
+    OpDef(EXPAND, INJECTIVE, _expand,
           lambda a, v, g, node: [np.broadcast_to(v[0].reshape(g.types[node.inputs[0]].shape),
                                                  g.types[node.outputs[0]].shape)],
           lambda b, node: {node.outputs[0]: bcast_reader(b, node.inputs[0], b.shape(node.outputs[0]))}),
