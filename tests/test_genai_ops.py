@@ -32,10 +32,12 @@ def _compare(model, module, feeds: dict, atol=2e-5, what=""):
 
 # ---- GroupQueryAttention ----------------------------------------------------------------------
 
-def _gqa_model(packed: bool, head_size: int, rotary_dim: int | None, head_sink: bool = False, **attrs):
+def _gqa_model(packed: bool, head_size: int, rotary_dim: int | None, head_sink: bool = False, bias_heads: int = 0,
+               **attrs):
     """One GQA node as the builder wires it: seqlens_k and total_sequence_length from an
     attention mask [batch, total]; past [batch, kv_heads, past, head_size]; head_sink: a
-    logit per head in each softmax's sum (gpt-oss's sinks)."""
+    logit per head in each softmax's sum (gpt-oss's sinks); bias_heads: an attention_bias
+    input [batch, bias_heads, seq, total]."""
     width = (HEADS + 2 * KV_HEADS) * head_size if packed else HEADS * head_size
     f = TensorProto.FLOAT
     inputs = [helper.make_tensor_value_info("query", f, ["batch", "seq", width])]
@@ -59,10 +61,14 @@ def _gqa_model(packed: bool, head_size: int, rotary_dim: int | None, head_sink: 
         cos, sin = genai_zoo.rotary_caches(64, rotary_dim)
         inits += [helper.make_tensor(n, f, c.shape, c.ravel()) for n, c in (("cos", cos), ("sin", sin))]
         caches = ["cos", "sin"]
+    if bias_heads:
+        inputs.append(helper.make_tensor_value_info("attention_bias", f, ["batch", bias_heads, "seq", "total"]))
+    if head_sink or bias_heads:
+        caches += ["", "attention_bias" if bias_heads else ""]
     if head_sink:
         sinks = np.random.default_rng(5).standard_normal(HEADS).astype(np.float32)
         inits.append(helper.make_tensor("sink", f, [HEADS], sinks))
-        caches += ["", "", "sink"]
+        caches.append("sink")
     qkv = ["query", "", ""] if packed else ["query", "key", "value"]
     nodes.append(helper.make_node("GroupQueryAttention", qkv + ["past_k", "past_v", "seqlens_k", "total"] + caches,
                                   ["out", "present_k", "present_v"], domain="com.microsoft", num_heads=HEADS,
@@ -71,7 +77,7 @@ def _gqa_model(packed: bool, head_size: int, rotary_dim: int | None, head_sink: 
     return helper.make_model(helper.make_graph(nodes, "gqa", inputs, outputs, inits), opset_imports=MS_OPSETS)
 
 
-def _gqa_feeds(rng, packed: bool, head_size: int, batch: int, seq: int, past: int) -> dict:
+def _gqa_feeds(rng, packed: bool, head_size: int, batch: int, seq: int, past: int, bias_heads: int = 0) -> dict:
     def normal(*shape):
         return rng.standard_normal(shape).astype(np.float32)
     width = (HEADS + 2 * KV_HEADS) * head_size if packed else HEADS * head_size
@@ -80,6 +86,8 @@ def _gqa_feeds(rng, packed: bool, head_size: int, batch: int, seq: int, past: in
              "attention_mask": np.ones((batch, past + seq), np.int64)}
     if not packed:
         feeds.update(key=normal(batch, seq, KV_HEADS * head_size), value=normal(batch, seq, KV_HEADS * head_size))
+    if bias_heads:
+        feeds["attention_bias"] = normal(batch, bias_heads, seq, past + seq)
     return feeds
 
 
@@ -97,6 +105,8 @@ GQA_FORMS = {
     "scale": dict(head_size=16, rotary_dim=16, scale=0.3),
     "smooth_softmax": dict(head_size=16, rotary_dim=16, smooth_softmax=1),
     "head_sink": dict(head_size=16, rotary_dim=16, head_sink=True, local_window_size=4),
+    "bias_per_head": dict(head_size=16, rotary_dim=16, bias_heads=HEADS),
+    "bias_shared": dict(head_size=16, rotary_dim=16, bias_heads=1, softcap=2.5),
 }
 
 
@@ -111,7 +121,8 @@ def test_group_query_attention(form, packed, executor):
     module = build(model, dims=GQA_DIMS, executor=executor, cache=None, progress=False).load()
     rng = np.random.default_rng(0)
     for batch, seq, past in GQA_CALLS:
-        _compare(model, module, _gqa_feeds(rng, packed, head_size, batch, seq, past), what=f"at {batch, seq, past}")
+        feeds = _gqa_feeds(rng, packed, head_size, batch, seq, past, kw.get("bias_heads", 0))
+        _compare(model, module, feeds, what=f"at {batch, seq, past}")
 
 
 @pytest.mark.parametrize("in_place", [True, False], ids=["cache-in-place", "cache-as-tensors"])
@@ -169,9 +180,9 @@ def test_group_query_attention_refuses_what_it_does_not_compute():
         build(model, dims=GQA_DIMS, cache=None, progress=False)
     model = _gqa_model(True, 16, 16)
     node = model.graph.node[-1]
-    node.input.extend(["", "bias"])
-    model.graph.input.append(helper.make_tensor_value_info("bias", TensorProto.FLOAT, [1, 1, 1, 1]))
-    with pytest.raises(UnsupportedError, match="input 10 \\(attention_bias\\) is not supported"):
+    node.input.extend(["positions"])
+    model.graph.input.append(helper.make_tensor_value_info("positions", TensorProto.INT64, [1, 1]))
+    with pytest.raises(UnsupportedError, match="input 9 \\(position_ids\\) is not supported"):
         build(model, dims=GQA_DIMS, cache=None, progress=False)
 
 

@@ -15,9 +15,9 @@ fuses like any other:
   - each key head's group of query heads is one matrix of rows [batch, kv_heads,
     group * seq, head_size], so keys are read once per group, not copied per query head;
   - row r (token s = r mod seq, at position start + s) sees keys 0 .. start + s (only the
-    last local_window_size of those, itself included, when a window is set), softcap
-    applied to the scores first; a head's sink (head_sink, or 0 under smooth_softmax) is
-    one more logit in its rows' softmax sums.
+    last local_window_size of those, itself included, when a window is set); softcap
+    applies to the scores first, then attention_bias is added; a head's sink (head_sink, or
+    0 under smooth_softmax) is one more logit in its rows' softmax sums.
 
 present is past + seq long, so total_sequence_length must be past + seq: the module checks
 it (a named error before it runs). onnxruntime also runs past and present as one
@@ -44,9 +44,9 @@ from .rotary import cache_rows, rotate
 from .shape import CONCAT, EXPAND, IDENTITY, RESHAPE, SLICE, SPLIT, TRANSPOSE, UNSQUEEZE
 
 GROUP_QUERY_ATTENTION = CONTRIB + "GroupQueryAttention"
-_QUERY, _KEY, _VALUE, _PAST_KEY, _PAST_VALUE, _SEQLENS_K, _TOTAL, _COS, _SIN, _HEAD_SINK = (*range(9), 11)
+_QUERY, _KEY, _VALUE, _PAST_KEY, _PAST_VALUE, _SEQLENS_K, _TOTAL, _COS, _SIN, _BIAS, _HEAD_SINK = (*range(9), 10, 11)
 # Inputs after sin_cache that Kiln does not read, by position.
-_UNREAD_INPUTS = {9: "position_ids", 10: "attention_bias", 12: "k_scale", 13: "v_scale", 14: "q_norm_weight",
+_UNREAD_INPUTS = {9: "position_ids", 12: "k_scale", 13: "v_scale", 14: "q_norm_weight",
                   15: "k_norm_weight", 16: "query_seqlens"}
 # Attributes whose other values ask for what Kiln does not compute: (name, the values it accepts).
 _FIXED_ATTRIBUTES = (("causal", (1,)), ("qk_output", (0,)),
@@ -184,6 +184,23 @@ def _causal_mask(body: NodeBuilder, node: Node, s: _Shapes, starts: str, group: 
     return allowed
 
 
+def _bias_rows(g, body: NodeBuilder, node: Node, s: _Shapes, group: int) -> str:
+    """attention_bias [batch or 1, heads or 1, seq, past + seq] laid out as the scores are,
+    [batch or 1, kv_heads or 1, group * seq, past + seq]: a query head's rows are its kv
+    head's group's, in order, so per-head biases reshape in place and one shared by every
+    head repeats over the group."""
+    bias = node.inputs[_BIAS]
+    shape = g.types[bias].shape
+    if len(shape) != 4 or shape[1] not in (1, s.heads):
+        raise ShapeError(f"{node.describe()}: attention_bias {g.types[bias]} must be [batch or 1, {s.heads} or 1, seq, "
+                         "past + seq]")
+    if shape[1] == s.heads:
+        return body.reshaped(bias, [0, s.kv_heads, group * s.seq, shape[3]])
+    repeated = body.add(EXPAND, [body.add(UNSQUEEZE, [bias, body.const(np.array([2], np.int64))]),
+                                 body.sizes([shape[0], 1, group, s.seq, shape[3]])])
+    return body.reshaped(repeated, [0, 1, group * s.seq, shape[3]])
+
+
 def _sink_logits(body: NodeBuilder, node: Node, s: _Shapes, group: int, dtype) -> str | None:
     """[1, kv_heads, group * seq, 1]: the logit each row's softmax also sums over (its head's
     head_sink; 0 under smooth_softmax without one), or None for a plain softmax."""
@@ -246,6 +263,8 @@ def _expand(g, node: Node) -> list[Node]:
     if softcap > 0:
         scores = body.add(MUL, [body.add(TANH, [body.add(MUL, [scores, body.const(dtype.type(1 / softcap))])]),
                                 body.const(dtype.type(softcap))])
+    if input_at(node, _BIAS):  # (after the softcap, as onnxruntime adds it)
+        scores = body.add(ADD, [scores, _bias_rows(g, body, node, s, group)])
     allowed = _causal_mask(body, node, s, starts, group, int(a.get("local_window_size", -1)))
     if allowed is not None:
         scores = body.add(WHERE, [allowed, scores, body.const(dtype.type(-np.inf))])
