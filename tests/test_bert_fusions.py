@@ -169,3 +169,60 @@ def test_int32_ids_gathered_into_a_layer_norm(executor):
                    [_weight(rng, "table", 50, 16), _weight(rng, "gamma", 16)])
     feeds = [{"ids": np.array([[1, 2, 3, -1, 49]] * n, np.int32)} for n in (1, 2)]
     _compare(model, feeds, {"batch": (1, 2)}, executor)
+
+
+def _mha_model(rng, kind):
+    """com.microsoft.MultiHeadAttention as the optimizer fuses it: self attention with the
+    projections' bias and a raw padding mask, cross attention (keys of another length, a V
+    of another width, lengths as the mask), a causal decoder step with a past and presents,
+    and self attention with an attention_bias."""
+    d, heads, v_size = 32, 4, 48 if kind == "cross" else 32
+    inputs = [helper.make_tensor_value_info("q", F, ["batch", "seq", d])]
+    kv_len = "kv" if kind == "cross" else "seq"
+    inputs += [helper.make_tensor_value_info("k", F, ["batch", kv_len, d]),
+               helper.make_tensor_value_info("v", F, ["batch", kv_len, v_size])]
+    node_inputs, inits, outputs, attrs = ["q", "k", "v", "", "", "", "", ""], [], ["y"], {}
+    if kind in ("self", "cross"):
+        inits.append(_weight(rng, "bias", 2 * d + v_size))
+        node_inputs[3] = "bias"
+    if kind == "self":
+        inputs.append(helper.make_tensor_value_info("mask", TensorProto.INT32, ["batch", "seq"]))
+        node_inputs[4] = "mask"
+    if kind == "cross":
+        inputs.append(helper.make_tensor_value_info("mask", TensorProto.INT32, ["batch"]))
+        node_inputs[4] = "mask"
+    if kind == "bias":
+        inputs.append(helper.make_tensor_value_info("attention_bias", F, [1, heads, "seq", "seq"]))
+        node_inputs[5] = "attention_bias"
+    if kind == "past":
+        inputs += [helper.make_tensor_value_info(n, F, ["batch", heads, "past", d // heads])
+                   for n in ("past_k", "past_v")]
+        node_inputs[6:8] = ["past_k", "past_v"]
+        outputs += ["present_k", "present_v"]
+        attrs["unidirectional"] = 1
+    node = helper.make_node("MultiHeadAttention", node_inputs, outputs, domain="com.microsoft", num_heads=heads,
+                            **attrs)
+    return _model([node], inputs, outputs, inits)
+
+
+@pytest.mark.parametrize("kind", ["self", "cross", "past", "bias"])
+def test_multi_head_attention(kind, executor):
+    rng = np.random.default_rng(6)
+    model = _mha_model(rng, kind)
+    feeds = []
+    for batch, seq, kv, past in ((1, 6, 9, 0), (3, 4, 2, 5), (2, 1, 7, 11)):
+        f = {"q": rng.standard_normal((batch, seq, 32)).astype(np.float32)}
+        keys = kv if kind == "cross" else seq
+        f["k"] = rng.standard_normal((batch, keys, 32)).astype(np.float32)
+        f["v"] = rng.standard_normal((batch, keys, 48 if kind == "cross" else 32)).astype(np.float32)
+        if kind == "self":
+            f["mask"] = (np.arange(seq)[None] < np.maximum(seq - np.arange(batch), 1)[:, None]).astype(np.int32)
+        if kind == "cross":
+            f["mask"] = np.maximum(kv - np.arange(batch), 1).astype(np.int32)
+        if kind == "bias":
+            f["attention_bias"] = rng.standard_normal((1, 4, seq, seq)).astype(np.float32)
+        if kind == "past":
+            f.update(past_k=rng.standard_normal((batch, 4, past, 8)).astype(np.float32),
+                     past_v=rng.standard_normal((batch, 4, past, 8)).astype(np.float32))
+        feeds.append(f)
+    _compare(model, feeds, {"batch": (1, 3), "seq": (1, 8), "kv": (1, 10), "past": (0, 12)}, executor)

@@ -1,7 +1,7 @@
 """The fused ops onnxruntime's transformer optimizer writes into BERT-style encoders (what
 `onnxruntime.transformers.optimizer` and HF optimum's ORTOptimizer save as an optimized
-model): com.microsoft.EmbedLayerNormalization, Attention, Gelu, BiasGelu, FastGelu and
-QuickGelu (SkipLayerNormalization: ir/ops/skip_norms.py). Each is built from ONNX's ops,
+model): com.microsoft.EmbedLayerNormalization, Attention, MultiHeadAttention, Gelu,
+BiasGelu, FastGelu and QuickGelu (SkipLayerNormalization: ir/ops/skip_norms.py). Each is built from ONNX's ops,
 so the encoder compiles as the unfused export does: the QKV projection one GEMM against
 its weight, attention MatMul -> Softmax -> MatMul, activations in their GEMM's epilogue.
 """
@@ -20,9 +20,10 @@ from .node_builder import NodeBuilder, input_at, output_at
 from .quantize import CONTRIB
 from .reduce import LAYER_NORMALIZATION, REDUCE_SUM, SOFTMAX
 from .registry import OPAQUE, OpDef, expanded_only, register
-from .shape import GATHER, IDENTITY, RESHAPE, SLICE, SPLIT, TRANSPOSE, UNSQUEEZE
+from .shape import CONCAT, GATHER, IDENTITY, RESHAPE, SLICE, SPLIT, TRANSPOSE, UNSQUEEZE
 
 ATTENTION, EMBED_LAYER_NORMALIZATION = CONTRIB + ONNX_ATTENTION, CONTRIB + "EmbedLayerNormalization"
+MULTI_HEAD_ATTENTION = CONTRIB + "MultiHeadAttention"
 INT32, INT64, BOOL = (DTYPES[t].onnx for t in ("int32", "int64", "bool"))  # (Cast's `to` codes)
 
 
@@ -98,13 +99,16 @@ def _hidden_sizes(g, node: Node) -> tuple[int, int, int]:
     return tuple(sizes)
 
 
-def _allowed_keys(body: NodeBuilder, node: Node, mask: str, batch, seq, unidirectional: bool) -> str | None:
-    """bool, broadcast against the scores [batch, heads, seq, keys]: may a query see a key?
-    From mask_index as onnxruntime reads its shapes: [batch] (each row's length, right
-    padding), [2 * batch] (ends, then starts: left padding), [batch, keys] or [batch, seq,
-    keys] (1 keeps, 0 masks); and causal where unidirectional."""
+def _allowed_keys(body: NodeBuilder, node: Node, mask: str, batch, seq, unidirectional: bool, total=None,
+                  past=0) -> str | None:
+    """bool, broadcast against the scores [batch, heads, seq, total] (total keys, past of
+    them cached; total is seq without): may a query see a key? From the mask as onnxruntime
+    reads its shapes: [batch] (each row's length, right padding), [2 * batch] (ends, then
+    starts: left padding), [batch, total] or [batch, seq, total] (1 keeps, 0 masks); and
+    causal where unidirectional (query i sees keys up to past + i)."""
     g = body.g
-    keys = body.add(RANGE, [body.const(np.int64(0)), body.sizes(seq), body.const(np.int64(1))])  # [keys]
+    total = seq if total is None else total
+    keys = body.add(RANGE, [body.const(np.int64(0)), body.sizes(total), body.const(np.int64(1))])  # [total]
     allowed = None
     if mask:
         shape = g.types[mask].shape
@@ -131,8 +135,8 @@ def _allowed_keys(body: NodeBuilder, node: Node, mask: str, batch, seq, unidirec
         else:
             raise UnsupportedError(f"{node.describe()}: mask_index {g.types[mask]} (4-D, Megatron's) is not supported")
     if unidirectional:
-        rows = body.add(UNSQUEEZE, [keys, body.const(np.array([-1], np.int64))])
-        causal = body.add(LESS_OR_EQUAL, [keys, rows])  # [seq, keys]
+        last = body.add(RANGE, [body.sizes(past), body.sizes(past + seq), body.const(np.int64(1))])
+        causal = body.add(LESS_OR_EQUAL, [keys, body.add(UNSQUEEZE, [last, body.const(np.array([-1], np.int64))])])
         allowed = causal if allowed is None else body.add(AND, [allowed, causal])
     return allowed
 
@@ -169,12 +173,72 @@ def _expand_attention(g, node: Node) -> list[Node]:
     q = body.add(MUL, [heads_first(q, q_size), body.const(dtype.type(scale))])
     scores = body.add(MATMUL, [q, body.add(TRANSPOSE, [heads_first(k, q_size)], perm=[0, 1, 3, 2])])
     allowed = _allowed_keys(body, node, input_at(node, 3), batch, seq, bool(node.attrs.get("unidirectional", 0)))
+    _attend(body, node, scores, allowed, heads_first(v, v_size), v_size, dtype)
+    return body.nodes
+
+
+def _attend(body: NodeBuilder, node: Node, scores: str, allowed: str | None, values: str, v_size: int, dtype) -> None:
+    """The node's output: softmax over the scores, mask_filter_value added where a key is
+    not allowed, times the values [batch, heads, keys, v_size / heads], heads merged."""
     if allowed is not None:
         masked = body.const(dtype.type(node.attrs.get("mask_filter_value", -10000.0)))
         scores = body.add(ADD, [scores, body.add(WHERE, [allowed, body.const(dtype.type(0)), masked])])
-    context = body.add(MATMUL, [body.add(SOFTMAX, [scores], axis=-1), heads_first(v, v_size)])
+    context = body.add(MATMUL, [body.add(SOFTMAX, [scores], axis=-1), values])
     merged = body.add(TRANSPOSE, [context], perm=[0, 2, 1, 3])
     body.add(RESHAPE, [merged, body.const(np.array([0, 0, v_size], np.int64))], node.outputs[0])
+
+
+def _expand_multi_head_attention(g, node: Node) -> list[Node]:
+    """com.microsoft.MultiHeadAttention with query [batch, seq, d], key and value [batch,
+    keys, d or d_v] (self or cross attention): the projections' bias added, heads split,
+    scores scaled, attention_bias added, key_padding_mask and unidirectional masked as
+    Attention's, and a past [batch, heads, past, head] extended by this call's keys and
+    values (present = Concat(past, new), kept in place like any KV cache)."""
+    for i, name in ((8, "past_sequence_length"), (9, "cache_indirection")):
+        if input_at(node, i):
+            raise UnsupportedError(f"{node.describe()}: input {i} ({name}) is not supported")
+    if output_at(node, 3):
+        raise UnsupportedError(f"{node.describe()}: output 3 (qk) is not supported")
+    query, key, value, bias, mask, attention_bias, past_key, past_value = (input_at(node, i) for i in range(8))
+    heads = int(node.attrs["num_heads"])
+    q = g.types[query]
+    if not (key and value) or len(q.shape) != 3 or len(g.types[key].shape) != 3 or \
+            len(g.types[value].shape) != 3:
+        raise UnsupportedError(f"{node.describe()}: only query, key and value of [batch, seq, hidden] are supported "
+                               "(not the packed or BNSH forms)")
+    if bool(past_key) != bool(past_value):
+        raise ShapeError(f"{node.describe()}: past_key and past_value come together")
+    d, v_size = q.shape[2], g.types[value].shape[2]
+    if is_symbolic(d) or is_symbolic(v_size) or d % heads or v_size % heads or g.types[key].shape[2] != d:
+        raise ShapeError(f"{node.describe()}: query {q}, key {g.types[key]} and value {g.types[value]} do not split "
+                         f"into {heads} heads")
+    body, dtype = NodeBuilder(g, node), numpy_dtype(q.dtype)
+    kv_len = g.types[key].shape[1]
+    if bias:
+        qb, kb, vb = body.add_many(SPLIT, [bias, body.const(np.array([d, d, v_size], np.int64))], ["", "", ""],
+                                   axis=0)
+        query, key, value = (body.add(ADD, [t, b]) for t, b in ((query, qb), (key, kb), (value, vb)))
+
+    def heads_first(t: str, size: int) -> str:
+        return body.add(TRANSPOSE, [body.reshaped(t, [0, 0, heads, size // heads])], perm=[0, 2, 1, 3])
+    keys, values = heads_first(key, d), heads_first(value, v_size)
+    past = 0
+    if past_key:
+        past = g.types[past_key].shape[2]
+        keys = body.add(CONCAT, [past_key, keys], output_at(node, 1), axis=2)
+        values = body.add(CONCAT, [past_value, values], output_at(node, 2), axis=2)
+    elif output_at(node, 1) or output_at(node, 2):
+        keys = body.add(IDENTITY, [keys], output_at(node, 1)) if output_at(node, 1) else keys
+        values = body.add(IDENTITY, [values], output_at(node, 2)) if output_at(node, 2) else values
+    scale = float(node.attrs.get("scale", 0.0)) or 1.0 / float(np.sqrt(d // heads))
+    rows = body.add(MUL, [heads_first(query, d), body.const(dtype.type(scale))])
+    scores = body.add(MATMUL, [rows, body.add(TRANSPOSE, [keys], perm=[0, 1, 3, 2])])
+    if attention_bias:
+        scores = body.add(ADD, [scores, attention_bias])
+    total = past + kv_len
+    allowed = _allowed_keys(body, node, mask, q.shape[0], q.shape[1], bool(node.attrs.get("unidirectional", 0)),
+                            total, past)
+    _attend(body, node, scores, allowed, values, v_size, dtype)
     return body.nodes
 
 
@@ -185,4 +249,5 @@ register(
     OpDef(CONTRIB + "QuickGelu", OPAQUE, expanded_only, expand=_expand_quick_gelu),
     OpDef(EMBED_LAYER_NORMALIZATION, OPAQUE, expanded_only, expand=_expand_embed_layer_normalization),
     OpDef(ATTENTION, OPAQUE, expanded_only, expand=_expand_attention),
+    OpDef(MULTI_HEAD_ATTENTION, OPAQUE, expanded_only, expand=_expand_multi_head_attention),
 )
