@@ -1,9 +1,10 @@
 """The fused ops onnxruntime's transformer optimizer writes into BERT-style encoders (what
 `onnxruntime.transformers.optimizer` and HF optimum's ORTOptimizer save as an optimized
 model): com.microsoft.EmbedLayerNormalization, Attention, MultiHeadAttention, Gelu,
-BiasGelu, FastGelu and QuickGelu (SkipLayerNormalization: ir/ops/skip_norms.py). Each is built from ONNX's ops,
-so the encoder compiles as the unfused export does: the QKV projection one GEMM against
-its weight, attention MatMul -> Softmax -> MatMul, activations in their GEMM's epilogue.
+BiasGelu, FastGelu and QuickGelu (SkipLayerNormalization: ir/ops/skip_norms.py). Each is
+built from ONNX's ops, so the encoder compiles as the unfused export does: the QKV
+projection one GEMM against its weight, attention MatMul -> Softmax -> MatMul, activations
+in their GEMM's epilogue.
 """
 from __future__ import annotations
 
