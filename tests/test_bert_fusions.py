@@ -226,3 +226,8 @@ def test_multi_head_attention(kind, executor):
                      past_v=rng.standard_normal((batch, 4, past, 8)).astype(np.float32))
         feeds.append(f)
     _compare(model, feeds, {"batch": (1, 3), "seq": (1, 8), "kv": (1, 10), "past": (0, 12)}, executor)
+    if kind == "past":  # (its present is Concat(past, new): kept in place like any KV cache)
+        result = build(model, dims={"batch": (1, 3), "seq": (1, 8), "past": (0, 12)}, executor=executor, cache=None,
+                       progress=False)
+        assert [(c["past"], c["present"]) for c in result.load().manifest.caches] == \
+            [("past_k", "present_k"), ("past_v", "present_v")]
