@@ -2,7 +2,11 @@
 deployed module's loader has it without the compiler."""
 from ..artifacts.errors import KilnError
 
-__all__ = ["KilnError", "InternalError"]
+__all__ = ["KilnError", "InternalError", "ShapeError"]
+
+
+class ShapeError(KilnError):
+    """Shapes that do not fit: a wrong --shape, incompatible operands (the message names the node)."""
 
 
 class InternalError(KilnError):

@@ -12,6 +12,7 @@ import numpy as np
 
 from .deferred import DeferredArray
 from .dtypes import DTYPES, kiln_name
+from . import errors
 from .errors import KilnError
 from .symbolic import Dim, greatest, product, shape_is_static
 
@@ -20,8 +21,7 @@ class UnsupportedError(KilnError):
     """Kiln does not implement this op, attribute, dtype or opset (the message names it)."""
 
 
-class ShapeError(KilnError):
-    """Shapes that do not fit: a wrong --shape, incompatible operands (the message names the node)."""
+ShapeError = errors.ShapeError  # (defined with the errors, so ir/symbolic.py raises it too)
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,8 @@ import contextvars
 import math
 from dataclasses import dataclass
 
+from .errors import ShapeError
+
 
 class SymbolError(ValueError):
     """A symbol or dim used where it cannot be (the message says which)."""
@@ -398,12 +400,14 @@ def collecting_checks(into: list):
 
 
 def require_equal(a, b, where: str, unless: tuple | None = None):
-    """a and b (sizes, one at least symbolic) must be equal: an equality the module checks
+    """a and b (sizes) must be equal: where one is symbolic, an equality the module checks
     before it runs (`collecting_checks`), unless the bool input unless[0] has the value
-    unless[1]; returns the size to go on with. Outside type inference a TypeError (not
-    supported there)."""
+    unless[1]; two numbers that differ are a ShapeError now. Returns the size to go on with.
+    Outside type inference a TypeError (not supported there)."""
     if a == b:
         return a
+    if not (is_symbolic(a) or is_symbolic(b)):
+        raise ShapeError(f"{where}: {a} and {b} differ")
     checks = _CHECKS.get()
     if checks is None:
         raise TypeError(f"{a} and {b} must agree at run time")

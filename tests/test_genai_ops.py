@@ -352,3 +352,14 @@ def test_phi3_long_rope_caches_picked_by_the_bounds(executor):
     with pytest.raises(KilnError, match="If.*float32\\[96x8\\] in the then branch.*bounds on one side of it"):
         build(model, dims={**dims, "total_sequence_length": (1, 80), "past_sequence_length": (0, 64)},
               executor=executor, cache=None, progress=False)
+
+
+def test_group_query_attention_names_sizes_that_differ():
+    """Sizes the op needs equal that the model fixes apart (a key of another batch) are a
+    build error naming them, not a check every call would fail."""
+    model = _gqa_model(False, 16, 16)
+    for vi in model.graph.input:
+        if vi.name in ("query", "key"):
+            vi.type.tensor_type.shape.dim[0].dim_value = 1 if vi.name == "query" else 2
+    with pytest.raises(KilnError, match="GroupQueryAttention.*the batch of query and input 1: 2 and 1 differ"):
+        build(model, dims=GQA_DIMS, cache=None, progress=False)

@@ -49,7 +49,8 @@ def _rows_from_starts(b: KernelBuilder, node: Node, out: str, in_place: bool) ->
     shape, new_rows, past_rows = b.shape(present), b.shape(new)[axis], b.shape(past)[axis]
     lead, trail = list(shape[:axis]), list(shape[axis + 1:])
     storage = b.storage(present)
-    value, old, t = b.reader(new), b.reader(past), b.compute(present)
+    value, t = b.reader(new), b.compute(present)
+    old = None if in_place else b.reader(past)  # (in place, the past is where it belongs: not read)
     start_of = b.reader(starts)  # (computed inline where its ops fused into this kernel)
 
     def rows(idx):  # (a start outside [0, past] is clamped: no write lands outside the present)

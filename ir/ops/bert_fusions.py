@@ -70,7 +70,7 @@ def _expand_embed_layer_normalization(g, node: Node) -> list[Node]:
     body = NodeBuilder(g, node)
     seq = g.types[ids].shape[1]
     if not position_ids:
-        position_ids = body.add(RANGE, [body.const(np.int64(0)), body.sizes(seq), body.const(np.int64(1))])
+        position_ids = body.arange(seq)
     total = body.add(ADD, [body.add(GATHER, [words, ids], axis=0), body.add(GATHER, [positions_table, position_ids],
                                                                               axis=0)])
     if segment_ids:
@@ -109,7 +109,7 @@ def _allowed_keys(body: NodeBuilder, node: Node, mask: str, batch, seq, unidirec
     causal where unidirectional (query i sees keys up to past + i)."""
     g = body.g
     total = seq if total is None else total
-    keys = body.add(RANGE, [body.const(np.int64(0)), body.sizes(total), body.const(np.int64(1))])  # [total]
+    keys = body.arange(total)
     allowed = None
     if mask:
         shape = g.types[mask].shape
@@ -167,14 +167,12 @@ def _expand_attention(g, node: Node) -> list[Node]:
         qkv = body.add(ADD, [qkv, node.inputs[2]])
     q, k, v = body.add_many(SPLIT, [qkv, body.const(np.array([q_size, q_size, v_size], np.int64))], ["", "", ""],
                             axis=2)
-
-    def heads_first(t: str, size: int) -> str:
-        return body.add(TRANSPOSE, [body.reshaped(t, [0, 0, heads, size // heads])], perm=[0, 2, 1, 3])
     scale = float(node.attrs.get("scale", 0.0)) or 1.0 / float(np.sqrt(q_size // heads))
-    q = body.add(MUL, [heads_first(q, q_size), body.const(dtype.type(scale))])
-    scores = body.add(MATMUL, [q, body.add(TRANSPOSE, [heads_first(k, q_size)], perm=[0, 1, 3, 2])])
+    q = body.add(MUL, [body.heads_first(q, heads, q_size // heads), body.const(dtype.type(scale))])
+    k = body.heads_first(k, heads, q_size // heads)
+    scores = body.add(MATMUL, [q, body.add(TRANSPOSE, [k], perm=[0, 1, 3, 2])])
     allowed = _allowed_keys(body, node, input_at(node, 3), batch, seq, bool(node.attrs.get("unidirectional", 0)))
-    _attend(body, node, scores, allowed, heads_first(v, v_size), v_size, dtype)
+    _attend(body, node, scores, allowed, body.heads_first(v, heads, v_size // heads), v_size, dtype)
     return body.nodes
 
 
@@ -219,10 +217,7 @@ def _expand_multi_head_attention(g, node: Node) -> list[Node]:
         qb, kb, vb = body.add_many(SPLIT, [bias, body.const(np.array([d, d, v_size], np.int64))], ["", "", ""],
                                    axis=0)
         query, key, value = (body.add(ADD, [t, b]) for t, b in ((query, qb), (key, kb), (value, vb)))
-
-    def heads_first(t: str, size: int) -> str:
-        return body.add(TRANSPOSE, [body.reshaped(t, [0, 0, heads, size // heads])], perm=[0, 2, 1, 3])
-    keys, values = heads_first(key, d), heads_first(value, v_size)
+    keys, values = body.heads_first(key, heads, d // heads), body.heads_first(value, heads, v_size // heads)
     past = 0
     if past_key:
         past = g.types[past_key].shape[2]
@@ -232,7 +227,7 @@ def _expand_multi_head_attention(g, node: Node) -> list[Node]:
         keys = body.add(IDENTITY, [keys], output_at(node, 1)) if output_at(node, 1) else keys
         values = body.add(IDENTITY, [values], output_at(node, 2)) if output_at(node, 2) else values
     scale = float(node.attrs.get("scale", 0.0)) or 1.0 / float(np.sqrt(d // heads))
-    rows = body.add(MUL, [heads_first(query, d), body.const(dtype.type(scale))])
+    rows = body.add(MUL, [body.heads_first(query, heads, d // heads), body.const(dtype.type(scale))])
     scores = body.add(MATMUL, [rows, body.add(TRANSPOSE, [keys], perm=[0, 1, 3, 2])])
     if attention_bias:
         scores = body.add(ADD, [scores, attention_bias])

@@ -31,7 +31,6 @@ import numpy as np
 from ..dtypes import DTYPES, numpy_dtype
 from ..graph import Node, ShapeError, UnsupportedError
 from ..symbolic import greatest, is_symbolic, require_equal
-from .compile_time import RANGE
 from .conv_gemm import MATMUL
 from .elementwise import (ADD, AND, CAST, EQUAL, GREATER_OR_EQUAL, LESS_OR_EQUAL, MAX, MIN, MOD, MUL, SUB, TANH,
                           WHERE)
@@ -79,13 +78,6 @@ def _known_size(g, name: str):
     return v if is_symbolic(v) else int(v)
 
 
-def _same(a, b, what: str):
-    """Sizes the op needs equal: a build error where both are known, else a run-time check."""
-    if not (is_symbolic(a) or is_symbolic(b)) and a != b:
-        raise ShapeError(f"{what}: {a} and {b} differ")
-    require_equal(a, b, what)
-
-
 class _Shapes:
     """The sizes the node's inputs give: batch, seq, heads, kv_heads, head_size, past."""
 
@@ -110,8 +102,8 @@ class _Shapes:
                 t = g.types[node.inputs[i]] if input_at(node, i) else None
                 if t is None or len(t.shape) != 3 or t.shape[2] != kv[2]:
                     raise ShapeError(f"{node.describe()}: {['key', 'value'][i - 1]} {t} must be [batch, seq, {kv[2]}]")
-                _same(t.shape[0], self.batch, f"{node.describe()}: the batch of query and input {i}")
-                _same(t.shape[1], self.seq, f"{node.describe()}: the sequence of query and input {i}")
+                require_equal(t.shape[0], self.batch, f"{node.describe()}: the batch of query and input {i}")
+                require_equal(t.shape[1], self.seq, f"{node.describe()}: the sequence of query and input {i}")
         self.past = 0
         if bool(input_at(node, _PAST_KEY)) != bool(input_at(node, _PAST_VALUE)):
             raise ShapeError(f"{node.describe()}: past_key and past_value come together")
@@ -121,10 +113,10 @@ class _Shapes:
                 if len(t.shape) != 4 or t.shape[1] != self.kv_heads or t.shape[3] != self.head_size:
                     raise ShapeError(f"{node.describe()}: input {i} {t} must be [batch, {self.kv_heads}, past, "
                                      f"{self.head_size}]")
-                _same(t.shape[0], self.batch, f"{node.describe()}: the batch of query and input {i}")
+                require_equal(t.shape[0], self.batch, f"{node.describe()}: the batch of query and input {i}")
             self.past = g.types[node.inputs[_PAST_KEY]].shape[2]
-            _same(g.types[node.inputs[_PAST_VALUE]].shape[2], self.past,
-                  f"{node.describe()}: the lengths of past_key and past_value")
+            require_equal(g.types[node.inputs[_PAST_VALUE]].shape[2], self.past,
+                          f"{node.describe()}: the lengths of past_key and past_value")
 
 
 def _check_total(g, node: Node, s: _Shapes) -> None:
@@ -135,8 +127,8 @@ def _check_total(g, node: Node, s: _Shapes) -> None:
         raise UnsupportedError(f"{node.describe()}: total_sequence_length '{node.inputs[_TOTAL]}' must be a size the "
                                "build can compute (a constant, or from the shapes of the inputs, as onnxruntime-genai "
                                "computes it from attention_mask)")
-    _same(total, s.past + s.seq, f"{node.describe()}: total_sequence_length and past + seq (the present's "
-                                 "length)")
+    require_equal(total, s.past + s.seq, f"{node.describe()}: total_sequence_length and past + seq (the "
+                                         "present's length)")
 
 
 def _starts(body: NodeBuilder, node: Node, s: _Shapes) -> str:
@@ -157,7 +149,7 @@ def _starts(body: NodeBuilder, node: Node, s: _Shapes) -> str:
 def _positions(body: NodeBuilder, node: Node, s: _Shapes, starts: str) -> str:
     """int64 [batch, seq] (or [seq] without a past): each token's position, start + s, as
     onnxruntime's CPU kernel places them (padding tokens too)."""
-    steps = body.add(RANGE, [body.const(np.int64(0)), body.sizes(s.seq), body.const(np.int64(1))])
+    steps = body.arange(s.seq)
     if not input_at(node, _PAST_KEY) or s.past == 0:
         return steps
     return body.add(ADD, [body.add(UNSQUEEZE, [starts, body.const(np.array([-1], np.int64))]), steps])
@@ -169,14 +161,12 @@ def _causal_mask(body: NodeBuilder, node: Node, s: _Shapes, starts: str, group: 
     has_past = input_at(node, _PAST_KEY) and s.past != 0
     if s.seq == 1 and window <= 0 and not has_past:
         return None
-    def rng(limit):
-        return body.add(RANGE, [body.const(np.int64(0)), body.sizes(limit), body.const(np.int64(1))])
-    token = body.add(UNSQUEEZE, [body.add(MOD, [rng(group * s.seq), body.sizes(s.seq)]),
+    token = body.add(UNSQUEEZE, [body.add(MOD, [body.arange(group * s.seq), body.sizes(s.seq)]),
                                  body.const(np.array([-1], np.int64))])
     if has_past:
         starts = body.add(RESHAPE, [starts, body.const(np.array([-1, 1, 1, 1], np.int64))])
     last = body.add(ADD, [token, starts])
-    keys = rng(s.past + s.seq)
+    keys = body.arange(s.past + s.seq)
     allowed = body.add(LESS_OR_EQUAL, [keys, last])
     if window > 0:
         first = body.add(SUB, [last, body.const(np.int64(window - 1))])
@@ -226,9 +216,7 @@ def _expand(g, node: Node) -> list[Node]:
     else:
         q, k, v = node.inputs[_QUERY], node.inputs[_KEY], node.inputs[_VALUE]
 
-    def heads_first(x: str, n: int) -> str:  # [batch, seq, n * h] -> [batch, n, seq, h]
-        return body.add(TRANSPOSE, [body.reshaped(x, [0, 0, n, h])], perm=[0, 2, 1, 3])
-    q, k, v = heads_first(q, s.heads), heads_first(k, s.kv_heads), heads_first(v, s.kv_heads)
+    q, k, v = (body.heads_first(x, n, h) for x, n in ((q, s.heads), (k, s.kv_heads), (v, s.kv_heads)))
     starts = _starts(body, node, s)
 
     if int(a.get("do_rotary", 0)):

@@ -6,8 +6,8 @@ import numpy as np
 
 from ..graph import Node
 from ..symbolic import is_symbolic
-from .compile_time import symbolic_value_node
-from .shape import RESHAPE
+from .compile_time import RANGE, symbolic_value_node
+from .shape import RESHAPE, TRANSPOSE
 
 
 def input_at(node: Node, index: int) -> str:
@@ -52,3 +52,11 @@ class NodeBuilder:
 
     def reshaped(self, name: str, shape: list) -> str:
         return self.add(RESHAPE, [name, self.sizes(shape)])
+
+    def arange(self, limit) -> str:
+        """int64 [limit]: 0, 1, ..., limit - 1 (limit may be symbolic)."""
+        return self.add(RANGE, [self.const(np.int64(0)), self.sizes(limit), self.const(np.int64(1))])
+
+    def heads_first(self, x: str, heads: int, head_size: int) -> str:
+        """[batch, seq, heads * head_size] -> [batch, heads, seq, head_size]: attention's heads."""
+        return self.add(TRANSPOSE, [self.reshaped(x, [0, 0, heads, head_size])], perm=[0, 2, 1, 3])

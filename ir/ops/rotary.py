@@ -14,7 +14,6 @@ import numpy as np
 from ..dtypes import DTYPES
 from ..graph import Node, ShapeError, UnsupportedError
 from ..symbolic import is_symbolic
-from .compile_time import RANGE
 from .elementwise import ADD, CAST, MUL, SUB
 from .functions import ROTARY_EMBEDDING as ONNX_ROTARY_EMBEDDING
 from .node_builder import NodeBuilder
@@ -88,8 +87,7 @@ def _expand_rotary_embedding(g, node: Node) -> list[Node]:
     body = NodeBuilder(g, node)
     pos_shape = g.types[positions].shape
     if len(pos_shape) == 1:  # (the first position; the sequence follows it)
-        steps = body.add(RANGE, [body.const(np.int64(0)), body.sizes(shape[-2] if len(shape) == 4 else shape[1]),
-                                   body.const(np.int64(1))])
+        steps = body.arange(shape[-2] if len(shape) == 4 else shape[1])
         positions = body.add(ADD, [body.add(CAST, [positions], to=DTYPES["int64"].onnx), steps])
     cos, sin = cache_rows(body, cos_cache, positions), cache_rows(body, sin_cache, positions)  # [(batch,) seq, half]
     if len(shape) == 4:  # [batch, heads, seq, head]: the heads axis broadcast
