@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import math
 
-from .manifest import ENTRY_ABI_VERSION, Manifest, dim_c, dim_text, dim_value
+from .manifest import ENTRY_ABI_VERSION, Manifest, dim_c, dim_text, dim_value, is_counted
 
 HEADER = "kiln_model.h"
 # (int4, uint4, int2, uint2 and the 8- and 4-bit floats: one to a byte, a 4-bit value in its low bits)
@@ -44,12 +44,19 @@ def _bytes_c(spec: dict, symbols: list, derived: list) -> str:
                                   + [str(_ITEMSIZE[spec["dtype"]])]) + ")"
 
 
+def _counts(m: Manifest) -> bool:
+    return any(is_counted(d) for d in m.derived)
+
+
 def _symbols(m: Manifest) -> list[str]:
     """A symbolic model's symbols, and the byte counts of its inputs and outputs at run time."""
     names = [s["name"] for s in m.symbols]
     lines = ["/* Symbolic dims: kiln_run_dims takes each symbol's value, in this order, in dims[]; a",
              " * shape entry -1 - k is symbol k, KILN_DIM_EXPR a polynomial of them (see kiln_*_bytes_at). */",
-             f"#define KILN_NUM_SYMBOLS {len(names)}", "#define KILN_DIM_EXPR (-1000000LL)",
+             f"#define KILN_NUM_SYMBOLS {len(m.symbols)}", "#define KILN_DIM_EXPR (-1000000LL)",
+             *([f"#define KILN_NUM_DIMS {len(names) + len(m.derived)}",
+                _array("char* const", "kiln_derived_names", [json.dumps(d["name"]) for d in m.derived])]
+               if _counts(m) else []),
              _array("char* const", "kiln_symbol_names", [json.dumps(n) for n in names]),
              _array("long long", "kiln_symbol_least", [str(s["least"]) for s in m.symbols]),
              _array("long long", "kiln_symbol_greatest", [str(s["greatest"]) for s in m.symbols])]
@@ -59,6 +66,13 @@ def _symbols(m: Manifest) -> list[str]:
                   "  (void)dims;", "  switch (i) {"]
         lines += [f"    case {i}: return {_bytes_c(s, names, m.derived)};  /* {s['name']}: "
                   f"[{', '.join(dim_text(d) for d in s['shape'])}] */" for i, s in enumerate(specs)]
+        lines += ["  }", "  return 0;", "}"]
+    if _counts(m):  # (sizes a call counted: read from dims[] after it, as the entry wrote them)
+        every = names + [d["name"] for d in m.derived]
+        lines += ["/* Bytes output i holds after a call: dims[] as kiln_run_dims left it (KILN_NUM_DIMS). */",
+                  "static inline size_t kiln_output_bytes_after(int i, const long long* dims) {",
+                  "  (void)dims;", "  switch (i) {"]
+        lines += [f"    case {i}: return {_bytes_c(s, every, m.derived)};" for i, s in enumerate(m.outputs)]
         lines += ["  }", "  return 0;", "}"]
     return lines
 
@@ -97,6 +111,8 @@ def _tensors(kind: str, specs: list, symbols: list, derived: list) -> list[str]:
     """The C arrays describing a model's inputs or outputs (bytes at the symbols' bounds)."""
     rank = max([len(s["shape"]) for s in specs] + [1])
     names = [s["name"] for s in symbols]
+    if any(is_counted(d) for d in derived):  # (a call writes these after the caller's)
+        names += [d["name"] for d in derived]
     greatest = {s["name"]: s["greatest"] for s in symbols + derived}
     shapes = ["{" + ", ".join([_symbolic_dim_c(d, names) for d in s["shape"]] + ["0"] * (rank - len(s["shape"])))
               + "}" for s in specs]
@@ -119,16 +135,25 @@ _ENTRY_STATIC = [
     "int kiln_run_threads(char* weights, char* arena, void** inputs, void** outputs, int threads);",
     "int kiln_run_profiled(char* weights, char* arena, void** inputs, void** outputs, double* times_ms,",
     "                      int threads);"]
-_ENTRY_DIMS = [
-    "/* Run with the symbols' values in dims[] (inputs and outputs hold kiln_*_bytes_at(i, dims)",
-    " * bytes each) on `threads` threads (<= 0: the default). Returns 0, or before running",
-    " * anything 2 (a symbol outside its bounds), 3 (sizes the model needs equal differ), 4 (a",
-    " * KV cache's present longer than its capacity) or 5 (two buffers overlap: kernels write the",
-    " * outputs in place while the inputs are still read; a KV cache's past may be its present). */",
-    "int kiln_run_dims(char* weights, char* arena, void** inputs, void** outputs, const long long* dims,",
-    "                  int threads);",
-    "int kiln_run_dims_profiled(char* weights, char* arena, void** inputs, void** outputs, const long long* dims,",
-    "                           double* times_ms, int threads);"]
+def _entry_dims(counted: bool) -> list[str]:
+    """The entry points of a model with symbolic dims; `counted`: sizes it counts while it runs
+    (a NonZero's), which it writes back into dims[]."""
+    dims = "long long* dims" if counted else "const long long* dims"
+    return [
+        "/* Run with the symbols' values in dims[] (inputs and outputs hold kiln_*_bytes_at(i, dims)",
+        " * bytes each) on `threads` threads (<= 0: the default). Returns 0, or before running",
+        " * anything 2 (a symbol outside its bounds), 3 (sizes the model needs equal differ), 4 (a",
+        " * KV cache's present longer than its capacity) or 5 (two buffers overlap: kernels write the",
+        " * outputs in place while the inputs are still read; a KV cache's past may be its present). */",
+        *([] if not counted else [
+            "/* This model counts sizes while it runs (KILN_NUM_DIMS): dims[] has room for KILN_NUM_DIMS",
+            " * values, the caller's symbols first; a call writes the others after them, in",
+            " * kiln_derived_names order, and the outputs' shapes follow from them (kiln_output_shapes:",
+            " * -1 - k is dims[k]). Allocate outputs for the greatest: kiln_output_bytes[i]. */"]),
+        f"int kiln_run_dims(char* weights, char* arena, void** inputs, void** outputs, {dims},",
+        "                  int threads);",
+        f"int kiln_run_dims_profiled(char* weights, char* arena, void** inputs, void** outputs, {dims},",
+        "                           double* times_ms, int threads);"]
 
 
 def model_header(m: Manifest) -> str:
@@ -167,7 +192,7 @@ def model_header(m: Manifest) -> str:
              " * environment variable, or what kiln_set_num_threads set (n <= 0: back to the default). */",
              "int kiln_num_threads(void);",
              "int kiln_set_num_threads(int n);",
-             *(_ENTRY_DIMS if m.symbols or m.derived else _ENTRY_STATIC),
+             *(_entry_dims(_counts(m)) if m.symbols or m.derived else _ENTRY_STATIC),
              "",
              "/* The weights file read into 64-byte-aligned memory (free() it), or NULL. */",
              "static inline char* kiln_load_weights(const char* path) {",

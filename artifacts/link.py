@@ -55,7 +55,7 @@ def _calls(plan: list):
     for item in plan:
         if item[0] == "loop":
             yield from _calls(item[5])
-        else:
+        elif item[0] == "call":
             yield item
 
 
@@ -80,6 +80,9 @@ def _body(plan: list, timed: bool, depth: int = 1) -> list[str]:
     pad = "  " * depth
     lines = []
     for item in plan:
+        if item[0] == "bind":  # (a size the call before counted: what every later extent reads)
+            lines.append(f"{pad}dims[{item[1]}] = *(const long long*){_pointer(item[2])};")
+            continue
         if item[0] == "call":
             _, sym, args, guard, index, parts = item
             ptrs = ", ".join(_pointer(a) for a in args)
@@ -159,8 +162,11 @@ def entry_source(plan: list, outputs: list[tuple[tuple, int]], arena_bytes: int,
     C expressions of `dims`, the symbols' values: its entry is kiln_run_dims (and
     kiln_run_dims_profiled), which take them after the outputs and return the error code of
     the first of `preconditions` ((C condition, code)) that fails before running anything.
-    `derived` (base count, [C expression of dims[] for each derived symbol]): symbols the
-    entry computes from the caller's (ir/symbolic.floor_div), after them in dims[].
+    `derived` (base count, [C expression of dims[] for each derived symbol], whether any is
+    counted): symbols the entry computes from the caller's (ir/symbolic.floor_div), after
+    them in dims[]. A counted one (a NonZero's count) starts at its greatest and is set by a
+    ("bind", k, location of the int64 a call wrote) item after that call; with any, the
+    caller's dims[] has room for every symbol and the entry writes the derived ones back.
     `caches` (input count, [(input index, output index, blocks, past block bytes, capacity block bytes)]),
     sizes as C expressions: KV caches whose kernels read the past input from the present
     output's buffer, at its capacity; where the caller passed two buffers, the entry first
@@ -218,8 +224,8 @@ def entry_source(plan: list, outputs: list[tuple[tuple, int]], arena_bytes: int,
     names = (("kiln_run_dims", False), ("kiln_run_dims_profiled", True)) if symbolic else \
         (("kiln_run_threads", False), ("kiln_run_profiled", True))
     if derived:
-        base, values = derived
-        dims_param = "const long long* given, "
+        base, values, counted = derived
+        dims_param = f"{'' if counted else 'const '}long long* given, "
         compute = [f"  long long dims[{base + len(values)}];", *[f"  dims[{k}] = given[{k}];" for k in range(base)],
                    *[f"  dims[{base + j}] = {expr};" for j, expr in enumerate(values)]]
     for name, timed in names:
@@ -240,6 +246,8 @@ def entry_source(plan: list, outputs: list[tuple[tuple, int]], arena_bytes: int,
         for i, (loc, nbytes) in enumerate(outputs):
             if loc != ("output", i):
                 lines.append(f"  memcpy(outputs[{i}], {_pointer(loc)}, {nbytes});")
+        if derived and derived[2]:  # (the caller learns the sizes counted, and so its outputs' shapes)
+            lines += [f"  for (int k = {derived[0]}; k < {derived[0] + len(derived[1])}; ++k) given[k] = dims[k];"]
         lines += ["  return 0;", "}", ""]
     if not symbolic:
         lines += ["int kiln_run(char* weights, char* arena, void** inputs, void** outputs) {",

@@ -18,6 +18,14 @@ FORMAT_VERSION = 1  # of this file; bump when a field changes meaning
 ENTRY_ABI_VERSION = 2  # of kiln_run & co. in the library; the library reports its own
 OVERLAPPING_BUFFERS = 5  # what the entry returns, running nothing, where the caller's buffers overlap
 MANIFEST = "manifest.json"
+# A derived symbol's expression head where a kernel counts its value while the call runs
+# (["after", tensor]: a NonZero's count; ir.symbolic imports it).
+COUNTED = "after"
+
+
+def is_counted(derived: dict) -> bool:
+    """Is a manifest `derived` entry a size counted while the call runs?"""
+    return derived.get("expr", [None])[0] == COUNTED
 
 
 def dim_value(dim, values: dict) -> int:
@@ -43,7 +51,7 @@ def dim_c(dim, order: list, derived: list = ()) -> str:
         if s in order:
             return f"dims[{order.index(s)}]"
         d = next(d for d in derived if d["name"] == s)
-        if "expr" in d:  # (read from an input's values: where there are none, its greatest)
+        if "expr" in d:  # (read from an input's values, or counted: where there are none, its greatest)
             return f"{int(d['greatest'])}LL"
         return f"({dim_c(d['numerator'], order, derived)} / {int(d['divisor'])}LL)"
     terms = ["*".join([f"{c}LL"] + [value(s) for s in m]) for m, c in dim]

@@ -172,7 +172,7 @@ class Module:
             arr = arr.astype(want)
         if self._symbols is None and list(arr.shape) != list(spec["shape"]):
             raise KilnError(f"input '{spec['name']}': expected shape {tuple(spec['shape'])}, got {arr.shape}")
-        return np.ascontiguousarray(arr)
+        return np.ascontiguousarray(arr).reshape(arr.shape)  # (ascontiguousarray makes a scalar 1-d)
 
     def new_cache(self, capacity: int | None = None, **dims) -> KVCache:
         """Buffers for the model's KV caches (`run(..., cache=)`), empty: `capacity` entries
@@ -220,7 +220,7 @@ class Module:
         if self._symbols is not None:  # the symbols' values from the shapes, checked before anything runs
             capacities = {c["capacity"]: cache.buffers[c["present"]].shape[c["axis"]]
                           for c in cache.specs} if cache is not None else None
-            values = self._symbols.bind([a.shape for a in arrays], arrays, capacities)
+            values = self._values = self._symbols.bind([a.shape for a in arrays], arrays, capacities)
             out_specs = [(name, dt, shape) for (name, dt, _), shape in
                          zip(self._out_specs, self._symbols.output_shapes(values))]
         for i, ((name, _, _), a) in enumerate(zip(self._in_specs, arrays)):
@@ -271,13 +271,17 @@ class Module:
     def run(self, inputs: dict, out: dict | None = None, cache: KVCache | None = None) -> dict:
         """The model's outputs for `inputs` (name -> array). With `out` (name -> array of each
         output's dtype and shape), they are written there and `out` is returned: a loop that
-        calls the model many times allocates nothing. With `cache` (`new_cache()`), the past
+        calls the model many times allocates nothing (`out_shapes` gives their shapes: an
+        output whose size the call counts, a NonZero's, is written at the front of an array of
+        its greatest shape, and a view of that part returned). With `cache` (`new_cache()`), the past
         inputs come from it, this call's entries are appended to it in place, and the
         presents returned are views of it."""
         with self._lock:
             outs = self._bind(inputs, out, cache)
             rc = self._run(self._weights_ptr, self._arena_ptr, self._in_ptrs, self._out_ptrs,
                            *self._dims_arg(), self._threads)
+            if rc == 0 and self._symbols is not None and self._symbols.counted:
+                outs = self._counted_views(outs)
         if rc == OVERLAPPING_BUFFERS:
             raise self._overlap_error(outs)
         if rc != 0:
@@ -286,6 +290,27 @@ class Module:
             cache.length = self._cache_length
             outs = {**outs, **{c["present"]: cache.past(c) for c in cache.specs}}
         return outs
+
+    def out_shapes(self, inputs: dict) -> dict:
+        """The shape each `out=` array must have for these inputs: an output whose size the call
+        counts (a NonZero's) at its greatest, of which `run` returns the part written."""
+        if self._symbols is None:
+            return {name: shape for name, _, shape in self._out_specs}
+        arrays = [self._check_input(spec, inputs[spec["name"]]) for spec in self.inputs]
+        with self._lock:
+            shapes = self._symbols.output_shapes(self._symbols.bind([a.shape for a in arrays], arrays))
+        return {name: shape for (name, _, _), shape in zip(self._out_specs, shapes)}
+
+    def _counted_views(self, outs: dict) -> dict:
+        """Outputs whose sizes the call counted (a NonZero's): each was allocated (or passed
+        in `out`) at its greatest shape and written at its counted one, at the front."""
+        shapes = self._symbols.output_shapes(self._symbols.after_call(self._values))
+        views = dict(outs)
+        for (name, _, _), shape in zip(self._out_specs, shapes):
+            a = outs.get(name)
+            if a is not None and a.shape != shape:
+                views[name] = a.reshape(-1)[:int(np.prod(shape, dtype=np.int64))].reshape(shape)
+        return views
 
     def profile(self, inputs: dict | None = None, repeat: int = 20) -> list[dict]:
         """Median wall time of each kernel call, in call order."""

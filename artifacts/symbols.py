@@ -12,7 +12,7 @@ import numpy as np
 
 from . import expressions
 from .errors import KilnError
-from .manifest import dim_text, dim_value
+from .manifest import dim_text, dim_value, is_counted
 
 
 def _plain_symbol(dim) -> str | None:
@@ -34,7 +34,12 @@ class Symbols:
         self.bounds = {s["name"]: (int(s["least"]), int(s["greatest"])) for s in symbols}
         self.inputs, self.outputs, self.checks, self.derived = inputs, outputs, list(checks), list(derived)
         self.caches = list(caches)
-        self.dims = np.zeros(max(len(self.order), 1), np.int64)  # what the entry function reads
+        # Sizes a kernel counts while the call runs (a NonZero's): the entry writes every
+        # derived symbol after the caller's, so the array has room for them all.
+        self.counted = [(len(self.order) + j, d["name"]) for j, d in enumerate(self.derived)
+                        if is_counted(d)]
+        size = len(self.order) + (len(self.derived) if self.counted else 0)
+        self.dims = np.zeros(max(size, 1), np.int64)  # what the entry function reads
         # A serving loop repeats its shapes: where the values follow from the shapes alone (no
         # symbol or check reads an input's values, no KV cache), a bound call is remembered.
         self._remember = not self.caches and not any("expr" in d for d in self.derived) and \
@@ -92,7 +97,9 @@ class Symbols:
                     raise KilnError(f"input '{spec['name']}': dim {axis} must be {dim_text(dim)}{value}, got {size} "
                                     f"(expected {shape_text(spec['shape'])})")
         for d in self.derived:  # (in order: each may use those before it)
-            if "expr" in d:  # (read from an input's values: checked like a caller's)
+            if is_counted(d):  # (known after the call: outputs sized at the greatest)
+                values[d["name"]] = int(d["greatest"])
+            elif "expr" in d:  # (read from an input's values: checked like a caller's)
                 values[d["name"]] = self._read_symbol(d, values, arrays)
             else:
                 values[d["name"]] = dim_value(d["numerator"], values) // int(d["divisor"])
@@ -133,6 +140,10 @@ class Symbols:
                 raise KilnError(f"'{c['present']}': a cache of {capacity} entries is outside the bounds the bundle was "
                                 f"built for ({c['capacity']} = {least}..{greatest})")
             values[c["capacity"]] = capacity
+
+    def after_call(self, values: dict) -> dict:
+        """The symbols' values with the sizes the call counted, as the entry wrote them."""
+        return {**values, **{name: int(self.dims[k]) for k, name in self.counted}}
 
     def output_shapes(self, values: dict) -> list[tuple]:
         last = self._last

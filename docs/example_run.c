@@ -6,6 +6,8 @@
  *
  * A bundle built with symbolic dims (kiln build --dim seq=1..512) runs at the sizes given
  * first, one NAME=N per symbol: ./run_model BUNDLE seq=7 input0.bin ... output0.bin ...
+ * An output whose size the model counts while it runs (NonZero's) is written as long as
+ * the call made it.
  *
  * BUNDLE/kiln_model.h describes the model this program is compiled for (names, dtypes,
  * shapes and sizes of its inputs and outputs) and declares the library's entry points;
@@ -66,7 +68,12 @@ int main(int argc, char** argv) {
     return 2;
   }
   size_t in_bytes[AT_LEAST_ONE(KILN_NUM_INPUTS)], out_bytes[AT_LEAST_ONE(KILN_NUM_OUTPUTS)];
-#ifdef KILN_NUM_SYMBOLS
+#if defined(KILN_NUM_DIMS)  /* (sizes the model counts while it runs: the call writes them after ours) */
+  long long dims[KILN_NUM_DIMS];
+  if (!read_symbols(argv + 2, dims)) return 2;
+  for (int i = 0; i < KILN_NUM_INPUTS; ++i) in_bytes[i] = kiln_input_bytes_at(i, dims);
+  for (int i = 0; i < KILN_NUM_OUTPUTS; ++i) out_bytes[i] = kiln_output_bytes_at(i, dims);  /* (the greatest) */
+#elif defined(KILN_NUM_SYMBOLS)
   long long dims[KILN_NUM_SYMBOLS];
   if (!read_symbols(argv + 2, dims)) return 2;
   for (int i = 0; i < KILN_NUM_INPUTS; ++i) in_bytes[i] = kiln_input_bytes_at(i, dims);
@@ -114,6 +121,9 @@ int main(int argc, char** argv) {
     fprintf(stderr, "kiln_run returned %d\n", rc);
     return 1;
   }
+#ifdef KILN_NUM_DIMS
+  for (int i = 0; i < KILN_NUM_OUTPUTS; ++i) out_bytes[i] = kiln_output_bytes_after(i, dims);
+#endif
   for (int i = 0; i < KILN_NUM_OUTPUTS; ++i) {
     const char* out = files[KILN_NUM_INPUTS + i];
     if (!write_all(out, outputs[i], out_bytes[i])) {

@@ -13,7 +13,7 @@ op is refused by name. Bounds travel
 with each dim so that any holder can ask for its least and greatest value (the memory
 plan sizes buffers at the greatest).
 
-This module imports nothing else of Kiln.
+This module imports nothing else of Kiln but the manifest's name for a counted size.
 """
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ import contextvars
 import math
 from dataclasses import dataclass
 
+from ..artifacts.manifest import COUNTED  # (a derived symbol's expression head where a kernel counts its value)
 from .errors import ShapeError
 
 
@@ -304,10 +305,29 @@ def deriving_symbols(symbols: dict, derived: dict):
         _DERIVED.reset(token)
 
 
+def counted_symbols(x) -> list:
+    """The symbols of a size x whose values a kernel counts while the call runs (a NonZero's
+    count): the module knows them only after that kernel, so nothing computed before it
+    (a quotient, a check, another symbol's definition) may use them."""
+    place = _DERIVED.get()
+    if place is None or not isinstance(x, Dim):
+        return []
+    return [s for s in x.symbols if getattr(place[1].get(s), "expr", (None,))[0] == COUNTED]
+
+
+def refuse_counted(x, what: str) -> None:
+    """A TypeError (type inference names the op) where x uses a size counted at run time."""
+    counted = counted_symbols(x)
+    if counted:
+        raise TypeError(f"{what} would use {', '.join(counted)}, a size counted while the model runs, before it is "
+                        "known")
+
+
 def _derived_symbol(numerator: Dim, d: int) -> Dim:
     place = _DERIVED.get()
     if place is None:
         raise TypeError(f"({numerator}) // {d} is not a polynomial of the symbols")
+    refuse_counted(numerator, f"({numerator}) // {d}")
     symbols, derived = place
     name = f"({numerator})//{d}"
     if name not in derived:
@@ -411,6 +431,7 @@ def require_equal(a, b, where: str, unless: tuple | None = None):
     checks = _CHECKS.get()
     if checks is None:
         raise TypeError(f"{a} and {b} must agree at run time")
+    refuse_counted(a - b, f"{where}: the check that {a} equals {b}")
     if (a, b, where, unless) not in checks:
         checks.append((a, b, where, unless))
     return a if isinstance(a, int) else b if isinstance(b, int) else a

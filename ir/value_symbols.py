@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .errors import KilnError
-from .symbolic import _DERIVED, Dim, dim_to_json
+from .symbolic import _DERIVED, COUNTED, Dim, counted_symbols, dim_to_json, refuse_counted
 
 MAX_VALUE_ELEMENTS = 64  # a shape parameter is a short vector, not data
 
@@ -115,10 +115,47 @@ def define(name: str, expr, least: int, greatest: int, what: str) -> Dim:
     if place is None:
         raise TypeError(f"{what} is read from a tensor at run time")
     symbols, derived = place
+    for d in _dims_in(expr):
+        refuse_counted(d, what)
     if name not in derived:
         symbols[name] = (int(least), int(greatest))
         derived[name] = Computed(expr, what)
     return Dim.symbol(name, *symbols[name])
+
+
+def counted(name: str, tensor: str, greatest: int, what: str) -> Dim:
+    """A size that a kernel counts while the call runs and writes to `tensor` (an int64
+    scalar: NonZero's count of elements): the symbol `name`, in [0, greatest]. The
+    module plans memory and sizes the outputs at the greatest, reads the value once that
+    kernel has run, and hands the caller outputs of the counted size."""
+    return define(name, (COUNTED, tensor), 0, greatest, what)
+
+
+def counted_tensors(g) -> set:
+    """The tensors counted sizes are read from (each must survive to the module)."""
+    return {d.expr[1] for d in g.derived.values() if isinstance(d, Computed) and d.expr[0] == COUNTED}
+
+
+def counted_tensors_of(size) -> list:
+    """The tensors the counted sizes in `size` are read from (during type inference)."""
+    place = _DERIVED.get()
+    return [place[1][s].expr[1] for s in counted_symbols(size)] if place else []
+
+
+def forget_counts(g) -> None:
+    """Drop the counted sizes before type inference runs again: the ops that count them
+    define them anew, so a counting node a pass removed (merged into its twin by CSE, or
+    dead) leaves no size the module would wait for in vain."""
+    for name in [s for s, d in g.derived.items() if isinstance(d, Computed) and d.expr[0] == COUNTED]:
+        del g.derived[name], g.symbols[name]
+
+
+def _dims_in(expr) -> list:
+    if isinstance(expr, Dim):
+        return [expr]
+    if isinstance(expr, tuple):
+        return [d for e in expr[1:] for d in _dims_in(e)]
+    return []
 
 
 def select(c, a, b):

@@ -112,7 +112,15 @@ def _derived(lowered) -> tuple:
     symbols = list(lowered.symbols)
     return (len(symbols) - len(lowered.derived),
             [f"{_dim_c(d[0], symbols)} / {d[1]}LL" if isinstance(d, tuple) else
-             expressions.c(to_json(d.expr), symbols, lowered.inputs) for d in lowered.derived.values()])
+             f"{lowered.symbols[s][1]}LL" if _counted(d) else  # (the greatest until its kernel has counted it)
+             expressions.c(to_json(d.expr), symbols, lowered.inputs) for s, d in lowered.derived.items()],
+            any(_counted(d) for d in lowered.derived.values()))
+
+
+def _counted(definition) -> bool:
+    """Is a derived symbol a size a kernel counts while the call runs (value_symbols.counted)?"""
+    from ..ir.symbolic import COUNTED
+    return not isinstance(definition, tuple) and definition.expr[0] == COUNTED
 
 
 def _derived_json(name: str, definition, bounds: tuple) -> dict:
@@ -201,7 +209,17 @@ def _locations(lowered, weight_offsets, arena_offsets):
             out.append(("call", st.kernel.symbol, args, guard(st.guard), index,
                         _runtime_phases(parts) if symbols else parts))
             index += 1
+            out += [("bind", symbols.index(s), loc(t)) for s, t in counts.items()
+                    if lowered.storage(t) in {lowered.storage(o) for o in st.outputs}]
         return out
+
+    # Sizes kernels count (a NonZero's): read from what the kernel wrote right after its call.
+    counts = {s: d.expr[1] for s, d in lowered.derived.items() if _counted(d)}
+    top = {lowered.storage(o) for st in lowered.steps if not _is_loop(st) and not st.guard for o in st.outputs}
+    for s, t in counts.items():
+        if lowered.storage(t) not in top:
+            raise KilnError(f"{lowered.derived[s].what} is computed inside a loop or a branch taken at run time; "
+                            "sizes counted there are not supported yet")
 
     plan = items(lowered.steps)
     outputs = [(loc(o), _nbytes_c(lowered.types[o], symbols)) for o in lowered.outputs]

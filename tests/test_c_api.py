@@ -162,3 +162,30 @@ def test_a_symbolic_bundle_refuses_sizes_that_must_agree_from_c(tmp_path, execut
     proc = subprocess.run([program, bundle, "k=5", "m=3", "n=2", str(tmp_path / "x.in"), str(tmp_path / "y.in"),
                            str(tmp_path / "z.out")], capture_output=True, text=True)
     assert proc.returncode == 1 and "kiln_run returned 3" in proc.stderr
+
+
+def test_a_c_caller_learns_the_sizes_a_model_counts(tmp_path, executor):
+    """A model whose output length depends on the data (NonMaxSuppression, then the boxes it
+    keeps): outputs allocated at their greatest, the counts read back from dims[]."""
+    from tests.test_counted_sizes import _boxes
+    most = numpy_helper.from_array(np.array([3], np.int64), "most")
+    iou = numpy_helper.from_array(np.array([0.3], np.float32), "iou")
+    floor = numpy_helper.from_array(np.array([0.8], np.float32), "floor")
+    nodes = [helper.make_node("NonMaxSuppression", ["boxes", "scores", "most", "iou", "floor"], ["selected"]),
+             helper.make_node("Gather", ["selected", "two"], ["which"], axis=1),
+             helper.make_node("Gather", ["boxes", "which"], ["kept"], axis=1)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("boxes", TensorProto.FLOAT, [1, 20, 4]),
+                                           helper.make_tensor_value_info("scores", TensorProto.FLOAT, [1, 2, 20])],
+                              [helper.make_tensor_value_info("selected", TensorProto.INT64, None),
+                               helper.make_tensor_value_info("kept", TensorProto.FLOAT, None)],
+                              [most, iou, floor, numpy_helper.from_array(np.array(2, np.int64), "two")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    bundle = str(tmp_path / "bundle")
+    build(model, executor=executor, cache=None, progress=False).export(bundle)
+    rng = np.random.default_rng(3)
+    feeds = {"boxes": _boxes(rng, (1, 20), False), "scores": rng.random((1, 2, 20)).astype(np.float32)}
+    got = _run_from_c(bundle, tmp_path, feeds, [("selected", np.int64), ("kept", np.float32)])
+    want = model_zoo.onnxruntime_outputs(model, feeds)
+    assert 0 < want["selected"].shape[0] < 6  # (fewer rows than the greatest)
+    np.testing.assert_array_equal(got["selected"], want["selected"].reshape(-1))
+    np.testing.assert_array_equal(got["kept"], want["kept"].reshape(-1))

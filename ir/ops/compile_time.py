@@ -10,7 +10,7 @@ from ..attrs import NotConstant
 from ..graph import Node, TensorType, UnsupportedError, as_kiln_array
 from ..loop import Cast, Const, Store, add, mul
 from ..symbolic import Dim, dim_from_json, dim_to_json, greatest, least
-from ..value_symbols import bounds_hint, define
+from ..value_symbols import bounds_hint, counted_tensors_of, define
 from ..validate import check_tensor_size
 from .registry import OPAQUE, OpDef, register
 
@@ -138,7 +138,10 @@ SYMBOLIC_VALUE = "kiln.SymbolicValue"
 
 
 def symbolic_value_node(name: str, values: np.ndarray, dtype: str) -> Node:
-    return Node(SYMBOLIC_VALUE, [], [name], {"values": [dim_to_json(v) for v in values.reshape(-1)],
+    # (a size a kernel counts is known once that kernel has run: the count is an input, so
+    # the node runs after it; its kernel reads the size from the symbols, not the input)
+    counts = sorted({t for v in values.reshape(-1) for t in counted_tensors_of(v)})
+    return Node(SYMBOLIC_VALUE, counts, [name], {"values": [dim_to_json(v) for v in values.reshape(-1)],
                                              "shape": list(values.shape), "dtype": dtype}, f"{name}/value")
 
 

@@ -16,16 +16,17 @@ from ..graph import ShapeError, TensorType
 from ..symbolic import Dim, least
 from ..loop import (Assign, Cast, Const, For, If, Let, Load, Local, Store, Var, add, cmp, div, fbin, flat_index,
                     const, lowest, mul, rem, select, sub)
-from ..lower.elementwise import iclamp
+from ..lower.elementwise import as_index, iclamp
 from ..lower.reduce import literal
 from ..onnx_dtypes import onnx_to_dtype
 from .registry import INJECTIVE, OPAQUE, REDUCTION, OpDef, one_output, register
 
 
-def wrap_index(i, dim: int):
-    """A run-time index into a dimension of `dim`: negative counts from the end, then clamped."""
+def wrap_index(i, dim):
+    """A run-time index into a dimension of `dim` (an int, or a size known at run time):
+    negative counts from the end, then clamped."""
     i = Cast("i64", i)
-    return iclamp(select(cmp("lt", i, Const(0)), add(i, Const(dim)), i), 0, dim - 1)
+    return iclamp(select(cmp("lt", i, Const(0)), add(i, as_index(dim)), i), 0, sub(as_index(dim), Const(1)))
 
 
 

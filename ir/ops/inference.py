@@ -12,9 +12,9 @@ import numpy as np
 from ..attrs import NotConstant
 from ..dtypes import DTYPES, is_float, numpy_dtype
 from ..graph import Graph, KilnError, Node, UnsupportedError, as_kiln_array
-from ..symbolic import Dim, SymbolError, at_most, collecting_checks, deriving_symbols, greatest
+from ..symbolic import Dim, SymbolError, at_most, collecting_checks, counted_symbols, deriving_symbols, greatest
 from ..validate import check_tensor_size
-from ..value_symbols import bind_fed_values
+from ..value_symbols import bind_fed_values, forget_counts
 from .compile_time import SYMBOLIC_VALUE, symbolic_value_node, symbolic_values_of
 from .elementwise import COMPARISONS
 from .registry import op_def
@@ -99,8 +99,12 @@ def _fold_into_constants(g: Graph, node: Node, folded: set) -> bool:
 def _symbolic_unsupported(g: Graph, node: Node, why) -> UnsupportedError:
     shapes = ", ".join(f"{i}: {g.types[i]}" if i not in g.symbolic_values else f"{i} = {g.symbolic_values[i].tolist()}"
                        for i in node.inputs if i and (not g.types[i].is_static or i in g.symbolic_values))
+    counted = sorted({s for i in node.inputs if i for d in g.types[i].shape for s in counted_symbols(d)})
+    fix = (f"{', '.join(counted)} depend{'s' * (len(counted) == 1)} on values counted while the model runs "
+           "(NonZero, Compress): no build option fixes them") if counted else \
+        "Fix those dims with --shape to build this model"
     return UnsupportedError(f"{node.describe()}: {node.op} with symbolic dimensions is not supported yet ({shapes}; "
-                            f"{why}). Fix those dims with --shape to build this model")
+                            f"{why}). {fix}")
 
 
 def _has_dims(value) -> bool:
@@ -176,6 +180,7 @@ def resolve(g: Graph, fold_floats: bool) -> Graph:
 
 def _resolve(g: Graph, fold_floats: bool) -> Graph:
     g.params, g.symbolic_values = {}, {}
+    forget_counts(g)  # (defined again by the nodes that count them: those a pass removed are gone)
     bind_fed_values(g)  # (integer inputs whose values the user bounded: sizes read at run time)
     kept, producer, folded = [], {}, set()
     pending = collections.deque(g.nodes)

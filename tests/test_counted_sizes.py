@@ -1,0 +1,179 @@
+"""Sizes that depend on the data: NonZero and Compress, whose output length a kernel counts
+while the model runs, and everything downstream of it, against onnxruntime. One build serves
+every count from none to all; the caller gets outputs of the counted size."""
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from modelkiln.ir.errors import KilnError
+from modelkiln.ir.graph import UnsupportedError
+from modelkiln.orchestrator.api import build
+from tests import model_zoo
+from tests.fenced import FencedOutputs
+
+H = helper
+
+
+def _model(nodes, inputs, outputs, inits=(), opset=17):
+    graph = H.make_graph(nodes, "g", [H.make_tensor_value_info(n, t, s) for n, t, s in inputs],
+                         [H.make_tensor_value_info(n, t, None) for n, t in outputs], list(inits))
+    return H.make_model(graph, opset_imports=[H.make_opsetid("", opset)], ir_version=9)
+
+
+def _agree(module, model, feeds: dict) -> dict:
+    got, want = module.run(feeds), model_zoo.onnxruntime_outputs(model, feeds)
+    for name, w in want.items():
+        assert got[name].shape == w.shape and got[name].dtype == w.dtype, name
+        np.testing.assert_allclose(got[name], w, rtol=1e-6, atol=1e-6, err_msg=name)
+    return got
+
+
+def _sparse(shape, keep: float, seed: int, dtype=np.float32) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal(shape) * 3).astype(dtype)
+    x[rng.random(shape) > keep] = 0
+    return x
+
+
+def test_nonzero_counts_from_none_to_all(executor):
+    model = _model([H.make_node("NonZero", ["x"], ["y"])], [("x", TensorProto.FLOAT, [3, 4, 5])],
+                   [("y", TensorProto.INT64)])
+    module = build(model, executor=executor, cache=None, progress=False).load()
+    (counted,) = module.manifest.derived
+    assert counted["greatest"] == 60 and module.manifest.outputs[0]["shape"][0] == 3
+    special = _sparse((3, 4, 5), 0.5, 9)
+    special.reshape(-1)[:4] = [np.nan, -0.0, np.inf, 0.0]  # (NaN and Inf count; -0.0 does not)
+    for x in (_sparse((3, 4, 5), keep, seed) for seed, keep in enumerate((0.0, 0.1, 0.5, 1.0))):
+        _agree(module, model, {"x": x})
+    assert _agree(module, model, {"x": special})["y"].shape[1] == np.count_nonzero(special)
+
+
+@pytest.mark.parametrize("dtype,onnx_type", [(np.bool_, TensorProto.BOOL), (np.int8, TensorProto.INT8),
+                                             (np.int64, TensorProto.INT64), (np.float16, TensorProto.FLOAT16)])
+def test_nonzero_of_each_kind(dtype, onnx_type, executor):
+    model = _model([H.make_node("NonZero", ["x"], ["y"])], [("x", onnx_type, [17])], [("y", TensorProto.INT64)])
+    module = build(model, executor=executor, cache=None, progress=False).load()
+    rng = np.random.default_rng(1)
+    for keep in (0.3, 0.8):  # (numpy's nonzero is the definition; onnxruntime has none for int8)
+        x = (rng.integers(-3, 4, 17) * (rng.random(17) < keep)).astype(dtype)
+        np.testing.assert_array_equal(module.run({"x": x})["y"], np.array(np.nonzero(x), np.int64))
+
+
+def test_boolean_mask_indexing_over_a_run_time_batch(executor):
+    """x[x > 0] as torch exports it (NonZero, Transpose, GatherND), then arithmetic, a
+    reduction and the Shape of the selection, for batches 1..8 from one build."""
+    zero = numpy_helper.from_array(np.array(0, np.float32), "zero")
+    model = _model([H.make_node("Greater", ["x", "zero"], ["mask"]), H.make_node("NonZero", ["mask"], ["nz"]),
+                    H.make_node("Transpose", ["nz"], ["idx"], perm=[1, 0]),
+                    H.make_node("GatherND", ["x", "idx"], ["picked"]),
+                    H.make_node("Mul", ["picked", "picked"], ["squares"]),
+                    H.make_node("ReduceSum", ["squares"], ["total"], keepdims=0),
+                    H.make_node("Shape", ["picked"], ["count"])],
+                   [("x", TensorProto.FLOAT, ["batch", 6])],
+                   [("idx", TensorProto.INT64), ("squares", TensorProto.FLOAT), ("total", TensorProto.FLOAT),
+                    ("count", TensorProto.INT64)], [zero])
+    module = build(model, executor=executor, cache=None, progress=False, dims={"batch": (1, 8)}).load()
+    for batch, keep in ((1, 0.5), (8, 1.0), (5, 0.0), (3, 0.7)):
+        got = _agree(module, model, {"x": _sparse((batch, 6), keep, batch)})
+        assert got["count"][0] == got["squares"].shape[0]
+
+
+@pytest.mark.parametrize("axis", [None, 0, 1, -1])
+def test_compress_with_a_condition_fed_at_run_time(axis, executor):
+    length = 4 if axis == 0 else 20 if axis is None else 5
+    model = _model([H.make_node("Compress", ["x", "keep"], ["y"], **({} if axis is None else {"axis": axis}))],
+                   [("x", TensorProto.FLOAT, [4, 5]), ("keep", TensorProto.BOOL, [length])], [("y", TensorProto.FLOAT)])
+    module = build(model, executor=executor, cache=None, progress=False).load()
+    rng = np.random.default_rng(2)
+    for keep in (np.zeros(length, bool), np.ones(length, bool), rng.random(length) < 0.5):
+        _agree(module, model, {"x": rng.standard_normal((4, 5)).astype(np.float32), "keep": keep})
+
+
+def test_a_constant_condition_folds(executor):
+    """NonZero of a constant is a constant: no size is counted at run time."""
+    keep = numpy_helper.from_array(np.array([True, False, True, True, False]), "keep")
+    model = _model([H.make_node("Compress", ["x", "keep"], ["y"], axis=1)], [("x", TensorProto.FLOAT, [2, 5])],
+                   [("y", TensorProto.FLOAT)], [keep])
+    module = build(model, executor=executor, cache=None, progress=False).load()
+    assert not module.manifest.derived and module.manifest.outputs[0]["shape"] == [2, 3]
+    _agree(module, model, {"x": np.arange(10, dtype=np.float32).reshape(2, 5)})
+
+
+def test_twin_nonzeros_share_one_count(executor):
+    """Two NonZero of one input are one after CSE: one count, read once."""
+    model = _model([H.make_node("NonZero", ["x"], ["a"]), H.make_node("NonZero", ["x"], ["b"]),
+                    H.make_node("Add", ["a", "b"], ["y"])], [("x", TensorProto.FLOAT, [9])], [("y", TensorProto.INT64)])
+    module = build(model, executor=executor, cache=None, progress=False).load()
+    assert len(module.manifest.derived) == 1
+    _agree(module, model, {"x": _sparse((9,), 0.5, 3)})
+
+
+def test_out_arrays_at_the_greatest_shape(executor):
+    """`out=` takes each counted output at its greatest shape (`out_shapes`); the kernels
+    write its front and run returns a view of it, nothing outside it touched."""
+    model = _model([H.make_node("NonZero", ["x"], ["y"]), H.make_node("Relu", ["x"], ["r"])],
+                   [("x", TensorProto.FLOAT, [2, 6])], [("y", TensorProto.INT64), ("r", TensorProto.FLOAT)])
+    module = build(model, executor=executor, cache=None, progress=False).load()
+    x = _sparse((2, 6), 0.5, 4)
+    shapes = module.out_shapes({"x": x})
+    assert shapes == {"y": (2, 12), "r": (2, 6)}
+    fenced = FencedOutputs({name: np.zeros(shape, np.int64 if name == "y" else np.float32)
+                            for name, shape in shapes.items()})
+    got = module.run({"x": x}, out=fenced.arrays)
+    assert not fenced.trespassed()
+    want = model_zoo.onnxruntime_outputs(model, {"x": x})
+    np.testing.assert_array_equal(got["y"], want["y"])
+    assert np.shares_memory(got["y"], fenced.arrays["y"]) and got["r"] is fenced.arrays["r"]
+    with pytest.raises(KilnError, match=r"out\['y'\].*shape \(2, 12\)"):
+        module.run({"x": x}, out={"y": np.zeros(want["y"].shape, np.int64), "r": fenced.arrays["r"]})
+
+
+def test_two_counts_that_must_agree_are_refused_by_name(executor):
+    model = _model([H.make_node("Compress", ["x", "c1"], ["a"]), H.make_node("Compress", ["x", "c2"], ["b"]),
+                    H.make_node("Add", ["a", "b"], ["y"], name="add_them")],
+                   [("x", TensorProto.FLOAT, [6]), ("c1", TensorProto.BOOL, [6]), ("c2", TensorProto.BOOL, [6])],
+                   [("y", TensorProto.FLOAT)])
+    with pytest.raises(UnsupportedError, match=r"add_them.*counted while the model runs"):
+        build(model, executor=executor, cache=None, progress=False)
+
+
+def _boxes(rng, shape, center: bool, flipped: bool = False) -> np.ndarray:
+    corner, size = rng.random((*shape, 2)) * 10, rng.random((*shape, 2)) * 4
+    if center:
+        return np.concatenate([corner, size], -1).astype(np.float32)
+    box = np.concatenate([corner, corner + size], -1)
+    return (box[..., [2, 3, 0, 1]] if flipped else box).astype(np.float32)
+
+
+@pytest.mark.parametrize("center", [0, 1])
+def test_non_max_suppression_against_the_reference(center, executor):
+    """Thresholds fed at run time, a run-time count of boxes, ties in the scores: onnxruntime
+    and onnx's reference evaluator agree with Kiln row for row."""
+    from onnx.reference import ReferenceEvaluator
+    most = numpy_helper.from_array(np.array([4], np.int64), "most")
+    model = _model([H.make_node("NonMaxSuppression", ["boxes", "scores", "most", "iou", "floor"], ["selected"],
+                                center_point_box=center)],
+                   [("boxes", TensorProto.FLOAT, [2, "n", 4]), ("scores", TensorProto.FLOAT, [2, 3, "n"]),
+                    ("iou", TensorProto.FLOAT, [1]), ("floor", TensorProto.FLOAT, [1])],
+                   [("selected", TensorProto.INT64)], [most])
+    module = build(model, executor=executor, cache=None, progress=False, dims={"n": (1, 64)}).load()
+    assert module.manifest.derived[0]["greatest"] == 2 * 3 * 4
+    rng = np.random.default_rng(center)
+    for n, iou, floor, ties in ((64, 0.3, 0.2, False), (10, 0.0, 0.9, True), (1, 0.5, 0.0, False), (40, 0.7, 0.5, True)):
+        scores = rng.random((2, 3, n)).astype(np.float32)
+        feeds = {"boxes": _boxes(rng, (2, n), center, flipped=ties), "scores": np.round(scores * 4) / 4 if ties else scores,
+                 "iou": np.array([iou], np.float32), "floor": np.array([floor], np.float32)}
+        got = _agree(module, model, feeds)["selected"]
+        np.testing.assert_array_equal(got, ReferenceEvaluator(model).run(None, feeds)[0])
+
+
+def test_non_max_suppression_without_a_score_threshold(executor):
+    most = numpy_helper.from_array(np.array([100], np.int64), "most")
+    iou = numpy_helper.from_array(np.array([0.5], np.float32), "iou")
+    model = _model([H.make_node("NonMaxSuppression", ["boxes", "scores", "most", "iou"], ["selected"])],
+                   [("boxes", TensorProto.FLOAT, [1, 30, 4]), ("scores", TensorProto.FLOAT, [1, 2, 30])],
+                   [("selected", TensorProto.INT64)], [most, iou])
+    module = build(model, executor=executor, cache=None, progress=False).load()
+    assert module.manifest.derived[0]["greatest"] == 2 * 30  # (at most every box of every class)
+    rng = np.random.default_rng(5)
+    _agree(module, model, {"boxes": _boxes(rng, (1, 30), False), "scores": rng.random((1, 2, 30)).astype(np.float32)})
