@@ -24,7 +24,9 @@ and f64 and `max(x, 0)` for every integer type. On its own it has its own `dtype
 Every loop runs from 0 to its extent: an int, or for a model built with symbolic dims
 (ir/symbolic.py) an i64 expression of the symbols' run-time values, which a kernel reads from
 its buffer `SYMBOLS` (`Load(SYMBOLS, Const(k))` is symbol k's value). A Gemm's `m` may be
-such an expression too. A static kernel is exactly what it was before symbols existed.
+such an expression too. A static kernel is exactly what it was before symbols existed. A loop
+nested in a phase may also run to a count the kernel computed (the Var of a Local: a list's
+length), which no thread plan divides.
 
 Threads. A kernel's body is a sequence of *phases* (`phases`): its top-level loops and
 Gemms, when it holds nothing else at top level but pure Lets; otherwise the whole body is
@@ -527,7 +529,7 @@ def guarded_phase(s) -> bool:
     """Whether a statement is a guarded phase: If(a comparison of run-time extents, (one
     loop or Gemm,)) with no else."""
     return (isinstance(s, If) and not s.orelse and len(s.then) == 1 and isinstance(s.then[0], (For, Gemm))
-            and isinstance(s.cond, Cmp) and _of_symbols(s.cond.a) and _of_symbols(s.cond.b))
+            and isinstance(s.cond, Cmp) and of_symbols(s.cond.a) and of_symbols(s.cond.b))
 
 
 def phases(body: tuple) -> tuple[tuple, tuple]:
@@ -738,14 +740,14 @@ _EXTENT_OPS = {"add": ("+", lambda a, b: a + b), "sub": ("-", lambda a, b: a - b
                "min": ("<", min), "max": (">", max)}  # (C: a choice by comparison)
 
 
-def _of_symbols(e) -> bool:
+def of_symbols(e) -> bool:
     """Whether an expression is an extent: constants and the symbols' values, combined by
     _EXTENT_OPS."""
     if isinstance(e, (int, Const)):
         return True
     if isinstance(e, Load):
         return e.buf == SYMBOLS and isinstance(e.index, Const)
-    return isinstance(e, Bin) and e.op in _EXTENT_OPS and _of_symbols(e.a) and _of_symbols(e.b)
+    return isinstance(e, Bin) and e.op in _EXTENT_OPS and of_symbols(e.a) and of_symbols(e.b)
 
 
 def extent_value(e, symbols: list) -> int:

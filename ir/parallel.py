@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import fields
 
 from .loop import (TRANSPOSE_LANES, Assign, Call, Deinterleave, Expr, For, Gemm, If, Kernel, Let, Local, Store,
-                   TransposeBlock, WindowDot, extent_value, parallel_extent, phases)
+                   TransposeBlock, WindowDot, extent_value, of_symbols, parallel_extent, phases)
 
 MIN_PIECE_WORK = 150_000  # estimated operations in one part
 MAX_PIECES = 64
@@ -36,8 +36,9 @@ def work(stmt, symbols: tuple = ()) -> int:
     count at the values `symbols` gives them (their bounds)."""
     if isinstance(stmt, tuple):
         return sum(work(s, symbols) for s in stmt)
-    if isinstance(stmt, For):
-        return extent_value(stmt.extent, symbols) * max(work(stmt.body, symbols), 1)
+    if isinstance(stmt, For):  # (a loop to a count the kernel computed: its body counted once)
+        trips = extent_value(stmt.extent, symbols) if of_symbols(stmt.extent) else 1
+        return trips * max(work(stmt.body, symbols), 1)
     if isinstance(stmt, Gemm):
         m, n = extent_value(stmt.m, symbols), extent_value(stmt.n, symbols)
         macs = m * n * stmt.k * (4 if stmt.kind != "f32" else 1)

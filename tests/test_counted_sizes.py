@@ -150,16 +150,18 @@ def test_non_max_suppression_against_the_reference(center, executor):
     """Thresholds fed at run time, a run-time count of boxes, ties in the scores: onnxruntime
     and onnx's reference evaluator agree with Kiln row for row."""
     from onnx.reference import ReferenceEvaluator
-    most = numpy_helper.from_array(np.array([4], np.int64), "most")
+    most = numpy_helper.from_array(np.array([40], np.int64), "most")
     model = _model([H.make_node("NonMaxSuppression", ["boxes", "scores", "most", "iou", "floor"], ["selected"],
                                 center_point_box=center)],
                    [("boxes", TensorProto.FLOAT, [2, "n", 4]), ("scores", TensorProto.FLOAT, [2, 3, "n"]),
                     ("iou", TensorProto.FLOAT, [1]), ("floor", TensorProto.FLOAT, [1])],
                    [("selected", TensorProto.INT64)], [most])
     module = build(model, executor=executor, cache=None, progress=False, dims={"n": (1, 64)}).load()
-    assert module.manifest.derived[0]["greatest"] == 2 * 3 * 4
+    assert module.manifest.derived[0]["greatest"] == 2 * 3 * 40
     rng = np.random.default_rng(center)
-    for n, iou, floor, ties in ((64, 0.3, 0.2, False), (10, 0.0, 0.9, True), (1, 0.5, 0.0, False), (40, 0.7, 0.5, True)):
+    # (every box a candidate at floor -1: heaps of 64 and 32 entries, whole powers of two)
+    for n, iou, floor, ties in ((64, 0.3, 0.2, False), (10, 0.0, 0.9, True), (1, 0.5, 0.0, False), (40, 0.7, 0.5, True),
+                                (64, 0.5, -1.0, False), (32, 0.9, -1.0, True), (33, 0.6, -1.0, False)):
         scores = rng.random((2, 3, n)).astype(np.float32)
         feeds = {"boxes": _boxes(rng, (2, n), center, flipped=ties), "scores": np.round(scores * 4) / 4 if ties else scores,
                  "iou": np.array([iou], np.float32), "floor": np.array([floor], np.float32)}

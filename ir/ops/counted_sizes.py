@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..graph import Node, ShapeError, TensorType
-from ..loop import Assign, Cast, Const, For, If, Load, Local, Store, Var, add, cmp, fbin, mul
+from ..loop import Assign, Cast, Const, For, If, Let, Load, Local, Store, Var, add, cmp, div, fbin, mul, rem, sub
 from ..symbolic import greatest, require_equal
 from ..value_symbols import counted
 from .node_builder import NodeBuilder
@@ -25,6 +25,11 @@ COUNT_NONZERO = "kiln.NonZero"
 NON_MAX_SUPPRESSION = "NonMaxSuppression"
 # NonMaxSuppression's inputs -> (selected [n, 3], n as an int64 scalar)
 COUNT_NON_MAX_SUPPRESSION = "kiln.NonMaxSuppression"
+
+
+def _with_count(node, op: str, attrs: dict) -> list:
+    """The node as `op`, which also outputs the count of its rows (the size the module reads)."""
+    return [Node(op, list(node.inputs), [node.outputs[0], f"{node.key}/count"], attrs, node.name)]
 
 
 def _rank_checked(g, node):
@@ -48,8 +53,7 @@ def _expand_nonzero(g, node):
     if node.inputs[0] in g.constants:
         return None
     # (the size is named after the input: twins, one count once CSE merges them, agree before it)
-    return [Node(COUNT_NONZERO, [node.inputs[0]], [node.outputs[0], f"{node.key}/count"],
-                 {"size_name": f"nonzero({node.inputs[0]})"}, node.name)]
+    return _with_count(node, COUNT_NONZERO, {"size_name": f"nonzero({node.inputs[0]})"})
 
 
 def _count_nonzero_infer(g, node, p):
@@ -99,13 +103,8 @@ def _expand_compress(g, node):
 
 # ---- NonMaxSuppression --------------------------------------------------------------------------
 
-def _with_count(g, node, op: str, attrs: dict) -> list:
-    """The node as `op`, which also outputs the count of its rows (the size the module reads)."""
-    return [Node(op, list(node.inputs), [node.outputs[0], f"{node.key}/count"], attrs, node.name)]
-
-
 def _expand_nms(g, node):
-    return _with_count(g, node, COUNT_NON_MAX_SUPPRESSION, {**node.attrs, "size_name": f"selected({node.outputs[0]})"})
+    return _with_count(node, COUNT_NON_MAX_SUPPRESSION, {**node.attrs, "size_name": f"selected({node.outputs[0]})"})
 
 
 def _nms_infer(g, node, p):
@@ -138,29 +137,36 @@ def _corners(box: list, center: bool) -> tuple:
     return fbin("min", y1, y2), fbin("min", x1, x2), fbin("max", y1, y2), fbin("max", x1, x2)
 
 
-def _overlaps(a: tuple, b: tuple, threshold):
-    """Whether boxes a and b (corners) overlap by more than `threshold` (intersection over
-    union), as ONNX's reference decides it: never where either box or the overlap is empty."""
-    iy0, ix0 = fbin("max", a[0], b[0]), fbin("max", a[1], b[1])
-    iy1, ix1 = fbin("min", a[2], b[2]), fbin("min", a[3], b[3])
-    inter = fbin("mul", fbin("sub", ix1, ix0), fbin("sub", iy1, iy0))
-    area_a = fbin("mul", fbin("sub", a[3], a[1]), fbin("sub", a[2], a[0]))
-    area_b = fbin("mul", fbin("sub", b[3], b[1]), fbin("sub", b[2], b[0]))
-    union = fbin("sub", fbin("add", area_a, area_b), inter)
-    tests = [cmp("gt", ix1, ix0), cmp("gt", iy1, iy0), cmp("gt", inter, Const(0.0)), cmp("gt", area_a, Const(0.0)),
-             cmp("gt", area_b, Const(0.0)), cmp("gt", union, Const(0.0)),
-             cmp("gt", fbin("div", inter, union), threshold)]
-    out = tests[0]
-    for t in tests[1:]:
-        out = fbin("and", out, t)
-    return out
+def _sift_down(b, heap: str, size, first, better, levels) -> list:
+    """Statements restoring a binary max-heap (`heap`: i32 entries, `size` of them, `levels`
+    deep at most, ordered by better(a, b)) below position `first`, whose entry may be out of
+    place. The loop runs `levels` times, idle once the entry has settled."""
+    at, moving, going, child, d = (b.fresh(v) for v in ("at", "moving", "going", "child", "d"))
+    left = add(mul(Var(at), Const(2)), Const(1))
+
+    def entry(pos):
+        return Cast("i64", Load(heap, pos))
+    right = add(left, Const(1))
+    # (nested Ifs, not "and": both operands of an "and" are evaluated, and a child past the
+    # heap's end has no entry to read)
+    step = [Local(child, "i64", left),
+            If(cmp("lt", right, size), (If(better(entry(right), entry(left)), (Assign(child, right),)),)),
+            Assign(going, Const(0)),
+            If(cmp("lt", Var(child), size), (If(better(entry(Var(child)), Var(moving)), (
+                Store(heap, Var(at), Load(heap, Var(child))), Assign(at, Var(child)), Assign(going, Const(1)))),))]
+    return [Local(at, "i64", first), Local(moving, "i64", entry(first)), Local(going, "i64", Const(1)),
+            For(d, levels, (If(cmp("ne", Var(going), Const(0)), tuple(step)),)),
+            Store(heap, Var(at), Cast("i32", Var(moving)))]
 
 
 def _nms_kernel(b, node):
-    """Per batch and class, greedy selection without sorting: take the best live box (the
-    lowest index among equal scores, as ONNX's reference orders them), then retire every live
-    box it overlaps too much; stop at max_output_boxes_per_class or when none is live. Rows
-    go out in (batch, class, selection) order."""
+    """Per batch and class, ONNX's greedy selection as onnxruntime runs it, without sorting
+    every box: the boxes above the score threshold listed with their corners and areas, a
+    max-heap of them by score (the lowest index first among equal scores, as onnx's reference
+    orders them), then boxes popped best first, each kept unless it overlaps one kept before
+    it too much, until max_output_boxes_per_class are kept or none is left. Work: the
+    candidates, plus log(candidates) and a test against each kept box per box popped. Rows go
+    out in (batch, class, selection) order."""
     boxes, scores = b.reader(node.inputs[0]), b.reader(node.inputs[1])
     batches, classes, n = b.shape(node.inputs[1])
     out = b.out_param(node.outputs[0])
@@ -171,42 +177,103 @@ def _nms_kernel(b, node):
         name = node.inputs[index] if index < len(node.inputs) else ""
         if not name:
             return Const(default, t)
-        read = b.reader(name)
-        return Cast(t, read([Const(0)] * len(b.shape(name))))
-    most = scalar(2, 0, "i64")
-    iou = scalar(3, 0.0, "f32")
+        return Cast(t, b.reader(name)([Const(0)] * len(b.shape(name))))
+    most, iou, floor = scalar(2, 0, "i64"), scalar(3, 0.0, "f32"), scalar(4, 0.0, "f32")
     has_floor = len(node.inputs) > 4 and bool(node.inputs[4])
-    floor = scalar(4, 0.0, "f32")
-    live = b.workspace(b.type(node.inputs[1]).shape[2], "i32")  # (1 where a box is still a candidate)
-    rows, taken, done = b.fresh("rows"), b.fresh("taken"), b.fresh("done")
-    best, top, step, bv, cv = b.fresh("best"), b.fresh("top"), b.fresh("step"), b.fresh("b"), b.fresh("c")
-    i, j, k = b.fresh("i"), b.fresh("j"), b.fresh("k")
+    boxes_dim = b.type(node.inputs[1]).shape[2]
+    # (per candidate, in listing order: its box's index, its score, its corners and area)
+    index, key, geometry = b.workspace(boxes_dim, "i32"), b.workspace(boxes_dim), b.workspace(boxes_dim * 5)
+    # (the kept boxes' corners and areas, each a row of its own: one vectorized test against all)
+    heap, kept = b.workspace(boxes_dim, "i32"), b.workspace(boxes_dim * 5)
+    rows, size, taken, hit, top = b.fresh("rows"), b.fresh("size"), b.fresh("taken"), b.fresh("hit"), b.fresh("top")
+    bv, cv, i, h, step, t = (b.fresh(v) for v in ("b", "c", "i", "h", "step", "t"))
 
-    def score(box):
-        return Cast("f32", scores([Var(bv), Var(cv), box]))
+    def better(p, q):  # (candidate p before candidate q)
+        kp, kq = Load(key, p), Load(key, q)
+        return fbin("or", cmp("gt", kp, kq), fbin("and", cmp("eq", kp, kq), cmp("lt", Load(index, p), Load(index, q))))
 
-    def corners(box):
-        return _corners([Cast("f32", boxes([Var(bv), box, Const(c)])) for c in range(4)], center)
+    def geo(p, c):
+        return Load(geometry, add(mul(p, Const(5)), Const(c)))
+    score = Cast("f32", scores([Var(bv), Var(cv), Var(i)]))
+    corners = _corners([Cast("f32", boxes([Var(bv), Var(i), Const(c)])) for c in range(4)], center)
+    area = fbin("mul", fbin("sub", corners[3], corners[1]), fbin("sub", corners[2], corners[0]))
+    listing = (Store(index, Var(size), Cast("i32", Var(i))), Store(key, Var(size), score),
+               *[Store(geometry, add(mul(Var(size), Const(5)), Const(c)), v) for c, v in enumerate((*corners, area))],
+               Store(heap, Var(size), Cast("i32", Var(size))), Assign(size, add(Var(size), Const(1))))
+    gather = [Local(size, "i64", Const(0)), *(_listed_above(b, n, i, score, floor, listing) if has_floor else
+                                              [For(i, n, listing)])]
+    # The heap's depth: levels, with 2**levels (`room`) more than its entries. Kept as it
+    # shrinks, so a pop's loop runs as deep as the heap is (a fixed 15 levels for YOLO's 8400
+    # boxes cost 80 ns a pop, most of its time).
+    levels, room, lv = b.fresh("levels"), b.fresh("room"), b.fresh("lv")
+    depth = [Local(levels, "i64", Const(0)), Local(room, "i64", Const(1)),
+             For(lv, max(greatest(boxes_dim), 1).bit_length() + 1, (If(cmp("le", Var(room), Var(size)), (
+                 Assign(room, mul(Var(room), Const(2))), Assign(levels, add(Var(levels), Const(1))))),))]
+    heapify = For(h, add(div(Var(size), Const(2)), Const(1)),  # (from the last parent up to the root)
+                  tuple(_sift_down(b, heap, Var(size), sub(div(Var(size), Const(2)), Var(h)), better, Var(levels))))
+    shrink = If(cmp("lt", mul(Var(size), Const(2)), Var(room)), (Assign(room, div(Var(room), Const(2))),
+                                                                  Assign(levels, sub(Var(levels), Const(1)))))
+    pos = Var(top)
+    mine = [b.fresh("g") for _ in range(5)]
 
-    def alive(box):
-        return cmp("ne", Load(live, box), Const(0))
-    find = [Local(best, "i64", Const(-1)), Local(top, "f32", Const(0.0, "f32")),
-            For(i, n, (If(fbin("and", alive(Var(i)), fbin("or", cmp("lt", Var(best), Const(0)),
-                                                           cmp("gt", score(Var(i)), Var(top, "f32")))),
-                          (Assign(best, Var(i)), Assign(top, score(Var(i))))),))]
-    chosen = corners(Var(best))
-    take = [Store(live, Var(best), Const(0, "i32")),
-            *[Store(out, add(mul(Var(rows), Const(3)), Const(c)), v) for c, v in enumerate((Var(bv), Var(cv), Var(best)))],
-            Assign(rows, add(Var(rows), Const(1))), Assign(taken, add(Var(taken), Const(1))),
-            For(j, n, (If(fbin("and", alive(Var(j)), _overlaps(chosen, corners(Var(j)), iou)),
-                          (Store(live, Var(j), Const(0, "i32")),)),))]
-    select_one = If(fbin("and", cmp("eq", Var(done), Const(0)), cmp("lt", Var(taken), most)),
-                    (*find, If(cmp("lt", Var(best), Const(0)), (Assign(done, Const(1)),), tuple(take))))
-    candidates = For(k, n, (Store(live, Var(k), Cast("i32", cmp("gt", score(Var(k)), floor)) if has_floor
-                                  else Const(1, "i32")),))
-    per_class = (candidates, Local(taken, "i64", Const(0)), Local(done, "i64", Const(0)), For(step, n, (select_one,)))
+    def kept_at(c, at):
+        return add(mul(Const(c), n), at)
+    overlaps = [*[Let(v, geo(pos, c)) for c, v in enumerate(mine)], Local(hit, "i32", Const(0)),
+                For(t, Var(taken), (Assign(hit, fbin("or", Var(hit, "i32"), Cast("i32", _overlap_of(
+                    [Var(v, "f32") for v in mine], [Load(kept, kept_at(c, Var(t))) for c in range(5)], iou)))),),
+                    "vectorize")]
+    keep = (*[Store(out, add(mul(Var(rows), Const(3)), Const(c)), v)
+              for c, v in enumerate((Var(bv), Var(cv), Cast("i64", Load(index, pos))))],
+            *[Store(kept, kept_at(c, Var(taken)), Var(v, "f32")) for c, v in enumerate(mine)],
+            Assign(rows, add(Var(rows), Const(1))), Assign(taken, add(Var(taken), Const(1))))
+    pop = [Local(top, "i64", Cast("i64", Load(heap, Const(0)))), Assign(size, sub(Var(size), Const(1))),
+           Store(heap, Const(0), Load(heap, Var(size))), shrink,
+           *_sift_down(b, heap, Var(size), Const(0), better, Var(levels)),
+           *overlaps, If(cmp("eq", Var(hit, "i32"), Const(0)), keep)]
+    listed = b.fresh("listed")  # (a pop a step: as many steps as boxes listed, at most)
+    select = For(step, Var(listed), (If(fbin("and", cmp("gt", Var(size), Const(0)), cmp("lt", Var(taken), most)),
+                                        tuple(pop)),))
+    per_class = (*gather, *depth, heapify, Local(taken, "i64", Const(0)), Local(listed, "i64", Var(size)), select)
     body = [Local(rows, "i64", Const(0)), For(bv, batches, (For(cv, classes, per_class),))]
     return body + ([Store(count, Const(0), Var(rows))] if count else [])
+
+
+# Boxes a block of the score threshold's test: a detector's scores are nearly all below it,
+# so a block is skipped after one vectorized test (YOLOv8's 80 x 8400 scores, none above:
+# 0.168 -> 0.028 ms).
+SCORE_BLOCK = 16
+
+
+def _listed_above(b, n, i, score, floor, listing) -> list:
+    """The loop listing the boxes (i) whose score beats the threshold, a block of them tested
+    at once first."""
+    blk, lane, hit = b.fresh("blk"), b.fresh("lane"), b.fresh("hit")
+    at = add(mul(Var(blk), Const(SCORE_BLOCK)), Var(lane))
+    each = (Let(i, at), If(cmp("gt", score, floor), listing))
+    test = [Local(hit, "i32", Const(0)),
+            For(lane, SCORE_BLOCK, (Let(i, at), Assign(hit, fbin("or", Var(hit, "i32"),
+                                                                   Cast("i32", cmp("gt", score, floor))))), "forced_vector"),
+            If(cmp("ne", Var(hit, "i32"), Const(0)), (For(lane, SCORE_BLOCK, each),))]
+    whole, rest = div(n, SCORE_BLOCK), b.fresh("r")  # (n: an int or a run-time size; div folds ints)
+    tail = For(rest, rem(n, SCORE_BLOCK),
+               (Let(i, add(mul(whole, Const(SCORE_BLOCK)), Var(rest))), If(cmp("gt", score, floor), listing)))
+    return [For(blk, whole, tuple(test)), tail]
+
+
+def _overlap_of(p: list, q: list, threshold):
+    """Whether boxes p and q ([y_min, x_min, y_max, x_max, area]) overlap by more than
+    `threshold` (intersection over union), as onnx's reference decides it: never where either
+    box or their intersection is empty."""
+    iy0, ix0, iy1, ix1 = (fbin("max", p[0], q[0]), fbin("max", p[1], q[1]), fbin("min", p[2], q[2]),
+                          fbin("min", p[3], q[3]))
+    inter = fbin("mul", fbin("sub", ix1, ix0), fbin("sub", iy1, iy0))
+    union = fbin("sub", fbin("add", p[4], q[4]), inter)
+    tests = [cmp("gt", ix1, ix0), cmp("gt", iy1, iy0), cmp("gt", inter, Const(0.0)), cmp("gt", p[4], Const(0.0)),
+             cmp("gt", q[4], Const(0.0)), cmp("gt", union, Const(0.0)), cmp("gt", fbin("div", inter, union), threshold)]
+    out = tests[0]
+    for t in tests[1:]:
+        out = fbin("and", out, t)
+    return out
 
 
 register(
