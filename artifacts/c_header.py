@@ -11,7 +11,8 @@ from __future__ import annotations
 import json
 import math
 
-from .manifest import ENTRY_ABI_VERSION, Manifest, dim_c, dim_text, dim_value, is_counted
+from .manifest import ENTRY_ABI_VERSION, Manifest, dim_c, dim_greatest, dim_text, dim_value, is_counted
+from .symbols import late_names
 
 HEADER = "kiln_model.h"
 # (int4, uint4, int2, uint2 and the 8- and 4-bit floats: one to a byte, a 4-bit value in its low bits)
@@ -39,9 +40,21 @@ def _symbolic_dim_c(dim, symbols: list) -> str:
 
 
 def _bytes_c(spec: dict, symbols: list, derived: list) -> str:
-    """A tensor's bytes as a C expression of dims[] (the symbols' values)."""
-    return "(size_t)(" + "*".join([dim_c(d, symbols, derived) for d in spec["shape"]]
+    """A tensor's bytes as a C expression of dims[] (the symbols' values); a dim that a size
+    counted while the call runs decides, unless dims[] holds it, at its greatest (what to
+    allocate before the call)."""
+    late, bounds = late_names(derived), _bounds(derived)
+    return "(size_t)(" + "*".join([f"{dim_greatest(d, bounds)}LL" if _uses(d, late - set(symbols)) else
+                                   dim_c(d, symbols, derived) for d in spec["shape"]]
                                   + [str(_ITEMSIZE[spec["dtype"]])]) + ")"
+
+
+def _uses(dim, names: set) -> bool:
+    return not isinstance(dim, int) and any(s in names for monomial, _ in dim for s in monomial)
+
+
+def _bounds(derived: list, symbols: list = ()) -> dict:
+    return {s["name"]: (int(s["least"]), int(s["greatest"])) for s in [*symbols, *derived]}
 
 
 def _counts(m: Manifest) -> bool:
@@ -113,7 +126,8 @@ def _tensors(kind: str, specs: list, symbols: list, derived: list) -> list[str]:
     names = [s["name"] for s in symbols]
     if any(is_counted(d) for d in derived):  # (a call writes these after the caller's)
         names += [d["name"] for d in derived]
-    greatest = {s["name"]: s["greatest"] for s in symbols + derived}
+    greatest, late, bounds = {s["name"]: s["greatest"] for s in symbols + derived}, late_names(derived), \
+        _bounds(derived, symbols)
     shapes = ["{" + ", ".join([_symbolic_dim_c(d, names) for d in s["shape"]] + ["0"] * (rank - len(s["shape"])))
               + "}" for s in specs]
     return [f"#define KILN_NUM_{kind.upper()}S {len(specs)}",
@@ -122,7 +136,8 @@ def _tensors(kind: str, specs: list, symbols: list, derived: list) -> list[str]:
             _array("int", f"kiln_{kind}_ranks", [str(len(s["shape"])) for s in specs]),
             f"static const long long kiln_{kind}_shapes[{max(len(specs), 1)}][{rank}] = "
             f"{{{', '.join(shapes) or '{0}'}}};",
-            _array("size_t", f"kiln_{kind}_bytes", [str(math.prod(dim_value(d, greatest) for d in s["shape"])
+            _array("size_t", f"kiln_{kind}_bytes", [str(math.prod(dim_greatest(d, bounds) if _uses(d, late) else
+                                                                  dim_value(d, greatest) for d in s["shape"])
                                                         * _ITEMSIZE[s["dtype"]]) for s in specs]),
             "/* element types, in order: " + ", ".join(f"{s['name']}: {_C_TYPES[s['dtype']]}" for s in specs) + " */"]
 

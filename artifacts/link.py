@@ -81,7 +81,8 @@ def _body(plan: list, timed: bool, depth: int = 1) -> list[str]:
     lines = []
     for item in plan:
         if item[0] == "bind":  # (a size the call before counted: what every later extent reads)
-            lines.append(f"{pad}dims[{item[1]}] = *(const long long*){_pointer(item[2])};")
+            _, k, loc, after = item
+            lines += [f"{pad}dims[{k}] = *(const long long*){_pointer(loc)};", *(pad + a for a in after)]
             continue
         if item[0] == "call":
             _, sym, args, guard, index, parts = item
@@ -164,9 +165,11 @@ def entry_source(plan: list, outputs: list[tuple[tuple, int]], arena_bytes: int,
     the first of `preconditions` ((C condition, code)) that fails before running anything.
     `derived` (base count, [C expression of dims[] for each derived symbol], whether any is
     counted): symbols the entry computes from the caller's (ir/symbolic.floor_div), after
-    them in dims[]. A counted one (a NonZero's count) starts at its greatest and is set by a
-    ("bind", k, location of the int64 a call wrote) item after that call; with any, the
-    caller's dims[] has room for every symbol and the entry writes the derived ones back.
+    them in dims[]. A counted one (a NonZero's count), and one computed from it, starts at its
+    greatest; a ("bind", k, location of the int64 a call wrote, [C statements]) item after
+    that call sets dims[k], then computes and checks what waited for it (a return there is
+    an error code like the preconditions'). With any, the caller's dims[] has room for every
+    symbol and the entry writes the derived ones back.
     `caches` (input count, [(input index, output index, blocks, past block bytes, capacity block bytes)]),
     sizes as C expressions: KV caches whose kernels read the past input from the present
     output's buffer, at its capacity; where the caller passed two buffers, the entry first
@@ -190,7 +193,8 @@ def entry_source(plan: list, outputs: list[tuple[tuple, int]], arena_bytes: int,
     if symbolic:
         lines += ["", _RUNTIME_PIECES_C % min_piece_work]
     # (kiln_max: the arena's run-time offsets; kiln_div and the rest: a value symbol's expression)
-    if arena_at or derived and any("kiln_" in value for value in derived[1]):
+    binds = [a for item in plan if item[0] == "bind" for a in item[3]]  # (top level only: bundle._locations)
+    if arena_at or derived and any("kiln_" in value for value in derived[1] + binds):
         lines += ["", *C_HELPERS]
     if any("kiln_disjoint" in cond for cond, _ in preconditions):
         lines += ["", _DISJOINT_C]

@@ -41,6 +41,20 @@ def dim_value(dim, values: dict) -> int:
     return total
 
 
+def dim_greatest(dim, bounds: dict) -> int:
+    """The most a manifest dim can be with each symbol within its (least, greatest) bounds:
+    what a buffer for a size not yet known is allocated at (symbols are never negative)."""
+    if isinstance(dim, int):
+        return dim
+    total = 0
+    for monomial, coef in dim:
+        term = int(coef)
+        for s in monomial:
+            term *= bounds[s][1 if coef > 0 else 0]
+        total += term
+    return max(total, 0)
+
+
 def dim_c(dim, order: list, derived: list = ()) -> str:
     """A manifest dim as a C expression (long long) of dims[], the symbols' values in `order`;
     a derived symbol not in `order` written out from its definition (the manifest's `derived`)."""

@@ -280,10 +280,15 @@ class Module:
             outs = self._bind(inputs, out, cache)
             rc = self._run(self._weights_ptr, self._arena_ptr, self._in_ptrs, self._out_ptrs,
                            *self._dims_arg(), self._threads)
-            if rc == 0 and self._symbols is not None and self._symbols.counted:
+            if rc == 0 and self._symbols is not None and self._symbols.late:
                 outs = self._counted_views(outs)
         if rc == OVERLAPPING_BUFFERS:
             raise self._overlap_error(outs)
+        if rc in (2, 3) and self._symbols is not None and self._symbols.late:
+            raise KilnError(f"model '{self.path}': sizes it counted while running "
+                            + ("fell outside the bounds it was built for" if rc == 2 else
+                               "differ where the model needs them equal (two selections of different lengths "
+                               "combined)") + " (the call stopped there)")
         if rc != 0:
             raise KilnError(f"model '{self.path}' returned error code {rc}")
         if cache is not None:

@@ -12,13 +12,36 @@ import numpy as np
 
 from . import expressions
 from .errors import KilnError
-from .manifest import dim_text, dim_value, is_counted
+from .manifest import dim_greatest, dim_text, dim_value, is_counted
 
 
 def _plain_symbol(dim) -> str | None:
     if isinstance(dim, list) and len(dim) == 1 and dim[0][1] == 1 and len(dim[0][0]) == 1:
         return dim[0][0][0]
     return None
+
+
+def _known(dim, values: dict) -> bool:
+    return isinstance(dim, int) or all(s in values for monomial, _ in dim for s in monomial)
+
+
+def late_names(derived: list) -> set:
+    """The manifest's derived symbols known only after a kernel has counted (a counted one,
+    or one computed from one), as ir.symbolic.late_symbols finds them."""
+    late: set = set()
+    for d in derived:
+        uses = {s for monomial, _ in d["numerator"] for s in monomial} if "numerator" in d else _expr_symbols(d["expr"])
+        if is_counted(d) or uses & late:
+            late.add(d["name"])
+    return late
+
+
+def _expr_symbols(expr) -> set:
+    if not isinstance(expr, list) or not expr:
+        return set()
+    if expr[0] == "dim":
+        return {s for monomial, _ in expr[1] for s in monomial}
+    return set().union(*(_expr_symbols(e) for e in expr[1:]))
 
 
 def shape_text(shape) -> str:
@@ -34,11 +57,14 @@ class Symbols:
         self.bounds = {s["name"]: (int(s["least"]), int(s["greatest"])) for s in symbols}
         self.inputs, self.outputs, self.checks, self.derived = inputs, outputs, list(checks), list(derived)
         self.caches = list(caches)
-        # Sizes a kernel counts while the call runs (a NonZero's): the entry writes every
-        # derived symbol after the caller's, so the array has room for them all.
-        self.counted = [(len(self.order) + j, d["name"]) for j, d in enumerate(self.derived)
-                        if is_counted(d)]
-        size = len(self.order) + (len(self.derived) if self.counted else 0)
+        # Sizes known only after a kernel has counted them (a NonZero's), and those computed
+        # from them: unknown until the call returns, when the entry has written every derived
+        # symbol after the caller's (the array has room for them all). Outputs they size are
+        # allocated at their greatest.
+        self.late = late_names(self.derived)
+        self.greatest_of = {**self.bounds, **{d["name"]: (int(d["least"]), int(d["greatest"])) for d in self.derived}}
+        self.written_back = [(len(self.order) + j, d["name"]) for j, d in enumerate(self.derived)] if self.late else []
+        size = len(self.order) + (len(self.derived) if self.late else 0)
         self.dims = np.zeros(max(size, 1), np.int64)  # what the entry function reads
         # A serving loop repeats its shapes: where the values follow from the shapes alone (no
         # symbol or check reads an input's values, no KV cache), a bound call is remembered.
@@ -97,15 +123,17 @@ class Symbols:
                     raise KilnError(f"input '{spec['name']}': dim {axis} must be {dim_text(dim)}{value}, got {size} "
                                     f"(expected {shape_text(spec['shape'])})")
         for d in self.derived:  # (in order: each may use those before it)
-            if is_counted(d):  # (known after the call: outputs sized at the greatest)
-                values[d["name"]] = int(d["greatest"])
-            elif "expr" in d:  # (read from an input's values: checked like a caller's)
+            if d["name"] in self.late:  # (known after the call: the outputs it sizes at their greatest)
+                continue
+            if "expr" in d:  # (read from an input's values: checked like a caller's)
                 values[d["name"]] = self._read_symbol(d, values, arrays)
             else:
                 values[d["name"]] = dim_value(d["numerator"], values) // int(d["divisor"])
         names = [spec["name"] for spec in self.inputs]
         for check in self.checks:  # (sizes the model needs equal: two inputs broadcast together, ...)
             unless = check.get("unless")
+            if not _known(check["left"], values) or not _known(check["right"], values):
+                continue  # (a size counted while the call runs: the entry checks it then, error 3)
             if unless and arrays and bool(np.asarray(arrays[names.index(unless["input"])]).reshape(-1)[0]) == \
                     bool(unless["value"]):
                 continue
@@ -142,15 +170,17 @@ class Symbols:
             values[c["capacity"]] = capacity
 
     def after_call(self, values: dict) -> dict:
-        """The symbols' values with the sizes the call counted, as the entry wrote them."""
-        return {**values, **{name: int(self.dims[k]) for k, name in self.counted}}
+        """The symbols' values with the late ones, as the entry wrote them back."""
+        return {**values, **{name: int(self.dims[k]) for k, name in self.written_back}}
 
     def output_shapes(self, values: dict) -> list[tuple]:
         last = self._last
         return last[2] if last is not None and last[0] is values else self._output_shapes(values)
 
     def _output_shapes(self, values: dict) -> list[tuple]:
-        return [tuple(dim_value(d, values) for d in spec["shape"]) for spec in self.outputs]
+        """Each output's shape; a dim that a late symbol still unknown sizes at its greatest."""
+        return [tuple(dim_value(d, values) if _known(d, values) else dim_greatest(d, self.greatest_of)
+                      for d in spec["shape"]) for spec in self.outputs]
 
     def greatest(self) -> dict:
         return {s: hi for s, (_, hi) in self.bounds.items()}

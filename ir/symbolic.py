@@ -305,29 +305,47 @@ def deriving_symbols(symbols: dict, derived: dict):
         _DERIVED.reset(token)
 
 
+def definition_symbols(definition) -> set:
+    """The symbols a derived symbol's definition reads: a quotient's numerator's, or those in
+    a value symbol's expression (tuples of an op and operands: ints, Dims, names, tuples)."""
+    if isinstance(definition, tuple) and definition and isinstance(definition[0], Dim):
+        return set(definition[0].symbols)
+    found: set = set()
+
+    def walk(e):
+        if isinstance(e, Dim):
+            found.update(e.symbols)
+        elif isinstance(e, tuple):
+            for operand in e[1:]:
+                walk(operand)
+    walk(getattr(definition, "expr", ()))
+    return found
+
+
+def late_symbols(derived: dict) -> list:
+    """The derived symbols (in order) known only once a kernel has counted: the counted sizes
+    themselves and every symbol computed from one. The module computes these after the
+    counting kernel runs, and checks what uses them then."""
+    late: list = []
+    for name, definition in derived.items():
+        if getattr(definition, "expr", (None,))[0] == COUNTED or definition_symbols(definition) & set(late):
+            late.append(name)
+    return late
+
+
 def counted_symbols(x) -> list:
-    """The symbols of a size x whose values a kernel counts while the call runs (a NonZero's
-    count): the module knows them only after that kernel, so nothing computed before it
-    (a quotient, a check, another symbol's definition) may use them."""
+    """The late symbols (late_symbols) a size x uses, during type inference."""
     place = _DERIVED.get()
     if place is None or not isinstance(x, Dim):
         return []
-    return [s for s in x.symbols if getattr(place[1].get(s), "expr", (None,))[0] == COUNTED]
-
-
-def refuse_counted(x, what: str) -> None:
-    """A TypeError (type inference names the op) where x uses a size counted at run time."""
-    counted = counted_symbols(x)
-    if counted:
-        raise TypeError(f"{what} would use {', '.join(counted)}, a size counted while the model runs, before it is "
-                        "known")
+    late = set(late_symbols(place[1]))
+    return [s for s in x.symbols if s in late]
 
 
 def _derived_symbol(numerator: Dim, d: int) -> Dim:
     place = _DERIVED.get()
     if place is None:
         raise TypeError(f"({numerator}) // {d} is not a polynomial of the symbols")
-    refuse_counted(numerator, f"({numerator}) // {d}")
     symbols, derived = place
     name = f"({numerator})//{d}"
     if name not in derived:
@@ -431,7 +449,6 @@ def require_equal(a, b, where: str, unless: tuple | None = None):
     checks = _CHECKS.get()
     if checks is None:
         raise TypeError(f"{a} and {b} must agree at run time")
-    refuse_counted(a - b, f"{where}: the check that {a} equals {b}")
     if (a, b, where, unless) not in checks:
         checks.append((a, b, where, unless))
     return a if isinstance(a, int) else b if isinstance(b, int) else a

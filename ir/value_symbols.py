@@ -29,8 +29,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..artifacts import expressions
 from .errors import KilnError
-from .symbolic import _DERIVED, COUNTED, Dim, counted_symbols, dim_to_json, refuse_counted
+from .symbolic import _DERIVED, COUNTED, Dim, counted_symbols, definition_symbols, dim_to_json
 
 MAX_VALUE_ELEMENTS = 64  # a shape parameter is a short vector, not data
 
@@ -115,12 +116,23 @@ def define(name: str, expr, least: int, greatest: int, what: str) -> Dim:
     if place is None:
         raise TypeError(f"{what} is read from a tensor at run time")
     symbols, derived = place
-    for d in _dims_in(expr):
-        refuse_counted(d, what)
+    expr = simplified(expr)
     if name not in derived:
         symbols[name] = (int(least), int(greatest))
         derived[name] = Computed(expr, what)
     return Dim.symbol(name, *symbols[name])
+
+
+def simplified(expr):
+    """expr with each operation on plain ints computed (x[:5]'s bounds fold to ints)."""
+    if not isinstance(expr, tuple) or expr[0] in ("read", COUNTED):
+        return expr
+    operands = [simplified(e) for e in expr[1:]]
+    if all(isinstance(e, (int, np.integer)) for e in operands):
+        return expressions.value((expr[0], *operands), {}, None)
+    if expr[0] == "select" and isinstance(operands[0], (int, np.integer)):
+        return operands[1] if operands[0] else operands[2]
+    return (expr[0], *operands)
 
 
 def counted(name: str, tensor: str, greatest: int, what: str) -> Dim:
@@ -128,6 +140,9 @@ def counted(name: str, tensor: str, greatest: int, what: str) -> Dim:
     scalar: NonZero's count of elements): the symbol `name`, in [0, greatest]. The
     module plans memory and sizes the outputs at the greatest, reads the value once that
     kernel has run, and hands the caller outputs of the counted size."""
+    place = _DERIVED.get()
+    if place is not None and name in place[1] and place[1][name].expr == (COUNTED, None):
+        place[1][name] = Computed((COUNTED, tensor), what)  # (claimed again, where it was)
     return define(name, (COUNTED, tensor), 0, greatest, what)
 
 
@@ -137,25 +152,39 @@ def counted_tensors(g) -> set:
 
 
 def counted_tensors_of(size) -> list:
-    """The tensors the counted sizes in `size` are read from (during type inference)."""
+    """The tensors the late sizes in `size` wait for: those their counts are read from
+    (during type inference)."""
     place = _DERIVED.get()
-    return [place[1][s].expr[1] for s in counted_symbols(size)] if place else []
+    if place is None:
+        return []
+    derived, late, tensors = place[1], counted_symbols(size), []
+    while late:  # (a symbol computed from counts waits for each of them)
+        s = late.pop()
+        definition = derived[s]
+        if isinstance(definition, Computed) and definition.expr[0] == COUNTED:
+            tensors.append(definition.expr[1])
+        else:
+            late += [t for t in definition_symbols(definition) if t in derived]
+    return sorted(set(tensors))
 
 
 def forget_counts(g) -> None:
-    """Drop the counted sizes before type inference runs again: the ops that count them
-    define them anew, so a counting node a pass removed (merged into its twin by CSE, or
-    dead) leaves no size the module would wait for in vain."""
-    for name in [s for s, d in g.derived.items() if isinstance(d, Computed) and d.expr[0] == COUNTED]:
-        del g.derived[name], g.symbols[name]
+    """Before type inference runs again: each counted size waits to be claimed anew by a node
+    that counts it (`counted`), in its place (symbols computed from it stay after it), so a
+    counting node a pass removed (merged into its twin by CSE, or dead) leaves no size the
+    module would wait for in vain (drop_dangling)."""
+    for name, d in g.derived.items():
+        if isinstance(d, Computed) and d.expr[0] == COUNTED:
+            g.derived[name] = Computed((COUNTED, None), d.what)
 
 
-def _dims_in(expr) -> list:
-    if isinstance(expr, Dim):
-        return [expr]
-    if isinstance(expr, tuple):
-        return [d for e in expr[1:] for d in _dims_in(e)]
-    return []
+def drop_dangling(g) -> None:
+    """After type inference: forget the counts no node claimed, and the symbols computed from
+    them (nothing reads them: what did went with the count's node)."""
+    for name, definition in list(g.derived.items()):
+        unclaimed = isinstance(definition, Computed) and definition.expr == (COUNTED, None)
+        if unclaimed or not definition_symbols(definition) <= set(g.derived) | set(g.symbols):
+            del g.derived[name], g.symbols[name]
 
 
 def select(c, a, b):

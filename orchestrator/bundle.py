@@ -62,13 +62,10 @@ def _preconditions(lowered) -> list[tuple[str, int]]:
     of sizes that must agree equal (3), each KV cache's new length within its capacity (4),
     the caller's buffers disjoint (5: outputs are written while inputs are still read,
     `output_homes`; a KV cache's past input may be its present's buffer, so it is left out)."""
-    symbols = list(lowered.symbols)
+    symbols, late = list(lowered.symbols), _late(lowered)
     out = [(f"dims[{k}] >= {lo}LL && dims[{k}] <= {hi}LL", 2) for k, (s, (lo, hi)) in enumerate(lowered.symbols.items())
-           if not isinstance(lowered.derived.get(s), tuple)]  # (a floor_div's is within bounds by its definition)
-    for a, b, _, unless in lowered.checks:
-        skip = f"*(const unsigned char*)inputs[{lowered.inputs.index(unless[0])}] == {int(unless[1])} || " \
-            if unless else ""
-        out.append((f"{skip}{_dim_c(a, symbols)} == {_dim_c(b, symbols)}", 3))
+           if not isinstance(lowered.derived.get(s), tuple) and s not in late]  # (a floor_div's: within by definition)
+    out += [(cond, 3) for cond, needs in _size_checks(lowered) if not needs]
     for c in lowered.caches:
         out.append((f"{_dim_c(lowered.types[c.present].shape[c.axis], symbols)} <= dims[{symbols.index(c.capacity)}]",
                     4))
@@ -81,6 +78,56 @@ def _preconditions(lowered) -> list[tuple[str, int]]:
         out.append((f"kiln_disjoint({len(buffers)}, (void*[]){{{starts}}}, (size_t[]){{{sizes}}})",
                     OVERLAPPING_BUFFERS))
     return out
+
+
+def _size_checks(lowered) -> list[tuple[str, set]]:
+    """Each pair of sizes the model needs equal as a C condition, with the counted sizes it
+    waits for (none: checked before anything runs)."""
+    from ..ir.symbolic import Dim
+    symbols, needs = list(lowered.symbols), _counts_needed(lowered)
+    out = []
+    for a, b, _, unless in lowered.checks:
+        skip = f"*(const unsigned char*)inputs[{lowered.inputs.index(unless[0])}] == {int(unless[1])} || " \
+            if unless else ""
+        waits = set().union(*(needs.get(s, set()) for d in (a, b) if isinstance(d, Dim) for s in d.symbols))
+        out.append((f"{skip}{_dim_c(a, symbols)} == {_dim_c(b, symbols)}", waits))
+    return out
+
+
+def _late(lowered) -> list:
+    from ..ir.symbolic import late_symbols
+    return late_symbols(lowered.derived)
+
+
+def _counts_needed(lowered) -> dict[str, set]:
+    """For each late symbol (ir.symbolic.late_symbols), the counted sizes it is computed from."""
+    from ..ir.symbolic import definition_symbols
+    needs: dict[str, set] = {}
+    for s in _late(lowered):
+        d = lowered.derived[s]
+        needs[s] = {s} if _counted(d) else set().union(*(needs.get(t, set()) for t in definition_symbols(d)))
+    return needs
+
+
+def _after_count(lowered, bound: set, new: str) -> list[str]:
+    """The entry's statements once count `new` is known (`bound`: every count known by then,
+    it too): the late symbols that waited for it and no other unknown count computed anew,
+    then the bounds of the late value symbols and the size checks among them."""
+    from ..artifacts import expressions
+    from ..ir.value_symbols import to_json
+    symbols, lines = list(lowered.symbols), []
+    for s, waits in _counts_needed(lowered).items():
+        d, k = lowered.derived[s], symbols.index(s)
+        if _counted(d) or new not in waits or not waits <= bound:
+            continue
+        value = f"{_dim_c(d[0], symbols)} / {d[1]}LL" if isinstance(d, tuple) else \
+            expressions.c(to_json(d.expr), symbols, lowered.inputs)
+        lines.append(f"dims[{k}] = {value};")
+        if not isinstance(d, tuple):  # (a quotient is within its bounds by its definition)
+            lo, hi = lowered.symbols[s]
+            lines.append(f"if (!(dims[{k}] >= {lo}LL && dims[{k}] <= {hi}LL)) return 2;")
+    return lines + [f"if (!({cond})) return 3;" for cond, waits in _size_checks(lowered)
+                    if new in waits and waits <= bound]
 
 
 def _caches(lowered) -> tuple:
@@ -109,12 +156,12 @@ def _derived(lowered) -> tuple:
         return ()
     from ..artifacts import expressions
     from ..ir.value_symbols import to_json
-    symbols = list(lowered.symbols)
+    symbols, late = list(lowered.symbols), set(_late(lowered))
     return (len(symbols) - len(lowered.derived),
-            [f"{_dim_c(d[0], symbols)} / {d[1]}LL" if isinstance(d, tuple) else
-             f"{lowered.symbols[s][1]}LL" if _counted(d) else  # (the greatest until its kernel has counted it)
+            [f"{lowered.symbols[s][1]}LL" if s in late else  # (the greatest until the counts are known)
+             f"{_dim_c(d[0], symbols)} / {d[1]}LL" if isinstance(d, tuple) else
              expressions.c(to_json(d.expr), symbols, lowered.inputs) for s, d in lowered.derived.items()],
-            any(_counted(d) for d in lowered.derived.values()))
+            bool(late))
 
 
 def _counted(definition) -> bool:
@@ -209,12 +256,15 @@ def _locations(lowered, weight_offsets, arena_offsets):
             out.append(("call", st.kernel.symbol, args, guard(st.guard), index,
                         _runtime_phases(parts) if symbols else parts))
             index += 1
-            out += [("bind", symbols.index(s), loc(t)) for s, t in counts.items()
-                    if lowered.storage(t) in {lowered.storage(o) for o in st.outputs}]
+            for s, t in counts.items():
+                if lowered.storage(t) in {lowered.storage(o) for o in st.outputs}:
+                    bound.add(s)
+                    out.append(("bind", symbols.index(s), loc(t), _after_count(lowered, bound, s)))
         return out
 
     # Sizes kernels count (a NonZero's): read from what the kernel wrote right after its call.
     counts = {s: d.expr[1] for s, d in lowered.derived.items() if _counted(d)}
+    bound: set = set()
     top = {lowered.storage(o) for st in lowered.steps if not _is_loop(st) and not st.guard for o in st.outputs}
     for s, t in counts.items():
         if lowered.storage(t) not in top:
@@ -240,8 +290,9 @@ def plan_memory(lowered):
     loop touches lives through all of its steps. With symbolic dims the arena is sized at
     the bounds, and an offset that depends on the symbols is `at[i]`, which the entry
     computes from the call's sizes (`_run_time_offsets`)."""
-    from ..ir.symbolic import greatest
+    from ..ir.symbolic import Dim, greatest
     lifetimes: dict[str, list[int]] = {}
+    late = set(_late(lowered))
     sizes: dict[str, int] = {}
     actual: dict[str, object] = {}  # each buffer's bytes as a size (a Dim where symbolic)
     external = set(lowered.inputs) | set(lowered.constants) | {c.present for c in lowered.caches} | \
@@ -254,7 +305,10 @@ def plan_memory(lowered):
         span = lifetimes.setdefault(s, [first, last])
         span[0], span[1] = min(span[0], first), max(span[1], last)
         sizes[s] = lowered.types[s].greatest_nbytes  # (planned at the symbols' bounds)
-        actual[s] = lowered.types[s].nbytes
+        # (a size known only after a count is placed as planned: offsets are computed before
+        # the first kernel, and 100 - n at n's greatest would be its least)
+        nbytes = lowered.types[s].nbytes
+        actual[s] = sizes[s] if isinstance(nbytes, Dim) and set(nbytes.symbols) & late else nbytes
 
     index = 0
 

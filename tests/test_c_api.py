@@ -189,3 +189,34 @@ def test_a_c_caller_learns_the_sizes_a_model_counts(tmp_path, executor):
     assert 0 < want["selected"].shape[0] < 6  # (fewer rows than the greatest)
     np.testing.assert_array_equal(got["selected"], want["selected"].reshape(-1))
     np.testing.assert_array_equal(got["kept"], want["kept"].reshape(-1))
+
+
+def test_a_c_caller_allocates_sizes_computed_from_a_count_at_their_greatest(tmp_path, executor):
+    """Outputs min(n, 5) and 5 - min(n, 5) long (the first five of a selection, and the filler
+    padding them to five): kiln_output_bytes_at allocates each at its greatest, 5 elements,
+    though the second shrinks as the count grows; kiln_output_bytes_after gives what a call
+    wrote."""
+    def const(name, value):
+        return numpy_helper.from_array(np.array(value, np.int64), name)
+    nodes = [helper.make_node("Compress", ["x", "keep"], ["kept"]),
+             helper.make_node("Slice", ["kept", "zero", "five"], ["top"]),
+             helper.make_node("Shape", ["top"], ["top_len"]), helper.make_node("Sub", ["five", "top_len"], ["short"]),
+             helper.make_node("ConstantOfShape", ["short"], ["filler"],
+                              value=numpy_helper.from_array(np.array([7], np.float32)))]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [12]),
+                                           helper.make_tensor_value_info("keep", TensorProto.BOOL, [12])],
+                              [helper.make_tensor_value_info("top", TensorProto.FLOAT, None),
+                               helper.make_tensor_value_info("filler", TensorProto.FLOAT, None)],
+                              [const("zero", [0]), const("five", [5])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    bundle = str(tmp_path / "bundle")
+    build(model, executor=executor, cache=None, progress=False).export(bundle)
+    with open(os.path.join(bundle, "kiln_model.h")) as f:
+        assert "kiln_output_bytes[2] = {20, 20}" in f.read()
+    rng = np.random.default_rng(8)
+    for keep in (0.0, 0.2, 1.0):
+        feeds = {"x": rng.standard_normal(12).astype(np.float32), "keep": rng.random(12) < keep}
+        got = _run_from_c(bundle, tmp_path, feeds, [("top", np.float32), ("filler", np.float32)])
+        want = model_zoo.onnxruntime_outputs(model, feeds)
+        for name in ("top", "filler"):
+            np.testing.assert_array_equal(got[name], want[name])

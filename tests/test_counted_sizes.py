@@ -6,7 +6,6 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from modelkiln.ir.errors import KilnError
-from modelkiln.ir.graph import UnsupportedError
 from modelkiln.orchestrator.api import build
 from tests import model_zoo
 from tests.fenced import FencedOutputs
@@ -128,13 +127,68 @@ def test_out_arrays_at_the_greatest_shape(executor):
         module.run({"x": x}, out={"y": np.zeros(want["y"].shape, np.int64), "r": fenced.arrays["r"]})
 
 
-def test_two_counts_that_must_agree_are_refused_by_name(executor):
+def test_two_counts_that_must_agree_are_checked_once_counted(executor):
+    """Two selections combined: the module checks their lengths agree once both are counted
+    (a named error where they differ, nothing returned)."""
     model = _model([H.make_node("Compress", ["x", "c1"], ["a"]), H.make_node("Compress", ["x", "c2"], ["b"]),
-                    H.make_node("Add", ["a", "b"], ["y"], name="add_them")],
+                    H.make_node("Add", ["a", "b"], ["y"])],
                    [("x", TensorProto.FLOAT, [6]), ("c1", TensorProto.BOOL, [6]), ("c2", TensorProto.BOOL, [6])],
                    [("y", TensorProto.FLOAT)])
-    with pytest.raises(UnsupportedError, match=r"add_them.*counted while the model runs"):
-        build(model, executor=executor, cache=None, progress=False)
+    module = build(model, executor=executor, cache=None, progress=False).load()
+    x = np.arange(6, dtype=np.float32)
+    _agree(module, model, {"x": x, "c1": np.array([1, 0, 1, 0, 1, 0], bool), "c2": np.array([0, 1, 1, 0, 0, 1], bool)})
+    with pytest.raises(KilnError, match="differ where the model needs them equal"):
+        module.run({"x": x, "c1": np.array([1, 0, 1, 0, 1, 0], bool), "c2": np.array([0, 1, 1, 0, 0, 0], bool)})
+
+
+def test_sizes_computed_from_a_count(executor):
+    """What post-processing does with a selection: keep at most 5 (x[:5], min(n, 5) long),
+    pad that to exactly 5 (a filler 5 - min(n, 5) long: a size that shrinks as the count
+    grows), and take every other one ((n + 1) // 2), against onnxruntime for counts from
+    none to all."""
+    def const(name, value):
+        return numpy_helper.from_array(np.array(value, np.int64), name)
+    nodes = [H.make_node("Compress", ["x", "keep"], ["kept"]),
+             H.make_node("Slice", ["kept", "zero", "five"], ["top"]),
+             H.make_node("Shape", ["top"], ["top_len"]), H.make_node("Sub", ["five", "top_len"], ["short"]),
+             H.make_node("ConstantOfShape", ["short"], ["filler"],
+                         value=numpy_helper.from_array(np.array([-1], np.float32))),
+             H.make_node("Concat", ["top", "filler"], ["fixed"], axis=0),
+             H.make_node("Slice", ["kept", "zero", "far", "zero", "two"], ["every_other"]),
+             H.make_node("Relu", ["every_other"], ["halves"])]
+    model = _model(nodes, [("x", TensorProto.FLOAT, [20]), ("keep", TensorProto.BOOL, [20])],
+                   [("fixed", TensorProto.FLOAT), ("top", TensorProto.FLOAT), ("halves", TensorProto.FLOAT)],
+                   [const("zero", [0]), const("five", [5]), const("far", [1000]), const("two", [2])])
+    module = build(model, executor=executor, cache=None, progress=False).load()
+    assert module.out_shapes({"x": np.zeros(20, np.float32), "keep": np.zeros(20, bool)}) == \
+        {"fixed": (5,), "top": (5,), "halves": (10,)}
+    rng = np.random.default_rng(6)
+    for keep in (0.0, 0.1, 0.3, 1.0):
+        _agree(module, model, {"x": rng.standard_normal(20).astype(np.float32), "keep": rng.random(20) < keep})
+
+
+def test_a_size_that_shrinks_as_the_count_grows_keeps_its_room(executor):
+    """A ramp 50 - min(n, 50) long and two tensors n long, all in the arena at once: offsets
+    are computed before the count is known, so a buffer whose size falls as the count rises
+    is placed for its greatest size (at the count's greatest it would be its least, and
+    overrun the next): no offset reads a size the call counts."""
+    def const(name, value):
+        return numpy_helper.from_array(np.array(value, np.int64), name)
+    nodes = [H.make_node("Compress", ["x", "keep"], ["kept"]), H.make_node("Slice", ["kept", "zero", "five"], ["top"]),
+             H.make_node("Shape", ["top"], ["top_len"]), H.make_node("Sub", ["five", "top_len"], ["short"]),
+             H.make_node("ConstantOfShape", ["short"], ["ones"], value=numpy_helper.from_array(np.ones(1, np.float32))),
+             H.make_node("CumSum", ["ones", "axis"], ["ramp"]), H.make_node("CumSum", ["kept", "axis"], ["run"]),
+             H.make_node("Concat", ["ramp", "run", "kept"], ["joined"], axis=0)]
+    model = _model(nodes, [("x", TensorProto.FLOAT, [200]), ("keep", TensorProto.BOOL, [200])],
+                   [("joined", TensorProto.FLOAT)], [const("zero", [0]), const("five", [50]), const("axis", 0)])
+    result = build(model, executor=executor, cache=None, progress=False)
+    module = result.load()
+    entry = result.files["kiln_entry.c"].decode()
+    placed = [line for line in entry.splitlines() if line.strip().startswith("at[")]
+    assert not any(f"dims[{k}]" in line for line in placed for k in range(len(module.manifest.derived)))
+    rng = np.random.default_rng(7)
+    for keep in (0.0, 0.05, 0.2, 0.5, 1.0):
+        _agree(module, model, {"x": rng.standard_normal(200).astype(np.float32), "keep": rng.random(200) < keep})
 
 
 def _boxes(rng, shape, center: bool, flipped: bool = False) -> np.ndarray:
@@ -163,7 +217,8 @@ def test_non_max_suppression_against_the_reference(center, executor):
     for n, iou, floor, ties in ((64, 0.3, 0.2, False), (10, 0.0, 0.9, True), (1, 0.5, 0.0, False), (40, 0.7, 0.5, True),
                                 (64, 0.5, -1.0, False), (32, 0.9, -1.0, True), (33, 0.6, -1.0, False)):
         scores = rng.random((2, 3, n)).astype(np.float32)
-        feeds = {"boxes": _boxes(rng, (2, n), center, flipped=ties), "scores": np.round(scores * 4) / 4 if ties else scores,
+        feeds = {"boxes": _boxes(rng, (2, n), center, flipped=ties),
+                 "scores": np.round(scores * 4) / 4 if ties else scores,
                  "iou": np.array([iou], np.float32), "floor": np.array([floor], np.float32)}
         got = _agree(module, model, feeds)["selected"]
         np.testing.assert_array_equal(got, ReferenceEvaluator(model).run(None, feeds)[0])

@@ -250,9 +250,9 @@ def _listed_above(b, n, i, score, floor, listing) -> list:
     blk, lane, hit = b.fresh("blk"), b.fresh("lane"), b.fresh("hit")
     at = add(mul(Var(blk), Const(SCORE_BLOCK)), Var(lane))
     each = (Let(i, at), If(cmp("gt", score, floor), listing))
+    above = Cast("i32", cmp("gt", score, floor))
     test = [Local(hit, "i32", Const(0)),
-            For(lane, SCORE_BLOCK, (Let(i, at), Assign(hit, fbin("or", Var(hit, "i32"),
-                                                                   Cast("i32", cmp("gt", score, floor))))), "forced_vector"),
+            For(lane, SCORE_BLOCK, (Let(i, at), Assign(hit, fbin("or", Var(hit, "i32"), above))), "forced_vector"),
             If(cmp("ne", Var(hit, "i32"), Const(0)), (For(lane, SCORE_BLOCK, each),))]
     whole, rest = div(n, SCORE_BLOCK), b.fresh("r")  # (n: an int or a run-time size; div folds ints)
     tail = For(rest, rem(n, SCORE_BLOCK),

@@ -14,7 +14,7 @@ from ..dtypes import DTYPES, is_float, numpy_dtype
 from ..graph import Graph, KilnError, Node, UnsupportedError, as_kiln_array
 from ..symbolic import Dim, SymbolError, at_most, collecting_checks, counted_symbols, deriving_symbols, greatest
 from ..validate import check_tensor_size
-from ..value_symbols import bind_fed_values, forget_counts
+from ..value_symbols import bind_fed_values, drop_dangling, forget_counts
 from .compile_time import SYMBOLIC_VALUE, symbolic_value_node, symbolic_values_of
 from .elementwise import COMPARISONS
 from .registry import op_def
@@ -238,4 +238,5 @@ def _resolve(g: Graph, fold_floats: bool) -> Graph:
         kept.append(node)
         producer.update((o, node) for o in node.outputs if o)
     g.nodes = [n for n in kept if id(n) not in folded]
+    drop_dangling(g)
     return g

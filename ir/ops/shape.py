@@ -236,7 +236,10 @@ def _slice(g, node, p):
             begin[a], step[a], shape[a] = _range_of_values(node, a, x.shape[a], s, e, int(st))
             continue
         if is_symbolic(s) or is_symbolic(e) or is_symbolic(x.shape[a]):
-            begin[a], step[a], shape[a] = _symbolic_range(x.shape[a], s, e, st)
+            try:
+                begin[a], step[a], shape[a] = _symbolic_range(x.shape[a], s, e, st)
+            except (ShapeError, TypeError):  # (bounds that may pass the dim: clamped at run time, as numpy does)
+                begin[a], step[a], shape[a] = _range_of_values(node, a, x.shape[a], s, e, int(st))
             continue
         r = range(x.shape[a])[slice(int(s), int(e), int(st))]
         begin[a], step[a], shape[a] = r.start, r.step, len(r)
@@ -276,14 +279,17 @@ def _symbolic_range(size, start, end, step) -> tuple:
 
 def _range_of_values(node, axis: int, size, start, end, step: int) -> tuple:
     """(begin, step, length) of start:end:step over a dim where start or end is fed at run
-    time: value symbols for the first index read and the length, clamped as numpy slices."""
+    time, or may pass the dim's end at some sizes (x[:5] of a run-time length): value symbols
+    for the first index read and the length, clamped as numpy slices."""
     lo, hi = (0, size) if step > 0 else (-1, size - 1)
     first, stop = (clamp(select(lt(v, 0), ("add", v, size), v), lo, hi) for v in (start, end))
     span = ("max", ("sub", stop, first) if step > 0 else ("sub", first, stop), 0)
     what = f"{node.describe()}'s slice of axis {axis} (starts '{node.inputs[1]}', ends '{node.inputs[2]}')"
-    out = node.outputs[0]
+    out, most = node.outputs[0], greatest(size)
+    if isinstance(start, int) and isinstance(end, int) and 0 <= start and 0 <= end and step > 0:
+        most = min(most, max(0, -(-(end - start) // step)))  # (x[:5] is at most 5 long)
     begin = define(f"{out}.begin[{axis}]", ("max", first, 0), 0, greatest(size), f"the first index of {what}")
-    length = define(f"{out}[{axis}]", ("div", ("add", span, abs(step) - 1), abs(step)), 0, greatest(size),
+    length = define(f"{out}[{axis}]", ("div", ("add", span, abs(step) - 1), abs(step)), 0, most,
                     f"the length of {what}")
     return begin, step, length
 
