@@ -11,8 +11,7 @@ from __future__ import annotations
 import json
 import math
 
-from .manifest import ENTRY_ABI_VERSION, Manifest, dim_c, dim_greatest, dim_text, dim_value, is_counted
-from .symbols import late_names
+from .manifest import ENTRY_ABI_VERSION, Manifest, dim_c, dim_greatest, dim_text, dim_value, is_counted, late_names
 
 HEADER = "kiln_model.h"
 # (int4, uint4, int2, uint2 and the 8- and 4-bit floats: one to a byte, a 4-bit value in its low bits)

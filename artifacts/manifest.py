@@ -41,6 +41,25 @@ def dim_value(dim, values: dict) -> int:
     return total
 
 
+def late_names(derived: list) -> set:
+    """The manifest's derived symbols known only after a kernel has counted (a counted one,
+    or one computed from one), as ir.symbolic.late_symbols finds them."""
+    late: set = set()
+    for d in derived:
+        uses = {s for monomial, _ in d["numerator"] for s in monomial} if "numerator" in d else _expr_symbols(d["expr"])
+        if is_counted(d) or uses & late:
+            late.add(d["name"])
+    return late
+
+
+def _expr_symbols(expr) -> set:
+    if not isinstance(expr, list) or not expr:
+        return set()
+    if expr[0] == "dim":
+        return {s for monomial, _ in expr[1] for s in monomial}
+    return set().union(*(_expr_symbols(e) for e in expr[1:]))
+
+
 def dim_greatest(dim, bounds: dict) -> int:
     """The most a manifest dim can be with each symbol within its (least, greatest) bounds:
     what a buffer for a size not yet known is allocated at (symbols are never negative)."""

@@ -12,7 +12,7 @@ import numpy as np
 
 from . import expressions
 from .errors import KilnError
-from .manifest import dim_greatest, dim_text, dim_value, is_counted
+from .manifest import dim_greatest, dim_text, dim_value, late_names
 
 
 def _plain_symbol(dim) -> str | None:
@@ -23,25 +23,6 @@ def _plain_symbol(dim) -> str | None:
 
 def _known(dim, values: dict) -> bool:
     return isinstance(dim, int) or all(s in values for monomial, _ in dim for s in monomial)
-
-
-def late_names(derived: list) -> set:
-    """The manifest's derived symbols known only after a kernel has counted (a counted one,
-    or one computed from one), as ir.symbolic.late_symbols finds them."""
-    late: set = set()
-    for d in derived:
-        uses = {s for monomial, _ in d["numerator"] for s in monomial} if "numerator" in d else _expr_symbols(d["expr"])
-        if is_counted(d) or uses & late:
-            late.add(d["name"])
-    return late
-
-
-def _expr_symbols(expr) -> set:
-    if not isinstance(expr, list) or not expr:
-        return set()
-    if expr[0] == "dim":
-        return {s for monomial, _ in expr[1] for s in monomial}
-    return set().union(*(_expr_symbols(e) for e in expr[1:]))
 
 
 def shape_text(shape) -> str:
