@@ -13,9 +13,9 @@ import numpy as np
 from ..attrs import check_attrs, const_input, normalize_axis
 from ..dtypes import numpy_dtype
 from ..graph import ShapeError, TensorType
-from ..symbolic import Dim, least
-from ..loop import (Assign, Cast, Const, For, If, Let, Load, Local, Store, Var, add, cmp, div, fbin, flat_index,
-                    const, lowest, mul, rem, select, sub)
+from ..symbolic import Dim, greatest, least
+from ..loop import (Assign, Cast, Const, For, If, Let, Load, Local, Store, Var, add, call, cmp, div, fbin, flat_index,
+                    const, highest, lowest, mul, rem, select, sub)
 from ..lower.elementwise import as_index, iclamp
 from ..lower.reduce import literal
 from ..onnx_dtypes import onnx_to_dtype
@@ -363,60 +363,123 @@ def _cumulative_fold(a, values, g, node):
 def _topk(g, node, p):
     x = g.types[node.inputs[0]]
     axis = normalize_axis(node.attrs.get("axis", -1), len(x.shape), node)
-    k = int(const_input(g, node, 1, "K", required=True).reshape(-1)[0])
-    if not 0 <= k <= x.shape[axis]:
+    k = const_input(g, node, 1, "K", required=True).reshape(-1)[0]
+    k = k if isinstance(k, Dim) else int(k)  # (a size known at run time: min(1000, n) of a selection)
+    if isinstance(k, int) and not (0 <= k and (isinstance(x.shape[axis], Dim) or k <= x.shape[axis])):
         raise ShapeError(f"{node.describe()}: k={k} is outside 0..{x.shape[axis]}")
     p["axis"], p["k"] = axis, k
     shape = x.shape[:axis] + (k,) + x.shape[axis + 1:]
     return [TensorType(shape, x.dtype), TensorType(shape, "int64")]
 
 
+# Elements a block of TopK's vectorized test: once the heap is full, most elements of a long
+# line rank below its worst (a vocabulary's logits, a detector's scores), and a block of them
+# is passed over after one compare.
+TOPK_BLOCK = 16
+
+
 def _topk_kernel(b, node):
-    """Per line: insertion into a sorted list of k (values and indices, in the outputs). An
-    element goes before every kept one it beats strictly, so equal values keep index order."""
+    """Per line, a heap of the k best so far, kept in the outputs with the worst at its root:
+    the first k elements heaped, each later one that beats the root taking its place (blocks
+    that cannot are passed over after one vector compare), then the heap sorted best first.
+    O(n + k log k) for a line of n where few elements displace the root, as is usual; an
+    element beats another by value (NaN the largest, as numpy sorts), equal values by the
+    lower index."""
     xs, a = b.shape(node.inputs[0]), b.attrs(node)
     axis, k = a["axis"], a["k"]
     x, t = b.reader(node.inputs[0]), b.compute(node.inputs[0])
-    oshape = b.type(node.outputs[0]).shape
-    vals = b.out_param(node.outputs[0])
-    idxs = b.out_param(node.outputs[1])  # both outputs are required by the spec
-    largest = node.attrs.get("largest", 1)
+    oshape = b.shape(node.outputs[0])
+    vals, idxs = b.out_param(node.outputs[0]), b.out_param(node.outputs[1])  # (both required by the spec)
+    largest, floats = bool(node.attrs.get("largest", 1)), t in ("f32", "f64")
+    n, kk = as_index(xs[axis]), as_index(b.dim(k))
+    levels = max(greatest(k), 1).bit_length()
     outer = [d for ax, d in enumerate(xs) if ax != axis]
 
     def line(oidx):
-        def slot(j):
-            return flat_index(list(oidx[:axis]) + [j] + list(oidx[axis:]), oshape)
+        def slot(pos):
+            return flat_index(list(oidx[:axis]) + [pos] + list(oidx[axis:]), oshape)
 
-        def beats(v, j):  # does v go before the element kept at slot j (or is the slot empty)?
-            better = cmp("gt" if largest else "lt", v, Load(vals, slot(j)))
-            if t in ("f32", "f64"):  # NaN sorts as the largest value, as numpy's sort has it
-                nan_v, nan_kept = cmp("ne", v, v), cmp("ne", Load(vals, slot(j)), Load(vals, slot(j)))
-                better = select(nan_kept, Const(0, "i1"), select(nan_v, Const(int(largest), "i1"), better))
-            return fbin("or", cmp("lt", Load(idxs, slot(j)), Const(0)), better)
+        def element(j):
+            return x(list(oidx[:axis]) + [j] + list(oidx[axis:]))
 
-        i, jj, v = b.fresh("i"), b.fresh("jj"), b.fresh("v")
-        init = b.fresh("s")
-        body = [For(init, k, (Store(vals, slot(Var(init)), literal(lowest(t))),
-                              Store(idxs, slot(Var(init)), Const(-1))))]
-        j = sub(Const(k - 1), Var(jj))
-        src = list(oidx[:axis]) + [Var(i)] + list(oidx[axis:])
-        insert = If(beats(Var(v, t), j), (
-            If(fbin("and", cmp("gt", j, Const(0)), beats(Var(v, t), sub(j, Const(1)))),
-               (Store(vals, slot(j), Load(vals, slot(sub(j, Const(1))))),
-                Store(idxs, slot(j), Load(idxs, slot(sub(j, Const(1)))))),
-               (Store(vals, slot(j), Var(v, t)), Store(idxs, slot(j), Var(i)))),))
-        body.append(For(i, xs[axis], (Let(v, x(src)), For(jj, k, (insert,)))))
-        return body
+        def beats(v, i, pos):  # (does the element (v, i) rank before the one kept at pos?)
+            kv, ki = Load(vals, slot(pos)), Load(idxs, slot(pos))
+            ahead = fbin("or", cmp("gt" if largest else "lt", v, kv),
+                         fbin("and", cmp("eq", v, kv), cmp("lt", i, ki)))
+            if not floats:
+                return ahead
+            nan_v, nan_k = cmp("ne", v, v), cmp("ne", kv, kv)
+            both = fbin("and", nan_v, nan_k)
+            if largest:  # (a NaN before any number)
+                return select(both, cmp("lt", i, ki), fbin("or", fbin("and", nan_v, call("not", nan_k)),
+                                                           fbin("and", call("not", nan_k), ahead)))
+            return select(both, cmp("lt", i, ki), fbin("or", fbin("and", nan_k, call("not", nan_v)),
+                                                       fbin("and", call("not", nan_v), ahead)))
+
+        def sift(first, size) -> list:
+            """The entry at `first` moved down past every child that ranks below it."""
+            at, mv, mi, going, child, d = (b.fresh(v) for v in ("at", "mv", "mi", "going", "child", "d"))
+            left = add(mul(Var(at), Const(2)), Const(1))
+            right = add(left, Const(1))
+            step = (Local(child, "i64", left),
+                    If(cmp("lt", right, size), (If(beats(Load(vals, slot(left)), Load(idxs, slot(left)), right),
+                                                   (Assign(child, right),)),)),
+                    Assign(going, Const(0)),
+                    If(cmp("lt", Var(child), size), (If(beats(Var(mv, t), Var(mi), Var(child)), (
+                        Store(vals, slot(Var(at)), Load(vals, slot(Var(child)))),
+                        Store(idxs, slot(Var(at)), Load(idxs, slot(Var(child)))),
+                        Assign(at, Var(child)), Assign(going, Const(1)))),)))
+            return [Local(at, "i64", first), Local(mv, t, Load(vals, slot(first))),
+                    Local(mi, "i64", Load(idxs, slot(first))), Local(going, "i64", Const(1)),
+                    For(d, levels, (If(cmp("ne", Var(going), Const(0)), step),)),
+                    Store(vals, slot(Var(at)), Var(mv, t)), Store(idxs, slot(Var(at)), Var(mi))]
+
+        filled, f, h, j, e, blk, lane, hit, mv, mi = (b.fresh(v) for v in (
+            "filled", "f", "h", "j", "e", "blk", "lane", "hit", "mv", "mi"))
+        static = isinstance(k, int) and isinstance(xs[axis], int)  # (then k <= n: inference checked it)
+        size = Const(k) if static else Var(filled)
+
+        def offer(at):  # (element `at` replaces the root where it beats it)
+            v = b.fresh("v")
+            return [Let(v, element(at)), If(beats(Var(v, t), at, Const(0)), (
+                Store(vals, slot(Const(0)), Var(v, t)), Store(idxs, slot(Const(0)), at), *sift(Const(0), size)))]
+        rest = sub(n, size)
+        start = add(size, mul(Var(blk), Const(TOPK_BLOCK)))
+        root = Load(vals, slot(Const(0)))
+        could = cmp("gt" if largest else "lt", element(add(start, Var(lane))), root)
+        if floats:  # (a NaN may rank first, and anything ranks before a NaN root when smallest: offered)
+            could = fbin("or", fbin("or", could, cmp("ne", element(add(start, Var(lane))),
+                                                     element(add(start, Var(lane))))), cmp("ne", root, root))
+        blocks = For(blk, div(rest, TOPK_BLOCK), (
+            Local(hit, "i32", Const(0)),
+            For(lane, TOPK_BLOCK, (Assign(hit, fbin("or", Var(hit, "i32"), Cast("i32", could))),), "forced_vector"),
+            If(cmp("ne", Var(hit, "i32"), Const(0)), (For(lane, TOPK_BLOCK, tuple(offer(add(start, Var(lane))))),))))
+        tail_start = add(size, mul(div(rest, TOPK_BLOCK), Const(TOPK_BLOCK)))
+        last = sub(sub(size, Const(1)), Var(e))  # (the heap's end, from the last slot down to 1)
+        # (slots past a line shorter than a run-time k: ONNX's error, filled with the worst value)
+        past = [] if static else [For(f, fbin("max", sub(kk, size), Const(0)), (
+            Store(vals, slot(add(size, Var(f))), literal(lowest(t) if largest else highest(t))),
+            Store(idxs, slot(add(size, Var(f))), Const(-1))))]
+        return [*([] if static else [Local(filled, "i64", fbin("min", kk, n))]),
+                For(f, size, (Store(vals, slot(Var(f)), element(Var(f))), Store(idxs, slot(Var(f)), Var(f)))), *past,
+                For(h, div(size, 2), tuple(sift(sub(sub(div(size, 2), Const(1)), Var(h)), size))),
+                blocks, For(j, rem(rest, TOPK_BLOCK), tuple(offer(add(tail_start, Var(j))))),
+                For(e, sub(size, Const(1)), (  # (the root, the worst left, swapped to the heap's end)
+                    Let(mv, Load(vals, slot(last))), Let(mi, Load(idxs, slot(last))),
+                    Store(vals, slot(last), Load(vals, slot(Const(0)))),
+                    Store(idxs, slot(last), Load(idxs, slot(Const(0)))),
+                    Store(vals, slot(Const(0)), Var(mv, t)), Store(idxs, slot(Const(0)), Var(mi)),
+                    *sift(Const(0), last)))]
     return b.loops(outer, line, inner_kind="serial", parallel=True)
 
 
 def _topk_fold(a, values, g, node):
+    """As the kernel orders them: by value (NaN the largest), equal values by index."""
     x, axis, k = values[0], a["axis"], a["k"]
-    keys = -x if a.get("largest", 1) and not np.issubdtype(x.dtype, np.unsignedinteger) else x
-    if np.issubdtype(x.dtype, np.unsignedinteger) and a.get("largest", 1):
-        keys = np.iinfo(x.dtype).max - x
-    order = np.argsort(keys, axis=axis, kind="stable")
-    idx = np.take(order, np.arange(k), axis=axis)
+    moved = np.moveaxis(x, axis, -1)
+    rank = np.unique(moved, return_inverse=True)[1].reshape(moved.shape)  # (exact for any type; NaN last)
+    order = np.argsort(-rank if a.get("largest", 1) else rank, axis=-1, kind="stable")
+    idx = np.moveaxis(order[..., :k], -1, axis)
     return [np.take_along_axis(x, idx, axis), idx.astype(np.int64)]
 
 

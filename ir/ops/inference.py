@@ -12,11 +12,12 @@ import numpy as np
 from ..attrs import NotConstant
 from ..dtypes import DTYPES, is_float, numpy_dtype
 from ..graph import Graph, KilnError, Node, UnsupportedError, as_kiln_array
-from ..symbolic import Dim, SymbolError, at_most, collecting_checks, counted_symbols, deriving_symbols, greatest
+from ..symbolic import (Dim, SymbolError, at_most, collecting_checks, counted_symbols, deriving_symbols, greatest,
+                        least)
 from ..validate import check_tensor_size
-from ..value_symbols import bind_fed_values, drop_dangling, forget_counts
+from ..value_symbols import bind_fed_values, define, drop_dangling, forget_counts
 from .compile_time import SYMBOLIC_VALUE, symbolic_value_node, symbolic_values_of
-from .elementwise import COMPARISONS
+from .elementwise import COMPARISONS, MAX, MIN
 from .registry import op_def
 
 # Do not materialize folded tensors larger than this (e.g. an Expand of a constant).
@@ -126,12 +127,36 @@ def _fold_symbolic(g: Graph, node: Node, definition, types: list) -> list | None
         return None if any(v is None for v in decided.reshape(-1)) else [decided.astype(bool)]
     if not all(t.is_static and t.size <= MAX_SYMBOLIC_ELEMENTS and t.dtype != "bool" for t in types):
         return None  # (whether a size equals 0 is a run-time question: comparisons run then)
+    if node.op in (MIN, MAX) and reads:  # (min(1000, n): a value symbol where the bounds do not decide it)
+        return [_extremes(node, values)]
     try:
         with np.errstate(all="ignore"):
             out = definition.evaluate({**node.attrs, **g.params.get(node.key, {})}, values, g, node)
     except (TypeError, SymbolError, ValueError, ArithmeticError, AttributeError):
         return None
     return [np.asarray(v, dtype=object if _has_dims(v) else None) for v in out]
+
+
+def _extremes(node: Node, values: list) -> np.ndarray:
+    """Min or Max of sizes, element by element: the one the bounds show is the least (the
+    greatest), else a value symbol the module computes, `out[j]`."""
+    smallest = node.op == MIN
+    flat = [np.asarray(v, dtype=object) for v in values if v is not None]
+    shape = np.broadcast_shapes(*(v.shape for v in flat))
+    out = np.empty(shape, dtype=object)
+    for j, parts in enumerate(zip(*(np.broadcast_to(v, shape).reshape(-1) for v in flat))):
+        best = parts[0]
+        for other in parts[1:]:
+            keep = _relation("le" if smallest else "ge", best, other)
+            if keep is None:
+                lo = (min if smallest else max)(least(best), least(other))
+                hi = (min if smallest else max)(greatest(best), greatest(other))
+                best = define(f"{node.outputs[0]}[{j}]", ("min" if smallest else "max", best, other), lo, hi,
+                              f"element {j} of {node.describe()}")
+            elif not keep:
+                best = other
+        out.reshape(-1)[j] = best
+    return out
 
 
 # Relations of two sizes, by what a - b is: True, False, or None where only the run time knows.
@@ -149,8 +174,13 @@ _EXACT = {"eq": lambda d: d == 0, "lt": lambda d: d < 0, "le": lambda d: d <= 0,
 def _decide(op: str, a, b):
     """Comparison op of two sizes (ints or Dims) where their bounds decide it (a size compared
     with -1, as exporters test an Expand's shape): a bool, else None."""
+    return _relation(COMPARISONS[op], a, b)
+
+
+def _relation(relation: str, a, b):
+    """Whether sizes a and b stand in `relation` ("le", ...) at every value of the symbols:
+    a bool, else None."""
     d = (a if isinstance(a, Dim) else int(a)) - (b if isinstance(b, Dim) else int(b))
-    relation = COMPARISONS[op]
     return _RELATIONS[relation](d) if isinstance(d, Dim) else _EXACT[relation](d)
 
 
