@@ -24,17 +24,25 @@ class NodeBuilder:
     def __init__(self, g, node: Node):
         self.g, self.node, self.nodes, self.n = g, node, [], 0
 
+    def _fresh(self, kind: str) -> str:
+        """A name of this builder's that nothing in the graph has yet: a node an expansion
+        made may expand again, its key its parent's (STFT's DFT writes STFT's output)."""
+        while True:
+            self.n += 1
+            name = f"{self.node.key}/{kind}{self.n}"
+            if name not in self.g.constants and name not in self.g.types:
+                return name
+
     def const(self, value) -> str:
-        self.n += 1
-        return self.g.add_constant(f"{self.node.key}/c{self.n}", np.asarray(value))
+        return self.g.add_constant(self._fresh("c"), np.asarray(value))
 
     def add(self, op: str, inputs: list, out: str = "", **attrs) -> str:
         return self.add_many(op, inputs, [out], **attrs)[0]
 
     def add_many(self, op: str, inputs: list, outs: list, **attrs) -> list[str]:
         """A node of several outputs; a "" in `outs` gets a name of its own."""
-        self.n += 1
-        outs = [o or f"{self.node.key}/{op}{self.n}_{i}" for i, o in enumerate(outs)]
+        first = self._fresh(op)
+        outs = [o or f"{first}_{i}" for i, o in enumerate(outs)]
         self.nodes.append(Node(op, list(inputs), outs, attrs, f"{self.node.name}/{op}_{self.n}"))
         return outs
 
@@ -45,8 +53,7 @@ class NodeBuilder:
         values = np.array(values, dtype=object)
         if not any(is_symbolic(v) for v in values.reshape(-1)):
             return self.const(values.astype(np.int64))
-        self.n += 1
-        out = f"{self.node.key}/sizes{self.n}"
+        out = self._fresh("sizes")
         self.nodes.append(symbolic_value_node(out, values, "int64"))
         return out
 
