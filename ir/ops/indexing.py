@@ -13,13 +13,16 @@ import numpy as np
 from ..attrs import check_attrs, const_input, normalize_axis
 from ..dtypes import numpy_dtype
 from ..graph import ShapeError, TensorType
-from ..symbolic import Dim, greatest, least
+from ..symbolic import Dim, greatest, least, require_equal
 from ..loop import (Assign, Cast, Const, For, If, Let, Load, Local, Store, Var, add, call, cmp, div, fbin, flat_index,
                     const, highest, lowest, mul, rem, select, sub)
 from ..lower.elementwise import as_index, iclamp
 from ..lower.reduce import literal
 from ..onnx_dtypes import onnx_to_dtype
 from .registry import INJECTIVE, OPAQUE, REDUCTION, OpDef, one_output, register
+
+
+SCATTER_ELEMENTS = "ScatterElements"
 
 
 def wrap_index(i, dim):
@@ -240,7 +243,42 @@ def _space_to_depth_fold(a, values, g, node):
     return [y.reshape(n, c * bs * bs, h // bs, w // bs)]
 
 
+def _reverse_sequence(g, node, p):
+    x, lengths = g.types[node.inputs[0]], g.types[node.inputs[1]]
+    p["batch_axis"] = normalize_axis(node.attrs.get("batch_axis", 1), len(x.shape), node)
+    p["time_axis"] = normalize_axis(node.attrs.get("time_axis", 0), len(x.shape), node)
+    if len(x.shape) < 2 or {p["batch_axis"], p["time_axis"]} != {0, 1} or len(lengths.shape) != 1:
+        raise ShapeError(f"{node.describe()}: {x} reversed along time axis {p['time_axis']} for each entry of batch "
+                         f"axis {p['batch_axis']} by lengths {lengths}")
+    require_equal(lengths.shape[0], x.shape[p["batch_axis"]], f"{node.describe()}: lengths and the batch")
+    return x
+
+
+def _reverse_sequence_reader(b, node):
+    """Each batch entry's first length[b] steps in reverse order, the rest as they are."""
+    x, lengths, a = b.reader(node.inputs[0]), b.reader(node.inputs[1]), b.attrs(node)
+    steps = b.shape(node.inputs[0])[a["time_axis"]]
+
+    def read(idx):
+        t, n = idx[a["time_axis"]], iclamp(Cast("i64", lengths([idx[a["batch_axis"]]])), 0, steps)
+        source = select(cmp("lt", t, n), sub(sub(n, Const(1)), t), t)
+        return x([source if axis == a["time_axis"] else i for axis, i in enumerate(idx)])
+    return read
+
+
+def _reverse_sequence_fold(a, values, g, node):
+    x, lengths = values[0].copy(), values[1]
+    for entry, n in enumerate(lengths):
+        at = [slice(None)] * x.ndim
+        at[a["batch_axis"]] = entry
+        at[a["time_axis"]] = slice(0, int(n))
+        x[tuple(at)] = np.flip(values[0][tuple(at)], axis=a["time_axis"] - (a["batch_axis"] < a["time_axis"]))
+    return [x]
+
+
 register(
+    OpDef("ReverseSequence", INJECTIVE, _reverse_sequence, _reverse_sequence_fold,
+          one_output(_reverse_sequence_reader)),
     OpDef("GatherElements", INJECTIVE, _gather_elements,
           lambda a, v, g, node: [_take_along(v[0], v[1], a["axis"])], one_output(_gather_elements_reader)),
     OpDef("GatherND", INJECTIVE, _gather_nd, _gather_nd_fold, one_output(_gather_nd_reader)),
@@ -262,7 +300,7 @@ _SCATTER_COMBINE = {"none": None, "add": "add", "mul": "mul", "max": "max", "min
 def _scatter(g, node, p):
     x, ind, upd = (g.types[i] for i in node.inputs[:3])
     check_attrs(node, {"reduction": tuple(_SCATTER_COMBINE)})
-    if node.op == "ScatterElements":
+    if node.op == SCATTER_ELEMENTS:
         p["axis"] = normalize_axis(node.attrs.get("axis", 0), len(x.shape), node)
         if ind.shape != upd.shape or len(ind.shape) != len(x.shape):
             raise ShapeError(f"{node.describe()}: indices {ind}, updates {upd} and data {x} do not match")
@@ -282,7 +320,7 @@ def _scatter_kernel(b, node):
     body = list(b.loops(xs, lambda idx: [Store(param, flat_index(idx, xs), x(idx))]))
 
     def target(uidx):
-        if node.op == "ScatterElements":
+        if node.op == SCATTER_ELEMENTS:
             axis = b.attrs(node)["axis"]
             return [wrap_index(ind(uidx), xs[axis]) if a == axis else i for a, i in enumerate(uidx)]
         k, lead = ishape[-1], len(ishape) - 1
@@ -303,7 +341,7 @@ def _scatter_fold(a, values, g, node):
     out = x.copy()
     combine = {"add": np.add, "mul": np.multiply, "max": np.maximum, "min": np.minimum}.get(a.get("reduction", "none"))
     for pos in np.ndindex(*upd.shape):
-        if node.op == "ScatterElements":
+        if node.op == SCATTER_ELEMENTS:
             t = list(pos)
             t[a["axis"]] = int(ind[pos]) % x.shape[a["axis"]]
             t = tuple(t)
@@ -484,7 +522,7 @@ def _topk_fold(a, values, g, node):
 
 
 register(
-    OpDef("ScatterElements", OPAQUE, _scatter, _scatter_fold, alone=_scatter_kernel),
+    OpDef(SCATTER_ELEMENTS, OPAQUE, _scatter, _scatter_fold, alone=_scatter_kernel),
     OpDef("ScatterND", OPAQUE, _scatter, _scatter_fold, alone=_scatter_kernel),
     *[OpDef(op, OPAQUE, _cumulative, _cumulative_fold, alone=_cumulative_kernel) for op in _CUMULATIVE],
     OpDef("TopK", OPAQUE, _topk, _topk_fold, alone=_topk_kernel),

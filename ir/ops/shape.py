@@ -136,7 +136,7 @@ def _unsqueeze(g, node, p):
 
 IDENTITY, RESHAPE, CONCAT, TRANSPOSE, SLICE = "Identity", "Reshape", "Concat", "Transpose", "Slice"
 UNSQUEEZE, GATHER, FLATTEN, SQUEEZE = "Unsqueeze", "Gather", "Flatten", "Squeeze"
-SPLIT, PAD, EXPAND = "Split", "Pad", "Expand"
+SPLIT, PAD, EXPAND, RESIZE = "Split", "Pad", "Expand", "Resize"
 register(_view_def(RESHAPE, _reshape), _view_def(FLATTEN, _flatten), _view_def(SQUEEZE, _squeeze),
          _view_def(UNSQUEEZE, _unsqueeze), _view_def(IDENTITY, lambda g, node, p: g.types[node.inputs[0]], ELEMWISE))
 
@@ -459,7 +459,7 @@ register(
           lambda b, node: {node.outputs[0]: bcast_reader(b, node.inputs[0], b.shape(node.outputs[0]))}),
     OpDef(GATHER, INJECTIVE, _gather, _gather_fold, one_output(gather_reader)),
     OpDef(PAD, INJECTIVE, _pad, None, one_output(pad_reader)),
-    OpDef("Resize", INJECTIVE, _resize, None, one_output(resize_reader), alone=resize_by_phases),
+    OpDef(RESIZE, INJECTIVE, _resize, None, one_output(resize_reader), alone=resize_by_phases),
 )
 
 
