@@ -1,6 +1,6 @@
-"""ReverseSequence, Det, Upsample and Scatter (the old names of Resize and ScatterElements)
-against onnxruntime and numpy: each in the forms models use, beyond onnx's one or two node
-cases."""
+"""ReverseSequence, Det, Col2Im, Upsample and Scatter (the old names of Resize and
+ScatterElements) against onnxruntime, numpy and onnx's reference evaluator: each in the forms
+models use, beyond onnx's one or two node cases."""
 import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
@@ -66,3 +66,30 @@ def test_scatter_is_scatter_elements(executor):
              "updates": np.arange(1, 7, dtype=np.float32).reshape(3, 2)}
     got = build(model, executor=executor, cache=None, progress=False).load().run(feeds)["y"]
     np.testing.assert_array_equal(got, model_zoo.onnxruntime_outputs(model, feeds)["y"])
+
+
+@pytest.mark.parametrize("image,block,attrs", [
+    ([7, 9], [3, 2], {"strides": [2, 1], "dilations": [1, 2], "pads": [1, 0, 2, 1]}),
+    ([6, 6], [2, 2], {}),
+    ([4, 5, 3], [2, 3, 2], {"strides": [1, 2, 1], "pads": [0, 1, 1, 1, 0, 0]})])
+def test_col2im(image, block, attrs, executor):
+    """Overlapping blocks summed back (strides, dilations, padding; a volume too), as an
+    input and as a constant folded at build time, against onnx's reference evaluator."""
+    from onnx.reference import ReferenceEvaluator
+    dims = len(image)
+    strides, dilations = attrs.get("strides", [1] * dims), attrs.get("dilations", [1] * dims)
+    pads = attrs.get("pads", [0] * 2 * dims)
+    blocks = [(image[d] + pads[d] + pads[d + dims] - dilations[d] * (block[d] - 1) - 1) // strides[d] + 1
+              for d in range(dims)]
+    shape = [2, 3 * int(np.prod(block)), int(np.prod(blocks))]
+    x = np.random.default_rng(dims).standard_normal(shape).astype(np.float32)
+    sizes = [numpy_helper.from_array(np.array(image, np.int64), "image"),
+             numpy_helper.from_array(np.array(block, np.int64), "block")]
+    node = H.make_node("Col2Im", ["x", "image", "block"], ["y"], **attrs)
+    for constant in (False, True):
+        inits = sizes + ([numpy_helper.from_array(x, "x")] if constant else [])
+        model = _model([node], [] if constant else [("x", TensorProto.FLOAT, shape)], [("y", TensorProto.FLOAT)],
+                       inits, opset=18)
+        got = build(model, executor=executor, cache=None, progress=False).load().run({} if constant else {"x": x})
+        want = ReferenceEvaluator(model).run(None, {} if constant else {"x": x})[0]
+        np.testing.assert_allclose(got["y"], want, rtol=1e-5, atol=1e-5)
