@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+from ..artifacts.manifest import COUNTED
 from ..ir.lower import lower
 
 from .pipeline import optimize, schedule_for
@@ -41,6 +42,8 @@ def _definition(d) -> str:
     """A derived symbol's definition as people read it."""
     if isinstance(d, tuple):
         return f"floor(({d[0]}) / {d[1]})"
+    if d.expr[0] == COUNTED:
+        return f"counted while the model runs: {d.what} (outputs it sizes are allocated at its greatest)"
     return f"read at run time: {d.what}"
 
 

@@ -7,6 +7,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from modelkiln.ir.errors import KilnError
 from modelkiln.orchestrator.api import build
+from modelkiln.orchestrator.explain import explain
 from tests import model_zoo
 from tests.fenced import FencedOutputs
 
@@ -40,6 +41,7 @@ def test_nonzero_counts_from_none_to_all(executor):
     module = build(model, executor=executor, cache=None, progress=False).load()
     (counted,) = module.manifest.derived
     assert counted["greatest"] == 60 and module.manifest.outputs[0]["shape"][0] == 3
+    assert "derived nonzero(x) = counted while the model runs" in explain(model)
     special = _sparse((3, 4, 5), 0.5, 9)
     special.reshape(-1)[:4] = [np.nan, -0.0, np.inf, 0.0]  # (NaN and Inf count; -0.0 does not)
     for x in (_sparse((3, 4, 5), keep, seed) for seed, keep in enumerate((0.0, 0.1, 0.5, 1.0))):
