@@ -236,3 +236,53 @@ def test_non_max_suppression_without_a_score_threshold(executor):
     assert module.manifest.derived[0]["greatest"] == 2 * 30  # (at most every box of every class)
     rng = np.random.default_rng(5)
     _agree(module, model, {"boxes": _boxes(rng, (1, 30), False), "scores": rng.random((1, 2, 30)).astype(np.float32)})
+
+
+def _numpy_unique(x, axis, in_order: bool):
+    """numpy's unique, reordered by first appearance where asked (ONNX's sorted=0)."""
+    values, first, inverse, counts = np.unique(x, return_index=True, return_inverse=True, return_counts=True, axis=axis)
+    inverse = inverse.reshape(-1)
+    if in_order:
+        by_first = np.argsort(first, kind="stable")
+        rank = np.empty_like(by_first)
+        rank[by_first] = np.arange(len(by_first))
+        values = np.take(values, by_first, axis=0 if axis is None else axis)
+        first, counts, inverse = first[by_first], counts[by_first], rank[inverse]
+    return values, first, inverse, counts
+
+
+@pytest.mark.parametrize("axis,in_order", [(None, False), (None, True), (0, False), (1, True)])
+def test_unique_against_numpy(axis, in_order, executor):
+    """Token ids with repeats (3000 of them), and rows or columns of a matrix with repeats;
+    sorted and in first-appearance order; the values feed arithmetic after."""
+    rng = np.random.default_rng(11)
+    if axis is None:
+        x, onnx_type, shape = rng.integers(0, 400, 3000).astype(np.int64), TensorProto.INT64, [3000]
+    else:
+        x = rng.integers(0, 3, (12, 9)).astype(np.float32)
+        x = np.concatenate([x, np.take(x, [0, 2, 3, 2], axis=axis)], axis=axis)  # (repeated rows or columns)
+        onnx_type, shape = TensorProto.FLOAT, list(x.shape)
+    attrs = {"sorted": int(not in_order), **({} if axis is None else {"axis": axis})}
+    nodes = [H.make_node("Unique", ["x"], ["y", "first", "inverse", "counts"], **attrs),
+             H.make_node("Add", ["y", "y"], ["twice"])]
+    model = _model(nodes, [("x", onnx_type, shape)], [("twice", onnx_type), ("first", TensorProto.INT64),
+                                                     ("inverse", TensorProto.INT64), ("counts", TensorProto.INT64)])
+    module = build(model, executor=executor, cache=None, progress=False).load()
+    got = module.run({"x": x})
+    values, first, inverse, counts = _numpy_unique(x, axis, in_order)
+    np.testing.assert_array_equal(got["twice"], values + values)
+    for name, want in (("first", first), ("inverse", inverse), ("counts", counts)):
+        np.testing.assert_array_equal(got[name], want, err_msg=name)
+
+
+def test_unique_of_floats_with_nan(executor):
+    """NaN after every number, all NaNs one value, as numpy's unique has them."""
+    model = _model([H.make_node("Unique", ["x"], ["y", "first", "inverse", "counts"])],
+                   [("x", TensorProto.FLOAT, [10])], [("y", TensorProto.FLOAT), ("first", TensorProto.INT64),
+                                                      ("inverse", TensorProto.INT64), ("counts", TensorProto.INT64)])
+    x = np.array([2.0, np.nan, -1.0, 2.0, np.nan, 0.0, -0.0, 5.0, -1.0, np.nan], np.float32)
+    got = build(model, executor=executor, cache=None, progress=False).load().run({"x": x})
+    values, first, inverse, counts = _numpy_unique(x, None, False)
+    np.testing.assert_array_equal(got["y"], values)
+    for name, want in (("first", first), ("inverse", inverse), ("counts", counts)):
+        np.testing.assert_array_equal(got[name], want, err_msg=name)
