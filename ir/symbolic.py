@@ -333,8 +333,8 @@ def late_symbols(derived: dict) -> list:
     return late
 
 
-def counted_symbols(x) -> list:
-    """The late symbols (late_symbols) a size x uses, during type inference."""
+def late_symbols_in(x) -> list:
+    """The late symbols (late_symbols) a size x uses, while type inference runs."""
     place = _DERIVED.get()
     if place is None or not isinstance(x, Dim):
         return []

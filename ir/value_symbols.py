@@ -31,7 +31,7 @@ import numpy as np
 
 from ..artifacts import expressions
 from .errors import KilnError
-from .symbolic import _DERIVED, COUNTED, Dim, counted_symbols, definition_symbols, dim_to_json
+from .symbolic import _DERIVED, COUNTED, Dim, definition_symbols, dim_to_json, late_symbols_in
 
 MAX_VALUE_ELEMENTS = 64  # a shape parameter is a short vector, not data
 
@@ -157,7 +157,7 @@ def counted_tensors_of(size) -> list:
     place = _DERIVED.get()
     if place is None:
         return []
-    derived, late, tensors = place[1], counted_symbols(size), []
+    derived, late, tensors = place[1], late_symbols_in(size), []
     while late:  # (a symbol computed from counts waits for each of them)
         s = late.pop()
         definition = derived[s]
@@ -183,7 +183,7 @@ def drop_dangling(g) -> None:
     them (nothing reads them: what did went with the count's node)."""
     for name, definition in list(g.derived.items()):
         unclaimed = isinstance(definition, Computed) and definition.expr == (COUNTED, None)
-        if unclaimed or not definition_symbols(definition) <= set(g.derived) | set(g.symbols):
+        if unclaimed or not definition_symbols(definition) <= set(g.symbols):
             del g.derived[name], g.symbols[name]
 
 

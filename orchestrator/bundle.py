@@ -12,7 +12,7 @@ import tempfile
 from ..artifacts.c_header import HEADER, model_header
 from ..artifacts.link import entry_source, find_linker, link_key, link_shared
 from ..artifacts.errors import KilnError
-from ..artifacts.manifest import MANIFEST, OVERLAPPING_BUFFERS, Manifest, dim_c
+from ..artifacts.manifest import COUNTED, MANIFEST, OVERLAPPING_BUFFERS, Manifest, dim_c
 from ..artifacts.memory_plan import pack_constants, plan_arena
 from ..artifacts.store import TemporaryBlob
 
@@ -73,8 +73,10 @@ def _preconditions(lowered) -> list[tuple[str, int]]:
     buffers = [(f"inputs[{i}]", lowered.types[t]) for i, t in enumerate(lowered.inputs) if t not in pasts] + \
         [(f"outputs[{i}]", lowered.types[t]) for i, t in enumerate(lowered.outputs)]
     buffers = [(p, t) for p, t in buffers if t.nbytes != 0]
-    if len(buffers) > 1:
-        starts, sizes = ", ".join(p for p, _ in buffers), ", ".join(str(_nbytes_c(t, symbols)) for _, t in buffers)
+    if len(buffers) > 1:  # (an output a late size decides: its greatest, what the caller allocates)
+        starts = ", ".join(p for p, _ in buffers)
+        sizes = ", ".join(str(t.greatest_nbytes if _uses(t.nbytes, late) else _nbytes_c(t, symbols))
+                          for _, t in buffers)
         out.append((f"kiln_disjoint({len(buffers)}, (void*[]){{{starts}}}, (size_t[]){{{sizes}}})",
                     OVERLAPPING_BUFFERS))
     return out
@@ -97,6 +99,11 @@ def _size_checks(lowered) -> list[tuple[str, set]]:
 def _late(lowered) -> list:
     from ..ir.symbolic import late_symbols
     return late_symbols(lowered.derived)
+
+
+def _uses(size, symbols) -> bool:
+    """Does a size (an int or a Dim) read any of `symbols`?"""
+    return not isinstance(size, int) and bool(set(size.symbols) & set(symbols))
 
 
 def _counts_needed(lowered) -> dict[str, set]:
@@ -166,7 +173,6 @@ def _derived(lowered) -> tuple:
 
 def _counted(definition) -> bool:
     """Is a derived symbol a size a kernel counts while the call runs (value_symbols.counted)?"""
-    from ..ir.symbolic import COUNTED
     return not isinstance(definition, tuple) and definition.expr[0] == COUNTED
 
 
@@ -290,7 +296,7 @@ def plan_memory(lowered):
     loop touches lives through all of its steps. With symbolic dims the arena is sized at
     the bounds, and an offset that depends on the symbols is `at[i]`, which the entry
     computes from the call's sizes (`_run_time_offsets`)."""
-    from ..ir.symbolic import Dim, greatest
+    from ..ir.symbolic import greatest
     lifetimes: dict[str, list[int]] = {}
     late = set(_late(lowered))
     sizes: dict[str, int] = {}
@@ -308,7 +314,7 @@ def plan_memory(lowered):
         # (a size known only after a count is placed as planned: offsets are computed before
         # the first kernel, and 100 - n at n's greatest would be its least)
         nbytes = lowered.types[s].nbytes
-        actual[s] = sizes[s] if isinstance(nbytes, Dim) and set(nbytes.symbols) & late else nbytes
+        actual[s] = sizes[s] if _uses(nbytes, late) else nbytes
 
     index = 0
 

@@ -51,8 +51,8 @@ def test_det_of_a_batch_of_matrices(executor):
 @pytest.mark.parametrize("mode", ["nearest", "linear"])
 def test_upsample_is_resize_of_opset_9(mode, executor):
     scales = numpy_helper.from_array(np.array([1, 1, 2, 3], np.float32), "scales")
-    model = _model([H.make_node("Upsample", ["x", "scales"], ["y"], mode=mode)], [("x", TensorProto.FLOAT, [1, 2, 3, 4])],
-                   [("y", TensorProto.FLOAT)], [scales], opset=9)
+    model = _model([H.make_node("Upsample", ["x", "scales"], ["y"], mode=mode)],
+                   [("x", TensorProto.FLOAT, [1, 2, 3, 4])], [("y", TensorProto.FLOAT)], [scales], opset=9)
     x = np.random.default_rng(3).standard_normal((1, 2, 3, 4)).astype(np.float32)
     got = build(model, executor=executor, cache=None, progress=False).load().run({"x": x})["y"]
     np.testing.assert_allclose(got, model_zoo.onnxruntime_outputs(model, {"x": x})["y"], rtol=1e-6, atol=1e-6)

@@ -74,6 +74,7 @@ def test_a_log_mel_front_end_against_onnxruntime(executor):
     model = _model(nodes, [("audio", TensorProto.FLOAT, [2, 4000, 1])], [("log_mel", TensorProto.FLOAT)], inits)
     module = build(model, executor=executor, cache=None, progress=False).load()
     audio = (np.random.default_rng(6).standard_normal((2, 4000, 1)) * 0.1).astype(np.float32)
-    got, want = module.run({"audio": audio})["log_mel"], model_zoo.onnxruntime_outputs(model, {"audio": audio})["log_mel"]
+    got = module.run({"audio": audio})["log_mel"]
+    want = model_zoo.onnxruntime_outputs(model, {"audio": audio})["log_mel"]
     assert got.shape == want.shape == (2, 1 + (4000 - 400) // 160, 80)
     np.testing.assert_allclose(got, want, rtol=1e-3, atol=2e-3)

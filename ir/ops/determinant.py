@@ -46,12 +46,10 @@ def _det_kernel(b, node):
                        Store(a, at(Var(pivot), Var(j)), Var(f, F64)))),
             Assign(det, fbin("mul", Var(det, F64), Const(-1.0, F64)))))
         head = Load(a, at(Var(col), Var(col)))
-        eliminate = If(cmp("ne", head, Const(0.0, F64)), (
-            For(r, n, (If(cmp("gt", Var(r), Var(col)), (
-                Let(f, fbin("div", Load(a, at(Var(r), Var(col))), head)),
-                For(j, n, (If(cmp("gt", Var(j), Var(col)), (
-                    Store(a, at(Var(r), Var(j)), fbin("sub", Load(a, at(Var(r), Var(j))),
-                                                      fbin("mul", Var(f, F64), Load(a, at(Var(col), Var(j)))))),)),)))),)),))
+        reduced = fbin("sub", Load(a, at(Var(r), Var(j))), fbin("mul", Var(f, F64), Load(a, at(Var(col), Var(j)))))
+        row = (Let(f, fbin("div", Load(a, at(Var(r), Var(col))), head)),
+               For(j, n, (If(cmp("gt", Var(j), Var(col)), (Store(a, at(Var(r), Var(j)), reduced),)),)))
+        eliminate = If(cmp("ne", head, Const(0.0, F64)), (For(r, n, (If(cmp("gt", Var(r), Var(col)), row),)),))
         steps = For(col, n, (*find, swap, Assign(det, fbin("mul", Var(det, F64), head)), eliminate))
         return [copy, Local(det, F64, Const(1.0, F64)), steps,
                 Store(out, _flat(idx, b.shape(node.outputs[0])), Cast(b.compute(node.outputs[0]), Var(det, F64)))]

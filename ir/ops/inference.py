@@ -12,7 +12,7 @@ import numpy as np
 from ..attrs import NotConstant
 from ..dtypes import DTYPES, is_float, numpy_dtype
 from ..graph import Graph, KilnError, Node, UnsupportedError, as_kiln_array
-from ..symbolic import (Dim, SymbolError, at_most, collecting_checks, counted_symbols, deriving_symbols, greatest,
+from ..symbolic import (Dim, SymbolError, at_most, collecting_checks, deriving_symbols, greatest, late_symbols_in,
                         least)
 from ..validate import check_tensor_size
 from ..value_symbols import bind_fed_values, define, drop_dangling, forget_counts
@@ -100,9 +100,9 @@ def _fold_into_constants(g: Graph, node: Node, folded: set) -> bool:
 def _symbolic_unsupported(g: Graph, node: Node, why) -> UnsupportedError:
     shapes = ", ".join(f"{i}: {g.types[i]}" if i not in g.symbolic_values else f"{i} = {g.symbolic_values[i].tolist()}"
                        for i in node.inputs if i and (not g.types[i].is_static or i in g.symbolic_values))
-    counted = sorted({s for i in node.inputs if i for d in g.types[i].shape for s in counted_symbols(d)})
-    fix = (f"{', '.join(counted)} depend{'s' * (len(counted) == 1)} on values counted while the model runs "
-           "(NonZero, Compress): no build option fixes them") if counted else \
+    late = sorted({s for i in node.inputs if i for d in g.types[i].shape for s in late_symbols_in(d)})
+    fix = (f"{', '.join(late)} depend{'s' * (len(late) == 1)} on what a kernel counts while the model runs "
+           "(NonZero's, Unique's, ...): no build option fixes them") if late else \
         "Fix those dims with --shape to build this model"
     return UnsupportedError(f"{node.describe()}: {node.op} with symbolic dimensions is not supported yet ({shapes}; "
                             f"{why}). {fix}")

@@ -70,7 +70,8 @@ def _expand_dft(g, node):
         raise ShapeError(f"{node.describe()}: a signal {x} must end in a dim of 1 (real) or 2 (complex)")
     axis = _axis(g, node, rank)
     if axis == rank - 1:
-        raise ShapeError(f"{node.describe()}: the DFT's axis cannot be the last (it holds the real and imaginary parts)")
+        raise ShapeError(f"{node.describe()}: the DFT's axis cannot be the last (it holds the real and imaginary "
+                         "parts)")
     length = x.shape[axis]
     if is_symbolic(length):
         raise UnsupportedError(f"{node.describe()}: a DFT over a length known at run time only ({x}); give the "
