@@ -149,6 +149,8 @@ _ENTRY_STATIC = [
     "int kiln_run_threads(char* weights, char* arena, void** inputs, void** outputs, int threads);",
     "int kiln_run_profiled(char* weights, char* arena, void** inputs, void** outputs, double* times_ms,",
     "                      int threads);"]
+
+
 def _entry_dims(counted: bool) -> list[str]:
     """The entry points of a model with symbolic dims; `counted`: sizes it counts while it runs
     (a NonZero's), which it writes back into dims[]."""
