@@ -440,74 +440,89 @@ def _topk_kernel(b, node):
         def element(j):
             return x(list(oidx[:axis]) + [j] + list(oidx[axis:]))
 
-        def beats(v, i, pos):  # (does the element (v, i) rank before the one kept at pos?)
-            kv, ki = Load(vals, slot(pos)), Load(idxs, slot(pos))
-            ahead = fbin("or", cmp("gt" if largest else "lt", v, kv),
-                         fbin("and", cmp("eq", v, kv), cmp("lt", i, ki)))
-            if not floats:
-                return ahead
-            nan_v, nan_k = cmp("ne", v, v), cmp("ne", kv, kv)
-            both = fbin("and", nan_v, nan_k)
-            if largest:  # (a NaN before any number)
-                return select(both, cmp("lt", i, ki), fbin("or", fbin("and", nan_v, call("not", nan_k)),
-                                                           fbin("and", call("not", nan_k), ahead)))
-            return select(both, cmp("lt", i, ki), fbin("or", fbin("and", nan_k, call("not", nan_v)),
-                                                       fbin("and", call("not", nan_v), ahead)))
+        def program(nan_aware: bool) -> list:
+            """The line's heap, its comparisons aware of NaN or (a line without one) not."""
+            def beats(v, i, pos):  # (does the element (v, i) rank before the one kept at pos?)
+                kv, ki = Load(vals, slot(pos)), Load(idxs, slot(pos))
+                ahead = fbin("or", cmp("gt" if largest else "lt", v, kv),
+                             fbin("and", cmp("eq", v, kv), cmp("lt", i, ki)))
+                if not nan_aware:
+                    return ahead
+                nan_v, nan_k = cmp("ne", v, v), cmp("ne", kv, kv)
+                both = fbin("and", nan_v, nan_k)
+                if largest:  # (a NaN before any number)
+                    return select(both, cmp("lt", i, ki), fbin("or", fbin("and", nan_v, call("not", nan_k)),
+                                                               fbin("and", call("not", nan_k), ahead)))
+                return select(both, cmp("lt", i, ki), fbin("or", fbin("and", nan_k, call("not", nan_v)),
+                                                           fbin("and", call("not", nan_v), ahead)))
 
-        def sift(first, size) -> list:
-            """The entry at `first` moved down past every child that ranks below it."""
-            at, mv, mi, going, child, d = (b.fresh(v) for v in ("at", "mv", "mi", "going", "child", "d"))
-            left = add(mul(Var(at), Const(2)), Const(1))
-            right = add(left, Const(1))
-            step = (Local(child, "i64", left),
-                    If(cmp("lt", right, size), (If(beats(Load(vals, slot(left)), Load(idxs, slot(left)), right),
-                                                   (Assign(child, right),)),)),
-                    Assign(going, Const(0)),
-                    If(cmp("lt", Var(child), size), (If(beats(Var(mv, t), Var(mi), Var(child)), (
-                        Store(vals, slot(Var(at)), Load(vals, slot(Var(child)))),
-                        Store(idxs, slot(Var(at)), Load(idxs, slot(Var(child)))),
-                        Assign(at, Var(child)), Assign(going, Const(1)))),)))
-            return [Local(at, "i64", first), Local(mv, t, Load(vals, slot(first))),
-                    Local(mi, "i64", Load(idxs, slot(first))), Local(going, "i64", Const(1)),
-                    For(d, levels, (If(cmp("ne", Var(going), Const(0)), step),)),
-                    Store(vals, slot(Var(at)), Var(mv, t)), Store(idxs, slot(Var(at)), Var(mi))]
+            def sift(first, size) -> list:
+                """The entry at `first` moved down past every child that ranks below it."""
+                at, mv, mi, going, child, d = (b.fresh(v) for v in ("at", "mv", "mi", "going", "child", "d"))
+                left = add(mul(Var(at), Const(2)), Const(1))
+                right = add(left, Const(1))
+                step = (Local(child, "i64", left),
+                        If(cmp("lt", right, size), (If(beats(Load(vals, slot(left)), Load(idxs, slot(left)), right),
+                                                       (Assign(child, right),)),)),
+                        Assign(going, Const(0)),
+                        If(cmp("lt", Var(child), size), (If(beats(Var(mv, t), Var(mi), Var(child)), (
+                            Store(vals, slot(Var(at)), Load(vals, slot(Var(child)))),
+                            Store(idxs, slot(Var(at)), Load(idxs, slot(Var(child)))),
+                            Assign(at, Var(child)), Assign(going, Const(1)))),)))
+                return [Local(at, "i64", first), Local(mv, t, Load(vals, slot(first))),
+                        Local(mi, "i64", Load(idxs, slot(first))), Local(going, "i64", Const(1)),
+                        For(d, levels, (If(cmp("ne", Var(going), Const(0)), step),)),
+                        Store(vals, slot(Var(at)), Var(mv, t)), Store(idxs, slot(Var(at)), Var(mi))]
 
-        filled, f, h, j, e, blk, lane, hit, mv, mi = (b.fresh(v) for v in (
-            "filled", "f", "h", "j", "e", "blk", "lane", "hit", "mv", "mi"))
-        static = isinstance(k, int) and isinstance(xs[axis], int)  # (then k <= n: inference checked it)
-        size = Const(k) if static else Var(filled)
+            filled, f, h, j, e, blk, lane, hit, mv, mi = (b.fresh(v) for v in (
+                "filled", "f", "h", "j", "e", "blk", "lane", "hit", "mv", "mi"))
+            static = isinstance(k, int) and isinstance(xs[axis], int)  # (then k <= n: inference checked it)
+            size = Const(k) if static else Var(filled)
 
-        def offer(at):  # (element `at` replaces the root where it beats it)
-            v = b.fresh("v")
-            return [Let(v, element(at)), If(beats(Var(v, t), at, Const(0)), (
-                Store(vals, slot(Const(0)), Var(v, t)), Store(idxs, slot(Const(0)), at), *sift(Const(0), size)))]
-        rest = sub(n, size)
-        start = add(size, mul(Var(blk), Const(TOPK_BLOCK)))
-        root = Load(vals, slot(Const(0)))
-        could = cmp("gt" if largest else "lt", element(add(start, Var(lane))), root)
-        if floats:  # (a NaN may rank first, and anything ranks before a NaN root when smallest: offered)
-            could = fbin("or", fbin("or", could, cmp("ne", element(add(start, Var(lane))),
-                                                     element(add(start, Var(lane))))), cmp("ne", root, root))
-        blocks = For(blk, div(rest, TOPK_BLOCK), (
-            Local(hit, "i32", Const(0)),
-            For(lane, TOPK_BLOCK, (Assign(hit, fbin("or", Var(hit, "i32"), Cast("i32", could))),), "forced_vector"),
-            If(cmp("ne", Var(hit, "i32"), Const(0)), (For(lane, TOPK_BLOCK, tuple(offer(add(start, Var(lane))))),))))
-        tail_start = add(size, mul(div(rest, TOPK_BLOCK), Const(TOPK_BLOCK)))
-        last = sub(sub(size, Const(1)), Var(e))  # (the heap's end, from the last slot down to 1)
-        # (slots past a line shorter than a run-time k: ONNX's error, filled with the worst value)
-        past = [] if static else [For(f, fbin("max", sub(kk, size), Const(0)), (
-            Store(vals, slot(add(size, Var(f))), literal(lowest(t) if largest else highest(t))),
-            Store(idxs, slot(add(size, Var(f))), Const(-1))))]
-        return [*([] if static else [Local(filled, "i64", fbin("min", kk, n))]),
-                For(f, size, (Store(vals, slot(Var(f)), element(Var(f))), Store(idxs, slot(Var(f)), Var(f)))), *past,
-                For(h, div(size, 2), tuple(sift(sub(sub(div(size, 2), Const(1)), Var(h)), size))),
-                blocks, For(j, rem(rest, TOPK_BLOCK), tuple(offer(add(tail_start, Var(j))))),
-                For(e, sub(size, Const(1)), (  # (the root, the worst left, swapped to the heap's end)
-                    Let(mv, Load(vals, slot(last))), Let(mi, Load(idxs, slot(last))),
-                    Store(vals, slot(last), Load(vals, slot(Const(0)))),
-                    Store(idxs, slot(last), Load(idxs, slot(Const(0)))),
-                    Store(vals, slot(Const(0)), Var(mv, t)), Store(idxs, slot(Const(0)), Var(mi)),
-                    *sift(Const(0), last)))]
+            def offer(at):  # (element `at` replaces the root where it beats it)
+                v = b.fresh("v")
+                return [Let(v, element(at)), If(beats(Var(v, t), at, Const(0)), (
+                    Store(vals, slot(Const(0)), Var(v, t)), Store(idxs, slot(Const(0)), at), *sift(Const(0), size)))]
+            rest = sub(n, size)
+            start = add(size, mul(Var(blk), Const(TOPK_BLOCK)))
+            root = Load(vals, slot(Const(0)))
+            could = cmp("gt" if largest else "lt", element(add(start, Var(lane))), root)
+            if nan_aware:  # (a NaN may rank first, and anything ranks before a NaN root when smallest)
+                ahead = element(add(start, Var(lane)))
+                could = fbin("or", fbin("or", could, cmp("ne", ahead, ahead)), cmp("ne", root, root))
+            test = For(lane, TOPK_BLOCK, (Assign(hit, fbin("or", Var(hit, "i32"), Cast("i32", could))),),
+                       "forced_vector")
+            blocks = For(blk, div(rest, TOPK_BLOCK), (
+                Local(hit, "i32", Const(0)), test,
+                If(cmp("ne", Var(hit, "i32"), Const(0)),
+                   (For(lane, TOPK_BLOCK, tuple(offer(add(start, Var(lane))))),))))
+            tail_start = add(size, mul(div(rest, TOPK_BLOCK), Const(TOPK_BLOCK)))
+            last = sub(sub(size, Const(1)), Var(e))  # (the heap's end, from the last slot down to 1)
+            # (slots past a line shorter than a run-time k: ONNX's error, filled with the worst value)
+            past = [] if static else [For(f, fbin("max", sub(kk, size), Const(0)), (
+                Store(vals, slot(add(size, Var(f))), literal(lowest(t) if largest else highest(t))),
+                Store(idxs, slot(add(size, Var(f))), Const(-1))))]
+            return [*([] if static else [Local(filled, "i64", fbin("min", kk, n))]),
+                    For(f, size, (Store(vals, slot(Var(f)), element(Var(f))), Store(idxs, slot(Var(f)), Var(f)))),
+                    *past,
+                    For(h, div(size, 2), tuple(sift(sub(sub(div(size, 2), Const(1)), Var(h)), size))),
+                    blocks, For(j, rem(rest, TOPK_BLOCK), tuple(offer(add(tail_start, Var(j))))),
+                    For(e, sub(size, Const(1)), (  # (the root, the worst left, swapped to the heap's end)
+                        Let(mv, Load(vals, slot(last))), Let(mi, Load(idxs, slot(last))),
+                        Store(vals, slot(last), Load(vals, slot(Const(0)))),
+                        Store(idxs, slot(last), Load(idxs, slot(Const(0)))),
+                        Store(vals, slot(Const(0)), Var(mv, t)), Store(idxs, slot(Const(0)), Var(mi)),
+                        *sift(Const(0), last)))]
+
+        if not floats:
+            return program(False)
+        # (a line without NaN, the usual, compares values alone: 1.75x faster for 1000 of 8400)
+        scan, nan = b.fresh("scan"), b.fresh("nan")
+        return [Local(nan, "i32", Const(0)),
+                For(scan, n, (Assign(nan, fbin("or", Var(nan, "i32"), Cast("i32", cmp("ne", element(Var(scan)),
+                                                                                      element(Var(scan)))))),),
+                    "vectorize"),
+                If(cmp("ne", Var(nan, "i32"), Const(0)), tuple(program(True)), tuple(program(False)))]
     return b.loops(outer, line, inner_kind="serial", parallel=True)
 
 
