@@ -28,17 +28,22 @@ def is_counted(derived: dict) -> bool:
     return derived.get("expr", [None])[0] == COUNTED
 
 
-def dim_value(dim, values: dict) -> int:
-    """A manifest dim's size: an int, or a polynomial of the symbols given their values."""
+def _polynomial(dim, value_of) -> int:
+    """A manifest dim's value, value_of(symbol, coefficient) each symbol's in its term."""
     if isinstance(dim, int):
         return dim
     total = 0
     for monomial, coef in dim:
         term = int(coef)
         for s in monomial:
-            term *= values[s]
+            term *= value_of(s, coef)
         total += term
     return total
+
+
+def dim_value(dim, values: dict) -> int:
+    """A manifest dim's size: an int, or a polynomial of the symbols given their values."""
+    return _polynomial(dim, lambda s, _: values[s])
 
 
 def late_names(derived: list) -> set:
@@ -63,15 +68,7 @@ def _expr_symbols(expr) -> set:
 def dim_greatest(dim, bounds: dict) -> int:
     """The most a manifest dim can be with each symbol within its (least, greatest) bounds:
     what a buffer for a size not yet known is allocated at (symbols are never negative)."""
-    if isinstance(dim, int):
-        return dim
-    total = 0
-    for monomial, coef in dim:
-        term = int(coef)
-        for s in monomial:
-            term *= bounds[s][1 if coef > 0 else 0]
-        total += term
-    return max(total, 0)
+    return max(_polynomial(dim, lambda s, coef: bounds[s][1 if coef > 0 else 0]), 0)
 
 
 def dim_c(dim, order: list, derived: list = ()) -> str:

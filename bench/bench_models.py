@@ -101,6 +101,21 @@ def _openvino_config(threads: int) -> dict:
     return {"INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY"}
 
 
+def openvino_request(model, threads: int, feeds: dict):
+    """OpenVINO's infer request for a model (a ModelProto), tried once on `feeds`, or None
+    (the reason printed) where it cannot run it: a peer left out of a table, said why."""
+    try:
+        import openvino as ov
+        core = ov.Core()
+        request = core.compile_model(core.read_model(model.SerializeToString()), "CPU",
+                                     _openvino_config(threads)).create_infer_request()
+        request.infer(feeds)
+        return request
+    except Exception as e:  # noqa: BLE001 - whatever OpenVINO raises
+        print(f"OpenVINO left out: {e}", file=sys.stderr)
+        return None
+
+
 # Run in a child process: OpenVINO compiles the model and infers once on the given inputs.
 _OPENVINO_PROBE = """
 import sys, numpy as np, openvino as ov

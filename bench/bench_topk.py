@@ -18,7 +18,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.bench_models import _openvino_config, cpu_name, host_isa, interleaved, ort_session  # noqa: E402
+from bench.bench_models import cpu_name, host_isa, interleaved, openvino_request, ort_session  # noqa: E402
 from modelkiln.orchestrator.api import build  # noqa: E402
 
 # name: (input shape, k)
@@ -53,15 +53,9 @@ def main() -> None:
         if not (np.array_equal(got["values"], want[0]) and np.array_equal(got["indices"], want[1])):
             raise SystemExit(f"{name}: Kiln's values or indices differ from onnxruntime's")
         runs = {"kiln": lambda: module.run(feeds), "onnxruntime": lambda: session.run(None, feeds)}
-        try:
-            import openvino as ov
-            core = ov.Core()
-            request = core.compile_model(core.read_model(model.SerializeToString()), "CPU",
-                                         _openvino_config(args.threads)).create_infer_request()
-            request.infer(feeds)
+        request = openvino_request(model, args.threads, feeds)
+        if request is not None:
             runs["openvino"] = lambda: request.infer(feeds)
-        except Exception as e:  # noqa: BLE001 - a peer that cannot run it is left out, said why
-            print(f"OpenVINO left out: {e}", file=sys.stderr)
         ms = interleaved(runs, warmup=5, repeat=50, rounds=args.rounds)
         ov_ms = f"{ms['openvino']:.3f}" if "openvino" in ms else "-"
         print(f"| {name} | {'x'.join(map(str, shape))} | {k} | {ms['kiln']:.3f} | {ms['onnxruntime']:.3f} | {ov_ms} |")
