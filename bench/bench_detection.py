@@ -11,7 +11,6 @@ better median of interleaved rounds. Prints a Markdown table.
 """
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
@@ -20,7 +19,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.bench_models import cpu_name, host_isa, interleaved, openvino_request, ort_session  # noqa: E402
+from bench.bench_models import interleaved, openvino_request, ort_session, peer_table_args  # noqa: E402
 from modelkiln.orchestrator.api import build  # noqa: E402
 
 # name: (boxes, classes, center_point_box, per-class limit, IoU threshold, score threshold)
@@ -62,11 +61,7 @@ def detections(boxes: int, classes: int, center: int, seed: int = 0) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--rounds", type=int, default=3)
-    args = ap.parse_args()
-    print(f"{cpu_name()} ({host_isa()}), {args.threads} thread(s)\n")
+    args = peer_table_args(__doc__)
     print("| post-processing | rows kept | Kiln ms | onnxruntime ms | OpenVINO ms |")
     print("|---|---:|---:|---:|---:|")
     for name, (boxes, classes, center, most, iou, floor) in CASES.items():

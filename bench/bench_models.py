@@ -101,6 +101,17 @@ def _openvino_config(threads: int) -> dict:
     return {"INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY"}
 
 
+def peer_table_args(doc: str) -> argparse.Namespace:
+    """--threads and --rounds of a bench that prints one table beside the peers, the host
+    named first (its CPU and vector ISA)."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    print(f"{cpu_name()} ({host_isa()}), {args.threads} thread(s)\n")
+    return args
+
+
 def openvino_request(model, threads: int, feeds: dict):
     """OpenVINO's infer request for a model (a ModelProto), tried once on `feeds`, or None
     (the reason printed) where it cannot run it: a peer left out of a table, said why."""

@@ -9,7 +9,6 @@ median of interleaved rounds. Prints a Markdown table.
 """
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
@@ -18,7 +17,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.bench_models import cpu_name, host_isa, interleaved, openvino_request, ort_session  # noqa: E402
+from bench.bench_models import interleaved, openvino_request, ort_session, peer_table_args  # noqa: E402
 from modelkiln.orchestrator.api import build  # noqa: E402
 
 # name: (input shape, k)
@@ -37,11 +36,7 @@ def topk_model(shape, k: int):
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--rounds", type=int, default=3)
-    args = ap.parse_args()
-    print(f"{cpu_name()} ({host_isa()}), {args.threads} thread(s)\n")
+    args = peer_table_args(__doc__)
     print("| TopK | shape | k | Kiln ms | onnxruntime ms | OpenVINO ms |")
     print("|---|---|---:|---:|---:|---:|")
     for name, (shape, k) in CASES.items():
