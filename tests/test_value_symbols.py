@@ -164,3 +164,18 @@ def test_one_element_bounded_alone_and_a_misspelt_bound(executor):
                    progress=False).load()
     x = RNG.standard_normal((2, 3)).astype(np.float32)
     _matches_onnxruntime(model, module, [{"x": x, "repeats": np.array([1, r], np.int64)} for r in (1, 2, 3)])
+
+
+@pytest.mark.parametrize("start,end,step", [(0, 5, 1), (-3, 1000, 1), (1, -1, 2), (-1, -1000, -1), (4, 0, -2)])
+def test_constant_slice_bounds_that_may_pass_a_run_time_dim(start, end, step, executor):
+    """x[:, :5], x[:, -3:], x[:, 1:-1:2], x[:, ::-1], x[:, 4:0:-2] of a sequence 1..10 long:
+    bounds the dim may be shorter than clamp at run time as numpy does (value symbols)."""
+    consts = [numpy_helper.from_array(np.array([v], np.int64), name)
+              for name, v in (("s", start), ("e", end), ("a", 1), ("st", step))]
+    nodes = [helper.make_node("Slice", ["x", "s", "e", "a", "st"], ["part"]), helper.make_node("Relu", ["part"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, "seq", 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], consts)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    module = build(model, executor=executor, cache=None, progress=False, dims={"seq": (1, 10)}).load()
+    _matches_onnxruntime(model, module, [{"x": RNG.standard_normal((2, seq, 3)).astype(np.float32)}
+                                         for seq in (1, 2, 3, 6, 10)])
