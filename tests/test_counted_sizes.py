@@ -297,3 +297,42 @@ def test_a_count_in_a_branch_taken_at_run_time_is_refused_by_name(executor):
                    [("c", TensorProto.BOOL, []), ("x", TensorProto.FLOAT, [5])], [("y", TensorProto.INT64)])
     with pytest.raises(KilnError, match=r"NonZero.*inside a loop or a branch taken at run time"):
         build(model, executor=executor, cache=None, progress=False)
+
+
+_AFTER_A_SELECTION = {  # (what a model does with x[x > 0]: a selection n long; ONNX ops after it)
+    "range": ([H.make_node("Squeeze", ["n"], ["count"]),
+               H.make_node("Range", ["zero_i", "count", "one_i"], ["out"])], TensorProto.INT64),
+    "expand": ([H.make_node("Concat", ["n", "four"], ["shape"], axis=0),
+                H.make_node("Unsqueeze", ["kept", "one"], ["col"]), H.make_node("Expand", ["col", "shape"], ["out"])],
+               TensorProto.FLOAT),
+    "constant_of_shape": ([H.make_node("ConstantOfShape", ["n"], ["out"],
+                                       value=numpy_helper.from_array(np.array([2.5], np.float32)))], TensorProto.FLOAT),
+    "concat_of_two": ([H.make_node("Less", ["x", "zero"], ["below"]), H.make_node("Compress", ["x", "below"], ["rest"]),
+                       H.make_node("Concat", ["kept", "rest"], ["both"], axis=0), H.make_node("Neg", ["both"], ["out"])],
+                      TensorProto.FLOAT),
+    "softmax": ([H.make_node("Softmax", ["kept"], ["out"], axis=0)], TensorProto.FLOAT),
+    "cumsum": ([H.make_node("CumSum", ["kept", "zero_i"], ["out"])], TensorProto.FLOAT),
+    "matmul": ([H.make_node("Unsqueeze", ["kept", "one"], ["col"]), H.make_node("MatMul", ["col", "w"], ["out"])],
+               TensorProto.FLOAT),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_AFTER_A_SELECTION))
+def test_what_follows_a_selection(name, executor):
+    """Range, Expand, ConstantOfShape, Concat of two selections (n1 + n2 long), Softmax,
+    CumSum and MatMul over a selection's run-time length, from none kept to all."""
+    nodes, out_type = _AFTER_A_SELECTION[name]
+    inits = [numpy_helper.from_array(np.array(0.0, np.float32), "zero"),
+             numpy_helper.from_array(np.array(0, np.int64), "zero_i"),
+             numpy_helper.from_array(np.array(1, np.int64), "one_i"),
+             numpy_helper.from_array(np.array([1], np.int64), "one"),
+             numpy_helper.from_array(np.array([4], np.int64), "four"),
+             numpy_helper.from_array(np.random.default_rng(0).standard_normal((1, 6)).astype(np.float32), "w")]
+    select = [H.make_node("Greater", ["x", "zero"], ["keep"]), H.make_node("Compress", ["x", "keep"], ["kept"]),
+              H.make_node("Shape", ["kept"], ["n"])]
+    used = {i for node in select + nodes for i in node.input}
+    model = _model(select + nodes, [("x", TensorProto.FLOAT, [30])], [("out", out_type)],
+                   [i for i in inits if i.name in used])
+    module = build(model, executor=executor, cache=None, progress=False).load()
+    for shift in (-5.0, 0.0, 5.0):
+        _agree(module, model, {"x": (np.random.default_rng(1).standard_normal(30) + shift).astype(np.float32)})
