@@ -271,7 +271,8 @@ def _locations(lowered, weight_offsets, arena_offsets):
     # Sizes kernels count (a NonZero's): read from what the kernel wrote right after its call.
     counts = {s: d.expr[1] for s, d in lowered.derived.items() if _counted(d)}
     bound: set = set()
-    top = {lowered.storage(o) for st in lowered.steps if not _is_loop(st) and not st.guard for o in st.outputs}
+    top = {lowered.storage(o) for st in lowered.steps if not _is_loop(st) and not st.guard for o in st.outputs} \
+        if counts else set()
     for s, t in counts.items():
         if lowered.storage(t) not in top:
             raise KilnError(f"{lowered.derived[s].what} is computed inside a loop or a branch taken at run time; "

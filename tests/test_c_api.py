@@ -196,18 +196,12 @@ def test_a_c_caller_allocates_sizes_computed_from_a_count_at_their_greatest(tmp_
     padding them to five): kiln_output_bytes_at allocates each at its greatest, 5 elements,
     though the second shrinks as the count grows; kiln_output_bytes_after gives what a call
     wrote."""
-    def const(name, value):
-        return numpy_helper.from_array(np.array(value, np.int64), name)
-    nodes = [helper.make_node("Compress", ["x", "keep"], ["kept"]),
-             helper.make_node("Slice", ["kept", "zero", "five"], ["top"]),
-             helper.make_node("Shape", ["top"], ["top_len"]), helper.make_node("Sub", ["five", "top_len"], ["short"]),
-             helper.make_node("ConstantOfShape", ["short"], ["filler"],
-                              value=numpy_helper.from_array(np.array([7], np.float32)))]
+    from tests.test_counted_sizes import first_five_padded
+    nodes, consts = first_five_padded(7.0)
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [12]),
                                            helper.make_tensor_value_info("keep", TensorProto.BOOL, [12])],
                               [helper.make_tensor_value_info("top", TensorProto.FLOAT, None),
-                               helper.make_tensor_value_info("filler", TensorProto.FLOAT, None)],
-                              [const("zero", [0]), const("five", [5])])
+                               helper.make_tensor_value_info("filler", TensorProto.FLOAT, None)], consts)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     bundle = str(tmp_path / "bundle")
     build(model, executor=executor, cache=None, progress=False).export(bundle)

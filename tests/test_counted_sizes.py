@@ -143,24 +143,29 @@ def test_two_counts_that_must_agree_are_checked_once_counted(executor):
         module.run({"x": x, "c1": np.array([1, 0, 1, 0, 1, 0], bool), "c2": np.array([0, 1, 1, 0, 0, 0], bool)})
 
 
-def test_sizes_computed_from_a_count(executor):
-    """What post-processing does with a selection: keep at most 5 (x[:5], min(n, 5) long),
-    pad that to exactly 5 (a filler 5 - min(n, 5) long: a size that shrinks as the count
-    grows), and take every other one ((n + 1) // 2), against onnxruntime for counts from
-    none to all."""
-    def const(name, value):
-        return numpy_helper.from_array(np.array(value, np.int64), name)
+def first_five_padded(fill: float) -> tuple[list, list]:
+    """(nodes, constants) keeping the first five of x[keep] ("kept", n long): "top", min(n, 5)
+    long, and "filler" of `fill`, 5 - min(n, 5) long (a size that shrinks as the count grows),
+    what pads it to five."""
     nodes = [H.make_node("Compress", ["x", "keep"], ["kept"]),
              H.make_node("Slice", ["kept", "zero", "five"], ["top"]),
              H.make_node("Shape", ["top"], ["top_len"]), H.make_node("Sub", ["five", "top_len"], ["short"]),
              H.make_node("ConstantOfShape", ["short"], ["filler"],
-                         value=numpy_helper.from_array(np.array([-1], np.float32))),
-             H.make_node("Concat", ["top", "filler"], ["fixed"], axis=0),
-             H.make_node("Slice", ["kept", "zero", "far", "zero", "two"], ["every_other"]),
-             H.make_node("Relu", ["every_other"], ["halves"])]
+                         value=numpy_helper.from_array(np.array([fill], np.float32)))]
+    return nodes, [numpy_helper.from_array(np.array([v], np.int64), name) for name, v in (("zero", 0), ("five", 5))]
+
+
+def test_sizes_computed_from_a_count(executor):
+    """What post-processing does with a selection: keep at most 5 (x[:5], min(n, 5) long),
+    pad that to exactly 5, and take every other one ((n + 1) // 2), against onnxruntime for
+    counts from none to all."""
+    nodes, consts = first_five_padded(-1.0)
+    nodes += [H.make_node("Concat", ["top", "filler"], ["fixed"], axis=0),
+              H.make_node("Slice", ["kept", "zero", "far", "zero", "two"], ["every_other"]),
+              H.make_node("Relu", ["every_other"], ["halves"])]
+    consts += [numpy_helper.from_array(np.array([v], np.int64), name) for name, v in (("far", 1000), ("two", 2))]
     model = _model(nodes, [("x", TensorProto.FLOAT, [20]), ("keep", TensorProto.BOOL, [20])],
-                   [("fixed", TensorProto.FLOAT), ("top", TensorProto.FLOAT), ("halves", TensorProto.FLOAT)],
-                   [const("zero", [0]), const("five", [5]), const("far", [1000]), const("two", [2])])
+                   [("fixed", TensorProto.FLOAT), ("top", TensorProto.FLOAT), ("halves", TensorProto.FLOAT)], consts)
     module = build(model, executor=executor, cache=None, progress=False).load()
     assert module.out_shapes({"x": np.zeros(20, np.float32), "keep": np.zeros(20, bool)}) == \
         {"fixed": (5,), "top": (5,), "halves": (10,)}

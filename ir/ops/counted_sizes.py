@@ -12,7 +12,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..graph import Node, ShapeError, TensorType
-from ..loop import Assign, Cast, Const, For, If, Let, Load, Local, Store, Var, add, cmp, div, fbin, mul, rem, sub
+from ..lower.selection import scan_in_blocks, sift_down
+from ..loop import Assign, Cast, Const, For, If, Let, Load, Local, Store, Var, add, cmp, div, fbin, mul, sub
 from ..symbolic import greatest, require_equal
 from ..value_symbols import counted
 from .node_builder import NodeBuilder
@@ -137,28 +138,6 @@ def _corners(box: list, center: bool) -> tuple:
     return fbin("min", y1, y2), fbin("min", x1, x2), fbin("max", y1, y2), fbin("max", x1, x2)
 
 
-def _sift_down(b, heap: str, size, first, better, levels) -> list:
-    """Statements restoring a binary max-heap (`heap`: i32 entries, `size` of them, `levels`
-    deep at most, ordered by better(a, b)) below position `first`, whose entry may be out of
-    place. The loop runs `levels` times, idle once the entry has settled."""
-    at, moving, going, child, d = (b.fresh(v) for v in ("at", "moving", "going", "child", "d"))
-    left = add(mul(Var(at), Const(2)), Const(1))
-
-    def entry(pos):
-        return Cast("i64", Load(heap, pos))
-    right = add(left, Const(1))
-    # (nested Ifs, not "and": both operands of an "and" are evaluated, and a child past the
-    # heap's end has no entry to read)
-    step = [Local(child, "i64", left),
-            If(cmp("lt", right, size), (If(better(entry(right), entry(left)), (Assign(child, right),)),)),
-            Assign(going, Const(0)),
-            If(cmp("lt", Var(child), size), (If(better(entry(Var(child)), Var(moving)), (
-                Store(heap, Var(at), Load(heap, Var(child))), Assign(at, Var(child)), Assign(going, Const(1)))),))]
-    return [Local(at, "i64", first), Local(moving, "i64", entry(first)), Local(going, "i64", Const(1)),
-            For(d, levels, (If(cmp("ne", Var(going), Const(0)), tuple(step)),)),
-            Store(heap, Var(at), Cast("i32", Var(moving)))]
-
-
 def _nms_kernel(b, node):
     """Per batch and class, ONNX's greedy selection as onnxruntime runs it, without sorting
     every box: the boxes above the score threshold listed with their corners and areas, a
@@ -188,20 +167,26 @@ def _nms_kernel(b, node):
     rows, size, taken, hit, top = b.fresh("rows"), b.fresh("size"), b.fresh("taken"), b.fresh("hit"), b.fresh("top")
     bv, cv, i, h, step, t = (b.fresh(v) for v in ("b", "c", "i", "h", "step", "t"))
 
-    def better(p, q):  # (candidate p before candidate q)
+    def better(p, q):  # (candidate p above candidate q: a higher score, or an equal one and a lower index)
         kp, kq = Load(key, p), Load(key, q)
-        return fbin("or", cmp("gt", kp, kq), fbin("and", cmp("eq", kp, kq), cmp("lt", Load(index, p), Load(index, q))))
+        earlier = cmp("lt", Load(index, p), Load(index, q))
+        return [], fbin("or", cmp("gt", kp, kq), fbin("and", cmp("eq", kp, kq), earlier))
 
     def geo(p, c):
         return Load(geometry, add(mul(p, Const(5)), Const(c)))
-    score = Cast("f32", scores([Var(bv), Var(cv), Var(i)]))
+    def score_of(box):
+        return Cast("f32", scores([Var(bv), Var(cv), box]))
+    score = score_of(Var(i))
     corners = _corners([Cast("f32", boxes([Var(bv), Var(i), Const(c)])) for c in range(4)], center)
     area = fbin("mul", fbin("sub", corners[3], corners[1]), fbin("sub", corners[2], corners[0]))
     listing = (Store(index, Var(size), Cast("i32", Var(i))), Store(key, Var(size), score),
                *[Store(geometry, add(mul(Var(size), Const(5)), Const(c)), v) for c, v in enumerate((*corners, area))],
                Store(heap, Var(size), Cast("i32", Var(size))), Assign(size, add(Var(size), Const(1))))
-    gather = [Local(size, "i64", Const(0)), *(_listed_above(b, n, i, score, floor, listing) if has_floor else
-                                              [For(i, n, listing)])]
+    def visit(box):  # (a box listed where its score passes the threshold)
+        return [Let(i, box), If(cmp("gt", score, floor), listing)]
+    gather = [Local(size, "i64", Const(0)),
+              *(scan_in_blocks(b, Const(0), n, lambda box: cmp("gt", score_of(box), floor), visit) if has_floor
+                else [For(i, n, listing)])]
     # The heap's depth: levels, with 2**levels (`room`) more than its entries. Kept as it
     # shrinks, so a pop's loop runs as deep as the heap is (a fixed 15 levels for YOLO's 8400
     # boxes cost 80 ns a pop, most of its time).
@@ -210,7 +195,7 @@ def _nms_kernel(b, node):
              For(lv, max(greatest(boxes_dim), 1).bit_length() + 1, (If(cmp("le", Var(room), Var(size)), (
                  Assign(room, mul(Var(room), Const(2))), Assign(levels, add(Var(levels), Const(1))))),))]
     heapify = For(h, add(div(Var(size), Const(2)), Const(1)),  # (from the last parent up to the root)
-                  tuple(_sift_down(b, heap, Var(size), sub(div(Var(size), Const(2)), Var(h)), better, Var(levels))))
+                  tuple(sift_down(b, heap, Var(size), sub(div(Var(size), Const(2)), Var(h)), better, Var(levels))))
     shrink = If(cmp("lt", mul(Var(size), Const(2)), Var(room)), (Assign(room, div(Var(room), Const(2))),
                                                                   Assign(levels, sub(Var(levels), Const(1)))))
     pos = Var(top)
@@ -228,7 +213,7 @@ def _nms_kernel(b, node):
             Assign(rows, add(Var(rows), Const(1))), Assign(taken, add(Var(taken), Const(1))))
     pop = [Local(top, "i64", Cast("i64", Load(heap, Const(0)))), Assign(size, sub(Var(size), Const(1))),
            Store(heap, Const(0), Load(heap, Var(size))), shrink,
-           *_sift_down(b, heap, Var(size), Const(0), better, Var(levels)),
+           *sift_down(b, heap, Var(size), Const(0), better, Var(levels)),
            *overlaps, If(cmp("eq", Var(hit, "i32"), Const(0)), keep)]
     listed = b.fresh("listed")  # (a pop a step: as many steps as boxes listed, at most)
     select = For(step, Var(listed), (If(fbin("and", cmp("gt", Var(size), Const(0)), cmp("lt", Var(taken), most)),
@@ -236,28 +221,6 @@ def _nms_kernel(b, node):
     per_class = (*gather, *depth, heapify, Local(taken, "i64", Const(0)), Local(listed, "i64", Var(size)), select)
     body = [Local(rows, "i64", Const(0)), For(bv, batches, (For(cv, classes, per_class),))]
     return body + ([Store(count, Const(0), Var(rows))] if count else [])
-
-
-# Boxes a block of the score threshold's test: a detector's scores are nearly all below it,
-# so a block is skipped after one vectorized test (YOLOv8's 80 x 8400 scores, none above:
-# 0.168 -> 0.028 ms).
-SCORE_BLOCK = 16
-
-
-def _listed_above(b, n, i, score, floor, listing) -> list:
-    """The loop listing the boxes (i) whose score beats the threshold, a block of them tested
-    at once first."""
-    blk, lane, hit = b.fresh("blk"), b.fresh("lane"), b.fresh("hit")
-    at = add(mul(Var(blk), Const(SCORE_BLOCK)), Var(lane))
-    each = (Let(i, at), If(cmp("gt", score, floor), listing))
-    above = Cast("i32", cmp("gt", score, floor))
-    test = [Local(hit, "i32", Const(0)),
-            For(lane, SCORE_BLOCK, (Let(i, at), Assign(hit, fbin("or", Var(hit, "i32"), above))), "forced_vector"),
-            If(cmp("ne", Var(hit, "i32"), Const(0)), (For(lane, SCORE_BLOCK, each),))]
-    whole, rest = div(n, SCORE_BLOCK), b.fresh("r")  # (n: an int or a run-time size; div folds ints)
-    tail = For(rest, rem(n, SCORE_BLOCK),
-               (Let(i, add(mul(whole, Const(SCORE_BLOCK)), Var(rest))), If(cmp("gt", score, floor), listing)))
-    return [For(blk, whole, tuple(test)), tail]
 
 
 def _overlap_of(p: list, q: list, threshold):

@@ -52,13 +52,9 @@ def _det_kernel(b, node):
         eliminate = If(cmp("ne", head, Const(0.0, F64)), (For(r, n, (If(cmp("gt", Var(r), Var(col)), row),)),))
         steps = For(col, n, (*find, swap, Assign(det, fbin("mul", Var(det, F64), head)), eliminate))
         return [copy, Local(det, F64, Const(1.0, F64)), steps,
-                Store(out, _flat(idx, b.shape(node.outputs[0])), Cast(b.compute(node.outputs[0]), Var(det, F64)))]
+                Store(out, flat_index(idx, b.shape(node.outputs[0])), Cast(b.compute(node.outputs[0]), Var(det, F64)))]
     # (one workspace: the matrices one after another)
     return b.loops(b.shape(node.outputs[0]), matrix, inner_kind="serial")
-
-
-def _flat(idx, shape):
-    return flat_index(list(idx), shape) if shape else Const(0)
 
 
 def _det_fold(a, values, g, node):

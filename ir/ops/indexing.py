@@ -17,6 +17,7 @@ from ..symbolic import Dim, greatest, least, require_equal
 from ..loop import (Assign, Cast, Const, For, If, Let, Load, Local, Store, Var, add, call, cmp, div, fbin, flat_index,
                     const, highest, lowest, mul, rem, select, sub)
 from ..lower.elementwise import as_index, iclamp
+from ..lower.selection import scan_in_blocks
 from ..lower.reduce import literal
 from ..onnx_dtypes import onnx_to_dtype
 from .registry import INJECTIVE, OPAQUE, REDUCTION, OpDef, one_output, register
@@ -410,16 +411,11 @@ def _topk(g, node, p):
     return [TensorType(shape, x.dtype), TensorType(shape, "int64")]
 
 
-# Elements a block of TopK's vectorized test: once the heap is full, most elements of a long
-# line rank below its worst (a vocabulary's logits, a detector's scores), and a block of them
-# is passed over after one compare.
-TOPK_BLOCK = 16
-
-
 def _topk_kernel(b, node):
     """Per line, a heap of the k best so far, kept in the outputs with the worst at its root:
     the first k elements heaped, each later one that beats the root taking its place (blocks
-    that cannot are passed over after one vector compare), then the heap sorted best first.
+    that cannot are passed over after one vector compare: lower.selection), then the heap
+    sorted best first.
     O(n + k log k) for a line of n where few elements displace the root, as is usual; an
     element beats another by value (NaN the largest, as numpy sorts), equal values by the
     lower index."""
@@ -474,8 +470,7 @@ def _topk_kernel(b, node):
                         For(d, levels, (If(cmp("ne", Var(going), Const(0)), step),)),
                         Store(vals, slot(Var(at)), Var(mv, t)), Store(idxs, slot(Var(at)), Var(mi))]
 
-            filled, f, h, j, e, blk, lane, hit, mv, mi = (b.fresh(v) for v in (
-                "filled", "f", "h", "j", "e", "blk", "lane", "hit", "mv", "mi"))
+            filled, f, h, e, mv, mi = (b.fresh(v) for v in ("filled", "f", "h", "e", "mv", "mi"))
             static = isinstance(k, int) and isinstance(xs[axis], int)  # (then k <= n: inference checked it)
             size = Const(k) if static else Var(filled)
 
@@ -483,20 +478,15 @@ def _topk_kernel(b, node):
                 v = b.fresh("v")
                 return [Let(v, element(at)), If(beats(Var(v, t), at, Const(0)), (
                     Store(vals, slot(Const(0)), Var(v, t)), Store(idxs, slot(Const(0)), at), *sift(Const(0), size)))]
-            rest = sub(n, size)
-            start = add(size, mul(Var(blk), Const(TOPK_BLOCK)))
             root = Load(vals, slot(Const(0)))
-            could = cmp("gt" if largest else "lt", element(add(start, Var(lane))), root)
-            if nan_aware:  # (a NaN may rank first, and anything ranks before a NaN root when smallest)
-                ahead = element(add(start, Var(lane)))
-                could = fbin("or", fbin("or", could, cmp("ne", ahead, ahead)), cmp("ne", root, root))
-            test = For(lane, TOPK_BLOCK, (Assign(hit, fbin("or", Var(hit, "i32"), Cast("i32", could))),),
-                       "forced_vector")
-            blocks = For(blk, div(rest, TOPK_BLOCK), (
-                Local(hit, "i32", Const(0)), test,
-                If(cmp("ne", Var(hit, "i32"), Const(0)),
-                   (For(lane, TOPK_BLOCK, tuple(offer(add(start, Var(lane))))),))))
-            tail_start = add(size, mul(div(rest, TOPK_BLOCK), Const(TOPK_BLOCK)))
+
+            def could(j):
+                """Whether element j may beat the root (a NaN may rank first, and when smallest
+                anything ranks before a NaN root)."""
+                v = element(j)
+                ahead = cmp("gt" if largest else "lt", v, root)
+                return fbin("or", fbin("or", ahead, cmp("ne", v, v)), cmp("ne", root, root)) if nan_aware else ahead
+            later = scan_in_blocks(b, size, sub(n, size), could, offer)
             last = sub(sub(size, Const(1)), Var(e))  # (the heap's end, from the last slot down to 1)
             # (slots past a line shorter than a run-time k: ONNX's error, filled with the worst value)
             past = [] if static else [For(f, fbin("max", sub(kk, size), Const(0)), (
@@ -506,7 +496,7 @@ def _topk_kernel(b, node):
                     For(f, size, (Store(vals, slot(Var(f)), element(Var(f))), Store(idxs, slot(Var(f)), Var(f)))),
                     *past,
                     For(h, div(size, 2), tuple(sift(sub(sub(div(size, 2), Const(1)), Var(h)), size))),
-                    blocks, For(j, rem(rest, TOPK_BLOCK), tuple(offer(add(tail_start, Var(j))))),
+                    *later,
                     For(e, sub(size, Const(1)), (  # (the root, the worst left, swapped to the heap's end)
                         Let(mv, Load(vals, slot(last))), Let(mi, Load(idxs, slot(last))),
                         Store(vals, slot(last), Load(vals, slot(Const(0)))),

@@ -16,7 +16,8 @@ import math
 from ..attrs import normalize_axis
 from ..graph import Node, ShapeError, TensorType
 from ..loop import (Assign, Cast, Const, For, If, Let, Load, Local, Store, Var, add, cmp, div, fbin, mul, rem, select,
-                    sub)
+                    sub, unflatten)
+from ..lower.selection import sift_down
 from ..symbolic import greatest, is_symbolic
 from ..value_symbols import counted
 from .registry import OPAQUE, OpDef, expanded_only, register
@@ -64,9 +65,9 @@ def _unique_kernel(b, node):
 
     def element(item, l):  # (element l of an item, in C order over the other dims)
         if axis is None:
-            return x(_unflatten(item, shape))
+            return x(unflatten(item, shape))
         flat = add(mul(add(mul(div(l, inner), Const(items)), item), Const(inner)), rem(l, inner))
-        return x(_unflatten(flat, shape))
+        return x(unflatten(flat, shape))
 
     def compare(p, q, res: str) -> list:
         """res := -1, 0 or 1 as item p sorts before, with, or after item q."""
@@ -82,25 +83,13 @@ def _unique_kernel(b, node):
     def entry(pos):
         return Cast("i64", Load(order, pos))
 
+    def greater(p, q):  # (item p after item q in sorted order: above it in the max-heap that sorts them)
+        res = b.fresh("res")
+        return [Local(res, "i64", Const(0)), *compare(p, q, res)], fbin("or", cmp("gt", Var(res), Const(0)), fbin(
+            "and", cmp("eq", Var(res), Const(0)), cmp("gt", p, q)))
+
     def sift(start, heap_size) -> list:
-        """order[start] moved down its max-heap (by value, then index) of heap_size items."""
-        at, moving, going, child, res, d = (b.fresh(v) for v in ("at", "moving", "going", "child", "res", "d"))
-        left = add(mul(Var(at), Const(2)), Const(1))
-        after = fbin("or", cmp("gt", Var(res), Const(0)), fbin("and", cmp("eq", Var(res), Const(0)),
-                                                                cmp("gt", entry(Var(child)), Var(moving))))
-        step = (Local(child, "i64", left), Assign(going, Const(0)),
-                If(cmp("lt", Var(child), heap_size), (
-                    If(cmp("lt", add(Var(child), Const(1)), heap_size), (
-                        *compare(entry(add(Var(child), Const(1))), entry(Var(child)), res),
-                        If(fbin("or", cmp("gt", Var(res), Const(0)), fbin("and", cmp("eq", Var(res), Const(0)), cmp(
-                            "gt", entry(add(Var(child), Const(1))), entry(Var(child))))),
-                           (Assign(child, add(Var(child), Const(1))),)))),
-                    *compare(entry(Var(child)), Var(moving), res),
-                    If(after, (Store(order, Var(at), Load(order, Var(child))), Assign(at, Var(child)),
-                               Assign(going, Const(1)))))))
-        return [Local(at, "i64", start), Local(moving, "i64", entry(start)), Local(going, "i64", Const(1)),
-                Local(res, "i64", Const(0)), For(d, levels, (If(cmp("ne", Var(going), Const(0)), step),)),
-                Store(order, Var(at), Cast("i32", Var(moving)))]
+        return sift_down(b, order, heap_size, start, greater, levels)
 
     i, h, e, s, u, res, k = (b.fresh(v) for v in ("i", "h", "e", "s", "u", "res", "k"))
     last = sub(Const(items - 1), Var(e))
@@ -149,14 +138,6 @@ def _unique_kernel(b, node):
     if count:
         body.append(Store(count, Const(0), groups))
     return body
-
-
-def _unflatten(flat, shape) -> list:
-    idx = []
-    for d in reversed(shape):
-        idx.append(rem(flat, d))
-        flat = div(flat, d)
-    return idx[::-1]
 
 
 register(
