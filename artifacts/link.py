@@ -81,8 +81,14 @@ def _body(plan: list, timed: bool, depth: int = 1) -> list[str]:
     lines = []
     for item in plan:
         if item[0] == "bind":  # (a size the call before counted: what every later extent reads)
-            _, k, loc, after = item
-            lines += [f"{pad}dims[{k}] = *(const long long*){_pointer(loc)};", *(pad + a for a in after)]
+            _, k, loc, guard, after = item
+            read = f"dims[{k}] = *(const long long*){_pointer(loc)};"
+            if guard:  # (a call that may not have run: kiln_ran<k> says whether it did)
+                lines += [f"{pad}int kiln_ran{k} = 0; (void)kiln_ran{k};",
+                          f"{pad}if ({_guard(guard)}) {{ {read} kiln_ran{k} = 1; }}"]
+            else:
+                lines.append(pad + read)
+            lines += [pad + a for a in after]
             continue
         if item[0] == "call":
             _, sym, args, guard, index, parts = item
@@ -166,10 +172,10 @@ def entry_source(plan: list, outputs: list[tuple[tuple, int]], arena_bytes: int,
     `derived` (base count, [C expression of dims[] for each derived symbol], whether any is
     counted): symbols the entry computes from the caller's (ir/symbolic.floor_div), after
     them in dims[]. A counted one (a NonZero's count), and one computed from it, starts at its
-    greatest; a ("bind", k, location of the int64 a call wrote, [C statements]) item after
-    that call sets dims[k], then computes and checks what waited for it (a return there is
-    an error code like the preconditions'). With any, the caller's dims[] has room for every
-    symbol and the entry writes the derived ones back.
+    greatest; a ("bind", k, location of the int64 a call wrote, the call's guard, [C statements])
+    item after that call sets dims[k] where the call ran, then computes and checks what waited
+    for it (a return there is an error code like the preconditions'). With any, the caller's
+    dims[] has room for every symbol and the entry writes the derived ones back.
     `caches` (input count, [(input index, output index, blocks, past block bytes, capacity block bytes)]),
     sizes as C expressions: KV caches whose kernels read the past input from the present
     output's buffer, at its capacity; where the caller passed two buffers, the entry first
@@ -193,7 +199,7 @@ def entry_source(plan: list, outputs: list[tuple[tuple, int]], arena_bytes: int,
     if symbolic:
         lines += ["", _RUNTIME_PIECES_C % min_piece_work]
     # (kiln_max: the arena's run-time offsets; kiln_div and the rest: a value symbol's expression)
-    binds = [a for item in plan if item[0] == "bind" for a in item[3]]  # (top level only: bundle._locations)
+    binds = [a for item in plan if item[0] == "bind" for a in item[4]]  # (top level only: bundle._locations)
     if arena_at or derived and any("kiln_" in value for value in derived[1] + binds):
         lines += ["", *C_HELPERS]
     if any("kiln_disjoint" in cond for cond, _ in preconditions):

@@ -116,10 +116,12 @@ def _counts_needed(lowered) -> dict[str, set]:
     return needs
 
 
-def _after_count(lowered, bound: set, new: str) -> list[str]:
+def _after_count(lowered, bound: set, new: str, guarded: set) -> list[str]:
     """The entry's statements once count `new` is known (`bound`: every count known by then,
     it too): the late symbols that waited for it and no other unknown count computed anew,
-    then the bounds of the late value symbols and the size checks among them."""
+    then the bounds of the late value symbols and the size checks among them. A count in a
+    branch taken at run time (`guarded`) keeps its greatest where the branch did not run, and
+    the checks that wait for it are made only where it did (`kiln_ran<k>`, artifacts/link.py)."""
     from ..artifacts import expressions
     from ..ir.value_symbols import to_json
     symbols, lines = list(lowered.symbols), []
@@ -133,8 +135,11 @@ def _after_count(lowered, bound: set, new: str) -> list[str]:
         if not isinstance(d, tuple):  # (a quotient is within its bounds by its definition)
             lo, hi = lowered.symbols[s]
             lines.append(f"if (!(dims[{k}] >= {lo}LL && dims[{k}] <= {hi}LL)) return 2;")
-    return lines + [f"if (!({cond})) return 3;" for cond, waits in _size_checks(lowered)
-                    if new in waits and waits <= bound]
+    for cond, waits in _size_checks(lowered):
+        if new in waits and waits <= bound:
+            ran = "".join(f"!kiln_ran{symbols.index(c)} || " for c in sorted(waits & guarded))
+            lines.append(f"if (!({ran}{cond})) return 3;")
+    return lines
 
 
 def _caches(lowered) -> tuple:
@@ -265,18 +270,20 @@ def _locations(lowered, weight_offsets, arena_offsets):
             for s, t in counts.items():
                 if lowered.storage(t) in {lowered.storage(o) for o in st.outputs}:
                     bound.add(s)
-                    out.append(("bind", symbols.index(s), loc(t), _after_count(lowered, bound, s)))
+                    out.append(("bind", symbols.index(s), loc(t), guard(st.guard),
+                                _after_count(lowered, bound, s, guarded)))
         return out
 
     # Sizes kernels count (a NonZero's): read from what the kernel wrote right after its call.
     counts = {s: d.expr[1] for s, d in lowered.derived.items() if _counted(d)}
     bound: set = set()
-    top = {lowered.storage(o) for st in lowered.steps if not _is_loop(st) and not st.guard for o in st.outputs} \
-        if counts else set()
+    top = {lowered.storage(o): st.guard for st in lowered.steps if not _is_loop(st) for o in st.outputs} \
+        if counts else {}
     for s, t in counts.items():
         if lowered.storage(t) not in top:
-            raise KilnError(f"{lowered.derived[s].what} is computed inside a loop or a branch taken at run time; "
-                            "sizes counted there are not supported yet")
+            raise KilnError(f"{lowered.derived[s].what} is computed inside a loop; sizes counted there are not "
+                            "supported yet")
+    guarded = {s for s, t in counts.items() if top[lowered.storage(t)]}  # (counted in a branch taken at run time)
 
     plan = items(lowered.steps)
     outputs = [(loc(o), _nbytes_c(lowered.types[o], symbols)) for o in lowered.outputs]

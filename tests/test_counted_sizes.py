@@ -293,17 +293,6 @@ def test_unique_of_floats_with_nan(executor):
         np.testing.assert_array_equal(got[name], want, err_msg=name)
 
 
-def test_a_count_in_a_branch_taken_at_run_time_is_refused_by_name(executor):
-    then = H.make_graph([H.make_node("NonZero", ["x"], ["a"])], "then", [],
-                        [H.make_tensor_value_info("a", TensorProto.INT64, None)])
-    other = H.make_graph([H.make_node("NonZero", ["x"], ["b"])], "else", [],
-                         [H.make_tensor_value_info("b", TensorProto.INT64, None)])
-    model = _model([H.make_node("If", ["c"], ["y"], then_branch=then, else_branch=other)],
-                   [("c", TensorProto.BOOL, []), ("x", TensorProto.FLOAT, [5])], [("y", TensorProto.INT64)])
-    with pytest.raises(KilnError, match=r"NonZero.*inside a loop or a branch taken at run time"):
-        build(model, executor=executor, cache=None, progress=False)
-
-
 _AFTER_A_SELECTION = {  # (what a model does with x[x > 0]: a selection n long; ONNX ops after it)
     "range": ([H.make_node("Squeeze", ["n"], ["count"]),
                H.make_node("Range", ["zero_i", "count", "one_i"], ["out"])], TensorProto.INT64),

@@ -35,10 +35,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..dtypes import DTYPES
 from ..graph import Graph, KilnError, Node, ShapeError, Subgraph, TensorType, UnsupportedError
 from ..loop import Const, For, If, Load, Store, Var
-from ..symbolic import is_symbolic, require_equal
-from .elementwise import AND
+from ..symbolic import greatest, is_symbolic, late_symbols, late_symbols_in, least, require_equal
+from ..value_symbols import counted, define, select
+from .elementwise import AND, CAST
 from .inference import resolve
 from .registry import OPAQUE, OpDef, expanded_only, register
 from .shape import CONCAT, GATHER, IDENTITY, UNSQUEEZE
@@ -113,21 +115,42 @@ def expand_if(g: Graph, node: Node) -> list[Node]:
                     for i, (t, e, name) in enumerate(zip(outs[True], outs[False], node.outputs)) if name]
 
 
+def _if_merge_expand(g: Graph, node: Node) -> list[Node] | None:
+    """Where the branches' sizes differ and the condition is computed at run time (torchvision's
+    batched NMS: an empty result if there are no boxes, else NonMaxSuppression's selection),
+    the merge also takes the condition as an int64 scalar: the module reads it once computed,
+    as it reads a count, and sizes the output by it (_if_merge_infer)."""
+    cond, then_, else_ = node.inputs[:3]
+    differ = [d for a, b in zip(g.types[then_].shape, g.types[else_].shape) if a != b for d in (a, b)]
+    if len(node.inputs) > 3 or not differ or cond in g.inputs and not any(late_symbols_in(d) for d in differ):
+        return None  # (sizes counted in a branch are known only where it ran: not checked before)
+    taken = f"{node.key}/taken"
+    return [Node(CAST, [cond], [taken], {"to": DTYPES["int64"].onnx}, f"{node.name}/taken", node.guard),
+            Node(IF_MERGE, [*node.inputs, taken], list(node.outputs), dict(node.attrs), node.name, node.guard)]
+
+
 def _if_merge_infer(g, node, p):
-    """The then branch's type. Sizes that differ between the branches where one is symbolic
-    (optimum's merged decoder: past + seq with the cache, seq without) must agree whenever
-    the else branch is taken: a check the module makes before it runs, so the condition
-    must be a model input."""
+    """The then branch's type. Sizes that differ between the branches where one is symbolic:
+    with the condition a model input (optimum's merged decoder: past + seq with the cache, seq
+    without), they must agree whenever the else branch is taken, a check the module makes
+    before it runs; with a condition computed at run time (its int64 copy the fourth input),
+    each is the taken branch's, a size the module knows once the condition is computed."""
     t, e = g.types[node.inputs[1]], g.types[node.inputs[2]]
     cond = node.inputs[0]
     differ = [(a, b) for a, b in zip(t.shape, e.shape) if a != b]
-    if t.dtype != e.dtype or len(t.shape) != len(e.shape) or \
-            any(not (is_symbolic(a) or is_symbolic(b)) for a, b in differ) or (differ and cond not in g.inputs):
+    if t.dtype != e.dtype or len(t.shape) != len(e.shape) or len(node.inputs) == 3 and \
+            any(not (is_symbolic(a) or is_symbolic(b)) for a, b in differ):
         raise ShapeError(f"{node.attrs['owner']}: output {node.attrs['index']} is {t} in the then branch and {e} in "
-                         "the else branch; Kiln compiles one static type per output (make both branches agree), or "
-                         "sizes that differ symbolically when the condition is a model input. Its condition "
-                         f"'{cond}' is computed at run time: where it compares sizes (Phi-3's rotary caches, "
-                         "picked by the total length), bounds on one side of it decide it at build time")
+                         "the else branch; Kiln compiles one element type and rank per output, and with a model "
+                         "input as the condition, sizes that differ only symbolically")
+    if len(node.inputs) > 3:
+        taken = counted(f"taken({cond})", node.inputs[3], 1, f"{node.attrs['owner']}: whether its condition holds")
+        shape = tuple(a if a == b else define(f"{node.outputs[0]}.shape[{i}]", select(taken, a, b),
+                                              min(least(a), least(b)), max(greatest(a), greatest(b)),
+                                              f"{node.attrs['owner']}: output {node.attrs['index']}'s axis {i}, "
+                                              "the taken branch's")
+                      for i, (a, b) in enumerate(zip(t.shape, e.shape)))
+        return TensorType(shape, t.dtype)
     for a, b in differ:
         require_equal(a, b, f"{node.attrs['owner']}: output {node.attrs['index']} when '{cond}' is false",
                       unless=(cond, True))
@@ -137,7 +160,7 @@ def _if_merge_infer(g, node, p):
 def _if_merge_kernel(b, node):
     """Copy the taken branch's value: the condition is tested once, outside the loops."""
     out = b.out_param(node.outputs[0])
-    cond, then_, else_ = (b.in_param(i) for i in node.inputs)
+    cond, then_, else_ = (b.in_param(i) for i in node.inputs[:3])
     n = b.dim(b.type(node.outputs[0]).size)
 
     def copy(src):
@@ -267,6 +290,10 @@ def loop_body_graph(g: Graph, node: Node) -> tuple:
 def _entry_loop_infer(g, node, p):
     body, _, _, _, leaves, scans = loop_body_graph(g, node)
     resolve(body, fold_floats=False)
+    counted_inside = [s for s in late_symbols(body.derived) if s not in g.derived]
+    if counted_inside:
+        raise UnsupportedError(f"{body.derived[counted_inside[0]].what} is computed inside a loop ({node.describe()}); "
+                               "sizes counted there are not supported yet")
     out = []
     for i, (initial, leave) in enumerate(zip(node.inputs, leaves)):
         if body.types[leave] != g.types[initial]:
@@ -355,6 +382,6 @@ register(
     OpDef(IF, OPAQUE, expanded_only, expand=expand_if),
     OpDef(LOOP, OPAQUE, expanded_only, expand=expand_loop),
     OpDef(SCAN, OPAQUE, expanded_only, expand=expand_scan),
-    OpDef(IF_MERGE, OPAQUE, _if_merge_infer, alone=_if_merge_kernel),
+    OpDef(IF_MERGE, OPAQUE, _if_merge_infer, alone=_if_merge_kernel, expand=_if_merge_expand),
     OpDef(ENTRY_LOOP, OPAQUE, _entry_loop_infer),  # lowered by ir/lower/loops.py
 )

@@ -18,6 +18,7 @@ from ..validate import check_tensor_size
 from ..value_symbols import bind_fed_values, define, drop_dangling, forget_counts
 from .compile_time import SYMBOLIC_VALUE, symbolic_value_node, symbolic_values_of
 from .elementwise import COMPARISONS, MAX, MIN
+from .reduce import REDUCE_MAX, REDUCE_MIN
 from .registry import op_def
 
 # Do not materialize folded tensors larger than this (e.g. an Expand of a constant).
@@ -129,6 +130,8 @@ def _fold_symbolic(g: Graph, node: Node, definition, types: list) -> list | None
         return None  # (whether a size equals 0 is a run-time question: comparisons run then)
     if node.op in (MIN, MAX) and reads:  # (min(1000, n): a value symbol where the bounds do not decide it)
         return [_extremes(node, values)]
+    if node.op in (REDUCE_MIN, REDUCE_MAX) and reads:  # (torchvision's min(k, n): a ReduceMin of a Concat)
+        return [_reduced_extremes(node, values[0], g.params[node.key])]
     try:
         with np.errstate(all="ignore"):
             out = definition.evaluate({**node.attrs, **g.params.get(node.key, {})}, values, g, node)
@@ -138,25 +141,41 @@ def _fold_symbolic(g: Graph, node: Node, definition, types: list) -> list | None
 
 
 def _extremes(node: Node, values: list) -> np.ndarray:
-    """Min or Max of sizes, element by element: the one the bounds show is the least (the
-    greatest), else a value symbol the module computes, `out[j]`."""
-    smallest = node.op == MIN
+    """Min or Max of sizes, element by element."""
     flat = [np.asarray(v, dtype=object) for v in values if v is not None]
     shape = np.broadcast_shapes(*(v.shape for v in flat))
     out = np.empty(shape, dtype=object)
     for j, parts in enumerate(zip(*(np.broadcast_to(v, shape).reshape(-1) for v in flat))):
-        best = parts[0]
-        for other in parts[1:]:
-            keep = _relation("le" if smallest else "ge", best, other)
-            if keep is None:
-                lo = (min if smallest else max)(least(best), least(other))
-                hi = (min if smallest else max)(greatest(best), greatest(other))
-                best = define(f"{node.outputs[0]}[{j}]", ("min" if smallest else "max", best, other), lo, hi,
-                              f"element {j} of {node.describe()}")
-            elif not keep:
-                best = other
-        out.reshape(-1)[j] = best
+        out.reshape(-1)[j] = _extreme(node, parts, node.op == MIN, j)
     return out
+
+
+def _reduced_extremes(node: Node, value, params: dict) -> np.ndarray:
+    """ReduceMin or ReduceMax of sizes over params' axes."""
+    value = np.asarray(value, dtype=object)
+    axes, rank = params["axes"], value.ndim
+    kept = [i for i in range(rank) if i not in axes]
+    rows = value.transpose(kept + axes).reshape(-1, int(np.prod([value.shape[i] for i in axes], dtype=np.int64)))
+    out = np.array([_extreme(node, row, node.op == REDUCE_MIN, j) for j, row in enumerate(rows)], dtype=object)
+    shape = [1 if i in axes else n for i, n in enumerate(value.shape)] if params["keepdims"] else \
+        [value.shape[i] for i in kept]
+    return out.reshape(shape)
+
+
+def _extreme(node: Node, parts, smallest: bool, j: int):
+    """The least (greatest) of sizes: the one the bounds show is, else a value symbol the
+    module computes, `out[j]`."""
+    best = parts[0]
+    for other in parts[1:]:
+        keep = _relation("le" if smallest else "ge", best, other)
+        if keep is None:
+            lo = (min if smallest else max)(least(best), least(other))
+            hi = (min if smallest else max)(greatest(best), greatest(other))
+            best = define(f"{node.outputs[0]}[{j}]", ("min" if smallest else "max", best, other), lo, hi,
+                          f"element {j} of {node.describe()}")
+        elif not keep:
+            best = other
+    return best
 
 
 # Relations of two sizes, by what a - b is: True, False, or None where only the run time knows.
