@@ -39,6 +39,16 @@ def _video(fn_name):
     return make
 
 
+def _detection(fn_name, size=320, **kw):
+    """A torchvision detector with its whole postprocessing (per-class NMS in an If, top-k of
+    what passed the score threshold); thresholds low enough that random weights keep boxes."""
+    def make(torch):
+        import torchvision
+        model = getattr(torchvision.models.detection, fn_name)(weights=None, weights_backbone=None, **kw)
+        return model.eval(), ([torch.rand(3, size, size)],)
+    return make
+
+
 def _timm(name, size=224):
     def make(torch):
         import timm
@@ -82,6 +92,14 @@ LM = dict(num_hidden_layers=2, hidden_size=256, num_attention_heads=8, vocab_siz
 # name -> (maker, exporter)
 MODELS = {
     "resnext50": (_vision("resnext50_32x4d"), "torchscript"),
+    "ssdlite320": (_detection("ssdlite320_mobilenet_v3_large"), "torchscript"),
+    "ssd300_vgg16": (_detection("ssd300_vgg16", 300), "torchscript"),
+    "fasterrcnn_mobilenet": (_detection("fasterrcnn_mobilenet_v3_large_320_fpn", box_score_thresh=0.005),
+                             "torchscript"),
+    "retinanet_resnet50": (_detection("retinanet_resnet50_fpn", score_thresh=0.001), "torchscript"),
+    "fcos_resnet50": (_detection("fcos_resnet50_fpn", score_thresh=0.001), "torchscript"),
+    "maskrcnn_resnet50": (_detection("maskrcnn_resnet50_fpn", box_score_thresh=0.005), "torchscript"),
+    "keypointrcnn_resnet50": (_detection("keypointrcnn_resnet50_fpn", box_score_thresh=0.005), "torchscript"),
     "googlenet": (_vision("googlenet", aux_logits=False, init_weights=True), "torchscript"),
     "inception_v3": (_vision("inception_v3", 299, aux_logits=False, init_weights=True), "torchscript"),
     "squeezenet": (_vision("squeezenet1_1"), "torchscript"),

@@ -81,13 +81,36 @@ def test_if_decided_at_compile_time_is_its_branch():
     _check(model, [{"x": np.random.default_rng(2).standard_normal((2, 3)).astype(np.float32)}], result)
 
 
-def test_branches_of_different_shapes_are_refused_naming_the_if():
+def test_branches_of_different_sizes_give_the_taken_ones():
+    """Branches of 2 and 4 elements on a condition fed at run time: the output is as long as
+    the branch taken (a size the module reads from the condition); ranks must agree."""
     then_ = helper.make_graph([helper.make_node("Identity", ["x"], ["a"])], "then", [], [_vi("a", F, None)])
     else_ = helper.make_graph([helper.make_node("Concat", ["x", "x"], ["b"], axis=0)], "else", [],
                               [_vi("b", F, None)])
-    model = _model([helper.make_node("If", ["c"], ["y"], then_branch=then_, else_branch=else_, name="pick")],
-                   [("x", F, [2]), ("c", B, [])], [("y", F)])
-    with pytest.raises(KilnError, match="pick.*then branch.*else branch"):
+    model = _model([helper.make_node("If", ["c"], ["y"], then_branch=then_, else_branch=else_, name="pick"),
+                    helper.make_node("Softmax", ["y"], ["out"], axis=0)],
+                   [("x", F, [2]), ("c", B, [])], [("out", F)])
+    _check(model, [{"x": np.array([1.0, -2.0], np.float32), "c": np.array(c)} for c in (True, False)])
+    flat = helper.make_graph([helper.make_node("Unsqueeze", ["x", "zero"], ["r"])], "else", [], [_vi("r", F, None)])
+    ranks = _model([helper.make_node("If", ["c"], ["y"], then_branch=then_, else_branch=flat, name="pick")],
+                   [("x", F, [2]), ("c", B, [])], [("y", F)], [("zero", np.array([0], np.int64))])
+    with pytest.raises(KilnError, match="pick.*then branch.*else branch.*rank"):
+        _build(ranks)
+
+
+def test_a_loop_body_needing_its_data_at_compile_time_is_refused_at_once():
+    """Mask R-CNN's paste loop resizes each mask to a size computed from its box: a body tensor
+    needed at compile time. Refused naming the Resize (the build had retried without end)."""
+    body = _loop_body([helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+                       helper.make_node("Add", ["i", "two"], ["side"]),
+                       helper.make_node("Unsqueeze", ["side", "zero"], ["side1"]),
+                       helper.make_node("Concat", ["ones", "side1", "side1"], ["sizes"], axis=0),
+                       helper.make_node("Resize", ["v0", "", "", "sizes"], ["big"], name="grow"),
+                       helper.make_node("ReduceMean", ["big"], ["v0_out"], axes=[2, 3], keepdims=1)], [[1, 1, 1, 1]],
+                      inits=[("two", np.int64(2)), ("zero", np.array([0], np.int64)), ("ones", np.ones(2, np.int64))])
+    model = _model([helper.make_node("Loop", ["n", "", "v_init"], ["v_final"], body=body, name="steps")],
+                   [("v_init", F, [1, 1, 1, 1]), ("n", I64, [])], [("v_final", F)])
+    with pytest.raises(KilnError, match="grow.*sizes.*must be known at compile time"):
         _build(model)
 
 

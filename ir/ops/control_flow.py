@@ -6,7 +6,9 @@
   apart, each kernel call carries its guard, and the generated entry function tests it
   before the call. Each output is then `kiln.IfMerge(cond, then_value, else_value)`, a kernel
   that copies the taken branch's value into the If's output, so later kernels have one
-  buffer to read. Both branches' outputs must have the same static type.
+  buffer to read. Both branches' outputs must have the same element type and rank; where
+  their sizes differ, the output's are the taken branch's, read once the condition is known
+  (a count of one, ir/value_symbols.py), and sizes counted in a branch are read where it ran.
 - Loop whose trip count is known only at run time (a graph input, `for _ in range(n)`) or
   that has none (a while loop), without scan outputs: one `kiln.Loop` node too; the entry
   function reads the count from its tensor and stops after an iteration whose condition
@@ -116,33 +118,36 @@ def expand_if(g: Graph, node: Node) -> list[Node]:
 
 
 def _if_merge_expand(g: Graph, node: Node) -> list[Node] | None:
-    """Where the branches' sizes differ and the condition is computed at run time (torchvision's
-    batched NMS: an empty result if there are no boxes, else NonMaxSuppression's selection),
-    the merge also takes the condition as an int64 scalar: the module reads it once computed,
-    as it reads a count, and sizes the output by it (_if_merge_infer)."""
+    """Where the branches' sizes differ (torchvision's batched NMS: an empty result if there
+    are no boxes, else NonMaxSuppression's selection), the merge also takes the condition as
+    an int64 scalar: the module reads it once computed, as it reads a count, and sizes the
+    output by it (_if_merge_infer). Not where the condition is a model input and the sizes
+    differ only by symbols the caller gives: those are checked equal instead."""
     cond, then_, else_ = node.inputs[:3]
-    differ = [d for a, b in zip(g.types[then_].shape, g.types[else_].shape) if a != b for d in (a, b)]
-    if len(node.inputs) > 3 or not differ or cond in g.inputs and not any(late_symbols_in(d) for d in differ):
-        return None  # (sizes counted in a branch are known only where it ran: not checked before)
+    t, e = g.types[then_], g.types[else_]
+    differ = [(a, b) for a, b in zip(t.shape, e.shape) if a != b]
+    if len(node.inputs) > 3 or not differ or t.dtype != e.dtype or len(t.shape) != len(e.shape):
+        return None
+    if cond in g.inputs and all((is_symbolic(a) or is_symbolic(b)) and not late_symbols_in(a) + late_symbols_in(b)
+                                for a, b in differ):
+        return None  # (checked equal before the call where the else branch is taken: _if_merge_infer)
     taken = f"{node.key}/taken"
     return [Node(CAST, [cond], [taken], {"to": DTYPES["int64"].onnx}, f"{node.name}/taken", node.guard),
             Node(IF_MERGE, [*node.inputs, taken], list(node.outputs), dict(node.attrs), node.name, node.guard)]
 
 
 def _if_merge_infer(g, node, p):
-    """The then branch's type. Sizes that differ between the branches where one is symbolic:
-    with the condition a model input (optimum's merged decoder: past + seq with the cache, seq
-    without), they must agree whenever the else branch is taken, a check the module makes
-    before it runs; with a condition computed at run time (its int64 copy the fourth input),
-    each is the taken branch's, a size the module knows once the condition is computed."""
+    """The then branch's type, but where the branches' sizes differ: with the condition's int64
+    copy as a fourth input (_if_merge_expand), each such size is the taken branch's, known
+    once the condition is computed; else (a model input as the condition, sizes the caller
+    gives: optimum's merged decoder, past + seq with the cache, seq without) they must agree
+    whenever the else branch is taken, a check the module makes before it runs."""
     t, e = g.types[node.inputs[1]], g.types[node.inputs[2]]
     cond = node.inputs[0]
     differ = [(a, b) for a, b in zip(t.shape, e.shape) if a != b]
-    if t.dtype != e.dtype or len(t.shape) != len(e.shape) or len(node.inputs) == 3 and \
-            any(not (is_symbolic(a) or is_symbolic(b)) for a, b in differ):
+    if t.dtype != e.dtype or len(t.shape) != len(e.shape):
         raise ShapeError(f"{node.attrs['owner']}: output {node.attrs['index']} is {t} in the then branch and {e} in "
-                         "the else branch; Kiln compiles one element type and rank per output, and with a model "
-                         "input as the condition, sizes that differ only symbolically")
+                         "the else branch; Kiln compiles one element type and rank per output")
     if len(node.inputs) > 3:
         taken = counted(f"taken({cond})", node.inputs[3], 1, f"{node.attrs['owner']}: whether its condition holds")
         shape = tuple(a if a == b else define(f"{node.outputs[0]}.shape[{i}]", select(taken, a, b),

@@ -80,8 +80,8 @@ def _with_constants(g: Graph, step, producer: dict, folded: set):
     while True:
         try:
             return step()
-        except NotConstant as e:
-            if not _fold_producers(g, e.tensors, producer, folded):
+        except NotConstant as e:  # (none named: a subgraph's own tensor, which folding here cannot give)
+            if not e.tensors or not _fold_producers(g, e.tensors, producer, folded):
                 raise
 
 
