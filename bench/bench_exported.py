@@ -7,7 +7,8 @@ Each model of bench/exported_zoo.py is exported once into DIR (default
 ~/.cache/kiln-exported), by a child process (torch, torchvision, timm and transformers are
 needed for that alone: `pip install torch torchvision timm transformers onnxscript`). Then,
 per model: Kiln's cold build (no store), its outputs against onnxruntime's on the same
-random inputs (the largest difference over the largest value, per output, the worst listed),
+random inputs (the largest difference over the largest value, per output, the worst listed;
+a detector's outputs as sets of rows, since near-equal scores may come out in either order),
 and both at 1 thread in interleaved rounds (median of `repeat` runs, the better round).
 A model Kiln refuses or gets wrong is listed with what went wrong; the run goes on.
 """
@@ -27,7 +28,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
 from bench_models import cpu_name, host_isa, interleaved  # noqa: E402
-from exported_zoo import MODELS  # noqa: E402
+from exported_zoo import DETECTORS, MODELS  # noqa: E402
 
 TOLERANCE = 1e-4  # largest difference over the largest value: float32 kernels summing in other orders
 
@@ -43,22 +44,34 @@ def exported(name: str, folder: str) -> str:
     return path
 
 
-def random_inputs(session) -> dict:
+def random_inputs(session, images: bool = False) -> dict:
+    """Token ids in [0, 100), floats standard normal (in [0, 1) with `images`)."""
     rng = np.random.default_rng(0)
     feeds = {}
     for i in session.get_inputs():
         shape = [d if isinstance(d, int) else 1 for d in i.shape]
         feeds[i.name] = (rng.integers(0, 100, shape).astype(np.int64) if "int64" in i.type
+                         else rng.random(shape, dtype=np.float32) if images
                          else rng.standard_normal(shape).astype(np.float32))
     return feeds
 
 
-def worst_difference(got: dict, want: list, names: list) -> float:
+def _rows_sorted(x: np.ndarray) -> np.ndarray:
+    """x's rows in lexicographic order (a detector's outputs as sets of rows)."""
+    flat = x.reshape(len(x), -1) if x.ndim else x.reshape(1, 1)
+    return flat[np.lexsort(flat.T[::-1])] if len(flat) else flat
+
+
+def worst_difference(got: dict, want: list, names: list, unordered: bool = False) -> float:
+    """The largest difference over the largest value (inf where shapes or integers differ);
+    `unordered`: each output compared as a set of rows."""
     worst = 0.0
     for name, w in zip(names, want):
         g = got[name]
         if g.shape != w.shape:
             return math.inf
+        if unordered:
+            g, w = _rows_sorted(g), _rows_sorted(w)
         if w.size and w.dtype.kind == "f":
             worst = max(worst, float(np.max(np.abs(g.astype(np.float64) - w)) / (np.max(np.abs(w)) or 1.0)))
         elif not np.array_equal(g, w):
@@ -73,13 +86,13 @@ def bench(name: str, args) -> tuple | str:
     so = ort.SessionOptions()
     so.intra_op_num_threads, so.inter_op_num_threads = 1, 1
     session = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
-    feeds = random_inputs(session)
+    feeds = random_inputs(session, images=name in DETECTORS)
     want = session.run(None, feeds)
     t0 = time.perf_counter()
     result = build(path, cache=None, progress=False)  # (cold: every kernel compiled)
     seconds = time.perf_counter() - t0
     module = result.load(1)
-    diff = worst_difference(module.run(feeds), want, [o.name for o in session.get_outputs()])
+    diff = worst_difference(module.run(feeds), want, [o.name for o in session.get_outputs()], name in DETECTORS)
     if not diff <= TOLERANCE:
         return f"outputs differ from onnxruntime's by {diff:.2g} of their largest value"
     times = interleaved({"kiln": lambda: module.run(feeds), "ort": lambda: session.run(None, feeds)},

@@ -39,6 +39,13 @@ def _video(fn_name):
     return make
 
 
+# Detectors: their input is an image in [0, 1] (they normalize it themselves), and their
+# outputs are detections, compared as sets of rows: two boxes whose scores differ in the 6th
+# digit may come out in either order.
+DETECTORS = {"ssdlite320", "ssd300_vgg16", "fasterrcnn_mobilenet", "retinanet_resnet50", "fcos_resnet50",
+             "maskrcnn_resnet50", "keypointrcnn_resnet50"}
+
+
 def _detection(fn_name, size=320, **kw):
     """A torchvision detector with its whole postprocessing (per-class NMS in an If, top-k of
     what passed the score threshold); thresholds low enough that random weights keep boxes."""
