@@ -20,7 +20,9 @@ kernels read its value like any symbol's.
 
 Expressions are tuples: (op, *operands) with operands ints, Dims, `read`s and expressions.
 Ops: add, sub, mul, div (floor of a non-negative numerator by a positive divisor, 0 where
-the divisor is 0), min, max, select (c, a, b), eq, lt (1 or 0). `to_json` gives the form the
+the divisor is 0), min, max, select (c, a, b), eq, lt (1 or 0); and float32 steps with
+float constants (ir/float_sizes.py): float (an integer as float32), fadd, fsub, fmul, fdiv,
+fmin, fmax, floor, ceil, fneg, and trunc (back to an integer). `to_json` gives the form the
 manifest stores and artifacts/expressions.py evaluates (in Python and as C).
 """
 from __future__ import annotations
@@ -207,6 +209,8 @@ def to_json(expr):
     """The manifest's form: a Dim as ["dim", terms], a read as ["read", input, index, dtype]."""
     if isinstance(expr, (int, np.integer)):
         return int(expr)
+    if isinstance(expr, float):  # (a float32 constant of ir/float_sizes.py's steps)
+        return expr
     if isinstance(expr, Dim):
         return ["dim", dim_to_json(expr)]
     return [expr[0], *(to_json(e) if not isinstance(e, str) else e for e in expr[1:])]

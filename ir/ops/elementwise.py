@@ -28,6 +28,7 @@ from .registry import BROADCAST, ELEMWISE, OpDef, register
 CAST, DIV, SIGMOID, TANH, LEAKY_RELU, AND = "Cast", "Div", "Sigmoid", "Tanh", "LeakyRelu", "And"
 SUB, MIN, MAX, CLIP, ROUND, EQUAL, LESS = "Sub", "Min", "Max", "Clip", "Round", "Equal", "Less"
 SQRT, RECIPROCAL, MOD, BIT_SHIFT, BITWISE_AND = "Sqrt", "Reciprocal", "Mod", "BitShift", "BitwiseAnd"
+FLOOR, CEIL, NEG = "Floor", "Ceil", "Neg"
 GREATER_OR_EQUAL, LESS_OR_EQUAL, GELU = "GreaterOrEqual", "LessOrEqual", "Gelu"
 
 
@@ -217,7 +218,7 @@ register(
     _unary("Log", lambda x, a, is_f, b, n: call("log", x), lambda x, a: np.log(x)),
     _unary(SQRT, lambda x, a, is_f, b, n: call("sqrt", x), lambda x, a: np.sqrt(x)),
     _unary(RECIPROCAL, lambda x, a, is_f, b, n: fbin("div", f32(1), x), lambda x, a: 1 / x),
-    _unary("Neg", lambda x, a, is_f, b, n: call("neg", x) if is_f else sub(Const(0), x), lambda x, a: -x),
+    _unary(NEG, lambda x, a, is_f, b, n: call("neg", x) if is_f else sub(Const(0), x), lambda x, a: -x),
     _unary("Abs", lambda x, a, is_f, b, n: call("abs", x) if is_f else select(cmp("lt", x, Const(0)), sub(Const(0), x), x),
            lambda x, a: np.abs(x)),
     _unary("Not", lambda x, a, is_f, b, n: call("not", x), lambda x, a: np.logical_not(x), infer=_not_infer),
@@ -503,8 +504,8 @@ register(
     _unary("IsNaN", lambda x, a, is_f, b, n: cmp("ne", x, x), lambda x, a: np.isnan(x), infer=_bool_infer),
     _unary("IsInf", _is_inf, lambda x, a: (np.isposinf(x) & bool(a.get("detect_positive", 1))) |
            (np.isneginf(x) & bool(a.get("detect_negative", 1))), infer=_bool_infer),
-    _unary("Floor", lambda x, a, is_f, b, n: call("floor", x), lambda x, a: np.floor(x)),
-    _unary("Ceil", lambda x, a, is_f, b, n: call("ceil", x), lambda x, a: np.ceil(x)),
+    _unary(FLOOR, lambda x, a, is_f, b, n: call("floor", x), lambda x, a: np.floor(x)),
+    _unary(CEIL, lambda x, a, is_f, b, n: call("ceil", x), lambda x, a: np.ceil(x)),
     _unary(ROUND, lambda x, a, is_f, b, n: call("round", x), lambda x, a: np.round(x)),
     _unary("Sign", _sign, lambda x, a: np.sign(x)),
     _unary("Softplus", lambda x, a, is_f, b, n: _softplus(x), lambda x, a: _np_softplus(x)),

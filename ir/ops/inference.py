@@ -17,7 +17,8 @@ from ..symbolic import (Dim, SymbolError, at_most, collecting_checks, deriving_s
 from ..validate import check_tensor_size
 from ..value_symbols import bind_fed_values, define, drop_dangling, forget_counts
 from .compile_time import SYMBOLIC_VALUE, symbolic_value_node, symbolic_values_of
-from .elementwise import COMPARISONS, MAX, MIN
+from ..float_sizes import as_float_size, combine, is_float_size, to_size
+from .elementwise import ADD, CAST, CEIL, COMPARISONS, DIV, FLOOR, MAX, MIN, MUL, NEG, RECIPROCAL, SUB
 from .reduce import REDUCE_MAX, REDUCE_MIN
 from .registry import op_def
 
@@ -128,6 +129,8 @@ def _fold_symbolic(g: Graph, node: Node, definition, types: list) -> list | None
         return None if any(v is None for v in decided.reshape(-1)) else [decided.astype(bool)]
     if not all(t.is_static and t.size <= MAX_SYMBOLIC_ELEMENTS and t.dtype != "bool" for t in types):
         return None  # (whether a size equals 0 is a run-time question: comparisons run then)
+    if node.op in _FLOAT_STEPS and (is_float(types[0].dtype) or any(_has_float_sizes(v) for v in values)):
+        return _float_steps(node, values, types[0].dtype)  # (an image's resize computed in float32)
     if node.op in (MIN, MAX) and reads:  # (min(1000, n): a value symbol where the bounds do not decide it)
         return [_extremes(node, values)]
     if node.op in (REDUCE_MIN, REDUCE_MAX) and reads:  # (torchvision's min(k, n): a ReduceMin of a Concat)
@@ -138,6 +141,52 @@ def _fold_symbolic(g: Graph, node: Node, definition, types: list) -> list | None
     except (TypeError, SymbolError, ValueError, ArithmeticError, AttributeError):
         return None
     return [np.asarray(v, dtype=object if _has_dims(v) else None) for v in out]
+
+
+_FLOAT_BINARY = {ADD: "fadd", SUB: "fsub", MUL: "fmul", DIV: "fdiv", MIN: "fmin", MAX: "fmax"}
+_FLOAT_UNARY = {FLOOR: "floor", CEIL: "ceil", NEG: "fneg"}
+_FLOAT_STEPS = {CAST, RECIPROCAL, *_FLOAT_BINARY, *_FLOAT_UNARY}
+
+
+def _float_steps(node: Node, values: list, dtype: str) -> list | None:
+    """A float32 op on sizes (Casts to and from float32 included), element by element, as
+    FloatSizes (ir/float_sizes.py); a Cast of one to an integer is a value symbol. None
+    where it is no such op, or the values' range has no bound (then it runs at run time)."""
+    def each(fn, *arrays):
+        out = np.vectorize(fn, otypes=[object])(*(np.asarray(a, dtype=object) for a in arrays))
+        return None if any(v is None for v in out.reshape(-1)) else [out]
+
+    if node.op == CAST:
+        if dtype == "float32":
+            return each(as_float_size, values[0])
+        if dtype in ("int64", "int32") and _has_float_sizes(values[0]):
+            what = f"{node.describe()}: a size computed in float32"
+            flat = np.asarray(values[0], dtype=object).reshape(-1)
+            return [np.array([to_size(v, f"{node.outputs[0]}[{j}]", what) if is_float_size(v) else int(v)
+                              for j, v in enumerate(flat)], dtype=object).reshape(np.shape(values[0]))]
+        return None
+    if dtype != "float32":
+        return None
+    if node.op == RECIPROCAL:
+        return each(lambda a: combine("fdiv", 1.0, a), values[0])
+    if node.op in _FLOAT_UNARY:
+        return each(lambda a: combine(_FLOAT_UNARY[node.op], a), values[0])
+    if node.op in _FLOAT_BINARY and len(node.inputs) == 2:
+        return each(lambda a, b: combine(_FLOAT_BINARY[node.op], a, b), values[0], values[1])
+    return None
+
+
+def _exact_size_step(node: Node, types: list) -> bool:
+    """A float32 op on a few constants that numpy computes exactly as the kernels (rounded
+    once, IEEE): folded even where floats are not, since a size may be computed from it
+    (torchvision pads a batch to ceil(max(h) / 32) * 32, max(h) a float)."""
+    return node.op in _FLOAT_STEPS | {REDUCE_MIN, REDUCE_MAX} and \
+        all(t.is_static and t.size <= MAX_SYMBOLIC_ELEMENTS for t in types)
+
+
+def _has_float_sizes(value) -> bool:
+    return value is not None and np.asarray(value).dtype == object and \
+        any(is_float_size(v) for v in np.asarray(value).reshape(-1))
 
 
 def _extremes(node: Node, values: list) -> np.ndarray:
@@ -210,7 +259,10 @@ def _record_symbolic(g: Graph, node: Node, values: list) -> list[Node]:
     for name, value in zip(node.outputs, values):
         if not name:
             continue
-        if _has_dims(value):
+        if _has_float_sizes(value):  # (the node still computes the values, for what reads them as data)
+            g.symbolic_values[name] = value
+            nodes.append(node)
+        elif _has_dims(value):
             g.symbolic_values[name] = value
             nodes.append(symbolic_value_node(name, value, g.types[name].dtype))
         else:
@@ -272,7 +324,7 @@ def _resolve(g: Graph, fold_floats: bool) -> Graph:
             _fold_producers(g, [i for i in node.inputs if i], producer, folded)
         inputs_const = all(i in g.constants for i in node.inputs if i) or definition.shape_only
         wanted = definition.compile_time or (inputs_const and (
-            fold_floats or not any(is_float(t.dtype) for t in types)))
+            fold_floats or not any(is_float(t.dtype) for t in types) or _exact_size_step(node, types)))
         if wanted and inputs_const and sum(greatest(t.size) for t in types) <= MAX_FOLDED_ELEMENTS:
             outs = fold(g, node, [g.constants.get(i) if i else None for i in node.inputs])
             if outs is not None:
