@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 
-from .symbolic import Dim, greatest, least
+from .symbolic import COUNTED, Dim, greatest, least
 from .value_symbols import define
 
 # Interval ends are widened by this much of their magnitude: float32 rounding at each step
@@ -131,7 +131,7 @@ def _grid_bounds(expr) -> tuple:
         if isinstance(e, Dim):
             return all(collect_symbol(s) for s, _, _ in e.bounds)
         if isinstance(e, tuple):
-            return e[0] not in ("read", "after") and all(collect(a) for a in e[1:] if not isinstance(a, str))
+            return e[0] not in ("read", COUNTED) and all(collect(a) for a in e[1:] if not isinstance(a, str))
         return True
 
     def collect_symbol(s: str) -> bool:
@@ -181,7 +181,7 @@ _GRID_STEPS = {
     "div": lambda a, b: np.where(b != 0, np.floor_divide(a, np.where(b != 0, b, 1)), 0),
     "eq": lambda a, b: (a == b).astype(np.int64), "lt": lambda a, b: (a < b).astype(np.int64),
     "select": lambda c, a, b: np.where(c != 0, a, b),
-    "float": lambda a: np.float32(a) if np.ndim(a) == 0 else np.asarray(a).astype(np.float32),
+    "float": lambda a: np.asarray(a).astype(np.float32),
     "fadd": np.add, "fsub": np.subtract, "fmul": np.multiply, "fdiv": np.divide, "fmin": np.minimum,
     "fmax": np.maximum, "floor": np.floor, "ceil": np.ceil, "fneg": np.negative,
     "trunc": lambda a: np.trunc(a).astype(np.int64),
