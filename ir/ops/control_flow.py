@@ -150,7 +150,9 @@ def _if_merge_infer(g, node, p):
                          "the else branch; Kiln compiles one element type and rank per output")
     if len(node.inputs) > 3:
         taken = counted(f"taken({cond})", node.inputs[3], 1, f"{node.attrs['owner']}: whether its condition holds")
-        shape = tuple(a if a == b else define(f"{node.outputs[0]}.shape[{i}]", select(taken, a, b),
+        # (named by what it picks: the outputs of one If picking alike share the size, as
+        # Phi-3's cos and sin caches, each its own merge, must)
+        shape = tuple(a if a == b else define(f"{taken} ? {a} : {b}", select(taken, a, b),
                                               min(least(a), least(b)), max(greatest(a), greatest(b)),
                                               f"{node.attrs['owner']}: output {node.attrs['index']}'s axis {i}, "
                                               "the taken branch's")

@@ -30,7 +30,7 @@ import numpy as np
 
 from ..dtypes import DTYPES, numpy_dtype
 from ..graph import Node, ShapeError, UnsupportedError
-from ..symbolic import greatest, is_symbolic, require_equal
+from ..symbolic import greatest, is_symbolic, least, require_equal
 from .conv_gemm import MATMUL
 from .elementwise import (ADD, AND, CAST, EQUAL, GREATER_OR_EQUAL, LESS_OR_EQUAL, MAX, MIN, MOD, MUL, SUB, TANH,
                           WHERE)
@@ -227,10 +227,11 @@ def _expand(g, node: Node) -> list[Node]:
         if rotary_dim > h or g.types[sin_cache].shape != g.types[cos_cache].shape:
             raise ShapeError(f"{node.describe()}: caches {g.types[cos_cache]} and {g.types[sin_cache]} do not fit "
                              f"heads of {h}")
-        if greatest(s.past + s.seq) > g.types[cos_cache].shape[0]:
-            raise ShapeError(f"{node.describe()}: the rotary caches hold {g.types[cos_cache].shape[0]} positions, "
-                             f"past + seq may reach {greatest(s.past + s.seq)}: bound the past and the sequence "
-                             "so that they sum to at most that")
+        held = g.types[cos_cache].shape[0]
+        if greatest(s.past + s.seq) > least(held):  # (a cache an If picks holds its least for all it can tell)
+            raise ShapeError(f"{node.describe()}: the rotary caches hold {held} positions, past + seq may reach "
+                             f"{greatest(s.past + s.seq)}: bound the past and the sequence so that they sum to at "
+                             f"most {least(held)}")
         positions = _positions(body, node, s, starts)
         cos, sin = (body.add(UNSQUEEZE, [cache_rows(body, c, positions), body.const(np.array([-3], np.int64))])
                     for c in (cos_cache, sin_cache))  # [(batch,) 1, seq, rotary_dim / 2]

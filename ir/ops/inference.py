@@ -129,8 +129,10 @@ def _fold_symbolic(g: Graph, node: Node, definition, types: list) -> list | None
         return None if any(v is None for v in decided.reshape(-1)) else [decided.astype(bool)]
     if not all(t.is_static and t.size <= MAX_SYMBOLIC_ELEMENTS and t.dtype != "bool" for t in types):
         return None  # (whether a size equals 0 is a run-time question: comparisons run then)
-    if node.op in _FLOAT_STEPS and (is_float(types[0].dtype) or any(_has_float_sizes(v) for v in values)):
-        return _float_steps(node, values, types[0].dtype)  # (an image's resize computed in float32)
+    # (float steps: an image's resize computed in float32, where the ops cannot give sizes)
+    in_floats = node.op in _FLOAT_STEPS and (is_float(types[0].dtype) or any(_has_float_sizes(v) for v in values))
+    if in_floats and any(_has_float_sizes(v) for v in values):
+        return _float_steps(node, values, types[0].dtype)
     if node.op in (MIN, MAX) and reads:  # (min(1000, n): a value symbol where the bounds do not decide it)
         return [_extremes(node, values)]
     if node.op in (REDUCE_MIN, REDUCE_MAX) and reads:  # (torchvision's min(k, n): a ReduceMin of a Concat)
@@ -139,7 +141,7 @@ def _fold_symbolic(g: Graph, node: Node, definition, types: list) -> list | None
         with np.errstate(all="ignore"):
             out = definition.evaluate({**node.attrs, **g.params.get(node.key, {})}, values, g, node)
     except (TypeError, SymbolError, ValueError, ArithmeticError, AttributeError):
-        return None
+        return _float_steps(node, values, types[0].dtype) if in_floats else None
     return [np.asarray(v, dtype=object if _has_dims(v) else None) for v in out]
 
 
@@ -216,6 +218,11 @@ def _extreme(node: Node, parts, smallest: bool, j: int):
     module computes, `out[j]`."""
     best = parts[0]
     for other in parts[1:]:
+        if is_float_size(best) or is_float_size(other):
+            best = combine("fmin" if smallest else "fmax", best, other)
+            if best is None:
+                raise TypeError(f"{node.describe()}: a float size without bounds")
+            continue
         keep = _relation("le" if smallest else "ge", best, other)
         if keep is None:
             lo = (min if smallest else max)(least(best), least(other))
