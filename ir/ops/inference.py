@@ -11,13 +11,13 @@ import numpy as np
 
 from ..attrs import NotConstant
 from ..dtypes import DTYPES, is_float, numpy_dtype
+from ..float_sizes import as_float_size, combine, is_float_size, to_size
 from ..graph import Graph, KilnError, Node, UnsupportedError, as_kiln_array
 from ..symbolic import (Dim, SymbolError, at_most, collecting_checks, deriving_symbols, greatest, late_symbols_in,
                         least)
 from ..validate import check_tensor_size
 from ..value_symbols import bind_fed_values, define, drop_dangling, forget_counts
 from .compile_time import SYMBOLIC_VALUE, symbolic_value_node, symbolic_values_of
-from ..float_sizes import as_float_size, combine, is_float_size, to_size
 from .elementwise import ADD, CAST, CEIL, COMPARISONS, DIV, FLOOR, MAX, MIN, MUL, NEG, RECIPROCAL, SUB
 from .reduce import REDUCE_MAX, REDUCE_MIN
 from .registry import op_def
