@@ -2,6 +2,8 @@
 run them as fast? One run, a Markdown table.
 
     python bench/bench_exported.py [--models llama,xlnet] [--rounds 2] [--repeat 20] [--dir DIR]
+    python bench/bench_exported.py --dynamic-images [--models ssdlite320,...]   (torchvision's detectors exported
+        with a dynamic image size: one build for 64..1024 each, checked against onnxruntime at five sizes)
 
 Each model of bench/exported_zoo.py is exported once into DIR (default
 ~/.cache/kiln-exported), by a child process (torch, torchvision, timm and transformers are
@@ -33,12 +35,13 @@ from exported_zoo import DETECTORS, MODELS  # noqa: E402
 TOLERANCE = 1e-4  # largest difference over the largest value: float32 kernels summing in other orders
 
 
-def exported(name: str, folder: str) -> str:
+def exported(name: str, folder: str, dynamic: bool = False) -> str:
     """The model's file, exported first if it is not there yet."""
-    path = os.path.join(folder, name, "model.onnx")
+    where = os.path.join(folder, name + ("-dynamic" if dynamic else ""))
+    path = os.path.join(where, "model.onnx")
     if not os.path.exists(path):
-        done = subprocess.run([sys.executable, os.path.join(HERE, "exported_zoo.py"), name,
-                               os.path.join(folder, name)], capture_output=True, text=True)
+        done = subprocess.run([sys.executable, os.path.join(HERE, "exported_zoo.py"), name, where,
+                               *(["--dynamic"] if dynamic else [])], capture_output=True, text=True)
         if done.returncode != 0:
             raise RuntimeError(f"export failed: {done.stderr.strip().splitlines()[-1] if done.stderr else ''}")
     return path
@@ -100,18 +103,53 @@ def bench(name: str, args) -> tuple | str:
     return seconds, result.report["totals"]["kernels"], diff, times["kiln"], times["ort"]
 
 
+# --dynamic-images: a detector exported with its image's height and width dynamic, built once
+# for every size in IMAGE_BOUNDS, checked at each of IMAGE_SIZES.
+IMAGE_BOUNDS = {"height": (64, 1024), "width": (64, 1024)}
+IMAGE_SIZES = ((320, 320), (240, 400), (500, 333), (97, 1000), (1024, 64))
+
+
+def check_dynamic_images(name: str, args) -> str:
+    """One build of the dynamic export; a table row: its build, arena, worst difference."""
+    import onnxruntime as ort
+    from modelkiln.orchestrator.api import build
+    path = exported(name, args.dir, dynamic=True)
+    session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    t0 = time.perf_counter()
+    module = build(path, cache=None, progress=False, dims=IMAGE_BOUNDS).load()
+    seconds, worst = time.perf_counter() - t0, 0.0
+    rng = np.random.default_rng(0)
+    for h, w in IMAGE_SIZES:
+        feeds = {"x": rng.random((3, h, w), dtype=np.float32)}
+        worst = max(worst, worst_difference(module.run(feeds), session.run(None, feeds),
+                                            [o.name for o in session.get_outputs()], unordered=True))
+    return f"| {name} | {seconds:.1f} | {module.manifest.arena_bytes / 2**20:.0f} | {worst:.1e} |"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", help="comma-separated names (default: all)")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=20)
     ap.add_argument("--dir", default=os.path.join(os.path.expanduser("~"), ".cache", "kiln-exported"))
+    ap.add_argument("--dynamic-images", action="store_true",
+                    help="the detectors exported with a dynamic image size: one build each, checked at several sizes")
     args = ap.parse_args()
     names = args.models.split(",") if args.models else list(MODELS)
     unknown = [n for n in names if n not in MODELS]
     if unknown:
         sys.exit(f"unknown models: {', '.join(unknown)} (known: {', '.join(MODELS)})")
     import onnxruntime
+    if args.dynamic_images:
+        print(f"# {time.strftime('%Y-%m-%d')}, {cpu_name()} ({host_isa()}); onnxruntime {onnxruntime.__version__}; "
+              f"dims {IMAGE_BOUNDS}; checked at {', '.join(f'{h}x{w}' for h, w in IMAGE_SIZES)}\n")
+        print("| model | kiln build (s) | arena at the bounds (MiB) | worst difference |\n|---|---:|---:|---:|")
+        for name in (n for n in names if n in DETECTORS):
+            try:
+                print(check_dynamic_images(name, args), flush=True)
+            except Exception as e:  # (refused, or a failed export: listed, the run goes on)
+                print(f"| {name} | - | - | {type(e).__name__}: {str(e).splitlines()[0][:200]} |", flush=True)
+        return
     print(f"# {time.strftime('%Y-%m-%d')}, {cpu_name()} ({host_isa()}), 1 thread; onnxruntime "
           f"{onnxruntime.__version__}; rounds {args.rounds}, median of {args.repeat} runs\n")
     print("| model | exporter | kiln build (s) | kernels | max difference | kiln ms | onnxruntime ms | kiln / onnxruntime |")

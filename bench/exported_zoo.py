@@ -4,7 +4,8 @@ downloads; a fixed seed), exported by the TorchScript exporter at opset 17, or b
 exporter at opset 18 where TorchScript cannot trace them (the decoder LMs of transformers
 4.57). Small configs where a real one would be large (2 layers for the language models).
 
-    python bench/exported_zoo.py NAME FOLDER    (FOLDER/model.onnx; bench_exported.py runs one child per model)
+    python bench/exported_zoo.py NAME FOLDER [--dynamic]    (FOLDER/model.onnx; bench_exported.py runs one
+                                                             child per model; --dynamic: a detector's image size)
 
 Needs torch, torchvision, timm and transformers (`pip install torch torchvision timm
 transformers onnxscript`); Kiln itself does not.
@@ -165,15 +166,17 @@ MODELS = {
 }
 
 
-def export(name: str, path: str) -> None:
+def export(name: str, path: str, dynamic: bool = False) -> None:
+    """`dynamic`: a detector's image height and width as dims named `height` and `width`."""
     import torch
     warnings.filterwarnings("ignore")
     torch.manual_seed(0)
     make, exporter = MODELS[name]
     model, args = make(torch)
+    axes = {"dynamic_axes": {"x": {1: "height", 2: "width"}}} if dynamic else {}
     with torch.no_grad():
         torch.onnx.export(model, args, path, input_names=["x"], opset_version=18 if exporter == "dynamo" else 17,
-                          dynamo=exporter == "dynamo")
+                          dynamo=exporter == "dynamo", **axes)
 
 
 if __name__ == "__main__":
@@ -181,5 +184,5 @@ if __name__ == "__main__":
     partial = folder + ".partial"  # (renamed once whole: the dynamo exporter writes weights beside the model)
     shutil.rmtree(partial, ignore_errors=True)
     os.makedirs(partial)
-    export(name, os.path.join(partial, "model.onnx"))
+    export(name, os.path.join(partial, "model.onnx"), "--dynamic" in sys.argv[3:])
     os.replace(partial, folder)
