@@ -90,15 +90,16 @@ GRID_POINTS = 1 << 22
 
 def to_size(x: FloatSize, name: str, what: str):
     """A Cast of x to an integer (truncated toward zero, as C and onnxruntime cast): a value
-    symbol `name` the module computes before it runs. Its bounds are exact where the grid of
-    its symbols is small: intervals lose how the terms move together (h * 320 / min(h, w)
-    reaches 5120 on [64, 1024]^2 by the intervals, the min with 640 / max(h, w) keeps it
-    under 640), and a bound too wide is memory planned for nothing."""
+    symbol `name` the module computes before it runs, or None where it may be negative (no
+    size: the Cast runs on the data). Its bounds are exact where the grid of its symbols is
+    small: intervals lose how the terms move together (h * 320 / min(h, w) reaches 5120 on
+    [64, 1024]^2 by the intervals, the min with 640 / max(h, w) keeps it under 640), and a
+    bound too wide is memory planned for nothing."""
     lo, hi = _grid_bounds(x.expr)
     if lo is None:
         lo, hi = math.trunc(x.lo), math.trunc(x.hi)
-    if not (-(1 << 62) < lo <= hi < (1 << 62)):
-        raise TypeError(f"{what}: a size computed in floats whose range, {x.lo}..{x.hi}, is not an integer's")
+    if not 0 <= lo <= hi < (1 << 62):
+        return None
     return define(name, ("trunc", x.expr), lo, hi, what)
 
 

@@ -74,7 +74,7 @@ class Dim:
         return Dim._make({m: -c for m, c in a.items()}, ab)
 
     def __sub__(self, other):
-        return self + (-other if isinstance(other, Dim) else -int(other))
+        return self + -other
 
     def __rsub__(self, other):
         return (-self) + other
@@ -215,7 +215,10 @@ def _long_division(a: Dim, b: Dim):
 def _parts_of(x):
     if isinstance(x, Dim):
         return x._parts()
-    return {(): int(x)}, {}
+    whole = int(x)
+    if whole != x:  # (h - 100.5 is no size: a float with a fraction, from a float tensor of sizes)
+        raise TypeError(f"{x} is not a whole number")
+    return {(): whole}, {}
 
 
 def _interval(d: Dim) -> tuple[int, int]:

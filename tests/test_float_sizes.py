@@ -100,3 +100,17 @@ def test_a_float_size_without_a_bound_is_refused_naming_the_op(executor):
              "sixty_four": np.array([64], np.int64), "head": np.array([1, 3], np.int64)}
     with pytest.raises(KilnError, match="grow.*sizes"):
         build(_model(nodes, [("y", F)], inits), executor=executor, cache=None, progress=False, dims=BOUNDS)
+
+
+def test_a_float_computed_from_sizes_that_may_be_negative_stays_data(executor):
+    """int(h - 100.5) is no size for h in [64, 1024] (it may be negative): the Cast runs on
+    the data, and the value is onnxruntime's at either sign."""
+    nodes = [H.make_node("Shape", ["x"], ["shape"]), H.make_node("Slice", ["shape", "two", "three"], ["h"]),
+             H.make_node("Cast", ["h"], ["h_f"], to=F), H.make_node("Sub", ["h_f", "offset"], ["d"]),
+             H.make_node("Cast", ["d"], ["y"], to=I64)]
+    inits = {"two": np.array([2], np.int64), "three": np.array([3], np.int64), "offset": np.float32(100.5)}
+    model = _model(nodes, [("y", I64)], inits)
+    module = build(model, executor=executor, cache=None, progress=False, dims=BOUNDS).load()
+    for h in (64, 100, 101, 1024):
+        x = np.zeros((1, 3, h, 70), np.float32)
+        np.testing.assert_array_equal(module.run({"x": x})["y"], model_zoo.onnxruntime_outputs(model, {"x": x})["y"])

@@ -164,8 +164,10 @@ def _float_steps(node: Node, values: list, dtype: str) -> list | None:
         if dtype in ("int64", "int32") and _has_float_sizes(values[0]):
             what = f"{node.describe()}: a size computed in float32"
             flat = np.asarray(values[0], dtype=object).reshape(-1)
-            return [np.array([to_size(v, f"{node.outputs[0]}[{j}]", what) if is_float_size(v) else int(v)
-                              for j, v in enumerate(flat)], dtype=object).reshape(np.shape(values[0]))]
+            sizes = [to_size(v, f"{node.outputs[0]}[{j}]", what) if is_float_size(v) else int(v)
+                     for j, v in enumerate(flat)]
+            return None if any(v is None for v in sizes) else \
+                [np.array(sizes, dtype=object).reshape(np.shape(values[0]))]
         return None
     if dtype != "float32":
         return None
