@@ -19,8 +19,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.bench_models import interleaved, openvino_request, ort_session, peer_table_args  # noqa: E402
-from modelkiln.orchestrator.api import build  # noqa: E402
+from bench.bench_models import beside_onnxruntime, interleaved, peer_table_args  # noqa: E402
 
 # name: (boxes, classes, center_point_box, per-class limit, IoU threshold, score threshold)
 CASES = {"YOLOv8 (640)": (8400, 80, 1, 100, 0.45, 0.25), "SSD-MobileNet (300)": (1917, 91, 0, 100, 0.6, 0.3)}
@@ -67,13 +66,9 @@ def main() -> None:
     for name, (boxes, classes, center, most, iou, floor) in CASES.items():
         model = postprocess(boxes, classes, center, most, iou, floor)
         feeds = detections(boxes, classes, center)
-        module = build(model, cache=None, progress=False).load(threads=args.threads)
-        session = ort_session(model, args.threads)
-        got, want = module.run(feeds), session.run(None, feeds)
+        got, want, runs, request = beside_onnxruntime(model, feeds, args.threads)
         if not (np.array_equal(got["selected"], want[0]) and np.array_equal(got["kept"], want[1])):
             raise SystemExit(f"{name}: Kiln's rows differ from onnxruntime's")
-        runs = {"kiln": lambda: module.run(feeds), "onnxruntime": lambda: session.run(None, feeds)}
-        request = openvino_request(model, args.threads, feeds)
         if request is not None and not np.array_equal(request.infer(feeds)[0], want[0]):
             print(f"{name}: OpenVINO's rows differ from onnxruntime's; left out", file=sys.stderr)
         elif request is not None:

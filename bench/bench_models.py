@@ -112,6 +112,18 @@ def peer_table_args(doc: str) -> argparse.Namespace:
     return args
 
 
+def beside_onnxruntime(model, feeds: dict, threads: int) -> tuple:
+    """A model (ModelProto) built by Kiln and loaded beside an onnxruntime session: (Kiln's
+    outputs, onnxruntime's, {"kiln", "onnxruntime": runners}, OpenVINO's request or None).
+    The caller checks the outputs agree and adds OpenVINO's runner where it should."""
+    from modelkiln.orchestrator.api import build
+    module = build(model, cache=None, progress=False).load(threads=threads)
+    session = ort_session(model, threads)
+    got, want = module.run(feeds), session.run(None, feeds)
+    runs = {"kiln": lambda: module.run(feeds), "onnxruntime": lambda: session.run(None, feeds)}
+    return got, want, runs, openvino_request(model, threads, feeds)
+
+
 def openvino_request(model, threads: int, feeds: dict):
     """OpenVINO's infer request for a model (a ModelProto), tried once on `feeds`, or None
     (the reason printed) where it cannot run it: a peer left out of a table, said why."""

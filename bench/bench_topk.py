@@ -17,8 +17,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.bench_models import interleaved, openvino_request, ort_session, peer_table_args  # noqa: E402
-from modelkiln.orchestrator.api import build  # noqa: E402
+from bench.bench_models import beside_onnxruntime, interleaved, peer_table_args  # noqa: E402
 
 # name: (input shape, k)
 CASES = {"detector candidates": ((1, 8400), 1000), "LLM sampling, 32000 vocabulary": ((1, 32000), 50),
@@ -42,13 +41,9 @@ def main() -> None:
     for name, (shape, k) in CASES.items():
         model = topk_model(shape, k)
         feeds = {"x": np.random.default_rng(0).standard_normal(shape).astype(np.float32)}
-        module = build(model, cache=None, progress=False).load(threads=args.threads)
-        session = ort_session(model, args.threads)
-        got, want = module.run(feeds), session.run(None, feeds)
+        got, want, runs, request = beside_onnxruntime(model, feeds, args.threads)
         if not (np.array_equal(got["values"], want[0]) and np.array_equal(got["indices"], want[1])):
             raise SystemExit(f"{name}: Kiln's values or indices differ from onnxruntime's")
-        runs = {"kiln": lambda: module.run(feeds), "onnxruntime": lambda: session.run(None, feeds)}
-        request = openvino_request(model, args.threads, feeds)
         if request is not None:
             runs["openvino"] = lambda: request.infer(feeds)
         ms = interleaved(runs, warmup=5, repeat=50, rounds=args.rounds)
