@@ -6,8 +6,8 @@ Each layer is a Conv with its bias and a Relu, at batch 1, with random weights: 
 SqueezeNet, Inception-v3, ResNet, a few-channel decoder and FCN-ResNet50's dilated stages
 use. Kiln builds it (no cache), the outputs are checked against onnxruntime's, then both
 are timed in interleaved rounds (the better median of each) at the same thread count.
-Prints a Markdown table with the path Kiln's lowering took: "implicit" (the input read in place; "rows" where its tiles stay
-within an output row, Gemm.a_rows), "im2col", "weights as rows" or "pointwise" (1x1: the
+Prints a Markdown table with the path Kiln's lowering took: "winograd" (F(2x2, 3x3), ir/lower/winograd.py),
+"implicit" (the input read in place; "rows" where its tiles stay within an output row, Gemm.a_rows), "im2col", "weights as rows" or "pointwise" (1x1: the
 weights as A; "packed input" where B is a packed copy of the input, not read in place).
 """
 from __future__ import annotations
@@ -56,6 +56,7 @@ LAYERS = {
     "few_64_8_28": (64, 8, 28, (3, 3), 1, (1, 1)),
     "fcn_256_256_28_d2": (256, 256, 28, (3, 3), 1, (2, 2), 2),
     "fcn_512_512_28_d4": (512, 512, 28, (3, 3), 1, (4, 4), 4),
+    "fcos_256_256_100": (256, 256, 100, (3, 3), 1, (1, 1)),
 }
 
 
@@ -69,6 +70,8 @@ def conv_layer(cin: int, cout: int, size: int, kernel: tuple, stride: int, pads:
 
 def kiln_path(result) -> str:
     from modelkiln.ir.loop import Gemm
+    if any(c.space.get("conv_path", ((), ""))[1] == "winograd" for c in result.lowered.calls):
+        return "winograd"
     gemms = [s for call in result.lowered.calls for s in kernel_statements(call.kernel.body) if isinstance(s, Gemm)]
     if not gemms:
         return "direct"

@@ -32,6 +32,14 @@ def executor():
     ex.close()
 
 
+@pytest.fixture
+def no_winograd(monkeypatch):
+    """The rule never takes Winograd (tests of the GEMM paths, whose shapes it would take;
+    tests/test_winograd.py tests it)."""
+    from modelkiln.ir.lower import conv
+    monkeypatch.setattr(conv, "winograd_pays", lambda *args: False)
+
+
 @pytest.fixture(autouse=True)
 def _private_cache(tmp_path_factory, monkeypatch):
     """No test touches the user's real cache."""

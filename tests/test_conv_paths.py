@@ -2,7 +2,9 @@
 plane; tall tiles stay within output rows of 3 pixels and more), im2col (rows of 1, or 2
 against big weights), pointwise (weights as rows, input read in place; or packed weights past
 256 channels or below 64 pixels), grouped, depthwise, transposed, run-time weights, 1-D / 3-D,
-dilation, stride, asymmetric and auto padding."""
+dilation, stride, asymmetric and auto padding. These are the GEMM and direct paths: Winograd,
+which the rule takes for many 3x3 stride-1 convs, is kept off here (`no_winograd`) and
+tested in tests/test_winograd.py."""
 import re
 
 import numpy as np
@@ -12,6 +14,8 @@ from onnx import TensorProto, helper, numpy_helper
 from tests import model_zoo
 from tests.conftest import build_and_compare, build_and_compare_for, kernel_statements
 from tests.isa import X86_TARGETS, lanes
+
+pytestmark = pytest.mark.usefixtures("no_winograd")  # (the shapes here are chosen for other paths)
 
 CASES = {
     # name: (input shape, weight shape, attrs)

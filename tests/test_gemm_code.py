@@ -155,6 +155,7 @@ def _conv_with_activation(activation: str, kernel: int = 1, size: int = 16):
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)], ir_version=9)
 
 
+@pytest.mark.usefixtures("no_winograd")
 @pytest.mark.parametrize("target", X86_TARGETS)
 @pytest.mark.parametrize("activation, kernel, size", [("silu", 1, 16), ("gelu", 1, 16), ("gelu_tanh", 1, 16),
                                                       ("silu", 3, 13)])
@@ -180,6 +181,7 @@ def test_a_tile_keeps_its_accumulators_in_registers_under_a_costly_epilogue(acti
         assert not tiles
 
 
+@pytest.mark.usefixtures("no_winograd")
 @pytest.mark.parametrize("target", X86_TARGETS)
 @pytest.mark.parametrize("width, tiles", [(71, {14, 8, 7}), (17, {9, 8}), (35, {14, 7})])
 def test_a_row_ends_in_no_tile_too_short_for_the_fma_latency(width, tiles, target, executor):

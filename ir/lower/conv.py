@@ -5,7 +5,7 @@ over symbolic spatial sizes are pointwise (few input channels, 1x1) or an implic
 through tables computed at run time; every other conv may be an implicit GEMM (the input
 read in place), an im2col GEMM, a 1x1 conv with the weights as the broadcast operand ("pointwise"), a conv of
 few output channels or a small window with the weights as rows ("weights_rows"), or for 3x3 stride-1 convs
-Winograd's F(2x2, 3x3) (never the rule: the tuner's to choose).
+Winograd's F(2x2, 3x3) (the rule where channels are enough to repay its transforms: `winograd_pays`).
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from .gemm import (IMPLICIT_WASTE_LIMIT, NARROW_CONV_TILES, POINTWISE_MAX_K, POI
                    implicit_over_plane, is_depthwise, lower_conv_gemm, lower_conv_symbolic, lower_depthwise,
                    lower_pointwise, pointwise_packs_input, row_blocks_filled, rows_wide_enough, tiles_border_skip,
                    weights_as_rows_pay)
-from .winograd import lower_winograd, winograd_fits
+from .winograd import lower_winograd, winograd_fits, winograd_pays
 
 
 def lower_conv(b: KernelBuilder, node: Node, store) -> tuple:
@@ -74,6 +74,9 @@ def conv_paths(b: KernelBuilder, node: Node) -> tuple:
     # 28x28 2.71 -> 1.97; AVX-512's taller tiles within rows stay ahead of im2col, 1.93
     # against 2.03 and 1.86 against 2.16; a 3x3 stride-2 copies 9 values a pixel and stays).
     # (The rule's tile decides, whatever tile is tuned.)
+    winograd = ("winograd",) if winograd_fits(b, node) else ()
+    if winograd and winograd_pays(b.config.vector_width, b.type(w_name).shape[1], cog, out_sp):
+        return "winograd", ("implicit", "im2col", "winograd")
     mr, kk = b.config.tile(cog)[0], math.prod(b.type(w_name).shape[1:])
     if implicit_over_plane(mr):
         fill = row_blocks_filled(math.prod(out_sp), mr)
@@ -90,5 +93,4 @@ def conv_paths(b: KernelBuilder, node: Node) -> tuple:
     rows = can_rows and weights_as_rows_pay(b.config.vector_width, cog, kk, strides[-1]) and \
         out_sp[-1] >= NARROW_CONV_TILES[b.config.vector_width][1]
     rule = ("weights_rows" if rows else "implicit") if implicit else "im2col"
-    return rule, ("implicit", "im2col") + (("weights_rows",) if can_rows else ()) + \
-        (("winograd",) if winograd_fits(b, node) else ())
+    return rule, ("implicit", "im2col") + (("weights_rows",) if can_rows else ()) + winograd

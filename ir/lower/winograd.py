@@ -6,25 +6,48 @@ becomes U = G g G^T (at build time, in float64); the 16 positions of the tiles a
 independent GEMMs, M[xi] = V[xi] (tiles x cin) x U[xi] (cin x cout), and each tile's 2x2
 outputs are Y = A^T M A, with the group's epilogue applied as they are stored. The GEMMs do
 2.25x fewer multiply-adds than the conv's; the transforms cost a pass over the input and
-one over the output, so it pays where channels are many and the picture small (ResNet's
-later stages). It is a conv path the tuner may choose (`conv_path` = "winograd"), never the
-rule: its sums are rounded in another order (errors of a few ulps of the largest term, well
-within float32 reassociation's bounds).
+one over the output, so it pays where channels are many (`winograd_pays`, the rule; the
+tuner may choose it elsewhere, `conv_path` = "winograd"). Its sums are rounded in another
+order: errors within float32 reassociation's bounds (tests/test_winograd.py measures them
+against float64).
+
+A picture of many tiles runs a block of tile rows at a time (BLOCK_TILES), each block's
+three steps one after the other on one thread while V and M are in cache; threads take
+*slots*, each with a V and M of its own and a run of the (image, block) units, so the
+workspace is at most WORKSPACE_SLOTS blocks' whatever the batch, and a batch's images share
+the threads. One image of one block runs each step as a phase that threads divide.
 """
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
 from ..graph import Node
-from ..loop import Const, For, Let, Load, Store, Var, add, fbin, loop, mul
+from ..loop import Const, For, If, Let, Load, Store, Var, add, cmp, div, fbin, loop, mul, rem, sub
+from ..symbolic import greatest
 from .builder import KernelBuilder
 from .gemm import deferred_panels, gemm_stmt
-from .planes import padded_copy
 
 # F(2x2, 3x3)'s matrices (Lavin and Gray, 2015).
 _BT = np.array([[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]], np.float64)
 _G = np.array([[1, 0, 0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0, 0, 1]], np.float64)
 _AT = np.array([[1, 1, 1, 0], [0, 1, -1, -1]], np.float64)
+
+
+# A picture of more tiles than this is transformed, multiplied and transformed back a block
+# of tile rows at a time, each block's V and M still in cache when the next step reads them
+# (rather than a pass over all of V and M in memory between steps): 256 channels at 100x100
+# 27.6 -> 24.6 ms, 64 at 112x112 4.26 -> 2.81 (AVX-512, 1 thread). Every block streams all 16
+# transformed filters, so many channels take bigger blocks (512 at 28x28: 28 tiles 8.9 ms, 98 8.2).
+BLOCK_TILES = 96
+# Blocks in flight at once, each with V and M of its own: as many threads as take part.
+WORKSPACE_SLOTS = 16
+# The loops over channels, which threads divide, are never vectorized: over a row of one or
+# two tiles LLVM would vectorize them instead, and a thread's range that is not whole
+# vectors would round its last channels in the scalar remainder's order (ResNet-18 at
+# 112x112: 512 channels at 4x4 differed in the last bit at 3 threads).
+_ACROSS = "scalar"
 
 
 def winograd_fits(b: KernelBuilder, node: Node) -> bool:
@@ -35,6 +58,21 @@ def winograd_fits(b: KernelBuilder, node: Node) -> bool:
             and list(a["dilations"]) == [1, 1] and a.get("group", 1) == 1 and node.inputs[1] in b.g.constants
             and b.type(node.inputs[0]).dtype == "float32" and all(isinstance(d, int) for d in xs[2:])
             and all(d >= 2 for d in b.type(node.outputs[0]).shape[2:]))
+
+
+def winograd_pays(vector_width: int, cin: int, cout: int, out_sp) -> bool:
+    """Whether the rule takes Winograd for a conv that fits it: its transforms cost a pass per
+    input and output channel, its GEMMs save 5/9 of the multiply-adds of every pair, so it pays
+    where both counts are enough (bench/bench_convs.py's layers and a sweep of square 3x3
+    convs, 1 thread, 2026-11-27). On 16 lanes: 64 -> 64 at 56x56 0.66x of the implicit GEMM's
+    time, 256 at 28x28 0.58x, 512 at 7x7 0.82x; but 32 -> 32 at 28x28 1.22x, 64 at 7x7 1.30x
+    (16 tiles), 8 -> 32 1.25x. On 8 lanes (AVX2) the implicit GEMM's smaller tiles lose at
+    every size from 16 channels (16 -> 16 at 56x56 0.82x, 64 at 7x7 0.87x, 512 at 28x28 0.56x).
+    Other widths are not measured: Winograd stays the tuner's there."""
+    tiles = math.prod(-(-d // 2) for d in out_sp)
+    if vector_width >= 16:
+        return min(cin, cout) >= 16 and cin * cout >= 2048 and (tiles >= 49 or cin * cout >= 16384)
+    return vector_width == 8 and min(cin, cout) >= 16
 
 
 def filter_transform(w: np.ndarray) -> np.ndarray:
@@ -59,78 +97,148 @@ def _combine(rows, matrix) -> list:
     return out
 
 
+def block_rows(th: int, tw: int, cin: int, cout: int) -> int:
+    """Tile rows a block holds: the most that divide th within the block's tiles (at least 1);
+    th itself (one block, the steps as phases over the whole picture) when all fit."""
+    most = max(BLOCK_TILES, cin * cout // 2048)
+    if th * tw <= most:
+        return th
+    return max(r for r in range(1, th + 1) if th % r == 0 and (r == 1 or r * tw <= most))
+
+
+def spread(elements: int) -> int:
+    """The float32 elements from one position's slice of V or M to the next: at least
+    `elements`, 64 bytes past a multiple of 4 KiB, so the 16 slices a transform reads or
+    writes together fall in 16 different L1 sets (128 channels x 56 tiles is exactly 7 pages:
+    the 16 streams shared one set and the conv ran 1.35x slower)."""
+    return -(-elements // 1024) * 1024 + 16
+
+
 def lower_winograd(b: KernelBuilder, node: Node, store) -> tuple:
     x_name, w_name = node.inputs[0], node.inputs[1]
-    batch, cin, h, w_ = b.type(x_name).shape
-    batch = b.dim(batch)
+    batch_dim, cin, h, w_ = b.type(x_name).shape
+    images = b.dim(batch_dim)
     cout = b.type(w_name).shape[0]
     pt, pl, _, _ = b.attrs(node)["pads"]
     oh, ow = b.type(node.outputs[0]).shape[2:]
     th, tw = -(-oh // 2), -(-ow // 2)
-    tiles = th * tw
-    hp, wp = 2 * th + 2, 2 * tw + 2  # (the border past the last whole tile is zeros too)
+    wp = 2 * tw + 2  # (the bordered row; past the last whole tile, zeros too)
     bias = b.reader(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] else None
     xparam = b.in_param(x_name)
     nr = b.tile(cout)[1]
     u = filter_transform(b.g.constants[w_name])
     uparam = b.constant_param(f"{w_name}_winograd", deferred_panels(u, nr))
     panel_stride = -(-cout // nr) * cin * nr
-    xp = b.workspace(cin * hp * wp)
-    v_ws = b.workspace(16 * cin * tiles)
-    m_ws = b.workspace(16 * cout * tiles)
-    bv = b.fresh("b")
+    rows = block_rows(th, tw, cin, cout)
+    blocks, per_block = th // rows, rows * tw  # (tiles a block holds, its V and M's row stride)
+    v_step, m_step = spread(cin * per_block), spread(cout * per_block)  # (from one position xi to the next)
+    units = mul(images, blocks)  # (an image's block of tile rows)
+    window = 2 * rows + 2  # (the bordered input rows a block's tiles read)
+    copy_step = cin * window * wp
+    slots = min(greatest(batch_dim) * blocks, WORKSPACE_SLOTS)
+    xp = b.workspace(copy_step * slots)
+    v_ws, m_ws = b.workspace(16 * v_step * slots), b.workspace(16 * m_step * slots)
 
-    copy = padded_copy(b, xparam, mul(Var(bv), cin * h * w_), cin, [h, w_], [pt, pl, hp - h - pt, wp - w_ - pl], xp)
+    def copy(image, blk, slot, parallel: bool) -> For:
+        """The block's window of the zero-bordered input, into the slot's copy."""
+        c, pr, j = b.fresh("c"), b.fresh("pr"), b.fresh("pj")
+        y = sub(add(mul(blk, 2 * rows), Var(pr)), pt)  # (the input row; outside the input: a border row)
+        dest = add(mul(slot, copy_step), add(mul(Var(c), window * wp), mul(Var(pr), wp)))
+        src = add(mul(image, cin * h * w_), add(mul(Var(c), h * w_), mul(y, w_)))
+        inside = (For(j, pl, (Store(xp, add(dest, Var(j)), Const(0.0, "f32")),), "vectorize"),
+                  For(j, w_, (Store(xp, add(dest, add(Var(j), pl)), Load(xparam, add(src, Var(j)))),), "masked"),
+                  For(j, wp - w_ - pl, (Store(xp, add(dest, add(Var(j), pl + w_)), Const(0.0, "f32")),), "vectorize"))
+        border = (For(j, wp, (Store(xp, add(dest, Var(j)), Const(0.0, "f32")),), "vectorize"),)
+        ok = fbin("and", cmp("ge", y, Const(0)), cmp("lt", y, Const(h)))
+        return For(c, cin, (For(pr, window, (If(ok, inside, border),)),), _ACROSS, parallel)
 
-    # V[xi][c][t] = (B^T d B)[xi] for the tile t = (ti, tj) of channel c.
-    c, ti, tj = b.fresh("c"), b.fresh("ti"), b.fresh("tj")
-    d = [[Load(xp, add(mul(Var(c), hp * wp), add(mul(add(mul(Var(ti), 2), r), wp), add(mul(Var(tj), 2), s))))
-          for s in range(4)] for r in range(4)]
-    cols = [_combine([d[r][s] for r in range(4)], _BT) for s in range(4)]  # B^T d, by column
-    names = [[b.fresh("bt") for _ in range(4)] for _ in range(4)]
-    lets = [Let(names[r][s], cols[s][r]) for r in range(4) for s in range(4)]
-    rows = [_combine([Var(names[r][s], "f32") for s in range(4)], _BT) for r in range(4)]  # (B^T d) B, by row
-    tile = add(mul(Var(ti), tw), Var(tj))
-    stores = [Store(v_ws, add(mul(add(mul(Const(4 * r + s), cin), Var(c)), tiles), tile), rows[r][s])
-              for r in range(4) for s in range(4)]
-    inputs = For(c, cin, (For(ti, th, (For(tj, tw, (*lets, *stores), "vectorize"),)),), parallel=True)
-
-    # M[xi][o][t] = sum_c V[xi][c][t] U[xi][c][o]: 16 GEMMs, threads dividing the positions.
-    xi = b.fresh("xi")
-    products = For(xi, 16, (gemm_stmt(
-        b, v_ws, mul(Var(xi), cin * tiles), 1, tiles, uparam, mul(Var(xi), panel_stride), tiles, cout, cin,
-        lambda mm, nn, acc: [Store(m_ws, add(mul(add(mul(Var(xi), cout), nn), tiles), mm), acc)],
-        stores_along="m", split="m"),), parallel=True)
-
-    # Y = A^T M A per tile, the epilogue applied to each output.
-    o, oi, oj = b.fresh("o"), b.fresh("oi"), b.fresh("oj")
-
-    def outputs(row, col, out_rows: int, out_cols: int) -> list:
-        at = add(mul(row, tw), col)
-        m = [[Load(m_ws, add(mul(add(mul(Const(4 * r + s), cout), Var(o)), tiles), at)) for s in range(4)]
+    def inputs(slot, parallel: bool) -> For:
+        """V[xi][c][t] = (B^T d B)[xi] for the block's tile t = (ti, tj) of channel c."""
+        c, ti, tj = b.fresh("c"), b.fresh("ti"), b.fresh("tj")
+        plane = add(mul(slot, copy_step), mul(Var(c), window * wp))
+        d = [[Load(xp, add(plane, add(mul(add(mul(Var(ti), 2), r), wp), add(mul(Var(tj), 2), s)))) for s in range(4)]
              for r in range(4)]
-        names_ = [[b.fresh("at") for _ in range(4)] for _ in range(2)]
-        cols_ = [_combine([m[r][s] for r in range(4)], _AT) for s in range(4)]  # A^T M, by column
-        out = [Let(names_[r][s], cols_[s][r]) for r in range(2) for s in range(4)]
-        for r in range(out_rows):
-            ys = _combine([Var(names_[r][s], "f32") for s in range(4)], _AT)
-            for s in range(out_cols):
-                value = ys[s] if bias is None else fbin("add", ys[s], bias([Var(o)]))
-                y, x = add(mul(row, 2), r), add(mul(col, 2), s)
-                idx = [add(mul(y, ow), x)] if b.conv_collapsed else [y, x]
-                out += store([Var(bv), Var(o)] + idx, value)
-        return out
+        cols = [_combine([d[r][s] for r in range(4)], _BT) for s in range(4)]  # B^T d, by column
+        names = [[b.fresh("bt") for _ in range(4)] for _ in range(4)]
+        lets = [Let(names[r][s], cols[s][r]) for r in range(4) for s in range(4)]
+        rows_ = [_combine([Var(names[r][s], "f32") for s in range(4)], _BT) for r in range(4)]  # (B^T d) B
+        base = add(mul(slot, 16 * v_step), add(mul(Var(c), per_block), add(mul(Var(ti), tw), Var(tj))))
+        stores = [Store(v_ws, add(base, Const((4 * r + s) * v_step)), rows_[r][s]) for r in range(4) for s in range(4)]
+        return For(c, cin, (For(ti, rows, (For(tj, tw, (*lets, *stores), "vectorize"),)),), _ACROSS, parallel)
 
-    full_rows, full_cols = oh // 2, ow // 2
+    def products(slot, parallel: bool) -> For:
+        """M[xi][o][t] = sum_c V[xi][c][t] U[xi][c][o]: 16 GEMMs, one per position xi."""
+        xi = b.fresh("xi")
+        v_off = add(mul(slot, 16 * v_step), mul(Var(xi), v_step))
+        m_off = add(mul(slot, 16 * m_step), mul(Var(xi), m_step))
+        return For(xi, 16, (gemm_stmt(
+            b, v_ws, v_off, 1, per_block, uparam, mul(Var(xi), panel_stride), per_block, cout, cin,
+            lambda mm, nn, acc: [Store(m_ws, add(m_off, add(mul(nn, per_block), mm)), acc)],
+            stores_along="m", split="m"),), parallel=parallel)
 
-    def tile_row(row, out_rows: int) -> list:
-        body = [For(oj, full_cols, tuple(outputs(row, Var(oj), out_rows, 2)), "vectorize")]
-        if ow % 2:  # (the last tile column holds one output column)
-            body += outputs(row, Const(full_cols), out_rows, 1)
-        return body
+    def results(image, blk, slot, parallel: bool) -> For:
+        """Y = A^T M A for each of the block's tiles, the epilogue applied to each output."""
+        o, oi, oj = b.fresh("o"), b.fresh("oi"), b.fresh("oj")
+        m_off = add(mul(slot, 16 * m_step), mul(Var(o), per_block))
 
-    per_channel = [For(oi, full_rows, tuple(tile_row(Var(oi), 2)))]
-    if oh % 2:
-        per_channel += tile_row(Const(full_rows), 1)
-    results = For(o, cout, tuple(per_channel), parallel=True)
-    return loop(bv, batch, (copy, inputs, products, results))
+        def outputs(ti, col, out_rows: int, out_cols: int) -> list:
+            at = add(m_off, add(mul(ti, tw), col))
+            m = [[Load(m_ws, add(at, Const((4 * r + s) * m_step))) for s in range(4)] for r in range(4)]
+            names_ = [[b.fresh("at") for _ in range(4)] for _ in range(2)]
+            cols_ = [_combine([m[r][s] for r in range(4)], _AT) for s in range(4)]  # A^T M, by column
+            out = [Let(names_[r][s], cols_[s][r]) for r in range(2) for s in range(4)]
+            for r in range(out_rows):
+                ys = _combine([Var(names_[r][s], "f32") for s in range(4)], _AT)
+                for s in range(out_cols):
+                    value = ys[s] if bias is None else fbin("add", ys[s], bias([Var(o)]))
+                    y, x = add(mul(add(mul(blk, rows), ti), 2), r), add(mul(col, 2), s)
+                    idx = [add(mul(y, ow), x)] if b.conv_collapsed else [y, x]
+                    out += store([image, Var(o)] + idx, value)
+            return out
+
+        def tile_row(ti, out_rows: int) -> list:
+            body = [For(oj, ow // 2, tuple(outputs(ti, Var(oj), out_rows, 2)), "vectorize")]
+            if ow % 2:  # (the last tile column holds one output column)
+                body += outputs(ti, Const(ow // 2), out_rows, 1)
+            return body
+
+        per_channel = [For(oi, rows - 1, tuple(tile_row(Var(oi), 2)))] if rows > 1 else []
+        last = Const(rows - 1)
+        if oh % 2 == 0:
+            per_channel += tile_row(last, 2)
+        elif blocks == 1:  # (the picture's last tile row holds one output row)
+            per_channel += tile_row(last, 1)
+        else:
+            per_channel.append(If(cmp("eq", blk, Const(blocks - 1)), tuple(tile_row(last, 1)),
+                                  tuple(tile_row(last, 2))))
+        return For(o, cout, tuple(per_channel), _ACROSS, parallel)
+
+    def one_image() -> tuple:
+        """Image 0's steps: as phases that threads divide where it is one block, else slots."""
+        if blocks > 1:
+            return in_slots(blocks, blocks)
+        zero = Const(0)
+        return (copy(zero, zero, zero, True), inputs(zero, True), products(zero, True),
+                results(zero, zero, zero, True))
+
+    def in_slots(units, most_units: int) -> tuple:
+        """Threads take slots, each slot its own V and M and a run of the units (whichever
+        thread runs it): at most WORKSPACE_SLOTS blocks' V and M, whatever the batch."""
+        slots = min(most_units, WORKSPACE_SLOTS)
+        sv, j = b.fresh("slot"), b.fresh("unit")
+        unit = add(div(mul(Var(sv), units), slots), Var(j))
+        image, blk = (div(unit, blocks), rem(unit, blocks)) if blocks > 1 else (unit, Const(0))
+        steps = (copy(image, blk, Var(sv), False), inputs(Var(sv), False), products(Var(sv), False),
+                 results(image, blk, Var(sv), False))
+        if not (isinstance(units, int) and units % slots == 0):  # (slots of `most` units and of one fewer)
+            steps = (If(cmp("lt", unit, div(mul(add(Var(sv), 1), units), slots)), steps),)
+        return (For(sv, slots, loop(j, -(-most_units // slots), steps), parallel=True),)
+
+    if images == 1:
+        return one_image()
+    many = in_slots(units, greatest(batch_dim) * blocks)
+    if isinstance(images, int):
+        return many
+    # A run-time batch: a call of one image runs as a build for one would (guarded phases,
+    # ir/loop.py "Threads"), where the loop over images would leave threads idle.
+    return (If(cmp("ne", images, Const(1)), many), *(If(cmp("eq", images, Const(1)), (part,)) for part in one_image()))

@@ -1,0 +1,137 @@
+"""Winograd's F(2x2, 3x3) (ir/lower/winograd.py), the rule's path for 3x3 stride-1 convs of
+enough channels: against onnxruntime on both x86 widths, its float error against float64,
+its run-time batch, and the same bits on any number of threads."""
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from tests import model_zoo
+from tests.conftest import build_and_compare_for
+from tests.isa import X86_TARGETS
+
+
+def conv_model(xshape, cout, pads=(1, 1, 1, 1), bias=True, residual=False, batch=None, seed=0):
+    """A 3x3 Conv, then Relu (and a residual Add before it): the epilogue Winograd's output
+    transform applies. `batch`: the input's first dim as a symbol of that name."""
+    rng = np.random.default_rng(seed)
+    cin = xshape[1]
+    w = (rng.standard_normal((cout, cin, 3, 3)) / np.sqrt(9 * cin)).astype(np.float32)
+    inits = [numpy_helper.from_array(w, "w")]
+    if bias:
+        inits.append(numpy_helper.from_array((rng.standard_normal(cout) * 0.1).astype(np.float32), "b"))
+    first = [batch] if batch else [xshape[0]]
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, first + list(xshape[1:]))]
+    nodes = [helper.make_node("Conv", ["x", "w"] + (["b"] if bias else []), ["c"], kernel_shape=[3, 3],
+                              pads=list(pads))]
+    if residual:
+        out_hw = [xshape[2] + pads[0] + pads[2] - 2, xshape[3] + pads[1] + pads[3] - 2]
+        inputs.append(helper.make_tensor_value_info("r", TensorProto.FLOAT, first + [cout] + out_hw))
+        nodes.append(helper.make_node("Add", ["c", "r"], ["s"]))
+    nodes.append(helper.make_node("Relu", ["s" if residual else "c"], ["y"]))
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    return helper.make_model(helper.make_graph(nodes, "conv", inputs, [y], inits),
+                             opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def conv_path(result) -> str:
+    """The path the rule took for the build's conv."""
+    [path] = [c.space["conv_path"][1] for c in result.lowered.calls if "conv_path" in c.space]
+    return path
+
+
+# name: (input shape, output channels, pads, bias, residual). Each is taken by the rule on
+# both widths; together they cover one block run as phases, blocks of tile rows with a last
+# tile row of one output row, units that do not fill the slots evenly, a batch's images in
+# slots, asymmetric pads, no bias and a residual in the epilogue.
+CASES = {
+    "one_block_odd": ((1, 128, 9, 9), 128, (1, 1, 1, 1), True, False),
+    "blocks_odd_rows_uneven_slots": ((1, 32, 45, 23), 64, (1, 1, 1, 1), True, False),
+    "batch_one_block_each": ((3, 48, 20, 20), 48, (0, 0, 0, 0), True, False),
+    "batch_of_blocks": ((2, 16, 40, 36), 128, (1, 1, 1, 1), False, True),
+    "asymmetric_pads": ((1, 40, 17, 30), 56, (0, 2, 1, 0), False, False),
+}
+
+
+@pytest.mark.parametrize("target", X86_TARGETS)
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_the_rule_takes_winograd_and_matches_onnxruntime(name, target, executor):
+    xshape, cout, pads, bias, residual = CASES[name]
+    result = build_and_compare_for(conv_model(xshape, cout, pads, bias, residual), executor, target)
+    assert conv_path(result) == "winograd"
+
+
+@pytest.mark.parametrize("xshape, cout", [((1, 3, 56, 56), 64), ((1, 8, 28, 28), 32)])
+def test_few_input_channels_keep_the_implicit_gemm(xshape, cout, executor):
+    """A stem's 3 channels (or 8) cannot repay the transforms (3 -> 64 at 56x56: 2.7x slower)."""
+    for target in X86_TARGETS:
+        assert conv_path(build_and_compare_for(conv_model(xshape, cout), executor, target)) != "winograd"
+
+
+def _numpy_conv64(x, w, b):
+    """The conv in float64 (pads 1): the exact value the float32 results round."""
+    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (1, 1), (1, 1)))
+    h, wd = x.shape[2:]
+    cols = np.stack([xp[:, :, r:r + h, s:s + wd] for r in range(3) for s in range(3)], axis=2)  # n c 9 h w
+    return np.einsum("nckhw,ock->nohw", cols, w.reshape(w.shape[0], w.shape[1], 9).astype(np.float64)) + \
+        b.astype(np.float64)[None, :, None, None]
+
+
+def test_winograds_error_is_reassociations(executor, monkeypatch):
+    """Against the float64 conv, Winograd's float32 error stays within float32 reassociation's
+    bound and near the implicit GEMM's: inputs with a large common offset (where the input
+    transform's differences cancel) and weights of mixed scales."""
+    from modelkiln.ir.lower import conv
+    from modelkiln.orchestrator.api import build
+    rng = np.random.default_rng(3)
+    cin, cout = 128, 96
+    model = conv_model((1, cin, 14, 14), cout, residual=False)
+    w = numpy_helper.to_array(model.graph.initializer[0]) * rng.choice([1e-2, 1.0, 30.0], (cout, cin, 1, 1))
+    model.graph.initializer[0].CopyFrom(numpy_helper.from_array(w.astype(np.float32), "w"))
+    b = numpy_helper.to_array(model.graph.initializer[1])
+    x = (rng.standard_normal((1, cin, 14, 14)) + 20.0).astype(np.float32)
+    exact = np.maximum(_numpy_conv64(x, w.astype(np.float32), b), 0)
+    winograd = build(model, executor=executor, cache=None, progress=False)
+    assert conv_path(winograd) == "winograd"
+    monkeypatch.setattr(conv, "winograd_pays", lambda *args: False)
+    implicit = build(model, executor=executor, cache=None, progress=False)
+    assert conv_path(implicit) != "winograd"
+    errors = {}
+    for label, result in (("winograd", winograd), ("implicit", implicit)):
+        errors[label] = float(np.abs(result.load().run({"x": x})["y"] - exact).max())
+    # Reassociation's bound: k * eps * sum |w x| (k = 9 * cin terms), far above either.
+    terms = np.einsum("nckhw,ock->nohw", np.abs(np.stack(
+        [np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)))[:, :, r:r + 14, s:s + 14] for r in range(3) for s in range(3)],
+        axis=2)).astype(np.float64), np.abs(w.astype(np.float64)).reshape(cout, cin, 9))
+    bound = float((9 * cin * np.finfo(np.float32).eps * terms).max())
+    assert errors["winograd"] < bound / 50, (errors, bound)
+    assert errors["winograd"] < 8 * errors["implicit"] + 1e-6, errors
+
+
+def test_a_run_time_batch_runs_winograd(executor):
+    """A batch known only at run time (1..4): the slots are planned for the bound; batches of
+    1 and 3 match onnxruntime, the threads dividing the slots."""
+    from modelkiln.orchestrator.api import build
+    model = conv_model((1, 64, 22, 30), 64, batch="n")
+    result = build(model, dims={"n": (1, 4)}, executor=executor, cache=None, progress=False)
+    assert conv_path(result) == "winograd"
+    module = result.load(threads=2)
+    for n in (1, 3):
+        x = np.random.default_rng(n).standard_normal((n, 64, 22, 30)).astype(np.float32)
+        want = model_zoo.onnxruntime_outputs(model, {"x": x})["y"]
+        np.testing.assert_allclose(module.run({"x": x})["y"], want, rtol=1e-4, atol=1e-4 * float(np.abs(want).max()))
+
+
+@pytest.mark.parametrize("xshape, cout", [((1, 64, 40, 40), 64), ((3, 32, 30, 26), 64), ((1, 512, 4, 4), 512)])
+def test_threads_give_the_same_bits(xshape, cout, executor):
+    """However many threads divide the slots (or one block's phases: ResNet-18's last convs
+    at 112x112), the sums are the same."""
+    from modelkiln.orchestrator.api import build
+    model = conv_model(xshape, cout, residual=True)
+    result = build(model, executor=executor, cache=None, progress=False)
+    assert conv_path(result) == "winograd"
+    rng = np.random.default_rng(0)
+    x = {"x": rng.standard_normal(xshape).astype(np.float32),
+         "r": rng.standard_normal((xshape[0], cout, *xshape[2:])).astype(np.float32)}
+    outs = [result.load(threads=t).run(x)["y"] for t in (1, 2, 3, 5)]
+    for out in outs[1:]:
+        np.testing.assert_array_equal(out, outs[0])
