@@ -41,6 +41,9 @@ _AT = np.array([[1, 1, 1, 0], [0, 1, -1, -1]], np.float64)
 # 27.6 -> 24.6 ms, 64 at 112x112 4.26 -> 2.81 (AVX-512, 1 thread). Every block streams all 16
 # transformed filters, so many channels take bigger blocks (512 at 28x28: 28 tiles 8.9 ms, 98 8.2).
 BLOCK_TILES = 96
+# Blocks enough that threads share them evenly: ResNet-18's 128 channels at 28x28 in 7 blocks
+# of 2 tile rows ran 4 and 3 on two threads; in 14 blocks of 1, 7 and 7.
+MIN_BLOCKS = 8
 # Blocks in flight at once, each with V and M of its own: as many threads as take part.
 WORKSPACE_SLOTS = 16
 # The loops over channels, which threads divide, are never vectorized: over a row of one or
@@ -98,12 +101,14 @@ def _combine(rows, matrix) -> list:
 
 
 def block_rows(th: int, tw: int, cin: int, cout: int) -> int:
-    """Tile rows a block holds: the most that divide th within the block's tiles (at least 1);
-    th itself (one block, the steps as phases over the whole picture) when all fit."""
+    """Tile rows a block holds: the most that divide th within the block's tiles (at least 1),
+    leaving MIN_BLOCKS blocks where it can; th itself (one block, the steps as phases over
+    the whole picture) when all fit."""
     most = max(BLOCK_TILES, cin * cout // 2048)
     if th * tw <= most:
         return th
-    return max(r for r in range(1, th + 1) if th % r == 0 and (r == 1 or r * tw <= most))
+    fit = [r for r in range(1, th + 1) if th % r == 0 and (r == 1 or r * tw <= most)]
+    return max([r for r in fit if th // r >= MIN_BLOCKS] or fit)
 
 
 def spread(elements: int) -> int:
