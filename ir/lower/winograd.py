@@ -12,10 +12,11 @@ order: errors within float32 reassociation's bounds (tests/test_winograd.py meas
 against float64).
 
 A picture of many tiles runs a block of tile rows at a time (BLOCK_TILES), each block's
-three steps one after the other on one thread while V and M are in cache; threads take
-*slots*, each with a V and M of its own and a run of the (image, block) units, so the
-workspace is at most WORKSPACE_SLOTS blocks' whatever the batch, and a batch's images share
-the threads. One image of one block runs each step as a phase that threads divide.
+steps (copying its bordered input rows, V, the GEMMs, Y) one after the other on one thread
+while its data are in cache; threads take *slots*, each with its own copy, V and M and a
+run of the (image, block) units, so the workspace is at most WORKSPACE_SLOTS blocks'
+whatever the batch, and a batch's images share the threads. One image of one block runs
+each step as a phase that threads divide.
 """
 from __future__ import annotations
 
@@ -54,7 +55,8 @@ _ACROSS = "scalar"
 
 
 def winograd_fits(b: KernelBuilder, node: Node) -> bool:
-    """A 2-D 3x3 conv, stride and dilation 1, one group, constant float32 weights, static sizes."""
+    """A 2-D 3x3 conv, stride and dilation 1, one group, constant float32 weights, an image
+    size known at build time (the batch may be a run-time one)."""
     a = b.attrs(node)
     xs = b.type(node.inputs[0]).shape
     return (len(xs) == 4 and list(a["kernel_shape"]) == [3, 3] and list(a["strides"]) == [1, 1]
@@ -68,13 +70,15 @@ def winograd_pays(vector_width: int, cin: int, cout: int, out_sp) -> bool:
     input and output channel, its GEMMs save 5/9 of the multiply-adds of every pair, so it pays
     where both counts are enough (bench/bench_convs.py's layers and a sweep of square 3x3
     convs, 1 thread, 2026-11-27). On 16 lanes: 64 -> 64 at 56x56 0.66x of the implicit GEMM's
-    time, 256 at 28x28 0.58x, 512 at 7x7 0.82x; but 32 -> 32 at 28x28 1.22x, 64 at 7x7 1.30x
-    (16 tiles), 8 -> 32 1.25x. On 8 lanes (AVX2) the implicit GEMM's smaller tiles lose at
+    time, 256 at 28x28 0.58x, 512 at 7x7 0.82x; few channels only over big pictures (32 -> 32
+    at 112x112 0.72x, 16 -> 32 0.83x, at 56x56 0.86x, but at 28x28 1.26x); 64 at 7x7 (16
+    tiles) 1.30x, 8 -> 32 1.25x. On 8 lanes (AVX2) the implicit GEMM's smaller tiles lose at
     every size from 16 channels (16 -> 16 at 56x56 0.82x, 64 at 7x7 0.87x, 512 at 28x28 0.56x).
     Other widths are not measured: Winograd stays the tuner's there."""
-    tiles = math.prod(-(-d // 2) for d in out_sp)
+    tiles, pairs = math.prod(-(-d // 2) for d in out_sp), cin * cout
     if vector_width >= 16:
-        return min(cin, cout) >= 16 and cin * cout >= 2048 and (tiles >= 49 or cin * cout >= 16384)
+        return min(cin, cout) >= 16 and (pairs >= 16384 or pairs >= 2048 and tiles >= 49 or
+                                         pairs >= 512 and tiles >= 784)
     return vector_width == 8 and min(cin, cout) >= 16
 
 
@@ -226,18 +230,18 @@ def lower_winograd(b: KernelBuilder, node: Node, store) -> tuple:
         return (copy(zero, zero, zero, True), inputs(zero, True), products(zero, True),
                 results(zero, zero, zero, True))
 
-    def in_slots(units, most_units: int) -> tuple:
-        """Threads take slots, each slot its own V and M and a run of the units (whichever
-        thread runs it): at most WORKSPACE_SLOTS blocks' V and M, whatever the batch."""
-        slots = min(most_units, WORKSPACE_SLOTS)
+    def in_slots(count, most: int) -> tuple:
+        """`count` units (at most `most`) in slots: each slot its own copy, V and M and a run
+        of the units, whichever thread runs it."""
+        slots = min(most, WORKSPACE_SLOTS)
         sv, j = b.fresh("slot"), b.fresh("unit")
-        unit = add(div(mul(Var(sv), units), slots), Var(j))
+        unit = add(div(mul(Var(sv), count), slots), Var(j))
         image, blk = (div(unit, blocks), rem(unit, blocks)) if blocks > 1 else (unit, Const(0))
         steps = (copy(image, blk, Var(sv), False), inputs(Var(sv), False), products(Var(sv), False),
                  results(image, blk, Var(sv), False))
-        if not (isinstance(units, int) and units % slots == 0):  # (slots of `most` units and of one fewer)
-            steps = (If(cmp("lt", unit, div(mul(add(Var(sv), 1), units), slots)), steps),)
-        return (For(sv, slots, loop(j, -(-most_units // slots), steps), parallel=True),)
+        if not (isinstance(count, int) and count % slots == 0):  # (runs of different lengths)
+            steps = (If(cmp("lt", unit, div(mul(add(Var(sv), 1), count), slots)), steps),)
+        return (For(sv, slots, loop(j, -(-most // slots), steps), parallel=True),)
 
     if images == 1:
         return one_image()
