@@ -135,3 +135,32 @@ def test_threads_give_the_same_bits(xshape, cout, executor):
     outs = [result.load(threads=t).run(x)["y"] for t in (1, 2, 3, 5)]
     for out in outs[1:]:
         np.testing.assert_array_equal(out, outs[0])
+
+
+@pytest.mark.parametrize("target", X86_TARGETS)
+def test_run_time_image_sizes_run_winograd(target, executor):
+    """Height, width and batch known only at run time: blocks of one tile row (planned at the
+    bounds), the last tile row or column holding one output row or column where a size is
+    odd. Against onnxruntime at sizes even and odd, the smallest and the greatest, on 1 and
+    2 threads (or the kernels' instructions where this host cannot run the target)."""
+    from modelkiln.orchestrator.api import build
+    from tests.isa import run_or_inspect
+    model = conv_model((1, 64, 32, 32), 64, residual=True)
+    for value in (model.graph.input[0], model.graph.input[1]):
+        dims = value.type.tensor_type.shape.dim
+        dims[0].dim_param, dims[2].dim_param, dims[3].dim_param = "n", "h", "w"
+    result = build(model, target=target, dims={"n": (1, 3), "h": (8, 120), "w": (8, 120)}, executor=executor,
+                   cache=None, progress=False)
+    assert any("winograd" in "".join(c.inputs) for c in result.lowered.calls)  # (its transformed filters)
+
+    def compare():
+        rng = np.random.default_rng(0)
+        for threads in (1, 2):
+            module = result.load(threads=threads)
+            for n, h, w in ((1, 8, 8), (1, 9, 13), (2, 57, 31), (3, 120, 120), (1, 100, 77)):
+                x = {"x": rng.standard_normal((n, 64, h, w)).astype(np.float32),
+                     "r": rng.standard_normal((n, 64, h, w)).astype(np.float32)}
+                want = model_zoo.onnxruntime_outputs(model, x)["y"]
+                np.testing.assert_allclose(module.run(x)["y"], want, rtol=1e-4,
+                                           atol=1e-4 * float(np.abs(want).max()), err_msg=f"{n}x{h}x{w}")
+    run_or_inspect(result, compare)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 
 from ..graph import Node
+from ..symbolic import greatest
 from .builder import KernelBuilder
 from .gemm import (IMPLICIT_WASTE_LIMIT, NARROW_CONV_TILES, POINTWISE_MAX_K, POINTWISE_MIN_PIXELS, conv_border_spans,
                    implicit_over_plane, is_depthwise, lower_conv_gemm, lower_conv_symbolic, lower_depthwise,
@@ -24,6 +25,9 @@ def lower_conv(b: KernelBuilder, node: Node, store) -> tuple:
     if is_depthwise(b, node):
         return lower_depthwise(b, node, store)
     if not all(isinstance(d, int) for d in b.type(node.inputs[0]).shape[2:]):
+        if winograd_fits(b, node) and winograd_pays(b.config.vector_width, *b.type(node.inputs[1]).shape[1::-1],
+                                                    [greatest(d) for d in b.type(node.outputs[0]).shape[2:]]):
+            return lower_winograd(b, node, store)  # (the rule as at the sizes' bounds)
         return lower_pointwise(b, node, store) if pointwise_over_run_time_sizes(b, node) else \
             lower_conv_symbolic(b, node, store)
     path = b.knob("conv_path", *conv_paths(b, node))

@@ -26,7 +26,7 @@ import numpy as np
 
 from ..graph import Node
 from ..loop import Const, For, If, Let, Load, Store, Var, add, cmp, div, fbin, loop, mul, rem, sub
-from ..symbolic import greatest
+from ..symbolic import greatest, least
 from .builder import KernelBuilder
 from .gemm import deferred_panels, gemm_stmt
 
@@ -55,14 +55,13 @@ _ACROSS = "scalar"
 
 
 def winograd_fits(b: KernelBuilder, node: Node) -> bool:
-    """A 2-D 3x3 conv, stride and dilation 1, one group, constant float32 weights, an image
-    size known at build time (the batch may be a run-time one)."""
+    """A 2-D 3x3 conv, stride and dilation 1, one group, constant float32 weights, an output
+    of at least 2x2 (sizes may be run-time ones)."""
     a = b.attrs(node)
     xs = b.type(node.inputs[0]).shape
     return (len(xs) == 4 and list(a["kernel_shape"]) == [3, 3] and list(a["strides"]) == [1, 1]
             and list(a["dilations"]) == [1, 1] and a.get("group", 1) == 1 and node.inputs[1] in b.g.constants
-            and b.type(node.inputs[0]).dtype == "float32" and all(isinstance(d, int) for d in xs[2:])
-            and all(d >= 2 for d in b.type(node.outputs[0]).shape[2:]))
+            and b.type(node.inputs[0]).dtype == "float32" and all(least(d) >= 2 for d in b.type(node.outputs[0]).shape[2:]))
 
 
 def winograd_pays(vector_width: int, cin: int, cout: int, out_sp) -> bool:
@@ -125,26 +124,32 @@ def spread(elements: int) -> int:
 
 def lower_winograd(b: KernelBuilder, node: Node, store) -> tuple:
     x_name, w_name = node.inputs[0], node.inputs[1]
-    batch_dim, cin, h, w_ = b.type(x_name).shape
-    images = b.dim(batch_dim)
+    batch_dim, cin, h_dim, w_dim = b.type(x_name).shape
+    images, h, w_ = b.dim(batch_dim), b.dim(h_dim), b.dim(w_dim)
     cout = b.type(w_name).shape[0]
     pt, pl, _, _ = b.attrs(node)["pads"]
-    oh, ow = b.type(node.outputs[0]).shape[2:]
-    th, tw = -(-oh // 2), -(-ow // 2)
-    wp = 2 * tw + 2  # (the bordered row; past the last whole tile, zeros too)
+    out_dims = b.type(node.outputs[0]).shape[2:]
+    oh, ow = (b.dim(d) for d in out_dims)
+    th_most, tw_most = (-(-greatest(d) // 2) for d in out_dims)  # (tile rows and columns; at the bounds)
+    static = all(isinstance(d, int) for d in out_dims)
+    th, tw = (th_most, tw_most) if static else (div(add(oh, 1), 2), div(add(ow, 1), 2))
+    wp_most = 2 * tw_most + 2  # (the bordered row; past the last whole tile, zeros too)
+    wp = wp_most if static else add(mul(tw, 2), 2)
     bias = b.reader(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] else None
     xparam = b.in_param(x_name)
     nr = b.tile(cout)[1]
     u = filter_transform(b.g.constants[w_name])
     uparam = b.constant_param(f"{w_name}_winograd", deferred_panels(u, nr))
     panel_stride = -(-cout // nr) * cin * nr
-    rows = block_rows(th, tw, cin, cout)
-    blocks, per_block = th // rows, rows * tw  # (tiles a block holds, its V and M's row stride)
-    v_step, m_step = spread(cin * per_block), spread(cout * per_block)  # (from one position xi to the next)
-    units = mul(images, blocks)  # (an image's block of tile rows)
+    # Over run-time sizes a block is one tile row: tw tiles, V and M's rows planned at the bound.
+    rows = block_rows(th, tw, cin, cout) if static else 1
+    blocks, per_block, stride = (th // rows, rows * tw, rows * tw) if static else (th, tw, tw_most)
+    blocks_most = th_most // rows
+    v_step, m_step = spread(cin * stride), spread(cout * stride)  # (from one position xi to the next)
+    units = images * blocks if isinstance(images, int) and static else mul(images, blocks)  # (an image's block)
     window = 2 * rows + 2  # (the bordered input rows a block's tiles read)
-    copy_step = cin * window * wp
-    slots = min(greatest(batch_dim) * blocks, WORKSPACE_SLOTS)
+    copy_step = cin * window * wp_most
+    slots = min(greatest(batch_dim) * blocks_most, WORKSPACE_SLOTS)
     xp = b.workspace(copy_step * slots)
     v_ws, m_ws = b.workspace(16 * v_step * slots), b.workspace(16 * m_step * slots)
 
@@ -152,26 +157,28 @@ def lower_winograd(b: KernelBuilder, node: Node, store) -> tuple:
         """The block's window of the zero-bordered input, into the slot's copy."""
         c, pr, j = b.fresh("c"), b.fresh("pr"), b.fresh("pj")
         y = sub(add(mul(blk, 2 * rows), Var(pr)), pt)  # (the input row; outside the input: a border row)
-        dest = add(mul(slot, copy_step), add(mul(Var(c), window * wp), mul(Var(pr), wp)))
-        src = add(mul(image, cin * h * w_), add(mul(Var(c), h * w_), mul(y, w_)))
-        inside = (For(j, pl, (Store(xp, add(dest, Var(j)), Const(0.0, "f32")),), "vectorize"),
+        dest = add(mul(slot, copy_step), add(mul(Var(c), mul(wp, window)), mul(Var(pr), wp)))
+        src = add(mul(image, mul(mul(h, w_), cin)), add(mul(Var(c), mul(h, w_)), mul(y, w_)))
+        zero = Const(0.0, "f32")
+        inside = (For(j, pl, (Store(xp, add(dest, Var(j)), zero),), "vectorize"),
                   For(j, w_, (Store(xp, add(dest, add(Var(j), pl)), Load(xparam, add(src, Var(j)))),), "masked"),
-                  For(j, wp - w_ - pl, (Store(xp, add(dest, add(Var(j), pl + w_)), Const(0.0, "f32")),), "vectorize"))
-        border = (For(j, wp, (Store(xp, add(dest, Var(j)), Const(0.0, "f32")),), "vectorize"),)
-        ok = fbin("and", cmp("ge", y, Const(0)), cmp("lt", y, Const(h)))
+                  For(j, wp - w_ - pl if static else sub(sub(wp, w_), pl),
+                      (Store(xp, add(dest, add(Var(j), add(w_, pl))), zero),), "vectorize"))
+        border = (For(j, wp, (Store(xp, add(dest, Var(j)), zero),), "vectorize"),)
+        ok = fbin("and", cmp("ge", y, Const(0)), cmp("lt", y, h))
         return For(c, cin, (For(pr, window, (If(ok, inside, border),)),), _ACROSS, parallel)
 
     def inputs(slot, parallel: bool) -> For:
         """V[xi][c][t] = (B^T d B)[xi] for the block's tile t = (ti, tj) of channel c."""
         c, ti, tj = b.fresh("c"), b.fresh("ti"), b.fresh("tj")
-        plane = add(mul(slot, copy_step), mul(Var(c), window * wp))
+        plane = add(mul(slot, copy_step), mul(Var(c), mul(wp, window)))
         d = [[Load(xp, add(plane, add(mul(add(mul(Var(ti), 2), r), wp), add(mul(Var(tj), 2), s)))) for s in range(4)]
              for r in range(4)]
         cols = [_combine([d[r][s] for r in range(4)], _BT) for s in range(4)]  # B^T d, by column
         names = [[b.fresh("bt") for _ in range(4)] for _ in range(4)]
         lets = [Let(names[r][s], cols[s][r]) for r in range(4) for s in range(4)]
         rows_ = [_combine([Var(names[r][s], "f32") for s in range(4)], _BT) for r in range(4)]  # (B^T d) B
-        base = add(mul(slot, 16 * v_step), add(mul(Var(c), per_block), add(mul(Var(ti), tw), Var(tj))))
+        base = add(mul(slot, 16 * v_step), add(mul(Var(c), stride), add(mul(Var(ti), tw), Var(tj))))
         stores = [Store(v_ws, add(base, Const((4 * r + s) * v_step)), rows_[r][s]) for r in range(4) for s in range(4)]
         return For(c, cin, (For(ti, rows, (For(tj, tw, (*lets, *stores), "vectorize"),)),), _ACROSS, parallel)
 
@@ -181,14 +188,14 @@ def lower_winograd(b: KernelBuilder, node: Node, store) -> tuple:
         v_off = add(mul(slot, 16 * v_step), mul(Var(xi), v_step))
         m_off = add(mul(slot, 16 * m_step), mul(Var(xi), m_step))
         return For(xi, 16, (gemm_stmt(
-            b, v_ws, v_off, 1, per_block, uparam, mul(Var(xi), panel_stride), per_block, cout, cin,
-            lambda mm, nn, acc: [Store(m_ws, add(m_off, add(mul(nn, per_block), mm)), acc)],
+            b, v_ws, v_off, 1, stride, uparam, mul(Var(xi), panel_stride), per_block, cout, cin,
+            lambda mm, nn, acc: [Store(m_ws, add(m_off, add(mul(nn, stride), mm)), acc)],
             stores_along="m", split="m"),), parallel=parallel)
 
     def results(image, blk, slot, parallel: bool) -> For:
         """Y = A^T M A for each of the block's tiles, the epilogue applied to each output."""
         o, oi, oj = b.fresh("o"), b.fresh("oi"), b.fresh("oj")
-        m_off = add(mul(slot, 16 * m_step), mul(Var(o), per_block))
+        m_off = add(mul(slot, 16 * m_step), mul(Var(o), stride))
 
         def outputs(ti, col, out_rows: int, out_cols: int) -> list:
             at = add(m_off, add(mul(ti, tw), col))
@@ -206,16 +213,21 @@ def lower_winograd(b: KernelBuilder, node: Node, store) -> tuple:
             return out
 
         def tile_row(ti, out_rows: int) -> list:
-            body = [For(oj, ow // 2, tuple(outputs(ti, Var(oj), out_rows, 2)), "vectorize")]
-            if ow % 2:  # (the last tile column holds one output column)
+            body = [For(oj, ow // 2 if static else div(ow, 2), tuple(outputs(ti, Var(oj), out_rows, 2)), "vectorize")]
+            if not static:  # (the last tile column holds one output column where ow is odd)
+                body.append(If(cmp("eq", rem(ow, 2), Const(1)), tuple(outputs(ti, div(ow, 2), out_rows, 1))))
+            elif ow % 2:
                 body += outputs(ti, Const(ow // 2), out_rows, 1)
             return body
 
         per_channel = [For(oi, rows - 1, tuple(tile_row(Var(oi), 2)))] if rows > 1 else []
         last = Const(rows - 1)
-        if oh % 2 == 0:
+        if not static:  # (the picture's last tile row holds one output row where oh is odd)
+            short = fbin("and", cmp("eq", blk, sub(blocks, 1)), cmp("eq", rem(oh, 2), Const(1)))
+            per_channel.append(If(short, tuple(tile_row(last, 1)), tuple(tile_row(last, 2))))
+        elif oh % 2 == 0:
             per_channel += tile_row(last, 2)
-        elif blocks == 1:  # (the picture's last tile row holds one output row)
+        elif blocks == 1:
             per_channel += tile_row(last, 1)
         else:
             per_channel.append(If(cmp("eq", blk, Const(blocks - 1)), tuple(tile_row(last, 1)),
@@ -224,8 +236,8 @@ def lower_winograd(b: KernelBuilder, node: Node, store) -> tuple:
 
     def one_image() -> tuple:
         """Image 0's steps: as phases that threads divide where it is one block, else slots."""
-        if blocks > 1:
-            return in_slots(blocks, blocks)
+        if blocks_most > 1:
+            return in_slots(blocks, blocks_most)
         zero = Const(0)
         return (copy(zero, zero, zero, True), inputs(zero, True), products(zero, True),
                 results(zero, zero, zero, True))
@@ -236,7 +248,7 @@ def lower_winograd(b: KernelBuilder, node: Node, store) -> tuple:
         slots = min(most, WORKSPACE_SLOTS)
         sv, j = b.fresh("slot"), b.fresh("unit")
         unit = add(div(mul(Var(sv), count), slots), Var(j))
-        image, blk = (div(unit, blocks), rem(unit, blocks)) if blocks > 1 else (unit, Const(0))
+        image, blk = (div(unit, blocks), rem(unit, blocks)) if blocks_most > 1 else (unit, Const(0))
         steps = (copy(image, blk, Var(sv), False), inputs(Var(sv), False), products(Var(sv), False),
                  results(image, blk, Var(sv), False))
         if not (isinstance(count, int) and count % slots == 0):  # (runs of different lengths)
@@ -245,7 +257,7 @@ def lower_winograd(b: KernelBuilder, node: Node, store) -> tuple:
 
     if images == 1:
         return one_image()
-    many = in_slots(units, greatest(batch_dim) * blocks)
+    many = in_slots(units, greatest(batch_dim) * blocks_most)
     if isinstance(images, int):
         return many
     # A run-time batch: a call of one image runs as a build for one would (guarded phases,
