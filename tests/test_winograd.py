@@ -1,6 +1,6 @@
 """Winograd's F(2x2, 3x3) (ir/lower/winograd.py), the rule's path for 3x3 stride-1 convs of
 enough channels: against onnxruntime on both x86 widths, its float error against float64,
-its run-time batch, and the same bits on any number of threads."""
+a run-time batch and run-time image sizes, and the same bits on any number of threads."""
 import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper

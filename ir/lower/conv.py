@@ -1,11 +1,12 @@
 """Which way a convolution is computed: the rules' choice, or a tuned schedule's (`conv_path`).
 
 Depthwise convs have one way (direct windows, over sizes known at run time too); other convs
-over symbolic spatial sizes are pointwise (few input channels, 1x1) or an implicit GEMM
-through tables computed at run time; every other conv may be an implicit GEMM (the input
-read in place), an im2col GEMM, a 1x1 conv with the weights as the broadcast operand ("pointwise"), a conv of
-few output channels or a small window with the weights as rows ("weights_rows"), or for 3x3 stride-1 convs
-Winograd's F(2x2, 3x3) (the rule where channels are enough to repay its transforms: `winograd_pays`).
+over symbolic spatial sizes are Winograd's (as the rule takes it at the sizes' bounds),
+pointwise (few input channels, 1x1) or an implicit GEMM through tables computed at run time;
+every other conv may be an implicit GEMM (the input read in place), an im2col GEMM, a 1x1 conv
+with the weights as the broadcast operand ("pointwise"), a conv of few output channels or a
+small window with the weights as rows ("weights_rows"), or for 3x3 stride-1 convs Winograd's
+F(2x2, 3x3) (the rule where channels are enough to repay its transforms: `winograd_pays`).
 """
 from __future__ import annotations
 

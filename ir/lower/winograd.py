@@ -16,7 +16,8 @@ steps (copying its bordered input rows, V, the GEMMs, Y) one after the other on 
 while its data are in cache; threads take *slots*, each with its own copy, V and M and a
 run of the (image, block) units, so the workspace is at most WORKSPACE_SLOTS blocks'
 whatever the batch, and a batch's images share the threads. One image of one block runs
-each step as a phase that threads divide.
+each step as a phase that threads divide. Over run-time image sizes a block is one tile row,
+its tile count (the GEMMs' rows) known at run time.
 """
 from __future__ import annotations
 
@@ -61,7 +62,8 @@ def winograd_fits(b: KernelBuilder, node: Node) -> bool:
     xs = b.type(node.inputs[0]).shape
     return (len(xs) == 4 and list(a["kernel_shape"]) == [3, 3] and list(a["strides"]) == [1, 1]
             and list(a["dilations"]) == [1, 1] and a.get("group", 1) == 1 and node.inputs[1] in b.g.constants
-            and b.type(node.inputs[0]).dtype == "float32" and all(least(d) >= 2 for d in b.type(node.outputs[0]).shape[2:]))
+            and b.type(node.inputs[0]).dtype == "float32"
+            and all(least(d) >= 2 for d in b.type(node.outputs[0]).shape[2:]))
 
 
 def winograd_pays(vector_width: int, cin: int, cout: int, out_sp) -> bool:
