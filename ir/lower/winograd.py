@@ -148,8 +148,7 @@ def lower_winograd(b: KernelBuilder, node: Node, store) -> tuple:
     # the bound's stride spread a 14-tile panel of A over 64 lines: 64 channels at 56x56 ran
     # 0.80 ms against the static build's 0.57).
     rows = block_rows(th, tw, cin, cout) if static else 1
-    blocks, per_block = (th // rows, rows * tw) if static else (th, tw)
-    stride = per_block  # (from one channel's tiles to the next, in V and M)
+    blocks, per_block = (th // rows, rows * tw) if static else (th, tw)  # (per_block: one channel's tiles in V, M)
     blocks_most = th_most // rows
     v_step, m_step = spread(cin * rows * tw_most), spread(cout * rows * tw_most)  # (from one position xi to the next)
     units = images * blocks if isinstance(images, int) and static else mul(images, blocks)  # (an image's block)
@@ -188,7 +187,7 @@ def lower_winograd(b: KernelBuilder, node: Node, store) -> tuple:
         names = [[b.fresh("bt") for _ in range(4)] for _ in range(4)]
         lets = [Let(names[r][s], cols[s][r]) for r in range(4) for s in range(4)]
         rows_ = [_combine([Var(names[r][s], "f32") for s in range(4)], _BT) for r in range(4)]  # (B^T d) B
-        base = add(mul(slot, 16 * v_step), add(mul(Var(c), stride), add(mul(Var(ti), tw), Var(tj))))
+        base = add(mul(slot, 16 * v_step), add(mul(Var(c), per_block), add(mul(Var(ti), tw), Var(tj))))
         stores = [Store(v_ws, add(base, Const((4 * r + s) * v_step)), rows_[r][s]) for r in range(4) for s in range(4)]
         return For(c, cin, (For(ti, rows, (For(tj, tw, (*lets, *stores), "vectorize"),)),), _ACROSS, parallel)
 
@@ -198,14 +197,14 @@ def lower_winograd(b: KernelBuilder, node: Node, store) -> tuple:
         v_off = add(mul(slot, 16 * v_step), mul(Var(xi), v_step))
         m_off = add(mul(slot, 16 * m_step), mul(Var(xi), m_step))
         return For(xi, 16, (gemm_stmt(
-            b, v_ws, v_off, 1, stride if static else 0, uparam, mul(Var(xi), panel_stride), per_block, cout, cin,
-            lambda mm, nn, acc: [Store(m_ws, add(m_off, add(mul(nn, stride), mm)), acc)],
+            b, v_ws, v_off, 1, per_block if static else 0, uparam, mul(Var(xi), panel_stride), per_block, cout, cin,
+            lambda mm, nn, acc: [Store(m_ws, add(m_off, add(mul(nn, per_block), mm)), acc)],
             stores_along="m", split="m", a_ktab=ktab),), parallel=parallel)
 
     def results(image, blk, slot, parallel: bool) -> For:
         """Y = A^T M A for each of the block's tiles, the epilogue applied to each output."""
         o, oi, oj = b.fresh("o"), b.fresh("oi"), b.fresh("oj")
-        m_off = add(mul(slot, 16 * m_step), mul(Var(o), stride))
+        m_off = add(mul(slot, 16 * m_step), mul(Var(o), per_block))
 
         def outputs(ti, col, out_rows: int, out_cols: int) -> list:
             at = add(m_off, add(mul(ti, tw), col))
