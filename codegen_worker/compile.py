@@ -28,8 +28,9 @@ def initialize_llvm() -> None:
 
 
 def compile_kernel(kernel_bytes: bytes, symbol: str, target: dict, llvm_options=(), opt_level: int = 3,
-                   fallback: bool = False, emit_asm: bool = False) -> dict:
-    """Compile one kernel. `target` holds triple, cpu, features. Returns object bytes and timings."""
+                   fallback: bool = False, emit_asm: bool = False, emit_ir: bool = False) -> dict:
+    """Compile one kernel. `target` holds triple, cpu, features. Returns object bytes and timings
+    (and the assembly, the optimized LLVM IR where asked: tests read what LLVM made of a kernel)."""
     initialize_llvm()
     t0 = time.perf_counter()
     kernel = Kernel.from_bytes(kernel_bytes)
@@ -59,5 +60,5 @@ def compile_kernel(kernel_bytes: bytes, symbol: str, target: dict, llvm_options=
     obj = tm.emit_object(module)
     asm = tm.emit_assembly(module) if emit_asm else None
     t3 = time.perf_counter()
-    return {"object": obj, "asm": asm, "ir_ms": (t1 - t0) * 1e3, "opt_ms": (t2 - t1) * 1e3,
+    return {"object": obj, "asm": asm, "ir": str(module) if emit_ir else None, "ir_ms": (t1 - t0) * 1e3, "opt_ms": (t2 - t1) * 1e3,
             "emit_ms": (t3 - t2) * 1e3}
