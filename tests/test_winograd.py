@@ -140,16 +140,18 @@ def test_threads_give_the_same_bits(xshape, cout, executor):
 @pytest.mark.parametrize("target", X86_TARGETS)
 def test_run_time_image_sizes_run_winograd(target, executor):
     """Height, width and batch known only at run time: blocks of one tile row (planned at the
-    bounds), the last tile row or column holding one output row or column where a size is
-    odd. Against onnxruntime at sizes even and odd, the smallest and the greatest, on 1 and
-    2 threads (or the kernels' instructions where this host cannot run the target)."""
+    bounds), or the whole picture as one block where it has few tiles (as phases for one
+    image, in slots for several), the last tile row or column holding one output row or
+    column where a size is odd. Against onnxruntime at sizes even and odd, the smallest and
+    the greatest, on 1 and 2 threads (or the kernels' instructions where this host cannot
+    run the target)."""
     from modelkiln.orchestrator.api import build
     from tests.isa import run_or_inspect
     model = conv_model((1, 64, 32, 32), 64, residual=True)
     for value in (model.graph.input[0], model.graph.input[1]):
         dims = value.type.tensor_type.shape.dim
         dims[0].dim_param, dims[2].dim_param, dims[3].dim_param = "n", "h", "w"
-    result = build(model, target=target, dims={"n": (1, 3), "h": (8, 120), "w": (8, 120)}, executor=executor,
+    result = build(model, target=target, dims={"n": (1, 3), "h": (1, 120), "w": (1, 120)}, executor=executor,
                    cache=None, progress=False)
     [call] = [c for c in result.lowered.calls if any("winograd" in i for i in c.inputs)]  # (its transformed filters)
     # Each buffer is a noalias parameter, so a run-time alias check LLVM adds before a vector
@@ -164,7 +166,9 @@ def test_run_time_image_sizes_run_winograd(target, executor):
         rng = np.random.default_rng(0)
         for threads in (1, 2):
             module = result.load(threads=threads)
-            for n, h, w in ((1, 8, 8), (1, 9, 13), (2, 57, 31), (3, 120, 120), (1, 100, 77)):
+            # (whole pictures: 1x1x1 to 3x8x11; rows of tiles: the rest)
+            for n, h, w in ((1, 1, 1), (2, 1, 2), (1, 2, 3), (1, 8, 8), (1, 9, 13), (2, 15, 20), (3, 8, 11),
+                            (2, 57, 31), (3, 120, 120), (1, 100, 77)):
                 x = {"x": rng.standard_normal((n, 64, h, w)).astype(np.float32),
                      "r": rng.standard_normal((n, 64, h, w)).astype(np.float32)}
                 want = model_zoo.onnxruntime_outputs(model, x)["y"]
