@@ -16,8 +16,10 @@ steps (copying its bordered input rows, V, the GEMMs, Y) one after the other on 
 while its data are in cache; threads take *slots*, each with its own copy, V and M and a
 run of the (image, block) units, so the workspace is at most WORKSPACE_SLOTS blocks'
 whatever the batch, and a batch's images share the threads. One image of one block runs
-each step as a phase that threads divide. Over run-time image sizes a block is one tile row,
-its tile count (the GEMMs' rows) known at run time.
+each step as a phase that threads divide. Over run-time image sizes the kernel holds both
+ways and each call takes the one a static build would: the whole picture as one block where
+it has at most `block_tiles` tiles, else a block per tile row; the GEMMs' rows are then a
+run-time count.
 """
 from __future__ import annotations
 
@@ -140,6 +142,7 @@ def spread(elements: int) -> int:
 
 
 def _times(a, b):
+    """a * b: an int where both are (a Gemm's build-time stride must be), else an expression."""
     return a * b if isinstance(a, int) and isinstance(b, int) else mul(a, b)
 
 
@@ -183,12 +186,12 @@ def lower_winograd(b: KernelBuilder, node: Node, store) -> tuple:
     slots = min(greatest(batch_dim) * blocks_most, WORKSPACE_SLOTS)
     xp = b.workspace(copy_step * slots)
     v_ws, m_ws = b.workspace(16 * v_step * slots), b.workspace(16 * m_step * slots)
-    ktabs, table = {}, ()
-    if not static:  # (k offsets for blocks of one tile row and for the whole picture)
-        ktabs = {1: b.workspace(cin, "i64"), "whole": b.workspace(cin, "i64")}
-        kv = b.fresh("k")
-        table = (For(kv, cin, (Store(ktabs[1], Var(kv), mul(Var(kv), tw)),
-                               Store(ktabs["whole"], Var(kv), mul(Var(kv), mul(th, tw))))),)
+    ktab_row = ktab_whole = ""  # (V's k offsets over run-time sizes: blocks of a tile row, the whole picture)
+    table = ()
+    if not static:
+        ktab_row, ktab_whole, kv = b.workspace(cin, "i64"), b.workspace(cin, "i64"), b.fresh("k")
+        table = (For(kv, cin, (Store(ktab_row, Var(kv), mul(Var(kv), tw)),
+                               Store(ktab_whole, Var(kv), mul(Var(kv), mul(th, tw))))),)
 
     def steps(rows, blocks, image, blk, slot, parallel: bool) -> tuple:
         """One block's copy, input transform, GEMMs and output transform: `rows` tile rows
@@ -233,7 +236,7 @@ def lower_winograd(b: KernelBuilder, node: Node, store) -> tuple:
             return For(xi, 16, (gemm_stmt(
                 b, v_ws, v_off, 1, per_block if static else 0, uparam, mul(Var(xi), panel_stride), per_block, cout, cin,
                 lambda mm, nn, acc: [Store(m_ws, add(m_off, add(mul(nn, per_block), mm)), acc)],
-                stores_along="m", split="m", a_ktab="" if static else ktabs[1 if isinstance(rows, int) else "whole"]),),
+                stores_along="m", split="m", a_ktab=ktab_row if isinstance(rows, int) else ktab_whole),),
                 parallel=parallel)
 
         def results() -> For:
