@@ -525,6 +525,51 @@ def _reads_memory(e) -> bool:
     return any(_reads_memory(v) for v in (getattr(e, f.name) for f in fields(e)) if isinstance(v, Expr))
 
 
+def _buffers_loaded(e, into: set) -> None:
+    if isinstance(e, Load):
+        into.add(e.buf)
+    parts = e.args if isinstance(e, Call) else [getattr(e, f.name) for f in fields(e)]
+    for v in parts:
+        if isinstance(v, Expr):
+            _buffers_loaded(v, into)
+
+
+def recomputable(body: tuple) -> bool:
+    """Whether a loop body may run an iteration again with the same effect: it stores only to
+    buffers it does not read, and assigns only variables it declares (no sum carried across
+    iterations). The emitter then ends a loop of run-time length with a whole vector
+    overlapping the one before rather than with a masked one."""
+    stored, loaded, declared, assigned = set(), set(), set(), set()
+
+    def visit(stmts) -> bool:
+        for s in stmts:
+            exprs = ()
+            if isinstance(s, Store):
+                stored.add(s.buf)
+                exprs = (s.index, s.value)
+            elif isinstance(s, (Let, Assign)):
+                if isinstance(s, Assign):
+                    assigned.add(s.var)
+                exprs = (s.value,)
+            elif isinstance(s, Local):
+                declared.add(s.var)
+                exprs = (s.init,)
+            elif isinstance(s, For):
+                exprs = (s.extent,) if isinstance(s.extent, Expr) else ()
+                if not visit(s.body):
+                    return False
+            elif isinstance(s, If):
+                exprs = (s.cond,)
+                if not (visit(s.then) and visit(s.orelse)):
+                    return False
+            else:  # (a Gemm, a WindowDot, ...: not looked into)
+                return False
+            for e in exprs:
+                _buffers_loaded(e, loaded)
+        return True
+    return visit(body) and not stored & loaded and assigned <= declared
+
+
 def guarded_phase(s) -> bool:
     """Whether a statement is a guarded phase: If(a comparison of run-time extents, (one
     loop or Gemm,)) with no else."""
