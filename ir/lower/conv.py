@@ -95,7 +95,7 @@ def conv_paths(b: KernelBuilder, node: Node) -> tuple:
     # (`weights_as_rows_pay`). A column stride reads the input from a copy split by column
     # phase (2-D convs).
     can_rows = b.config.vector_width in NARROW_CONV_TILES and const_w and (strides[-1] == 1 or len(kernel) == 2)
-    rows = can_rows and weights_as_rows_pay(b.config.vector_width, cog, kk, strides[-1]) and \
+    rows = can_rows and weights_as_rows_pay(b.config.vector_width, cog, kk, strides[-1], math.prod(kernel)) and \
         out_sp[-1] >= NARROW_CONV_TILES[b.config.vector_width][1]
     rule = ("weights_rows" if rows else "implicit") if implicit else "im2col"
     return rule, ("implicit", "im2col") + (("weights_rows",) if can_rows else ()) + winograd

@@ -122,17 +122,21 @@ ROWS_FEW_CHANNELS = {16: (16, 8), 8: (4, 4)}
 # 5x5 stride 2 (75) 0.83 -> 0.73; 14 -> 64 (126) at 96 1.42 -> 1.33; but 16 -> 64 (144) at
 # 112 2.29 -> 2.39, ResNet's 7x7 stem (147) at 224 2.43 -> 2.56, 32 -> 32 (288) at 256 12.4
 # -> 15.7. x86-64-v3 code alike: the 3 -> 32 stem at 512 1.77 -> 1.41, 8 -> 48 1.18 -> 1.05,
-# 14 -> 64 1.45 -> 1.36, 16 -> 64 2.41 -> 2.49.
+# 14 -> 64 1.45 -> 1.36, 16 -> 64 2.41 -> 2.49. Not a one-tap window (a strided 1x1 conv):
+# it has no write-back to outweigh, and its rows come from a copy of the whole input split
+# by column phase, one phase of which it reads (2026-11-27, implicit against rows: 64 -> 128
+# stride 2 at 224 0.97 against 1.63 ms, 128 -> 256 at 112 0.84 against 1.06, at 28 0.054
+# against 0.087; x86-64-v3 code 2.55 against 3.04 at 224).
 ROWS_MAX_K = 128
 
 
-def weights_as_rows_pay(vector_width: int, channels: int, k: int, column_stride: int) -> bool:
+def weights_as_rows_pay(vector_width: int, channels: int, k: int, column_stride: int, taps: int) -> bool:
     """Whether a conv's output channels as rows (NARROW_CONV_TILES) beat the implicit GEMM's
-    tiles of pixels x channels: few channels, or a window of few values (the output rows must
-    still be a tile wide)."""
+    tiles of pixels x channels: few channels, or a window of more than one tap holding few
+    values (the output rows must still be a tile wide)."""
     if vector_width not in NARROW_CONV_TILES:
         return False
-    return channels <= ROWS_FEW_CHANNELS[vector_width][0 if column_stride == 1 else 1] or k <= ROWS_MAX_K
+    return channels <= ROWS_FEW_CHANNELS[vector_width][0 if column_stride == 1 else 1] or taps > 1 and k <= ROWS_MAX_K
 
 
 # The implicit GEMM of few-row tiles (over the plane: AVX2's 6 rows) is taken while (1 - fill)
@@ -343,7 +347,7 @@ def lower_conv_symbolic(b: KernelBuilder, node: Node, store) -> tuple:
     groups, kernel, strides, dil, pads = a.get("group", 1), a["kernel_shape"], a["strides"], a["dilations"], a["pads"]
     nsp, cog, kk = len(kernel), cout // groups, cg * math.prod(kernel)
     out_dims = b.type(node.outputs[0]).shape[2:]
-    if nsp == 2 and weights_as_rows_pay(b.config.vector_width, cog, kk, strides[-1]) and \
+    if nsp == 2 and weights_as_rows_pay(b.config.vector_width, cog, kk, strides[-1], math.prod(kernel)) and \
             greatest(out_dims[-1]) >= NARROW_CONV_TILES[b.config.vector_width][1]:
         return _conv_symbolic_weights_rows(b, node, store)
     in_sp, out_sp = [b.dim(d) for d in xs[2:]], [b.dim(d) for d in out_dims]
