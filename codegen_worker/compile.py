@@ -60,5 +60,5 @@ def compile_kernel(kernel_bytes: bytes, symbol: str, target: dict, llvm_options=
     obj = tm.emit_object(module)
     asm = tm.emit_assembly(module) if emit_asm else None
     t3 = time.perf_counter()
-    return {"object": obj, "asm": asm, "ir": str(module) if emit_ir else None, "ir_ms": (t1 - t0) * 1e3, "opt_ms": (t2 - t1) * 1e3,
-            "emit_ms": (t3 - t2) * 1e3}
+    return {"object": obj, "asm": asm, "ir": str(module) if emit_ir else None, "ir_ms": (t1 - t0) * 1e3,
+            "opt_ms": (t2 - t1) * 1e3, "emit_ms": (t3 - t2) * 1e3}

@@ -630,7 +630,8 @@ class FunctionEmitter:
                 # throughout recomputes its mask every iteration: without mask registers (AVX2,
                 # NEON) it loads through it too (vmaskmovps; a 14-wide depthwise row ran 2.6x its
                 # AVX-512 time), and with them (AVX-512) the mask's six instructions made a
-                # 56-wide depthwise row 7% slower, a 3x3 stride-2 one at 28 wide 10%.
+                # 56-wide depthwise row 7% slower, a 3x3 stride-2 one at 28 wide 10%. (Without
+                # mask registers a recomputable body's remainder is a whole vector instead.)
                 self.loop(s.var, whole, lambda: self.stmts(s.body), "vector_only")
                 if self.overlaps_last_vector(s):
                     self.last_vector(s, str(s.extent - self.vw))

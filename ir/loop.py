@@ -537,8 +537,8 @@ def _buffers_loaded(e, into: set) -> None:
 def recomputable(body: tuple) -> bool:
     """Whether a loop body may run an iteration again with the same effect: it stores only to
     buffers it does not read, and assigns only variables it declares (no sum carried across
-    iterations). The emitter then ends a loop of run-time length with a whole vector
-    overlapping the one before rather than with a masked one."""
+    iterations). Without mask registers the emitter then ends a ragged loop with a whole
+    vector overlapping the one before rather than a masked or scalar remainder."""
     stored, loaded, declared, assigned = set(), set(), set(), set()
 
     def visit(stmts) -> bool:

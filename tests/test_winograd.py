@@ -161,6 +161,10 @@ def test_run_time_image_sizes_run_winograd(target, executor):
     from modelkiln.codegen_worker.compile import compile_kernel
     optimized = compile_kernel(call.kernel.to_bytes(), call.kernel.symbol, result.target.to_dict(), emit_ir=True)["ir"]
     assert "vector.memcheck" not in optimized
+    # Threads divide it: each way of running it is a guarded phase (conditions that are one
+    # comparison each; two conditions joined by an `and` made the whole kernel one phase).
+    from modelkiln.ir.loop import phases
+    assert len(phases(call.kernel.body)[1]) > 1
 
     def compare():
         rng = np.random.default_rng(0)

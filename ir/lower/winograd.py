@@ -28,7 +28,7 @@ import math
 import numpy as np
 
 from ..graph import Node
-from ..loop import Const, For, If, Let, Load, Store, Var, add, cmp, div, fbin, loop, mul, rem, sub
+from ..loop import Cmp, Const, For, If, Let, Load, Store, Var, add, cmp, div, fbin, loop, mul, rem, sub
 from ..symbolic import greatest, least
 from .builder import KernelBuilder
 from .gemm import deferred_panels, gemm_stmt
@@ -218,14 +218,15 @@ def lower_winograd(b: KernelBuilder, node: Node, store) -> tuple:
             """V[xi][c][t] = (B^T d B)[xi] for the block's tile t = (ti, tj) of channel c."""
             c, ti, tj = b.fresh("c"), b.fresh("ti"), b.fresh("tj")
             plane = add(mul(slot, copy_step), mul(Var(c), mul(wp, window)))
-            d = [[Load(xp, add(plane, add(mul(add(mul(Var(ti), 2), r), wp), add(mul(Var(tj), 2), s)))) for s in range(4)]
-                 for r in range(4)]
+            d = [[Load(xp, add(plane, add(mul(add(mul(Var(ti), 2), r), wp), add(mul(Var(tj), 2), s))))
+                  for s in range(4)] for r in range(4)]
             cols = [_combine([d[r][s] for r in range(4)], _BT) for s in range(4)]  # B^T d, by column
             names = [[b.fresh("bt") for _ in range(4)] for _ in range(4)]
             lets = [Let(names[r][s], cols[s][r]) for r in range(4) for s in range(4)]
             rows_ = [_combine([Var(names[r][s], "f32") for s in range(4)], _BT) for r in range(4)]  # (B^T d) B
             base = add(mul(slot, 16 * v_step), add(mul(Var(c), per_block), add(mul(Var(ti), tw), Var(tj))))
-            stores = [Store(v_ws, add(base, Const((4 * r + s) * v_step)), rows_[r][s]) for r in range(4) for s in range(4)]
+            stores = [Store(v_ws, add(base, Const((4 * r + s) * v_step)), rows_[r][s])
+                      for r in range(4) for s in range(4)]
             return For(c, cin, (For(ti, rows, (For(tj, tw, (*lets, *stores), "vectorize"),)),), _ACROSS, parallel)
 
         def products() -> For:
@@ -277,7 +278,7 @@ def lower_winograd(b: KernelBuilder, node: Node, store) -> tuple:
             if not static:  # (the picture's last tile row holds one output row where oh is odd)
                 last = sub(rows, 1)
                 short = fbin("and", cmp("eq", blk, sub(blocks, 1)), cmp("eq", rem(oh, 2), Const(1)))
-                per_channel = [For(oi, last, tuple(tile_row(Var(oi), 2)))] if rows != 1 else []
+                per_channel = [] if isinstance(rows, int) else [For(oi, last, tuple(tile_row(Var(oi), 2)))]
                 per_channel.append(If(short, tuple(tile_row(last, 1)), tuple(tile_row(last, 2))))
                 return For(o, cout, tuple(per_channel), _ACROSS, parallel)
             per_channel = [For(oi, rows - 1, tuple(tile_row(Var(oi), 2)))] if rows > 1 else []
@@ -324,13 +325,22 @@ def lower_winograd(b: KernelBuilder, node: Node, store) -> tuple:
         # ir/loop.py "Threads"), where the loop over images would leave threads idle.
         return (If(cmp("ne", images, Const(1)), many), *(If(cmp("eq", images, Const(1)), (part,)) for part in one))
     # Over run-time sizes, the same choices made at run time: one image whose picture is one
-    # block runs as phases, other calls in slots (a block per image or per tile row).
-    whole, rows_of_tiles = cmp("le", mul(th, tw), Const(most)), cmp("gt", mul(th, tw), Const(most))
-    variants = [(rows_of_tiles, in_slots(1, th, mul(images, th), batch_most * th_most))]
+    # block runs as phases, other calls in slots (a block per image or per tile row). Each is
+    # a guarded phase, whose condition is one comparison of extents (ir/loop.py, "Threads").
+    over = sub(mul(th, tw), most)  # (> 0: more tiles than a block holds)
+    variants = [(cmp("gt", over, Const(0)), in_slots(1, th, mul(images, th), batch_most * th_most))]
     if images == 1:
-        variants += [(whole, (part,)) for part in as_phases(th)]
+        variants += [(cmp("le", over, Const(0)), (part,)) for part in as_phases(th)]
     else:
-        alone = fbin("and", whole, cmp("eq", images, Const(1)))
-        variants.append((fbin("and", whole, cmp("ne", images, Const(1))), in_slots(th, 1, images, batch_most)))
-        variants += [(alone, (part,)) for part in as_phases(th)]
+        off_one = fbin("max", sub(images, 1), sub(1, images))  # (|images - 1|)
+        variants.append((_all_at_most_zero(over, sub(1, off_one)), in_slots(th, 1, images, batch_most)))
+        variants += [(_all_at_most_zero(over, off_one), (part,)) for part in as_phases(th)]
     return (*table, *(If(cond, body) for cond, body in variants))
+
+
+def _all_at_most_zero(*terms) -> Cmp:
+    """One comparison that holds where every term (an extent) is at most 0."""
+    most = terms[0]
+    for t in terms[1:]:
+        most = fbin("max", most, t)
+    return cmp("le", most, Const(0))
