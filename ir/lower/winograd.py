@@ -314,7 +314,7 @@ def lower_winograd(b: KernelBuilder, node: Node, store) -> tuple:
 
     batch_most = greatest(batch_dim)
     if static:
-        blocks = th // rows
+        blocks = blocks_most  # (th is th_most here)
         one = as_phases(rows) if blocks == 1 else in_slots(rows, blocks, blocks, blocks)
         if images == 1:
             return one
