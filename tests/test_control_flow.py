@@ -335,3 +335,40 @@ def test_scan_and_loop_over_a_symbolic_length():
                   **{x: rng.standard_normal((steps, 4)).astype(np.float32) for x in ("xs", "xs2")
                      if x in [i.name for i in model.graph.input]}} for steps in (1, 5, 17, 40)]
         _check(model, feeds, result)
+
+
+def _appending_body(axis, part_shape):
+    """torch.jit.script's `acc = torch.cat((acc, part))`: the carried `acc` grows by one part
+    each iteration; a second carried value is an ordinary running sum."""
+    return helper.make_graph(
+        [helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+         helper.make_node("Gather", ["xs", "i"], ["row"], axis=0),
+         helper.make_node("Add", ["total", "row"], ["total_out"]),
+         helper.make_node("Reshape", ["row", "part_shape"], ["shaped"]),
+         helper.make_node("Tanh", ["shaped"], ["part"]),
+         helper.make_node("Concat", ["acc", "part"], ["acc_out"], axis=axis)],
+        "body", [_vi("i", I64, []), _vi("cond_in", B, []), _vi("total", F, None), _vi("acc", F, None)],
+        [_vi("cond_out", B, []), _vi("total_out", F, None), _vi("acc_out", F, None)],
+        [numpy_helper.from_array(np.array(part_shape, np.int64), "part_shape")])
+
+
+@pytest.mark.parametrize("steps, axis, initial", [(3, 0, (0, 2, 3)), (20, 0, (0, 2, 3)), ("n", 0, (0, 2, 3)),
+                                                  ("n", 1, (2, 1, 3)), (5, -1, (2, 3, 0))])
+def test_a_carried_value_appended_to_each_iteration(steps, axis, initial):
+    """The appended parts become a scan output joined along the Concat's axis after the
+    initial value (a constant, as torch's `torch.zeros(0, ...)` is): unrolled (3 steps), in the entry function (20), over a length known at run
+    time only (a symbolic `n`, zero included), along a middle and the last axis."""
+    part = [1, 2, 3] if axis == 0 else [2, 1, 3] if axis == 1 else [2, 3, 1]
+    rng = np.random.default_rng(11)
+    rows = ["n" if steps == "n" else steps, 6]
+    model = _model([helper.make_node("Shape", ["xs"], ["shape"]),
+                    helper.make_node("Gather", ["shape", "zero"], ["trip"], axis=0),
+                    helper.make_node("Loop", ["trip", "", "total0", "acc0"], ["total", "acc"],
+                                     body=_appending_body(axis, part))],
+                   [("xs", F, rows), ("total0", F, [6])], [("total", F), ("acc", F)],
+                   [("zero", np.array(0, np.int64)), ("acc0", rng.standard_normal(initial).astype(np.float32))])
+    dims = {"n": (0, 40)} if steps == "n" else None
+    result = build(model, dims=dims, executor="inprocess", cache=None, progress=False)
+    lengths = (0, 1, 7, 40) if steps == "n" else (steps,)
+    _check(model, [{"xs": rng.standard_normal((n, 6)).astype(np.float32),
+                    "total0": rng.standard_normal(6).astype(np.float32)} for n in lengths], result)

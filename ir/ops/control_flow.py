@@ -38,16 +38,17 @@ from __future__ import annotations
 import numpy as np
 
 from ..dtypes import DTYPES
-from ..graph import Graph, KilnError, Node, ShapeError, Subgraph, TensorType, UnsupportedError
+from ..graph import Graph, KilnError, Node, ShapeError, Subgraph, TensorType, UnsupportedError, captured
 from ..loop import Const, For, If, Load, Store, Var
 from ..symbolic import greatest, is_symbolic, late_symbols, late_symbols_in, least, require_equal
 from ..value_symbols import counted, define, select
 from .elementwise import AND, CAST
 from .inference import resolve
 from .registry import OPAQUE, OpDef, expanded_only, register
-from .shape import CONCAT, GATHER, IDENTITY, UNSQUEEZE
+from .shape import CONCAT, GATHER, IDENTITY, RESHAPE, SLICE, TRANSPOSE, UNSQUEEZE
 
 IF, LOOP, SCAN, IF_MERGE, ENTRY_LOOP = "If", "Loop", "Scan", "kiln.IfMerge", "kiln.Loop"
+SHAPE = "Shape"
 MAX_UNROLLED_NODES = 50_000  # nodes one Loop or Scan may unroll to
 UNROLLED_ITERATIONS = 16  # a Loop this short is unrolled; a longer one runs in the entry function
 
@@ -187,6 +188,9 @@ def expand_loop(g: Graph, node: Node) -> list[Node]:
     if len(body.inputs) != 2 + n_carried or n_scan < 0 or len(node.outputs) != n_carried + n_scan:
         raise ShapeError(f"{node.describe()}: its body takes {len(body.inputs)} inputs and gives {len(body.outputs)} "
                          f"outputs for {n_carried} carried values")
+    appended = _appends_as_scan_outputs(g, node)
+    if appended:
+        return appended
     count = _scalar_constant(g, trip) if trip else None
     size = g.symbolic_values[trip].reshape(-1)[0] if trip in g.symbolic_values else None
     if is_symbolic(size) and (not cond or _scalar_constant(g, cond)) and _keeps_going(body):
@@ -231,6 +235,83 @@ def expand_loop(g: Graph, node: Node) -> list[Node]:
                 {**node.attrs, "_start": start + 1, "_slices": [s + [o] for s, o in zip(slices, outs[1 + n_carried:])]},
                 node.name, node.guard)
     return nodes + [rest]
+
+
+def _appends_as_scan_outputs(g: Graph, node: Node) -> list[Node] | None:
+    """torch.jit.script's `acc = torch.cat((acc, x))` in a loop: a carried value the body only
+    ever appends to grows each iteration, which one static type per value cannot hold. Where
+    the body reads the carried value in nothing but that Concat, and hands back nothing but
+    its result, the appended parts are a scan output: stacked by the loop, then joined along
+    the Concat's axis (Transpose, Reshape) after the initial value. Returns the rewritten Loop
+    and the nodes after it, or None where no carried value is such."""
+    body: Subgraph = node.attrs["body"]
+    n_carried = len(node.inputs) - 2
+    producer = {o: n for n in body.nodes for o in n.outputs if o}
+    readers = {}
+    for n in body.nodes:
+        for i in set(n.inputs) | captured(n):
+            readers.setdefault(i, []).append(n)
+    appends = {}
+    for k in range(n_carried):
+        state, new = body.inputs[2 + k], body.outputs[1 + k]
+        cat = producer.get(new)
+        if (cat is None or cat.op != CONCAT or len(cat.inputs) != 2 or cat.inputs[0] != state
+                or cat.inputs[1] == state or readers.get(state) != [cat] or readers.get(new)
+                or body.outputs.count(new) != 1 or state in body.outputs or node.inputs[2 + k] == ""):
+            continue
+        appends[k] = cat
+    if not appends:
+        return None
+    kept = [k for k in range(n_carried) if k not in appends]
+    parts, outputs, after = [], [], []
+    nodes = [n for n in body.nodes if all(n is not cat for cat in appends.values())]
+    for k, cat in appends.items():
+        part = f"{body.name}/appended{k}"  # (a name of its own: the part may be read elsewhere too)
+        nodes.append(Node(IDENTITY, [cat.inputs[1]], [part], {}, f"{cat.name}/part"))
+        parts.append(part)
+        stacked = f"{node.key}/appended{k}"
+        outputs.append(stacked)
+        if node.outputs[k]:
+            after += _joined(g, node, k, stacked, cat.attrs.get("axis"))
+    loop_body = Subgraph(body.name, body.inputs[:2] + [body.inputs[2 + k] for k in kept],
+                         body.outputs[:1] + [body.outputs[1 + k] for k in kept] + body.outputs[1 + n_carried:] + parts,
+                         nodes, dict(body.constants))
+    loop = Node(LOOP, node.inputs[:2] + [node.inputs[2 + k] for k in kept],
+                [node.outputs[k] for k in kept] + list(node.outputs[n_carried:]) + outputs,
+                {**node.attrs, "body": loop_body}, node.name, node.guard)
+    return [loop] + after
+
+
+def _joined(g: Graph, node: Node, k: int, stacked: str, axis) -> list[Node]:
+    """Carried value k's final value from its appended parts stacked along a new axis 0:
+    that axis moved beside the Concat's and merged into it, after the initial value."""
+    initial, out = node.inputs[2 + k], node.outputs[k]
+    rank = len(g.types[initial].shape)
+    if axis is None or not -rank <= axis < rank:
+        raise ShapeError(f"{node.describe()}: carried value {k} is appended to along axis {axis} of a rank-{rank} "
+                         "tensor")
+    axis %= rank
+    tag, guard = f"{node.key}/appended{k}", node.guard
+    nodes, moved = [], stacked
+    if axis:
+        moved = f"{tag}/moved"
+        perm = list(range(1, axis + 1)) + [0] + list(range(axis + 1, rank + 1))
+        nodes.append(Node(TRANSPOSE, [stacked], [moved], {"perm": perm}, f"{node.name}/{tag}/move", guard))
+    shape, sizes = f"{tag}/shape", f"{tag}/sizes"
+    const = {name: g.add_constant(f"{tag}/{name}", np.array(v, np.int64))
+             for name, v in (("before", [0] * axis), ("merged", [-1]), ("rest", [axis + 2]), ("end", [rank + 1]))}
+    kept = [const["before"]] if axis else []  # (0: the dims before the axis as they are)
+    nodes += [Node(SHAPE, [moved], [shape], {}, f"{node.name}/{tag}/shape", guard),
+              Node(SLICE, [shape, const["rest"], const["end"]], [f"{tag}/after"], {}, f"{node.name}/{tag}/after",
+                   guard),
+              Node(CONCAT, kept + [const["merged"], f"{tag}/after"], [sizes], {"axis": 0},
+                   f"{node.name}/{tag}/sizes", guard)]
+    joined = out if g.types[initial].shape[axis] == 0 else f"{tag}/joined"
+    nodes.append(Node(RESHAPE, [moved, sizes], [joined], {}, f"{node.name}/{tag}/merge", guard))
+    if joined != out:
+        nodes.append(Node(CONCAT, [initial, joined], [out], {"axis": axis}, f"{node.name}/{tag}/after_initial",
+                          guard))
+    return nodes
 
 
 def _keeps_going(body: Subgraph) -> bool:
