@@ -50,12 +50,12 @@ def thread_pool_source() -> str:
         return f.read()
 
 
-def _calls(plan: list):
-    """Every ("call", ...) item of an entry plan, loops' bodies included."""
+def _calls(plan: list, kind: str = "call"):
+    """Every (kind, ...) item of an entry plan, loops' bodies included."""
     for item in plan:
         if item[0] == "loop":
-            yield from _calls(item[5])
-        elif item[0] == "call":
+            yield from _calls(item[5], kind)
+        elif item[0] == kind:
             yield item
 
 
@@ -174,7 +174,8 @@ def entry_source(plan: list, outputs: list[tuple[tuple, int]], arena_bytes: int,
     them in dims[]. A counted one (a NonZero's count), and one computed from it, starts at its
     greatest; a ("bind", k, location of the int64 a call wrote, the call's guard, [C statements])
     item after that call sets dims[k] where the call ran, then computes and checks what waited
-    for it (a return there is an error code like the preconditions'). With any, the caller's
+    for it (KILN_FAIL(code) there writes the symbols back, so the caller can name the size at
+    fault, and returns an error code like the preconditions'). With any, the caller's
     dims[] has room for every symbol and the entry writes the derived ones back.
     `caches` (input count, [(input index, output index, blocks, past block bytes, capacity block bytes)]),
     sizes as C expressions: KV caches whose kernels read the past input from the present
@@ -199,7 +200,7 @@ def entry_source(plan: list, outputs: list[tuple[tuple, int]], arena_bytes: int,
     if symbolic:
         lines += ["", _RUNTIME_PIECES_C % min_piece_work]
     # (kiln_max: the arena's run-time offsets; kiln_div and the rest: a value symbol's expression)
-    binds = [a for item in plan if item[0] == "bind" for a in item[4]]  # (top level only: bundle._locations)
+    binds = [a for item in _calls(plan, "bind") for a in item[4]]
     if arena_at or derived and any("kiln_" in value for value in derived[1] + binds):
         lines += ["", *C_HELPERS]
     if any("kiln_disjoint" in cond for cond, _ in preconditions):
@@ -236,6 +237,9 @@ def entry_source(plan: list, outputs: list[tuple[tuple, int]], arena_bytes: int,
     if derived:
         base, values, counted = derived
         dims_param = f"{'' if counted else 'const '}long long* given, "
+        if counted:  # (a size read while the model runs failed its bounds or a check: the caller names it)
+            lines += [f"#define KILN_FAIL(code) do {{ for (int k = {base}; k < {base + len(values)}; ++k) "
+                      "given[k] = dims[k]; return (code); } while (0)", ""]
         compute = [f"  long long dims[{base + len(values)}];", *[f"  dims[{k}] = given[{k}];" for k in range(base)],
                    *[f"  dims[{base + j}] = {expr};" for j, expr in enumerate(values)]]
     for name, timed in names:

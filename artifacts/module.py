@@ -285,10 +285,10 @@ class Module:
         if rc == OVERLAPPING_BUFFERS:
             raise self._overlap_error(outs)
         if rc in (2, 3) and self._symbols is not None and self._symbols.late:
-            raise KilnError(f"model '{self.path}': sizes it counted while running "
-                            + ("fell outside the bounds it was built for" if rc == 2 else
-                               "differ where the model needs them equal (two selections of different lengths "
-                               "combined)") + " (the call stopped there)")
+            fault = self._symbols.late_fault(rc)
+            what = "fell outside the bounds it was built for" if rc == 2 else "differ where the model needs them equal"
+            raise KilnError(f"model '{self.path}': sizes it counted or read from its data while running {what} "
+                            f"({fault + '; ' if fault else ''}the call stopped there)")
         if rc != 0:
             raise KilnError(f"model '{self.path}' returned error code {rc}")
         if cache is not None:

@@ -150,6 +150,21 @@ class Symbols:
                                 f"built for ({c['capacity']} = {least}..{greatest})")
             values[c["capacity"]] = capacity
 
+    def late_fault(self, code: int) -> str:
+        """What a call that stopped with `code` (2: a size read while it ran is outside its
+        bounds, 3: sizes it needs equal differ) found, from the values the entry wrote back."""
+        values = {**{name: int(self.dims[k]) for k, name in enumerate(self.order)},
+                  **{name: int(self.dims[k]) for k, name in self.written_back}}
+        if code == 2:
+            faults = [f"{d['what']} ('{d['name']}') is {values[d['name']]}, outside {d['least']}..{d['greatest']}"
+                      for d in self.derived if d["name"] in self.late
+                      and not int(d["least"]) <= values[d["name"]] <= int(d["greatest"])]
+        else:
+            faults = [f"{c['where']}: {dim_value(c['left'], values)} and {dim_value(c['right'], values)}"
+                      for c in self.checks if _known(c["left"], values) and _known(c["right"], values)
+                      and dim_value(c["left"], values) != dim_value(c["right"], values)]
+        return "; ".join(faults[:3])
+
     def after_call(self, values: dict) -> dict:
         """The symbols' values with the late ones, as the entry wrote them back."""
         return {**values, **{name: int(self.dims[k]) for k, name in self.written_back}}

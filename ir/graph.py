@@ -149,6 +149,12 @@ class Graph:
     # Bounds the user gave for values a call reads from integer inputs (`--dim shape=1..64`,
     # `--dim 'shape[1]=1..8'`): ir/value_symbols.py makes those inputs' elements symbols.
     value_bounds: dict = field(default_factory=dict)
+    # Bounds of the values of tensors this graph reads but does not compute (a loop body's, from
+    # the graph around it): {name: (lo, hi)}, as ir/ops/value_ranges.py gives them.
+    value_ranges: dict = field(default_factory=dict)
+    # Derived symbols a loop body takes from the graph around it: counted there, not here, so
+    # type inference of the body neither waits for their counts nor drops them.
+    outer_symbols: frozenset = frozenset()
 
     def copy(self) -> "Graph":
         # Constants and params are never mutated in place, so sharing them is safe.
@@ -159,6 +165,7 @@ class Graph:
         g.symbols, g.symbolic_values, g.checks = dict(self.symbols), dict(self.symbolic_values), list(self.checks)
         g.expansion_checks = list(self.expansion_checks)
         g.derived, g.caches, g.value_bounds = dict(self.derived), list(self.caches), dict(self.value_bounds)
+        g.value_ranges = dict(self.value_ranges)
         g.groups = None if self.groups is None else [list(m) for m in self.groups]
         return g
 

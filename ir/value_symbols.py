@@ -119,6 +119,8 @@ def define(name: str, expr, least: int, greatest: int, what: str) -> Dim:
         raise TypeError(f"{what} is read from a tensor at run time")
     symbols, derived = place
     expr = simplified(expr)
+    if isinstance(expr, (int, np.integer)) and name not in derived:  # (known now: a size, no symbol)
+        return int(expr)
     if name not in derived:
         symbols[name] = (int(least), int(greatest))
         derived[name] = Computed(expr, what)
@@ -137,15 +139,15 @@ def simplified(expr):
     return (expr[0], *operands)
 
 
-def counted(name: str, tensor: str, greatest: int, what: str) -> Dim:
+def counted(name: str, tensor: str, greatest: int, what: str, least: int = 0) -> Dim:
     """A size that a kernel counts while the call runs and writes to `tensor` (an int64
-    scalar: NonZero's count of elements): the symbol `name`, in [0, greatest]. The
+    scalar: NonZero's count of elements): the symbol `name`, in [least, greatest]. The
     module plans memory and sizes the outputs at the greatest, reads the value once that
     kernel has run, and hands the caller outputs of the counted size."""
     place = _DERIVED.get()
     if place is not None and name in place[1] and place[1][name].expr == (COUNTED, None):
         place[1][name] = Computed((COUNTED, tensor), what)  # (claimed again, where it was)
-    return define(name, (COUNTED, tensor), 0, greatest, what)
+    return define(name, (COUNTED, tensor), least, greatest, what)
 
 
 def counted_tensors(g) -> set:
@@ -176,7 +178,7 @@ def forget_counts(g) -> None:
     counting node a pass removed (merged into its twin by CSE, or dead) leaves no size the
     module would wait for in vain (drop_dangling)."""
     for name, d in g.derived.items():
-        if isinstance(d, Computed) and d.expr[0] == COUNTED:
+        if isinstance(d, Computed) and d.expr[0] == COUNTED and name not in g.outer_symbols:
             g.derived[name] = Computed((COUNTED, None), d.what)
 
 
@@ -185,7 +187,7 @@ def drop_dangling(g) -> None:
     them (nothing reads them: what did went with the count's node)."""
     for name, definition in list(g.derived.items()):
         unclaimed = isinstance(definition, Computed) and definition.expr == (COUNTED, None)
-        if unclaimed or not definition_symbols(definition) <= set(g.symbols):
+        if name not in g.outer_symbols and (unclaimed or not definition_symbols(definition) <= set(g.symbols)):
             del g.derived[name], g.symbols[name]
 
 

@@ -21,6 +21,15 @@ def _is_loop(step) -> bool:
     return hasattr(step, "trip")  # ir.lower.loops.LoopCall (not imported: a whole-model hit needs no compiler)
 
 
+def _kernel_calls(steps):
+    """The kernel calls of `steps`, those in loops' bodies too."""
+    for st in steps:
+        if _is_loop(st):
+            yield from _kernel_calls(st.steps)
+        else:
+            yield st
+
+
 def _swaps(lowered, loop) -> bool:
     """Does a carried value's new value live in another carried value's state buffer (a body
     that swaps two values)? Then the copies go through scratch buffers."""
@@ -125,6 +134,8 @@ def _after_count(lowered, bound: set, new: str, guarded: set) -> list[str]:
     from ..artifacts import expressions
     from ..ir.value_symbols import to_json
     symbols, lines = list(lowered.symbols), []
+    lo, hi = lowered.symbols[new]  # (a size read from data may fall outside the bounds its buffers have)
+    lines.append(f"if (!(dims[{symbols.index(new)}] >= {lo}LL && dims[{symbols.index(new)}] <= {hi}LL)) KILN_FAIL(2);")
     for s, waits in _counts_needed(lowered).items():
         d, k = lowered.derived[s], symbols.index(s)
         if _counted(d) or new not in waits or not waits <= bound:
@@ -134,11 +145,11 @@ def _after_count(lowered, bound: set, new: str, guarded: set) -> list[str]:
         lines.append(f"dims[{k}] = {value};")
         if not isinstance(d, tuple):  # (a quotient is within its bounds by its definition)
             lo, hi = lowered.symbols[s]
-            lines.append(f"if (!(dims[{k}] >= {lo}LL && dims[{k}] <= {hi}LL)) return 2;")
+            lines.append(f"if (!(dims[{k}] >= {lo}LL && dims[{k}] <= {hi}LL)) KILN_FAIL(2);")
     for cond, waits in _size_checks(lowered):
         if new in waits and waits <= bound:
             ran = "".join(f"!kiln_ran{symbols.index(c)} || " for c in sorted(waits & guarded))
-            lines.append(f"if (!({ran}{cond})) return 3;")
+            lines.append(f"if (!({ran}{cond})) KILN_FAIL(3);")
     return lines
 
 
@@ -277,13 +288,10 @@ def _locations(lowered, weight_offsets, arena_offsets):
     # Sizes kernels count (a NonZero's): read from what the kernel wrote right after its call.
     counts = {s: d.expr[1] for s, d in lowered.derived.items() if _counted(d)}
     bound: set = set()
-    top = {lowered.storage(o): st.guard for st in lowered.steps if not _is_loop(st) for o in st.outputs} \
+    # (a count in a loop's body is bound there, each iteration)
+    where = {lowered.storage(o): st.guard for st in _kernel_calls(lowered.steps) for o in st.outputs} \
         if counts else {}
-    for s, t in counts.items():
-        if lowered.storage(t) not in top:
-            raise KilnError(f"{lowered.derived[s].what} is computed inside a loop; sizes counted there are not "
-                            "supported yet")
-    guarded = {s for s, t in counts.items() if top[lowered.storage(t)]}  # (counted in a branch taken at run time)
+    guarded = {s for s, t in counts.items() if where[lowered.storage(t)]}  # (counted in a branch taken at run time)
 
     plan = items(lowered.steps)
     outputs = [(loc(o), _nbytes_c(lowered.types[o], symbols)) for o in lowered.outputs]

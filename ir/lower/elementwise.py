@@ -112,8 +112,10 @@ def concat_reader(b: KernelBuilder, node: Node):
         def part(i):
             start, size, r = parts[i]
             local = list(idx)
-            # Every branch is evaluated, so keep every branch's index in bounds.
-            local[axis] = iclamp(sub(idx[axis], start), 0, size - 1)
+            # Every branch is evaluated, so keep every branch's index in bounds (at 0 where a
+            # run-time size leaves a part empty).
+            last = max(size - 1, 0) if isinstance(size, int) else fbin("max", sub(size, Const(1)), Const(0))
+            local[axis] = iclamp(sub(idx[axis], start), 0, last)
             return r(local)
 
         def pick(lo, hi):
@@ -420,7 +422,9 @@ def _resize_at_run_time(b: KernelBuilder, node: Node, x, ishape, oshape):
             if w is not None:
                 fills.append(Store(w_buf, Var(i), w if wtype == "f64" else Cast(wtype, w)))
             columns.append((at_buf, w_buf))
-        b.setup.append(For(i, oshape[ax], tuple(fills), "vectorize"))
+        # (over the whole room: a position past this call's size is still read where a Concat
+        # or Select evaluates a branch it does not take, and its source index must be one)
+        b.setup.append(For(i, room, tuple(fills), "vectorize"))
         tables[ax] = columns
 
     return lambda idx, passthrough=(): _weighted_taps(x, tables, [ax for ax in resized if ax not in passthrough],

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..errors import KilnError
 from ..symbolic import Dim
 
 
@@ -65,7 +66,7 @@ def flatten(steps: list) -> list:
 
 def lower_loop(g, node, config, lower) -> tuple:
     """(LoopCall, the body's LoweredModel renamed into the model's namespace)."""
-    from ..ops.control_flow import loop_body_graph
+    from ..ops.control_flow import captured_inputs, loop_body_graph
     from ..passes import default_pipeline
     from ..transform import PassContext
 
@@ -74,7 +75,10 @@ def lower_loop(g, node, config, lower) -> tuple:
     with ctx:
         body = default_pipeline()(body, ctx)
     inner = lower(body, config)
-    keep = set(node.attrs["captured"])
+    if list(body.symbols) != list(g.symbols):  # (the body's kernels index the model's dims[] by these)
+        raise KilnError(f"{node.describe()}: its body's sizes {list(body.symbols)} are not the model's "
+                        f"{list(g.symbols)}")
+    keep = set(captured_inputs(node))
     prefix = f"{node.key}/body/"
 
     def rename(t: str) -> str:

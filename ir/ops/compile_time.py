@@ -159,8 +159,9 @@ def _lower_symbolic_value(b, node) -> tuple:
 
 CONSTANT = "Constant"  # the frontend turns these into graph constants directly
 RANGE = "Range"
+SHAPE = "Shape"
 register(
-    OpDef("Shape", OPAQUE, _shape, _shape_value, compile_time=True, shape_only=True),
+    OpDef(SHAPE, OPAQUE, _shape, _shape_value, compile_time=True, shape_only=True),
     OpDef("Size", OPAQUE, _size, _size_value, compile_time=True, shape_only=True),
     OpDef(CONSTANT, OPAQUE, _from_value(_constant_value), _constant_value, compile_time=True),
     OpDef(RANGE, OPAQUE, _range_infer, _range_value, _range_reader, compile_time=True),

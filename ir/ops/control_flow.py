@@ -40,15 +40,18 @@ import numpy as np
 from ..dtypes import DTYPES
 from ..graph import Graph, KilnError, Node, ShapeError, Subgraph, TensorType, UnsupportedError, captured
 from ..loop import Const, For, If, Load, Store, Var
-from ..symbolic import greatest, is_symbolic, late_symbols, late_symbols_in, least, require_equal
-from ..value_symbols import counted, define, select
+from ..symbolic import (COUNTED, Dim, greatest, is_symbolic, late_symbols, late_symbols_in,
+                        least, require_equal)
+from ..value_symbols import Computed, counted, define, select
+from .compile_time import SHAPE
 from .elementwise import AND, CAST
 from .inference import resolve
 from .registry import OPAQUE, OpDef, expanded_only, register
-from .shape import CONCAT, GATHER, IDENTITY, RESHAPE, SLICE, TRANSPOSE, UNSQUEEZE
+from .shape import CONCAT, GATHER, IDENTITY, RESHAPE, SLICE, TRANSPOSE, UNSQUEEZE, view_def
+from .value_ranges import value_range
 
 IF, LOOP, SCAN, IF_MERGE, ENTRY_LOOP = "If", "Loop", "Scan", "kiln.IfMerge", "kiln.Loop"
-SHAPE = "Shape"
+FIXED_SHAPE = "kiln.FixedShape"  # a loop body's scan output with the sizes of every iteration (a view)
 MAX_UNROLLED_NODES = 50_000  # nodes one Loop or Scan may unroll to
 UNROLLED_ITERATIONS = 16  # a Loop this short is unrolled; a longer one runs in the entry function
 
@@ -193,7 +196,7 @@ def expand_loop(g: Graph, node: Node) -> list[Node]:
         return appended
     count = _scalar_constant(g, trip) if trip else None
     size = g.symbolic_values[trip].reshape(-1)[0] if trip in g.symbolic_values else None
-    if is_symbolic(size) and (not cond or _scalar_constant(g, cond)) and _keeps_going(body):
+    if is_symbolic(size) and (not cond or _scalar_constant(g, cond)) and _keeps_going(g, body):
         return [_entry_loop(node, body, size, carried, [], [], [0] * n_scan)]  # (a size: scan outputs that long)
     if count is None:  # (a count read at run time, or none: a while loop)
         if n_scan:
@@ -205,7 +208,7 @@ def expand_loop(g: Graph, node: Node) -> list[Node]:
     start = node.attrs.get("_start", 0)
     slices = node.attrs.get("_slices") or [[] for _ in range(n_scan)]
     known = True if not cond else _scalar_constant(g, cond)
-    if start == 0 and int(count) > UNROLLED_ITERATIONS and known is not None and known and _keeps_going(body):
+    if start == 0 and int(count) > UNROLLED_ITERATIONS and known is not None and known and _keeps_going(g, body):
         return [_entry_loop(node, body, int(count), carried, [], [], [0] * n_scan)]
     if int(count) * max(len(body.nodes), 1) > MAX_UNROLLED_NODES:
         raise UnsupportedError(f"{node.describe()}: {int(count)} iterations of a {len(body.nodes)}-node body unroll to "
@@ -251,20 +254,24 @@ def _appends_as_scan_outputs(g: Graph, node: Node) -> list[Node] | None:
     for n in body.nodes:
         for i in set(n.inputs) | captured(n):
             readers.setdefault(i, []).append(n)
-    appends = {}
+    appends, dropped = {}, []
     for k in range(n_carried):
         state, new = body.inputs[2 + k], body.outputs[1 + k]
+        if node.inputs[2 + k] == "" or state in body.outputs:
+            continue
+        passed, read = _unchanged(state, readers, g.types[node.inputs[2 + k]].dtype)
         cat = producer.get(new)
-        if (cat is None or cat.op != CONCAT or len(cat.inputs) != 2 or cat.inputs[0] != state
-                or cat.inputs[1] == state or readers.get(state) != [cat] or readers.get(new)
-                or body.outputs.count(new) != 1 or state in body.outputs or node.inputs[2 + k] == ""):
+        if (cat is None or cat.op != CONCAT or len(cat.inputs) != 2 or cat.inputs[0] != read
+                or cat.inputs[1] == read or readers.get(read) != [cat] or readers.get(new)
+                or body.outputs.count(new) != 1):
             continue
         appends[k] = cat
+        dropped += passed + [cat]
     if not appends:
         return None
     kept = [k for k in range(n_carried) if k not in appends]
     parts, outputs, after = [], [], []
-    nodes = [n for n in body.nodes if all(n is not cat for cat in appends.values())]
+    nodes = [n for n in body.nodes if all(n is not d for d in dropped)]
     for k, cat in appends.items():
         part = f"{body.name}/appended{k}"  # (a name of its own: the part may be read elsewhere too)
         nodes.append(Node(IDENTITY, [cat.inputs[1]], [part], {}, f"{cat.name}/part"))
@@ -280,6 +287,20 @@ def _appends_as_scan_outputs(g: Graph, node: Node) -> list[Node] | None:
                 [node.outputs[k] for k in kept] + list(node.outputs[n_carried:]) + outputs,
                 {**node.attrs, "body": loop_body}, node.name, node.guard)
     return [loop] + after
+
+
+def _unchanged(state: str, readers: dict, dtype: str) -> tuple[list, str]:
+    """(the nodes that pass `state` on unchanged, the tensor they end in): its only reader an
+    Identity or a Cast to its own type (Keypoint R-CNN's loop casts its float32 keypoints to
+    float32 before appending), and so on."""
+    passed, current = [], state
+    while len(readers.get(current, [])) == 1:
+        n = readers[current][0]
+        if not (n.op == IDENTITY or n.op == CAST and n.attrs.get("to") == DTYPES[dtype].onnx):
+            break
+        passed.append(n)
+        current = n.outputs[0]
+    return passed, current
 
 
 def _joined(g: Graph, node: Node, k: int, stacked: str, axis) -> list[Node]:
@@ -314,16 +335,17 @@ def _joined(g: Graph, node: Node, k: int, stacked: str, axis) -> list[Node]:
     return nodes
 
 
-def _keeps_going(body: Subgraph) -> bool:
+def _keeps_going(g: Graph, body: Subgraph) -> bool:
     """Does the body hand back a true condition whenever it gets one (its condition output is
-    its condition input, an Identity of it, or a true constant)?"""
+    its condition input, or a true constant, the body's or the graph's, or an Identity of one)?"""
     out, given = body.outputs[0], body.inputs[1]
+    producer = next((n for n in body.nodes if out in n.outputs), None)
+    if producer is not None and producer.op == IDENTITY:
+        out = producer.inputs[0]
     if out == given:
         return True
-    if out in body.constants:
-        return bool(np.asarray(body.constants[out]).reshape(-1)[0])
-    producer = next((n for n in body.nodes if out in n.outputs), None)
-    return producer is not None and producer.op == IDENTITY and producer.inputs[0] == given
+    constant = body.constants.get(out, g.constants.get(out))
+    return constant is not None and bool(np.asarray(constant).reshape(-1)[0])
 
 
 def _entry_loop(node: Node, body: Subgraph, trip: int, state: list, scanned: list, in_dirs: list,
@@ -334,12 +356,40 @@ def _entry_loop(node: Node, body: Subgraph, trip: int, state: list, scanned: lis
     around it, so those stay alive and in order; then the int64 scalar giving its trip count
     at run time (`count`, else `trip` or, with neither, no limit) and the bool it runs only
     if (`start_if`). With `until`, it stops after an iteration whose condition output is false."""
+    body = _scans_of_one_shape(body, 1 + len(state) if node.op == LOOP else len(state))
     captured = sorted(body.free_names())
     extra = [t for t in (count, start_if) if t]
     return Node(ENTRY_LOOP, state + scanned + captured + extra, list(node.outputs),
                 {"body": body, "trip": trip, "captured": captured, "n_state": len(state), "n_scanned": len(scanned),
                  "counted": node.op == LOOP, "in_dirs": in_dirs, "out_dirs": out_dirs, "count": count,
                  "start_if": start_if, "until": until}, node.name, node.guard)
+
+
+def _scans_of_one_shape(body: Subgraph, first: int) -> Subgraph:
+    """The body with each scan output (its outputs from `first` on) passed through a
+    kiln.FixedShape, so that sizes it computes from each iteration's data stack as one."""
+    scans = body.outputs[first:]
+    if not scans:
+        return body
+    fixed = [f"{s}/one_shape" for s in scans]
+    nodes = list(body.nodes) + [Node(FIXED_SHAPE, [s], [f], {}, f"{s}/one_shape") for s, f in zip(scans, fixed)]
+    return Subgraph(body.name, list(body.inputs), body.outputs[:first] + fixed, nodes, dict(body.constants))
+
+
+def _fixed_shape_infer(g, node, p):
+    """Each dim that a size read from this iteration's data decides (late, and not the
+    graph's around the loop) is its greatest, which the module checks it equals: a scan
+    output's rows are all one shape. Its buffer then holds that shape as it is (a view)."""
+    x = g.types[node.inputs[0]]
+    own = set(late_symbols(g.derived)) - g.outer_symbols
+    shape = []
+    for i, d in enumerate(x.shape):
+        if isinstance(d, Dim) and own & set(d.symbols):
+            d = require_equal(d, greatest(d), f"{node.describe()}: dim {i} of '{node.inputs[0]}', a size computed "
+                                              "in a loop from each iteration's data, must be the same in every "
+                                              "iteration (its greatest)")
+        shape.append(d)
+    return TensorType(tuple(shape), x.dtype)
 
 
 def loop_body_graph(g: Graph, node: Node) -> tuple:
@@ -354,11 +404,17 @@ def loop_body_graph(g: Graph, node: Node) -> tuple:
     first = 2 if a["counted"] else 0
     iteration = body.inputs[0] if a["counted"] else ""
     state, slices = list(body.inputs[first:first + n]), list(body.inputs[first + n:first + n + k])
-    outer = a["captured"]
+    outer = captured_inputs(node)
+    # (a pass may have renamed what the body reads from around it, in the node's inputs: CSE
+    # merging two equal constants)
+    moved = {old: new for old, new in zip(a["captured"], outer) if old != new}
     runtime = [name for name in outer if name not in g.constants]
-    graph = Graph(inputs=([iteration] if iteration else []) + state + slices + runtime, outputs=list(body.outputs),
-                  nodes=[Node(m.op, list(m.inputs), list(m.outputs), dict(m.attrs), m.name) for m in body.nodes],
-                  opset=g.opset, name=f"{g.name}/{node.name}", symbols=dict(g.symbols), derived=dict(g.derived))
+    nodes = [Node(m.op, [moved.get(i, i) for i in m.inputs], list(m.outputs),
+                  {k: _renamed(v, moved) if isinstance(v, Subgraph) else v for k, v in m.attrs.items()}, m.name)
+             for m in body.nodes]
+    graph = Graph(inputs=([iteration] if iteration else []) + state + slices + runtime,
+                  outputs=[moved.get(o, o) for o in body.outputs], nodes=nodes, opset=g.opset,
+                  name=f"{g.name}/{node.name}", symbols=dict(g.symbols), derived=dict(g.derived))
     if iteration:
         graph.types[iteration] = TensorType((), "int64")
         graph.add_constant(body.inputs[1], np.array(True))
@@ -371,26 +427,91 @@ def loop_body_graph(g: Graph, node: Node) -> tuple:
     for name in outer:
         if name in g.constants:
             graph.add_constant(name, g.constants[name])
+    graph.outer_symbols = frozenset(set(g.derived) - set(_own_symbols(g, node)))
+    graph.value_ranges = _ranges_given(g, node, iteration, runtime, slices)
     outs = body.outputs[1:] if a["counted"] else body.outputs
     return graph, iteration, state, slices, list(outs[:n]), list(outs[n:])
+
+
+def captured_inputs(node: Node) -> list:
+    """The tensors a kiln.Loop's body reads from around it, as the node's inputs name them."""
+    a = node.attrs
+    first = a["n_state"] + a["n_scanned"]
+    return list(node.inputs[first:first + len(a["captured"])])
+
+
+def body_prefix(node: Node) -> str:
+    """What a kiln.Loop's body tensors are renamed under in the model (ir/lower/loops.py)."""
+    return f"{node.key}/body/"
+
+
+def _own_symbols(g: Graph, node: Node) -> list:
+    """The symbols of g that the loop's body reads while it runs (a size computed from each
+    iteration's data) and those computed from them (`_claim_own_symbols` names them)."""
+    return [s for s in node.attrs.get("own_symbols", ()) if s in g.derived]
+
+
+def _ranges_given(g: Graph, node: Node, iteration: str, runtime: list, slices: list) -> dict:
+    """Bounds of the values the body reads from around it (ir/ops/value_ranges.py): of the
+    run-time tensors it captures, each scanned tensor's slices, and the iteration number."""
+    ranges = {}
+    for name in runtime:
+        r = value_range(g, name)
+        if r is not None:
+            ranges[name] = r
+    for name, whole in zip(slices, node.inputs[node.attrs["n_state"]:]):
+        r = value_range(g, whole)
+        if r is not None:
+            ranges[name] = (np.array(r[0].min()), np.array(r[1].max()))
+    a = node.attrs
+    if iteration:  # (a while loop's, trip 0 and no count, has no bound)
+        count = value_range(g, a["count"]) if a.get("count") else None
+        most = count[1].max() if count is not None else None if a.get("count") or not is_symbolic(a["trip"]) \
+            and a["trip"] == 0 else greatest(a["trip"])
+        if most is not None:
+            ranges[iteration] = (np.array(0.0), np.array(max(float(most) - 1, 0.0)))
+    return ranges
 
 
 def _entry_loop_infer(g, node, p):
     body, _, _, _, leaves, scans = loop_body_graph(g, node)
     resolve(body, fold_floats=False)
-    counted_inside = [s for s in late_symbols(body.derived) if s not in g.derived]
-    if counted_inside:
-        raise UnsupportedError(f"{body.derived[counted_inside[0]].what} is computed inside a loop ({node.describe()}); "
-                               "sizes counted there are not supported yet")
+    own = _claim_own_symbols(g, node, body)
+    for a, b, where, unless in body.checks:  # (the module checks them: before the loop, or in it once read)
+        require_equal(a, b, where, unless)
     out = []
     for i, (initial, leave) in enumerate(zip(node.inputs, leaves)):
         if body.types[leave] != g.types[initial]:
             raise ShapeError(f"{node.describe()}: carried value {i} is {g.types[initial]} before the loop and "
                              f"{body.types[leave]} after an iteration; Kiln compiles one static type per value")
         out.append(g.types[initial])
-    for s in scans:
-        out.append(TensorType((node.attrs["trip"],) + body.types[s].shape, body.types[s].dtype))
+    for i, s in enumerate(scans):
+        t = body.types[s]
+        varies = sorted({name for d in t.shape if isinstance(d, Dim) for name in d.symbols} & set(own))
+        if varies:
+            raise UnsupportedError(f"{node.describe()}: scan output {i} is {t}, whose size {', '.join(varies)} the "
+                                   "body computes from each iteration's data; stacked, every iteration's must agree")
+        out.append(TensorType((node.attrs["trip"],) + t.shape, t.dtype))
     return out
+
+
+def _claim_own_symbols(g: Graph, node: Node, body: Graph) -> list:
+    """The sizes the body reads from each iteration's data (kiln.ReadSizes in it), and what is
+    computed from them, become symbols of g too, after the others: the model's entry binds
+    them in the loop, each iteration (their tensors named as the body's are once lowered)."""
+    prefix, own = body_prefix(node), []
+    for name, d in body.derived.items():
+        if name in body.outer_symbols:
+            continue
+        expr = getattr(d, "expr", None)
+        if expr and expr[0] == COUNTED:
+            d = Computed((COUNTED, expr[1] if expr[1] in captured_inputs(node) else prefix + expr[1]), d.what)
+        g.symbols.setdefault(name, body.symbols[name])
+        g.derived[name] = d
+        own.append(name)
+    # (kept on the node: type inference forgets where a count comes from each time it runs)
+    node.attrs["own_symbols"] = own
+    return own
 
 
 def _loop_results(g: Graph, node: Node, carried: list, slices: list) -> list[Node]:
@@ -472,4 +593,5 @@ register(
     OpDef(SCAN, OPAQUE, expanded_only, expand=expand_scan),
     OpDef(IF_MERGE, OPAQUE, _if_merge_infer, alone=_if_merge_kernel, expand=_if_merge_expand),
     OpDef(ENTRY_LOOP, OPAQUE, _entry_loop_infer),  # lowered by ir/lower/loops.py
+    view_def(FIXED_SHAPE, _fixed_shape_infer),
 )

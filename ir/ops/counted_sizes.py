@@ -1,13 +1,22 @@
-"""Ops whose output sizes depend on their inputs' values: NonZero, Compress built on it, and
-NonMaxSuppression.
+"""Ops whose output sizes depend on their inputs' values: NonZero, Compress built on it,
+NonMaxSuppression, and any op whose shape parameter is computed from data (kiln.ReadSizes).
 
 Their size is a *counted* symbol (value_symbols.counted): kiln.NonZero's kernel counts the
 elements and writes the count to an int64 scalar it also outputs, the entry reads it after
 that kernel, and everything after reads the size like any run-time size; memory is planned
 and the caller's outputs allocated at its greatest (every element nonzero). On constants
 NonZero folds to a constant as numpy computes it.
+
+A shape parameter computed from the model's data (Mask R-CNN resizes each mask to its box's
+size, cast from the box's corners) is read the same way: where type inference finds no
+constant for it and ir/ops/value_ranges.py bounds its values, a kiln.ReadSizes node after its
+producer writes each element as an int64 scalar, each a late symbol `tensor[k]` within its
+bounds (an element whose bounds meet is that number), and the tensor becomes a symbolic
+value of them for every op that takes sizes from it.
 """
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -15,10 +24,11 @@ from ..graph import Node, ShapeError, TensorType
 from ..lower.selection import scan_in_blocks, sift_down
 from ..loop import Assign, Cast, Const, For, If, Let, Load, Local, Store, Var, add, cmp, div, fbin, mul, sub
 from ..symbolic import greatest, require_equal
-from ..value_symbols import counted
+from ..value_symbols import MAX_VALUE_ELEMENTS, counted
 from .node_builder import NodeBuilder
 from .registry import OPAQUE, OpDef, expanded_only, register
 from .shape import GATHER, RESHAPE
+from .value_ranges import value_range
 
 NONZERO = "NonZero"
 # x -> (indices [rank, n], n as an int64 scalar): NonZero's value and the count the module reads
@@ -26,6 +36,8 @@ COUNT_NONZERO = "kiln.NonZero"
 NON_MAX_SUPPRESSION = "NonMaxSuppression"
 # NonMaxSuppression's inputs -> (selected [n, 3], n as an int64 scalar)
 COUNT_NON_MAX_SUPPRESSION = "kiln.NonMaxSuppression"
+# an integer tensor computed from data -> each element as an int64 scalar: sizes the module reads
+READ_SIZES = "kiln.ReadSizes"
 
 
 def _with_count(node, op: str, attrs: dict) -> list:
@@ -239,7 +251,62 @@ def _overlap_of(p: list, q: list, threshold):
     return out
 
 
+# ---- Sizes read from data --------------------------------------------------------------------
+
+def readable(g, tensor: str) -> bool:
+    """Can the module read `tensor`'s values as sizes: a small integer tensor of a static
+    shape that a node computes?"""
+    t = g.types.get(tensor)
+    return t is not None and t.dtype in ("int64", "int32") and t.is_static and t.size <= MAX_VALUE_ELEMENTS \
+        and tensor not in g.inputs
+
+
+def read_sizes_node(g, tensor: str, guard: tuple) -> Node | None:
+    """A kiln.ReadSizes node making the values of `tensor` (`readable`, computed while the
+    model runs) sizes the module reads after computing them, or None where its values have
+    no bounds (ir/ops/value_ranges.py)."""
+    t = g.types[tensor]
+    bounds = value_range(g, tensor)
+    if bounds is None:
+        return None
+    lo, hi = (np.broadcast_to(b, t.shape).reshape(-1) for b in bounds)
+    limit = np.iinfo(np.int64).max // 4
+    if np.any(np.abs(lo) > limit) or np.any(np.abs(hi) > limit):
+        return None
+    pairs = [(int(math.floor(a)), int(math.ceil(b))) for a, b in zip(lo, hi)]
+    return Node(READ_SIZES, [tensor], [f"{tensor}/size{k}" for k in range(t.size)], {"bounds": pairs},
+                f"{tensor}/read_sizes", guard)
+
+
+def _read_sizes_infer(g, node, p):
+    tensor = node.inputs[0]
+    t = g.types[tensor]
+    # (a symbol is never negative: an element that may be is its least plus a symbol from 0, the
+    # kernel writing the difference)
+    values = [lo if lo == hi else
+              counted(f"{tensor}[{k}]", out, hi - min(lo, 0), f"element {k} of '{tensor}', a size computed from the "
+                      f"model's data{f' (less {lo})' if lo < 0 else ''}", least=max(lo, 0)) + min(lo, 0)
+              for k, ((lo, hi), out) in enumerate(zip(node.attrs["bounds"], node.outputs))]
+    g.symbolic_values[tensor] = np.array(values, dtype=object).reshape(t.shape)
+    return [TensorType((), "int64")] * len(node.outputs)
+
+
+def _read_sizes_kernel(b, node):
+    x = b.reader(node.inputs[0])
+    rank = len(b.shape(node.inputs[0]))
+    shape = b.shape(node.inputs[0])
+    out = []
+    for k, name in enumerate(node.outputs):
+        if name not in b.g.types:
+            continue
+        index = list(np.unravel_index(k, shape)) if rank else []
+        value, least = Cast("i64", x([Const(int(i)) for i in index])), node.attrs["bounds"][k][0]
+        out.append(Store(b.out_param(name), Const(0), sub(value, Const(least)) if least < 0 else value))
+    return out
+
+
 register(
+    OpDef(READ_SIZES, OPAQUE, _read_sizes_infer, alone=_read_sizes_kernel),
     OpDef(NONZERO, OPAQUE, _nonzero_folded, _nonzero_fold, expand=_expand_nonzero),
     OpDef(COUNT_NONZERO, OPAQUE, _count_nonzero_infer, alone=_count_nonzero_kernel),
     OpDef("Compress", OPAQUE, expanded_only, expand=_expand_compress),

@@ -29,6 +29,7 @@ CAST, DIV, SIGMOID, TANH, LEAKY_RELU, AND = "Cast", "Div", "Sigmoid", "Tanh", "L
 SUB, MIN, MAX, CLIP, ROUND, EQUAL, LESS = "Sub", "Min", "Max", "Clip", "Round", "Equal", "Less"
 SQRT, RECIPROCAL, MOD, BIT_SHIFT, BITWISE_AND = "Sqrt", "Reciprocal", "Mod", "BitShift", "BitwiseAnd"
 FLOOR, CEIL, NEG = "Floor", "Ceil", "Neg"
+RELU, EXP, LOG, ABS, SUM = "Relu", "Exp", "Log", "Abs", "Sum"
 GREATER_OR_EQUAL, LESS_OR_EQUAL, GELU = "GreaterOrEqual", "LessOrEqual", "Gelu"
 
 
@@ -201,7 +202,7 @@ def _erf_fold(x, a):
 
 
 register(
-    _unary("Relu", lambda x, a, is_f, b, n: fbin("max", x, f32(0) if is_f else Const(0)), lambda x, a: np.maximum(x, 0)),
+    _unary(RELU, lambda x, a, is_f, b, n: fbin("max", x, f32(0) if is_f else Const(0)), lambda x, a: np.maximum(x, 0)),
     _unary(LEAKY_RELU, lambda x, a, is_f, b, n: select(cmp("lt", x, f32(0)), fbin("mul", x, f32(a.get("alpha", 0.01))), x),
            lambda x, a: np.where(x < 0, x * a.get("alpha", 0.01), x), params=("alpha",)),
     _unary(SIGMOID, lambda x, a, is_f, b, n: _sigmoid(x), lambda x, a: 1 / (1 + np.exp(-x))),
@@ -214,12 +215,12 @@ register(
     _unary(TANH, lambda x, a, is_f, b, n: call("tanh", x), lambda x, a: np.tanh(x)),
     _unary("Erf", lambda x, a, is_f, b, n: call("erf", x), _erf_fold),
     _unary(GELU, _gelu, infer=_gelu_infer),
-    _unary("Exp", lambda x, a, is_f, b, n: call("exp", x), lambda x, a: np.exp(x)),
-    _unary("Log", lambda x, a, is_f, b, n: call("log", x), lambda x, a: np.log(x)),
+    _unary(EXP, lambda x, a, is_f, b, n: call("exp", x), lambda x, a: np.exp(x)),
+    _unary(LOG, lambda x, a, is_f, b, n: call("log", x), lambda x, a: np.log(x)),
     _unary(SQRT, lambda x, a, is_f, b, n: call("sqrt", x), lambda x, a: np.sqrt(x)),
     _unary(RECIPROCAL, lambda x, a, is_f, b, n: fbin("div", f32(1), x), lambda x, a: 1 / x),
     _unary(NEG, lambda x, a, is_f, b, n: call("neg", x) if is_f else sub(Const(0), x), lambda x, a: -x),
-    _unary("Abs", lambda x, a, is_f, b, n: call("abs", x) if is_f else select(cmp("lt", x, Const(0)), sub(Const(0), x), x),
+    _unary(ABS, lambda x, a, is_f, b, n: call("abs", x) if is_f else select(cmp("lt", x, Const(0)), sub(Const(0), x), x),
            lambda x, a: np.abs(x)),
     _unary("Not", lambda x, a, is_f, b, n: call("not", x), lambda x, a: np.logical_not(x), infer=_not_infer),
     _unary(CLIP, _clip, lambda x, a: np.clip(x, a["min"], a["max"]), infer=_clip_infer),
@@ -592,7 +593,7 @@ def _swish(x, a, is_f, b, node):
 
 register(
     *(_trig(name, fold) for name, fold in _TRIG.items()),
-    _arith("Sum", "add", lambda x, y, a: np.add(x, y), _variadic_infer),
+    _arith(SUM, "add", lambda x, y, a: np.add(x, y), _variadic_infer),
     OpDef("Mean", BROADCAST, _variadic_infer, lambda a, v, g, node: [sum(v[1:], v[0]) / len(v)], _mean_reader),
     _unary("Swish", _swish, lambda x, a: x / (1 + np.exp(-a.get("alpha", 1.0) * x))),
     OpDef(BIT_SHIFT, BROADCAST, _bitshift, _bitshift_fold, _bitshift_reader),

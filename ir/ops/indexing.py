@@ -24,6 +24,7 @@ from .registry import INJECTIVE, OPAQUE, REDUCTION, OpDef, one_output, register
 
 
 SCATTER_ELEMENTS = "ScatterElements"
+GATHER_ELEMENTS, GATHER_ND, TILE, TOPK = "GatherElements", "GatherND", "Tile", "TopK"
 
 
 def wrap_index(i, dim):
@@ -280,12 +281,12 @@ def _reverse_sequence_fold(a, values, g, node):
 register(
     OpDef("ReverseSequence", INJECTIVE, _reverse_sequence, _reverse_sequence_fold,
           one_output(_reverse_sequence_reader)),
-    OpDef("GatherElements", INJECTIVE, _gather_elements,
+    OpDef(GATHER_ELEMENTS, INJECTIVE, _gather_elements,
           lambda a, v, g, node: [_take_along(v[0], v[1], a["axis"])], one_output(_gather_elements_reader)),
-    OpDef("GatherND", INJECTIVE, _gather_nd, _gather_nd_fold, one_output(_gather_nd_reader)),
+    OpDef(GATHER_ND, INJECTIVE, _gather_nd, _gather_nd_fold, one_output(_gather_nd_reader)),
     OpDef("OneHot", INJECTIVE, _one_hot, _one_hot_fold, one_output(_one_hot_reader)),
     OpDef("Trilu", INJECTIVE, _trilu, _trilu_fold, one_output(_trilu_reader)),
-    OpDef("Tile", INJECTIVE, _tile, lambda a, v, g, node: [np.tile(v[0], a["repeats"])], one_output(_tile_reader)),
+    OpDef(TILE, INJECTIVE, _tile, lambda a, v, g, node: [np.tile(v[0], a["repeats"])], one_output(_tile_reader)),
     OpDef("EyeLike", INJECTIVE, _eye_like, _eye_like_fold, one_output(_eye_like_reader)),
     OpDef("DepthToSpace", INJECTIVE, _depth_to_space, _depth_to_space_fold, one_output(_depth_to_space_reader)),
     OpDef("SpaceToDepth", INJECTIVE, _space_to_depth, _space_to_depth_fold, one_output(_space_to_depth_reader),
@@ -530,7 +531,7 @@ register(
     OpDef(SCATTER_ELEMENTS, OPAQUE, _scatter, _scatter_fold, alone=_scatter_kernel),
     OpDef("ScatterND", OPAQUE, _scatter, _scatter_fold, alone=_scatter_kernel),
     *[OpDef(op, OPAQUE, _cumulative, _cumulative_fold, alone=_cumulative_kernel) for op in _CUMULATIVE],
-    OpDef("TopK", OPAQUE, _topk, _topk_fold, alone=_topk_kernel),
+    OpDef(TOPK, OPAQUE, _topk, _topk_fold, alone=_topk_kernel),
 )
 
 

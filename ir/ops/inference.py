@@ -21,6 +21,7 @@ from .compile_time import SYMBOLIC_VALUE, symbolic_value_node, symbolic_values_o
 from .elementwise import ADD, CAST, CEIL, COMPARISONS, DIV, FLOOR, MAX, MIN, MUL, NEG, RECIPROCAL, SUB
 from .reduce import REDUCE_MAX, REDUCE_MIN
 from .registry import op_def
+from .value_ranges import producing_nodes
 
 # Do not materialize folded tensors larger than this (e.g. an Expand of a constant).
 MAX_FOLDED_ELEMENTS = 1 << 24
@@ -75,15 +76,43 @@ def _fold_producers(g: Graph, tensors: list, producer: dict, folded: set) -> boo
     return True
 
 
-def _with_constants(g: Graph, step, producer: dict, folded: set):
+def _with_constants(g: Graph, step, producer: dict, folded: set, kept: list):
     """step(), again each time it asks for a tensor as a constant that can be folded (each
-    round folds another: an LSTM asks for W, then R, then B)."""
+    round folds another: an LSTM asks for W, then R, then B), or else read while the model runs
+    as sizes within bounds (`_read_at_run_time`)."""
     while True:
         try:
             return step()
         except NotConstant as e:  # (none named: a subgraph's own tensor, which folding here cannot give)
-            if not e.tensors or not _fold_producers(g, e.tensors, producer, folded):
+            if not e.tensors:
                 raise
+            if not _fold_producers(g, e.tensors, producer, folded):
+                unread = _read_at_run_time(g, e.tensors, producer, kept)
+                if unread is not None:
+                    raise NotConstant(f"{e}{unread}", e.tensors) from None
+
+
+def _read_at_run_time(g: Graph, tensors: list, producer: dict, kept: list) -> str | None:
+    """Make `tensors`, computed from the model's data, sizes the module reads once they are
+    computed (a kiln.ReadSizes node after each: ir/ops/counted_sizes.py). None where it did,
+    else why it could not, for the error (the empty string: not a small integer tensor)."""
+    from .value_ranges import unbounded_origin
+    from .counted_sizes import read_sizes_node, readable
+    nodes = []
+    for name in tensors:
+        if name in g.symbolic_values or name not in producer or not readable(g, name):
+            return ""
+        node = read_sizes_node(g, name, producer[name].guard)
+        if node is None:
+            return f"; Kiln reads a size computed from data while the model runs where it can bound its values, " \
+                   f"and {unbounded_origin(g, name)}"
+        nodes.append(node)
+    for node in nodes:
+        types, g.params[node.key] = infer(g, node)
+        g.types.update(zip(node.outputs, types))
+        kept.append(node)
+        producer.update((o, node) for o in node.outputs)
+    return None
 
 
 def _fold_into_constants(g: Graph, node: Node, folded: set) -> bool:
@@ -284,22 +313,23 @@ def resolve(g: Graph, fold_floats: bool) -> Graph:
     nodes), folding what it may, and on demand what a node needs at compile time; the
     equalities of symbolic sizes the ops require go to `g.checks`."""
     g.checks = list(g.expansion_checks)
-    with collecting_checks(g.checks), deriving_symbols(g.symbols, g.derived):
-        return _resolve(g, fold_floats)
+    producer = {}  # (tensor -> the kept node computing it, so far: also what value_range walks)
+    with collecting_checks(g.checks), deriving_symbols(g.symbols, g.derived), producing_nodes(g, producer):
+        return _resolve(g, fold_floats, producer)
 
 
-def _resolve(g: Graph, fold_floats: bool) -> Graph:
+def _resolve(g: Graph, fold_floats: bool, producer: dict) -> Graph:
     g.params, g.symbolic_values = {}, {}
     forget_counts(g)  # (defined again by the nodes that count them: those a pass removed are gone)
     bind_fed_values(g)  # (integer inputs whose values the user bounded: sizes read at run time)
-    kept, producer, folded = [], {}, set()
+    kept, folded = [], set()
     pending = collections.deque(g.nodes)
     while pending:
         node = pending.popleft()
         definition = op_def(node.op)
         required = len(g.checks)
         body = None if definition is None or definition.expand is None else \
-            _with_constants(g, lambda: definition.expand(g, node), producer, folded)
+            _with_constants(g, lambda: definition.expand(g, node), producer, folded, kept)
         if body is not None:  # its body takes its place (None: this node is as it is)
             g.expansion_checks += g.checks[required:]
             for n in body:  # (a node in a branch decided at run time: so is what it expands to)
@@ -307,7 +337,7 @@ def _resolve(g: Graph, fold_floats: bool) -> Graph:
             pending.extendleft(reversed(body))
             continue
         try:
-            types, g.params[node.key] = _with_constants(g, lambda: infer(g, node), producer, folded)
+            types, g.params[node.key] = _with_constants(g, lambda: infer(g, node), producer, folded, kept)
         except KilnError as e:
             msg = str(e)
             raise type(e)(msg if node.describe() in msg else f"{node.describe()}: {msg}") from None

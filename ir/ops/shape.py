@@ -23,7 +23,8 @@ from .broadcast import broadcast
 from .registry import ELEMWISE, INJECTIVE, OpDef, one_output, register
 
 
-def _view_def(name, infer, kind=INJECTIVE):
+def view_def(name, infer, kind=INJECTIVE):
+    """An op whose output is its input's buffer read with another shape (no kernel of its own)."""
     def reader(b, node):
         return {node.outputs[0]: view_reader(b, node.inputs[0], b.shape(node.outputs[0]), node.outputs[0])}
     return OpDef(name, kind, infer, lambda a, v, g, node: [v[0].reshape(g.types[node.outputs[0]].shape)], reader,
@@ -137,8 +138,8 @@ def _unsqueeze(g, node, p):
 IDENTITY, RESHAPE, CONCAT, TRANSPOSE, SLICE = "Identity", "Reshape", "Concat", "Transpose", "Slice"
 UNSQUEEZE, GATHER, FLATTEN, SQUEEZE = "Unsqueeze", "Gather", "Flatten", "Squeeze"
 SPLIT, PAD, EXPAND, RESIZE = "Split", "Pad", "Expand", "Resize"
-register(_view_def(RESHAPE, _reshape), _view_def(FLATTEN, _flatten), _view_def(SQUEEZE, _squeeze),
-         _view_def(UNSQUEEZE, _unsqueeze), _view_def(IDENTITY, lambda g, node, p: g.types[node.inputs[0]], ELEMWISE))
+register(view_def(RESHAPE, _reshape), view_def(FLATTEN, _flatten), view_def(SQUEEZE, _squeeze),
+         view_def(UNSQUEEZE, _unsqueeze), view_def(IDENTITY, lambda g, node, p: g.types[node.inputs[0]], ELEMWISE))
 
 
 # ---- data movement -----------------------------------------------------------------------
