@@ -120,16 +120,20 @@ def test_a_peer_that_crashes_on_a_model_reads_na_instead_of_ending_the_bench(mon
     assert bench_models._openvino_survives("model.onnx", 2, inputs, str(tmp_path))
 
 
-def test_bench_exported_compares_a_detectors_outputs_as_sets_of_rows():
-    """Two detections whose scores differ in the 6th digit may come out in either order: as
-    sets of rows they agree; a box that moved, or a label that differs, still fails."""
+def test_bench_exported_matches_a_detectors_rows_by_their_boxes():
+    """Two detections whose scores differ in the 6th digit may come out in either order:
+    matched by their boxes they agree; a box that moved, or a label that differs, still fails,
+    and where some boxes disagree the note counts those that agree."""
     from bench.bench_exported import worst_difference
     boxes = np.array([[0, 0, 4, 4], [1, 2, 3, 5], [2, 2, 9, 9]], np.float32)
     labels = np.array([3, 7, 7], np.int64)
     swapped = {"boxes": boxes[[0, 2, 1]], "labels": labels[[0, 2, 1]]}
-    assert worst_difference(swapped, [boxes, labels], ["boxes", "labels"]) == 6 / 9  # (row by row)
-    assert worst_difference(swapped, [boxes, labels], ["boxes", "labels"], unordered=True) == 0.0
+    assert worst_difference(swapped, [boxes, labels], ["boxes", "labels"]) == (6 / 9, "")  # (row by row)
+    assert worst_difference(swapped, [boxes, labels], ["boxes", "labels"], detections=True) == (0.0, "")
     moved = {"boxes": swapped["boxes"] + np.float32(0.5), "labels": swapped["labels"]}
-    assert worst_difference(moved, [boxes, labels], ["boxes", "labels"], unordered=True) == 0.5 / 9
+    assert worst_difference(moved, [boxes, labels], ["boxes", "labels"], detections=True)[0] == 0.5 / 9
+    one_moved = {"boxes": boxes + np.array([[0], [0], [0.5]], np.float32), "labels": labels}
+    assert worst_difference(one_moved, [boxes, labels], ["boxes", "labels"], detections=True) == \
+        (0.5 / 9, "2 of 3 detections agree, within 0.0e+00 there")
     relabeled = {"boxes": swapped["boxes"], "labels": np.array([3, 7, 8], np.int64)}
-    assert worst_difference(relabeled, [boxes, labels], ["boxes", "labels"], unordered=True) == np.inf
+    assert worst_difference(relabeled, [boxes, labels], ["boxes", "labels"], detections=True)[0] == np.inf

@@ -28,6 +28,11 @@
   entry copies a row of each scanned tensor in and of each scan output out per iteration),
   and so does one over a symbolic length, and a Loop whose trip count is a size (`for i in
   range(x.shape[0])`): their `trip` is a Dim, their scan outputs that long.
+- A carried value the body only appends to (`res = torch.cat((res, x))`) becomes a scan
+  output, joined after the initial value once the loop is done (`_appends_as_scan_outputs`).
+- A kiln.Loop's body may read sizes from each iteration's data (kiln.ReadSizes): they become
+  the model's symbols, bound in the loop each iteration (`_claim_own_symbols`), and its scan
+  outputs keep one shape (kiln.FixedShape: such a size is its greatest, checked).
   Other Scans are unrolled over their (static) scan axis: Gather one slice per iteration,
   run the body, stack each scan output with Unsqueeze and Concat.
 
@@ -48,7 +53,7 @@ from .elementwise import AND, CAST
 from .inference import resolve
 from .registry import OPAQUE, OpDef, expanded_only, register
 from .shape import CONCAT, GATHER, IDENTITY, RESHAPE, SLICE, TRANSPOSE, UNSQUEEZE, view_def
-from .value_ranges import value_range
+from .value_ranges import value_ranges
 
 IF, LOOP, SCAN, IF_MERGE, ENTRY_LOOP = "If", "Loop", "Scan", "kiln.IfMerge", "kiln.Loop"
 FIXED_SHAPE = "kiln.FixedShape"  # a loop body's scan output with the sizes of every iteration (a view)
@@ -454,18 +459,15 @@ def _own_symbols(g: Graph, node: Node) -> list:
 def _ranges_given(g: Graph, node: Node, iteration: str, runtime: list, slices: list) -> dict:
     """Bounds of the values the body reads from around it (ir/ops/value_ranges.py): of the
     run-time tensors it captures, each scanned tensor's slices, and the iteration number."""
-    ranges = {}
-    for name in runtime:
-        r = value_range(g, name)
-        if r is not None:
-            ranges[name] = r
-    for name, whole in zip(slices, node.inputs[node.attrs["n_state"]:]):
-        r = value_range(g, whole)
-        if r is not None:
-            ranges[name] = (np.array(r[0].min()), np.array(r[1].max()))
     a = node.attrs
+    wholes = list(node.inputs[a["n_state"]:a["n_state"] + len(slices)])
+    found = value_ranges(g, runtime + wholes + ([a["count"]] if a.get("count") else []))
+    ranges = {name: found[name] for name in runtime if found[name] is not None}
+    for name, whole in zip(slices, wholes):
+        if found[whole] is not None:
+            ranges[name] = (np.array(found[whole][0].min()), np.array(found[whole][1].max()))
     if iteration:  # (a while loop's, trip 0 and no count, has no bound)
-        count = value_range(g, a["count"]) if a.get("count") else None
+        count = found[a["count"]] if a.get("count") else None
         most = count[1].max() if count is not None else None if a.get("count") or not is_symbolic(a["trip"]) \
             and a["trip"] == 0 else greatest(a["trip"])
         if most is not None:

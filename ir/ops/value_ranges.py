@@ -57,11 +57,22 @@ class producing_nodes:
 
 def value_range(g, name: str):
     """(lo, hi) bounding every value of tensor `name` (see the module's docstring), or None."""
+    return value_ranges(g, [name])[name]
+
+
+def value_ranges(g, names: list) -> dict:
+    """{name: value_range(g, name)} for each of `names`, walking the graph once."""
+    walk = _Walk(g, _producers(g))
+    out = {}
+    for name in names:
+        lo, hi = walk.range(name)
+        out[name] = (lo, hi) if np.all(np.isfinite(lo)) and np.all(np.isfinite(hi)) else None
+    return out
+
+
+def _producers(g) -> dict:
     pair = _PRODUCERS.get()
-    producers = pair[1] if pair is not None and pair[0] is g else \
-        {o: n for n in g.nodes for o in n.outputs if o}
-    lo, hi = _Walk(g, producers).range(name)
-    return (lo, hi) if np.all(np.isfinite(lo)) and np.all(np.isfinite(hi)) else None
+    return pair[1] if pair is not None and pair[0] is g else {o: n for n in g.nodes for o in n.outputs if o}
 
 
 _KNOWN = _MOVES | set(_MONOTONE) | {CAST, NEG, ABS, CLIP, ADD, SUB, MUL, DIV, SUM, REDUCE_SUM, REDUCE_MEAN, MAX, MIN}
@@ -70,9 +81,7 @@ _KNOWN = _MOVES | set(_MONOTONE) | {CAST, NEG, ABS, CLIP, ADD, SUB, MUL, DIV, SU
 def unbounded_origin(g, name: str) -> str:
     """Where the bounds of `name`'s values are lost, for an error: the first tensor back
     along its unbounded inputs that is a graph input, or the node that derives none."""
-    pair = _PRODUCERS.get()
-    producers = pair[1] if pair is not None and pair[0] is g else \
-        {o: n for n in g.nodes for o in n.outputs if o}
+    producers = _producers(g)
     walk = _Walk(g, producers)
 
     def bounded(t):
