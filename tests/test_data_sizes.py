@@ -253,3 +253,17 @@ def test_a_scan_output_of_another_size_each_iteration_stops_the_call():
     with pytest.raises(KilnError, match=r"differ where the model needs them equal.*must be the same in every "
                                         r"iteration.*: 4 and 9"):
         module.run({"lengths_f": np.full(20, 4, np.float32), "row": row})
+
+
+def test_a_shape_read_from_data_that_may_be_negative_is_checked_when_read():
+    """ConstantOfShape of a size whose bounds reach below 0: built, run where it is not
+    negative, and stopped by name where it is (onnxruntime refuses a negative shape too)."""
+    nodes = [_n("Clip", ["x", "lo", "hi"], ["c"]), _n("Cast", ["c"], ["n"], to=I64),
+             _n("ConstantOfShape", ["n"], ["filled"], value=helper.make_tensor("v", F, [1], [1.5]))]
+    model = _model(nodes, [("x", F, [2])], [("filled", F)], [("lo", np.float32(-3)), ("hi", np.float32(5))])
+    module = _build(model)
+    for x in ((2.0, 3.0), (0.0, 5.0), (4.9, 1.0)):
+        _check(module, model, {"x": np.array(x, np.float32)})
+    with pytest.raises(KilnError, match=r"differ where the model needs them equal.*dim 1 of its shape must not be "
+                                        r"negative"):
+        module.run({"x": np.array([2.0, -2.0], np.float32)})

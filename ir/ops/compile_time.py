@@ -7,9 +7,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..attrs import NotConstant
-from ..graph import Node, TensorType, UnsupportedError, as_kiln_array
+from ..graph import Node, ShapeError, TensorType, UnsupportedError, as_kiln_array
 from ..loop import Cast, Const, Store, add, mul
-from ..symbolic import Dim, dim_from_json, dim_to_json, greatest, least
+from ..symbolic import Dim, dim_from_json, dim_to_json, greatest, least, require_equal
 from ..value_symbols import bounds_hint, counted_tensors_of, define
 from ..validate import check_tensor_size
 from .registry import OPAQUE, OpDef, register
@@ -99,8 +99,15 @@ def _constant_of_shape_infer(g, node, p):
         return _from_value(_constant_of_shape_value, at_run_time=True)(g, node, p)
     value = node.attrs.get("value", np.zeros(1, np.float32))
     shape = tuple(v if isinstance(v, Dim) else int(v) for v in g.symbolic_values[node.inputs[0]].reshape(-1))
-    if any(least(d) < 0 for d in shape):
-        raise TypeError(f"ConstantOfShape of {list(shape)} may have a negative size")
+    if any(greatest(d) < 0 for d in shape):
+        raise ShapeError(f"{node.describe()}: its shape {list(shape)} is negative")
+    # (a size whose bounds let it be negative, computed from data with loose bounds: the size
+    # from 0 up, checked equal to it when the call knows it)
+    shape = tuple(d if least(d) >= 0 else
+                  require_equal(define(f"{node.outputs[0]}[{i}]", ("max", d, 0), 0, greatest(d),
+                                       f"dim {i} of {node.describe()}"), d,
+                                f"{node.describe()}: dim {i} of its shape must not be negative")
+                  for i, d in enumerate(shape))
     p["at_run_time"], p["fill"] = True, value.reshape(-1)[0].item()
     return TensorType(shape, str(as_kiln_array(value).dtype))
 
