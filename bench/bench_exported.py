@@ -142,13 +142,17 @@ def check_dynamic_images(name: str, args) -> str:
     session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
     t0 = time.perf_counter()
     module = build(path, cache=None, progress=False, dims=IMAGE_BOUNDS).load()
-    seconds, worst = time.perf_counter() - t0, 0.0
+    seconds, worst, notes = time.perf_counter() - t0, 0.0, []
     rng = np.random.default_rng(0)
     for h, w in IMAGE_SIZES:
         feeds = {"x": rng.random((3, h, w), dtype=np.float32)}
-        worst = max(worst, worst_difference(module.run(feeds), session.run(None, feeds),
-                                            [o.name for o in session.get_outputs()], detections=True)[0])
-    return f"| {name} | {seconds:.1f} | {module.manifest.arena_bytes / 2**20:.0f} | {worst:.1e} |"
+        diff, note = worst_difference(module.run(feeds), session.run(None, feeds),
+                                      [o.name for o in session.get_outputs()], detections=True)
+        worst = max(worst, diff)
+        notes.append(f"{h}x{w}: {note}" if note else "")
+    notes = "; ".join(n for n in notes if n)
+    return f"| {name} | {seconds:.1f} | {module.manifest.arena_bytes / 2**20:.0f} | {worst:.1e}" \
+        f"{f' ({notes})' if notes else ''} |"
 
 
 def main() -> None:
