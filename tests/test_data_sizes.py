@@ -267,3 +267,12 @@ def test_a_shape_read_from_data_that_may_be_negative_is_checked_when_read():
     with pytest.raises(KilnError, match=r"differ where the model needs them equal.*dim 1 of its shape must not be "
                                         r"negative"):
         module.run({"x": np.array([2.0, -2.0], np.float32)})
+
+
+def test_value_ranges_walk_a_long_chain():
+    """Bounds through 3000 Adds after a Clip: the walk is no recursion."""
+    nodes = [_n("Clip", ["x", "lo", "hi"], ["v0"])] + [_n("Add", [f"v{k}", "one"], [f"v{k + 1}"]) for k in range(3000)]
+    model = _model(nodes, [("x", F, [2])], [("v3000", F)],
+                   [("lo", np.float32(0)), ("hi", np.float32(2)), ("one", np.float32(1))])
+    (r,) = _ranges(model, "v3000")
+    np.testing.assert_array_equal(r[0], [3000, 3000]), np.testing.assert_array_equal(r[1], [3002, 3002])

@@ -28,13 +28,13 @@
   entry copies a row of each scanned tensor in and of each scan output out per iteration),
   and so does one over a symbolic length, and a Loop whose trip count is a size (`for i in
   range(x.shape[0])`): their `trip` is a Dim, their scan outputs that long.
+  Other Scans are unrolled over their (static) scan axis: Gather one slice per iteration,
+  run the body, stack each scan output with Unsqueeze and Concat.
 - A carried value the body only appends to (`res = torch.cat((res, x))`) becomes a scan
   output, joined after the initial value once the loop is done (`_appends_as_scan_outputs`).
 - A kiln.Loop's body may read sizes from each iteration's data (kiln.ReadSizes): they become
   the model's symbols, bound in the loop each iteration (`_claim_own_symbols`), and its scan
   outputs keep one shape (kiln.FixedShape: such a size is its greatest, checked).
-  Other Scans are unrolled over their (static) scan axis: Gather one slice per iteration,
-  run the body, stack each scan output with Unsqueeze and Concat.
 
 Unrolled iterations lower to kernels with equal bytes, so each kernel compiles once.
 """
@@ -196,11 +196,13 @@ def expand_loop(g: Graph, node: Node) -> list[Node]:
     if len(body.inputs) != 2 + n_carried or n_scan < 0 or len(node.outputs) != n_carried + n_scan:
         raise ShapeError(f"{node.describe()}: its body takes {len(body.inputs)} inputs and gives {len(body.outputs)} "
                          f"outputs for {n_carried} carried values")
-    appended = _appends_as_scan_outputs(g, node)
-    if appended:
-        return appended
     count = _scalar_constant(g, trip) if trip else None
     size = g.symbolic_values[trip].reshape(-1)[0] if trip in g.symbolic_values else None
+    stacks = (count is not None or is_symbolic(size)) and (not cond or _scalar_constant(g, cond)) and \
+        _keeps_going(g, body)  # (its scan outputs are as long as its trip count)
+    appended = _appends_as_scan_outputs(g, node) if stacks and not node.attrs.get("_start") else None
+    if appended:
+        return appended
     if is_symbolic(size) and (not cond or _scalar_constant(g, cond)) and _keeps_going(g, body):
         return [_entry_loop(node, body, size, carried, [], [], [0] * n_scan)]  # (a size: scan outputs that long)
     if count is None:  # (a count read at run time, or none: a while loop)
@@ -466,10 +468,11 @@ def _ranges_given(g: Graph, node: Node, iteration: str, runtime: list, slices: l
     for name, whole in zip(slices, wholes):
         if found[whole] is not None:
             ranges[name] = (np.array(found[whole][0].min()), np.array(found[whole][1].max()))
-    if iteration:  # (a while loop's, trip 0 and no count, has no bound)
-        count = found[a["count"]] if a.get("count") else None
-        most = count[1].max() if count is not None else None if a.get("count") or not is_symbolic(a["trip"]) \
-            and a["trip"] == 0 else greatest(a["trip"])
+    if iteration:
+        if a.get("count"):  # (read at run time: bounded where its values are)
+            most = found[a["count"]][1].max() if found[a["count"]] is not None else None
+        else:  # (a size, or a number; 0 with no count is a while loop's: no bound)
+            most = greatest(a["trip"]) if is_symbolic(a["trip"]) or a["trip"] else None
         if most is not None:
             ranges[iteration] = (np.array(0.0), np.array(max(float(most) - 1, 0.0)))
     return ranges

@@ -8,8 +8,9 @@ tensor's static shape (one interval per element, for tensors of at most ELEMENTW
 elements: a `[1, 1, h, w]` sizes vector keeps its exact 1s) or 0-d (one interval for every
 element). None where an op on the way is one it does not know, or a graph input has no
 bounds: the caller then refuses by name. The bounds hold for float32 arithmetic because the
-module checks each size read against them before using it (ir/value_symbols.py): an interval
-off by a rounding step would be a named error, never a wrong buffer.
+module checks each size read against them before using it (orchestrator/bundle.py's
+`_after_count`): an interval off by a rounding step would be a named error, never a wrong
+buffer.
 """
 from __future__ import annotations
 
@@ -120,22 +121,43 @@ _UNBOUNDED = (np.array(-math.inf), np.array(math.inf))
 
 
 class _Walk:
-    """Intervals of tensors, each computed once; an unknown op or unbounded input is
-    (-inf, inf), which an op after it may still bound (a Clip, a Min with a constant)."""
+    """Intervals of tensors, each computed once, walking back through the producers of the
+    ops it knows (without recursion: a chain may be thousands of nodes long); an unknown op or
+    an unbounded input is (-inf, inf), which an op after it may still bound (a Clip, a Min
+    with a constant)."""
 
     def __init__(self, g, producers: dict):
         self.g, self.producers, self.memo = g, producers, {}
 
     def range(self, name: str):
-        if name not in self.memo:
-            self.memo[name] = _UNBOUNDED  # (a cycle through a loop's state: unknown)
-            r = self._compute(name)
-            if r is None:
-                r = _UNBOUNDED
-            lo, hi = (np.asarray(x, np.float64) for x in r)
-            self.memo[name] = _shaped(self.g, name, (np.where(np.isnan(lo), -math.inf, lo),
-                                                     np.where(np.isnan(hi), math.inf, hi)))
+        if name in self.memo:
+            return self.memo[name]
+        order, stack, seen = [], [(name, False)], set()
+        while stack:  # (post-order: each tensor after the inputs its op reads)
+            t, ready = stack.pop()
+            if ready:
+                order.append(t)
+                continue
+            if t in self.memo or t in seen:
+                continue
+            seen.add(t)
+            stack.append((t, True))
+            node = self._walked(t)
+            stack += [(i, False) for i in (node.inputs if node is not None else ()) if i]
+        for t in order:
+            r = self._compute(t)
+            lo, hi = (np.asarray(x, np.float64) for x in (r if r is not None else _UNBOUNDED))
+            self.memo[t] = _shaped(self.g, t, (np.where(np.isnan(lo), -math.inf, lo),
+                                               np.where(np.isnan(hi), math.inf, hi)))
         return self.memo[name]
+
+    def _walked(self, name: str):
+        """The node computing `name` where its inputs' ranges are needed, else None."""
+        g = self.g
+        if name in g.constants or name in g.symbolic_values or name in g.value_ranges:
+            return None
+        node = self.producers.get(name)
+        return node if node is not None and node.op in _KNOWN else None
 
     def _compute(self, name: str):
         g = self.g
@@ -150,10 +172,8 @@ class _Walk:
             return _symbolic_range(g.symbolic_values[name])
         if name in g.value_ranges:  # (given: a loop body's tensors from the graph around it)
             return g.value_ranges[name]
-        node = self.producers.get(name)
-        if node is None:
-            return None
-        return _op_range(self, node, node.outputs.index(name))
+        node = self._walked(name)
+        return None if node is None else _op_range(self, node, node.outputs.index(name))
 
 
 def _symbolic_range(values):
