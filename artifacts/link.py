@@ -83,9 +83,8 @@ def _body(plan: list, timed: bool, depth: int = 1) -> list[str]:
         if item[0] == "bind":  # (a size the call before counted: what every later extent reads)
             _, k, loc, guard, after = item
             read = f"dims[{k}] = *(const long long*){_pointer(loc)};"
-            if guard:  # (a call that may not have run: kiln_ran<k> says whether it did)
-                lines += [f"{pad}int kiln_ran{k} = 0; (void)kiln_ran{k};",
-                          f"{pad}if ({_guard(guard)}) {{ {read} kiln_ran{k} = 1; }}"]
+            if guard:  # (a call that may not have run: kiln_ran<k>, declared first, says whether it did)
+                lines += [f"{pad}kiln_ran{k} = 0;", f"{pad}if ({_guard(guard)}) {{ {read} kiln_ran{k} = 1; }}"]
             else:
                 lines.append(pad + read)
             lines += [pad + a for a in after]
@@ -256,6 +255,9 @@ def entry_source(plan: list, outputs: list[tuple[tuple, int]], arena_bytes: int,
                   "  if (threads <= 0) threads = kiln_num_threads();"]
         if timed:
             lines += [f"  for (int i = 0; i < {len(calls)}; ++i) times[i] = 0;", "  double t0 = kiln_now(), t1;"]
+        # (whether a guarded count was read: declared here, so a check after a loop sees one read in it)
+        lines += [f"  int kiln_ran{k} = 0; (void)kiln_ran{k};"
+                  for k in dict.fromkeys(item[1] for item in _calls(plan, "bind") if item[3])]
         lines += _body(plan, timed)
         for i, (loc, nbytes) in enumerate(outputs):
             if loc != ("output", i):

@@ -190,3 +190,25 @@ def test_a_count_inside_a_loop_is_read_each_iteration(executor):
     for x in (rng.uniform(-2, 22, 7).astype(np.float32), np.full(7, -1, np.float32), np.full(7, 30, np.float32)):
         # (onnxruntime: onnx's reference evaluator runs no iteration of a Loop whose condition is omitted)
         np.testing.assert_array_equal(module.run({"x": x})["acc"], model_zoo.onnxruntime_outputs(model, {"x": x})["acc"])
+
+
+def test_a_count_in_a_branch_inside_a_loop(executor):
+    """NonZero in an If's branch taken on even iterations of a 20-iteration loop: read where
+    its branch ran, each iteration, against onnxruntime."""
+    then_ = H.make_graph([H.make_node("Cast", ["i"], ["fi"], to=F), H.make_node("Greater", ["x", "fi"], ["above"]),
+                          H.make_node("NonZero", ["above"], ["nz"]), H.make_node("ReduceSum", ["nz"], ["t"], keepdims=0)],
+                         "then", [], [H.make_tensor_value_info("t", I64, [])])
+    else_ = H.make_graph([H.make_node("Identity", ["zero"], ["e"])], "else", [], [H.make_tensor_value_info("e", I64, [])])
+    body = H.make_graph([H.make_node("Mod", ["i", "two"], ["r"]), H.make_node("Equal", ["r", "zero"], ["even"]),
+                         H.make_node("If", ["even"], ["s"], then_branch=then_, else_branch=else_),
+                         H.make_node("Identity", ["go"], ["go_out"]), H.make_node("Add", ["acc", "s"], ["acc_out"])],
+                        "body", [H.make_tensor_value_info("i", I64, []), H.make_tensor_value_info("go", B, []),
+                                 H.make_tensor_value_info("acc", I64, [])],
+                        [H.make_tensor_value_info("go_out", B, []), H.make_tensor_value_info("acc_out", I64, [])])
+    model = _model([H.make_node("Loop", ["trips", "", "acc0"], ["acc"], body=body)],
+                   [("x", F, [7])], [("acc", I64)], [_const("trips", np.int64(20)), _const("acc0", np.int64(0)),
+                                                       _const("two", np.int64(2)), _const("zero", np.int64(0))])
+    module = build(model, executor=executor, cache=None, progress=False).load()
+    rng = np.random.default_rng(6)
+    for x in (rng.uniform(-2, 22, 7).astype(np.float32), np.full(7, -1, np.float32), np.full(7, 30, np.float32)):
+        np.testing.assert_array_equal(module.run({"x": x})["acc"], model_zoo.onnxruntime_outputs(model, {"x": x})["acc"])
