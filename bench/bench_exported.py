@@ -202,7 +202,8 @@ def main() -> None:
               f"| {kiln_ms:.3f} | {ort_ms:.3f} "
               f"| {kiln_ms / ort_ms:.2f} |", flush=True)
     if ratios:
-        print(f"\n{len(ratios)} of {len(names)} built and within {args.tolerance:g}; geometric mean of kiln / onnxruntime "
+        print(f"\n{len(ratios)} of {len(names)} built and within {args.tolerance:g}; geometric mean of kiln / "
+              f"onnxruntime "
               f"{math.exp(sum(map(math.log, ratios)) / len(ratios)):.2f}; above 1.05: "
               f"{sum(r > 1.05 for r in ratios)}")
     for name, why in failed:

@@ -356,8 +356,9 @@ def _appending_body(axis, part_shape):
                                                   ("n", 1, (2, 1, 3)), (5, -1, (2, 3, 0))])
 def test_a_carried_value_appended_to_each_iteration(steps, axis, initial):
     """The appended parts become a scan output joined along the Concat's axis after the
-    initial value (a constant, as torch's `torch.zeros(0, ...)` is): unrolled (3 steps), in the entry function (20), over a length known at run
-    time only (a symbolic `n`, zero included), along a middle and the last axis."""
+    initial value (a constant, as torch's `torch.zeros(0, ...)` is): unrolled (3 steps), in
+    the entry function (20), over a length known at run time only (a symbolic `n`, zero
+    included), along a middle and the last axis."""
     part = [1, 2, 3] if axis == 0 else [2, 1, 3] if axis == 1 else [2, 3, 1]
     rng = np.random.default_rng(11)
     rows = ["n" if steps == "n" else steps, 6]

@@ -283,10 +283,12 @@ def _read_sizes_infer(g, node, p):
     t = g.types[tensor]
     # (a symbol is never negative: an element that may be is its least plus a symbol from 0, the
     # kernel writing the difference)
-    values = [lo if lo == hi else
-              counted(f"{tensor}[{k}]", out, hi - min(lo, 0), f"element {k} of '{tensor}', a size computed from the "
-                      f"model's data{f' (less {lo})' if lo < 0 else ''}", least=max(lo, 0)) + min(lo, 0)
-              for k, ((lo, hi), out) in enumerate(zip(node.attrs["bounds"], node.outputs))]
+    values = []
+    for k, ((lo, hi), out) in enumerate(zip(node.attrs["bounds"], node.outputs)):
+        what = f"element {k} of '{tensor}', a size computed from the model's data" + \
+            (f", plus {-lo} (a symbol is never negative)" if lo < 0 else "")
+        values.append(lo if lo == hi else counted(f"{tensor}[{k}]", out, hi - min(lo, 0), what, least=max(lo, 0))
+                      + min(lo, 0))
     g.symbolic_values[tensor] = np.array(values, dtype=object).reshape(t.shape)
     return [TensorType((), "int64")] * len(node.outputs)
 

@@ -212,8 +212,8 @@ def _op_range(walk: _Walk, node, index: int):
         lo, hi = ins[0]
         if to == "bool":
             return np.zeros_like(lo), np.ones_like(hi)
-        if to.startswith(("int", "uint")):  # (float -> int truncates toward zero: one step of slack for rounding)
-            return np.trunc(lo) - 1, np.trunc(hi) + 1
+        if to.startswith(("int", "uint")) and g.types[node.inputs[0]].dtype.startswith(("float", "bfloat")):
+            return np.trunc(lo) - 1, np.trunc(hi) + 1  # (truncated toward zero: one step of slack for rounding)
         return lo, hi
     if op == NEG:
         return -ins[0][1], -ins[0][0]
