@@ -37,7 +37,7 @@ _PRODUCERS = contextvars.ContextVar("kiln_producers", default=None)  # (graph, {
 _MOVES = {IDENTITY, RESHAPE, SQUEEZE, UNSQUEEZE, FLATTEN, CONCAT, GATHER, SLICE, TRANSPOSE, EXPAND, TILE, SPLIT,
           GATHER_ELEMENTS, GATHER_ND, REDUCE_MAX, REDUCE_MIN, TOPK, PAD, WHERE, MAX_POOL}
 # (which inputs hold the values moved; the rest, where given, are parameters: indices, axes, pads)
-_DATA_INPUTS = {PAD: (0, 2), WHERE: (1, 2), CONCAT: None}
+_DATA_INPUTS = {PAD: (0, 2), WHERE: (1, 2), CONCAT: None}  # (None: every input; others: the first)
 _MONOTONE = {FLOOR: np.floor, CEIL: np.ceil, ROUND: np.round, RELU: lambda x: np.maximum(x, 0), EXP: np.exp,
              SQRT: lambda x: np.sqrt(np.maximum(x, 0)), SIGMOID: lambda x: 1 / (1 + np.exp(-x)), TANH: np.tanh,
              LOG: lambda x: np.log(np.maximum(x, 0))}
@@ -192,7 +192,9 @@ def _op_range(walk: _Walk, node, index: int):
     g, op = walk.g, node.op
     ins = [walk.range(i) if i else None for i in node.inputs]
     if op in _MOVES:
-        data = _DATA_INPUTS.get(op, (0,)) or tuple(range(len(node.inputs)))
+        data = _DATA_INPUTS.get(op, (0,))
+        if data is None:
+            data = tuple(range(len(node.inputs)))
         if op == TOPK and index == 1:  # (indices, not values)
             return None
         moved = _moved(g, node, index, ins, data)
