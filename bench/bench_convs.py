@@ -71,8 +71,9 @@ def conv_layer(cin: int, cout: int, size: int, kernel: tuple, stride: int, pads:
 
 def kiln_path(result) -> str:
     from modelkiln.ir.loop import Gemm
-    if any(c.space.get("conv_path", ((), ""))[1] == "winograd" for c in result.lowered.calls):
-        return "winograd"
+    for call in result.lowered.calls:
+        if call.space.get("conv_path", ((), ""))[1].startswith("winograd"):
+            return call.space["conv_path"][1]
     gemms = [s for call in result.lowered.calls for s in kernel_statements(call.kernel.body) if isinstance(s, Gemm)]
     if not gemms:
         return "direct"

@@ -29,7 +29,8 @@ KNOBS = {
     "piece_work": "estimated operations in each part a phase is divided into across threads",
     "split": "how threads divide a GEMM phase: by row blocks ('m') or column panels ('n')",
     "conv_path": "a conv's GEMM form: 'implicit' (input read in place), 'im2col', 'pointwise' "
-                 "(weights x input, 1x1) or 'weights_rows' (few output channels)",
+                 "(weights x input, 1x1), 'weights_rows' (few output channels), 'winograd' (F(2x2, 3x3)) "
+                 "or 'winograd4' (F(4x4, 3x3))",
     "window_rows": "depthwise window rows summed per pass over an output row",
     "prefetch": "packed B prefetched into L2 by the micro-kernel: 'auto' (past 512 KiB), 'off', 'on'",
     "panel_chunk_kib": "KiB of packed B every row block passes over before the next chunk",

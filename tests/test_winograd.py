@@ -1,6 +1,9 @@
-"""Winograd's F(2x2, 3x3) (ir/lower/winograd.py), the rule's path for 3x3 stride-1 convs of
-enough channels: against onnxruntime on both x86 widths, its float error against float64,
-a run-time batch and run-time image sizes, and the same bits on any number of threads."""
+"""Winograd's F(2x2, 3x3) and F(4x4, 3x3) (ir/lower/winograd.py), the rule's path for 3x3
+stride-1 convs of enough channels: each tile size against onnxruntime on both x86 widths, its
+float error against float64, a run-time batch and run-time image sizes, the same bits on any
+number of threads, and which tile size the rule takes."""
+import re
+
 import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
@@ -33,6 +36,19 @@ def conv_model(xshape, cout, pads=(1, 1, 1, 1), bias=True, residual=False, batch
                              opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
+@pytest.fixture(params=[2, 4], ids=["F2", "F4"])
+def tile(request, monkeypatch):
+    """m of F(m x m, 3x3), wherever the rule takes Winograd (which m it takes is tested below)."""
+    from modelkiln.ir.lower import conv
+    monkeypatch.setattr(conv, "winograd_tile", lambda *args: request.param)
+    return request.param
+
+
+def winograd_path(m: int) -> str:
+    from modelkiln.ir.lower.winograd import WINOGRAD_PATHS
+    return {tile: path for path, tile in WINOGRAD_PATHS.items()}[m]
+
+
 def conv_path(result) -> str:
     """The path the rule took for the build's conv."""
     [path] = [c.space["conv_path"][1] for c in result.lowered.calls if "conv_path" in c.space]
@@ -42,22 +58,48 @@ def conv_path(result) -> str:
 # name: (input shape, output channels, pads, bias, residual). Each is taken by the rule on
 # both widths; together they cover one block run as phases, blocks of tile rows with a last
 # tile row of one output row, units that do not fill the slots evenly, a batch's images in
-# slots, asymmetric pads, no bias and a residual in the epilogue.
+# slots, asymmetric pads, no bias and a residual in the epilogue; and with 4x4 tiles a last
+# tile row and column of 0 to 3 output rows and columns (outputs 9x9, 45x23, 18x18, 40x36,
+# 16x30, 23x26).
 CASES = {
     "one_block_odd": ((1, 128, 9, 9), 128, (1, 1, 1, 1), True, False),
     "blocks_odd_rows_uneven_slots": ((1, 32, 45, 23), 64, (1, 1, 1, 1), True, False),
     "batch_one_block_each": ((3, 48, 20, 20), 48, (0, 0, 0, 0), True, False),
     "batch_of_blocks": ((2, 16, 40, 36), 128, (1, 1, 1, 1), False, True),
     "asymmetric_pads": ((1, 40, 17, 30), 56, (0, 2, 1, 0), False, False),
+    "last_rows_three": ((1, 32, 23, 26), 64, (1, 1, 1, 1), True, True),
 }
 
 
 @pytest.mark.parametrize("target", X86_TARGETS)
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_the_rule_takes_winograd_and_matches_onnxruntime(name, target, executor):
+def test_the_rule_takes_winograd_and_matches_onnxruntime(name, target, tile, executor):
     xshape, cout, pads, bias, residual = CASES[name]
     result = build_and_compare_for(conv_model(xshape, cout, pads, bias, residual), executor, target)
-    assert conv_path(result) == "winograd"
+    assert conv_path(result) == winograd_path(tile)
+
+
+@pytest.mark.parametrize("width", [8, 16])
+def test_the_rule_takes_4x4_tiles_where_tiles_and_channels_are_many(width, executor):
+    """F(4x4, 3x3) where the picture has 16 tiles of 4x4 or more (ResNet's 14x14 stage, not
+    its 7x7) and 32 input channels or more; F(2x2, 3x3) otherwise, and over run-time sizes
+    wherever the least picture has fewer tiles."""
+    from modelkiln.ir.lower.winograd import winograd_tile
+    assert winograd_tile(width, 256, 256, [14, 14]) == 4
+    assert winograd_tile(width, 32, 64, [56, 56]) == 4
+    assert winograd_tile(width, 512, 512, [7, 7]) == 2
+    assert winograd_tile(width, 16, 64, [56, 56]) == 2
+    from modelkiln.orchestrator.api import build
+    static = build(conv_model((1, 64, 16, 16), 64), executor=executor, cache=None, progress=False)
+    assert conv_path(static) == "winograd4"
+    model = conv_model((1, 64, 16, 16), 64)
+    dims = model.graph.input[0].type.tensor_type.shape.dim
+    dims[2].dim_param, dims[3].dim_param = "h", "w"
+    for least, m in ((8, 2), (16, 4)):
+        result = build(model, dims={"h": (least, 64), "w": (least, 64)}, executor=executor, cache=None,
+                       progress=False)
+        filters = [i for c in result.lowered.calls for i in c.inputs if "winograd" in i]
+        assert [re.search(r"_winograd(\d)", i).group(1) for i in filters] == [str(m)], least  # (U's name says which)
 
 
 @pytest.mark.parametrize("xshape, cout", [((1, 3, 56, 56), 64), ((1, 8, 28, 28), 32)])
@@ -76,7 +118,7 @@ def _numpy_conv64(x, w, b):
         b.astype(np.float64)[None, :, None, None]
 
 
-def test_winograds_error_is_reassociations(executor, monkeypatch):
+def test_winograds_error_is_reassociations(executor, tile, monkeypatch):
     """Against the float64 conv, Winograd's float32 error stays within float32 reassociation's
     bound and near the implicit GEMM's: inputs with a large common offset (where the input
     transform's differences cancel) and weights of mixed scales."""
@@ -91,7 +133,7 @@ def test_winograds_error_is_reassociations(executor, monkeypatch):
     x = (rng.standard_normal((1, cin, 14, 14)) + 20.0).astype(np.float32)
     exact = np.maximum(_numpy_conv64(x, w.astype(np.float32), b), 0)
     winograd = build(model, executor=executor, cache=None, progress=False)
-    assert conv_path(winograd) == "winograd"
+    assert conv_path(winograd) == winograd_path(tile)
     monkeypatch.setattr(conv, "winograd_pays", lambda *args: False)
     implicit = build(model, executor=executor, cache=None, progress=False)
     assert conv_path(implicit) != "winograd"
@@ -107,13 +149,13 @@ def test_winograds_error_is_reassociations(executor, monkeypatch):
     assert errors["winograd"] < 8 * errors["implicit"] + 1e-6, errors
 
 
-def test_a_run_time_batch_runs_winograd(executor):
+def test_a_run_time_batch_runs_winograd(executor, tile):
     """A batch known only at run time (1..4): the slots are planned for the bound; batches of
     1 and 3 match onnxruntime, the threads dividing the slots."""
     from modelkiln.orchestrator.api import build
     model = conv_model((1, 64, 22, 30), 64, batch="n")
     result = build(model, dims={"n": (1, 4)}, executor=executor, cache=None, progress=False)
-    assert conv_path(result) == "winograd"
+    assert conv_path(result) == winograd_path(tile)
     module = result.load(threads=2)
     for n in (1, 3):
         x = np.random.default_rng(n).standard_normal((n, 64, 22, 30)).astype(np.float32)
@@ -122,13 +164,13 @@ def test_a_run_time_batch_runs_winograd(executor):
 
 
 @pytest.mark.parametrize("xshape, cout", [((1, 64, 40, 40), 64), ((3, 32, 30, 26), 64), ((1, 512, 4, 4), 512)])
-def test_threads_give_the_same_bits(xshape, cout, executor):
+def test_threads_give_the_same_bits(xshape, cout, executor, tile):
     """However many threads divide the slots (or one block's phases: ResNet-18's last convs
     at 112x112), the sums are the same."""
     from modelkiln.orchestrator.api import build
     model = conv_model(xshape, cout, residual=True)
     result = build(model, executor=executor, cache=None, progress=False)
-    assert conv_path(result) == "winograd"
+    assert conv_path(result) == winograd_path(tile)
     rng = np.random.default_rng(0)
     x = {"x": rng.standard_normal(xshape).astype(np.float32),
          "r": rng.standard_normal((xshape[0], cout, *xshape[2:])).astype(np.float32)}
@@ -138,11 +180,11 @@ def test_threads_give_the_same_bits(xshape, cout, executor):
 
 
 @pytest.mark.parametrize("target", X86_TARGETS)
-def test_run_time_image_sizes_run_winograd(target, executor):
+def test_run_time_image_sizes_run_winograd(target, executor, tile):
     """Height, width and batch known only at run time: blocks of one tile row (planned at the
     bounds), or the whole picture as one block where it has few tiles (as phases for one
     image, in slots for several), the last tile row or column holding one output row or
-    column where a size is odd. Against onnxruntime at sizes even and odd, the smallest and
+    column where a size is odd (with 4x4 tiles, 1 to 3). Against onnxruntime at sizes even and odd, the smallest and
     the greatest, on 1 and 2 threads (or the kernels' instructions where this host cannot
     run the target)."""
     from modelkiln.orchestrator.api import build

@@ -13,27 +13,29 @@ from __future__ import annotations
 import math
 
 from ..graph import Node
-from ..symbolic import greatest
+from ..symbolic import greatest, least
 from .builder import KernelBuilder
 from .gemm import (IMPLICIT_WASTE_LIMIT, NARROW_CONV_TILES, POINTWISE_MAX_K, POINTWISE_MIN_PIXELS, conv_border_spans,
                    implicit_over_plane, is_depthwise, lower_conv_gemm, lower_conv_symbolic, lower_depthwise,
                    lower_pointwise, pointwise_packs_input, row_blocks_filled, rows_wide_enough, tiles_border_skip,
                    weights_as_rows_pay)
-from .winograd import lower_winograd, winograd_fits, winograd_pays
+from .winograd import WINOGRAD_PATHS, lower_winograd, winograd_fits, winograd_pays, winograd_tile
 
 
 def lower_conv(b: KernelBuilder, node: Node, store) -> tuple:
     if is_depthwise(b, node):
         return lower_depthwise(b, node, store)
     if not all(isinstance(d, int) for d in b.type(node.inputs[0]).shape[2:]):
-        if winograd_fits(b, node) and winograd_pays(b.config.vector_width, *b.type(node.inputs[1]).shape[1::-1],
-                                                    [greatest(d) for d in b.type(node.outputs[0]).shape[2:]]):
-            return lower_winograd(b, node, store)  # (the rule as at the sizes' bounds)
+        channels, out_sp = b.type(node.inputs[1]).shape[1::-1], b.type(node.outputs[0]).shape[2:]
+        if winograd_fits(b, node) and winograd_pays(b.config.vector_width, *channels, [greatest(d) for d in out_sp]):
+            # (the rule as at the sizes' bounds; F(4x4, 3x3) where even the least picture has tiles enough)
+            m = winograd_tile(b.config.vector_width, *channels, [least(d) for d in out_sp])
+            return lower_winograd(b, node, store, m)
         return lower_pointwise(b, node, store) if pointwise_over_run_time_sizes(b, node) else \
             lower_conv_symbolic(b, node, store)
     path = b.knob("conv_path", *conv_paths(b, node))
-    if path == "winograd":
-        return lower_winograd(b, node, store)
+    if path in WINOGRAD_PATHS:
+        return lower_winograd(b, node, store, WINOGRAD_PATHS[path])
     if path == "pointwise":
         return lower_pointwise(b, node, store)
     return lower_conv_gemm(b, node, store, path)
@@ -79,9 +81,11 @@ def conv_paths(b: KernelBuilder, node: Node) -> tuple:
     # 28x28 2.71 -> 1.97; AVX-512's taller tiles within rows stay ahead of im2col, 1.93
     # against 2.03 and 1.86 against 2.16; a 3x3 stride-2 copies 9 values a pixel and stays).
     # (The rule's tile decides, whatever tile is tuned.)
-    winograd = ("winograd",) if winograd_fits(b, node) else ()
-    if winograd and winograd_pays(b.config.vector_width, b.type(w_name).shape[1], cog, out_sp):
-        return "winograd", ("implicit", "im2col", "winograd")
+    winograd = tuple(WINOGRAD_PATHS) if winograd_fits(b, node) else ()
+    shape = (b.config.vector_width, b.type(w_name).shape[1], cog, out_sp)
+    if winograd and winograd_pays(*shape):
+        rule = {m: path for path, m in WINOGRAD_PATHS.items()}[winograd_tile(*shape)]
+        return rule, ("implicit", "im2col") + winograd
     mr, kk = b.config.tile(cog)[0], math.prod(b.type(w_name).shape[1:])
     if implicit_over_plane(mr):
         fill = row_blocks_filled(math.prod(out_sp), mr)

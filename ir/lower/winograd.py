@@ -24,6 +24,7 @@ run-time count.
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
 import numpy as np
 
@@ -33,10 +34,73 @@ from ..symbolic import greatest, least
 from .builder import KernelBuilder
 from .gemm import deferred_panels, gemm_stmt
 
-# F(2x2, 3x3)'s matrices (Lavin and Gray, 2015).
-_BT = np.array([[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]], np.float64)
-_G = np.array([[1, 0, 0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0, 0, 1]], np.float64)
-_AT = np.array([[1, 1, 1, 0], [0, 1, -1, -1]], np.float64)
+def _toom_cook(points: list, m: int) -> tuple:
+    """B^T, G and A^T of F(m x m, 3x3) over the interpolation points `points` and infinity
+    (Toom-Cook; exact fractions). Each row of B^T is the polynomial that vanishes at every
+    other point (the last: at all of them), G's rows the filter's values at the points over
+    the product of their differences, A^T's columns the powers of each point."""
+    pts = [Fraction(p) for p in points]
+    alpha = m + 2
+    at = [[p ** i for p in pts] + [Fraction(int(i == m - 1))] for i in range(m)]
+    g = [[p ** k / math.prod(p - q for q in pts if q != p) for k in range(3)] for p in pts] + [[0, 0, 1]]
+    bt = []
+    for j in range(alpha):
+        poly = [Fraction(1)]  # (coefficients, lowest power first)
+        for q in (pts[:j] + pts[j + 1:] if j < alpha - 1 else pts):
+            poly = [lower - q * same for same, lower in zip(poly + [0], [0] + poly)]  # (times x - q)
+        bt.append(poly + [Fraction(0)] * (alpha - len(poly)))
+    return bt, g, at
+
+
+class Transform:
+    """A matrix of Winograd's transforms applied to a list of expressions, sharing the work of
+    each pair of points +p and -p: their columns (A^T: the values at +p and -p enter every
+    output as p^i times their sum or their difference) or their rows (B^T: an even and an odd
+    part, added and subtracted) go through a butterfly, so that F(4x4, 3x3)'s 6-point
+    transforms take 12 operations a line, not 16."""
+
+    def __init__(self, matrix: list, pairs: list, share: str):
+        self.pairs, self.share = pairs, share
+        butterfly = [[Fraction(int(i == j)) for j in range(len(matrix[0] if share == "columns" else matrix))]
+                     for i in range(len(matrix[0] if share == "columns" else matrix))]
+        for j, k in pairs:  # (v_j + v_k into j, v_j - v_k into k)
+            butterfly[k][k] = Fraction(-1)
+            butterfly[j][k] = butterfly[k][j] = Fraction(1)
+        half = np.linalg.inv(np.array(butterfly, np.float64))  # (entries 0, 1, 1/2 and -1/2: exact)
+        full = np.array(matrix, np.float64)
+        self.matrix = full @ half if share == "columns" else half @ full
+        assert np.allclose(self.matrix @ np.array(butterfly, np.float64) if share == "columns"
+                           else np.array(butterfly, np.float64) @ self.matrix, full)
+
+    def __call__(self, values: list) -> list:
+        if self.share == "columns":
+            return _combine(_butterfly(values, self.pairs), self.matrix)
+        return _butterfly(_combine(values, self.matrix), self.pairs)
+
+
+def _butterfly(values: list, pairs: list) -> list:
+    out = list(values)
+    for j, k in pairs:
+        out[j], out[k] = fbin("add", values[j], values[k]), fbin("sub", values[j], values[k])
+    return out
+
+
+# The points: F(2x2, 3x3)'s 0, 1, -1 (Lavin and Gray, 2015); F(4x4, 3x3)'s the usual 0, +-1,
+# +-2 scaled by 3/4, which balances the sizes of the transforms' coefficients (every one a
+# short binary fraction, so B^T and A^T stay exact): against a float64 conv, 256 channels at
+# 16x16, 0.4-1.3e-6 of the largest output where +-1, +-2 gave 0.7-3.9e-6 and F(2x2, 3x3)
+# 0.2-0.4e-6 (a float32 sum in channel order: 1.2-4e-6). Among all five-point sets from
+# 0, +-1/4 .. +-4 in quarters and thirds, none was better by more than 10%.
+_POINTS = {2: [0, 1, -1], 4: [0, Fraction(3, 4), Fraction(-3, 4), Fraction(3, 2), Fraction(-3, 2)]}
+# The conv paths (`conv_path`) of F(m x m, 3x3), by m.
+WINOGRAD_PATHS = {"winograd": 2, "winograd4": 4}
+
+
+def _transforms(m: int) -> tuple:
+    """(B^T, G as float64, A^T) of F(m x m, 3x3)."""
+    bt, g, at = _toom_cook(_POINTS[m], m)
+    pairs = [(j, j + 1) for j in range(1, m + 1, 2)]  # (the points +p, -p)
+    return Transform(bt, pairs, "rows"), np.array(g, np.float64), Transform(at, pairs, "columns")
 
 
 # A picture of more tiles than this is transformed, multiplied and transformed back a block
@@ -88,30 +152,48 @@ def winograd_pays(vector_width: int, cin: int, cout: int, out_sp) -> bool:
     return vector_width == 8 and min(cin, cout) >= 16
 
 
-def filter_transform(w: np.ndarray) -> np.ndarray:
-    """[cout, cin, 3, 3] -> U as [16, cin, cout] float32: U[4r+s][c][o] = (G w[o,c] G^T)[r][s]."""
-    u = np.einsum("ij,ocjk,lk->ilco", _G, w.astype(np.float64), _G)  # [4, 4, cin, cout]
-    return np.ascontiguousarray(u.reshape(16, w.shape[1], w.shape[0]), dtype=np.float32)
+def winograd_tile(vector_width: int, cin: int, cout: int, out_sp) -> int:
+    """m of F(m x m, 3x3) where the rule takes Winograd: 4 (36 multiplies for 16 outputs, where
+    F(2x2, 3x3) takes 64) where the picture has 16 tiles of 4x4 or more and 32 input channels
+    or more to repay the bigger transforms. Over run-time sizes `out_sp` is the least output.
+    On bench_convs.py's 3x3 stride-1 layers (1 thread, 2026-11-28), F(4x4)'s time over
+    F(2x2)'s: on 16 lanes 0.64-0.91 (ResNet's 128 at 28x28 0.64, 64 at 56x56 0.84, 256 at
+    14x14 0.85; FCOS's 256 at 100x100 0.64), but 512 at 7x7 (4 tiles) 1.50 and 16 -> 64 at 55x55
+    0.97; on 8 lanes 0.67-0.94, but 1.03 and 1.15 there."""
+    tiles = math.prod(-(-d // 4) for d in out_sp)
+    return 4 if tiles >= 16 and cin >= 32 and vector_width in (8, 16) else 2
 
 
-def _combine(rows, matrix) -> list:
-    """matrix (with entries 0, 1, -1) times the list of row expressions."""
+def filter_transform(w: np.ndarray, m: int = 2) -> np.ndarray:
+    """[cout, cin, 3, 3] -> U as [(m + 2)^2, cin, cout] float32: U[(m+2)r+s][c][o] = (G w[o,c] G^T)[r][s]."""
+    g = _transforms(m)[1]
+    u = np.einsum("ij,ocjk,lk->ilco", g, w.astype(np.float64), g)  # [m+2, m+2, cin, cout]
+    return np.ascontiguousarray(u.reshape((m + 2) ** 2, w.shape[1], w.shape[0]), dtype=np.float32)
+
+
+def _combine(values: list, matrix) -> list:
+    """matrix times the list of expressions (a coefficient 1 or -1 an add or a subtract, others
+    a multiply-add)."""
     out = []
     for coefs in matrix:
         total = None
-        for c, r in zip(coefs, rows):
+        for c, v in sorted(zip(coefs, values), key=lambda cv: cv[0] < 0):  # (a positive term first)
             if c == 0:
                 continue
+            term = v if abs(c) == 1 else fbin("mul", Const(float(abs(c)), "f32"), v)
             if total is None:
-                total = r if c == 1 else fbin("sub", Const(0.0, "f32"), r)
+                total = term if c > 0 else fbin("sub", Const(0.0, "f32"), term)
             else:
-                total = fbin("add" if c == 1 else "sub", total, r)
-        out.append(total)
+                total = fbin("add" if c > 0 else "sub", total, term)
+        out.append(total if total is not None else Const(0.0, "f32"))
     return out
 
 
 def block_tiles(cin: int, cout: int) -> int:
-    """The most tiles a block holds: BLOCK_TILES, more where U (which every block streams) is big."""
+    """The most tiles a block holds: BLOCK_TILES, more where U (which every block streams) is big.
+    (The same for F(4x4, 3x3)'s tiles: blocks of 24, 42, 64 or 96 ran within 3% of each other,
+    except 128 channels at 28x28, 49 tiles, on x86-64-v3: 0.82 ms in blocks of tile rows, 0.72
+    as one.)"""
     return max(BLOCK_TILES, cin * cout // 2048)
 
 
@@ -126,17 +208,17 @@ def block_rows(th: int, tw: int, cin: int, cout: int) -> int:
     return max([r for r in fit if th // r >= MIN_BLOCKS] or fit)
 
 
-def whole_picture_bounds(th_most: int, tw_most: int, most: int) -> tuple[int, int]:
+def whole_picture_bounds(th_most: int, tw_most: int, most: int, m: int = 2) -> tuple[int, int]:
     """Over run-time sizes, the most tiles and the most bordered-copy floats per channel of a
     picture of at most `most` tiles (which runs as one block)."""
     shapes = [(th, min(most // th, tw_most)) for th in range(1, min(th_most, most) + 1)]
-    return (max(th * tw for th, tw in shapes), max((2 * th + 2) * (2 * tw + 2) for th, tw in shapes))
+    return (max(th * tw for th, tw in shapes), max((m * th + 2) * (m * tw + 2) for th, tw in shapes))
 
 
 def spread(elements: int) -> int:
     """The float32 elements from one position's slice of V or M to the next: at least
-    `elements`, 64 bytes past a multiple of 4 KiB, so the 16 slices a transform reads or
-    writes together fall in 16 different L1 sets (128 channels x 56 tiles is exactly 7 pages:
+    `elements`, 64 bytes past a multiple of 4 KiB, so the 16 (or 36) slices a transform reads
+    or writes together fall in different L1 sets (128 channels x 56 tiles is exactly 7 pages:
     the 16 streams shared one set and the conv ran 1.35x slower)."""
     return -(-elements // 1024) * 1024 + 16
 
@@ -146,7 +228,11 @@ def _times(a, b):
     return a * b if isinstance(a, int) and isinstance(b, int) else mul(a, b)
 
 
-def lower_winograd(b: KernelBuilder, node: Node, store) -> tuple:
+def lower_winograd(b: KernelBuilder, node: Node, store, m: int = 2) -> tuple:
+    """The conv as F(m x m, 3x3): tiles of m x m outputs from (m + 2) x (m + 2) inputs."""
+    alpha = m + 2  # (a tile's inputs along each axis)
+    positions = alpha * alpha  # (the GEMMs)
+    bt, _, at = _transforms(m)
     x_name, w_name = node.inputs[0], node.inputs[1]
     batch_dim, cin, h_dim, w_dim = b.type(x_name).shape
     images, h, w_ = b.dim(batch_dim), b.dim(h_dim), b.dim(w_dim)
@@ -154,16 +240,16 @@ def lower_winograd(b: KernelBuilder, node: Node, store) -> tuple:
     pt, pl, _, _ = b.attrs(node)["pads"]
     out_dims = b.type(node.outputs[0]).shape[2:]
     oh, ow = (b.dim(d) for d in out_dims)
-    th_most, tw_most = (-(-greatest(d) // 2) for d in out_dims)  # (tile rows and columns; at the bounds)
+    th_most, tw_most = (-(-greatest(d) // m) for d in out_dims)  # (tile rows and columns; at the bounds)
     static = all(isinstance(d, int) for d in out_dims)
-    th, tw = (th_most, tw_most) if static else (div(add(oh, 1), 2), div(add(ow, 1), 2))
-    wp_most = 2 * tw_most + 2  # (the bordered row; past the last whole tile, zeros too)
-    wp = wp_most if static else add(mul(tw, 2), 2)
+    th, tw = (th_most, tw_most) if static else (div(add(oh, m - 1), m), div(add(ow, m - 1), m))
+    wp_most = m * tw_most + 2  # (the bordered row; past the last whole tile, zeros too)
+    wp = wp_most if static else add(mul(tw, m), 2)
     bias = b.reader(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] else None
     xparam = b.in_param(x_name)
     nr = b.tile(cout)[1]
-    u = filter_transform(b.g.constants[w_name])
-    uparam = b.constant_param(f"{w_name}_winograd", deferred_panels(u, nr))
+    u = filter_transform(b.g.constants[w_name], m)
+    uparam = b.constant_param(f"{w_name}_winograd{m}", deferred_panels(u, nr))
     panel_stride = -(-cout // nr) * cin * nr
     most = block_tiles(cin, cout)
     # A block is `rows` tile rows: block_rows' over static sizes. Over run-time ones, the whole
@@ -175,17 +261,17 @@ def lower_winograd(b: KernelBuilder, node: Node, store) -> tuple:
     # static build's 0.57).
     if static:
         rows = block_rows(th, tw, cin, cout)
-        block_most, copy_most = rows * tw_most, (2 * rows + 2) * wp_most
+        block_most, copy_most = rows * tw_most, (m * rows + 2) * wp_most
         blocks_most = th_most // rows
     else:
-        whole_most, whole_copy = whole_picture_bounds(th_most, tw_most, most)
-        block_most, copy_most = max(tw_most, whole_most), max(4 * wp_most, whole_copy)
+        whole_most, whole_copy = whole_picture_bounds(th_most, tw_most, most, m)
+        block_most, copy_most = max(tw_most, whole_most), max(alpha * wp_most, whole_copy)
         blocks_most = th_most
     v_step, m_step = spread(cin * block_most), spread(cout * block_most)  # (from one position xi to the next)
     copy_step = cin * copy_most
     slots = min(greatest(batch_dim) * blocks_most, WORKSPACE_SLOTS)
     xp = b.workspace(copy_step * slots)
-    v_ws, m_ws = b.workspace(16 * v_step * slots), b.workspace(16 * m_step * slots)
+    v_ws, m_ws = b.workspace(positions * v_step * slots), b.workspace(positions * m_step * slots)
     ktab_row = ktab_whole = ""  # (V's k offsets over run-time sizes: blocks of a tile row, the whole picture)
     table = ()
     if not static:
@@ -197,12 +283,12 @@ def lower_winograd(b: KernelBuilder, node: Node, store) -> tuple:
         """One block's copy, input transform, GEMMs and output transform: `rows` tile rows
         (an int, or th) of the picture's `blocks`, in `slot`'s workspace."""
         per_block = _times(rows, tw)  # (one channel's tiles in V and M)
-        window = 2 * rows + 2 if isinstance(rows, int) else add(mul(rows, 2), 2)  # (the bordered input rows)
+        window = m * rows + 2 if isinstance(rows, int) else add(mul(rows, m), 2)  # (the bordered input rows)
 
         def copy() -> For:
             """The block's window of the zero-bordered input, into the slot's copy."""
             c, pr, j = b.fresh("c"), b.fresh("pr"), b.fresh("pj")
-            y = sub(add(mul(blk, _times(rows, 2)), Var(pr)), pt)  # (the input row; outside the input: a border row)
+            y = sub(add(mul(blk, _times(rows, m)), Var(pr)), pt)  # (the input row; outside the input: a border row)
             dest = add(mul(slot, copy_step), add(mul(Var(c), mul(wp, window)), mul(Var(pr), wp)))
             src = add(mul(image, mul(mul(h, w_), cin)), add(mul(Var(c), mul(h, w_)), mul(y, w_)))
             zero = Const(0.0, "f32")
@@ -218,23 +304,23 @@ def lower_winograd(b: KernelBuilder, node: Node, store) -> tuple:
             """V[xi][c][t] = (B^T d B)[xi] for the block's tile t = (ti, tj) of channel c."""
             c, ti, tj = b.fresh("c"), b.fresh("ti"), b.fresh("tj")
             plane = add(mul(slot, copy_step), mul(Var(c), mul(wp, window)))
-            d = [[Load(xp, add(plane, add(mul(add(mul(Var(ti), 2), r), wp), add(mul(Var(tj), 2), s))))
-                  for s in range(4)] for r in range(4)]
-            cols = [_combine([d[r][s] for r in range(4)], _BT) for s in range(4)]  # B^T d, by column
-            names = [[b.fresh("bt") for _ in range(4)] for _ in range(4)]
-            lets = [Let(names[r][s], cols[s][r]) for r in range(4) for s in range(4)]
-            rows_ = [_combine([Var(names[r][s], "f32") for s in range(4)], _BT) for r in range(4)]  # (B^T d) B
-            base = add(mul(slot, 16 * v_step), add(mul(Var(c), per_block), add(mul(Var(ti), tw), Var(tj))))
-            stores = [Store(v_ws, add(base, Const((4 * r + s) * v_step)), rows_[r][s])
-                      for r in range(4) for s in range(4)]
+            d = [[Load(xp, add(plane, add(mul(add(mul(Var(ti), m), r), wp), add(mul(Var(tj), m), s))))
+                  for s in range(alpha)] for r in range(alpha)]
+            cols = [bt([d[r][s] for r in range(alpha)]) for s in range(alpha)]  # B^T d, by column
+            names = [[b.fresh("bt") for _ in range(alpha)] for _ in range(alpha)]
+            lets = [Let(names[r][s], cols[s][r]) for r in range(alpha) for s in range(alpha)]
+            rows_ = [bt([Var(names[r][s], "f32") for s in range(alpha)]) for r in range(alpha)]  # (B^T d) B
+            base = add(mul(slot, positions * v_step), add(mul(Var(c), per_block), add(mul(Var(ti), tw), Var(tj))))
+            stores = [Store(v_ws, add(base, Const((alpha * r + s) * v_step)), rows_[r][s])
+                      for r in range(alpha) for s in range(alpha)]
             return For(c, cin, (For(ti, rows, (For(tj, tw, (*lets, *stores), "vectorize"),)),), _ACROSS, parallel)
 
         def products() -> For:
-            """M[xi][o][t] = sum_c V[xi][c][t] U[xi][c][o]: 16 GEMMs, one per position xi."""
+            """M[xi][o][t] = sum_c V[xi][c][t] U[xi][c][o]: a GEMM per position xi."""
             xi = b.fresh("xi")
-            v_off = add(mul(slot, 16 * v_step), mul(Var(xi), v_step))
-            m_off = add(mul(slot, 16 * m_step), mul(Var(xi), m_step))
-            return For(xi, 16, (gemm_stmt(
+            v_off = add(mul(slot, positions * v_step), mul(Var(xi), v_step))
+            m_off = add(mul(slot, positions * m_step), mul(Var(xi), m_step))
+            return For(xi, positions, (gemm_stmt(
                 b, v_ws, v_off, 1, per_block if static else 0, uparam, mul(Var(xi), panel_stride), per_block, cout, cin,
                 lambda mm, nn, acc: [Store(m_ws, add(m_off, add(mul(nn, per_block), mm)), acc)],
                 stores_along="m", split="m", a_ktab=ktab_row if isinstance(rows, int) else ktab_whole),),
@@ -243,53 +329,57 @@ def lower_winograd(b: KernelBuilder, node: Node, store) -> tuple:
         def results() -> For:
             """Y = A^T M A for each of the block's tiles, the epilogue applied to each output."""
             o, oi, oj = b.fresh("o"), b.fresh("oi"), b.fresh("oj")
-            m_off = add(mul(slot, 16 * m_step), mul(Var(o), per_block))
+            m_off = add(mul(slot, positions * m_step), mul(Var(o), per_block))
 
             def outputs(ti, col, out_rows, out_cols: int) -> list:
-                """The tile's outputs in rows `out_rows` (of 0, 1) and its first out_cols columns."""
-                at = add(m_off, add(mul(ti, tw), col))
-                m = [[Load(m_ws, add(at, Const((4 * r + s) * m_step))) for s in range(4)] for r in range(4)]
-                names_ = [[b.fresh("at") for _ in range(4)] for _ in range(2)]
-                cols_ = [_combine([m[r][s] for r in range(4)], _AT) for s in range(4)]  # A^T M, by column
-                out = [Let(names_[r][s], cols_[s][r]) for r in out_rows for s in range(4)]
+                """The tile's outputs in rows `out_rows` (of 0 .. m-1) and its first out_cols columns."""
+                tile = add(m_off, add(mul(ti, tw), col))
+                mm = [[Load(m_ws, add(tile, Const((alpha * r + s) * m_step))) for s in range(alpha)]
+                      for r in range(alpha)]
+                names_ = [[b.fresh("at") for _ in range(alpha)] for _ in range(m)]
+                cols_ = [at([mm[r][s] for r in range(alpha)]) for s in range(alpha)]  # A^T M, by column
+                out = [Let(names_[r][s], cols_[s][r]) for r in out_rows for s in range(alpha)]
                 for r in out_rows:
-                    ys = _combine([Var(names_[r][s], "f32") for s in range(4)], _AT)
+                    ys = at([Var(names_[r][s], "f32") for s in range(alpha)])
                     for s in range(out_cols):
                         value = ys[s] if bias is None else fbin("add", ys[s], bias([Var(o)]))
-                        y, x = add(mul(add(mul(blk, rows), ti), 2), r), add(mul(col, 2), s)
+                        y, x = add(mul(add(mul(blk, rows), ti), m), r), add(mul(col, m), s)
                         idx = [add(mul(y, ow), x)] if b.conv_collapsed else [y, x]
                         out += store([image, Var(o)] + idx, value)
                 return out
 
             def tile_row(ti, out_rows: int) -> list:
                 if static:
-                    body = [For(oj, ow // 2, tuple(outputs(ti, Var(oj), range(out_rows), 2)), "vectorize")]
-                    return body + (outputs(ti, Const(ow // 2), range(out_rows), 1) if ow % 2 else [])
+                    body = [For(oj, ow // m, tuple(outputs(ti, Var(oj), range(out_rows), m)), "vectorize")]
+                    return body + (outputs(ti, Const(ow // m), range(out_rows), ow % m) if ow % m else [])
                 # A loop per output row: one storing two rows ow apart (ow known at run time
                 # only) is vectorized behind a run-time check that the rows' ranges do not
                 # overlap, and LLVM checks each row's even and odd columns as ranges of their
                 # own, which do: every call ran the scalar loop (64 channels at 56x56: 0.15 ms
                 # against 0.03).
-                body = [For(oj, div(ow, 2), tuple(outputs(ti, Var(oj), (r,), 2)), "vectorize")
+                body = [For(oj, div(ow, m), tuple(outputs(ti, Var(oj), (r,), m)), "vectorize")
                         for r in range(out_rows)]
-                # (the last tile column holds one output column where ow is odd)
-                return body + [If(cmp("eq", rem(ow, 2), Const(1)), tuple(outputs(ti, div(ow, 2), range(out_rows), 1)))]
+                # (the last tile column holds ow % m output columns)
+                return body + [If(cmp("eq", rem(ow, m), Const(k)), tuple(outputs(ti, div(ow, m), range(out_rows), k)))
+                               for k in range(1, m)]
 
-            if not static:  # (the picture's last tile row holds one output row where oh is odd)
+            if not static:  # (the picture's last tile row holds oh % m output rows, if not 0)
                 last = sub(rows, 1)
-                short = fbin("and", cmp("eq", blk, sub(blocks, 1)), cmp("eq", rem(oh, 2), Const(1)))
-                per_channel = [] if isinstance(rows, int) else [For(oi, last, tuple(tile_row(Var(oi), 2)))]
-                per_channel.append(If(short, tuple(tile_row(last, 1)), tuple(tile_row(last, 2))))
-                return For(o, cout, tuple(per_channel), _ACROSS, parallel)
-            per_channel = [For(oi, rows - 1, tuple(tile_row(Var(oi), 2)))] if rows > 1 else []
-            last = Const(rows - 1)
-            if oh % 2 == 0:
-                per_channel += tile_row(last, 2)
+                per_channel = [] if isinstance(rows, int) else [For(oi, last, tuple(tile_row(Var(oi), m)))]
+                last_row = tuple(tile_row(last, m))
+                for k in range(1, m):
+                    short = fbin("and", cmp("eq", blk, sub(blocks, 1)), cmp("eq", rem(oh, m), Const(k)))
+                    last_row = (If(short, tuple(tile_row(last, k)), last_row),)
+                return For(o, cout, tuple(per_channel) + last_row, _ACROSS, parallel)
+            per_channel = [For(oi, rows - 1, tuple(tile_row(Var(oi), m)))] if rows > 1 else []
+            last, short = Const(rows - 1), oh - (th - 1) * m  # (the output rows of the picture's last tile row)
+            if short == m:
+                per_channel += tile_row(last, m)
             elif blocks == 1:
-                per_channel += tile_row(last, 1)
+                per_channel += tile_row(last, short)
             else:
-                per_channel.append(If(cmp("eq", blk, Const(blocks - 1)), tuple(tile_row(last, 1)),
-                                      tuple(tile_row(last, 2))))
+                per_channel.append(If(cmp("eq", blk, Const(blocks - 1)), tuple(tile_row(last, short)),
+                                      tuple(tile_row(last, m))))
             return For(o, cout, tuple(per_channel), _ACROSS, parallel)
 
         return copy(), inputs(), products(), results()
