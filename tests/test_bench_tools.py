@@ -87,7 +87,7 @@ def test_bench_models_names_the_isa_each_runner_ran(isa):
 
 
 def test_bench_convs_checks_each_layer_and_names_the_path_it_took():
-    """A 13-wide SqueezeNet layer takes Winograd, FCN's dilated 3x3 reads its input in place
+    """A 13-wide SqueezeNet layer takes Winograd's 4x4 tiles, FCN's dilated 3x3 reads its input in place
     (AVX-512: tiles within its rows), ResNet-50's 2048-channel downsample at 7 wide keeps
     im2col; all checked against onnxruntime before they are timed; for each x86 width this
     host runs."""
@@ -101,7 +101,7 @@ def test_bench_convs_checks_each_layer_and_names_the_path_it_took():
         rows = (line.split("|") for line in r.stdout.splitlines())
         paths = {cells[1].strip(): cells[2].strip() for cells in rows if len(cells) > 2 and cells[1].strip() in layers}
         in_place = "implicit, rows" if target == AVX512 else "implicit"
-        assert paths == {"sq_48_192_13": "winograd", "r50_1024_2048_14_1x1_s2": "im2col",
+        assert paths == {"sq_48_192_13": "winograd4", "r50_1024_2048_14_1x1_s2": "im2col",
                          "fcn_256_256_28_d2": in_place}, r.stdout
         assert "Geometric mean of kiln / onnxruntime over 3 layers" in r.stdout
 

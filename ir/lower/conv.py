@@ -6,7 +6,8 @@ pointwise (few input channels, 1x1) or an implicit GEMM through tables computed 
 every other conv may be an implicit GEMM (the input read in place), an im2col GEMM, a 1x1 conv
 with the weights as the broadcast operand ("pointwise"), a conv of few output channels or a
 small window with the weights as rows ("weights_rows"), or for 3x3 stride-1 convs Winograd's
-F(2x2, 3x3) (the rule where channels are enough to repay its transforms: `winograd_pays`).
+F(2x2, 3x3) or F(4x4, 3x3) (the rule where channels are enough to repay its transforms:
+`winograd_pays`; the bigger tiles where the picture has enough of them: `winograd_tile`).
 """
 from __future__ import annotations
 

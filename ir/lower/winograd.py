@@ -1,15 +1,16 @@
-"""3x3 convolutions by Winograd's minimal filtering F(2x2, 3x3): 16 multiplies per 2x2 outputs
-and input channel where the direct conv needs 36.
+"""3x3 convolutions by Winograd's minimal filtering F(m x m, 3x3), m = 2 or 4: (m + 2)^2
+multiplies per m x m outputs and input channel where the direct conv needs 9 m^2 (2.25x
+fewer for m = 2, 4x for m = 4).
 
-Each 4x4 tile of the (zero-bordered) input, 2 apart, becomes V = B^T d B; each 3x3 filter
-becomes U = G g G^T (at build time, in float64); the 16 positions of the tiles are 16
-independent GEMMs, M[xi] = V[xi] (tiles x cin) x U[xi] (cin x cout), and each tile's 2x2
-outputs are Y = A^T M A, with the group's epilogue applied as they are stored. The GEMMs do
-2.25x fewer multiply-adds than the conv's; the transforms cost a pass over the input and
-one over the output, so it pays where channels are many (`winograd_pays`, the rule; the
-tuner may choose it elsewhere, `conv_path` = "winograd"). Its sums are rounded in another
-order: errors within float32 reassociation's bounds (tests/test_winograd.py measures them
-against float64).
+Each (m + 2) x (m + 2) tile of the (zero-bordered) input, m apart, becomes V = B^T d B; each
+3x3 filter becomes U = G g G^T (at build time, in float64); the (m + 2)^2 positions of the
+tiles are as many independent GEMMs, M[xi] = V[xi] (tiles x cin) x U[xi] (cin x cout), and
+each tile's m x m outputs are Y = A^T M A, with the group's epilogue applied as they are
+stored. The transforms cost a pass over the input and one over the output, so it pays where
+channels are many (`winograd_pays`, the rule, and `winograd_tile`, which m; the tuner may
+choose either elsewhere, `conv_path` = "winograd" or "winograd4"). Its sums are rounded in
+another order, and bigger tiles' transforms have bigger coefficients: errors within float32
+reassociation's bounds (tests/test_winograd.py measures them against float64).
 
 A picture of many tiles runs a block of tile rows at a time (BLOCK_TILES), each block's
 steps (copying its bordered input rows, V, the GEMMs, Y) one after the other on one thread
