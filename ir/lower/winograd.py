@@ -138,31 +138,39 @@ def winograd_fits(b: KernelBuilder, node: Node) -> bool:
 
 def winograd_pays(vector_width: int, cin: int, cout: int, out_sp) -> bool:
     """Whether the rule takes Winograd for a conv that fits it: its transforms cost a pass per
-    input and output channel, its GEMMs save 5/9 of the multiply-adds of every pair, so it pays
-    where both counts are enough (bench/bench_convs.py's layers and a sweep of square 3x3
-    convs, 1 thread, 2026-11-27). On 16 lanes: 64 -> 64 at 56x56 0.66x of the implicit GEMM's
-    time, 256 at 28x28 0.58x, 512 at 7x7 0.82x; few channels only over big pictures (32 -> 32
-    at 112x112 0.72x, 16 -> 32 0.83x, at 56x56 0.86x, but at 28x28 1.26x); 64 at 7x7 (16
-    tiles) 1.30x, 8 -> 32 1.25x. On 8 lanes (AVX2) the implicit GEMM's smaller tiles lose at
-    every size from 16 channels (16 -> 16 at 56x56 0.82x, 64 at 7x7 0.87x, 512 at 28x28 0.56x).
-    Other widths are not measured: Winograd stays the tuner's there."""
+    input and output channel, its GEMMs save 5/9 (4x4 tiles: 3/4) of the multiply-adds of every
+    pair, so it pays where both counts are enough (bench/bench_convs.py's layers and sweeps of
+    square 3x3 convs, 1 thread, 2026-11-27 and 28). On 16 lanes, 2x2 tiles: 64 -> 64 at 56x56
+    0.66x of the implicit GEMM's time, 256 at 28x28 0.58x, 512 at 7x7 0.82x; few channels only
+    over big pictures (32 -> 32 at 112x112 0.72x, 16 -> 32 0.83x, at 56x56 0.86x, but at 28x28
+    1.26x); 64 at 7x7 (16 tiles) 1.30x, 8 -> 32 1.25x. 4x4 tiles take 32 -> 32 at 28x28 (0.87x)
+    but not 16 -> 32 (1.06x) nor 64 at 7x7 (1.03x). On 8 lanes (AVX2) the implicit GEMM's
+    smaller tiles lose at every size from 16 channels (16 -> 16 at 56x56 0.82x, 64 at 7x7 0.77x
+    as 4x4 tiles, 512 at 28x28 0.56x). Other widths are not measured: Winograd stays the
+    tuner's there."""
     tiles, pairs = math.prod(-(-d // 2) for d in out_sp), cin * cout
     if vector_width >= 16:
         return min(cin, cout) >= 16 and (pairs >= 16384 or pairs >= 2048 and tiles >= 49 or
-                                         pairs >= 512 and tiles >= 784)
+                                         pairs >= 512 and tiles >= 784 or
+                                         min(cin, cout) >= 32 and math.prod(-(-d // 4) for d in out_sp) >= 49)
     return vector_width == 8 and min(cin, cout) >= 16
 
 
 def winograd_tile(vector_width: int, cin: int, cout: int, out_sp) -> int:
     """m of F(m x m, 3x3) where the rule takes Winograd: 4 (36 multiplies for 16 outputs, where
-    F(2x2, 3x3) takes 64) where the picture has 16 tiles of 4x4 or more and 32 input channels
-    or more to repay the bigger transforms. Over run-time sizes `out_sp` is the least output.
-    On bench_convs.py's 3x3 stride-1 layers (1 thread, 2026-11-28), F(4x4)'s time over
-    F(2x2)'s: on 16 lanes 0.64-0.91 (ResNet's 128 at 28x28 0.64, 64 at 56x56 0.84, 256 at
-    14x14 0.85; FCOS's 256 at 100x100 0.64), but 512 at 7x7 (4 tiles) 1.50 and 16 -> 64 at 55x55
-    0.97; on 8 lanes 0.67-0.94, but 1.03 and 1.15 there."""
-    tiles = math.prod(-(-d // 4) for d in out_sp)
-    return 4 if tiles >= 16 and cin >= 32 and vector_width in (8, 16) else 2
+    F(2x2, 3x3) takes 64) where 32 input channels or more repay the bigger transforms, its
+    tiles waste little of that (their multiplies at most 3/4 of 2x2 tiles': 7x7 and 13x13
+    yes, 9x9 and 2x2 not), and its transformed filters (36 x cin x cout, 2.25x 2x2 tiles')
+    are read by 16 tiles or more, or are at most 256 x 256 channels' (9 MiB). Over run-time
+    sizes `out_sp` is the least output. On bench_convs.py's 3x3 stride-1 layers and sweeps
+    of square ones (1 thread, 2026-11-28), F(4x4)'s time over F(2x2)'s: on 16 lanes 0.64-0.91
+    (ResNet's 128 at 28x28 0.64, 64 at 56x56 0.84, 256 at 14x14 0.85; FCOS's 256 at 100x100
+    0.64; 256 at 7x7 0.63), but 512 at 7x7 1.50 (its 37 MiB of filters for 4 tiles), 384 at
+    7x7 1.02 and 16 -> 64 at 55x55 0.97; on 8 lanes 0.67-0.94, 512 at 7x7 0.99, 16 -> 64
+    1.15."""
+    tiles, tiles_2x2 = (math.prod(-(-d // m) for d in out_sp) for m in (4, 2))
+    return 4 if (vector_width in (8, 16) and cin >= 32 and 36 * tiles <= 12 * tiles_2x2 and
+                 (tiles >= 16 or cin * cout <= 256 * 256)) else 2
 
 
 def filter_transform(w: np.ndarray, m: int = 2) -> np.ndarray:
