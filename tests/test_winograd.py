@@ -94,6 +94,7 @@ def test_the_rule_takes_4x4_tiles_where_tiles_and_channels_are_many(width, execu
     assert winograd_tile(width, 64, 64, [9, 9]) == 2
     assert winograd_tile(width, 64, 64, [2, 2]) == 2
     assert winograd_tile(width, 16, 64, [56, 56]) == 2
+    assert winograd_tile(width, 48, 16, [64, 64]) == 2 and winograd_tile(width, 64, 16, [32, 32]) == 4
     from modelkiln.ir.lower.winograd import winograd_pays  # (4x4 tiles repay 32 channels at 28x28 on 16 lanes too)
     assert winograd_pays(width, 32, 32, [28, 28]) and not winograd_pays(width, 8, 32, [28, 28])
     from modelkiln.orchestrator.api import build

@@ -158,7 +158,8 @@ def winograd_pays(vector_width: int, cin: int, cout: int, out_sp) -> bool:
 
 def winograd_tile(vector_width: int, cin: int, cout: int, out_sp) -> int:
     """m of F(m x m, 3x3) where the rule takes Winograd: 4 (36 multiplies for 16 outputs, where
-    F(2x2, 3x3) takes 64) where 32 input channels or more repay the bigger transforms, its
+    F(2x2, 3x3) takes 64) where 32 input channels or more, and 1024 pairs of channels or more,
+    repay the bigger transforms (48 -> 16 at 64x64: 1.17x 2x2 tiles' time, 64 -> 16 0.83x), its
     tiles waste little of that (their multiplies at most 3/4 of 2x2 tiles': 7x7 and 13x13
     yes, 9x9 and 2x2 not), and its transformed filters (36 x cin x cout, 2.25x 2x2 tiles')
     are read by 16 tiles or more, or are at most 256 x 256 channels' (9 MiB). Over run-time
@@ -169,7 +170,7 @@ def winograd_tile(vector_width: int, cin: int, cout: int, out_sp) -> int:
     7x7 1.02 and 16 -> 64 at 55x55 0.97; on 8 lanes 0.67-0.94, 512 at 7x7 0.99, 16 -> 64
     1.15."""
     tiles, tiles_2x2 = (math.prod(-(-d // m) for d in out_sp) for m in (4, 2))
-    return 4 if (vector_width in (8, 16) and cin >= 32 and 36 * tiles <= 12 * tiles_2x2 and
+    return 4 if (vector_width in (8, 16) and cin >= 32 and cin * cout >= 1024 and 36 * tiles <= 12 * tiles_2x2 and
                  (tiles >= 16 or cin * cout <= 256 * 256)) else 2
 
 
