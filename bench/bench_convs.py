@@ -7,9 +7,10 @@ SqueezeNet, Inception-v3, ResNet, a few-channel decoder and FCN-ResNet50's dilat
 use. Kiln builds it (no cache), the outputs are checked against onnxruntime's, then both
 are timed in interleaved rounds (the better median of each) at the same thread count.
 Prints a Markdown table with the path Kiln's lowering took: "winograd" (F(2x2, 3x3),
-ir/lower/winograd.py) or "winograd4" (F(4x4, 3x3)), "implicit" (the input read in place; "rows" where its tiles stay
-within an output row, Gemm.a_rows), "im2col", "weights as rows" or "pointwise" (1x1: the
-weights as A; "packed input" where B is a packed copy of the input, not read in place).
+ir/lower/winograd.py) or "winograd4" (F(4x4, 3x3)), "implicit" (the input read in place;
+"rows" where its tiles stay within an output row, Gemm.a_rows), "im2col", "weights as rows"
+or "pointwise" (1x1: the weights as A; "packed input" where B is a packed copy of the input,
+not read in place).
 """
 from __future__ import annotations
 

@@ -62,8 +62,8 @@ class Transform:
 
     def __init__(self, matrix: list, pairs: list, share: str):
         self.pairs, self.share = pairs, share
-        butterfly = [[Fraction(int(i == j)) for j in range(len(matrix[0] if share == "columns" else matrix))]
-                     for i in range(len(matrix[0] if share == "columns" else matrix))]
+        size = len(matrix[0]) if share == "columns" else len(matrix)  # (of what the butterfly adds and subtracts)
+        butterfly = [[Fraction(int(i == j)) for j in range(size)] for i in range(size)]
         for j, k in pairs:  # (v_j + v_k into j, v_j - v_k into k)
             butterfly[k][k] = Fraction(-1)
             butterfly[j][k] = butterfly[k][j] = Fraction(1)
