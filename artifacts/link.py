@@ -108,15 +108,19 @@ def _body(plan: list, timed: bool, depth: int = 1) -> list[str]:
             if timed:  # (+=: a call in a loop adds up over its iterations)
                 lines.append(f"{pad}t1 = kiln_now(); times[{index}] += t1 - t0; t0 = t1;")
             continue
-        _, trip, iteration, inits, feeds, body, carries, swap, scans, guard, start_if, until = item
+        _, trip, iteration, inits, feeds, body, carries, swap, scans, guard, start_if, until, ran = item
         inner = "  " * (depth + 1)
         last = trip - 1 if isinstance(trip, int) else f"{trip} - 1"  # (scans: a trip known when the loop starts)
         row = lambda rev: f"({last} - it)" if rev else "it"  # noqa: E731
         lines.append(f"{pad}if ({_guard(guard)}) {{" if guard else f"{pad}{{")
         lines += [f"{inner}memcpy({_pointer(dst)}, {_pointer(src)}, {n});" for src, dst, n in inits]
         limit = "" if trip is None else f"*(const long long*){_pointer(trip)}" if isinstance(trip, tuple) else trip
+        if ran:
+            lines.append(f"{inner}long long kiln_iterations = 0;")
         runs = f"{inner}if (*(const unsigned char*){_pointer(start_if)}) " if start_if else inner
         lines.append(f"{runs}for (long long it = 0;{f' it < {limit};' if limit else ';'} ++it) {{")
+        if ran:  # (one more than the scan outputs have room for: stop; the count's bounds check names it)
+            lines += [f"{inner}  kiln_iterations = it + 1;", f"{inner}  if (it == {ran[1]}LL) break;"]
         if iteration:
             lines.append(f"{inner}  *(long long*){_pointer(iteration)} = it;")
         lines += [f"{inner}  memcpy({_pointer(part)}, (const char*){_pointer(whole)} + {row(rev)} * {n}, {n});"
@@ -132,7 +136,10 @@ def _body(plan: list, timed: bool, depth: int = 1) -> list[str]:
             lines += [f"{inner}  memmove({_pointer(dst)}, {_pointer(src)}, {n});" for src, dst, n in carries]
         if until:
             lines.append(f"{inner}  if (!*(const unsigned char*){_pointer(until)}) break;")
-        lines += [f"{inner}}}", f"{pad}}}"]
+        lines.append(f"{inner}}}")
+        if ran:
+            lines.append(f"{inner}*(long long*){_pointer(ran[0])} = kiln_iterations;")
+        lines.append(f"{pad}}}")
     return lines
 
 
@@ -160,7 +167,8 @@ def entry_source(plan: list, outputs: list[tuple[tuple, int]], arena_bytes: int,
         [(scanned tensor, slice, slice nbytes, reversed)], body plan, [(new value, state,
         nbytes)], scratch locations or None, [(slice, stacked output, slice nbytes,
         reversed)], guard, location of the bool it runs only if or None, location of the
-        bool that stops it after an iteration where it is false or None).
+        bool that stops it after an iteration where it is false or None, and (location of
+        the int64 it writes the iterations it ran to, the most its scan outputs hold) or None).
     outputs: (location, nbytes); signature: the I/O signature (artifacts.manifest.io_signature)
     the library reports to the loader.
 

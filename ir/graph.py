@@ -152,6 +152,9 @@ class Graph:
     # Bounds of the values of tensors this graph reads but does not compute (a loop body's, from
     # the graph around it): {name: (lo, hi)}, as ir/ops/value_ranges.py gives them.
     value_ranges: dict = field(default_factory=dict)
+    # Why some of those have none, where the graph around knows: {name: text for an error} (a
+    # loop's iteration number: its trip count has no bounds, and how to give them).
+    unbounded_why: dict = field(default_factory=dict)
     # Derived symbols a loop body takes from the graph around it: counted there, not here, so
     # type inference of the body neither waits for their counts nor drops them.
     outer_symbols: frozenset = frozenset()
@@ -165,7 +168,7 @@ class Graph:
         g.symbols, g.symbolic_values, g.checks = dict(self.symbols), dict(self.symbolic_values), list(self.checks)
         g.expansion_checks = list(self.expansion_checks)
         g.derived, g.caches, g.value_bounds = dict(self.derived), list(self.caches), dict(self.value_bounds)
-        g.value_ranges = dict(self.value_ranges)
+        g.value_ranges, g.unbounded_why = dict(self.value_ranges), dict(self.unbounded_why)
         g.groups = None if self.groups is None else [list(m) for m in self.groups]
         return g
 

@@ -30,6 +30,14 @@ def _kernel_calls(steps):
             yield st
 
 
+def _loops(steps):
+    """The loops of `steps`, those in loops' bodies too."""
+    for st in steps:
+        if _is_loop(st):
+            yield st
+            yield from _loops(st.steps)
+
+
 def _swaps(lowered, loop) -> bool:
     """Does a carried value's new value live in another carried value's state buffer (a body
     that swaps two values)? Then the copies go through scratch buffers."""
@@ -261,6 +269,7 @@ def _locations(lowered, weight_offsets, arena_offsets):
                     trip = _dim_c(st.trip, symbols)
                 else:
                     trip = st.trip if st.trip or not st.until else None  # (None: a while loop's no limit)
+                ran = [s for s, t in counts.items() if st.iterations and lowered.storage(t) == st.iterations]
                 out.append(("loop", trip, loc(st.iteration) if st.iteration else None,
                             [(loc(init), loc(state), n) for (init, state, _), n in zip(st.state, nbytes)],
                             [(loc(whole), loc(part), lowered.types[part].nbytes, rev) for whole, part, rev in st.feeds],
@@ -268,7 +277,12 @@ def _locations(lowered, weight_offsets, arena_offsets):
                             [(loc(leave), loc(state), n) for (_, state, leave), n in zip(st.state, nbytes)], swap,
                             [(loc(part), loc(whole), lowered.types[part].nbytes, rev) for part, whole, rev in st.scans],
                             guard(st.guard), loc(st.start_if) if st.start_if else None,
-                            loc(st.until) if st.until else None))
+                            loc(st.until) if st.until else None,
+                            (loc(st.iterations), lowered.symbols[ran[0]][1]) if ran else None))
+                for s in ran:  # (the scan outputs' length: what the loop counted)
+                    bound.add(s)
+                    out.append(("bind", symbols.index(s), loc(st.iterations), guard(st.guard),
+                                _after_count(lowered, bound, s, guarded)))
                 continue
             args = [loc(t) for t in st.outputs] + [loc(t) for t in st.inputs]
             args += [("arena", arena_offsets[f"ws:{index}:{j}"]) for j in range(len(st.workspaces))]
@@ -291,6 +305,7 @@ def _locations(lowered, weight_offsets, arena_offsets):
     # (a count in a loop's body is bound there, each iteration)
     where = {lowered.storage(o): st.guard for st in _kernel_calls(lowered.steps) for o in st.outputs} \
         if counts else {}
+    where.update({loop.iterations: loop.guard for loop in _loops(lowered.steps) if loop.iterations and counts})
     guarded = {s for s, t in counts.items() if where[lowered.storage(t)]}  # (counted in a branch taken at run time)
 
     plan = items(lowered.steps)

@@ -224,14 +224,105 @@ def test_while_loop_runs_until_its_condition_fails():
     _check(both, [{**f, "n": np.array(n, np.int64)} for f in feeds for n in (0, 3, 50)])
 
 
-def test_a_run_time_loop_with_scan_outputs_is_refused_by_name():
+def test_scan_outputs_over_a_run_time_trip_count_need_its_bounds():
+    """`for i in range(n)` stacking a row per iteration: the rows are n long, so the build
+    asks for n's bounds, and with them the module plans at the greatest and returns n rows."""
     body = _loop_body([helper.make_node("Identity", ["cond_in"], ["cond_out"]),
                        helper.make_node("Neg", ["v0"], ["v0_out"]), helper.make_node("Abs", ["v0"], ["y"])], [[2]],
                       scans=["y"])
     model = _model([helper.make_node("Loop", ["n", "", "v_init"], ["v_final", "ys"], body=body, name="steps")],
                    [("v_init", F, [2]), ("n", I64, [])], [("v_final", F), ("ys", F)])
-    with pytest.raises(KilnError, match="steps.*trip count 'n' is computed at run time and it has scan outputs"):
+    with pytest.raises(KilnError, match=r"steps.*scan outputs are as long as the iterations it runs.*trip count 'n'.*"
+                                        r"--dim n=LEAST\.\.GREATEST"):
         _build(model)
+    module = build(model, executor="inprocess", cache=None, progress=False, dims={"n": (0, 16)}).load()
+    feeds = [{"v_init": np.array([1.5, -2.0], np.float32), "n": np.array(n, np.int64)} for n in (0, 1, 7, 16)]
+    for f in feeds:
+        got, want = module.run(f), model_zoo.onnxruntime_outputs(model, f)
+        assert got["ys"].shape == want["ys"].shape == (int(f["n"]), 2)
+        np.testing.assert_array_equal(got["ys"], want["ys"])
+        np.testing.assert_array_equal(got["v_final"], want["v_final"])
+    with pytest.raises(KilnError, match=r"\bn\b.*17"):
+        module.run({"v_init": np.zeros(2, np.float32), "n": np.array(17, np.int64)})
+
+
+def _doubling_body_with_scan_output():
+    """v <- 2v; go on while sum(v) < limit; scan out v + i (the iteration number)."""
+    return _loop_body([helper.make_node("Mul", ["v0", "two"], ["v0_out"]),
+                       helper.make_node("ReduceSum", ["v0_out"], ["s"], keepdims=0),
+                       helper.make_node("Less", ["s", "limit"], ["cond_out"]),
+                       helper.make_node("Cast", ["i"], ["fi"], to=F),
+                       helper.make_node("Add", ["v0_out", "fi"], ["y"])], [[3]], scans=["y"],
+                      inits=[("two", np.float32(2))])
+
+
+@pytest.mark.parametrize("trip, first_condition", [("twelve", "go"), ("twelve", ""), ("n", "go"), ("n", "")])
+def test_scan_outputs_of_a_loop_stopping_on_its_condition(trip, first_condition):
+    """A while loop with a trip count (tf.while_loop writing a TensorArray, torch.jit.script's
+    `while` appending rows): it stops on a condition the body computes, so its scan outputs
+    are as long as the iterations it ran, which the module counts and reads after the loop;
+    a ReduceSum and a Shape read them at that length. Without a first condition the first
+    iteration is unrolled (its condition folds) and the rest, counting their iteration
+    numbers from 1, run in the entry function."""
+    body = _doubling_body_with_scan_output()
+    inputs = [("v_init", F, [3]), ("limit", F, [])] + [("go", B, [])] * bool(first_condition) + \
+        [("n", I64, [])] * (trip == "n")
+    model = _model([helper.make_node("Loop", [trip, first_condition, "v_init"], ["v_final", "ys"], body=body),
+                    helper.make_node("ReduceSum", ["ys"], ["total"], keepdims=0),
+                    helper.make_node("Shape", ["ys"], ["ys_shape"])],
+                   inputs, [("v_final", F), ("ys", F), ("total", F), ("ys_shape", I64)],
+                   [("twelve", np.array(12, np.int64))])
+    result = build(model, executor="inprocess", cache=None, progress=False,
+                   dims={"n": (0, 12)} if trip == "n" else None)
+    assert "kiln_iterations" in result.files["kiln_entry.c"].decode()
+    module = result.load()
+    for limit, go, n in ((5.0, True, 3), (1000.0, True, 12), (1000.0, True, 9), (1.0, True, 5), (1e30, True, 0),
+                         (50.0, False, 4)):
+        feeds = {"v_init": np.array([0.5, 1, 0.25], np.float32), "limit": np.array(limit, np.float32)}
+        feeds.update({"go": np.array(go)} if first_condition else {})
+        feeds.update({"n": np.array(n, np.int64)} if trip == "n" else {})
+        got, want = module.run(feeds), model_zoo.onnxruntime_outputs(model, feeds)
+        for name in want:
+            assert got[name].shape == want[name].shape, (name, feeds)
+            np.testing.assert_array_equal(got[name], want[name], err_msg=f"{name} {feeds}")
+
+
+def test_a_loop_stopping_on_its_condition_inside_a_branch():
+    """The loop's count is read only where its branch ran; the other branch's output is
+    another length."""
+    body = _doubling_body_with_scan_output()
+    then_ = helper.make_graph([helper.make_node("Loop", ["twelve", "", "v_init"], ["vf", "ys_loop"], body=body)],
+                              "looped", [], [_vi("ys_loop", F, None)])
+    else_ = helper.make_graph([helper.make_node("Unsqueeze", ["v_init", "zero_axis"], ["ys_once"])], "once", [],
+                              [_vi("ys_once", F, None)])
+    model = _model([helper.make_node("If", ["go"], ["ys"], then_branch=then_, else_branch=else_),
+                    helper.make_node("ReduceSum", ["ys"], ["total"], keepdims=0, noop_with_empty_axes=0)],
+                   [("v_init", F, [3]), ("limit", F, []), ("go", B, [])], [("ys", F), ("total", F)],
+                   [("twelve", np.array(12, np.int64)), ("zero_axis", np.array([0], np.int64))])
+    _check(model, [{"v_init": np.array([0.5, 1, 0.25], np.float32), "limit": np.array(limit, np.float32),
+                    "go": np.array(go)} for limit, go in ((5.0, True), (1000.0, True), (5.0, False))])
+
+
+def test_a_while_loop_too_long_to_unroll():
+    """torch.jit.script exports `while` as a Loop whose trip count is the largest int64: it
+    runs in the entry function until its condition fails. Its scan outputs would need memory
+    for that many rows: refused by name, as is a while loop with scan outputs and no trip
+    count at all."""
+    body = _loop_body([helper.make_node("Mul", ["v0", "two"], ["v0_out"]),
+                       helper.make_node("ReduceSum", ["v0_out"], ["s"], keepdims=0),
+                       helper.make_node("Less", ["s", "limit"], ["cond_out"])], [[3]], inits=[("two", np.float32(2))])
+    forever = [("forever", np.array(np.iinfo(np.int64).max, np.int64))]
+    model = _model([helper.make_node("Loop", ["forever", "", "v_init"], ["v_final"], body=body)],
+                   [("v_init", F, [3]), ("limit", F, [])], [("v_final", F)], forever)
+    _check(model, [{"v_init": np.array([0.5, 1, 0.25], np.float32), "limit": np.array(limit, np.float32)}
+                   for limit in (5.0, 1000.0, 1.0)])
+    scans = _doubling_body_with_scan_output()
+    with pytest.raises(KilnError, match=r"scan outputs and may run 922337203685477580[67] iterations"):
+        _build(_model([helper.make_node("Loop", ["forever", "", "v_init"], ["v_final", "ys"], body=scans)],
+                      [("v_init", F, [3]), ("limit", F, [])], [("v_final", F), ("ys", F)], forever))
+    with pytest.raises(KilnError, match=r"no trip count \(a while loop\) and it has scan outputs"):
+        _build(_model([helper.make_node("Loop", ["", "go", "v_init"], ["v_final", "ys"], body=scans)],
+                      [("v_init", F, [3]), ("limit", F, []), ("go", B, [])], [("v_final", F), ("ys", F)]))
 
 
 def test_short_loops_unroll_and_share_their_kernels():

@@ -14,6 +14,7 @@ then runs:
         the body's kernels
         row it of each scan output <- the body's slice;  state <- the values the body leaves
         (with `until`: stop if the body's condition output is false)
+    (`iterations`, where the scan outputs' length is what it ran: the iterations run)
     (the node's state outputs are the state buffers)
 """
 from __future__ import annotations
@@ -37,13 +38,14 @@ class LoopCall:
     count: str = ""  # an int64 scalar: the trip count, read at run time ("": `trip`, or none)
     start_if: str = ""  # a bool: the loop runs only if it holds ("": always)
     until: str = ""  # the body's bool condition output: the loop stops after an iteration leaving it false
+    iterations: str = ""  # an int64 scalar the loop writes the number of iterations it ran to (a counted size)
 
     def kernel_calls(self) -> list:
         return flatten(self.steps)
 
     def tensors(self) -> set:
         """The tensors the loop's own copies touch (not its body's kernels')."""
-        return ({self.iteration, self.count, self.start_if, self.until} - {""}) | \
+        return ({self.iteration, self.count, self.start_if, self.until, self.iterations} - {""}) | \
             {t for triple in self.state for t in triple} | \
             {t for whole, part, _ in self.feeds + self.scans for t in (whole, part)}
 
@@ -90,7 +92,8 @@ def lower_loop(g, node, config, lower) -> tuple:
                     [(whole, rename(s), bool(d)) for whole, s, d in zip(node.inputs[n:], slices_in, a["in_dirs"])],
                     [(inner.storage(rename(o)), out, bool(d)) for o, out, d in zip(scans, node.outputs[n:], a["out_dirs"])],
                     f"loop_{node.name}"[:60], node.guard, a.get("count", ""), a.get("start_if", ""),
-                    inner.storage(rename(node.attrs["body"].outputs[0])) if a.get("until") else "")
+                    inner.storage(rename(node.attrs["body"].outputs[0])) if a.get("until") else "",
+                    node.outputs[-1] if a.get("iterations") else "")
     return call, inner
 
 
@@ -105,7 +108,7 @@ def renamed(model, rename):
                            feeds=[(rename(w), rename(p), r) for w, p, r in s.feeds],
                            scans=[(rename(p), rename(w), r) for p, w, r in s.scans],
                            guard=tuple((rename(t), v) for t, v in s.guard), count=rename(s.count),
-                           start_if=rename(s.start_if), until=rename(s.until))
+                           start_if=rename(s.start_if), until=rename(s.until), iterations=rename(s.iterations))
         return replace(s, outputs=[rename(t) for t in s.outputs], inputs=[rename(t) for t in s.inputs],
                        guard=tuple((rename(t), v) for t, v in s.guard))
     return replace(model, steps=[step(s) for s in model.steps], inputs=[rename(t) for t in model.inputs],

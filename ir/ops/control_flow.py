@@ -47,18 +47,19 @@ from ..graph import Graph, KilnError, Node, ShapeError, Subgraph, TensorType, Un
 from ..loop import Const, For, If, Load, Store, Var
 from ..symbolic import (COUNTED, Dim, greatest, is_symbolic, late_symbols, late_symbols_in,
                         least, require_equal)
-from ..value_symbols import Computed, counted, define, select
+from ..value_symbols import Computed, bounds_hint, counted, define, select
 from .compile_time import SHAPE
-from .elementwise import AND, CAST
+from .elementwise import ADD, AND, CAST
 from .inference import resolve
 from .registry import OPAQUE, OpDef, expanded_only, register
 from .shape import CONCAT, GATHER, IDENTITY, RESHAPE, SLICE, TRANSPOSE, UNSQUEEZE, view_def
-from .value_ranges import value_ranges
+from .value_ranges import unbounded_origin, unbounded_source, value_ranges
 
 IF, LOOP, SCAN, IF_MERGE, ENTRY_LOOP = "If", "Loop", "Scan", "kiln.IfMerge", "kiln.Loop"
 FIXED_SHAPE = "kiln.FixedShape"  # a loop body's scan output with the sizes of every iteration (a view)
 MAX_UNROLLED_NODES = 50_000  # nodes one Loop or Scan may unroll to
 UNROLLED_ITERATIONS = 16  # a Loop this short is unrolled; a longer one runs in the entry function
+MAX_ITERATIONS_COUNTED = 1 << 24  # iterations a Loop stopping on a run-time condition may run with scan outputs
 
 
 def inline(g: Graph, sub: Subgraph, prefix: str, bindings: dict, guard: tuple, owner: Node) -> tuple[list, list]:
@@ -206,26 +207,27 @@ def expand_loop(g: Graph, node: Node) -> list[Node]:
     if is_symbolic(size) and (not cond or _scalar_constant(g, cond)) and _keeps_going(g, body):
         return [_entry_loop(node, body, size, carried, [], [], [0] * n_scan)]  # (a size: scan outputs that long)
     if count is None:  # (a count read at run time, or none: a while loop)
-        if n_scan:
-            what = f"its trip count '{trip}' is computed at run time" if trip else "it has no trip count (a while loop)"
-            raise UnsupportedError(f"{node.describe()}: {what} and it has scan outputs, whose length would then be "
-                                   "known at run time only: such a Loop needs its trip count known at compile time, "
-                                   "or a size of an input")
-        return [_entry_loop(node, body, 0, carried, [], [], [], count=trip, start_if=cond, until=True)]
+        if n_scan and not trip:
+            raise UnsupportedError(f"{node.describe()}: it has no trip count (a while loop) and it has scan outputs, "
+                                   "whose length nothing then bounds: Kiln plans their memory at their greatest "
+                                   "length, so such a Loop needs a trip count")
+        return [_entry_loop(node, body, 0, carried, [], [], [0] * n_scan, count=trip, start_if=cond, until=True)]
     start = node.attrs.get("_start", 0)
     slices = node.attrs.get("_slices") or [[] for _ in range(n_scan)]
     known = True if not cond else _scalar_constant(g, cond)
     if start == 0 and int(count) > UNROLLED_ITERATIONS and known is not None and known and _keeps_going(g, body):
         return [_entry_loop(node, body, int(count), carried, [], [], [0] * n_scan)]
-    if int(count) * max(len(body.nodes), 1) > MAX_UNROLLED_NODES:
+    too_many = (int(count) - start) * max(len(body.nodes), 1) > MAX_UNROLLED_NODES
+    if start < int(count) and (known is None and n_scan or too_many and not _keeps_going(g, body)) and \
+            (known is None or known):
+        # (a condition computed at run time: the rest runs in the entry function, as long as it holds)
+        return _rest_in_entry_loop(g, node, body, int(count) - start, start, cond, carried, slices)
+    if too_many:
         raise UnsupportedError(f"{node.describe()}: {int(count)} iterations of a {len(body.nodes)}-node body unroll to "
                                f"more than {MAX_UNROLLED_NODES} nodes")
     if start >= int(count) or (known is not None and not known):
         return _loop_results(g, node, carried, slices)
     guard = node.guard if known is not None else node.guard + ((cond, True),)
-    if known is None and n_scan:
-        raise UnsupportedError(f"{node.describe()}: its condition is computed at run time and it has scan outputs, "
-                               "whose length would then be known at run time only")
     prefix = f"{node.key}/it{start}/"
     iteration = g.add_constant(prefix + "iter", np.array(start, np.int64))
     cond_in = cond or g.add_constant(prefix + "true", np.array(True))
@@ -245,6 +247,41 @@ def expand_loop(g: Graph, node: Node) -> list[Node]:
                 {**node.attrs, "_start": start + 1, "_slices": [s + [o] for s, o in zip(slices, outs[1 + n_carried:])]},
                 node.name, node.guard)
     return nodes + [rest]
+
+
+def _rest_in_entry_loop(g: Graph, node: Node, body: Subgraph, trip: int, start: int, cond: str, carried: list,
+                        slices: list) -> list[Node]:
+    """The iterations of a Loop from `start` on as a kiln.Loop that runs while its condition
+    holds (computed at run time): its body's iteration number counted from `start`, and each
+    scan output the rows of the iterations unrolled before it (`slices`) then the loop's."""
+    n_carried = len(carried)
+    if start:
+        body = _iterations_from(g, body, start)
+    scans = list(node.outputs[n_carried:])
+    rest = [f"{node.key}/rest_scan{k}" if parts and out else out for k, (parts, out) in enumerate(zip(slices, scans))]
+    loop = Node(node.op, list(node.inputs[:2]), list(node.outputs[:n_carried]) + rest, {}, node.name, node.guard)
+    nodes = [_entry_loop(loop, body, trip, carried, [], [], [0] * len(scans), start_if=cond or _true(g, node),
+                         until=True)]
+    for k, (parts, whole, tail) in enumerate(zip(slices, scans, rest)):
+        if parts and whole:
+            head = f"{node.key}/unrolled_scan{k}"
+            nodes += _stack(g, node, parts, 0, head, f"unrolled_scan{k}")
+            nodes.append(Node(CONCAT, [head, tail], [whole], {"axis": 0}, f"{node.name}/scan{k}_joined", node.guard))
+    return nodes
+
+
+def _true(g: Graph, node: Node) -> str:
+    return g.add_constant(f"{node.key}/true", np.array(True))
+
+
+def _iterations_from(g: Graph, body: Subgraph, start: int) -> Subgraph:
+    """`body` reading its iteration number as `start` more than the loop running it counts."""
+    counted_from_0 = f"{body.name}/iteration_from_0"
+    offset = f"{body.name}/first_iteration"
+    constants = {**body.constants, offset: np.array(start, np.int64)}
+    add = Node(ADD, [counted_from_0, offset], [body.inputs[0]], {}, f"{body.name}/iteration")
+    return Subgraph(body.name, [counted_from_0] + body.inputs[1:], list(body.outputs), [add] + list(body.nodes),
+                    constants)
 
 
 def _appends_as_scan_outputs(g: Graph, node: Node) -> list[Node] | None:
@@ -362,14 +399,18 @@ def _entry_loop(node: Node, body: Subgraph, trip: int, state: list, scanned: lis
     Its inputs are the initial state, the scanned tensors and everything the body reads from
     around it, so those stay alive and in order; then the int64 scalar giving its trip count
     at run time (`count`, else `trip` or, with neither, no limit) and the bool it runs only
-    if (`start_if`). With `until`, it stops after an iteration whose condition output is false."""
+    if (`start_if`). With `until`, it stops after an iteration whose condition output is false.
+    With `until` and scan outputs, the number of iterations run is a size known once the loop
+    is done: its last output, an int64 the entry writes, is counted (value_symbols.counted),
+    and the scan outputs are that long."""
     body = _scans_of_one_shape(body, 1 + len(state) if node.op == LOOP else len(state))
     captured = sorted(body.free_names())
     extra = [t for t in (count, start_if) if t]
-    return Node(ENTRY_LOOP, state + scanned + captured + extra, list(node.outputs),
+    iterations = [f"{node.key}/iterations"] if until and out_dirs else []
+    return Node(ENTRY_LOOP, state + scanned + captured + extra, list(node.outputs) + iterations,
                 {"body": body, "trip": trip, "captured": captured, "n_state": len(state), "n_scanned": len(scanned),
                  "counted": node.op == LOOP, "in_dirs": in_dirs, "out_dirs": out_dirs, "count": count,
-                 "start_if": start_if, "until": until}, node.name, node.guard)
+                 "start_if": start_if, "until": until, "iterations": bool(iterations)}, node.name, node.guard)
 
 
 def _scans_of_one_shape(body: Subgraph, first: int) -> Subgraph:
@@ -436,6 +477,8 @@ def loop_body_graph(g: Graph, node: Node) -> tuple:
             graph.add_constant(name, g.constants[name])
     graph.outer_symbols = frozenset(set(g.derived) - set(_own_symbols(g, node)))
     graph.value_ranges = _ranges_given(g, node, iteration, runtime, slices)
+    if iteration and iteration not in graph.value_ranges:
+        graph.unbounded_why[iteration] = _why_unbounded(g, node)
     outs = body.outputs[1:] if a["counted"] else body.outputs
     return graph, iteration, state, slices, list(outs[:n]), list(outs[n:])
 
@@ -456,6 +499,16 @@ def _own_symbols(g: Graph, node: Node) -> list:
     """The symbols of g that the loop's body reads while it runs (a size computed from each
     iteration's data) and those computed from them (`_claim_own_symbols` names them)."""
     return [s for s in node.attrs.get("own_symbols", ()) if s in g.derived]
+
+
+def _why_unbounded(g: Graph, node: Node) -> str:
+    """Why a kiln.Loop's iteration numbers have no bounds, and how to give them: for errors."""
+    count = node.attrs.get("count")
+    if not count:
+        return f"the iteration number of {node.describe()}, a while loop, has no bounds"
+    source = unbounded_source(g, count)[0]
+    return f"the iteration number of {node.describe()} is bounded by its trip count '{count}' only, and " \
+           f"{unbounded_origin(g, count)}{bounds_hint(g, [source])}"
 
 
 def _ranges_given(g: Graph, node: Node, iteration: str, runtime: list, slices: list) -> dict:
@@ -479,7 +532,7 @@ def _ranges_given(g: Graph, node: Node, iteration: str, runtime: list, slices: l
 
 
 def _entry_loop_infer(g, node, p):
-    body, _, _, _, leaves, scans = loop_body_graph(g, node)
+    body, iteration, _, _, leaves, scans = loop_body_graph(g, node)
     resolve(body, fold_floats=False)
     own = _claim_own_symbols(g, node, body)
     for a, b, where, unless in body.checks:  # (the module checks them: before the loop, or in it once read)
@@ -490,14 +543,33 @@ def _entry_loop_infer(g, node, p):
             raise ShapeError(f"{node.describe()}: carried value {i} is {g.types[initial]} before the loop and "
                              f"{body.types[leave]} after an iteration; Kiln compiles one static type per value")
         out.append(g.types[initial])
+    length = _iterations_run(g, node, body.value_ranges, iteration) if node.attrs.get("iterations") else \
+        node.attrs["trip"]
     for i, s in enumerate(scans):
         t = body.types[s]
         varies = sorted({name for d in t.shape if isinstance(d, Dim) for name in d.symbols} & set(own))
         if varies:
             raise UnsupportedError(f"{node.describe()}: scan output {i} is {t}, whose size {', '.join(varies)} the "
                                    "body computes from each iteration's data; stacked, every iteration's must agree")
-        out.append(TensorType((node.attrs["trip"],) + t.shape, t.dtype))
-    return out
+        out.append(TensorType((length,) + t.shape, t.dtype))
+    return out + ([TensorType((), "int64")] if node.attrs.get("iterations") else [])
+
+
+def _iterations_run(g, node, bounds: dict, iteration: str):
+    """How many iterations a kiln.Loop that stops on its condition runs: counted as it runs,
+    at most its trip count (`bounds`: what _ranges_given found for the iteration number)."""
+    a = node.attrs
+    if iteration not in bounds:
+        raise UnsupportedError(f"{node.describe()}: its scan outputs are as long as the iterations it runs, known "
+                               f"at run time only; Kiln plans their memory at the most it may run, but "
+                               f"{_why_unbounded(g, node)}")
+    most = a["trip"] if isinstance(a["trip"], int) and a["trip"] else int(bounds[iteration][1]) + 1
+    if most > MAX_ITERATIONS_COUNTED:
+        raise UnsupportedError(f"{node.describe()}: it has scan outputs and may run {most} iterations, more than the "
+                               f"{MAX_ITERATIONS_COUNTED} Kiln plans their memory for (its trip count bounds them: a "
+                               "Min or Clip on it bounds them tighter)")
+    return counted(f"iterations({node.name})", node.outputs[-1], most,
+                   f"{node.describe()}: the number of iterations it ran")
 
 
 def _claim_own_symbols(g: Graph, node: Node, body: Graph) -> list:

@@ -82,6 +82,18 @@ _KNOWN = _MOVES | set(_MONOTONE) | {CAST, NEG, ABS, CLIP, ADD, SUB, MUL, DIV, SU
 def unbounded_origin(g, name: str) -> str:
     """Where the bounds of `name`'s values are lost, for an error: the first tensor back
     along its unbounded inputs that is a graph input, or the node that derives none."""
+    current, node = unbounded_source(g, name)
+    if current in g.unbounded_why:
+        return g.unbounded_why[current]
+    if node is None:
+        return f"the values of '{current}', which the graph {'reads' if current in g.inputs else 'gets'}, " \
+               "have no bounds"
+    return f"{node.describe()} gives '{current}' values Kiln cannot bound"
+
+
+def unbounded_source(g, name: str) -> tuple:
+    """(tensor, the node computing it or None): where unbounded_origin says the bounds of
+    `name`'s values are lost."""
     producers = _producers(g)
     walk = _Walk(g, producers)
 
@@ -92,11 +104,10 @@ def unbounded_origin(g, name: str) -> str:
     while True:
         node = producers.get(current)
         if node is None:
-            return f"the values of '{current}', which the graph {'reads' if current in g.inputs else 'gets'}, " \
-                   "have no bounds"
+            return current, None
         loose = [i for i in node.inputs if i and not bounded(i)]
         if node.op not in _KNOWN or not loose:
-            return f"{node.describe()} gives '{current}' values Kiln cannot bound"
+            return current, node
         current = loose[0]
 
 
