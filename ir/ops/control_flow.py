@@ -10,10 +10,11 @@
   their sizes differ, the output's are the taken branch's, read once the condition is known
   (a count of one, ir/value_symbols.py), and sizes counted in a branch are read where it ran.
 - Loop whose trip count is known only at run time (a graph input, `for _ in range(n)`) or
-  that has none (a while loop), without scan outputs: one `kiln.Loop` node too; the entry
-  function reads the count from its tensor and stops after an iteration whose condition
-  output is false (`count`, `until` in its attributes). With scan outputs it is refused by
-  name: their length would be known at run time only.
+  that has none (a while loop): one `kiln.Loop` node too; the entry function reads the count
+  from its tensor and stops after an iteration whose condition output is false (`count`,
+  `until` in its attributes). Its scan outputs are as long as the iterations it ran: a size
+  the entry counts (an int64 output of the node, `iterations`) within the trip count's
+  bounds; where the count has none (a while loop without one), it is refused by name.
 - Loop with a trip count known at compile time whose condition stays true (none, a true
   constant, or the body handing its condition back) and more than UNROLLED_ITERATIONS
   iterations becomes one `kiln.Loop` node: its body is compiled once, as a graph of its own,
@@ -22,8 +23,8 @@
   iteration's body is inlined, and a Loop node for the rest follows it, so by the time the
   rest expands the iteration's condition has been inferred and folded where it can be. A
   condition computed at run time guards the remaining iterations (and each carried value
-  merges the new and the old); a run-time condition with scan outputs is refused, since
-  their length would be known at run time only.
+  merges the new and the old); with scan outputs, or too many iterations to unroll, the
+  remaining iterations run as a kiln.Loop that counts them, as above (`_rest_in_entry_loop`).
 - Scan over axis 0 with more than UNROLLED_ITERATIONS steps becomes a `kiln.Loop` too (the
   entry copies a row of each scanned tensor in and of each scan output out per iteration),
   and so does one over a symbolic length, and a Loop whose trip count is a size (`for i in
