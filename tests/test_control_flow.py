@@ -303,6 +303,65 @@ def test_a_loop_stopping_on_its_condition_inside_a_branch():
                     "go": np.array(go)} for limit, go in ((5.0, True), (1000.0, True), (5.0, False))])
 
 
+def scripted_greedy_decoder():
+    """A greedy decoding loop as torch.jit.script exports `for i in range(max_len): ...;
+    out = torch.cat([out, tok[None]]); if (tok == 10).any(): break`: a trip count of the
+    largest int64, the counter i carried and compared with max_len in the body's condition,
+    the tokens appended to a carried tensor (made a scan output)."""
+    rng = np.random.default_rng(7)
+    weights = {"emb": rng.standard_normal((16, 8)), "cell_w": rng.standard_normal((8, 16)) * 0.4,
+               "cell_b": rng.standard_normal(8) * 0.1, "out_w": rng.standard_normal((16, 8)),
+               "out_b": rng.standard_normal(16) * 0.1}
+    inits = [(k, v.astype(np.float32)) for k, v in weights.items()]
+    inits += [("forever", np.array(np.iinfo(np.int64).max, np.int64)), ("zero", np.array(0, np.int64)),
+              ("one", np.array(1, np.int64)), ("stop_token", np.array(10, np.int64)),
+              ("axis0", np.array([0], np.int64)), ("first_out", np.ones((1, 2), np.int64)),
+              ("first_tok", np.ones(2, np.int64))]
+    body = helper.make_graph(
+        [helper.make_node("Gather", ["emb", "tok"], ["e"]),
+         helper.make_node("Concat", ["e", "h_in"], ["eh"], axis=1),
+         helper.make_node("Gemm", ["eh", "cell_w", "cell_b"], ["pre"], transB=1),
+         helper.make_node("Tanh", ["pre"], ["h_out"]),
+         helper.make_node("Gemm", ["h_out", "out_w", "out_b"], ["logits"], transB=1),
+         helper.make_node("ArgMax", ["logits"], ["tok_out"], axis=-1, keepdims=0),
+         helper.make_node("Unsqueeze", ["tok_out", "axis0"], ["row"]),
+         helper.make_node("Concat", ["out_in", "row"], ["out_out"], axis=0),
+         helper.make_node("Equal", ["tok_out", "stop_token"], ["hit"]),
+         helper.make_node("Cast", ["hit"], ["hits"], to=I64),
+         helper.make_node("ReduceSum", ["hits"], ["n_hits"], keepdims=0),
+         helper.make_node("Greater", ["n_hits", "zero"], ["stop"]),
+         helper.make_node("Not", ["stop"], ["go_on"]),
+         helper.make_node("Add", ["i_in", "one"], ["i_out"]),
+         helper.make_node("Less", ["i_out", "max_len"], ["in_range"]),
+         helper.make_node("And", ["in_range", "go_on"], ["cond_out"])],
+        "body", [_vi("iteration", I64, []), _vi("cond_in", B, []), _vi("out_in", I64, None), _vi("h_in", F, [2, 8]),
+                 _vi("tok", I64, [2]), _vi("i_in", I64, [])],
+        [_vi("cond_out", B, []), _vi("out_out", I64, None), _vi("h_out", F, [2, 8]), _vi("tok_out", I64, [2]),
+         _vi("i_out", I64, [])])
+    return _model([helper.make_node("Greater", ["max_len", "zero"], ["go"]),
+                   helper.make_node("Loop", ["forever", "go", "first_out", "h", "first_tok", "zero"],
+                                    ["tokens", "h_last", "tok_last", "i_last"], body=body)],
+                  [("h", F, [2, 8]), ("max_len", I64, [])], [("tokens", I64)], inits)
+
+
+def test_a_scripted_decoding_loop_stops_within_its_counter_limit():
+    """The counter's limit bounds the loop (max_len's --dim bounds: `_counter_bound`), so the
+    appended tokens are a scan output planned at 33 rows, returned at the length the loop ran:
+    to max_len, or fewer where it breaks early. Without max_len's bounds the build names it."""
+    model = scripted_greedy_decoder()
+    with pytest.raises(KilnError, match=r"counter reaches 'max_len'.*--dim max_len=LEAST\.\.GREATEST"):
+        _build(model)
+    module = build(model, executor="inprocess", cache=None, progress=False, dims={"max_len": (0, 32)}).load()
+    rng, lengths = np.random.default_rng(8), []
+    for max_len in (0, 1, 5, 10, 32):
+        for _ in range(4):
+            feeds = {"h": (rng.standard_normal((2, 8)) * 2).astype(np.float32), "max_len": np.array(max_len, np.int64)}
+            got, want = module.run(feeds)["tokens"], model_zoo.onnxruntime_outputs(model, feeds)["tokens"]
+            np.testing.assert_array_equal(got, want)
+            lengths.append((len(got), max_len + 1))
+    assert any(n < full for n, full in lengths) and any(n == full > 2 for n, full in lengths)  # (both ways ran)
+
+
 def test_a_while_loop_too_long_to_unroll():
     """torch.jit.script exports `while` as a Loop whose trip count is the largest int64: it
     runs in the entry function until its condition fails. Its scan outputs would need memory
@@ -317,7 +376,7 @@ def test_a_while_loop_too_long_to_unroll():
     _check(model, [{"v_init": np.array([0.5, 1, 0.25], np.float32), "limit": np.array(limit, np.float32)}
                    for limit in (5.0, 1000.0, 1.0)])
     scans = _doubling_body_with_scan_output()
-    with pytest.raises(KilnError, match=r"scan outputs and may run 922337203685477580[67] iterations"):
+    with pytest.raises(KilnError, match=r"scan outputs are as long as .* may run, 922337203685477580[67], more than"):
         _build(_model([helper.make_node("Loop", ["forever", "", "v_init"], ["v_final", "ys"], body=scans)],
                       [("v_init", F, [3]), ("limit", F, [])], [("v_final", F), ("ys", F)], forever))
     with pytest.raises(KilnError, match=r"no trip count \(a while loop\) and it has scan outputs"):

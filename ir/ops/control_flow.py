@@ -41,6 +41,8 @@ Unrolled iterations lower to kernels with equal bytes, so each kernel compiles o
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ..dtypes import DTYPES
@@ -50,7 +52,7 @@ from ..symbolic import (COUNTED, Dim, greatest, is_symbolic, late_symbols, late_
                         least, require_equal)
 from ..value_symbols import Computed, bounds_hint, counted, define, select
 from .compile_time import SHAPE
-from .elementwise import ADD, AND, CAST
+from .elementwise import ADD, AND, CAST, GREATER_OR_EQUAL, LESS, LESS_OR_EQUAL
 from .inference import resolve
 from .registry import OPAQUE, OpDef, expanded_only, register
 from .shape import CONCAT, GATHER, IDENTITY, RESHAPE, SLICE, TRANSPOSE, UNSQUEEZE, view_def
@@ -200,9 +202,7 @@ def expand_loop(g: Graph, node: Node) -> list[Node]:
                          f"outputs for {n_carried} carried values")
     count = _scalar_constant(g, trip) if trip else None
     size = g.symbolic_values[trip].reshape(-1)[0] if trip in g.symbolic_values else None
-    stacks = (count is not None or is_symbolic(size)) and (not cond or _scalar_constant(g, cond)) and \
-        _keeps_going(g, body)  # (its scan outputs are as long as its trip count)
-    appended = _appends_as_scan_outputs(g, node) if stacks and not node.attrs.get("_start") else None
+    appended = _appends_as_scan_outputs(g, node) if not node.attrs.get("_start") else None
     if appended:
         return appended
     if is_symbolic(size) and (not cond or _scalar_constant(g, cond)) and _keeps_going(g, body):
@@ -523,17 +523,99 @@ def _ranges_given(g: Graph, node: Node, iteration: str, runtime: list, slices: l
         if found[whole] is not None:
             ranges[name] = (np.array(found[whole][0].min()), np.array(found[whole][1].max()))
     if iteration:
-        if a.get("count"):  # (read at run time: bounded where its values are)
-            most = found[a["count"]][1].max() if found[a["count"]] is not None else None
-        else:  # (a size, or a number; 0 with no count is a while loop's: no bound)
-            most = greatest(a["trip"]) if is_symbolic(a["trip"]) or a["trip"] else None
+        most = most_iterations(g, node)
         if most is not None:
             ranges[iteration] = (np.array(0.0), np.array(max(float(most) - 1, 0.0)))
     return ranges
 
 
+def most_iterations(g: Graph, node: Node) -> int | None:
+    """The most iterations a kiln.Loop may run, or None where nothing bounds them: its trip
+    count (a number, a size, or the greatest value of the tensor read at run time), and where
+    the body stops once a counter reaches a limit (`_counter_bound`), that bound too."""
+    a = node.attrs
+    if a.get("count"):  # (read at run time: bounded where its values are)
+        found = value_ranges(g, [a["count"]])[a["count"]]
+        most = int(found[1].max()) if found is not None else None
+    else:  # (a size, or a number; 0 with no count is a while loop's: no bound)
+        most = greatest(a["trip"]) if is_symbolic(a["trip"]) or a["trip"] else None
+    counter = _counter_bound(g, node) if a.get("until") else None
+    return min(m for m in (most, counter) if m is not None) if (most, counter) != (None, None) else None
+
+
+GREATER = "Greater"
+_BEFORE = {LESS: (0, 1, True), LESS_OR_EQUAL: (0, 1, False), GREATER: (1, 0, True),
+           GREATER_OR_EQUAL: (1, 0, False)}  # op: (the counter's input, the limit's, strictly less?)
+
+
+def _counter_bound(g: Graph, node: Node, unbounded: list | None = None) -> int | None:
+    """torch.jit.script's `for i in range(n): ... break` and `while i < n` export as a Loop with
+    no useful trip count (the largest int64) whose body hands back `i + 1 < n and ...`. Where
+    the body's condition output is such a conjunction, with a counter rising by a constant
+    each iteration (the iteration number, or a carried integer the body adds a positive
+    constant to) compared with a limit from around the loop that has bounds, the loop stops
+    within a number of iterations those bounds give: returned, else None (the limits that
+    would bound it but have no bounds themselves appended to `unbounded`)."""
+    body: Subgraph = node.attrs["body"]
+    producer = {o: n for n in body.nodes for o in n.outputs if o}
+    outer = dict(zip(node.attrs["captured"], captured_inputs(node)))
+    n_state = node.attrs["n_state"]
+
+    def through(t):  # (an Identity passes its input on)
+        while t in producer and producer[t].op == IDENTITY:
+            t = producer[t].inputs[0]
+        return t
+
+    def constant(t):
+        v = body.constants.get(t, g.constants.get(outer.get(t, t)))
+        return int(np.asarray(v).reshape(-1)[0]) if v is not None and np.asarray(v).size == 1 and \
+            np.asarray(v).dtype.kind in "iu" else None
+
+    def affine(t, depth=0):
+        """(least value in the first iteration, rise per iteration) of integer tensor t, or None."""
+        t = through(t)
+        if t == body.inputs[0]:
+            return 0, 1
+        if t in body.inputs[2:2 + n_state]:
+            k = body.inputs.index(t) - 2
+            update = producer.get(through(body.outputs[1 + k]))
+            if update is None or update.op != ADD or t not in update.inputs:
+                return None
+            step = constant(update.inputs[1 - update.inputs.index(t)])
+            initial = value_ranges(g, [node.inputs[k]])[node.inputs[k]]
+            return (int(initial[0].min()), step) if step and step > 0 and initial is not None else None
+        n = producer.get(t)
+        if n is not None and n.op == ADD and depth < 4:
+            for x, y in (n.inputs, n.inputs[::-1]):
+                k, base = constant(y), affine(x, depth + 1)
+                if k is not None and base is not None:
+                    return base[0] + k, base[1]
+        return None
+
+    bounds, pending = [], [through(body.outputs[0])]
+    while pending:
+        n = producer.get(pending.pop())
+        if n is None:
+            continue
+        if n.op == AND:
+            pending += [through(i) for i in n.inputs]
+        elif n.op in _BEFORE:
+            counter, limit, strict = _BEFORE[n.op]
+            rise, name = affine(n.inputs[counter]), outer.get(n.inputs[limit], n.inputs[limit])
+            found = value_ranges(g, [name])[name] if name not in producer and name in g.types else None
+            if rise is not None and found is None and unbounded is not None and name in g.types:
+                unbounded.append(name)
+            if rise is not None and found is not None:
+                # (iteration t goes on only if first + rise * t is below the limit: the last
+                # that may run is t = N - 1 where t = N - 2 still went on)
+                first, step, hi = rise[0], rise[1], float(found[1].max())
+                gap = math.ceil((hi - first) / step) if strict else math.floor((hi - first) / step) + 1
+                bounds.append(max(gap + 1, 1))
+    return min(bounds) if bounds else None
+
+
 def _entry_loop_infer(g, node, p):
-    body, iteration, _, _, leaves, scans = loop_body_graph(g, node)
+    body, _, _, _, leaves, scans = loop_body_graph(g, node)
     resolve(body, fold_floats=False)
     own = _claim_own_symbols(g, node, body)
     for a, b, where, unless in body.checks:  # (the module checks them: before the loop, or in it once read)
@@ -544,7 +626,7 @@ def _entry_loop_infer(g, node, p):
             raise ShapeError(f"{node.describe()}: carried value {i} is {g.types[initial]} before the loop and "
                              f"{body.types[leave]} after an iteration; Kiln compiles one static type per value")
         out.append(g.types[initial])
-    length = _iterations_run(g, node, body.value_ranges, iteration) if node.attrs.get("iterations") else \
+    length = _iterations_run(g, node) if node.attrs.get("iterations") else \
         node.attrs["trip"]
     for i, s in enumerate(scans):
         t = body.types[s]
@@ -556,21 +638,25 @@ def _entry_loop_infer(g, node, p):
     return out + ([TensorType((), "int64")] if node.attrs.get("iterations") else [])
 
 
-def _iterations_run(g, node, bounds: dict, iteration: str):
+def _iterations_run(g, node):
     """How many iterations a kiln.Loop that stops on its condition runs: counted as it runs,
-    at most its trip count (`bounds`: what _ranges_given found for the iteration number)."""
-    a = node.attrs
-    if iteration not in bounds:
-        raise UnsupportedError(f"{node.describe()}: its scan outputs are as long as the iterations it runs, known "
-                               f"at run time only; Kiln plans their memory at the most it may run, but "
-                               f"{_why_unbounded(g, node)}")
-    most = a["trip"] if isinstance(a["trip"], int) and a["trip"] else int(bounds[iteration][1]) + 1
-    if most > MAX_ITERATIONS_COUNTED:
-        raise UnsupportedError(f"{node.describe()}: it has scan outputs and may run {most} iterations, more than the "
-                               f"{MAX_ITERATIONS_COUNTED} Kiln plans their memory for (its trip count bounds them: a "
-                               "Min or Clip on it bounds them tighter)")
-    return counted(f"iterations({node.name})", node.outputs[-1], most,
-                   f"{node.describe()}: the number of iterations it ran")
+    within most_iterations."""
+    most = most_iterations(g, node)
+    if most is not None and most <= MAX_ITERATIONS_COUNTED:
+        return counted(f"iterations({node.name})", node.outputs[-1], most,
+                       f"{node.describe()}: the number of iterations it ran")
+    limits = []
+    _counter_bound(g, node, limits)
+    if limits:  # (what would bound it, and how to bound that)
+        why = f"its condition stops it once a counter reaches '{limits[0]}', but {unbounded_origin(g, limits[0])}" \
+              f"{bounds_hint(g, [unbounded_source(g, limits[0])[0]])}"
+    elif most is None:
+        why = _why_unbounded(g, node)
+    else:
+        why = "its trip count bounds them: a Min or Clip on it bounds them tighter"
+    most_text = "which nothing bounds" if most is None else f"{most}, more than the {MAX_ITERATIONS_COUNTED} it allows"
+    raise UnsupportedError(f"{node.describe()}: its scan outputs are as long as the iterations it runs, known at run "
+                           f"time only; Kiln plans their memory at the most it may run, {most_text}: {why}")
 
 
 def _claim_own_symbols(g: Graph, node: Node, body: Graph) -> list:
