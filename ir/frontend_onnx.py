@@ -237,13 +237,16 @@ def from_onnx(model, shapes: dict | None = None, dims: dict | None = None) -> Gr
     shapes = {k: tuple(d if isinstance(d, str) else int(d) for d in v) for k, v in (shapes or {}).items()}
     dims = {k: (int(lo), int(hi)) for k, (lo, hi) in (dims or {}).items()}
     real_inputs = [vi for vi in gp.input if vi.name not in g.constants]
+    for vi in real_inputs:  # (before their shapes: a sequence has none to ask for)
+        kind = vi.type.WhichOneof("value")
+        if kind != "tensor_type":
+            what = {"sequence_type": "a sequence", "optional_type": "an optional", "map_type": "a map",
+                    "sparse_tensor_type": "a sparse tensor"}.get(kind, kind or "a value of no type")
+            raise UnsupportedError(f"input '{vi.name}' is {what}, not a tensor (Kiln's inputs are tensors; a "
+                                   "sequence works only inside the model, built from tensors)")
     input_shapes = _input_shapes(real_inputs, shapes, dims)
     g.symbols = {s: dims[s] for s in sorted({s for shape in input_shapes.values() for s in symbols_of(shape)})}
     for vi in real_inputs:
-        kind = vi.type.WhichOneof("value")
-        if kind != "tensor_type":
-            raise UnsupportedError(f"input '{vi.name}' is a {kind or 'value of no type'}, not a tensor "
-                                   "(Kiln compiles tensors only)")
         dtype = onnx_to_dtype(vi.type.tensor_type.elem_type, f"input '{vi.name}'")
         shape = input_shapes[vi.name]
         check_tensor_size(vi.name, [greatest(d) for d in shape], 4, "input")

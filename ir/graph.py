@@ -152,6 +152,8 @@ class Graph:
     # Bounds of the values of tensors this graph reads but does not compute (a loop body's, from
     # the graph around it): {name: (lo, hi)}, as ir/ops/value_ranges.py gives them.
     value_ranges: dict = field(default_factory=dict)
+    # Sequences type inference expanded (ir/ops/sequences.py): {name: items}, while it runs.
+    sequences: dict = field(default_factory=dict)
     # Why some of those have none, where the graph around knows: {name: text for an error} (a
     # loop's iteration number: its trip count has no bounds, and how to give them).
     unbounded_why: dict = field(default_factory=dict)
@@ -169,6 +171,7 @@ class Graph:
         g.expansion_checks = list(self.expansion_checks)
         g.derived, g.caches, g.value_bounds = dict(self.derived), list(self.caches), dict(self.value_bounds)
         g.value_ranges, g.unbounded_why = dict(self.value_ranges), dict(self.unbounded_why)
+        g.sequences = dict(self.sequences)
         g.groups = None if self.groups is None else [list(m) for m in self.groups]
         return g
 

@@ -55,6 +55,7 @@ from .compile_time import SHAPE
 from .elementwise import ADD, AND, CAST, GREATER_OR_EQUAL, LESS, LESS_OR_EQUAL
 from .inference import resolve
 from .registry import OPAQUE, OpDef, expanded_only, register
+from .sequences import SEQUENCE_INSERT, Rows
 from .shape import CONCAT, GATHER, IDENTITY, RESHAPE, SLICE, TRANSPOSE, UNSQUEEZE, view_def
 from .value_ranges import unbounded_origin, unbounded_source, value_ranges
 
@@ -78,7 +79,7 @@ def inline(g: Graph, sub: Subgraph, prefix: str, bindings: dict, guard: tuple, o
     for n in sub.nodes:
         inputs = [rename.get(i, i) for i in n.inputs]
         for i in inputs:
-            if i and i not in g.types and i not in known:
+            if i and i not in g.types and i not in known and i not in g.sequences:
                 raise KilnError(f"{owner.describe()}: its subgraph '{sub.name}' reads '{i}', which no node, input "
                                 "or initializer defines")
         attrs = {k: _renamed(v, rename) if isinstance(v, Subgraph) else v for k, v in n.attrs.items()}
@@ -137,6 +138,9 @@ def _if_merge_expand(g: Graph, node: Node) -> list[Node] | None:
     output by it (_if_merge_infer). Not where the condition is a model input and the sizes
     differ only by symbols the caller gives: those are checked equal instead."""
     cond, then_, else_ = node.inputs[:3]
+    if then_ in g.sequences or else_ in g.sequences:
+        raise UnsupportedError(f"{node.attrs['owner']}: output {node.attrs['index']} is a sequence chosen at run "
+                               "time; Kiln compiles sequences whose elements it knows when it builds")
     t, e = g.types[then_], g.types[else_]
     differ = [(a, b) for a, b in zip(t.shape, e.shape) if a != b]
     if len(node.inputs) > 3 or not differ or t.dtype != e.dtype or len(t.shape) != len(e.shape):
@@ -202,7 +206,7 @@ def expand_loop(g: Graph, node: Node) -> list[Node]:
                          f"outputs for {n_carried} carried values")
     count = _scalar_constant(g, trip) if trip else None
     size = g.symbolic_values[trip].reshape(-1)[0] if trip in g.symbolic_values else None
-    appended = _appends_as_scan_outputs(g, node) if not node.attrs.get("_start") else None
+    appended = None if node.attrs.get("_start") else _sequence_appends(g, node) or _appends_as_scan_outputs(g, node)
     if appended:
         return appended
     if is_symbolic(size) and (not cond or _scalar_constant(g, cond)) and _keeps_going(g, body):
@@ -285,6 +289,49 @@ def _iterations_from(g: Graph, body: Subgraph, start: int) -> Subgraph:
                     constants)
 
 
+def _sequence_appends(g: Graph, node: Node) -> list[Node] | None:
+    """torch.jit.script's `outs.append(y)` in a loop: a carried sequence (ir/ops/sequences.py)
+    the body only appends to (SequenceInsert at its end, the carried value read by nothing
+    else) becomes a scan output of what it appends, and the Loop's sequence its initial items
+    then those rows. Returns the rewritten Loop, or None where no carried value is a sequence;
+    any other use of a carried sequence is refused."""
+    body: Subgraph = node.attrs["body"]
+    n_carried = len(node.inputs) - 2
+    sequences = [k for k in range(n_carried) if node.inputs[2 + k] in g.sequences]
+    if not sequences:
+        return None
+    producer = {o: n for n in body.nodes for o in n.outputs if o}
+    readers = {}
+    for n in body.nodes:
+        for i in set(n.inputs) | captured(n):
+            readers.setdefault(i, []).append(n)
+    inserts = {}
+    for k in sequences:
+        state, new = body.inputs[2 + k], body.outputs[1 + k]
+        insert = producer.get(new)
+        if (insert is None or insert.op != SEQUENCE_INSERT or insert.inputs[0] != state or readers.get(state) != [insert]
+                or (len(insert.inputs) > 2 and insert.inputs[2]) or readers.get(new) or body.outputs.count(new) != 1):
+            raise UnsupportedError(f"{node.describe()}: carried value {k} is a sequence that the body does more with "
+                                   "than append to (SequenceInsert at its end, nothing else reading it); Kiln compiles "
+                                   "such a loop's appends only")
+        inserts[k] = insert
+    kept = [k for k in range(n_carried) if k not in inserts]
+    parts, stacked = [], []
+    nodes = [n for n in body.nodes if all(n is not i for i in inserts.values())]
+    for k, insert in inserts.items():
+        parts.append(f"{body.name}/sequence{k}")
+        nodes.append(Node(IDENTITY, [insert.inputs[1]], [parts[-1]], {}, f"{insert.name}/row"))
+        stacked.append(f"{node.key}/sequence{k}_rows")
+        if node.outputs[k]:
+            g.sequences[node.outputs[k]] = list(g.sequences[node.inputs[2 + k]]) + [Rows(stacked[-1])]
+    loop_body = Subgraph(body.name, body.inputs[:2] + [body.inputs[2 + k] for k in kept],
+                         body.outputs[:1] + [body.outputs[1 + k] for k in kept] + body.outputs[1 + n_carried:] + parts,
+                         nodes, dict(body.constants))
+    return [Node(LOOP, node.inputs[:2] + [node.inputs[2 + k] for k in kept],
+                 [node.outputs[k] for k in kept] + list(node.outputs[n_carried:]) + stacked,
+                 {**node.attrs, "body": loop_body}, node.name, node.guard)]
+
+
 def _appends_as_scan_outputs(g: Graph, node: Node) -> list[Node] | None:
     """torch.jit.script's `acc = torch.cat((acc, x))` in a loop: a carried value the body only
     ever appends to grows each iteration, which one static type per value cannot hold. Where
@@ -357,27 +404,36 @@ def _joined(g: Graph, node: Node, k: int, stacked: str, axis) -> list[Node]:
         raise ShapeError(f"{node.describe()}: carried value {k} is appended to along axis {axis} of a rank-{rank} "
                          "tensor")
     axis %= rank
-    tag, guard = f"{node.key}/appended{k}", node.guard
-    nodes, moved = [], stacked
-    if axis:
-        moved = f"{tag}/moved"
-        perm = list(range(1, axis + 1)) + [0] + list(range(axis + 1, rank + 1))
-        nodes.append(Node(TRANSPOSE, [stacked], [moved], {"perm": perm}, f"{node.name}/{tag}/move", guard))
-    shape, sizes = f"{tag}/shape", f"{tag}/sizes"
-    const = {name: g.add_constant(f"{tag}/{name}", np.array(v, np.int64))
-             for name, v in (("before", [0] * axis), ("merged", [-1]), ("rest", [axis + 2]), ("end", [rank + 1]))}
-    kept = [const["before"]] if axis else []  # (0: the dims before the axis as they are)
-    nodes += [Node(SHAPE, [moved], [shape], {}, f"{node.name}/{tag}/shape", guard),
-              Node(SLICE, [shape, const["rest"], const["end"]], [f"{tag}/after"], {}, f"{node.name}/{tag}/after",
-                   guard),
-              Node(CONCAT, kept + [const["merged"], f"{tag}/after"], [sizes], {"axis": 0},
-                   f"{node.name}/{tag}/sizes", guard)]
+    tag = f"{node.key}/appended{k}"
     joined = out if g.types[initial].shape[axis] == 0 else f"{tag}/joined"
-    nodes.append(Node(RESHAPE, [moved, sizes], [joined], {}, f"{node.name}/{tag}/merge", guard))
+    nodes = rows_joined(g, stacked, rank, axis, False, joined, tag, node.name, node.guard)
     if joined != out:
         nodes.append(Node(CONCAT, [initial, joined], [out], {"axis": axis}, f"{node.name}/{tag}/after_initial",
-                          guard))
+                          node.guard))
     return nodes
+
+
+def rows_joined(g: Graph, stacked: str, rank: int, axis: int, new_axis: bool, out: str, tag: str, name: str,
+                guard: tuple) -> list[Node]:
+    """`out` from `stacked`, rank-`rank` rows stacked along a new axis 0: the rows stacked
+    along `axis` instead (`new_axis`), or joined along it (axis 0 moved beside it and merged
+    into it: Transpose, Shape/Slice/Concat of the sizes, Reshape)."""
+    nodes, moved = [], stacked if new_axis or not axis else f"{tag}/moved"
+    if axis:
+        perm = list(range(1, axis + 1)) + [0] + list(range(axis + 1, rank + 1))
+        moved = out if new_axis else moved
+        nodes.append(Node(TRANSPOSE, [stacked], [moved], {"perm": perm}, f"{name}/{tag}/move", guard))
+    if new_axis:
+        return nodes or [Node(IDENTITY, [stacked], [out], {}, f"{name}/{tag}/rows", guard)]
+    shape, sizes = f"{tag}/shape", f"{tag}/sizes"
+    const = {c: g.add_constant(f"{tag}/{c}", np.array(v, np.int64))
+             for c, v in (("before", [0] * axis), ("merged", [-1]), ("rest", [axis + 2]), ("end", [rank + 1]))}
+    kept = [const["before"]] if axis else []  # (0: the dims before the axis as they are)
+    return nodes + [
+        Node(SHAPE, [moved], [shape], {}, f"{name}/{tag}/shape", guard),
+        Node(SLICE, [shape, const["rest"], const["end"]], [f"{tag}/after"], {}, f"{name}/{tag}/after", guard),
+        Node(CONCAT, kept + [const["merged"], f"{tag}/after"], [sizes], {"axis": 0}, f"{name}/{tag}/sizes", guard),
+        Node(RESHAPE, [moved, sizes], [out], {}, f"{name}/{tag}/merge", guard)]
 
 
 def _keeps_going(g: Graph, body: Subgraph) -> bool:
@@ -681,7 +737,8 @@ def _claim_own_symbols(g: Graph, node: Node, body: Graph) -> list:
 def _loop_results(g: Graph, node: Node, carried: list, slices: list) -> list[Node]:
     """The Loop's outputs once it is done: the carried values, and the scan outputs stacked."""
     nodes = [Node(IDENTITY, [v], [o], {}, f"{node.name}/out{i}", node.guard)
-             for i, (v, o) in enumerate(zip(carried, node.outputs)) if o]
+             for i, (v, o) in enumerate(zip(carried, node.outputs)) if o and v not in g.sequences]
+    g.sequences.update({o: g.sequences[v] for v, o in zip(carried, node.outputs) if o and v in g.sequences})
     for k, (parts, out) in enumerate(zip(slices, node.outputs[len(carried):])):
         if not parts:
             raise UnsupportedError(f"{node.describe()}: scan output {k} has no iterations (an empty tensor)")
