@@ -1,6 +1,6 @@
 """Symbolic dims: one Kiln build for every shape, against a build per shape and the peers.
 
-    python bench/bench_dynamic.py [--repeat 20] [--rounds 2] [--parts bert,gpt2,big,cnn,batch,batch_zoo]
+    python bench/bench_dynamic.py [--repeat 20] [--rounds 2] [--parts bert,gpt2,big,cnn,batch,batch_zoo,loops]
                                   [--layers 2] [--big-dir D]
 
 BERT: an encoder at BERT-base widths (d=768, 12 heads, ffn 3072; `--layers` of them) exported
@@ -23,7 +23,8 @@ symbols, built once with height, width = 32..640 and run at 224 x 224, 320 x 480
 Batch: the same CNNs at 224 x 224 with their batch made a symbol, built once with n = 1..8
 and run at batch 1 and 4, beside Kiln built for each batch and the peers. Batch_zoo: every
 CNN of the bench and the ViT built with a run-time batch, at a batch of one beside a build for
-one (Kiln only).
+one (Kiln only). Loops: a decoding loop as torch.jit.script exports it, appending to a list
+(`bench_loops`), run to 8, 64 and 256 steps beside the peers.
 Prints Markdown tables (the ones in the README) and each build's time.
 """
 from __future__ import annotations
@@ -294,6 +295,43 @@ def bench_batch_zoo(args) -> list[str]:
     return lines
 
 
+LOOP_LENGTHS = (8, 64, 256)
+
+
+def bench_loops(args) -> list[str]:
+    """A decoding loop as torch.jit.script exports it (tests/test_sequences.py's list decoder:
+    `for i in range(max_len)`, a tanh cell and an output layer of width 512 on one row, each
+    output appended to a list, `torch.stack` after), built once with max_len = 0..256 and run
+    to 8, 64 and 256 steps, beside onnxruntime and OpenVINO running the same Loop: the cost
+    of an iteration where the loop runs in the module's entry function."""
+    from tests.test_sequences import scripted_list_decoder
+    model = scripted_list_decoder(width=512, batch=1, stop_above=1e30)
+    result, seconds = _timed_build(model, dims={"max_len": (0, max(LOOP_LENGTHS))})
+    print(f"loop decoder: built in {seconds:.1f} s", flush=True)
+    rng = np.random.default_rng(0)
+    lines = ["A scripted decoding loop (width 512, one row, a list appended each step), built once with max_len "
+             "= 0..256: median ms", "", "| steps | threads | Kiln | onnxruntime | OpenVINO | Kiln / best peer "
+             "| Kiln us per step |", "|---|---|---|---|---|---|---|"]
+    for threads in sorted({1, THREADS}):
+        kiln, ort = result.load(threads=threads), ort_session(model, threads)
+        for steps in LOOP_LENGTHS:
+            f = {"h": rng.standard_normal((1, 512)).astype(np.float32),
+                 "x": rng.standard_normal((1, 512)).astype(np.float32), "max_len": np.array(steps, np.int64)}
+            want = ort.run(None, f)[0]
+            np.testing.assert_allclose(kiln.run(f)["ys"], want, rtol=1e-4, atol=1e-4)
+            runs = {"kiln": lambda: kiln.run(f), "ort": lambda: ort.run(None, f)}
+            ov = openvino_runner(model, threads, f)
+            if ov is not None:
+                runs["ov"] = lambda: ov(f)
+            ms = interleaved(runs, args.warmup, max(5, args.repeat // 2), args.rounds)
+            best = min(ms["ort"], ms.get("ov", float("inf")))
+            ov_ms = f"{ms['ov']:.3f}" if "ov" in ms else "n/a"
+            lines.append(f"| {steps} | {threads} | {ms['kiln']:.3f} | {ms['ort']:.3f} | {ov_ms} | "
+                         f"{_ratio(ms['kiln'], best)} | {1000 * ms['kiln'] / steps:.1f} |")
+            print(lines[-1], flush=True)
+    return lines
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--repeat", type=int, default=20)
@@ -309,7 +347,7 @@ def main() -> None:
     tables = []
     for part in args.parts.split(","):
         parts = {"bert": bench_bert, "gpt2": bench_gpt2, "big": bench_big, "cnn": bench_cnn, "batch": bench_batch,
-                 "batch_zoo": bench_batch_zoo}
+                 "batch_zoo": bench_batch_zoo, "loops": bench_loops}
         tables += parts[part](args) + [""]
     print("\n".join(tables))
 

@@ -73,18 +73,19 @@ def test_split_to_sequence_then_joined(split, keepdims):
     _check(model, [{"x": np.random.default_rng(1).standard_normal((2, 4, 3)).astype(np.float32)}])
 
 
-def scripted_list_decoder(initial_items=0, axis=1, new_axis=1):
+def scripted_list_decoder(initial_items=0, axis=1, new_axis=1, width=8, batch=2, stop_above=3.0):
     """`outs: List[Tensor] = []; for i in range(max_len): h = tanh(W [x, h]); y = V h;
-    outs.append(y); if y.sum() > 3: break; torch.stack(outs, 1)` as the TorchScript exporter
-    writes it: SequenceEmpty, SequenceInsert in the Loop's body, ConcatFromSequence after it
-    (here optionally with `initial_items` copies of x in the list before the loop)."""
+    outs.append(y); if y.sum() > stop_above: break; torch.stack(outs, 1)` as the TorchScript
+    exporter writes it: SequenceEmpty, SequenceInsert in the Loop's body, ConcatFromSequence
+    after it (here optionally with `initial_items` copies of x in the list before the loop).
+    h and x are [batch, width] (bench/bench_dynamic.py's loops part runs it wider)."""
     rng = np.random.default_rng(2)
-    inits = [("cell_w", (rng.standard_normal((8, 16)) * 0.5).astype(np.float32)),
-             ("cell_b", (rng.standard_normal(8) * 0.1).astype(np.float32)),
-             ("out_w", rng.standard_normal((8, 8)).astype(np.float32)),
-             ("out_b", (rng.standard_normal(8) * 0.1).astype(np.float32)),
+    inits = [("cell_w", (rng.standard_normal((width, 2 * width)) * 2 / np.sqrt(width)).astype(np.float32)),
+             ("cell_b", (rng.standard_normal(width) * 0.1).astype(np.float32)),
+             ("out_w", (rng.standard_normal((width, width)) * np.sqrt(8 / width)).astype(np.float32)),
+             ("out_b", (rng.standard_normal(width) * 0.1).astype(np.float32)),
              ("forever", np.array(np.iinfo(np.int64).max, np.int64)), ("zero", np.array(0, np.int64)),
-             ("one", np.array(1, np.int64)), ("three", np.array(3, np.float32))]
+             ("one", np.array(1, np.int64)), ("three", np.array(stop_above, np.float32))]
     body = helper.make_graph(
         [helper.make_node("Concat", ["x", "h_in"], ["xh"], axis=1),
          helper.make_node("Gemm", ["xh", "cell_w", "cell_b"], ["pre"], transB=1),
@@ -97,9 +98,9 @@ def scripted_list_decoder(initial_items=0, axis=1, new_axis=1):
          helper.make_node("Add", ["i_in", "one"], ["i_out"]),
          helper.make_node("Less", ["i_out", "max_len"], ["in_range"]),
          helper.make_node("And", ["in_range", "go_on"], ["cond_out"])],
-        "body", [_vi("iteration", I64, []), _vi("cond_in", B, []), _vi("h_in", F, [2, 8]), _vi("i_in", I64, []),
-                 helper.make_tensor_sequence_value_info("outs_in", F, None)],
-        [_vi("cond_out", B, []), _vi("h_out", F, [2, 8]), _vi("i_out", I64, []),
+        "body", [_vi("iteration", I64, []), _vi("cond_in", B, []), _vi("h_in", F, [batch, width]),
+                 _vi("i_in", I64, []), helper.make_tensor_sequence_value_info("outs_in", F, None)],
+        [_vi("cond_out", B, []), _vi("h_out", F, [batch, width]), _vi("i_out", I64, []),
          helper.make_tensor_sequence_value_info("outs_out", F, None)])
     first = helper.make_node("SequenceConstruct", ["x"] * initial_items, ["outs0"]) if initial_items else \
         helper.make_node("SequenceEmpty", [], ["outs0"], dtype=F)
@@ -108,7 +109,8 @@ def scripted_list_decoder(initial_items=0, axis=1, new_axis=1):
                                     body=body),
                    helper.make_node("ConcatFromSequence", ["outs"], ["ys"], axis=axis, new_axis=new_axis),
                    helper.make_node("SequenceLength", ["outs"], ["n"])],
-                  [("h", F, [2, 8]), ("x", F, [2, 8]), ("max_len", I64, [])], [("ys", F), ("n", I64)], inits)
+                  [("h", F, [batch, width]), ("x", F, [batch, width]), ("max_len", I64, [])], [("ys", F), ("n", I64)],
+                  inits)
 
 
 @pytest.mark.parametrize("initial_items, axis, new_axis", [(0, 1, 1), (0, 0, 1), (2, 1, 0), (1, -1, 0)])
