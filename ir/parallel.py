@@ -42,7 +42,9 @@ def work(stmt, symbols: tuple = ()) -> int:
     if isinstance(stmt, Gemm):
         m, n = extent_value(stmt.m, symbols), extent_value(stmt.n, symbols)
         macs = m * n * stmt.k * (4 if stmt.kind != "f32" else 1)
-        return macs // 2 + m * n * max(work(stmt.epilogue, symbols), 1)
+        # (one row streams all of B for one multiply-add per element: a load per element is
+        # its cost, which half a multiply-add each would count at half)
+        return max(macs // 2, n * stmt.k) + m * n * max(work(stmt.epilogue, symbols), 1)
     if isinstance(stmt, WindowDot):  # multiply-adds, counted as a Gemm's
         return stmt.width * (stmt.rows * stmt.taps // 2 + 1)
     if isinstance(stmt, Deinterleave):  # a load and a store per element, as the loop it replaces
