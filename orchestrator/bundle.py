@@ -269,7 +269,8 @@ def _locations(lowered, weight_offsets, arena_offsets):
                     trip = _dim_c(st.trip, symbols)
                 else:
                     trip = st.trip if st.trip or not st.until else None  # (None: a while loop's no limit)
-                ran = [s for s, t in counts.items() if st.iterations and lowered.storage(t) == st.iterations]
+                ran = [s for s, t in counts.items()
+                       if st.iterations and lowered.storage(t) == lowered.storage(st.iterations)]
                 out.append(("loop", trip, loc(st.iteration) if st.iteration else None,
                             [(loc(init), loc(state), n) for (init, state, _), n in zip(st.state, nbytes)],
                             [(loc(whole), loc(part), lowered.types[part].nbytes, rev) for whole, part, rev in st.feeds],
@@ -305,7 +306,8 @@ def _locations(lowered, weight_offsets, arena_offsets):
     # (a count in a loop's body is bound there, each iteration)
     where = {lowered.storage(o): st.guard for st in _kernel_calls(lowered.steps) for o in st.outputs} \
         if counts else {}
-    where.update({loop.iterations: loop.guard for loop in _loops(lowered.steps) if loop.iterations and counts})
+    where.update({lowered.storage(loop.iterations): loop.guard for loop in _loops(lowered.steps)
+                  if loop.iterations and counts})
     guarded = {s for s, t in counts.items() if where[lowered.storage(t)]}  # (counted in a branch taken at run time)
 
     plan = items(lowered.steps)

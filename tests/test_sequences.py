@@ -156,3 +156,18 @@ def test_uses_of_sequences_kiln_refuses_by_name():
                  helper.make_node("SequenceAt", ["s", "k"], ["y"])], [("x", F, [2]), ("k", I64, [])], [("y", F)])
     with pytest.raises(KilnError, match=r"SequenceAt.*position 'k' is computed at run time"):
         _build(at)
+
+
+def test_a_sequence_passed_through_an_identity_and_one_given_to_a_tensor_op():
+    """The exporters put Identities where a list leaves a branch or a loop: the sequence goes
+    on. A tensor op given a sequence is refused naming it."""
+    passed = _model([helper.make_node("SequenceConstruct", ["a", "b"], ["s"]),
+                     helper.make_node("Identity", ["s"], ["t"]),
+                     helper.make_node("ConcatFromSequence", ["t"], ["y"], axis=0, new_axis=1)],
+                    [("a", F, [3]), ("b", F, [3])], [("y", F)])
+    rng = np.random.default_rng(4)
+    _check(passed, [{"a": rng.standard_normal(3).astype(np.float32), "b": rng.standard_normal(3).astype(np.float32)}])
+    misused = _model([helper.make_node("SequenceConstruct", ["a", "b"], ["s"]),
+                      helper.make_node("Relu", ["s"], ["y"])], [("a", F, [3]), ("b", F, [3])], [("y", F)])
+    with pytest.raises(KilnError, match=r"Relu.*input 's' is a sequence; Relu takes tensors"):
+        _build(misused)

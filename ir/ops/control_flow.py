@@ -52,7 +52,7 @@ from ..symbolic import (COUNTED, Dim, greatest, is_symbolic, late_symbols, late_
                         least, require_equal)
 from ..value_symbols import Computed, bounds_hint, counted, define, select
 from .compile_time import SHAPE
-from .elementwise import ADD, AND, CAST, GREATER_OR_EQUAL, LESS, LESS_OR_EQUAL
+from .elementwise import ADD, AND, CAST, GREATER, GREATER_OR_EQUAL, LESS, LESS_OR_EQUAL
 from .inference import resolve
 from .registry import OPAQUE, OpDef, expanded_only, register
 from .sequences import SEQUENCE_INSERT, Rows
@@ -309,8 +309,9 @@ def _sequence_appends(g: Graph, node: Node) -> list[Node] | None:
     for k in sequences:
         state, new = body.inputs[2 + k], body.outputs[1 + k]
         insert = producer.get(new)
-        if (insert is None or insert.op != SEQUENCE_INSERT or insert.inputs[0] != state or readers.get(state) != [insert]
-                or (len(insert.inputs) > 2 and insert.inputs[2]) or readers.get(new) or body.outputs.count(new) != 1):
+        appends = insert is not None and insert.op == SEQUENCE_INSERT and insert.inputs[0] == state and \
+            (len(insert.inputs) < 3 or not insert.inputs[2])  # (at the end: no position)
+        if not appends or readers.get(state) != [insert] or readers.get(new) or body.outputs.count(new) != 1:
             raise UnsupportedError(f"{node.describe()}: carried value {k} is a sequence that the body does more with "
                                    "than append to (SequenceInsert at its end, nothing else reading it); Kiln compiles "
                                    "such a loop's appends only")
@@ -599,7 +600,6 @@ def most_iterations(g: Graph, node: Node) -> int | None:
     return min(m for m in (most, counter) if m is not None) if (most, counter) != (None, None) else None
 
 
-GREATER = "Greater"
 _BEFORE = {LESS: (0, 1, True), LESS_OR_EQUAL: (0, 1, False), GREATER: (1, 0, True),
            GREATER_OR_EQUAL: (1, 0, False)}  # op: (the counter's input, the limit's, strictly less?)
 
@@ -658,8 +658,9 @@ def _counter_bound(g: Graph, node: Node, unbounded: list | None = None) -> int |
         elif n.op in _BEFORE:
             counter, limit, strict = _BEFORE[n.op]
             rise, name = affine(n.inputs[counter]), outer.get(n.inputs[limit], n.inputs[limit])
-            found = value_ranges(g, [name])[name] if name not in producer and name in g.types else None
-            if rise is not None and found is None and unbounded is not None and name in g.types:
+            invariant = name not in producer and name not in body.inputs and name in g.types  # (from around)
+            found = value_ranges(g, [name])[name] if invariant else None
+            if rise is not None and found is None and unbounded is not None and invariant:
                 unbounded.append(name)
             if rise is not None and found is not None:
                 # (iteration t goes on only if first + rise * t is below the limit: the last

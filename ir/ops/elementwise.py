@@ -30,7 +30,7 @@ SUB, MIN, MAX, CLIP, ROUND, EQUAL, LESS = "Sub", "Min", "Max", "Clip", "Round", 
 SQRT, RECIPROCAL, MOD, BIT_SHIFT, BITWISE_AND = "Sqrt", "Reciprocal", "Mod", "BitShift", "BitwiseAnd"
 FLOOR, CEIL, NEG = "Floor", "Ceil", "Neg"
 RELU, EXP, LOG, ABS, SUM = "Relu", "Exp", "Log", "Abs", "Sum"
-GREATER_OR_EQUAL, LESS_OR_EQUAL, GELU = "GreaterOrEqual", "LessOrEqual", "Gelu"
+GREATER, GREATER_OR_EQUAL, LESS_OR_EQUAL, GELU = "Greater", "GreaterOrEqual", "LessOrEqual", "Gelu"
 
 
 def _same(g, node, p):
@@ -355,7 +355,7 @@ register(
     _arith(MUL, "mul", lambda x, y, a: np.multiply(x, y)), _arith(DIV, "div", _div_fold),
     _arith(MAX, "max", lambda x, y, a: np.maximum(x, y), _variadic_infer),
     _arith(MIN, "min", lambda x, y, a: np.minimum(x, y), _variadic_infer),
-    _compare(EQUAL, "eq", np.equal), _compare(LESS, "lt", np.less), _compare("Greater", "gt", np.greater),
+    _compare(EQUAL, "eq", np.equal), _compare(LESS, "lt", np.less), _compare(GREATER, "gt", np.greater),
     OpDef("Pow", BROADCAST, _pow_infer, lambda a, v, g, node: [np.power(v[0], v[1])], _pow_reader, costly=True),
     OpDef(MOD, BROADCAST, _binary_infer,
           lambda a, v, g, node: [np.fmod(v[0], v[1]) if a.get("fmod", 0) else np.mod(v[0], v[1])], _mod_reader),

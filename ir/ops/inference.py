@@ -21,6 +21,7 @@ from .compile_time import SYMBOLIC_VALUE, symbolic_value_node, symbolic_values_o
 from .elementwise import ADD, CAST, CEIL, COMPARISONS, DIV, FLOOR, MAX, MIN, MUL, NEG, RECIPROCAL, SUB
 from .reduce import REDUCE_MAX, REDUCE_MIN
 from .registry import op_def
+from .sequences import sequence_passed_on
 from .value_ranges import producing_nodes
 
 # Do not materialize folded tensors larger than this (e.g. an Expand of a constant).
@@ -335,6 +336,9 @@ def _resolve(g: Graph, fold_floats: bool, producer: dict) -> Graph:
             for n in body:  # (a node in a branch decided at run time: so is what it expands to)
                 n.guard = n.guard or node.guard
             pending.extendleft(reversed(body))
+            continue
+        if g.sequences and any(i in g.sequences for i in node.inputs):  # (an op with no expansion for one)
+            sequence_passed_on(g, node)
             continue
         try:
             types, g.params[node.key] = _with_constants(g, lambda: infer(g, node), producer, folded, kept)

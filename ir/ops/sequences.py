@@ -78,6 +78,15 @@ def _define(g: Graph, node: Node, found: list) -> list:
     return []
 
 
+def sequence_passed_on(g: Graph, node: Node) -> None:
+    """An op that is not a sequence op, given a sequence: an Identity passes it on (the
+    exporters write them where a list leaves a branch or a loop); any other is refused."""
+    if node.op != IDENTITY:
+        seq = next(i for i in node.inputs if i in g.sequences)
+        raise UnsupportedError(f"{node.describe()}: its input '{seq}' is a sequence; {node.op} takes tensors")
+    _define(g, node, g.sequences[node.inputs[0]])
+
+
 def _empty(g, node):
     return _define(g, node, [])
 
