@@ -51,12 +51,11 @@ from ..loop import Const, For, If, Load, Store, Var
 from ..symbolic import (COUNTED, Dim, greatest, is_symbolic, late_symbols, late_symbols_in,
                         least, require_equal)
 from ..value_symbols import Computed, bounds_hint, counted, define, select
-from .compile_time import SHAPE
 from .elementwise import ADD, AND, CAST, GREATER, GREATER_OR_EQUAL, LESS, LESS_OR_EQUAL
 from .inference import resolve
 from .registry import OPAQUE, OpDef, expanded_only, register
-from .sequences import SEQUENCE_INSERT, Rows
-from .shape import CONCAT, GATHER, IDENTITY, RESHAPE, SLICE, TRANSPOSE, UNSQUEEZE, view_def
+from .sequences import SEQUENCE_INSERT, Rows, rows_joined
+from .shape import CONCAT, GATHER, IDENTITY, UNSQUEEZE, view_def
 from .value_ranges import unbounded_origin, unbounded_source, value_ranges
 
 IF, LOOP, SCAN, IF_MERGE, ENTRY_LOOP = "If", "Loop", "Scan", "kiln.IfMerge", "kiln.Loop"
@@ -412,29 +411,6 @@ def _joined(g: Graph, node: Node, k: int, stacked: str, axis) -> list[Node]:
         nodes.append(Node(CONCAT, [initial, joined], [out], {"axis": axis}, f"{node.name}/{tag}/after_initial",
                           node.guard))
     return nodes
-
-
-def rows_joined(g: Graph, stacked: str, rank: int, axis: int, new_axis: bool, out: str, tag: str, name: str,
-                guard: tuple) -> list[Node]:
-    """`out` from `stacked`, rank-`rank` rows stacked along a new axis 0: the rows stacked
-    along `axis` instead (`new_axis`), or joined along it (axis 0 moved beside it and merged
-    into it: Transpose, Shape/Slice/Concat of the sizes, Reshape)."""
-    nodes, moved = [], stacked if new_axis or not axis else f"{tag}/moved"
-    if axis:
-        perm = list(range(1, axis + 1)) + [0] + list(range(axis + 1, rank + 1))
-        moved = out if new_axis else moved
-        nodes.append(Node(TRANSPOSE, [stacked], [moved], {"perm": perm}, f"{name}/{tag}/move", guard))
-    if new_axis:
-        return nodes or [Node(IDENTITY, [stacked], [out], {}, f"{name}/{tag}/rows", guard)]
-    shape, sizes = f"{tag}/shape", f"{tag}/sizes"
-    const = {c: g.add_constant(f"{tag}/{c}", np.array(v, np.int64))
-             for c, v in (("before", [0] * axis), ("merged", [-1]), ("rest", [axis + 2]), ("end", [rank + 1]))}
-    kept = [const["before"]] if axis else []  # (0: the dims before the axis as they are)
-    return nodes + [
-        Node(SHAPE, [moved], [shape], {}, f"{name}/{tag}/shape", guard),
-        Node(SLICE, [shape, const["rest"], const["end"]], [f"{tag}/after"], {}, f"{name}/{tag}/after", guard),
-        Node(CONCAT, kept + [const["merged"], f"{tag}/after"], [sizes], {"axis": 0}, f"{name}/{tag}/sizes", guard),
-        Node(RESHAPE, [moved, sizes], [out], {}, f"{name}/{tag}/merge", guard)]
 
 
 def _keeps_going(g: Graph, body: Subgraph) -> bool:

@@ -22,7 +22,7 @@ from ..graph import Graph, Node, ShapeError, UnsupportedError
 from .elementwise import SUM
 from .registry import OPAQUE, OpDef, expanded_only, register
 from .compile_time import SHAPE
-from .shape import CONCAT, GATHER, IDENTITY, SPLIT, SQUEEZE, UNSQUEEZE
+from .shape import CONCAT, GATHER, IDENTITY, RESHAPE, SLICE, SPLIT, SQUEEZE, TRANSPOSE, UNSQUEEZE
 
 SEQUENCE_EMPTY, SEQUENCE_CONSTRUCT, SEQUENCE_INSERT = "SequenceEmpty", "SequenceConstruct", "SequenceInsert"
 SEQUENCE_ERASE, SEQUENCE_AT, SEQUENCE_LENGTH = "SequenceErase", "SequenceAt", "SequenceLength"
@@ -144,7 +144,6 @@ def _length(g, node):
 
 def _concat(g, node):
     """ConcatFromSequence: the elements joined along `axis`, or stacked along a new one."""
-    from .control_flow import rows_joined
     seq = items(g, node, node.inputs[0])
     if not seq:
         raise ShapeError(f"{node.describe()}: it concatenates an empty sequence")
@@ -200,6 +199,29 @@ def _split(g, node):
                   for k, p in enumerate(parts)]
         parts = [f"{p}/squeezed" for p in parts]
     return nodes + _define(g, node, parts)
+
+
+def rows_joined(g: Graph, stacked: str, rank: int, axis: int, new_axis: bool, out: str, tag: str, name: str,
+                guard: tuple) -> list[Node]:
+    """`out` from `stacked`, rank-`rank` rows stacked along a new axis 0: the rows stacked
+    along `axis` instead (`new_axis`), or joined along it (axis 0 moved beside it and merged
+    into it: Transpose, Shape/Slice/Concat of the sizes, Reshape)."""
+    nodes, moved = [], stacked if new_axis or not axis else f"{tag}/moved"
+    if axis:
+        perm = list(range(1, axis + 1)) + [0] + list(range(axis + 1, rank + 1))
+        moved = out if new_axis else moved
+        nodes.append(Node(TRANSPOSE, [stacked], [moved], {"perm": perm}, f"{name}/{tag}/move", guard))
+    if new_axis:
+        return nodes or [Node(IDENTITY, [stacked], [out], {}, f"{name}/{tag}/rows", guard)]
+    shape, sizes = f"{tag}/shape", f"{tag}/sizes"
+    const = {c: g.add_constant(f"{tag}/{c}", np.array(v, np.int64))
+             for c, v in (("before", [0] * axis), ("merged", [-1]), ("rest", [axis + 2]), ("end", [rank + 1]))}
+    kept = [const["before"]] if axis else []  # (0: the dims before the axis as they are)
+    return nodes + [
+        Node(SHAPE, [moved], [shape], {}, f"{name}/{tag}/shape", guard),
+        Node(SLICE, [shape, const["rest"], const["end"]], [f"{tag}/after"], {}, f"{name}/{tag}/after", guard),
+        Node(CONCAT, kept + [const["merged"], f"{tag}/after"], [sizes], {"axis": 0}, f"{name}/{tag}/sizes", guard),
+        Node(RESHAPE, [moved, sizes], [out], {}, f"{name}/{tag}/merge", guard)]
 
 
 register(*(OpDef(name, OPAQUE, expanded_only, expand=expand) for name, expand in (
