@@ -152,11 +152,11 @@ class Graph:
     # Bounds of the values of tensors this graph reads but does not compute (a loop body's, from
     # the graph around it): {name: (lo, hi)}, as ir/ops/value_ranges.py gives them.
     value_ranges: dict = field(default_factory=dict)
-    # Sequences type inference expanded (ir/ops/sequences.py): {name: items}, while it runs.
-    sequences: dict = field(default_factory=dict)
     # Why some of those have none, where the graph around knows: {name: text for an error} (a
     # loop's iteration number: its trip count has no bounds, and how to give them).
     unbounded_why: dict = field(default_factory=dict)
+    # Sequences type inference expanded (ir/ops/sequences.py): {name: items}, while it runs.
+    sequences: dict = field(default_factory=dict)
     # Derived symbols a loop body takes from the graph around it: counted there, not here, so
     # type inference of the body neither waits for their counts nor drops them.
     outer_symbols: frozenset = frozenset()

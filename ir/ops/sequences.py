@@ -6,7 +6,7 @@ SequenceEmpty, SequenceInsert, ConcatFromSequence. Kiln compiles tensors only, s
 inference expands each sequence op away: a sequence is a list of *items* kept beside the
 graph (`Graph.sequences`, while inference runs), each item a tensor (one element) or
 `Rows(stacked)` (one element per row of a tensor stacked along a new axis 0: what a loop
-appended, ir/ops/control_flow.py's `sequence_appends`). Ops that make sequences (Empty,
+appended, ir/ops/control_flow.py's `_sequence_appends`). Ops that make sequences (Empty,
 Construct, Insert, Erase, SplitToSequence) edit the list and compute nothing; ops that read
 them (SequenceAt, SequenceLength, ConcatFromSequence) become the tensor ops giving their
 result. What needs a sequence as a value (a model input or output, an If's branch, an
@@ -19,9 +19,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..graph import Graph, Node, ShapeError, UnsupportedError
+from .compile_time import SHAPE
 from .elementwise import SUM
 from .registry import OPAQUE, OpDef, expanded_only, register
-from .compile_time import SHAPE
 from .shape import CONCAT, GATHER, IDENTITY, RESHAPE, SLICE, SPLIT, SQUEEZE, TRANSPOSE, UNSQUEEZE
 
 SEQUENCE_EMPTY, SEQUENCE_CONSTRUCT, SEQUENCE_INSERT = "SequenceEmpty", "SequenceConstruct", "SequenceInsert"
@@ -106,9 +106,9 @@ def _insert(g, node):
 
 def _erase(g, node):
     seq = _tensors(g, node, node.inputs[0])
-    p = _position(g, node, 1, len(seq)) if len(node.inputs) > 1 and node.inputs[1] else len(seq) - 1
     if not seq:
         raise ShapeError(f"{node.describe()}: it erases from an empty sequence")
+    p = _position(g, node, 1, len(seq)) if len(node.inputs) > 1 and node.inputs[1] else len(seq) - 1
     return _define(g, node, seq[:p] + seq[p + 1:])
 
 
