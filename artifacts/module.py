@@ -341,8 +341,9 @@ class Module:
 
     def random_inputs(self, seed: int = 0, dims: dict | None = None) -> dict:
         """Inputs of the right shapes and dtypes: standard normal floats, zero integers (an
-        integer input whose values are read as sizes: their least). A symbolic dim takes its
-        value in `dims`, else its greatest."""
+        integer input whose values are read as sizes: their value in `dims`, by the element's
+        symbol or the input's name, else their least). A symbolic dim takes its value in
+        `dims`, else its greatest."""
         rng = np.random.default_rng(seed)
         values = {**(self._symbols.greatest() if self._symbols else {}), **(dims or {})}
         shapes = {s["name"]: [dim_value(d, values) for d in s["shape"]] for s in self.inputs}
@@ -352,7 +353,8 @@ class Module:
                for s in self.inputs}
         for d in self.manifest.derived:  # (an element read as it is: ir/value_symbols.py)
             if d.get("expr", [None])[0] == "read":
-                out[d["expr"][1]].reshape(-1)[d["expr"][2]] = d["least"]
+                given = (dims or {}).get(d["name"], (dims or {}).get(d["expr"][1], d["least"]))
+                out[d["expr"][1]].reshape(-1)[d["expr"][2]] = given
         return out
 
     def __call__(self, *args, **kwargs) -> dict:

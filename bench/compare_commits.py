@@ -13,8 +13,9 @@ and the working tree) is checked out into a temporary git worktree, the same ONN
 imports that worktree's Kiln, and both modules are loaded here and timed in interleaved
 rounds (`--target` builds for another target than the host's, e.g. AVX2 code on an
 AVX-512 host; `--dim NAME=LO..HI` builds with that dim symbolic, as `kiln build --dim` does,
-and `--at NAME=V` runs it at that size, else at its greatest). Prints each revision's
-median over rounds, its best round, its kernel sum
+and `--at NAME=V` runs it at that size, else at its greatest; for an integer input bounded
+by `--dim` and read as a value, such as a loop's max_len, `--at` gives its value, else its
+least). Prints each revision's median over rounds, its best round, its kernel sum
 (`Module.profile`, best of rounds per kernel), and the kernels that moved by more than 8%.
 Small memory-bound kernels move with the load order alone: ResNet-18's last Gemm (a 1x512 by
 512x1000 product, 2 MB of weights) took 0.07 ms in the first module and 0.10 in the second

@@ -523,3 +523,15 @@ def test_a_carried_value_appended_to_each_iteration(steps, axis, initial):
     lengths = (0, 1, 7, 40) if steps == "n" else (steps,)
     _check(model, [{"xs": rng.standard_normal((n, 6)).astype(np.float32),
                     "total0": rng.standard_normal(6).astype(np.float32)} for n in lengths], result)
+
+
+def test_random_inputs_take_a_bounded_value_from_dims():
+    """Module.random_inputs gives an integer input read as a value (max_len) the value `dims`
+    names, by the input or its element's symbol, else its least (bench/compare_commits.py's
+    `--at max_len=64`)."""
+    module = build(scripted_greedy_decoder(), executor="inprocess", cache=None, progress=False,
+                   dims={"max_len": (2, 32)}).load()
+    assert int(module.random_inputs()["max_len"]) == 2
+    assert int(module.random_inputs(dims={"max_len": 9})["max_len"]) == 9
+    assert int(module.random_inputs(dims={"max_len[0]": 7})["max_len"]) == 7
+    assert module.run(module.random_inputs(dims={"max_len": 9}))["tokens"].shape[0] <= 10
