@@ -303,6 +303,17 @@ def test_a_loop_stopping_on_its_condition_inside_a_branch():
                     "go": np.array(go)} for limit, go in ((5.0, True), (1000.0, True), (5.0, False))])
 
 
+def scripted_break_condition(value: str, threshold: str) -> list:
+    """The condition a loop body hands back where torch.jit.script exports `for i in
+    range(max_len): ...; if value > threshold: break`: `i + 1 < max_len and not (value >
+    threshold)`, the counter carried in as i_in and out as i_out (`one` a constant 1)."""
+    return [helper.make_node("Greater", [value, threshold], ["stop"]),
+            helper.make_node("Not", ["stop"], ["go_on"]),
+            helper.make_node("Add", ["i_in", "one"], ["i_out"]),
+            helper.make_node("Less", ["i_out", "max_len"], ["in_range"]),
+            helper.make_node("And", ["in_range", "go_on"], ["cond_out"])]
+
+
 def scripted_greedy_decoder():
     """A greedy decoding loop as torch.jit.script exports `for i in range(max_len): ...;
     out = torch.cat([out, tok[None]]); if (tok == 10).any(): break`: a trip count of the
@@ -329,11 +340,7 @@ def scripted_greedy_decoder():
          helper.make_node("Equal", ["tok_out", "stop_token"], ["hit"]),
          helper.make_node("Cast", ["hit"], ["hits"], to=I64),
          helper.make_node("ReduceSum", ["hits"], ["n_hits"], keepdims=0),
-         helper.make_node("Greater", ["n_hits", "zero"], ["stop"]),
-         helper.make_node("Not", ["stop"], ["go_on"]),
-         helper.make_node("Add", ["i_in", "one"], ["i_out"]),
-         helper.make_node("Less", ["i_out", "max_len"], ["in_range"]),
-         helper.make_node("And", ["in_range", "go_on"], ["cond_out"])],
+         *scripted_break_condition("n_hits", "zero")],
         "body", [_vi("iteration", I64, []), _vi("cond_in", B, []), _vi("out_in", I64, None), _vi("h_in", F, [2, 8]),
                  _vi("tok", I64, [2]), _vi("i_in", I64, [])],
         [_vi("cond_out", B, []), _vi("out_out", I64, None), _vi("h_out", F, [2, 8]), _vi("tok_out", I64, [2]),
@@ -535,3 +542,14 @@ def test_random_inputs_take_a_bounded_value_from_dims():
     assert int(module.random_inputs(dims={"max_len": 9})["max_len"]) == 9
     assert int(module.random_inputs(dims={"max_len[0]": 7})["max_len"]) == 7
     assert module.run(module.random_inputs(dims={"max_len": 9}))["tokens"].shape[0] <= 10
+
+
+def test_a_loop_whose_condition_is_false_from_the_start_is_skipped_however_long():
+    """A constant false first condition runs no iteration, whatever the trip count: even one
+    of the largest int64, too long to unroll, gives the initial values back."""
+    body = _loop_body([helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+                       helper.make_node("Neg", ["v0"], ["v0_out"])], [[2]])
+    model = _model([helper.make_node("Loop", ["forever", "never", "v_init"], ["v_final"], body=body)],
+                   [("v_init", F, [2])], [("v_final", F)],
+                   [("forever", np.array(np.iinfo(np.int64).max, np.int64)), ("never", np.array(False))])
+    _check(model, [{"v_init": np.array([1.5, -2.0], np.float32)}])

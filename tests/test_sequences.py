@@ -9,6 +9,7 @@ from onnx.reference import ReferenceEvaluator
 from modelkiln.ir.errors import KilnError
 from modelkiln.orchestrator.api import build
 from tests import model_zoo
+from tests.test_control_flow import scripted_break_condition
 
 F, I64, B = TensorProto.FLOAT, TensorProto.INT64, TensorProto.BOOL
 
@@ -91,11 +92,7 @@ def scripted_list_decoder(initial_items=0, axis=1, new_axis=1, width=8, batch=2,
          helper.make_node("Gemm", ["h_out", "out_w", "out_b"], ["y"], transB=1),
          helper.make_node("SequenceInsert", ["outs_in", "y"], ["outs_out"]),
          helper.make_node("ReduceSum", ["y"], ["total"], keepdims=0),
-         helper.make_node("Greater", ["total", "three"], ["stop"]),
-         helper.make_node("Not", ["stop"], ["go_on"]),
-         helper.make_node("Add", ["i_in", "one"], ["i_out"]),
-         helper.make_node("Less", ["i_out", "max_len"], ["in_range"]),
-         helper.make_node("And", ["in_range", "go_on"], ["cond_out"])],
+         *scripted_break_condition("total", "three")],
         "body", [_vi("iteration", I64, []), _vi("cond_in", B, []), _vi("h_in", F, [batch, width]),
                  _vi("i_in", I64, []), helper.make_tensor_sequence_value_info("outs_in", F, None)],
         [_vi("cond_out", B, []), _vi("h_out", F, [batch, width]), _vi("i_out", I64, []),

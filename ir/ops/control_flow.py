@@ -221,16 +221,15 @@ def expand_loop(g: Graph, node: Node) -> list[Node]:
     known = True if not cond else _scalar_constant(g, cond)
     if start == 0 and int(count) > UNROLLED_ITERATIONS and known is not None and known and _keeps_going(g, body):
         return [_entry_loop(node, body, int(count), carried, [], [], [0] * n_scan)]
+    if start >= int(count) or (known is not None and not known):
+        return _loop_results(g, node, carried, slices)
     too_many = (int(count) - start) * max(len(body.nodes), 1) > MAX_UNROLLED_NODES
-    if start < int(count) and (known is None and n_scan or too_many and not _keeps_going(g, body)) and \
-            (known is None or known):
+    if known is None and n_scan or too_many and not _keeps_going(g, body):
         # (a condition computed at run time: the rest runs in the entry function, as long as it holds)
         return _rest_in_entry_loop(g, node, body, int(count) - start, start, cond, carried, slices)
     if too_many:
         raise UnsupportedError(f"{node.describe()}: {int(count)} iterations of a {len(body.nodes)}-node body unroll to "
                                f"more than {MAX_UNROLLED_NODES} nodes")
-    if start >= int(count) or (known is not None and not known):
-        return _loop_results(g, node, carried, slices)
     guard = node.guard if known is not None else node.guard + ((cond, True),)
     prefix = f"{node.key}/it{start}/"
     iteration = g.add_constant(prefix + "iter", np.array(start, np.int64))
