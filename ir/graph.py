@@ -152,6 +152,9 @@ class Graph:
     # Bounds of the values of tensors this graph reads but does not compute (a loop body's, from
     # the graph around it): {name: (lo, hi)}, as ir/ops/value_ranges.py gives them.
     value_ranges: dict = field(default_factory=dict)
+    # The sizes among those (a loop body's captured image height): {name: values as in
+    # symbolic_values}, which type inference starts from each time it runs.
+    given_values: dict = field(default_factory=dict)
     # Why some of those have none, where the graph around knows: {name: text for an error} (a
     # loop's iteration number: its trip count has no bounds, and how to give them).
     unbounded_why: dict = field(default_factory=dict)
@@ -171,6 +174,7 @@ class Graph:
         g.expansion_checks = list(self.expansion_checks)
         g.derived, g.caches, g.value_bounds = dict(self.derived), list(self.caches), dict(self.value_bounds)
         g.value_ranges, g.unbounded_why = dict(self.value_ranges), dict(self.unbounded_why)
+        g.given_values = dict(self.given_values)
         g.sequences = dict(self.sequences)
         g.groups = None if self.groups is None else [list(m) for m in self.groups]
         return g

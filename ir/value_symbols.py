@@ -33,7 +33,7 @@ import numpy as np
 
 from ..artifacts import expressions
 from .errors import KilnError
-from .symbolic import _DERIVED, COUNTED, Dim, definition_symbols, dim_to_json, late_symbols_in
+from .symbolic import _DERIVED, COUNTED, Dim, definition_symbols, dim_to_json, greatest, late_symbols_in, least
 
 MAX_VALUE_ELEMENTS = 64  # a shape parameter is a short vector, not data
 
@@ -47,10 +47,11 @@ class Computed:
 
 def _fed(g, name: str) -> bool:
     """Can a call's values of `name` be read as a shape parameter: an integer graph input of
-    a fixed, small shape?"""
+    a fixed, small shape, whose values are not sizes known already (a loop body's captured
+    image height)?"""
     t = g.types.get(name)
-    return name in g.inputs and name not in g.constants and t is not None and t.dtype in ("int64", "int32") \
-        and t.is_static and t.size <= MAX_VALUE_ELEMENTS
+    return name in g.inputs and name not in g.constants and name not in g.symbolic_values and t is not None \
+        and t.dtype in ("int64", "int32") and t.is_static and t.size <= MAX_VALUE_ELEMENTS
 
 
 def runtime_values(g, node, index: int) -> list | None:
@@ -216,3 +217,52 @@ def to_json(expr):
     if isinstance(expr, Dim):
         return ["dim", dim_to_json(expr)]
     return [expr[0], *(to_json(e) if not isinstance(e, str) else e for e in expr[1:])]
+
+
+def at_greatest(size, maximal: set, derived: dict):
+    """`size` where every symbol in `maximal` takes its greatest value (and each computed
+    from one, its value then), as a size over the other symbols, or None where their bounds
+    do not decide it. A slice x[:, :w] of a row whose length the data decide is w wherever
+    the row is at its longest: Mask R-CNN's pasted masks are the image's width."""
+    def symbol(s: str, lo: int, hi: int):
+        d = derived.get(s)
+        computed = isinstance(d, Computed) and d.expr[0] not in ("read", COUNTED, "after")
+        if computed and (s in maximal or definition_symbols(d) & maximal):
+            return evaluate(d.expr)
+        return hi if s in maximal else Dim.symbol(s, lo, hi)
+
+    def evaluate(e):
+        if isinstance(e, (int, np.integer)):
+            return int(e)
+        if isinstance(e, Dim):
+            values = {s: symbol(s, lo, hi) for s, lo, hi in e.bounds}
+            if any(v is None for v in values.values()):
+                return None
+            total = 0
+            for monomial, c in e.terms:
+                term = c
+                for s in monomial:
+                    term = term * values[s]
+                total = total + term
+            return total
+        if not isinstance(e, tuple) or e[0] in ("read", COUNTED, "after"):
+            return None
+        args = [evaluate(a) for a in e[1:]]
+        if any(a is None for a in args):
+            return None
+        op, a, b = e[0], args[0], args[-1]
+        if op in ("add", "sub", "mul"):
+            return a + b if op == "add" else a - b if op == "sub" else a * b
+        if op in ("min", "max"):  # (decided where one's range lies wholly below the other's)
+            low, high = (a, b) if greatest(a) <= least(b) else (b, a) if greatest(b) <= least(a) else (None, None)
+            return low if op == "min" else high
+        if op == "lt" and (greatest(a) < least(b) or least(a) >= greatest(b)):
+            return int(greatest(a) < least(b))
+        if op == "eq" and isinstance(a, int) and isinstance(b, int):
+            return int(a == b)
+        if op == "select" and a in (0, 1):
+            return args[1] if a == 1 else args[2]
+        if op == "div" and isinstance(b, int) and b > 0 and (isinstance(a, int) or b == 1):
+            return a // b if isinstance(a, int) else a
+        return None
+    return evaluate(size)

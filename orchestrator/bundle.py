@@ -90,10 +90,9 @@ def _preconditions(lowered) -> list[tuple[str, int]]:
     buffers = [(f"inputs[{i}]", lowered.types[t]) for i, t in enumerate(lowered.inputs) if t not in pasts] + \
         [(f"outputs[{i}]", lowered.types[t]) for i, t in enumerate(lowered.outputs)]
     buffers = [(p, t) for p, t in buffers if t.nbytes != 0]
-    if len(buffers) > 1:  # (an output a late size decides: its greatest, what the caller allocates)
+    if len(buffers) > 1:  # (a late size is at its greatest until counted: what the caller allocates)
         starts = ", ".join(p for p, _ in buffers)
-        sizes = ", ".join(str(t.greatest_nbytes if _uses(t.nbytes, late) else _nbytes_c(t, symbols))
-                          for _, t in buffers)
+        sizes = ", ".join(str(_nbytes_c(t, symbols)) for _, t in buffers)
         out.append((f"kiln_disjoint({len(buffers)}, (void*[]){{{starts}}}, (size_t[]){{{sizes}}})",
                     OVERLAPPING_BUFFERS))
     return out
@@ -260,7 +259,7 @@ def _locations(lowered, weight_offsets, arena_offsets):
         out = []
         for st in steps:
             if _is_loop(st):
-                nbytes = [lowered.types[s].nbytes for _, s, _ in st.state]
+                nbytes = [_nbytes_c(lowered.types[s], symbols) for _, s, _ in st.state]
                 swap = [("arena", arena_offsets[f"swap:{id(st)}:{i}"]) for i in range(len(st.state))] \
                     if _swaps(lowered, st) else None
                 if st.count:  # (read at run time)
@@ -273,10 +272,12 @@ def _locations(lowered, weight_offsets, arena_offsets):
                        if st.iterations and lowered.storage(t) == lowered.storage(st.iterations)]
                 out.append(("loop", trip, loc(st.iteration) if st.iteration else None,
                             [(loc(init), loc(state), n) for (init, state, _), n in zip(st.state, nbytes)],
-                            [(loc(whole), loc(part), lowered.types[part].nbytes, rev) for whole, part, rev in st.feeds],
+                            [(loc(whole), loc(part), _nbytes_c(lowered.types[part], symbols), rev)
+                             for whole, part, rev in st.feeds],
                             items(st.steps),
                             [(loc(leave), loc(state), n) for (_, state, leave), n in zip(st.state, nbytes)], swap,
-                            [(loc(part), loc(whole), lowered.types[part].nbytes, rev) for part, whole, rev in st.scans],
+                            [(loc(part), loc(whole), _nbytes_c(lowered.types[part], symbols), rev)
+                             for part, whole, rev in st.scans],
                             guard(st.guard), loc(st.start_if) if st.start_if else None,
                             loc(st.until) if st.until else None,
                             (loc(st.iterations), lowered.symbols[ran[0]][1]) if ran else None))

@@ -10,6 +10,7 @@ from modelkiln.ir.errors import KilnError
 from modelkiln.ir.frontend_onnx import from_onnx
 from modelkiln.ir.ops.inference import resolve
 from modelkiln.ir.ops.value_ranges import value_range
+from modelkiln.ir.symbolic import greatest
 from modelkiln.orchestrator.api import build
 from tests import model_zoo
 
@@ -113,13 +114,14 @@ def test_value_ranges_follow_the_ops():
 H_IMG, W_IMG, M = 20, 24, 6  # the image, and each mask's side before the pad of one
 
 
-def paste_masks_model():
+def paste_masks_model(dynamic: bool = False):
     """Detections kept by score (NonZero: a count n), their boxes clipped to the image and
     expanded by (M + 2) / M about their centres, cast to int64; masks padded by one. Then,
     for each detection (a Loop over n): the mask resized to its box's width and height (at
     least 1), the part inside the image sliced out and padded with zeros to the image's size,
     appended to the result (`res = torch.cat((res, mask))`), and its box's score appended
-    through a Cast as Keypoint R-CNN's loop does."""
+    through a Cast as Keypoint R-CNN's loop does. `dynamic`: the image's size is an input's
+    [3, height, width], read by Shape, as torchvision's export with dynamic axes reads it."""
     def scalar(name):
         return helper.make_tensor_value_info(name, I64, [])
     body_nodes = [
@@ -202,23 +204,35 @@ def paste_masks_model():
         _n("Pad", ["kept_masks", "mask_pads"], ["padded"]),
         _n("Shape", ["padded"], ["padded_shape"]), _n("Gather", ["padded_shape", "zero_s"], ["trip"], axis=0),
         _n("Loop", ["trip", "", "res0", "scores0"], ["pasted_masks", "pasted_scores"], body=body)]
+    image_size = {"image_corner": np.array([W_IMG, H_IMG, W_IMG, H_IMG], np.float32), "im_h": np.array([H_IMG]),
+                  "im_w": np.array([W_IMG]), "h_img": np.array(H_IMG), "w_img": np.array(W_IMG),
+                  "res0": np.zeros((0, H_IMG, W_IMG), np.float32)}
+    inputs = [("boxes", F, [7, 4]), ("scores", F, [7]), ("masks", F, [7, 1, M, M])]
+    if dynamic:  # (each of image_size computed from the image's Shape instead)
+        nodes[:0] = [_n("Shape", ["image"], ["image_shape"]),
+                     _n("Gather", ["image_shape", "one_s"], ["h_img"], axis=0),
+                     _n("Gather", ["image_shape", "two_s"], ["w_img"], axis=0),
+                     _n("Unsqueeze", ["h_img", "zero"], ["im_h"]), _n("Unsqueeze", ["w_img", "zero"], ["im_w"]),
+                     _n("Concat", ["im_w", "im_h", "im_w", "im_h"], ["corner_i"], axis=0),
+                     _n("Cast", ["corner_i"], ["image_corner"], to=F),
+                     _n("Concat", ["zero", "im_h", "im_w"], ["res0_shape"], axis=0),
+                     _n("ConstantOfShape", ["res0_shape"], ["res0"])]
+        image_size = {"two_s": np.array(2)}
+        inputs.append(("image", F, [3, "height", "width"]))
     inits = [("threshold", np.float32(0.3)), ("minus1", np.array([-1])), ("zero_f", np.float32(0)),
-             ("image_corner", np.array([W_IMG, H_IMG, W_IMG, H_IMG], np.float32)), ("half", np.float32(0.5)),
+             *image_size.items(), ("half", np.float32(0.5)),
              ("half_scale", np.float32(0.5 * scale)), ("one_v", np.array([1])), ("zero", np.array([0])),
              ("zero_s", np.array(0)), ("one_s", np.array(1)), ("one_i", np.array(1)),
              ("mask_pads", np.array([0, 0, 1, 1, 0, 0, 1, 1])), ("mask4_shape", np.array([1, 1, M + 2, M + 2])),
-             ("ones", np.array([1, 1])), ("im_h", np.array([H_IMG])), ("im_w", np.array([W_IMG])),
-             ("h_img", np.array(H_IMG)), ("w_img", np.array(W_IMG)),
-             ("res0", np.zeros((0, H_IMG, W_IMG), np.float32)), ("scores0", np.zeros(0, np.float32)),
+             ("ones", np.array([1, 1])), ("scores0", np.zeros(0, np.float32)),
              *[(f"k{k}", np.array(k)) for k in range(4)]]
-    return _model(nodes, [("boxes", F, [7, 4]), ("scores", F, [7]), ("masks", F, [7, 1, M, M])],
-                  [("pasted_masks", F), ("pasted_scores", F), ("boxes_i", I64)], inits)
+    return _model(nodes, inputs, [("pasted_masks", F), ("pasted_scores", F), ("boxes_i", I64)], inits)
 
 
-def _detections(rng, kept: int):
-    """Boxes anywhere from well outside the image to inside it, some degenerate; `kept` of
-    them scoring above the threshold."""
-    corners = rng.uniform(-8, 30, (7, 2)).astype(np.float32)
+def _detections(rng, kept: int, reach: float = 30):
+    """Boxes anywhere from well outside the image (up to `reach`) to inside it, some
+    degenerate; `kept` of them scoring above the threshold."""
+    corners = rng.uniform(-8, reach, (7, 2)).astype(np.float32)
     sides = rng.uniform(-2, 14, (7, 2)).astype(np.float32)
     boxes = np.concatenate([corners, corners + sides], axis=1)
     scores = np.where(np.arange(7) < kept, 0.5 + 0.4 * rng.random(7), 0.2 * rng.random(7)).astype(np.float32)
@@ -234,6 +248,33 @@ def test_masks_pasted_at_their_boxes_sizes_in_a_loop():
     rng = np.random.default_rng(7)
     for kept in (0, 1, 3, 7, 7, 5):
         _check(module, model, _detections(rng, kept))
+
+
+def test_masks_pasted_into_images_of_any_size():
+    """Mask R-CNN exported with a dynamic image size: one build for every size in the bounds.
+    Each pasted mask is cut to the image's height and width from rows and columns that only
+    the data bound, so its size is the image's only where Kiln follows the image's size into
+    the loop (the captured height a size, not data) and takes each cut at the data's largest;
+    the size `zeros(h, n)` reads is the height it names, not one more read from data."""
+    model = paste_masks_model(dynamic=True)
+    module = build(model, executor="inprocess", cache=None, progress=False,
+                   dims={"height": (8, 48), "width": (8, 48)}).load()
+    rng = np.random.default_rng(11)
+    for (h, w), kept in zip([(20, 24), (9, 40), (48, 8), (33, 17), (48, 48)], (3, 7, 5, 0, 7)):
+        feeds = {**_detections(rng, kept, reach=max(h, w) + 4), "image": np.zeros((3, h, w), np.float32)}
+        _check(module, model, feeds)
+        assert module.run(feeds)["pasted_masks"].shape == (kept, h, w)
+    # Outputs side by side in one buffer, each as large as out_shapes says: the module checks
+    # they do not overlap by the sizes of this call, not by the bounds'.
+    feeds = {**_detections(rng, 3, reach=24), "image": np.zeros((3, 20, 24), np.float32)}
+    shapes = module.out_shapes(feeds)
+    masks, scores = (int(np.prod(shapes[n])) for n in ("pasted_masks", "pasted_scores"))
+    block = np.empty(masks + scores, np.float32)
+    out = {"pasted_masks": block[:masks].reshape(shapes["pasted_masks"]),
+           "pasted_scores": block[masks:].reshape(shapes["pasted_scores"]),
+           "boxes_i": np.empty(shapes["boxes_i"], np.int64)}
+    got, want = module.run(feeds, out=out), model_zoo.onnxruntime_outputs(model, feeds)
+    np.testing.assert_allclose(got["pasted_masks"], want["pasted_masks"], rtol=1e-5, atol=1e-5)
 
 
 def test_a_scan_output_of_another_size_each_iteration_stops_the_call():
@@ -279,3 +320,24 @@ def test_value_ranges_walk_a_long_chain():
                    [("lo", np.float32(0)), ("hi", np.float32(2)), ("one", np.float32(1))])
     (r,) = _ranges(model, "v3000")
     np.testing.assert_array_equal(r[0], [3000, 3000]), np.testing.assert_array_equal(r[1], [3002, 3002])
+
+
+
+def test_a_cut_to_a_size_is_no_longer_than_that_size():
+    """x[:h] of a row whose length only its data bound is at most h's greatest (Mask R-CNN
+    cuts each pasted mask to the image's height from a concatenation of data-sized parts),
+    and runs as onnxruntime does whether the row is longer or shorter than h."""
+    nodes = [_n("ReduceMax", ["y"], ["m"], keepdims=0), _n("Clip", ["m", "zero_f", "forty"], ["c"]),
+             _n("Cast", ["c"], ["n"], to=I64), _n("Unsqueeze", ["n", "zero"], ["n1"]),
+             _n("Slice", ["row", "zero", "n1", "zero"], ["part"]), _n("Concat", ["part", "part"], ["both"], axis=0),
+             _n("Shape", ["img"], ["img_shape"]), _n("Gather", ["img_shape", "zero"], ["h"], axis=0),
+             _n("Slice", ["both", "zero", "h", "zero"], ["cut"])]
+    model = _model(nodes, [("y", F, [3]), ("row", F, [40]), ("img", F, ["height"])], [("cut", F)],
+                   [("zero", np.array([0])), ("zero_f", np.float32(0)), ("forty", np.float32(40))])
+    g = resolve(from_onnx(model, dims={"height": (1, 16)}), fold_floats=False)
+    assert greatest(g.types["both"].shape[0]) >= 80 and greatest(g.types["cut"].shape[0]) == 16
+    module = build(model, executor="inprocess", cache=None, progress=False, dims={"height": (1, 16)}).load()
+    rng = np.random.default_rng(5)
+    for m, h in ((2.5, 16), (30.0, 9), (0.2, 1), (6.0, 13)):
+        _check(module, model, {"y": np.array([m, 0, 0], np.float32), "row": rng.standard_normal(40).astype(np.float32),
+                               "img": np.zeros(h, np.float32)})

@@ -50,7 +50,7 @@ from ..graph import Graph, KilnError, Node, ShapeError, Subgraph, TensorType, Un
 from ..loop import Const, For, If, Load, Store, Var
 from ..symbolic import (COUNTED, Dim, greatest, is_symbolic, late_symbols, late_symbols_in,
                         least, require_equal)
-from ..value_symbols import Computed, bounds_hint, counted, define, select
+from ..value_symbols import Computed, at_greatest, bounds_hint, counted, define, select
 from .elementwise import ADD, AND, CAST, GREATER, GREATER_OR_EQUAL, LESS, LESS_OR_EQUAL
 from .inference import resolve
 from .registry import OPAQUE, OpDef, expanded_only, register
@@ -459,16 +459,22 @@ def _scans_of_one_shape(body: Subgraph, first: int) -> Subgraph:
 
 def _fixed_shape_infer(g, node, p):
     """Each dim that a size read from this iteration's data decides (late, and not the
-    graph's around the loop) is its greatest, which the module checks it equals: a scan
-    output's rows are all one shape. Its buffer then holds that shape as it is (a view)."""
+    graph's around the loop) is one size, which the module checks it equals: a scan output's
+    rows are all one shape. That size is the one the graph around the loop gives it where
+    the data make it largest (x[:, :w] of a longer row is w), else its greatest. Its buffer
+    then holds that shape as it is (a view)."""
     x = g.types[node.inputs[0]]
     own = set(late_symbols(g.derived)) - g.outer_symbols
     shape = []
     for i, d in enumerate(x.shape):
         if isinstance(d, Dim) and own & set(d.symbols):
-            d = require_equal(d, greatest(d), f"{node.describe()}: dim {i} of '{node.inputs[0]}', a size computed "
-                                              "in a loop from each iteration's data, must be the same in every "
-                                              "iteration (its greatest)")
+            fixed = at_greatest(d, own, g.derived)
+            if not isinstance(fixed, Dim) or own & set(fixed.symbols):
+                fixed = greatest(d)
+            require_equal(d, fixed, f"{node.describe()}: dim {i} of '{node.inputs[0]}', a size computed in a loop "
+                                    "from each iteration's data, must be the same in every iteration ("
+                                    f"{'its greatest' if isinstance(fixed, int) else fixed})")
+            d = fixed
         shape.append(d)
     return TensorType(tuple(shape), x.dtype)
 
@@ -510,6 +516,8 @@ def loop_body_graph(g: Graph, node: Node) -> tuple:
             graph.add_constant(name, g.constants[name])
     graph.outer_symbols = frozenset(set(g.derived) - set(_own_symbols(g, node)))
     graph.value_ranges = _ranges_given(g, node, iteration, runtime, slices)
+    # (a size from around it stays one: x[:, :w] of the image's width w has its length)
+    graph.given_values = {name: g.symbolic_values[name] for name in runtime if name in g.symbolic_values}
     if iteration and iteration not in graph.value_ranges:
         graph.unbounded_why[iteration] = _why_unbounded(g, node)
     outs = body.outputs[1:] if a["counted"] else body.outputs

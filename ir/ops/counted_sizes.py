@@ -27,8 +27,8 @@ from ..symbolic import greatest, require_equal
 from ..value_symbols import MAX_VALUE_ELEMENTS, counted
 from .node_builder import NodeBuilder
 from .registry import OPAQUE, OpDef, expanded_only, register
-from .shape import GATHER, RESHAPE
-from .value_ranges import value_range
+from .shape import CONCAT, GATHER, IDENTITY, RESHAPE, SQUEEZE, UNSQUEEZE
+from .value_ranges import producers_of, value_range
 
 NONZERO = "NonZero"
 # x -> (indices [rank, n], n as an int64 scalar): NonZero's value and the count the module reads
@@ -283,14 +283,35 @@ def _read_sizes_infer(g, node, p):
     t = g.types[tensor]
     # (a symbol is never negative: an element that may be is its least plus a symbol from 0, the
     # kernel writing the difference)
-    values = []
+    values, known = [], _known_elements(g, tensor)
     for k, ((lo, hi), out) in enumerate(zip(node.attrs["bounds"], node.outputs)):
+        if known[k] is not None:  # (a size the graph already names: no read, no new symbol)
+            values.append(known[k])
+            continue
         what = f"element {k} of '{tensor}', a size computed from the model's data" + \
             (f", plus {-lo} (a symbol is never negative)" if lo < 0 else "")
         values.append(lo if lo == hi else counted(f"{tensor}[{k}]", out, hi - min(lo, 0), what, least=max(lo, 0))
                       + min(lo, 0))
     g.symbolic_values[tensor] = np.array(values, dtype=object).reshape(t.shape)
     return [TensorType((), "int64")] * len(node.outputs)
+
+
+def _known_elements(g, tensor: str) -> list:
+    """Each element of a small integer tensor as type inference knows it (an int or a Dim),
+    else None: torch writes `zeros(h, n)` as a Concat of h's Unsqueeze, a size, and n's, read
+    from data."""
+    t = g.types[tensor]
+    if tensor in g.symbolic_values:
+        return list(g.symbolic_values[tensor].reshape(-1))
+    if tensor in g.constants:
+        return [int(v) for v in np.asarray(g.constants[tensor]).reshape(-1)]
+    node = producers_of(g).get(tensor)
+    if node is not None and node.op in (UNSQUEEZE, SQUEEZE, RESHAPE, IDENTITY) and \
+            g.types[node.inputs[0]].dtype == t.dtype:
+        return _known_elements(g, node.inputs[0])
+    if node is not None and node.op == CONCAT and len(t.shape) == 1:
+        return [v for i in node.inputs if i for v in _known_elements(g, i)]
+    return [None] * t.size
 
 
 def _read_sizes_kernel(b, node):

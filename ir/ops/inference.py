@@ -320,7 +320,7 @@ def resolve(g: Graph, fold_floats: bool) -> Graph:
 
 
 def _resolve(g: Graph, fold_floats: bool, producer: dict) -> Graph:
-    g.params, g.symbolic_values = {}, {}
+    g.params, g.symbolic_values = {}, dict(g.given_values)
     forget_counts(g)  # (defined again by the nodes that count them: those a pass removed are gone)
     bind_fed_values(g)  # (integer inputs whose values the user bounded: sizes read at run time)
     kept, folded = [], set()

@@ -287,8 +287,10 @@ def _range_of_values(node, axis: int, size, start, end, step: int) -> tuple:
     span = ("max", ("sub", stop, first) if step > 0 else ("sub", first, stop), 0)
     what = f"{node.describe()}'s slice of axis {axis} (starts '{node.inputs[1]}', ends '{node.inputs[2]}')"
     out, most = node.outputs[0], greatest(size)
-    if isinstance(start, int) and isinstance(end, int) and 0 <= start and 0 <= end and step > 0:
-        most = min(most, max(0, -(-(end - start) // step)))  # (x[:5] is at most 5 long)
+    if step > 0 and all(isinstance(v, (int, Dim)) and least(v) >= 0 for v in (start, end)):
+        # (x[:5] is at most 5 long, x[:h] at most h's greatest: Mask R-CNN cuts each pasted
+        # mask to the image's height from a concatenation only its data bound)
+        most = min(most, max(0, -(-(greatest(end) - least(start)) // step)))
     begin = define(f"{out}.begin[{axis}]", ("max", first, 0), 0, greatest(size), f"the first index of {what}")
     length = define(f"{out}[{axis}]", ("div", ("add", span, abs(step) - 1), abs(step)), 0, most,
                     f"the length of {what}")

@@ -63,7 +63,7 @@ def value_range(g, name: str):
 
 def value_ranges(g, names: list) -> dict:
     """{name: value_range(g, name)} for each of `names`, walking the graph once."""
-    walk = _Walk(g, _producers(g))
+    walk = _Walk(g, producers_of(g))
     out = {}
     for name in names:
         lo, hi = walk.range(name)
@@ -71,7 +71,8 @@ def value_ranges(g, names: list) -> dict:
     return out
 
 
-def _producers(g) -> dict:
+def producers_of(g) -> dict:
+    """{tensor: the node computing it} in g (as far as type inference has come, while it runs)."""
     pair = _PRODUCERS.get()
     return pair[1] if pair is not None and pair[0] is g else {o: n for n in g.nodes for o in n.outputs if o}
 
@@ -94,7 +95,7 @@ def unbounded_origin(g, name: str) -> str:
 def unbounded_source(g, name: str) -> tuple:
     """(tensor, the node computing it or None): where unbounded_origin says the bounds of
     `name`'s values are lost."""
-    producers = _producers(g)
+    producers = producers_of(g)
     walk = _Walk(g, producers)
 
     def bounded(t):
