@@ -33,7 +33,7 @@ class FloatSize:
         return f"FloatSize({self.expr}, {self.lo}..{self.hi})"
 
 
-def _parts(x):
+def operand(x):
     """(expression, lo, hi) of an operand: a FloatSize, a size (Dim or int) or a float."""
     if isinstance(x, FloatSize):
         return x.expr, x.lo, x.hi
@@ -53,7 +53,7 @@ def _products(a, b) -> list:
 def combine(op: str, *args):
     """The FloatSize of `op` (fadd, fsub, fmul, fdiv, fmin, fmax, floor, ceil, fneg) over
     operands, None where its interval would be unbounded (a divisor that may be 0)."""
-    p = [_parts(a) for a in args]
+    p = [operand(a) for a in args]
     if op == "fadd":
         lo, hi = p[0][1] + p[1][1], p[0][2] + p[1][2]
     elif op == "fsub":
@@ -108,7 +108,7 @@ def as_float_size(v):
     if isinstance(v, FloatSize):
         return v
     if isinstance(v, Dim):
-        expr, lo, hi = _parts(v)
+        expr, lo, hi = operand(v)
         return FloatSize(expr, *_widened(lo, hi))
     return float(np.float32(v))
 
@@ -120,15 +120,40 @@ def is_float_size(v) -> bool:
 def _grid_bounds(expr) -> tuple:
     """(least, greatest) of trunc(expr) over every point of its symbols' ranges, or (None,
     None) where it reads an input's values or a count, or the points are too many."""
+    values = on_grid([expr])
+    if values is None:
+        return None, None
+    return int(values[0].min()), int(values[0].max())
+
+
+def grid_extremes(lo, hi, place: tuple) -> tuple | None:
+    """(least of `lo`, greatest of `hi`) over every point of their symbols' ranges, as
+    on_grid evaluates them: float32 step by step, widened by the rounding slack; None where
+    on_grid has no grid for them."""
+    values = on_grid([lo, hi], place)
+    if values is None:
+        return None
+    return _widened(float(values[0].min()), float(values[1].max()))
+
+
+def on_grid(exprs: list, place: tuple | None = None) -> list | None:
+    """Each expression evaluated at every point of its symbols' ranges (numpy arrays that
+    broadcast over the grid), or None where one reads an input's values or a count, or the
+    points are more than GRID_POINTS. Shared subexpressions are evaluated once. place: the
+    graph's (symbols, derived), by default those type inference is deriving."""
     from .symbolic import _DERIVED
     from .value_symbols import Computed
-    place = _DERIVED.get()
+    place = place or _DERIVED.get()
     if place is None:
-        return None, None
+        return None
     symbols, derived = place
     base: dict = {}
+    seen: set = set()
 
     def collect(e) -> bool:
+        if id(e) in seen:
+            return True
+        seen.add(id(e))
         if isinstance(e, Dim):
             return all(collect_symbol(s) for s, _, _ in e.bounds)
         if isinstance(e, tuple):
@@ -142,12 +167,12 @@ def _grid_bounds(expr) -> tuple:
             return True
         return collect(d[0]) if isinstance(d, tuple) else isinstance(d, Computed) and collect(d.expr)
 
-    if not collect(expr) or math.prod(hi - lo + 1 for lo, hi in base.values()) > GRID_POINTS:
-        return None, None
+    if not all(collect(e) for e in exprs) or math.prod(hi - lo + 1 for lo, hi in base.values()) > GRID_POINTS:
+        return None
     names = sorted(base)
     axes = np.meshgrid(*(np.arange(lo, hi + 1, dtype=np.int64) for lo, hi in (base[n] for n in names)),
                        indexing="ij", sparse=True)
-    grid, values = dict(zip(names, axes)), {}
+    grid, values, done = dict(zip(names, axes)), {}, {}
 
     def symbol(s: str):
         if s not in values:
@@ -157,6 +182,8 @@ def _grid_bounds(expr) -> tuple:
         return values[s]
 
     def evaluate(e):
+        if id(e) in done:
+            return done[id(e)][1]
         if isinstance(e, Dim):
             total = np.int64(0)
             for monomial, c in e.terms:
@@ -164,17 +191,18 @@ def _grid_bounds(expr) -> tuple:
                 for s in monomial:
                     term = term * symbol(s)
                 total = total + term
-            return total
-        if isinstance(e, (int, np.integer)):
-            return np.int64(e)
-        if isinstance(e, float):
-            return np.float32(e)
-        op, args = e[0], [evaluate(a) for a in e[1:]]
-        return _GRID_STEPS[op](*args)
+            out = total
+        elif isinstance(e, (int, np.integer)):
+            out = np.int64(e)
+        elif isinstance(e, float):
+            out = np.float32(e)
+        else:
+            out = _GRID_STEPS[e[0]](*(evaluate(a) for a in e[1:]))
+        done[id(e)] = (e, out)  # (e kept alive: its id is not reused while this runs)
+        return out
 
     with np.errstate(all="ignore"):
-        out = np.asarray(evaluate(expr))
-    return int(out.min()), int(out.max())
+        return [np.asarray(evaluate(e)) for e in exprs]
 
 
 _GRID_STEPS = {

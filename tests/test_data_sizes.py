@@ -109,6 +109,30 @@ def test_value_ranges_follow_the_ops():
     np.testing.assert_array_equal(diff[0], [-4, -4])  # (intervals forget that both and c are one value)
 
 
+def test_values_that_move_with_the_sizes_are_bounded_together():
+    """A detector's boxes clipped to the resized image's width s = w + h, then scaled back by
+    w / s (torchvision's resize_boxes): below w at every image size. Interval arithmetic alone
+    takes s's greatest times the ratio's, 128 * 64 / 16 = 512 on images of 8 to 64 a side;
+    each bound's ends kept as expressions of the sizes and bounded over every size give w's
+    greatest, 64 (ir/ops/joint_ranges.py). A Max on one side bounds the clip from below only."""
+    nodes = [_n("Shape", ["img"], ["shape"]), _n("Gather", ["shape", "one_s"], ["h"], axis=0),
+             _n("Gather", ["shape", "two_s"], ["w"], axis=0), _n("Cast", ["h"], ["hf"], to=F),
+             _n("Cast", ["w"], ["wf"], to=F), _n("Add", ["wf", "hf"], ["s"]), _n("Div", ["wf", "s"], ["ratio"]),
+             _n("Max", ["boxes", "zero_f"], ["at_least"]), _n("Min", ["at_least", "s"], ["clipped"]),
+             _n("Mul", ["clipped", "ratio"], ["scaled"]), _n("Cast", ["scaled"], ["ints"], to=I64)]
+    model = _model(nodes, [("img", F, [3, "height", "width"]), ("boxes", F, ["n", 4])], [("ints", I64)],
+                   [("one_s", np.array(1)), ("two_s", np.array(2)), ("zero_f", np.float32(0))])
+    g = resolve(from_onnx(model, dims={"height": (8, 64), "width": (8, 64), "n": (1, 5)}), fold_floats=False)
+    (lo, hi), (ilo, ihi) = _ranges_of(g, "scaled", "ints")
+    assert lo == 0 and 64 <= hi <= 64.01, (lo, hi)
+    assert -1 <= ilo <= 0 and 65 <= ihi <= 65.01, (ilo, ihi)  # (a cast to an integer: a step of slack)
+
+
+def _ranges_of(g, *names):
+    return [tuple(float(np.max(e)) if k else float(np.min(e)) for k, e in enumerate(value_range(g, n)))
+            for n in names]
+
+
 # ---- Mask R-CNN's paste loop, as torchvision's exporter writes it ------------------------------
 
 H_IMG, W_IMG, M = 20, 24, 6  # the image, and each mask's side before the pad of one

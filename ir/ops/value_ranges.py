@@ -24,6 +24,7 @@ from ..symbolic import Dim, greatest, least
 from .elementwise import (ABS, ADD, CAST, CEIL, CLIP, DIV, EXP, FLOOR, LOG, MAX, MIN, MUL, NEG, RELU, ROUND, SIGMOID,
                           SQRT, SUB, SUM, TANH, WHERE)
 from .indexing import GATHER_ELEMENTS, GATHER_ND, TILE, TOPK
+from .joint_ranges import ends_of, refined
 from .reduce import MAX_POOL, REDUCE_MAX, REDUCE_MEAN, REDUCE_MIN, REDUCE_SUM
 from .registry import op_def
 from .shape import (CONCAT, EXPAND, FLATTEN, GATHER, IDENTITY, PAD, RESHAPE, SLICE, SPLIT, SQUEEZE, TRANSPOSE,
@@ -66,7 +67,7 @@ def value_ranges(g, names: list) -> dict:
     walk = _Walk(g, producers_of(g))
     out = {}
     for name in names:
-        lo, hi = walk.range(name)
+        lo, hi = refined(g, *walk.range(name), walk.ends.get(name))  # (tighter where values move together)
         out[name] = (lo, hi) if np.all(np.isfinite(lo)) and np.all(np.isfinite(hi)) else None
     return out
 
@@ -140,6 +141,7 @@ class _Walk:
 
     def __init__(self, g, producers: dict):
         self.g, self.producers, self.memo = g, producers, {}
+        self.ends = {}  # (tensor: its interval's ends as expressions of the sizes: ir/ops/joint_ranges.py)
 
     def range(self, name: str):
         if name in self.memo:
@@ -161,6 +163,7 @@ class _Walk:
             lo, hi = (np.asarray(x, np.float64) for x in (r if r is not None else _UNBOUNDED))
             self.memo[t] = _shaped(self.g, t, (np.where(np.isnan(lo), -math.inf, lo),
                                                np.where(np.isnan(hi), math.inf, hi)))
+            self.ends[t] = ends_of(self, t, self._walked(t), _MOVES, _DATA_INPUTS)
         return self.memo[name]
 
     def _walked(self, name: str):
