@@ -155,6 +155,10 @@ class Graph:
     # The sizes among those (a loop body's captured image height): {name: values as in
     # symbolic_values}, which type inference starts from each time it runs.
     given_values: dict = field(default_factory=dict)
+    # A loop body's inputs are tensors the graph around it computes, not the caller's arrays: a
+    # size read from one is read where it is (kiln.ReadSizes in the body), never from the call's
+    # inputs (ir/value_symbols._fed).
+    inputs_from_around: bool = False
     # Why some of those have none, where the graph around knows: {name: text for an error} (a
     # loop's iteration number: its trip count has no bounds, and how to give them).
     unbounded_why: dict = field(default_factory=dict)

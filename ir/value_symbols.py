@@ -48,10 +48,11 @@ class Computed:
 def _fed(g, name: str) -> bool:
     """Can a call's values of `name` be read as a shape parameter: an integer graph input of
     a fixed, small shape, whose values are not sizes known already (a loop body's captured
-    image height)?"""
+    image height), and which the caller gives (not a loop body's: Graph.inputs_from_around)?"""
     t = g.types.get(name)
-    return name in g.inputs and name not in g.constants and name not in g.symbolic_values and t is not None \
-        and t.dtype in ("int64", "int32") and t.is_static and t.size <= MAX_VALUE_ELEMENTS
+    return name in g.inputs and not g.inputs_from_around and name not in g.constants \
+        and name not in g.symbolic_values and t is not None and t.dtype in ("int64", "int32") and t.is_static \
+        and t.size <= MAX_VALUE_ELEMENTS
 
 
 def runtime_values(g, node, index: int) -> list | None:

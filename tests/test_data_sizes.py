@@ -365,3 +365,38 @@ def test_a_cut_to_a_size_is_no_longer_than_that_size():
     for m, h in ((2.5, 16), (30.0, 9), (0.2, 1), (6.0, 13)):
         _check(module, model, {"y": np.array([m, 0, 0], np.float32), "row": rng.standard_normal(40).astype(np.float32),
                                "img": np.zeros(h, np.float32)})
+
+
+
+def _slicing_loop(end: str):
+    """40 iterations (a loop in the entry, not unrolled) each summing row[:end] for an `end`
+    the body does not compute: `n1` from data around the loop, or `k`, a carried counter
+    (torch.jit.script's `x[:k]` with `k += 1`)."""
+    body = helper.make_graph(
+        [_n("Identity", ["cond_in"], ["cond_out"]), _n("Add", ["k", "one_v"], ["k_out"]),
+         _n("Slice", ["row", "zero", end, "zero"], ["head"]), _n("ReduceSum", ["head"], ["scan"], keepdims=0)],
+        "body",
+        [helper.make_tensor_value_info("i", I64, []), helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("k", I64, [1])],
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("k_out", I64, [1]), helper.make_tensor_value_info("scan", F, [])])
+    nodes = [_n("ReduceMax", ["x"], ["m"], keepdims=0), _n("Clip", ["m", "one", "nine"], ["c"]),
+             _n("Cast", ["c"], ["n"], to=I64), _n("Unsqueeze", ["n", "zero"], ["n1"]),
+             _n("Loop", ["trips", "go", "k0"], ["k_last", "stacked"], body=body)]
+    return _model(nodes, [("x", F, [4]), ("row", F, [9])], [("k_last", I64), ("stacked", F)],
+                  [("one", np.float32(1)), ("nine", np.float32(9)), ("zero", np.array([0])), ("one_v", np.array([1])),
+                   ("trips", np.array(40)), ("go", np.array(True)), ("k0", np.array([1]))])
+
+
+def test_a_loop_body_reads_a_size_from_around_it():
+    """A size the body reads from a tensor computed around the loop is read in the loop (a
+    kiln.ReadSizes), never from the caller's inputs; one it carries has no bounds, and the
+    refusal names it."""
+    model = _slicing_loop("n1")
+    module = _build(model)
+    rng = np.random.default_rng(9)
+    for top in (0.5, 4.2, 8.7):
+        _check(module, model, {"x": np.array([top, 0, -1, 2], np.float32),
+                               "row": rng.standard_normal(9).astype(np.float32)})
+    with pytest.raises(KilnError, match=r"'Slice.*'k'.*the values of 'k', which the graph reads, have no bounds"):
+        _build(_slicing_loop("k"))

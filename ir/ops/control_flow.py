@@ -518,6 +518,7 @@ def loop_body_graph(g: Graph, node: Node) -> tuple:
     graph.value_ranges = _ranges_given(g, node, iteration, runtime, slices)
     # (a size from around it stays one: x[:, :w] of the image's width w has its length)
     graph.given_values = {name: g.symbolic_values[name] for name in runtime if name in g.symbolic_values}
+    graph.inputs_from_around = True
     if iteration and iteration not in graph.value_ranges:
         graph.unbounded_why[iteration] = _why_unbounded(g, node)
     outs = body.outputs[1:] if a["counted"] else body.outputs

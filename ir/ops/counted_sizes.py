@@ -255,10 +255,10 @@ def _overlap_of(p: list, q: list, threshold):
 
 def readable(g, tensor: str) -> bool:
     """Can the module read `tensor`'s values as sizes: a small integer tensor of a static
-    shape that a node computes?"""
+    shape that a node computes (in a loop body, or the graph around it)?"""
     t = g.types.get(tensor)
     return t is not None and t.dtype in ("int64", "int32") and t.is_static and t.size <= MAX_VALUE_ELEMENTS \
-        and tensor not in g.inputs
+        and (tensor not in g.inputs or g.inputs_from_around)
 
 
 def read_sizes_node(g, tensor: str, guard: tuple) -> Node | None:

@@ -101,9 +101,10 @@ def _read_at_run_time(g: Graph, tensors: list, producer: dict, kept: list) -> st
     from .counted_sizes import read_sizes_node, readable
     nodes = []
     for name in tensors:
-        if name in g.symbolic_values or name not in producer or not readable(g, name):
+        outer = g.inputs_from_around and name in g.inputs  # (a loop body's: computed around it)
+        if name in g.symbolic_values or name not in producer and not outer or not readable(g, name):
             return ""
-        node = read_sizes_node(g, name, producer[name].guard)
+        node = read_sizes_node(g, name, () if outer else producer[name].guard)
         if node is None:
             return f"; Kiln reads a size computed from data while the model runs where it can bound its values, " \
                    f"and {unbounded_origin(g, name)}"
