@@ -85,8 +85,8 @@ def test_a_size_from_unbounded_data_is_refused_naming_where_its_bounds_are_lost(
         _build(model)
 
 
-def _ranges(model, *names):
-    g = resolve(from_onnx(model), fold_floats=False)
+def _ranges(model, *names, dims=None):
+    g = resolve(from_onnx(model, dims=dims), fold_floats=False)
     return [value_range(g, n) for n in names]
 
 
@@ -122,15 +122,9 @@ def test_values_that_move_with_the_sizes_are_bounded_together():
              _n("Mul", ["clipped", "ratio"], ["scaled"]), _n("Cast", ["scaled"], ["ints"], to=I64)]
     model = _model(nodes, [("img", F, [3, "height", "width"]), ("boxes", F, ["n", 4])], [("ints", I64)],
                    [("one_s", np.array(1)), ("two_s", np.array(2)), ("zero_f", np.float32(0))])
-    g = resolve(from_onnx(model, dims={"height": (8, 64), "width": (8, 64), "n": (1, 5)}), fold_floats=False)
-    (lo, hi), (ilo, ihi) = _ranges_of(g, "scaled", "ints")
-    assert lo == 0 and 64 <= hi <= 64.01, (lo, hi)
-    assert -1 <= ilo <= 0 and 65 <= ihi <= 65.01, (ilo, ihi)  # (a cast to an integer: a step of slack)
-
-
-def _ranges_of(g, *names):
-    return [tuple(float(np.max(e)) if k else float(np.min(e)) for k, e in enumerate(value_range(g, n)))
-            for n in names]
+    scaled, ints = _ranges(model, "scaled", "ints", dims={"height": (8, 64), "width": (8, 64), "n": (1, 5)})
+    assert scaled[0].min() == 0 and 64 <= scaled[1].max() <= 64.01, scaled
+    assert -1 <= ints[0].min() <= 0 and 65 <= ints[1].max() <= 65.01, ints  # (a cast to an integer: a step of slack)
 
 
 # ---- Mask R-CNN's paste loop, as torchvision's exporter writes it ------------------------------
