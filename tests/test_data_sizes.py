@@ -362,12 +362,12 @@ def test_a_cut_to_a_size_is_no_longer_than_that_size():
 
 
 
-def _slicing_loop(end: str):
+def _slicing_loop(end: str, grow: str = "Add"):
     """40 iterations (a loop in the entry, not unrolled) each summing row[:end] for an `end`
-    the body does not compute: `n1` from data around the loop, or `k`, a carried counter
-    (torch.jit.script's `x[:k]` with `k += 1`)."""
+    the body does not compute: `n1` from data around the loop, or `k`, carried and grown by
+    `grow` with 1 (torch.jit.script's `x[:k]` with `k += 1`) or another op with 2."""
     body = helper.make_graph(
-        [_n("Identity", ["cond_in"], ["cond_out"]), _n("Add", ["k", "one_v"], ["k_out"]),
+        [_n("Identity", ["cond_in"], ["cond_out"]), _n(grow, ["k", "one_v" if grow == "Add" else "two_v"], ["k_out"]),
          _n("Slice", ["row", "zero", end, "zero"], ["head"]), _n("ReduceSum", ["head"], ["scan"], keepdims=0)],
         "body",
         [helper.make_tensor_value_info("i", I64, []), helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
@@ -379,18 +379,19 @@ def _slicing_loop(end: str):
              _n("Loop", ["trips", "go", "k0"], ["k_last", "stacked"], body=body)]
     return _model(nodes, [("x", F, [4]), ("row", F, [9])], [("k_last", I64), ("stacked", F)],
                   [("one", np.float32(1)), ("nine", np.float32(9)), ("zero", np.array([0])), ("one_v", np.array([1])),
-                   ("trips", np.array(40)), ("go", np.array(True)), ("k0", np.array([1]))])
+                   ("two_v", np.array([2])), ("trips", np.array(40)), ("go", np.array(True)), ("k0", np.array([1]))])
 
 
 def test_a_loop_body_reads_a_size_from_around_it():
-    """A size the body reads from a tensor computed around the loop is read in the loop (a
-    kiln.ReadSizes), never from the caller's inputs; one it carries has no bounds, and the
-    refusal names it."""
-    model = _slicing_loop("n1")
-    module = _build(model)
+    """A size the body reads from a tensor computed around the loop, or from one it carries
+    and adds a constant to each iteration (bounded by its first value and the iterations), is
+    read in the loop (a kiln.ReadSizes), never from the caller's inputs; one it carries and
+    doubles has no bounds, and the refusal names it."""
     rng = np.random.default_rng(9)
-    for top in (0.5, 4.2, 8.7):
-        _check(module, model, {"x": np.array([top, 0, -1, 2], np.float32),
-                               "row": rng.standard_normal(9).astype(np.float32)})
+    for model in (_slicing_loop("n1"), _slicing_loop("k")):
+        module = _build(model)
+        for top in (0.5, 4.2, 8.7):
+            _check(module, model, {"x": np.array([top, 0, -1, 2], np.float32),
+                                   "row": rng.standard_normal(9).astype(np.float32)})
     with pytest.raises(KilnError, match=r"'Slice.*'k'.*the values of 'k', which the graph reads, have no bounds"):
-        _build(_slicing_loop("k"))
+        _build(_slicing_loop("k", grow="Mul"))

@@ -563,11 +563,39 @@ def _ranges_given(g: Graph, node: Node, iteration: str, runtime: list, slices: l
     for name, whole in zip(slices, wholes):
         if found[whole] is not None:
             ranges[name] = (np.array(found[whole][0].min()), np.array(found[whole][1].max()))
-    if iteration:
-        most = most_iterations(g, node)
-        if most is not None:
-            ranges[iteration] = (np.array(0.0), np.array(max(float(most) - 1, 0.0)))
+    most = most_iterations(g, node) if iteration or a["n_state"] else None
+    if iteration and most is not None:
+        ranges[iteration] = (np.array(0.0), np.array(max(float(most) - 1, 0.0)))
+    if most is not None:  # (torch.jit.script's `x[:k]` with `k += 1`: k's first value plus each step so far)
+        for name, (lo, hi, step) in _stepped_state(g, node).items():
+            ranges[name] = (np.array(min(lo, lo + step * (most - 1))), np.array(max(hi, hi + step * (most - 1))))
     return ranges
+
+
+def _stepped_state(g: Graph, node: Node) -> dict:
+    """{the body's input of a carried integer: (least and greatest of its first value, the
+    constant the body adds to it each iteration)}, for each carried value the body hands back
+    as itself plus a constant."""
+    a = node.attrs
+    body: Subgraph = a["body"]
+    first = 2 if a["counted"] else 0
+    outs = body.outputs[1:] if a["counted"] else body.outputs
+    producer = {o: n for n in body.nodes for o in n.outputs if o}
+    outer = dict(zip(a["captured"], captured_inputs(node)))
+    found = {}
+    for k, (state, out) in enumerate(zip(body.inputs[first:first + a["n_state"]], outs)):
+        update = producer.get(out)
+        while update is not None and update.op == IDENTITY:
+            update = producer.get(update.inputs[0])
+        if update is None or update.op != ADD or state not in update.inputs:
+            continue
+        other = update.inputs[1 - update.inputs.index(state)]
+        step = body.constants.get(other, g.constants.get(outer.get(other, other)))
+        initial = value_ranges(g, [node.inputs[k]])[node.inputs[k]]
+        if step is None or np.asarray(step).size != 1 or np.asarray(step).dtype.kind not in "iu" or initial is None:
+            continue
+        found[state] = (float(initial[0].min()), float(initial[1].max()), int(np.asarray(step).reshape(-1)[0]))
+    return found
 
 
 def most_iterations(g: Graph, node: Node) -> int | None:
