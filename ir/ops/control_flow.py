@@ -645,13 +645,8 @@ def _counter_bound(g: Graph, node: Node, unbounded: list | None = None) -> int |
         if t == body.inputs[0]:
             return 0, 1
         if t in body.inputs[2:2 + n_state]:
-            k = body.inputs.index(t) - 2
-            update = producer.get(through(body.outputs[1 + k]))
-            if update is None or update.op != ADD or t not in update.inputs:
-                return None
-            step = constant(update.inputs[1 - update.inputs.index(t)])
-            initial = value_ranges(g, [node.inputs[k]])[node.inputs[k]]
-            return (int(initial[0].min()), step) if step and step > 0 and initial is not None else None
+            stepped = _stepped_state(g, node).get(t)
+            return (int(stepped[0]), stepped[2]) if stepped is not None and stepped[2] > 0 else None
         n = producer.get(t)
         if n is not None and n.op == ADD and depth < 4:
             for x, y in (n.inputs, n.inputs[::-1]):
