@@ -591,10 +591,11 @@ def _stepped_state(g: Graph, node: Node) -> dict:
             continue
         other = update.inputs[1 - update.inputs.index(state)]
         step = body.constants.get(other, g.constants.get(outer.get(other, other)))
+        if step is None or np.asarray(step).size != 1 or np.asarray(step).dtype.kind not in "iu":
+            continue  # (before walking back for its first value: a float state's is the whole graph)
         initial = value_ranges(g, [node.inputs[k]])[node.inputs[k]]
-        if step is None or np.asarray(step).size != 1 or np.asarray(step).dtype.kind not in "iu" or initial is None:
-            continue
-        found[state] = (float(initial[0].min()), float(initial[1].max()), int(np.asarray(step).reshape(-1)[0]))
+        if initial is not None:
+            found[state] = (float(initial[0].min()), float(initial[1].max()), int(np.asarray(step).reshape(-1)[0]))
     return found
 
 
@@ -628,6 +629,7 @@ def _counter_bound(g: Graph, node: Node, unbounded: list | None = None) -> int |
     producer = {o: n for n in body.nodes for o in n.outputs if o}
     outer = dict(zip(node.attrs["captured"], captured_inputs(node)))
     n_state = node.attrs["n_state"]
+    stepped = _stepped_state(g, node)  # (the counters among its carried values, found once)
 
     def through(t):  # (an Identity passes its input on)
         while t in producer and producer[t].op == IDENTITY:
@@ -645,8 +647,8 @@ def _counter_bound(g: Graph, node: Node, unbounded: list | None = None) -> int |
         if t == body.inputs[0]:
             return 0, 1
         if t in body.inputs[2:2 + n_state]:
-            stepped = _stepped_state(g, node).get(t)
-            return (int(stepped[0]), stepped[2]) if stepped is not None and stepped[2] > 0 else None
+            counter = stepped.get(t)
+            return (int(counter[0]), counter[2]) if counter is not None and counter[2] > 0 else None
         n = producer.get(t)
         if n is not None and n.op == ADD and depth < 4:
             for x, y in (n.inputs, n.inputs[::-1]):
