@@ -716,6 +716,8 @@ class FunctionEmitter:
                 props.append('!{!"llvm.loop.vectorize.predicate.enable", i1 true}')
         elif kind == "scalar":
             props.append('!{!"llvm.loop.vectorize.enable", i1 false}')
+        elif kind == "rolled":
+            props.append('!{!"llvm.loop.unroll.disable"}')
         elif kind == "run_time_tail" and self.vw < 16:
             # (fewer than a vector, known at run time: without mask registers, a predicated
             # vector ends in vmaskmovps stores, microcoded on AMD cores; scalar code is cheaper)

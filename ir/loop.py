@@ -218,6 +218,8 @@ class For(Stmt):
     # deinterleaving copy otherwise became scalar moves) | vector_masked (forced_vector, and
     # a ragged tail masked at any length: a row of bytes is one masked 64-byte move) | scalar
     # (never vectorized: LLVM vectorizes a serial loop whose inner loop it removed, with gathers)
+    # | rolled (serial, never unrolled: a short loop around loops, which LLVM copies whole for
+    # every iteration at no gain in speed and much in compile time)
     kind: str = "serial"
     # Iterations may run on several threads: honoured where the loop is a phase (see above).
     parallel: bool = False

@@ -218,8 +218,15 @@ def test_run_time_image_sizes_run_winograd(target, executor, tile):
     assert "vector.memcheck" not in optimized
     # Threads divide it: each way of running it is a guarded phase (conditions that are one
     # comparison each; two conditions joined by an `and` made the whole kernel one phase).
-    from modelkiln.ir.loop import phases
+    from modelkiln.ir.loop import For, Store, phases
     assert len(phases(call.kernel.body)[1]) > 1
+    # Each way of running it writes each output row of a tile row in one loop, whatever the
+    # last tile row's and column's counts are (a copy for every count made F(4x4)'s kernel
+    # twice as slow to compile): the three ways here, m rows each.
+    from tests.conftest import kernel_statements
+    row_loops = [s for s in kernel_statements(call.kernel.body) if isinstance(s, For) and s.kind == "vectorize"
+                 and any(isinstance(t, Store) and t.buf == "o0" for t in s.body)]
+    assert len(row_loops) == 3 * tile, len(row_loops)
 
     def compare():
         rng = np.random.default_rng(0)

@@ -1,0 +1,29 @@
+"""Loop kinds as the codegen honours them, read from the IR LLVM optimized (the kernels that
+use each run in the suite's model tests)."""
+from modelkiln.codegen_worker.compile import compile_kernel
+from modelkiln.ir.loop import Buffer, Const, For, Kernel, Load, Store, Var, add, fbin, mul
+from modelkiln.ir.verify import verify_kernel
+
+TARGET = {"triple": "x86_64-unknown-linux-gnu", "cpu": "x86-64-v3", "features": ""}
+
+
+def _rows_copied(outer_kind: str) -> Kernel:
+    """Four rows of a length known at run time doubled, each by a vectorized loop."""
+    row = Load("n", Const(0))
+    at = add(mul(Var("r"), row), Var("j"))
+    copy = For("j", row, (Store("o0", at, fbin("mul", Const(2.0, "f32"), Load("i0", at))),), "vectorize")
+    bufs = (Buffer("o0", "f32", 4096), Buffer("i0", "f32", 4096), Buffer("n", "i64", 1))
+    return Kernel(bufs, (For("r", 4, (copy,), outer_kind),), (("vector_width", 8), ("vectorize", True)))
+
+
+def _vector_stores(kind: str) -> int:
+    ir = compile_kernel(_rows_copied(kind).to_bytes(), "k", TARGET, emit_ir=True)["ir"]
+    return sum(line.count("store <8 x float>") for line in ir.splitlines())
+
+
+def test_a_rolled_loop_keeps_one_copy_of_the_loops_inside():
+    """LLVM unrolls a short loop whole, the loops inside it copied once per iteration (a
+    Winograd block's window rows, and its units); a rolled loop keeps one."""
+    verify_kernel(_rows_copied("rolled"), "fused_rows", ["Mul"])
+    rolled = _vector_stores("rolled")
+    assert rolled > 0 and _vector_stores("serial") == 4 * rolled
