@@ -480,7 +480,7 @@ class Kernel:
 
     @functools.cached_property
     def _bytes(self) -> bytes:  # kernels are immutable: encode once
-        return json.dumps([FORMAT_VERSION, _encode(self)], separators=(",", ":")).encode()
+        return json.dumps([FORMAT_VERSION, _encode(self, {})], separators=(",", ":")).encode()
 
     @staticmethod
     def from_bytes(data: bytes) -> "Kernel":
@@ -616,11 +616,23 @@ _CLASSES = {c.__name__: c for c in (Const, Var, Load, Bin, Cmp, Call, Select, Ca
                                      Assign, If, Gemm, WindowDot, TransposeBlock, Deinterleave, Buffer, Kernel)}
 
 
-def _encode(x):
+_FIELD_NAMES: dict = {}  # node class -> its fields' names, in order
+
+
+def _encode(x, done: dict):
+    """x as JSON-able lists; `done` holds each node already encoded by id (lowering shares
+    subexpressions, a run-time size's above all: a conv's kernel is 1.7 MB of JSON written
+    from far fewer nodes)."""
     if isinstance(x, (Expr, Stmt, Buffer, Kernel)):
-        return [type(x).__name__] + [_encode(getattr(x, f.name)) for f in fields(x)]
+        hit = done.get(id(x))
+        if hit is None:
+            names = _FIELD_NAMES.get(type(x))
+            if names is None:
+                names = _FIELD_NAMES[type(x)] = tuple(f.name for f in fields(x))
+            hit = done[id(x)] = [type(x).__name__] + [_encode(getattr(x, n), done) for n in names]
+        return hit
     if isinstance(x, tuple):
-        return {"t": [_encode(v) for v in x]}
+        return {"t": [_encode(v, done) for v in x]}
     return x
 
 

@@ -241,3 +241,29 @@ def test_run_time_image_sizes_run_winograd(target, executor, tile):
                 np.testing.assert_allclose(module.run(x)["y"], want, rtol=1e-4,
                                            atol=1e-4 * float(np.abs(want).max()), err_msg=f"{n}x{h}x{w}")
     run_or_inspect(result, compare)
+
+
+def test_one_weight_at_several_scales_shares_its_filters(executor, tile):
+    """A detector head runs one conv over each scale of its feature pyramid: each scale's
+    kernel reads the same transformed filters (one copy in the bundle, not one per scale), and
+    each matches onnxruntime."""
+    from modelkiln.orchestrator.api import build
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array((rng.standard_normal((64, 64, 3, 3)) / 24).astype(np.float32), "w")
+    sizes = (28, 14)
+    inputs = [helper.make_tensor_value_info(f"x{s}", TensorProto.FLOAT, [1, 64, s, s]) for s in sizes]
+    outputs = [helper.make_tensor_value_info(f"y{s}", TensorProto.FLOAT, None) for s in sizes]
+    nodes = [helper.make_node("Conv", [f"x{s}", "w"], [f"y{s}"], kernel_shape=[3, 3], pads=[1, 1, 1, 1])
+             for s in sizes]
+    model = helper.make_model(helper.make_graph(nodes, "pyramid", inputs, outputs, [w]),
+                              opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    result = build(model, executor=executor, cache=None, progress=False)
+    convs = [c for c in result.lowered.calls if any("winograd" in i for i in c.inputs)]
+    assert len(convs) == 2
+    assert len({i for c in convs for i in c.inputs if "winograd" in i}) == 1
+    assert len([n for n in result.lowered.constants if "winograd" in n]) == 1
+    feeds = {f"x{s}": rng.standard_normal((1, 64, s, s)).astype(np.float32) for s in sizes}
+    want = model_zoo.onnxruntime_outputs(model, feeds)
+    got = result.load().run(feeds)
+    for s in sizes:
+        np.testing.assert_allclose(got[f"y{s}"], want[f"y{s}"], rtol=1e-4, atol=1e-4 * float(np.abs(want[f"y{s}"]).max()))

@@ -189,6 +189,17 @@ class KernelBuilder:
         self.new_constants[name] = self.g.constants[name]
         return self.in_param(name)
 
+    def packed_param(self, base: str, recipe: tuple, make) -> str:
+        """A constant computed from others by `make()` (packed weights), once per `recipe` (a
+        hashable naming the weights and how they are packed) in the graph: the kernels of one
+        weight read one copy."""
+        name = self.g.packed.get(recipe)
+        if name is None or name not in self.g.constants:
+            name = self.g.packed[recipe] = self.g.fresh_name(base)
+            self.g.add_constant(name, make())
+            self.new_constants[name] = self.g.constants[name]
+        return self.in_param(name)
+
     def reader(self, name: str):
         """Reader of tensor `name`: inline if computed in this group, else a parameter load."""
         if name in self.readers:

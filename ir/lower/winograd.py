@@ -258,8 +258,8 @@ def lower_winograd(b: KernelBuilder, node: Node, store, m: int = 2) -> tuple:
     bias = b.reader(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] else None
     xparam = b.in_param(x_name)
     nr = b.tile(cout)[1]
-    u = filter_transform(b.g.constants[w_name], m)
-    uparam = b.constant_param(f"{w_name}_winograd{m}", deferred_panels(u, nr))
+    uparam = b.packed_param(f"{w_name}_winograd{m}", ("winograd", w_name, m, nr),
+                            lambda: deferred_panels(filter_transform(b.g.constants[w_name], m), nr))
     panel_stride = -(-cout // nr) * cin * nr
     most = block_tiles(cin, cout)
     # A block is `rows` tile rows: block_rows' over static sizes. Over run-time ones, the whole

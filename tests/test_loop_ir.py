@@ -1,5 +1,5 @@
-"""Loop kinds as the codegen honours them, read from the IR LLVM optimized (the kernels that
-use each run in the suite's model tests)."""
+"""The loop IR as the codegen and the cache see it: loop kinds read from the IR LLVM optimized
+(the kernels that use each run in the suite's model tests), and a kernel's encoding."""
 from modelkiln.codegen_worker.compile import compile_kernel
 from modelkiln.ir.loop import Buffer, Const, For, Kernel, Load, Store, Var, add, fbin, mul
 from modelkiln.ir.verify import verify_kernel
@@ -27,3 +27,15 @@ def test_a_rolled_loop_keeps_one_copy_of_the_loops_inside():
     verify_kernel(_rows_copied("rolled"), "fused_rows", ["Mul"])
     rolled = _vector_stores("rolled")
     assert rolled > 0 and _vector_stores("serial") == 4 * rolled
+
+
+def test_a_kernel_of_shared_nodes_encodes_as_written_out():
+    """Lowering shares subexpressions (a run-time size read everywhere); the encoding writes
+    each use out, so a kernel's bytes (its cache key) are those of the same kernel unshared,
+    and decode to it."""
+    size = mul(Load("n", Const(0)), Const(4))
+    shared = Kernel((Buffer("o0", "f32", 64), Buffer("n", "i64", 1)),
+                    (Store("o0", size, Const(1.0, "f32")), Store("o0", add(size, Const(1)), Const(2.0, "f32"))))
+    unshared = Kernel.from_bytes(shared.to_bytes())
+    assert unshared.body[0].index is not unshared.body[1].index.a  # (decoding builds each use anew)
+    assert unshared == shared and unshared.to_bytes() == shared.to_bytes()
