@@ -302,6 +302,9 @@ class FunctionEmitter:
         self.lines: list[str] = []
         self.allocas: list[str] = []
         self.meta: list[str] = []
+        # The access group of the innermost `independent` loop being emitted: its loads and
+        # stores are tagged with it, and the loop promises LLVM they carry no dependence.
+        self.access_group: str | None = None
         self.n = 0
         self.block = "entry"
         self.bufs = {b.name: (f"%b{i}", b.dtype) for i, b in enumerate(kernel.buffers)}
@@ -422,7 +425,7 @@ class FunctionEmitter:
         """Element `index` of a buffer, converted from its storage type to its compute type."""
         p = self.gep(ptr, storage, index)
         v = self.tmp("ld")
-        self.emit(f"{v} = load {LL[storage]}, ptr {p}, align {_align(storage)}")
+        self.emit(f"{v} = load {LL[storage]}, ptr {p}, align {_align(storage)}{self.access_tag()}")
         if storage == "b8":
             b = self.tmp("bool")
             self.emit(f"{b} = icmp ne i8 {v}, 0")
@@ -462,7 +465,10 @@ class FunctionEmitter:
             self.emit(f"{low} = and i8 {value}, {(1 << value_bits(storage)) - 1}")
             value = low
         p = self.gep(ptr, storage, index)
-        self.emit(f"store {LL[storage]} {value}, ptr {p}, align {_align(storage)}")
+        self.emit(f"store {LL[storage]} {value}, ptr {p}, align {_align(storage)}{self.access_tag()}")
+
+    def access_tag(self) -> str:
+        return "" if self.access_group is None else f", !llvm.access.group {self.access_group}"
 
     def binop(self, e: Bin) -> str:
         dt = operand_type((e.a, e.b), self.dtype)
@@ -718,6 +724,9 @@ class FunctionEmitter:
             props.append('!{!"llvm.loop.vectorize.enable", i1 false}')
         elif kind == "rolled":
             props.append('!{!"llvm.loop.unroll.disable"}')
+        elif kind == "independent":
+            props += ['!{!"llvm.loop.vectorize.enable", i1 true}',
+                      f'!{{!"llvm.loop.parallel_accesses", {self.access_group}}}']
         elif kind == "run_time_tail" and self.vw < 16:
             # (fewer than a vector, known at run time: without mask registers, a predicated
             # vector ends in vmaskmovps stores, microcoded on AMD cores; scalar code is cheaper)
@@ -760,6 +769,10 @@ class FunctionEmitter:
         nxt = self.tmp("next")
         self.emit(f"{iv} = phi i64 [{start}, %{pred}], [{nxt}, %{latch}]")
         self.scopes.append({var: ("ssa", iv, "i64")})
+        outer_group = self.access_group
+        if kind == "independent":
+            self.access_group = f"!{len(self.meta) + 1000}"
+            self.meta.append(f"{self.access_group} = distinct !{{}}")
         body()
         self.scopes.pop()
         self.emit(f"br label %{latch}")
@@ -768,6 +781,7 @@ class FunctionEmitter:
         c = self.tmp("cond")
         self.emit(f"{c} = icmp ult i64 {nxt}, {end}")
         self.emit(f"br i1 {c}, label %{head}, label %{exit_}{self.loop_metadata(kind, count)}")
+        self.access_group = outer_group
         self.label(exit_)
 
     def switch(self, value: str, cases: dict) -> None:

@@ -219,7 +219,9 @@ class For(Stmt):
     # a ragged tail masked at any length: a row of bytes is one masked 64-byte move) | scalar
     # (never vectorized: LLVM vectorizes a serial loop whose inner loop it removed, with gathers)
     # | rolled (serial, never unrolled: a short loop around loops, which LLVM copies whole for
-    # every iteration at no gain in speed and much in compile time)
+    # every iteration at no gain in speed and much in compile time) | independent (vectorize;
+    # no iteration reads or writes what another writes, so LLVM needs no run-time overlap check:
+    # one that it cannot settle sends every call to the scalar loop)
     kind: str = "serial"
     # Iterations may run on several threads: honoured where the loop is a phase (see above).
     parallel: bool = False

@@ -21,7 +21,8 @@ _BIN_OPS = {**{t: _FLOAT_OPS for t in FLOAT_TYPES}, **{t: _INT_OPS for t in INT_
 _CMP_OPS = {"lt", "le", "gt", "ge", "eq", "ne"}
 _F32_ONLY_CALLS = {"round_f16", "round_bf16"}
 _GEMM_A_TYPES = {"f32", "f16", "bf16"}
-_LOOP_KINDS = {"serial", "scalar", "vectorize", "masked", "forced_vector", "reduce", "unroll", "vector_masked", "rolled"}
+_LOOP_KINDS = {"serial", "scalar", "vectorize", "masked", "forced_vector", "reduce", "unroll", "vector_masked", "rolled",
+               "independent"}
 
 
 class _Problem(Exception):

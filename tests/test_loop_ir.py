@@ -1,7 +1,7 @@
 """The loop IR as the codegen and the cache see it: loop kinds read from the IR LLVM optimized
 (the kernels that use each run in the suite's model tests), and a kernel's encoding."""
 from modelkiln.codegen_worker.compile import compile_kernel
-from modelkiln.ir.loop import Buffer, Const, For, Kernel, Load, Store, Var, add, fbin, mul
+from modelkiln.ir.loop import Buffer, Const, For, Kernel, Load, Store, Var, add, div, fbin, mul
 from modelkiln.ir.verify import verify_kernel
 
 TARGET = {"triple": "x86_64-unknown-linux-gnu", "cpu": "x86-64-v3", "features": ""}
@@ -39,3 +39,26 @@ def test_a_kernel_of_shared_nodes_encodes_as_written_out():
     unshared = Kernel.from_bytes(shared.to_bytes())
     assert unshared.body[0].index is not unshared.body[1].index.a  # (decoding builds each use anew)
     assert unshared == shared and unshared.to_bytes() == shared.to_bytes()
+
+
+def _two_rows(kind: str) -> str:
+    """Each iteration stores a pair of columns into each of two rows a run-time n apart (as
+    the Winograd output transform stores its tiles): the optimized IR."""
+    n = Load("n", Const(0))
+    j = Var("j")
+    body = tuple(Store("o0", add(row, add(mul(j, Const(2)), Const(col))),
+                       fbin("mul", Const(2.0 + col, "f32"), Load("i0", add(row, j))))
+                 for row in (Const(0), n) for col in (0, 1))
+    bufs = (Buffer("o0", "f32", 4096), Buffer("i0", "f32", 4096), Buffer("n", "i64", 1))
+    kernel = Kernel(bufs, (For("j", div(n, Const(2)), body, kind),), (("vector_width", 8), ("vectorize", True)))
+    verify_kernel(kernel, "fused_rows", ["Mul"])
+    return compile_kernel(kernel.to_bytes(), "k", TARGET, emit_ir=True)["ir"]
+
+
+def test_an_independent_loop_is_vectorized_without_an_overlap_check():
+    """Rows a run-time size apart may overlap as far as LLVM knows: a vectorized loop checks
+    at run time first (and a check it cannot pass sends every call to the scalar loop: the
+    Winograd output transform's); an independent loop promises they do not."""
+    assert "vector.memcheck" in _two_rows("vectorize")
+    independent = _two_rows("independent")
+    assert "vector.memcheck" not in independent and "vector.body" in independent

@@ -343,9 +343,10 @@ def lower_winograd(b: KernelBuilder, node: Node, store, m: int = 2) -> tuple:
             o, oi, oj = b.fresh("o"), b.fresh("oi"), b.fresh("oj")
             m_off = add(mul(slot, positions * m_step), mul(Var(o), per_block))
 
-            def outputs(ti, col, out_rows, out_cols: int, present=None) -> list:
-                """The tile's outputs in rows `out_rows` (of 0 .. m-1) and its first out_cols columns
-                (with `present`, a run-time count: the columns from 1 on only where fewer)."""
+            def outputs(ti, col, out_rows, out_cols: int, bottom=None, present=None) -> list:
+                """The tile's outputs in rows `out_rows` (of 0 .. m-1), stored in that order, and
+                its first out_cols columns (with `present`, a run-time count: the columns from 1
+                on only where fewer); with `bottom`, no row below that one."""
                 tile = add(m_off, add(mul(ti, tw), col))
                 mm = [[Load(m_ws, add(tile, Const((alpha * r + s) * m_step))) for s in range(alpha)]
                       for r in range(alpha)]
@@ -357,30 +358,29 @@ def lower_winograd(b: KernelBuilder, node: Node, store, m: int = 2) -> tuple:
                     for s in range(out_cols):
                         value = ys[s] if bias is None else fbin("add", ys[s], bias([Var(o)]))
                         y, x = add(mul(add(mul(blk, rows), ti), m), r), add(mul(col, m), s)
+                        y = y if bottom is None else fbin("min", y, bottom)
                         idx = [add(mul(y, ow), x)] if b.conv_collapsed else [y, x]
                         stored = store([image, Var(o)] + idx, value)
                         out += stored if present is None or s == 0 else [If(cmp("lt", Const(s), present), tuple(stored))]
                 return out
 
             if not static:
-                # Each output row of a tile row is a loop of its own: one storing two rows ow
-                # apart (ow known at run time only) is vectorized behind a run-time check that
-                # the rows' ranges do not overlap, and LLVM checks each row's even and odd
-                # columns as ranges of their own, which do: every call ran the scalar loop (64
-                # channels at 56x56: 0.15 ms against 0.03). A row past the picture's last
-                # (oh % m of the last tile row's are) and the columns of the last tile past ow
-                # are skipped by run-time tests, so the code holds each row once, not once for
-                # every count of rows and columns the last tile can have (F(4x4): 29 copies of
-                # A^T M A where 8 do; 256 channels compiled in 4.3 s, now 2.2).
+                # A tile row is one loop over its whole tiles and one copy of their code for the
+                # last tile's ow % m columns (if any), whatever the picture's size: each count of
+                # rows and columns a last tile could hold once had code of its own (F(4x4): 29
+                # copies of A^T M A per way of running, and 256 channels took LLVM 4.3 s). The
+                # picture's last tile row may hold fewer than m output rows: its rows past the
+                # last store into the last (min(y, oh - 1)) before that row's own values do, its
+                # rows stored last first. The loop is `independent`: its m stores a run-time ow
+                # apart made LLVM guard the vector loop with an overlap check between each row's
+                # even and odd columns as ranges of their own, which do overlap, and every call
+                # ran the scalar loop (64 channels at 56x56: 0.15 ms against 0.03).
+                last_first, bottom = range(m - 1, -1, -1), sub(oh, 1)
+
                 def tile_row(ti) -> list:
-                    rows_out = []
-                    for r in range(m):
-                        row = (For(oj, div(ow, m), tuple(outputs(ti, Var(oj), (r,), m)), "vectorize"),
-                               If(cmp("gt", rem(ow, m), Const(0)),
-                                  tuple(outputs(ti, div(ow, m), (r,), m - 1, present=rem(ow, m)))))
-                        y = add(mul(add(mul(blk, rows), ti), m), r)
-                        rows_out += row if r == 0 else [If(cmp("lt", y, oh), row)]
-                    return rows_out
+                    return [For(oj, div(ow, m), tuple(outputs(ti, Var(oj), last_first, m, bottom)), "independent"),
+                            If(cmp("gt", rem(ow, m), Const(0)),
+                               tuple(outputs(ti, div(ow, m), last_first, m - 1, bottom, present=rem(ow, m))))]
                 body = tile_row(Const(0)) if isinstance(rows, int) and rows == 1 else \
                     [For(oi, rows, tuple(tile_row(Var(oi))))]
                 return For(o, cout, tuple(body), _ACROSS, parallel)
