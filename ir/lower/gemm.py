@@ -263,6 +263,13 @@ def deferred_panels(mats: np.ndarray, nr: int) -> DeferredArray:
     return DeferredArray((*lead, -(-n // nr), k, nr), np.float32, panels)
 
 
+def packed_weight(b: KernelBuilder, name: str, how: tuple, nr: int, mats) -> str:
+    """The parameter reading constant `name` as deferred_panels(mats(), nr), `how` naming what
+    mats() makes of it: packed once however many kernels read it (a weight shared by the
+    layers of an ALBERT, or a detector head's at each scale)."""
+    return b.packed_param(f"{name}_packed", ("panels", name, how, nr), lambda: deferred_panels(mats(), nr))
+
+
 def gemm_stmt(b: KernelBuilder, a_buf, a_off, a_sm, a_sk, b_buf, b_off, m, n, k, epilogue_fn, a_ktab: str = "",
               kind: str = "f32", b_sk: int = 0, stores_along: str = "n", split: str = "", b_ktab: str = "",
               tile: tuple | None = None, b_words: bool = False, a_blocked: bool = False, a_mtab: str = "",
@@ -353,8 +360,8 @@ def lower_conv_symbolic(b: KernelBuilder, node: Node, store) -> tuple:
     in_sp, out_sp = [b.dim(d) for d in xs[2:]], [b.dim(d) for d in out_dims]
     pixels = math.prod(out_sp)
     nr = b.tile(cog)[1]
-    w = b.g.constants[w_name].reshape(groups, cog, kk)
-    wparam = b.constant_param(f"{w_name}_packed", deferred_panels(w.transpose(0, 2, 1), nr))
+    wparam = packed_weight(b, w_name, ("conv", groups, False), nr,
+                           lambda: b.g.constants[w_name].reshape(groups, cog, kk).transpose(0, 2, 1))
     panel_stride = -(-cog // nr) * kk * nr
     bias = b.reader(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] else None
     xparam = b.in_param(x_name)
@@ -492,9 +499,10 @@ def lower_conv_gemm(b: KernelBuilder, node: Node, store, path: str, one_image: s
     elif weights_as_rows:
         w_rows = b.constant_param(f"{w_name}_rows", b.g.constants[w_name].reshape(groups * cog, kk))
     else:
-        w = b.g.constants[w_name].reshape(groups, cog, cg, kernel[0], -1)
-        w = (w.transpose(0, 1, 3, 2, 4) if spans is not None else w).reshape(groups, cog, kk)
-        wparam = b.constant_param(f"{w_name}_packed", deferred_panels(w.transpose(0, 2, 1), nr))
+        def window_rows_first():  # (with spans, k ordered window row first)
+            w = b.g.constants[w_name].reshape(groups, cog, cg, kernel[0], -1)
+            return (w.transpose(0, 1, 3, 2, 4) if spans is not None else w).reshape(groups, cog, kk).transpose(0, 2, 1)
+        wparam = packed_weight(b, w_name, ("conv", groups, spans is not None), nr, window_rows_first)
     bias = b.reader(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] else None
     xparam = b.in_param(x_name)
     padded = [spatial[i] + pads[i] + pads[nsp + i] for i in range(nsp)]
@@ -928,8 +936,7 @@ def lower_conv_transpose(b: KernelBuilder, node: Node, store) -> tuple:
     nr = b.tile(n)[1]
     panel_stride = -(-n // nr) * cig * nr
     if w_name in b.g.constants:
-        w = b.g.constants[w_name].reshape(groups, cig, n)
-        wparam = b.constant_param(f"{w_name}_packed", deferred_panels(w, nr))
+        wparam = packed_weight(b, w_name, ("pointwise", groups), nr, lambda: b.g.constants[w_name].reshape(groups, cig, n))
         prologue = ()
     else:
         wparam = b.workspace(groups * panel_stride)
@@ -1106,7 +1113,7 @@ def _lower_matmul_rows(b: KernelBuilder, node: Node, store) -> tuple:
         return store(unflatten(mm, lead) + [nn], acc)
     stmts = []
     if b_name in b.g.constants:
-        b_param = b.constant_param(f"{b_name}_packed", deferred_panels(b.g.constants[b_name], nr))
+        b_param = packed_weight(b, b_name, ("k_n",), nr, lambda: b.g.constants[b_name])
     else:  # (packed once per call, for all the rows)
         b_param = b.workspace(-(-n // nr) * k * nr)
         stmts += _runtime_pack(b, b.in_param(b_name), Const(0), k, n, n, 1, b_param)
@@ -1138,9 +1145,9 @@ def lower_matmul(b: KernelBuilder, node: Node, store, out: str = "") -> tuple:
     panels = -(-n // nr)
     per_batch = False
     if const_b:
-        bm = b.g.constants[b_name].reshape(sb)
-        flat = bm.reshape(-1, k, n)
-        b_param = b.constant_param(f"{b_name}_packed", deferred_panels(flat if flat.shape[0] > 1 else flat[0], nr))
+        flat = b.g.constants[b_name].reshape(sb).reshape(-1, k, n)
+        b_param = packed_weight(b, b_name, ("batched",) if flat.shape[0] > 1 else ("k_n",), nr,
+                                lambda: flat if flat.shape[0] > 1 else flat[0])
     else:
         b_src = b.in_param(b_name)
         # One packed B per batch element (attention: per head) lets the heads run in
@@ -1197,8 +1204,8 @@ def lower_gemm(b: KernelBuilder, node: Node, store) -> tuple:
     a_param = b.in_param(a_name)
     stmts = []
     if b_name in b.g.constants:
-        mat = b.g.constants[b_name]
-        b_param = b.constant_param(f"{b_name}_packed", deferred_panels(mat.T if tb else mat, nr))
+        b_param = packed_weight(b, b_name, ("n_k",) if tb else ("k_n",), nr,
+                                lambda: b.g.constants[b_name].T if tb else b.g.constants[b_name])
     else:
         b_param = b.workspace(-(-n // nr) * k * nr)
         stmts += _runtime_pack(b, b.in_param(b_name), Const(0), k, n, 1 if tb else n, k if tb else 1, b_param)
