@@ -167,9 +167,8 @@ class Graph:
     # Derived symbols a loop body takes from the graph around it: counted there, not here, so
     # type inference of the body neither waits for their counts nor drops them.
     outer_symbols: frozenset = frozenset()
-    # Constants lowering computed from others, by what they are made of: {recipe: name}. The
-    # kernels of one weight share its packing (a detector head's conv at each of five scales:
-    # RetinaNet's Winograd filters were 190 MiB of the bundle's 460 over again).
+    # Constants lowering computed from others, by what they are made of: {recipe: name}, so
+    # the kernels of one weight share its packing (a detector head's conv at each scale).
     packed: dict = field(default_factory=dict)
 
     def copy(self) -> "Graph":

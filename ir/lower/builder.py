@@ -184,10 +184,7 @@ class KernelBuilder:
 
     def constant_param(self, base: str, value: np.ndarray) -> str:
         """Add a compile-time array (e.g. packed weights) as an input of this kernel."""
-        name = self.g.fresh_name(base)
-        self.g.add_constant(name, value)
-        self.new_constants[name] = self.g.constants[name]
-        return self.in_param(name)
+        return self.in_param(self._new_constant(base, value))
 
     def packed_param(self, base: str, recipe: tuple, make) -> str:
         """A constant computed from others by `make()` (packed weights), once per `recipe` (a
@@ -195,10 +192,14 @@ class KernelBuilder:
         weight read one copy."""
         name = self.g.packed.get(recipe)
         if name is None or name not in self.g.constants:
-            name = self.g.packed[recipe] = self.g.fresh_name(base)
-            self.g.add_constant(name, make())
-            self.new_constants[name] = self.g.constants[name]
+            name = self.g.packed[recipe] = self._new_constant(base, make())
         return self.in_param(name)
+
+    def _new_constant(self, base: str, value) -> str:
+        name = self.g.fresh_name(base)
+        self.g.add_constant(name, value)
+        self.new_constants[name] = self.g.constants[name]
+        return name
 
     def reader(self, name: str):
         """Reader of tensor `name`: inline if computed in this group, else a parameter load."""
