@@ -267,3 +267,33 @@ def test_one_weight_at_several_scales_shares_its_filters(executor, tile):
     got = result.load().run(feeds)
     for s in sizes:
         np.testing.assert_allclose(got[f"y{s}"], want[f"y{s}"], rtol=1e-4, atol=1e-4 * float(np.abs(want[f"y{s}"]).max()))
+
+
+@pytest.mark.parametrize("target", X86_TARGETS)
+def test_run_time_sizes_take_whole_panels_of_output_channels(target, executor, tile):
+    """Over run-time sizes, output channels a little short of whole panels are computed as
+    whole panels (a partial one doubled the GEMM's code): 248 channels are 256 columns, the
+    extra ones never stored, and the outputs match onnxruntime's at sizes even and odd."""
+    from modelkiln.ir.loop import Gemm
+    from modelkiln.orchestrator.api import build
+    from tests.conftest import kernel_statements
+    from tests.isa import run_or_inspect
+    model = conv_model((1, 32, 16, 16), 248)
+    dims = model.graph.input[0].type.tensor_type.shape.dim
+    dims[2].dim_param, dims[3].dim_param = "h", "w"
+    result = build(model, target=target, dims={"h": (1, 40), "w": (1, 40)}, executor=executor, cache=None,
+                   progress=False)
+    [call] = [c for c in result.lowered.calls if any("winograd" in i for i in c.inputs)]
+    gemms = [s for s in kernel_statements(call.kernel.body) if isinstance(s, Gemm)]
+    assert gemms and all(g.n % g.nr == 0 and 248 < g.n < 248 + g.nr for g in gemms), [(g.n, g.nr) for g in gemms]
+
+    def compare():
+        rng = np.random.default_rng(0)
+        for threads in (1, 2):
+            module = result.load(threads=threads)
+            for h, w in ((1, 1), (7, 9), (16, 16), (33, 40)):
+                x = {"x": rng.standard_normal((1, 32, h, w)).astype(np.float32)}
+                want = model_zoo.onnxruntime_outputs(model, x)["y"]
+                np.testing.assert_allclose(module.run(x)["y"], want, rtol=1e-4,
+                                           atol=1e-4 * float(np.abs(want).max()), err_msg=f"{h}x{w}")
+    run_or_inspect(result, compare)
