@@ -875,16 +875,17 @@ class FunctionEmitter:
         # runs over one L2-sized chunk of panels before the next chunk is read.
         # `panels` is (first, count) or, for a range known at run time, (first, end) values;
         # `partial` says whether the partial last panel follows (True, False or an i1 value).
-        def block(m0: str, rows: int, panels: tuple, partial) -> None:
+        # `valid`: a run-time count of the tile's rows that are the GEMM's (left_over_rows).
+        def block(m0: str, rows: int, panels: tuple, partial, valid: str | None = None) -> None:
             def panel(p: str, cols: int) -> None:
                 pb = self.mul_const(p, nr if g.in_place_b else g.k * nr * (2 if g.b_words else 1))
                 bp = self.tmp("bp")
                 self.emit(f"{bp} = add nsw i64 {pb}, {b_off}")
                 if self.outline_tiles(g):
-                    self.outlined_microkernel(g, a_off, bp, m0, rows, vt, tile, cols)
+                    self.outlined_microkernel(g, a_off, bp, m0, rows, vt, tile, cols, valid)
                 else:
-                    self.microkernel(g, a_ptr, a_off, b_ptr, bp, m0, rows, vt, tile, cols)
-                self.writeback(g, tile, m0, p, rows, cols)
+                    self.microkernel(g, a_ptr, a_off, b_ptr, bp, m0, rows, vt, tile, cols, valid)
+                self.writeback(g, tile, m0, p, rows, cols, valid)
 
             first, count = panels
             pan = f"{g.n_var}.pan"
@@ -974,8 +975,14 @@ class FunctionEmitter:
             7-wide output row was tiles of 4, 2 and 1 rows, each k loop waiting on FMA
             latency: a ResNet's 7 x 7 stage over run-time sizes ran at 1.6x its static time.
             A tile for every count up to mr - 1 came within 1.2x too, but its 13 tiles on
-            AVX-512 took a ResNet-18's build from 4.5 to 10.9 s.)"""
+            AVX-512 took a ResNet-18's build from 4.5 to 10.9 s.) A count from 3 up that is
+            too small to fill MIN_TILE_ACCUMULATORS runs in the least tile that does, its rows
+            past the count reading the last real row and stored nowhere, so LLVM compiles
+            fewer tiles (a 6-column GEMM's 28-row tiles: 9 for its last rows, not 14). Not 1
+            or 2 rows, a decoding step's: a 768 -> 3072 GEMV took 1.18x and 1.13x as long in
+            the 4-row tile, 3 rows 1.01-1.05x."""
             half, part = mr // 2, f"{g.m_var}.part"
+            least = min(half, -(-MIN_TILE_ACCUMULATORS // (nr // vw)))  # (rows of the least tile)
             two = self.int_op("icmp ugt", left, half)
             first = self.tmp("first")  # (the rows of the first tile: all of them, or half rounded up)
             self.emit(f"{first} = select i1 {two}, i64 {self.int_op('sub', left, self.int_op('lshr', left, 1))}, "
@@ -986,8 +993,13 @@ class FunctionEmitter:
                 size, at = self.tmp("rows"), self.tmp("at")
                 self.emit(f"{size} = select i1 {later}, i64 {self.int_op('sub', left, first)}, i64 {first}")
                 self.emit(f"{at} = select i1 {later}, i64 {self.int_op('add', base, first)}, i64 {base}")
-                self.switch(size, {rows: (lambda rows=rows: block(at, rows, panels, partial))
-                                   for rows in range(1, half + 1)})
+                small = self.int_op("icmp ult", size, least)
+                between, shape = self.tmp("between"), self.tmp("shape")  # (3 .. least - 1 rows: the least tile)
+                self.emit(f"{between} = and i1 {small}, {self.int_op('icmp ugt', size, 2)}")
+                self.emit(f"{shape} = select i1 {between}, i64 {least}, i64 {size}")
+                self.switch(shape, {rows: (lambda rows=rows: block(at, rows, panels, partial,
+                                                                   size if rows == least else None))
+                                    for rows in sorted({*range(1, min(3, least)), *range(least, half + 1)})})
             parts = self.tmp("parts")
             self.emit(f"{parts} = select i1 {two}, i64 2, i64 1")
             self.loop(part, 0, one_part, lo="0", hi=parts)
@@ -1034,14 +1046,15 @@ class FunctionEmitter:
         return self.outline_choice[id(g)]
 
     def outlined_microkernel(self, g: Gemm, a_off: str, bp: str, m0: str, rows: int, vt: str, tile: str,
-                             cols: int) -> None:
+                             cols: int, valid: str | None = None) -> None:
         """microkernel() as a call of `void (ptr a, ptr b, [ptr tables...,] ptr tile, i64
-        a_off, i64 bp, i64 m0)`, one function per tile shape of this Gemm."""
+        a_off, i64 bp, i64 m0[, i64 cols][, i64 valid])`, one function per tile shape of this
+        Gemm."""
         tables = [t for t in (g.a_mtab, g.a_ktab, g.b_ktab, g.a_kspan) if t]
         # (a row length or B's row stride known at run time reads the symbols)
         buffers = [g.a_buf, g.b_buf, *tables] + ([SYMBOLS] if self.reads_symbols else [])
         run_time_cols = not isinstance(cols, int)  # (then an argument of the function)
-        key = (id(g), rows, "run-time" if run_time_cols else cols)
+        key = (id(g), rows, "run-time" if run_time_cols else cols, valid is not None)
         name = self.outlined.get(key)
         if name is None:
             name = f"{self.symbol}_tile{len(self.outlined)}"
@@ -1050,16 +1063,18 @@ class FunctionEmitter:
             self.lines, self.block, self.symbol_values = [], "entry", None
             self.bufs = {**self.bufs, **{buf: (f"%mk.{i}", self.bufs[buf][1]) for i, buf in enumerate(buffers)}}
             self.microkernel(g, "%mk.0", "%mk.a_off", "%mk.1", "%mk.bp", "%mk.m0", rows, vt, "%mk.tile",
-                             "%mk.cols" if run_time_cols else cols)
+                             "%mk.cols" if run_time_cols else cols, valid and "%mk.valid")
             body, (self.lines, self.block, self.bufs, self.symbol_values) = self.lines, saved
             params = [f"ptr noalias nocapture readonly %mk.{i}" for i in range(len(buffers))]
             params += ["ptr noalias nocapture writeonly %mk.tile", "i64 %mk.a_off", "i64 %mk.bp", "i64 %mk.m0"]
             params += ["i64 %mk.cols"] if run_time_cols else []
+            params += ["i64 %mk.valid"] if valid else []
             self.functions.append("\n".join([f"define internal void @{name}({', '.join(params)}) #2 {{", "entry:",
                                              *body, "  ret void", "}"]))
         args = [f"ptr {self.bufs[buf][0]}" for buf in buffers] + [f"ptr {tile}", f"i64 {a_off}", f"i64 {bp}",
                                                                   f"i64 {m0}"]
         args += [f"i64 {cols}"] if run_time_cols else []
+        args += [f"i64 {valid}"] if valid else []
         self.emit(f"call void @{name}({', '.join(args)})")
 
     def mul_const(self, v: str, c: int) -> str:
@@ -1067,9 +1082,18 @@ class FunctionEmitter:
         self.emit(f"{r} = mul nsw i64 {v}, {c}")
         return r
 
-    def microkernel(self, g: Gemm, a_ptr, a_off, b_ptr, bp, m0, rows, vt, tile, cols: int) -> None:
+    def microkernel(self, g: Gemm, a_ptr, a_off, b_ptr, bp, m0, rows, vt, tile, cols: int,
+                    valid: str | None = None) -> None:
+        """The tile's k loop, its sums stored to `tile`. With `valid` (a run-time count of its
+        rows that are the GEMM's), the rows past it read the last of them."""
         vw, nv = self.vw, g.nr // self.vw
         elt = "float" if g.kind == "f32" else "i32"
+        last = valid and self.int_op("sub nsw", valid, 1)
+
+        def at_row(r: int, stride: int = 1):  # (row r's distance from the first, in A's elements)
+            if not valid or r == 0:
+                return str(r * stride)
+            return self.mul_const(self.int_op("smin", last, r), stride) if stride != 1 else self.int_op("smin", last, r)
         rowbase = []
         entries = None  # (the tile's first and last entries of a_mtab)
         if g.a_rows:  # the tile's output row from a table, its pixels a_sm apart along it
@@ -1081,11 +1105,11 @@ class FunctionEmitter:
                                  else self.mul_const(row, width))
             self.emit(f"{base} = load i64, ptr {self.gep(self.bufs[g.a_mtab][0], 'i64', row)}, align 8")
             first = self.int_op("add nsw", self.int_op("add nsw", base, a_off), self.mul_const(column, g.a_sm))
-            rowbase = [first] + [self.int_op("add nsw", first, r * g.a_sm) for r in range(1, rows)]
+            rowbase = [first] + [self.int_op("add nsw", first, at_row(r, g.a_sm)) for r in range(1, rows)]
         elif g.a_mtab:  # each row's offset from a table (a conv's output pixels over its input)
             for r in range(rows):
                 idx, off, t = self.tmp("mi"), self.tmp("moff"), self.tmp("ra")
-                self.emit(f"{idx} = add nsw i64 {m0}, {r}")
+                self.emit(f"{idx} = add nsw i64 {m0}, {at_row(r)}")
                 self.emit(f"{off} = load i64, ptr {self.gep(self.bufs[g.a_mtab][0], 'i64', idx)}, align 8")
                 self.emit(f"{t} = add nsw i64 {off}, {a_off}")
                 rowbase.append(t)
@@ -1094,11 +1118,11 @@ class FunctionEmitter:
             self.emit(f"{block_base} = add nsw i64 {self.mul_const(m0, g.a_sb or g.a_sm)}, {a_off}")
             for r in range(rows):
                 t = self.tmp("ra")
-                self.emit(f"{t} = add nsw i64 {block_base}, {r * g.a_sm}")
+                self.emit(f"{t} = add nsw i64 {block_base}, {at_row(r, g.a_sm)}")
                 rowbase.append(t)
         k_first, k_end = "0", str(g.k)
         if g.a_kspan:  # only the k where some window of the tile is not all zero border
-            entries = entries or (m0, self.int_op("add nsw", m0, rows - 1) if rows > 1 else m0)
+            entries = entries or (m0, self.int_op("add nsw", m0, last or rows - 1) if rows > 1 else m0)
             k_first, k_end = self.kspan(g, entries[0])
             if entries[1] != entries[0]:
                 last_lo, last_hi = self.kspan(g, entries[1])
@@ -1511,12 +1535,12 @@ class FunctionEmitter:
         if tail:
             slots(str(whole * vw), tail)
 
-    def writeback(self, g: Gemm, tile: str, m0: str, p: str, rows: int, cols: int) -> None:
+    def writeback(self, g: Gemm, tile: str, m0: str, p: str, rows: int, cols: int, valid: str | None = None) -> None:
         """The epilogue over the tile, vectorized along the direction its stores are contiguous
         in (`g.stores_along`): along a row (n) for a row-major C or a pointwise conv's tile of
         pixels, down a column (m) for a conv's NCHW output, whose rows are pixels. Left to
         itself, LLVM unrolls the inner loop and vectorizes the outer one, with scatters where
-        that is not the contiguous direction."""
+        that is not the contiguous direction. With `valid`, its first `valid` rows only."""
         n0 = self.mul_const(p, g.nr)
         acc_type = "f32" if g.kind == "f32" else "i32"
 
@@ -1537,7 +1561,18 @@ class FunctionEmitter:
             self.bind(g.acc_var, ("ssa", acc, acc_type))
             self.stmts(g.epilogue)
 
-        if g.stores_along == "m":
+        if valid and g.stores_along == "m":
+            self.loop("__wb_j", cols, lambda: self.loop("__wb_r", 0, element, "run_time_tail", lo="0", hi=valid),
+                      "scalar")
+        elif valid:
+            def a_row():
+                if isinstance(cols, int):  # (as the rows of a whole tile below)
+                    self.loop("__wb_j", cols, element, "vector_only" if g.in_place_b or g.kind == "s8u8" and g.b_words
+                              else "vectorize")
+                else:
+                    self.loop("__wb_j", 0, element, "run_time_tail", lo="0", hi=cols)
+            self.loop("__wb_r", 0, a_row, "scalar", lo="0", hi=valid)
+        elif g.stores_along == "m":
             self.loop("__wb_j", cols, lambda: self.loop("__wb_r", rows, element, "vector_masked"), "scalar")
         elif not isinstance(cols, int):  # (a run-time count of columns, fewer than the panel's)
             self.loop("__wb_r", rows, lambda: self.loop("__wb_j", 0, element, "run_time_tail", lo="0", hi=cols),

@@ -84,6 +84,54 @@ class QLinearConcat(OpRun):
         return (_quantize(np.concatenate(parts, axis=axis), sy, zy),)
 
 
+def _softmax(x, axis: int, opset: int):
+    """Softmax as the opset the quantizer wrote reads axis: from 13 that axis; before, the
+    input as a matrix of everything before the axis by everything from it on."""
+    axes = (axis,) if opset >= 13 else tuple(range(axis % x.ndim, x.ndim))
+    e = np.exp(x - x.max(axis=axes, keepdims=True))
+    return e / e.sum(axis=axes, keepdims=True)
+
+
+class QLinearSoftmax(OpRun):
+    op_domain = "com.microsoft"
+    def _softmax_of(self, x):
+        opset = getattr(self, "opset", 13)
+        return _softmax(x, getattr(self, "axis", -1 if opset >= 13 else 1), opset)
+
+    _run = _through_float(1, _softmax_of)
+
+
+class QLinearAveragePool(OpRun):
+    """AveragePool of 2-D windows over the dequantized input (count_include_pad, pads; no
+    ceil_mode, dilations or channels_last)."""
+    op_domain = "com.microsoft"
+
+    def _pool(self, x):
+        attr = lambda name, default=None: getattr(self, name, None) or default  # noqa: E731
+        (kh, kw), (sh, sw) = self.kernel_shape, attr("strides", (1, 1))
+        top, left, bottom, right = attr("pads", (0, 0, 0, 0))
+        if attr("ceil_mode") or any(d != 1 for d in attr("dilations", ())) or attr("channels_last"):
+            raise NotImplementedError("QLinearAveragePool: ceil_mode, dilations or channels_last")
+        padded = np.pad(x, ((0, 0), (0, 0), (top, bottom), (left, right)))
+        ones = np.pad(np.ones_like(x), ((0, 0), (0, 0), (top, bottom), (left, right)))
+        oh, ow = (padded.shape[2] - kh) // sh + 1, (padded.shape[3] - kw) // sw + 1
+        total, count = np.zeros(x.shape[:2] + (oh, ow)), np.zeros(x.shape[:2] + (oh, ow))
+        for i in range(kh):
+            for j in range(kw):
+                total += padded[:, :, i:i + sh * oh:sh, j:j + sw * ow:sw]
+                count += ones[:, :, i:i + sh * oh:sh, j:j + sw * ow:sw]
+        return total / (kh * kw if attr("count_include_pad") else count)
+
+    _run = _through_float(1, _pool)
+
+
+class QLinearWhere(OpRun):
+    op_domain = "com.microsoft"
+
+    def _run(self, cond, x, sx, zx, y, sy, zy, sz, zz=None):
+        return (_quantize(np.where(cond, _dequantize(x, sx, zx), _dequantize(y, sy, zy)), sz, zz),)
+
+
 class QGemm(OpRun):
     """alpha * sa * sb * ((A - za) @ (B - zb) + C): the int32 sum exact, then quantized with
     y_scale and y_zero_point, or float32 without them."""
@@ -173,7 +221,7 @@ class DynamicQuantizeLSTM(OpRun):
 
 
 CONTRIB_OPS = [QLinearAdd, QLinearMul, QLinearSigmoid, QLinearLeakyRelu, QLinearGlobalAveragePool, QLinearConcat,
-               QGemm, DynamicQuantizeLSTM]
+               QLinearSoftmax, QLinearAveragePool, QLinearWhere, QGemm, DynamicQuantizeLSTM]
 
 
 # The reference evaluator implements DequantizeLinear and QuantizeLinear from opset 19 on (which

@@ -206,14 +206,15 @@ ALL = {
 }
 
 
-def random_inputs(model: onnx.ModelProto, seed: int = 0) -> dict:
+def random_inputs(model: onnx.ModelProto, seed: int = 0, symbols: dict | None = None) -> dict:
+    """Standard normal inputs; a symbolic dim (dim_param) takes its size from `symbols`."""
     rng = np.random.default_rng(seed)
     init = {i.name for i in model.graph.initializer}
     out = {}
     for vi in model.graph.input:
         if vi.name in init:
             continue
-        shape = [d.dim_value for d in vi.type.tensor_type.shape.dim]
+        shape = [symbols[d.dim_param] if symbols and d.dim_param else d.dim_value for d in vi.type.tensor_type.shape.dim]
         elem = vi.type.tensor_type.elem_type  # (float16 and double as their own type: onnxruntime takes no other)
         own = elem in (onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE)
         dtype = onnx.helper.tensor_dtype_to_np_dtype(elem) if own else np.float32
@@ -232,11 +233,12 @@ def onnxruntime_outputs(model: onnx.ModelProto, inputs: dict, threads: int = 1) 
 
 
 def quantized(model: onnx.ModelProto, fmt: str, per_channel: bool = True, seed: int = 0,
-              calibration_runs: int = 4) -> onnx.ModelProto:
+              calibration_runs: int = 4, symbols: dict | None = None) -> onnx.ModelProto:
     """`model` quantized to int8 by onnxruntime's own tool, as users quantize theirs: fmt is
     "dynamic" (quantize_dynamic: DynamicQuantizeLinear + MatMulInteger/ConvInteger), "qdq"
     or "qoperator" (quantize_static, calibrated on random inputs: QuantizeLinear/
-    DequantizeLinear pairs, or QLinearConv/QLinearMatMul and com.microsoft QLinear ops)."""
+    DequantizeLinear pairs, or QLinearConv/QLinearMatMul and com.microsoft QLinear ops). A
+    model with symbolic dims is calibrated at the sizes `symbols` gives."""
     import os
     import tempfile
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantize_dynamic, quantize_static
@@ -244,7 +246,7 @@ def quantized(model: onnx.ModelProto, fmt: str, per_channel: bool = True, seed: 
 
     class Reader(CalibrationDataReader):
         def __init__(self):
-            self.feeds = iter([random_inputs(model, seed + i) for i in range(calibration_runs)])
+            self.feeds = iter([random_inputs(model, seed + i, symbols) for i in range(calibration_runs)])
 
         def get_next(self):
             return next(self.feeds, None)

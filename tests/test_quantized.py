@@ -333,6 +333,32 @@ def test_contrib_qlinear_ops():
     _compare(model, {"a": _bytes([1, 4, 5, 5], U8, 1), "b": _bytes([1, 4, 5, 5], U8, 2)})
 
 
+@pytest.mark.parametrize("opset", [11, 13])
+def test_contrib_qlinear_softmax_average_pool_and_where(opset):
+    """The rest of what onnxruntime's QOperator format writes: QLinearSoftmax (its axis read
+    as the `opset` it names: before 13 everything from the axis on), QLinearAveragePool
+    (strided, padded, with and without the padding counted) and QLinearWhere."""
+    ms = "com.microsoft"
+    nodes = [helper.make_node("QLinearSoftmax", ["a", "sa", "za", "sp", "zp"], ["soft"], domain=ms, axis=2,
+                              opset=opset),
+             helper.make_node("QLinearSoftmax", ["a", "sa", "za", "sp", "zp"], ["soft_last"], domain=ms, axis=-1,
+                              opset=opset),
+             helper.make_node("QLinearAveragePool", ["a", "sa", "za", "sc", "zc"], ["pool"], domain=ms,
+                              kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1], channels_last=0),
+             helper.make_node("QLinearAveragePool", ["a", "sa", "za", "sc", "zc"], ["pool_all"], domain=ms,
+                              kernel_shape=[2, 3], pads=[0, 1, 1, 0], count_include_pad=1),
+             helper.make_node("Greater", ["b", "a"], ["b_greater"]),
+             helper.make_node("QLinearWhere", ["b_greater", "a", "sa", "za", "b", "sb", "zb", "sc", "zc"], ["where"],
+                              domain=ms)]
+    inits = [("sa", np.float32(0.03)), ("za", np.uint8(120)), ("sb", np.float32(0.05)), ("zb", np.uint8(128)),
+             ("sc", np.float32(0.07)), ("zc", np.uint8(130)), ("sp", np.float32(1 / 256)), ("zp", np.uint8(0))]
+    outs = [(n, U8) for n in ("soft", "soft_last", "pool", "pool_all", "where")]
+    model = _model(nodes, [("a", U8, [1, 4, 5, 6]), ("b", U8, [1, 4, 5, 6])], outs, inits, opset=opset, domains=[ms])
+    # (in float32, as onnxruntime computes them; the reference's float64 may round a value
+    # within float32's error of a half step the other way)
+    _compare(model, {"a": _bytes([1, 4, 5, 6], U8, 1), "b": _bytes([1, 4, 5, 6], U8, 2)}, exact=False, atol=1)
+
+
 @pytest.mark.parametrize("target", [AVX2, AVX512_NO_VNNI])
 def test_int8_kernels_without_vnni(target):
     """Targets without AVX-512 VNNI (AVX2; AVX-512 before VNNI) sum the same bytes with

@@ -20,6 +20,7 @@ from modelkiln.ir.graph import UnsupportedError
 from modelkiln.orchestrator.api import build
 from tests import dynamic_zoo, model_zoo
 from tests.conftest import copies_rows_as_it_goes, kernel_statements
+from tests.int8_reference import reference_outputs
 from tests.isa import X86_TARGETS, run_or_inspect
 
 F = TensorProto.FLOAT
@@ -69,6 +70,23 @@ def test_one_build_runs_every_shape_in_its_bounds(block_build, batch, seq):
     want = model_zoo.onnxruntime_outputs(model, feeds)["y"]
     assert got.shape == want.shape == (batch, seq, 64)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("fmt, ops", [("dynamic", {"DynamicQuantizeLinear", "MatMulInteger"}),
+                                       ("qdq", {"QuantizeLinear", "DequantizeLinear"}),
+                                       ("qoperator", {"QLinearMatMul", "QLinearAdd", "QLinearSoftmax"})])
+def test_a_quantized_block_over_run_time_sizes(fmt, ops, executor):
+    """The block quantized by onnxruntime's tool in each of its formats, built once for every
+    batch and sequence length: its int8 GEMMs over run-time rows, against onnx's reference
+    evaluator (exact integers; onnxruntime's are not on every CPU: tests/int8_reference.py)."""
+    model = model_zoo.quantized(feed_forward_block(), fmt, symbols={"batch": 2, "seq": 9})
+    assert ops <= {n.op_type for n in model.graph.node}
+    module = build(model, dims=BOUNDS, executor=executor, cache=None, progress=False).load()
+    for batch, seq in [(1, 1), (2, 7), (3, 33), (4, 80)]:
+        x = np.random.default_rng(seq).standard_normal((batch, seq, 64)).astype(np.float32)
+        got, want = module.run({"x": x})["y"], reference_outputs(model, {"x": x})["y"]
+        assert got.shape == want.shape == (batch, seq, 64)
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-5, err_msg=f"batch {batch}, seq {seq}")
 
 
 @pytest.mark.parametrize("target", X86_TARGETS)

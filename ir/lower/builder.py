@@ -23,7 +23,7 @@ from ..loop import (SYMBOLS, Buffer, Const, Expr, For, Gemm, Kernel, Let, Load, 
                     phases, rem)
 from ..parallel import MIN_PIECE_WORK
 from ..schedule import CODEGEN_OPTIONS, KNOBS, ScheduleError, gemm_tiles, value_of
-from ..symbolic import Dim, greatest, product
+from ..symbolic import Dim, SymbolError, greatest, product
 
 
 SHORT_ROW = 63  # innermost extents up to this are vectorized along themselves, tails masked
@@ -172,11 +172,14 @@ class KernelBuilder:
     def workspace(self, elements: "int | Dim", storage: str = "f32") -> str:
         """A scratch buffer of `elements` elements of `storage` type, in the arena. A Dim (a
         slice per image of a run-time batch) is planned at its bounds, and a call places it
-        for its own size (orchestrator.bundle.plan_memory)."""
+        for its own size (orchestrator.bundle.plan_memory); its bytes must be whole 4-byte units
+        at every size (each term's coefficient a multiple of 4 for bytes)."""
         if isinstance(elements, Dim):
-            if storage_bytes(storage) % 4:
-                raise InternalError(f"a workspace of run-time size holds whole 4-byte units, not {storage}")
-            self.workspaces.append(elements * (storage_bytes(storage) // 4))
+            try:
+                self.workspaces.append(elements * storage_bytes(storage) // 4)
+            except SymbolError:
+                raise InternalError(f"a workspace of {elements} {storage} elements is not whole 4-byte units "
+                                    "at every size") from None
         else:
             self.workspaces.append(-(-int(elements) * storage_bytes(storage) // 4))
         self.workspace_types.append((storage, greatest(elements)))

@@ -46,7 +46,7 @@ from ..loop import (TRANSPOSE_LANES, WINDOW_DOT_LANES, Assign, Cast, Const, For,
                     TransposeBlock, Var, WindowDot, add, cmp, fbin, flat_index, loop, mul, select, sub, unflatten,
                     window_dot_fits, window_dot_reach)
 from .builder import KernelBuilder
-from .gemm import conv_operands, gemm_stmt, is_depthwise, lower_depthwise
+from .gemm import conv_operands, gemm_stmt, is_depthwise, lower_depthwise, split_by_run_time_rows
 from .planes import padded_copy
 
 
@@ -145,7 +145,9 @@ def lower_matmul_integer(b: KernelBuilder, node: Node, store) -> tuple:
     if wc is None:
         return _plain_matmul(b, node, store)
     k, n = sw
-    m = math.prod(sa[:-1])
+    lead = list(b.shape(a_name)[:-1])  # (ints, or expressions of run-time sizes)
+    m, rows = math.prod(lead), math.prod(sa[:-1])  # (the rows as the kernel computes them; as a Dim)
+    symbolic = not isinstance(m, int)
     quads = -(-k // 4)
     signed_a = b.type(a_name).dtype == "int8"
     nr = b.tile(n)[1]
@@ -158,7 +160,7 @@ def lower_matmul_integer(b: KernelBuilder, node: Node, store) -> tuple:
         # Rows padded to whole quads (the pad elements meet zero weights); for 16-bit pairs,
         # widened once here rather than in every column panel's pass over a row.
         storage = "i16" if words else "i8" if signed_a else "u8"
-        a_buf = b.workspace(m * quads * 4, storage)
+        a_buf = b.workspace(rows * quads * 4, storage)
         i, j = b.fresh("r"), b.fresh("k")
         value = Load(a_param, add(mul(Var(i), k), fbin("min", Var(j), Const(k - 1)) if k % 4 else Var(j)))
         if words:
@@ -171,10 +173,11 @@ def lower_matmul_integer(b: KernelBuilder, node: Node, store) -> tuple:
         a_buf = a_param
 
     def epilogue(mm, nn, acc):
-        return store(unflatten(mm, sa[:-1]) + [nn], fbin("sub", acc, correction(nn)))
-    stmts.append(gemm_stmt(b, a_buf, Const(0), quads * 4, 1, w_param, Const(0), m, n, quads, epilogue,
-                           kind="s8s8" if signed_a and not words else "u8s8", b_words=words))
-    return tuple(stmts)
+        return store(unflatten(mm, lead) + [nn], fbin("sub", acc, correction(nn)))
+    # (over run-time rows, divided among threads as a float MatMul's: lower_matmul_rows)
+    return tuple(stmts) + split_by_run_time_rows(gemm_stmt(
+        b, a_buf, Const(0), quads * 4, 1, w_param, Const(0), m, n, quads, epilogue,
+        kind="s8s8" if signed_a and not words else "u8s8", b_words=words, split="n" if symbolic else ""))
 
 
 def _centered_reader(b: KernelBuilder, node: Node, index: int, zp_index: int, zp_axis_of):

@@ -22,9 +22,9 @@ from ..lower.elementwise import f32
 from ..lower.integer_gemm import lower_conv_integer, lower_matmul_integer
 from ..onnx_dtypes import onnx_to_dtype
 from .conv_gemm import infer_conv, infer_matmul
-from .elementwise import ADD, CAST, DIV, LEAKY_RELU, MUL, SIGMOID, small_float_array, to_small_float
+from .elementwise import ADD, CAST, DIV, LEAKY_RELU, MUL, SIGMOID, WHERE, small_float_array, to_small_float
 from .functions import expand_function
-from .reduce import GLOBAL_AVERAGE_POOL
+from .reduce import AVERAGE_POOL, GLOBAL_AVERAGE_POOL, SOFTMAX
 from .shape import CONCAT
 from .node_builder import NodeBuilder
 from .registry import ELEMWISE, OPAQUE, OUT_EWISE_FUSABLE, OpDef, expanded_only, register
@@ -374,6 +374,39 @@ def _expand_qlinear_concat(g, node: Node) -> list[Node]:
     return body.nodes
 
 
+def _expand_qlinear_where(g, node: Node) -> list[Node]:
+    """condition, then (x, scale, zero point) for each branch, then the output's scale and
+    zero point."""
+    if len(node.inputs) < 8:
+        raise ShapeError(f"{node.describe()}: {len(node.inputs)} inputs; QLinearWhere takes the condition, a value, "
+                         "scale and zero point per branch, then the output's scale and zero point")
+    body = NodeBuilder(g, node)
+    cond, x, sx, zx, y, sy, zy, sz = node.inputs[:8]
+    zz = node.inputs[8] if len(node.inputs) > 8 else ""
+    branches = [body.add(DEQUANTIZE_LINEAR, [v, s, z] if z else [v, s]) for v, s, z in ((x, sx, zx), (y, sy, zy))]
+    out = body.add(WHERE, [cond, *branches])
+    body.add(QUANTIZE_LINEAR, [out, sz, zz] if zz else [out, sz], node.outputs[0])
+    return body.nodes
+
+
+def _softmax_attrs(g, node):
+    """Softmax's axis, as the opset the quantizer wrote in the node (`opset`) reads it: before
+    13, everything from the axis on; from 13, that axis alone. The graph's Softmax reads it
+    as the graph's opset does; where the two differ and the axis is not the last, refused."""
+    rank = len(g.types[node.inputs[0]].shape)
+    written = int(node.attrs.get("opset", g.opset))
+    axis = normalize_axis(node.attrs.get("axis", 1 if written < 13 else -1), rank, node)
+    if (written < 13) != (g.opset < 13) and axis != rank - 1:
+        raise UnsupportedError(f"{node.describe()}: softmax over axis {axis} as opset {written} reads it, in a "
+                               f"graph of opset {g.opset}, is not supported")
+    return {"axis": axis}
+
+
+def _average_pool_attrs(node):
+    _pool_attrs(node)  # (refuses channels_last=1)
+    return {k: v for k, v in node.attrs.items() if k != "channels_last"}
+
+
 def _leaky_attrs(node):
     return {"alpha": node.attrs.get("alpha", 0.01)}
 
@@ -397,4 +430,9 @@ register(
     OpDef(CONTRIB + "QLinearGlobalAveragePool", OPAQUE, expanded_only,
           expand=_expand_through_float(GLOBAL_AVERAGE_POOL, 1, _pool_attrs)),
     OpDef(CONTRIB + "QLinearConcat", OPAQUE, expanded_only, expand=_expand_qlinear_concat),
+    OpDef(CONTRIB + "QLinearAveragePool", OPAQUE, expanded_only,
+          expand=_expand_through_float(AVERAGE_POOL, 1, _average_pool_attrs)),
+    OpDef(CONTRIB + "QLinearSoftmax", OPAQUE, expanded_only,
+          expand=lambda g, node: _expand_through_float(SOFTMAX, 1, lambda n: _softmax_attrs(g, n))(g, node)),
+    OpDef(CONTRIB + "QLinearWhere", OPAQUE, expanded_only, expand=_expand_qlinear_where),
 )

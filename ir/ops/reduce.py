@@ -20,7 +20,7 @@ from .registry import INJECTIVE, REDUCTION, OpDef, one_output, register
 
 REDUCE_SUM, REDUCE_MEAN = "ReduceSum", "ReduceMean"  # (other ops are built from them: einsum.py, elementwise.py)
 
-GLOBAL_AVERAGE_POOL, MAX_POOL = "GlobalAveragePool", "MaxPool"
+GLOBAL_AVERAGE_POOL, MAX_POOL, AVERAGE_POOL = "GlobalAveragePool", "MaxPool", "AveragePool"
 MAX_POOL_INDICES = "kiln.MaxPoolIndices"
 REDUCE_MAX, REDUCE_MIN = "ReduceMax", "ReduceMin"
 SOFTMAX, LAYER_NORMALIZATION, RMS_NORMALIZATION = "Softmax", "LayerNormalization", "RMSNormalization"
@@ -154,7 +154,7 @@ register(
           anchor=lambda b, node, store, out: lower_layernorm(b, node, store)),
     OpDef(MAX_POOL, REDUCTION, pool_output_type, anchor=lambda b, node, store, out: lower_pool(b, node, store, True),
           expand=split_max_pool),
-    OpDef("AveragePool", REDUCTION, pool_output_type,
+    OpDef(AVERAGE_POOL, REDUCTION, pool_output_type,
           anchor=lambda b, node, store, out: lower_pool(b, node, store, False)),
     OpDef("LpPool", REDUCTION, pool_output_type,
           anchor=lambda b, node, store, out: lower_pool(b, node, store, False, lp=int(node.attrs.get("p", 2)))),
