@@ -65,6 +65,8 @@ CASES = {
     # 49 weights: three passes over each output row (3, 3 and 1 window rows), rows of 37 (two
     # vectors and a masked one), a channel multiplier of 2.
     "depthwise_7x7_passes": ((1, 4, 12, 37), (8, 1, 7, 7), {"group": 4, "pads": [3, 3, 3, 3]}),
+    # (two images, each its own planes of partial sums; 14 wide: one masked vector a row)
+    "depthwise_7x7_passes_batch": ((2, 6, 14, 14), (6, 1, 7, 7), {"group": 6, "pads": [3, 3, 3, 3]}),
     "conv1d_wide": ((1, 5, 100), (7, 5, 5), {"pads": [2, 2], "dilations": [2]}),
     "conv3d": ((1, 2, 6, 20, 20), (4, 2, 3, 3, 3), {"pads": [1, 1, 1, 1, 1, 1]}),
 }
@@ -336,15 +338,19 @@ def test_a_1x1_conv_over_planes_past_l2_prefetches_them(target, executor):
 
 def test_a_7x7_depthwise_window_runs_in_passes(executor):
     """49 weights do not fit the registers with the row's taps: the window runs as passes of
-    at most 21 weights over each output row (3 + 3 + 1 window rows), summing into a row of
-    partial sums; a 5x5 window (25) stays one pass."""
+    at most 21 weights (3 + 3 + 1 window rows), each over every output row of a plane that
+    fits L1 (one loop over the 12 rows around each pass's loop along a row), summing into a
+    plane of partial sums; a 5x5 window (25) stays one pass, all in one loop over the rows."""
     for kernel, passes in ((7, 3), (5, 1)):
         model = _conv_model("Conv", (1, 4, 12, 37), (4, 1, kernel, kernel), {"group": 4, "pads": [kernel // 2] * 4})
         result, _ = build_and_compare(model, executor)
         [call] = result.lowered.calls
-        row_loops = [s for s in kernel_statements(call.kernel.body) if type(s).__name__ == "For" and s.extent == 37
-                     and s.kind == "vector_masked" and any(type(x).__name__ == "Local" for x in s.body)]
+        loops = [s for s in kernel_statements(call.kernel.body) if type(s).__name__ == "For"]
+        row_loops = [s for s in loops if s.extent == 37 and s.kind == "vector_masked"
+                     and any(type(x).__name__ == "Local" for x in s.body)]
         assert len(row_loops) == passes
+        over_rows = [s for s in loops if s.extent == 12 and any(x in row_loops for x in s.body)]
+        assert len(over_rows) == passes
 
 
 def test_depthwise_window_rows_are_separate_sums(executor):

@@ -86,6 +86,12 @@ def pointwise_packs_input(vector_width: int, channels_in: int, channels_out: int
 # On AVX2 (16 registers) too: passes of 9-14 weights took MobileNetV3 from 3.15 to 3.25 ms.
 DEPTHWISE_ONE_PASS_WEIGHTS = 25
 DEPTHWISE_PASS_WEIGHTS = 21
+# Passes over a plane that fits L1 run each pass over all its rows (into a plane of partial
+# sums per channel) rather than all passes row by row (a row of partial sums, the weights
+# reloaded every row): 384x14x14 0.118 -> 0.084 ms, 192x28x28 0.206 -> 0.164, 768x7x7 0.094
+# -> 0.074. Only while those planes fit L2: ConvMixer's 768x32x32 (3 MiB of them) ran 0.94
+# -> 0.69 ms, but the 1x1 convs after it slowed by as much.
+DEPTHWISE_PLANES_FLOATS = 256 * 1024
 
 
 def depthwise_row_pairs_pay(vector_width: int, kh: int, kw: int, row_stride: int, row_dilation: int,
@@ -795,7 +801,18 @@ def lower_depthwise(b: KernelBuilder, node: Node, store, value=lambda v: v, weig
     ring = (kh - 1) * dh + 1 if mult == 1 else 0
     in_ring = ring_when(ring, mul(mul(hp, sw * 4), wq), hp_bound * sw * wq_bound * 4)
     copy_floats = cin * (ring if in_ring is True else hp_bound) * sw * wq_bound
-    partial_floats = cout * greatest(ow_dim)
+    # A window whose weights outnumber the registers (7x7: 49) runs as passes of a few window
+    # rows each, summing into partial sums: in one pass LLVM spilled the weights and shuffled
+    # registers between every two FMAs (ConvNeXt's 96x56x56 at half OpenVINO's rate).
+    per_pass = kh if kh * kw <= DEPTHWISE_ONE_PASS_WEIGHTS else max(1, DEPTHWISE_PASS_WEIGHTS // kw)
+    per_pass = b.knob("window_rows", per_pass, range(1, kh + 1))
+    passes = [(u, min(per_pass, kh - u)) for u in range(0, kh, per_pass)]
+    # A whole plane in L1 runs each pass over all its rows, its weights held in registers
+    # from the first row to the last, into a plane of partial sums per channel, while those
+    # planes stay in L2 (DEPTHWISE_PLANES_FLOATS).
+    planes = len(passes) > 1 and in_ring is False and cout * greatest(oh_dim) * greatest(ow_dim) <= \
+        DEPTHWISE_PLANES_FLOATS
+    partial_floats = cout * greatest(ow_dim) * (greatest(oh_dim) if planes else 1)
     # (images on threads of their own: a slice of the copy and of the partial sums each)
     limit = bordered_copies_limit(b, x_name)
     parallel = images_in_parallel(b, batch_dim, copy_floats + partial_floats, limit)
@@ -844,16 +861,10 @@ def lower_depthwise(b: KernelBuilder, node: Node, store, value=lambda v: v, weig
         while len(sums) > 1:  # a balanced tree
             sums = [fbin("add", *sums[i:i + 2]) if i + 1 < len(sums) else sums[i] for i in range(0, len(sums), 2)]
         return stmts, sums[0]
-    # A window whose weights outnumber the registers (7x7: 49) runs as passes of a few window
-    # rows each, summing into a row of partial sums: in one pass LLVM spilled the weights and
-    # shuffled registers between every two FMAs (ConvNeXt's 96x56x56 at half OpenVINO's rate).
-    per_pass = kh if kh * kw <= DEPTHWISE_ONE_PASS_WEIGHTS else max(1, DEPTHWISE_PASS_WEIGHTS // kw)
-    per_pass = b.knob("window_rows", per_pass, range(1, kh + 1))
-    passes = [(u, min(per_pass, kh - u)) for u in range(0, kh, per_pass)]
     if len(passes) > 1:
-        # (one row per output channel: channels run in parallel)
+        # (a row or a plane per output channel: channels run in parallel)
         partial, partial_off = image_workspace(b, bv, batch_dim, partial_floats, parallel)
-        at = add(partial_off, add(mul(Var(co), ow), Var(q)))
+        at = add(partial_off, add(mul(add(mul(Var(co), oh), Var(r)) if planes else Var(co), ow), Var(q)))
 
     def output_rows(ring: int) -> tuple:
         """The channel's output rows over its copy: the whole plane, or a ring of its last
@@ -886,6 +897,8 @@ def lower_depthwise(b: KernelBuilder, node: Node, store, value=lambda v: v, weig
                 rows.append(last)
             return tuple(rows)
         steps.append(For(q, ow, one_row, "vector_masked"))
+        if planes:
+            return tuple(For(r, oh, (step,)) for step in steps)
         if not ring:
             return (For(r, oh, tuple(steps)),)
         return rows_through_a_ring(b, copy_row, i, r, oh, sh, ring, tuple(steps))
