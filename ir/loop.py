@@ -52,6 +52,7 @@ import math
 from dataclasses import dataclass, fields, is_dataclass
 
 from .minifloats import E8M0, E8M0_ROUNDINGS, MINIFLOATS, e8m0_rounding
+from .symbolic import Dim, SymbolError
 
 FORMAT_VERSION = 4
 SYMBOLS = "s"  # the kernel buffer of the symbols' run-time values (i64), where a kernel reads any
@@ -635,6 +636,8 @@ def _encode(x, done: dict):
         return hit
     if isinstance(x, tuple):
         return {"t": [_encode(v, done) for v in x]}
+    if isinstance(x, Dim):  # (a lowering that took a shape's dim where it needed KernelBuilder.dim)
+        raise SymbolError(f"{x} is a symbolic dimension, not a number or a kernel expression")
     return x
 
 

@@ -41,6 +41,18 @@ def test_a_kernel_of_shared_nodes_encodes_as_written_out():
     assert unshared == shared and unshared.to_bytes() == shared.to_bytes()
 
 
+def test_a_symbolic_dim_left_in_a_kernel_is_named_where_its_group_is_lowered():
+    """A lowering that takes a shape's symbolic dim where it needs the kernel's expression of
+    it (KernelBuilder.dim) cannot be encoded: a SymbolError saying so, which lowering turns
+    into the group's "not supported yet" error (not a JSON error from the cache key)."""
+    import pytest
+    from modelkiln.ir.symbolic import Dim, SymbolError
+    batch = Dim.symbol("batch", 1, 4)
+    kernel = Kernel((Buffer("o0", "f32", 64),), (For("b", batch, (Store("o0", Var("b"), Const(1.0, "f32")),)),))
+    with pytest.raises(SymbolError, match="batch is a symbolic dimension, not a number or a kernel expression"):
+        kernel.digest
+
+
 def _two_rows(kind: str) -> str:
     """Each iteration stores a pair of columns into each of two rows a run-time n apart (as
     the Winograd output transform stores its tiles): the optimized IR."""

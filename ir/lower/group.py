@@ -150,6 +150,8 @@ def lower_group(g: Graph, members: list[Node], config: ScheduleConfig, tuning: d
     anchors = [m for m in members if op_def(m.op).kind in (REDUCTION, OUT_EWISE_FUSABLE)]
     try:
         body = _lower_anchored(b, members, anchors[0]) if anchors else _lower_plain(b, members)
+        kernel = b.kernel(tuple(b.setup) + tuple(body))
+        kernel.digest  # (encoded here: a symbolic dim left in it is this group's, named below)
     except (UnsupportedError, ScheduleError):
         raise
     except (TypeError, SymbolError) as e:  # (lowering that compares a run-time size with a number)
@@ -162,7 +164,6 @@ def lower_group(g: Graph, members: list[Node], config: ScheduleConfig, tuning: d
     except Exception as e:  # a lowering bug: name the group so it can be reported
         raise InternalError(f"Kiln bug: cannot lower the fused group {', '.join(m.describe() for m in members)}: "
                             f"{e!r}") from e
-    kernel = b.kernel(tuple(b.setup) + tuple(body))
     unused = sorted(set(b.tuning) - set(b.space))
     if unused:
         raise ScheduleError(f"knob(s) {', '.join(unused)} do not apply to "

@@ -241,6 +241,7 @@ def lower_conv_integer(b: KernelBuilder, node: Node, store) -> tuple:
     if groups == 1 and list(wsh[2:]) == [1, 1] and a["strides"] == [1, 1] and not any(a["pads"]):
         return _pointwise(b, node, store, wc.reshape(wsh[0], -1), zx, zx_name)
     batch, cin, h, w_ = xs
+    batch = b.dim(batch)  # (an int, or a run-time batch's expression)
     cout, cg = wsh[0], wsh[1]
     cog = cout // groups
     (kh, kw), (sh, sw), (dh, dw) = a["kernel_shape"], a["strides"], a["dilations"]
@@ -334,7 +335,7 @@ def _channels_last_copy(b: KernelBuilder, xparam: str, base, cin: int, h: int, w
     return For(y, hp, (If(inside, (*fill(0, pl), pack, *blocks, *fill(pl + w_, pr)), fill(0, wp)),), parallel=True)
 
 
-def _channels_last_gather(b: KernelBuilder, xparam: str, bv, cin: int, batch: int, h: int, w_: int, pads: list,
+def _channels_last_gather(b: KernelBuilder, xparam: str, bv, cin: int, batch, h: int, w_: int, pads: list,
                           cp: int, signed_x: bool, za_u, nhwc: str, words: bool) -> For:
     """The same copy element by element, for targets with narrower vectors; with `words`,
     each byte widened to 16 bits (the GEMM's B is packed in 16-bit pairs)."""
@@ -347,7 +348,7 @@ def _channels_last_gather(b: KernelBuilder, xparam: str, bv, cin: int, batch: in
                        cmp("lt", Var(c), Const(cin))))
     src = flat_index([add(mul(bv, cin), fbin("min", Var(c), Const(cin - 1))),
                       fbin("min", fbin("max", iy, Const(0)), Const(h - 1)),
-                      fbin("min", fbin("max", ix, Const(0)), Const(w_ - 1))], [batch * cin, h, w_])
+                      fbin("min", fbin("max", ix, Const(0)), Const(w_ - 1))], [mul(batch, cin), h, w_])
     loaded = Load(xparam, src)
     as_unsigned = Cast("u8", fbin("add", Cast("i32", loaded), Const(128, "i32"))) if signed_x else loaded
     value = select(inside, as_unsigned, za_u)
@@ -365,6 +366,7 @@ def _pointwise(b: KernelBuilder, node: Node, store, wc: np.ndarray, zx, zx_name:
     contiguously (the channels-last path would scatter them)."""
     x_name = node.inputs[0]
     batch, cin, h, w_ = b.type(x_name).shape
+    batch = b.dim(batch)  # (an int, or a run-time batch's expression)
     cout, pixels = wc.shape[0], h * w_
     cp = -(-cin // 4) * 4
     quads = cp // 4
@@ -448,6 +450,7 @@ def _depthwise_bytes(b: KernelBuilder, node: Node, store, zx, zx_name: str, wc: 
     fused ops. The float32 kernel converts every input and multiplies one tap at a time."""
     x_name, w_name = node.inputs[0], node.inputs[1]
     batch, cin, h, w_ = b.type(x_name).shape
+    batch = b.dim(batch)  # (an int, or a run-time batch's expression)
     cout, _, kh, kw = wc.shape
     mult = cout // cin
     a = b.attrs(node)
