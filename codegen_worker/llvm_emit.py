@@ -997,8 +997,9 @@ class FunctionEmitter:
                 between, shape = self.tmp("between"), self.tmp("shape")  # (3 .. least - 1 rows: the least tile)
                 self.emit(f"{between} = and i1 {small}, {self.int_op('icmp ugt', size, 2)}")
                 self.emit(f"{shape} = select i1 {between}, i64 {least}, i64 {size}")
+                # (the least tile reads and stores the count's rows only where it serves fewer)
                 self.switch(shape, {rows: (lambda rows=rows: block(at, rows, panels, partial,
-                                                                   size if rows == least else None))
+                                                                   size if rows == least > 3 else None))
                                     for rows in sorted({*range(1, min(3, least)), *range(least, half + 1)})})
             parts = self.tmp("parts")
             self.emit(f"{parts} = select i1 {two}, i64 2, i64 1")
