@@ -94,6 +94,7 @@ def _softmax(x, axis: int, opset: int):
 
 class QLinearSoftmax(OpRun):
     op_domain = "com.microsoft"
+
     def _softmax_of(self, x):
         opset = getattr(self, "opset", 13)
         return _softmax(x, getattr(self, "axis", -1 if opset >= 13 else 1), opset)
