@@ -1094,7 +1094,8 @@ class FunctionEmitter:
         def at_row(r: int, stride: int = 1):  # (row r's distance from the first, in A's elements)
             if not valid or r == 0:
                 return str(r * stride)
-            return self.mul_const(self.int_op("smin", last, r), stride) if stride != 1 else self.int_op("smin", last, r)
+            row = self.int_op("smin", last, r)
+            return self.mul_const(row, stride) if stride != 1 else row
         rowbase = []
         entries = None  # (the tile's first and last entries of a_mtab)
         if g.a_rows:  # the tile's output row from a table, its pixels a_sm apart along it

@@ -90,7 +90,8 @@ DEPTHWISE_PASS_WEIGHTS = 21
 # sums per channel) rather than all passes row by row (a row of partial sums, the weights
 # reloaded every row): 384x14x14 0.118 -> 0.084 ms, 192x28x28 0.206 -> 0.164, 768x7x7 0.094
 # -> 0.074. Only while those planes fit L2: ConvMixer's 768x32x32 (3 MiB of them) ran 0.94
-# -> 0.69 ms, but the 1x1 convs after it slowed by as much.
+# -> 0.69 ms, yet the model's kernel sum did not move (190.5 -> 191.4 ms, built both ways and
+# timed interleaved): its 1x1 convs after it lost what the depthwise ones gained.
 DEPTHWISE_PLANES_FLOATS = 256 * 1024
 
 
