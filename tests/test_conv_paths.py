@@ -252,6 +252,50 @@ def test_window_row_spans_follow_the_border():
     assert window_row_spans(5, 1, 1, 0, 7, 3, 4) is None
 
 
+# Implicit GEMMs whose panels are past K_CHUNK_FROM_BYTES run k in chunks, each adding into a
+# workspace of partial sums (here with the limits lowered, so that small convs have them).
+K_CHUNK_CASES = {
+    # FCN's dilation 4 at 12x12: a chunk's window row wholly in the border for 4 rows each side
+    "dilated_border_rows": ((1, 64, 12, 12), (32, 64, 3, 3), {"pads": [4, 4, 4, 4], "dilations": [4, 4]}),
+    "batch_2_stride_2": ((2, 48, 17, 15), (40, 48, 3, 3), {"strides": [2, 2], "pads": [1, 1, 1, 1]}),
+    "no_border": ((1, 32, 10, 11), (24, 32, 3, 3), {}),
+    "conv1d": ((1, 96, 30), (16, 96, 5), {"pads": [2, 2]}),  # (one window row: k in equal parts)
+}
+
+
+@pytest.mark.parametrize("target", X86_TARGETS)
+@pytest.mark.parametrize("name", sorted(K_CHUNK_CASES))
+def test_a_conv_past_l2_sums_its_k_in_chunks(name, target, executor, monkeypatch):
+    """Against onnxruntime (or the assembly) on both vector widths: more than one GEMM, their
+    k together the conv's, each within a window row and its panel within the limit; a conv with window rows in
+    the border skips them in every chunk."""
+    from modelkiln.ir.loop import Gemm
+    from modelkiln.ir.lower import gemm as lower_gemm
+    monkeypatch.setattr(lower_gemm, "K_CHUNK_FROM_BYTES", 16 * 1024)
+    monkeypatch.setattr(lower_gemm, "K_CHUNK_PANEL_BYTES", 8 * 1024)
+    xshape, wshape, attrs = K_CHUNK_CASES[name]
+    result = build_and_compare_for(_conv_model("Conv", xshape, wshape, attrs), executor, target)
+    gemms = [s for c in result.lowered.calls for s in kernel_statements(c.kernel.body) if isinstance(s, Gemm)]
+    k, window_rows = int(np.prod(wshape[1:])), wshape[2] if len(wshape) > 3 else 1
+    assert len(gemms) > 1 and sum(g.k for g in gemms) == k and all(g.k <= k // window_rows for g in gemms)
+    assert all(g.k * g.nr * 4 <= 8 * 1024 for g in gemms)
+    assert all(bool(g.a_kspan) == (name in ("dilated_border_rows", "batch_2_stride_2")) for g in gemms)
+
+
+def test_k_chunks_keep_to_window_rows_and_their_spans_to_the_chunk(monkeypatch):
+    """A 3-row window of 100 k a row, panels of 8 columns (3.2 KB a row): two chunks a row
+    at 2 KB. A span is clipped to its chunk; one that misses the chunk runs one k step."""
+    from modelkiln.ir.lower import gemm as lower_gemm
+    monkeypatch.setattr(lower_gemm, "K_CHUNK_FROM_BYTES", 4096)
+    monkeypatch.setattr(lower_gemm, "K_CHUNK_PANEL_BYTES", 2048)
+    assert lower_gemm.k_chunks(300, 8, 3) == [(0, 50), (50, 100), (100, 150), (150, 200), (200, 250), (250, 300)]
+    assert lower_gemm.k_chunks(120, 8, 3) == [(0, 120)]  # (3.8 KB: whole)
+    spans = np.array([[100, 300], [0, 300], [0, 200]])  # (top row: window row 0 in the border)
+    assert lower_gemm.chunk_spans(spans, 0, 50).tolist() == [[49, 50], [0, 50], [0, 50]]
+    assert lower_gemm.chunk_spans(spans, 250, 300).tolist() == [[0, 50], [0, 50], [0, 1]]
+    assert lower_gemm.chunk_spans(spans, 100, 150).tolist() == [[0, 50], [0, 50], [0, 50]]
+
+
 @pytest.mark.parametrize("target", X86_TARGETS)
 @pytest.mark.parametrize("xshape, wshape, attrs", [
     ((1, 64, 14, 14), (64, 8, 3, 3), {"group": 8, "pads": [1, 1, 1, 1]}),  # RegNet's groups of 8

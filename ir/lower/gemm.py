@@ -219,6 +219,39 @@ def conv_border_spans(b: KernelBuilder, node: Node) -> np.ndarray | None:
                             kk // kernel[0])
 
 
+# An implicit GEMM whose packed panel (k x nr floats) is past K_CHUNK_FROM_BYTES, well past
+# L2, streams it from L3 once per register tile: it runs its k in chunks of at most
+# K_CHUNK_PANEL_BYTES of panel instead, each chunk's GEMM over the whole plane. DeepLabV3's
+# 3x3 dilation-12 conv, 2048 -> 256 at 28x28 (k 18432: 2.4 MB a panel of 32 columns), built
+# each way and timed interleaved, 1 thread, AVX-512: 36.5 ms whole, 34.5 in chunks of 1 MiB,
+# 28.7 of 512 KiB, 26.0 of 256 KiB (and 128, 64, 32); FCN's 512-channel 3x3 (590 KB a
+# panel) 14.08 ms whole, 14.23 in chunks of 256 KiB: left whole.
+K_CHUNK_FROM_BYTES = 1024 * 1024
+K_CHUNK_PANEL_BYTES = 256 * 1024
+CHUNK_SPLIT_MIN_PANELS = 8
+
+
+def k_chunks(k: int, nr: int, window_rows: int) -> list[tuple]:
+    """[k0, k1) chunks of an implicit GEMM's k: all of it where its panel fits
+    K_CHUNK_FROM_BYTES, else whole window rows (k ordered window row first, so that a chunk
+    is skipped whole where its window row is in the border), each cut in equal parts that fit."""
+    if k * nr * 4 <= K_CHUNK_FROM_BYTES:
+        return [(0, k)]
+    per_row = k // window_rows
+    parts = -(-per_row * nr * 4 // K_CHUNK_PANEL_BYTES)
+    return [(r * per_row + per_row * i // parts, r * per_row + per_row * (i + 1) // parts)
+            for r in range(window_rows) for i in range(parts)]
+
+
+def chunk_spans(spans: np.ndarray, k0: int, k1: int) -> np.ndarray:
+    """Gemm.a_kspan's [lo, hi) entries for the chunk [k0, k1) of k: clipped to it and made
+    relative; an entry whose range misses the chunk runs one k step (the tile's k loop runs
+    at least once; that step reads the zero border)."""
+    lo = np.minimum(np.clip(spans[:, 0] - k0, 0, k1 - k0), k1 - k0 - 1)
+    hi = np.maximum(np.clip(spans[:, 1] - k0, 0, k1 - k0), lo + 1)
+    return np.stack([lo, hi], axis=1)
+
+
 def tiles_border_skip(spans: np.ndarray | None, lead_pixels: int, pixels: int, mr: int, k: int) -> float:
     """The share of the work of an implicit GEMM's tiles over the plane (whole tiles of mr
     of its `pixels`) that their k ranges skip in the border (`spans` per leading output
@@ -497,6 +530,9 @@ def lower_conv_gemm(b: KernelBuilder, node: Node, store, path: str, one_image: s
     # Taps in the zero border are skipped where whole window rows fall in it (Gemm.a_kspan):
     # k then runs window row first, (ky, c, kx), and packed constant weights follow.
     spans = conv_border_spans(b, node) if implicit and not weights_as_rows else None
+    # (constant weights in one group: packed per chunk of k where its panels are past L2)
+    chunks = (k_chunks(kk, nr, kernel[0] if spans is not None else 1)
+              if implicit and not weights_as_rows and groups == 1 and not runtime_w and not one_image else [(0, kk)])
     w_rows = None
     if runtime_w:  # weights computed at run time: pack them in the kernel, once per call
         w_src = b.in_param(w_name)
@@ -509,7 +545,8 @@ def lower_conv_gemm(b: KernelBuilder, node: Node, store, path: str, one_image: s
         def window_rows_first():  # (with spans, k ordered window row first)
             w = b.g.constants[w_name].reshape(groups, cog, cg, kernel[0], -1)
             return (w.transpose(0, 1, 3, 2, 4) if spans is not None else w).reshape(groups, cog, kk).transpose(0, 2, 1)
-        wparam = packed_weight(b, w_name, ("conv", groups, spans is not None), nr, window_rows_first)
+        wparam = packed_weight(b, w_name, ("conv", groups, spans is not None), nr, window_rows_first) \
+            if len(chunks) == 1 else ""
     bias = b.reader(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] else None
     xparam = b.in_param(x_name)
     padded = [spatial[i] + pads[i] + pads[nsp + i] for i in range(nsp)]
@@ -577,7 +614,7 @@ def lower_conv_gemm(b: KernelBuilder, node: Node, store, path: str, one_image: s
             if split:  # (row, column phase, slot)
                 at = (at[0], at[1] % split, at[1] // split)
             ktab[i] = np.ravel_multi_index((c,) + at, [cg] + src_sp)
-        ktab_param = b.constant_param("conv_koffsets", ktab)
+        ktab_param = lambda k0=0, k1=kk: b.constant_param("conv_koffsets", ktab[k0:k1])  # noqa: E731
         rv = [b.fresh("orow") for _ in range(nsp - 1)]
         row_start = flat_index([mul(Var(v), st) for v, st in zip(rv, strides)] + [Const(0)] * (1 + bool(split)),
                                src_sp)
@@ -596,16 +633,44 @@ def lower_conv_gemm(b: KernelBuilder, node: Node, store, path: str, one_image: s
             starts = np.array([np.ravel_multi_index(tuple(o * s for o, s in zip(pixel, strides)), src_sp)
                                for pixel in np.ndindex(*(out_sp if over_plane else (*out_sp[:-1], 1)))], np.int64)
             table = b.constant_param("conv_pixel_offsets" if over_plane else "conv_row_offsets", starts)
-            kspan = ""
+            entry_spans = None
             if spans is not None:  # one [lo, hi) per table entry: its leading output coordinate's
                 per_lead = math.prod(out_sp[1:] if over_plane else out_sp[1:-1])
-                kspan = b.constant_param("conv_kspans", spans[np.arange(len(starts)) // per_lead])
-            return [gemm_stmt(b, src_buf, chan_base, 0 if over_plane else strides[-1], 0, wparam,
-                              mul(Var(gv), panel_stride), m, cog, kk, lambda mm, nn, acc: at_pixel(nn, mm, acc),
-                              a_ktab=ktab_param, stores_along="m", a_mtab=table,
-                              a_rows=0 if over_plane else out_sp[-1], a_kspan=kspan)]
+                entry_spans = spans[np.arange(len(starts)) // per_lead]
+            if len(chunks) == 1:
+                kspan = b.constant_param("conv_kspans", entry_spans) if entry_spans is not None else ""
+                return [gemm_stmt(b, src_buf, chan_base, 0 if over_plane else strides[-1], 0, wparam,
+                                  mul(Var(gv), panel_stride), m, cog, kk, lambda mm, nn, acc: at_pixel(nn, mm, acc),
+                                  a_ktab=ktab_param(), stores_along="m", a_mtab=table,
+                                  a_rows=0 if over_plane else out_sp[-1], a_kspan=kspan)]
+            # k in chunks whose panels stay in L2 (K_CHUNK_PANEL_BYTES): each chunk's GEMM adds
+            # its sums into a workspace of partial sums, [channel][pixel]; the last one's
+            # epilogue takes them and does the conv's.
+            partial = b.workspace(slices * cog * m)
+            # Threads divide each chunk by panels where there are enough: divided by rows, a
+            # chunk whose window row is in the border for one thread's rows leaves that
+            # thread waiting (DeepLabV3's dilation-12 conv at 2 threads, built both ways and
+            # timed interleaved: 18.5 ms by rows, 14.1 by panels).
+            chunk_split = "n" if -(-cog // nr) >= CHUNK_SPLIT_MIN_PANELS else ""
+            stmts = []
+            for j, (k0, k1) in enumerate(chunks):
+                kc = k1 - k0
+                def epilogue(mm, nn, acc, j=j):
+                    at = add(mul(owner, cog * m), add(mul(nn, m), mm))
+                    so_far = acc if j == 0 else fbin("add", Load(partial, at), acc)
+                    return at_pixel(nn, mm, so_far) if j == len(chunks) - 1 else [Store(partial, at, so_far)]
+                w_chunk = packed_weight(b, w_name, ("conv", groups, spans is not None, k0, k1), nr,
+                                        lambda k0=k0, k1=k1: window_rows_first()[:, k0:k1, :])
+                kspan = ""
+                if entry_spans is not None:
+                    kspan = b.constant_param("conv_kspans", chunk_spans(entry_spans, k0, k1))
+                stmts.append(gemm_stmt(b, src_buf, chan_base, 0 if over_plane else strides[-1], 0, w_chunk, Const(0),
+                                       m, cog, kc, epilogue, a_ktab=ktab_param(k0, k1),
+                                       stores_along="m", a_mtab=table, a_rows=0 if over_plane else out_sp[-1],
+                                       a_kspan=kspan, split=chunk_split))
+            return stmts
         stmt = gemm_stmt(b, w_rows, mul(Var(gv), cog * kk), kk, 1, src_buf, add(chan_base, row_start),
-                         cog, out_sp[-1], kk, epilogue, b_ktab=ktab_param,
+                         cog, out_sp[-1], kk, epilogue, b_ktab=ktab_param(),
                          tile=NARROW_CONV_TILES[b.config.vector_width])
         body_ = (stmt,)
         for i in range(nsp - 2, -1, -1):
