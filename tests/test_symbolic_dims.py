@@ -300,6 +300,55 @@ def test_shape_chains_and_ranges_over_sizes(executor):
             np.testing.assert_array_equal(got[name], want[name], err_msg=name)
 
 
+def test_elements_of_a_range_over_sizes_bound_the_next_range(executor):
+    """Funnel's relative positions: the first and last elements of arange(n), and of its
+    pooled positions (Concat([-1], arange(n)[1:-1][::2])), start and end two more Ranges.
+    Those elements are sizes (ir/ops/size_elements.py): the Ranges' lengths are n + 4 and
+    (n - 1) // 2 + 1 at every n; against onnxruntime."""
+    g = model_zoo.GraphMaker(0)
+    n = g.op("Gather", [g.op("Shape", ["x"]), g.const(np.array(1, np.int64))], axis=0)
+    pos = g.op("Cast", [g.op("Range", [g.const(np.array(0, np.int64)), n, g.const(np.array(1, np.int64))])], to=F)
+    inner = g.op("Slice", [pos, g.const(np.array([1])), g.const(np.array([-1])), g.const(np.array([0]))])
+    every_other = g.op("Slice", [inner, g.const(np.array([0])), g.const(np.array([2 ** 62])), g.const(np.array([0])),
+                                 g.const(np.array([2]))])
+    pooled = g.op("Concat", [g.const(np.array([-1.0], np.float32)), every_other], axis=0)
+    first, last, pooled_first, pooled_last = (g.op("Gather", [t, g.const(np.array(i, np.int64))], axis=0)
+                                              for t, i in ((pos, 0), (pos, -1), (pooled, 0), (pooled, -1)))
+    as_int = lambda t, plus: g.op("Cast", [g.op("Add", [t, g.const(np.array(plus, np.float32))])],  # noqa: E731
+                                  to=TensorProto.INT64)
+    wide = g.op("Range", [as_int(first, -3.0), as_int(last, 2.0), g.const(np.array(1, np.int64))])
+    down = g.op("Range", [as_int(pooled_last, 0.0), as_int(pooled_first, -1.0), g.const(np.array(-1, np.int64))])
+    wide_f = g.op("Cast", [wide], to=F)
+    inside = g.op("Slice", [wide_f, g.const(np.array([3])), g.const(np.array([-1])), g.const(np.array([0]))])
+    scaled = g.op("Mul", ["x", g.op("Unsqueeze", [inside, g.const(np.array([0, 2]))])])  # (n long: x's length)
+    outputs = [wide_f, g.op("Cast", [down], to=F), scaled]
+    model = g.model({"x": [1, "n", 1]}, outputs)
+    module = build(model, dims={"n": (3, 40)}, executor=executor, cache=None, progress=False).load()
+    for size in (3, 4, 9, 40):
+        _assert_like_onnxruntime(module, model, {"x": np.random.default_rng(size).standard_normal((1, size, 1))
+                                                 .astype(np.float32)})
+
+
+def test_an_einsum_over_run_time_sizes_is_a_batched_matmul(executor):
+    """Attention as Funnel writes it, over a run-time length: scores "bind,bjnd->bnij" of two
+    projections, the weighted sum "bnij,bjnd->bind", and a projection by a constant
+    "bind,ndh->bih". Each a MatMul (over run-time sizes its reshapes read symbolic shapes),
+    against onnxruntime at each length."""
+    g = model_zoo.GraphMaker(0)
+    heads = [g.op("Reshape", [g.op("MatMul", ["x", g.weight((16, 16))]), g.const(np.array([0, 0, 2, 8]))])
+             for _ in range(3)]
+    scores = g.op("Softmax", [g.op("Einsum", heads[:2], equation="bind,bjnd->bnij")], axis=-1)
+    mixed = g.op("Einsum", [scores, heads[2]], equation="bnij,bjnd->bind")
+    out = g.op("Einsum", [mixed, g.weight((2, 8, 16))], equation="bind,ndh->bih")
+    model = g.model({"x": ["b", "n", 16]}, [out])
+    result = build(model, dims={"b": (1, 3), "n": (1, 33)}, executor=executor, cache=None, progress=False)
+    assert "Einsum" not in {n.op for n in result.graph.nodes}
+    module = result.load()
+    for b, n in ((1, 1), (2, 7), (3, 33)):
+        _assert_like_onnxruntime(module, model, {"x": np.random.default_rng(n).standard_normal((b, n, 16))
+                                                 .astype(np.float32)})
+
+
 def test_cli_builds_runs_and_explains_with_dims(tmp_path):
     path = str(tmp_path / "block.onnx")
     onnx.save(feed_forward_block(), path)

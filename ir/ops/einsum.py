@@ -1,8 +1,9 @@
 """Einsum. A product of two operands (attention as XLNet or T5 writes it, "ibnd,jbnd->bnij";
 projections, "ibh,hnd->ibnd") is a batched MatMul between transposes and reshapes: type
-inference builds it so (`_as_matmul`), and it runs on the GEMM micro-kernel, its constant
-operand packed at build time. Anything else (one or three operands, a diagonal "ii->i",
-symbolic sizes) is a loop nest of sums of products (ir/lower/gemm.py's lower_einsum).
+inference builds it so (`_as_matmul`; over run-time sizes too, its reshapes' shapes then
+symbolic values), and it runs on the GEMM micro-kernel, its constant operand packed at build
+time. Anything else (one or three operands, a diagonal "ii->i") is a loop nest of sums of
+products (ir/lower/gemm.py's lower_einsum).
 """
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ import numpy as np
 
 from ..dtypes import is_float
 from ..graph import Node, ShapeError, TensorType
+from ..symbolic import is_symbolic, require_equal
 from ..lower.gemm import lower_einsum
+from .compile_time import symbolic_value_node
 from .conv_gemm import MATMUL
 from .reduce import REDUCE_SUM
 from .registry import OUT_EWISE_FUSABLE, OpDef, register
@@ -46,15 +49,27 @@ def parse_einsum(equation: str, ranks: list[int], node) -> tuple[list[str], str]
     return subs, out
 
 
+def _joint_size(a, b, where: str):
+    """The size of a letter that is `a` in one operand and `b` in another: a 1 broadcasts;
+    run-time sizes must be equal (a check the module makes)."""
+    if not is_symbolic(a) and a == 1:
+        return b
+    if not is_symbolic(b) and b == 1:
+        return a
+    return require_equal(a, b, where)
+
+
 def _einsum(g, node, p):
     types = [g.types[i] for i in node.inputs]
     subs, out = parse_einsum(node.attrs["equation"], [len(t.shape) for t in types], node)
     dims: dict[str, int] = {}
     for s, t in zip(subs, types):
         for c, d in zip(s, t.shape):
-            if dims.get(c, 1) not in (1, d) and d != 1:
-                raise ShapeError(f"{node.describe()}: subscript {c} is {dims[c]} in one operand and {d} in another")
-            dims[c] = max(dims.get(c, 1), d)
+            try:
+                dims[c] = _joint_size(dims.get(c, 1), d, f"{node.describe()}: subscript {c}")
+            except ShapeError:
+                raise ShapeError(f"{node.describe()}: subscript {c} is {dims[c]} in one operand and {d} in another") \
+                    from None
     p["subscripts"], p["output"], p["dims"] = subs, out, dims
     return TensorType(tuple(dims[c] for c in out), types[0].dtype)
 
@@ -71,7 +86,7 @@ def _as_matmul(g, node) -> list[Node] | None:
     the output have are batch dims (kept apart: MatMul broadcasts them), those both operands
     have are contracted (K), the rest are A's rows (M) or B's columns (N); a letter only one
     operand has is summed out of it first. None where the loop nest computes it."""
-    if len(node.inputs) != 2 or not all(g.types[i].is_static for i in node.inputs):
+    if len(node.inputs) != 2:
         return None
     ta, tb = (g.types[i] for i in node.inputs)
     if not is_float(ta.dtype) or ta.dtype != tb.dtype:
@@ -79,7 +94,8 @@ def _as_matmul(g, node) -> list[Node] | None:
     (sa, sb), out = parse_einsum(node.attrs["equation"], [len(ta.shape), len(tb.shape)], node)
     if any(len(set(s)) != len(s) for s in (sa, sb, out)):
         return None  # a diagonal, or a letter twice in the output
-    size = {c: max(d, dict(zip(sb, tb.shape)).get(c, 1)) for c, d in zip(sa, ta.shape)}
+    size = {c: _joint_size(d, dict(zip(sb, tb.shape)).get(c, 1), f"{node.describe()}: subscript {c}")
+            for c, d in zip(sa, ta.shape)}
     size.update({c: d for c, d in zip(sb, tb.shape) if c not in size})
     shared = [c for c in sa if c in sb]
     if any(ta.shape[sa.index(c)] != tb.shape[sb.index(c)] for c in shared if c not in out):
@@ -95,7 +111,10 @@ def _as_matmul(g, node) -> list[Node] | None:
         nodes.append(Node(op, inputs, [at(part)], attrs, f"{node.name}/{part}"))
         return at(part)
 
-    def constant(part, values):
+    def constant(part, values):  # (sizes known at run time: a symbolic value)
+        if any(is_symbolic(v) for v in values):
+            nodes.append(symbolic_value_node(at(part), np.array(values, dtype=object), "int64"))
+            return at(part)
         return g.add_constant(at(part), np.array(values, np.int64))
 
     def operand(src, subs, shape, extra, order, part):
