@@ -22,6 +22,8 @@ from .elementwise import ADD, CAST, CEIL, COMPARISONS, DIV, FLOOR, MAX, MIN, MUL
 from .reduce import REDUCE_MAX, REDUCE_MIN
 from .registry import op_def
 from .sequences import sequence_passed_on
+from .shape import GATHER
+from .size_elements import gathered_size
 from .value_ranges import producing_nodes
 
 # Do not materialize folded tensors larger than this (e.g. an Expand of a constant).
@@ -332,6 +334,8 @@ def _resolve(g: Graph, fold_floats: bool, producer: dict) -> Graph:
         required = len(g.checks)
         body = None if definition is None or definition.expand is None else \
             _with_constants(g, lambda: definition.expand(g, node), producer, folded, kept)
+        if body is None and node.op == GATHER:  # (an element of a Range over sizes: a size)
+            body = gathered_size(g, node)
         if body is not None:  # its body takes its place (None: this node is as it is)
             g.expansion_checks += g.checks[required:]
             for n in body:  # (a node in a branch decided at run time: so is what it expands to)

@@ -447,11 +447,6 @@ def _resize(g, node, p):
     return TensorType(tuple(shape), x.dtype)
 
 
-def _gathered_size(g, node):
-    from .size_elements import gathered_size  # (it reads Slice's and Concat's parameters: imported late)
-    return gathered_size(g, node)
-
-
 register(
     OpDef(TRANSPOSE, INJECTIVE, _transpose, lambda a, v, g, node: [np.transpose(v[0], a["perm"])], _transpose_reader),
     OpDef(CONCAT, INJECTIVE, _concat,
@@ -464,7 +459,7 @@ register(
           lambda a, v, g, node: [np.broadcast_to(v[0].reshape(g.types[node.inputs[0]].shape),
                                                  g.types[node.outputs[0]].shape)],
           lambda b, node: {node.outputs[0]: bcast_reader(b, node.inputs[0], b.shape(node.outputs[0]))}),
-    OpDef(GATHER, INJECTIVE, _gather, _gather_fold, one_output(gather_reader), expand=_gathered_size),
+    OpDef(GATHER, INJECTIVE, _gather, _gather_fold, one_output(gather_reader)),
     OpDef(PAD, INJECTIVE, _pad, None, one_output(pad_reader)),
     OpDef(RESIZE, INJECTIVE, _resize, None, one_output(resize_reader), alone=resize_by_phases),
 )

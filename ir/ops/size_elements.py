@@ -24,7 +24,8 @@ FLOAT32_WHOLE = 1 << 24  # (whole numbers up to this are exact in float32: a Cas
 
 
 def gathered_size(g, node) -> list | None:
-    """Gather's expansion (see the module's docstring); None for any other Gather."""
+    """The nodes type inference puts in a Gather's place where it takes such an element (see
+    the module's docstring); None for any other Gather."""
     from .value_ranges import producers_of
     if len(node.inputs) < 2 or node.inputs[1] not in g.constants or node.attrs.get("axis", 0) not in (0, -1):
         return None
