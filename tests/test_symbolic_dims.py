@@ -116,12 +116,55 @@ def test_a_quantized_cnn_over_a_run_time_batch(fmt, executor):
         np.testing.assert_allclose(got, want, rtol=0, atol=step, err_msg=f"batch {n}")
 
 
-def test_an_int8_conv_over_a_run_time_height_is_refused_by_name(executor):
-    """Not built yet: its channels-last copy's table of offsets is the padded width's."""
-    model = _quantized_cnn("qdq", {2: "h", 3: "w"})
-    with pytest.raises(UnsupportedError, match=r"\(ConvInteger\) and its fused group .*lowering with symbolic "
-                                               r"dimensions is not supported yet .*Fix those dims with --shape"):
-        build(model, dims={"h": (16, 48), "w": (16, 48)}, executor=executor, cache=None, progress=False)
+@pytest.mark.parametrize("fmt", ["qdq", "qoperator"])
+def test_a_quantized_cnn_over_a_run_time_height_and_width(fmt, executor):
+    """The int8 convs over a run-time plane: the channels-last copy element by element and its
+    table of quad offsets computed at run time from the padded width; exact against the
+    reference, within one step of the output's scale as above, at square, odd and extreme
+    sizes of one build."""
+    from tests.test_quantized import _output_step
+    model = _quantized_cnn(fmt, {2: "h", 3: "w"})
+    module = build(model, dims={"h": (16, 48), "w": (16, 48)}, executor=executor, cache=None,
+                   progress=False).load()
+    for h, w in ((16, 16), (23, 37), (48, 48)):
+        x = np.random.default_rng(h * w).standard_normal((1, 3, h, w)).astype(np.float32)
+        got, want = module.run({"x": x})["logits"], reference_outputs(model, {"x": x})["logits"]
+        np.testing.assert_allclose(got, want, rtol=0, atol=_output_step(model) * 1.001, err_msg=f"{h} x {w}")
+
+
+def _quantized_depthwise_net(fmt: str) -> onnx.ModelProto:
+    """A stem, a 3x3 depthwise conv, a 1x1 conv and a strided 3x3, over a run-time height and
+    width, quantized in format `fmt` (calibrated at 32 x 32)."""
+    g = model_zoo.GraphMaker(3)
+    h = g.op("Relu", [g.conv("x", 3, 16, 3)])
+    h = g.op("Relu", [g.conv(h, 16, 16, 3, group=16)])
+    h = g.op("Relu", [g.conv(h, 16, 24, 1, pad=0)])
+    h = g.op("Relu", [g.conv(h, 24, 32, 3, stride=2)])
+    y = g.linear(g.op("Flatten", [g.op("GlobalAveragePool", [h])], axis=1), 32, 10)
+    model = g.model({"x": [1, 3, "h", "w"]}, [model_zoo._rename_output(g, y, "logits")])
+    return model_zoo.quantized(model, fmt, symbols={"h": 32, "w": 32})
+
+
+@pytest.mark.parametrize("target", X86_TARGETS)
+@pytest.mark.parametrize("fmt", ["dynamic", "qdq", "qoperator"])
+def test_int8_depthwise_and_pointwise_convs_over_a_run_time_plane(fmt, target, executor):
+    """Over a run-time plane the int8 depthwise conv takes the float32 kernel (exact: its sums
+    stay below 2^24) and the 1x1 conv the channels-last GEMM, whose pixel panels are not
+    known when it builds; against the reference on both x86 targets where the host runs
+    them, else by their assembly."""
+    from tests.test_quantized import _output_step
+    model = _quantized_depthwise_net(fmt)
+    result = build(model, target=target, dims={"h": (8, 48), "w": (8, 48)}, executor=executor, cache=None,
+                   progress=False)
+    step = 1e-5 if fmt == "dynamic" else _output_step(model) * 1.001
+
+    def run():
+        module = result.load()
+        for h, w in ((8, 8), (23, 37), (48, 48), (9, 40)):
+            x = np.random.default_rng(h * w).standard_normal((1, 3, h, w)).astype(np.float32)
+            got, want = module.run({"x": x})["logits"], reference_outputs(model, {"x": x})["logits"]
+            np.testing.assert_allclose(got, want, rtol=0, atol=step, err_msg=f"{h} x {w}")
+    run_or_inspect(result, run)
 
 
 @pytest.mark.parametrize("target", X86_TARGETS)

@@ -238,7 +238,9 @@ def lower_conv_integer(b: KernelBuilder, node: Node, store) -> tuple:
         wc = centered_weights(b.g.constants[w_name], zw, 0)
     if wc is None:
         return _plain_conv(b, node, store)
-    if groups == 1 and list(wsh[2:]) == [1, 1] and a["strides"] == [1, 1] and not any(a["pads"]):
+    # (its pixel panels are counted when it builds: over a run-time plane, the channels-last path)
+    if groups == 1 and list(wsh[2:]) == [1, 1] and a["strides"] == [1, 1] and not any(a["pads"]) and \
+            isinstance(math.prod(xs[2:]), int):
         return _pointwise(b, node, store, wc.reshape(wsh[0], -1), zx, zx_name)
     batch, cin, h, w_ = xs
     batch = b.dim(batch)  # (an int, or a run-time batch's expression)
@@ -247,7 +249,10 @@ def lower_conv_integer(b: KernelBuilder, node: Node, store) -> tuple:
     (kh, kw), (sh, sw), (dh, dw) = a["kernel_shape"], a["strides"], a["dilations"]
     pt, pl, pb, pr = a["pads"]
     oh, ow = b.type(node.outputs[0]).shape[2:]
-    hp, wp = h + pt + pb, w_ + pl + pr
+    hp, wp = h + pt + pb, w_ + pl + pr  # (Dims over a run-time plane: the workspace's size)
+    run_time_plane = not isinstance(hp * wp, int)
+    if run_time_plane:  # (from here on, the sizes as the kernel computes them)
+        h, w_, oh, ow = b.dim(h), b.dim(w_), b.dim(oh), b.dim(ow)
     cp = -(-cin // 4) * 4
     signed_x = b.type(x_name).dtype == "int8"
     # Each group's weights as B[k][cog] with k = (ky, kx, c): channels innermost, as the input
@@ -258,16 +263,25 @@ def lower_conv_integer(b: KernelBuilder, node: Node, store) -> tuple:
     quads = kh * kw * cgp // 4
     nr = b.tile(cog)[1]
     w_param, group_panels = _packed_weights(b, w_name, wk.reshape(groups, kh * kw * cgp, cog), nr)
-    ktab = np.array([((ky * dh) * wp + kx * dw) * cp + 4 * c4 for ky in range(kh) for kx in range(kw)
-                     for c4 in range(cgp // 4)], np.int64)
-    ktab_param = b.constant_param("conv_quad_offsets", ktab)
+    tables = ()
+    if run_time_plane:  # (each quad's offset from its window's first, a row being wp pixels: at run time)
+        ktab_param, (ky, kx, c4) = b.workspace(quads, "i64"), (b.fresh(v) for v in ("ky", "kx", "c4"))
+        offset = add(mul(add(mul(mul(Var(ky), dh), b.dim(wp)), mul(Var(kx), dw)), cp), mul(Var(c4), 4))
+        tables = (For(ky, kh, (For(kx, kw, (For(c4, cgp // 4, (
+            Store(ktab_param, flat_index([Var(ky), Var(kx), Var(c4)], [kh, kw, cgp // 4]), offset),)),)),)),)
+    else:
+        ktab = np.array([((ky * dh) * wp + kx * dw) * cp + 4 * c4 for ky in range(kh) for kx in range(kw)
+                         for c4 in range(cgp // 4)], np.int64)
+        ktab_param = b.constant_param("conv_quad_offsets", ktab)
     correction = _za_correction(b, zx, zx_name, signed_x, wc.reshape(cout, -1).astype(np.int32).sum(axis=1), w_name)
     za_u = _unsigned_zero_point(b, zx, zx_name, signed_x)
     xparam = b.in_param(x_name)
     nhwc = b.workspace(hp * wp * cp, "i16" if b.config.int8_pairs else "u8")
+    if run_time_plane:
+        hp, wp = b.dim(hp), b.dim(wp)
     bv = b.fresh("b")
 
-    if b.config.vector_width >= TRANSPOSE_LANES:
+    if b.config.vector_width >= TRANSPOSE_LANES and not run_time_plane:
         copy = _channels_last_copy(b, xparam, mul(Var(bv), cin * h * w_), cin, h, w_, a["pads"], cp, signed_x, za_u,
                                    nhwc)
     else:
@@ -279,10 +293,10 @@ def lower_conv_integer(b: KernelBuilder, node: Node, store) -> tuple:
     def epilogue(mm, nn, acc):
         channel = add(mul(Var(gv), cog), nn) if groups > 1 else nn
         return store([Var(bv), channel, Var(orow), mm], fbin("sub", acc, correction(channel)))
-    gemm = gemm_stmt(b, nhwc, add(mul(Var(orow), sh * wp * cp), mul(Var(gv), cg)), sw * cp, 0, w_param,
+    gemm = gemm_stmt(b, nhwc, add(mul(Var(orow), mul(wp, sh * cp)), mul(Var(gv), cg)), sw * cp, 0, w_param,
                      mul(Var(gv), group_panels), ow, cog, quads, epilogue, a_ktab=ktab_param, kind="u8s8",
-                     stores_along="m", b_words=b.config.int8_pairs)
-    return loop(bv, batch, (copy, For(orow, oh, loop(gv, groups, (gemm,)), parallel=True)))
+                     stores_along="m", b_words=b.config.int8_pairs, split="n" if run_time_plane else "")
+    return tables + loop(bv, batch, (copy, For(orow, oh, loop(gv, groups, (gemm,)), parallel=True)))
 
 
 def _channels_last_copy(b: KernelBuilder, xparam: str, base, cin: int, h: int, w_: int, pads: list, cp: int,
@@ -340,15 +354,16 @@ def _channels_last_gather(b: KernelBuilder, xparam: str, bv, cin: int, batch, h:
     """The same copy element by element, for targets with narrower vectors; with `words`,
     each byte widened to 16 bits (the GEMM's B is packed in 16-bit pairs)."""
     pt, pl, pb, pr = pads
-    hp, wp = h + pt + pb, w_ + pl + pr
+    hp, wp = (h + pt + pb, w_ + pl + pr) if isinstance(h, int) and isinstance(w_, int) else \
+        (add(h, pt + pb), add(w_, pl + pr))  # (a run-time plane's expressions)
     y, xx, c = b.fresh("y"), b.fresh("x"), b.fresh("c")
     iy, ix = sub(Var(y), pt), sub(Var(xx), pl)
-    inside = fbin("and", fbin("and", cmp("ge", iy, Const(0)), cmp("lt", iy, Const(h))),
-                  fbin("and", fbin("and", cmp("ge", ix, Const(0)), cmp("lt", ix, Const(w_))),
+    inside = fbin("and", fbin("and", cmp("ge", iy, Const(0)), cmp("lt", iy, h)),
+                  fbin("and", fbin("and", cmp("ge", ix, Const(0)), cmp("lt", ix, w_)),
                        cmp("lt", Var(c), Const(cin))))
     src = flat_index([add(mul(bv, cin), fbin("min", Var(c), Const(cin - 1))),
-                      fbin("min", fbin("max", iy, Const(0)), Const(h - 1)),
-                      fbin("min", fbin("max", ix, Const(0)), Const(w_ - 1))], [mul(batch, cin), h, w_])
+                      fbin("min", fbin("max", iy, Const(0)), sub(h, 1)),
+                      fbin("min", fbin("max", ix, Const(0)), sub(w_, 1))], [mul(batch, cin), h, w_])
     loaded = Load(xparam, src)
     as_unsigned = Cast("u8", fbin("add", Cast("i32", loaded), Const(128, "i32"))) if signed_x else loaded
     value = select(inside, as_unsigned, za_u)
@@ -422,12 +437,14 @@ def _pointwise(b: KernelBuilder, node: Node, store, wc: np.ndarray, zx, zx_name:
 
 def _depthwise(b: KernelBuilder, node: Node, store, zx, zx_name: str, wc: np.ndarray) -> tuple:
     """Depthwise ConvInteger on bytes (`_depthwise_bytes`) where a 64-byte register holds 16
-    outputs' inputs for a quad of taps and the centred weights fit a signed byte; otherwise
+    outputs' inputs for a quad of taps, the centred weights fit a signed byte and the plane's
+    size is known when it builds; otherwise
     as the float32 depthwise kernel on x - zx and w - zw: each product is an integer below
     2^16 and a window's sum below 2^24 for windows up to 16x16, so float32 holds every sum
     exactly, and the direct kernel vectorizes along output rows."""
     a = b.attrs(node)
-    if (b.config.vector_width >= WINDOW_DOT_LANES and wc.min() >= -128 and wc.max() <= 127
+    static_plane = isinstance(math.prod(b.type(node.inputs[0]).shape[2:]), int)  # (WindowDot's rows are)
+    if (b.config.vector_width >= WINDOW_DOT_LANES and wc.min() >= -128 and wc.max() <= 127 and static_plane
             and window_dot_fits(a["strides"][1], a["dilations"][1], a["kernel_shape"][1])):
         return _depthwise_bytes(b, node, store, zx, zx_name, wc.astype(np.int8))
     if wc.shape[2] * wc.shape[3] * 255 * 255 >= 1 << 24:
