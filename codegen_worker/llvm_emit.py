@@ -1471,11 +1471,20 @@ class FunctionEmitter:
         n = TRANSPOSE_LANES
         src, dst = self.bufs[s.src][0], self.bufs[s.dst][0]
         src_off, dst_off = self.expr(s.src_off), self.expr(s.dst_off)
-        rows = [self.load_first(self.gep(src, "u8", self.int_op("add nsw", src_off, i * s.src_stride)), "i32", n,
-                                s.cols, 1) if i < s.rows else "zeroinitializer" for i in range(n)]
-        for j, column in enumerate(self.transpose(rows, f"<{n} x i32>", n)[:s.cols]):
-            self.store_first(column, self.gep(dst, "u8", self.int_op("add nsw", dst_off, j * s.dst_stride)), "i32", n,
-                             s.rows, 1)
+        run_time = not isinstance(s.cols, int)  # (a run-time width's last block: its columns counted then)
+        cols = self.expr(s.cols) if run_time else s.cols
+        stride = s.src_stride if isinstance(s.src_stride, int) else self.expr(s.src_stride)
+        row_at = (lambda i: i * stride) if isinstance(stride, int) else (lambda i: self.mul_const(stride, i))
+        rows = [self.load_first(self.gep(src, "u8", self.int_op("add nsw", src_off, row_at(i))), "i32", n, cols, 1)
+                if i < s.rows else "zeroinitializer" for i in range(n)]
+        for j, column in enumerate(self.transpose(rows, f"<{n} x i32>", n)[:n if run_time else cols]):
+            def store(j=j, column=column):
+                self.store_first(column, self.gep(dst, "u8", self.int_op("add nsw", dst_off, j * s.dst_stride)), "i32",
+                                 n, s.rows, 1)
+            if run_time:
+                self.when(self.int_op("icmp sgt", cols, j), store)
+            else:
+                store()
 
     def deinterleave(self, s: Deinterleave) -> None:
         """ir.loop.Deinterleave: per vector of slots, one load of its `phases` vectors of

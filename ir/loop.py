@@ -427,15 +427,16 @@ class TransposeBlock(Stmt):
     destination, for i < rows, j < cols (each at most 16). The codegen loads the rows as
     16-lane vectors, transposes them in registers (64 shuffles) and stores the columns; a
     loop left to LLVM gathers one element per instruction. The int8 conv's channels-last
-    copy is its user: rows are quads of 4 channels, columns pixels."""
+    copy is its user: rows are quads of 4 channels, columns pixels. Over a run-time width,
+    src_stride and cols are expressions (cols at most 16: the lowering clamps it)."""
     src: str
     src_off: Expr
-    src_stride: int
+    src_stride: "int | Expr"
     dst: str
     dst_off: Expr
     dst_stride: int
     rows: int
-    cols: int
+    cols: "int | Expr"
 
 
 TRANSPOSE_LANES = 16  # elements each way of a block: the i32 lanes of a 64-byte register

@@ -265,8 +265,10 @@ class _Checker:
                     raise _Problem(f"buffer {buf} does not exist")
             if self.expr(s.src_off) != "i64" or self.expr(s.dst_off) != "i64":
                 raise _Problem("transpose block offsets are not i64")
-            if not (0 < s.rows <= TRANSPOSE_LANES and 0 < s.cols <= TRANSPOSE_LANES):
+            if not (0 < s.rows <= TRANSPOSE_LANES and (not isinstance(s.cols, int) or 0 < s.cols <= TRANSPOSE_LANES)):
                 raise _Problem(f"transpose block of {s.rows}x{s.cols} elements (at most {TRANSPOSE_LANES} each way)")
+            if any(not isinstance(v, int) and self.expr(v) != "i64" for v in (s.cols, s.src_stride)):
+                raise _Problem("a transpose block's run-time columns and stride are not i64")
         else:
             raise _Problem(f"{type(s).__name__} is not a statement")
 

@@ -43,7 +43,7 @@ import numpy as np
 
 from ..graph import Node
 from ..loop import (TRANSPOSE_LANES, WINDOW_DOT_LANES, Assign, Cast, Const, For, If, Let, Load, Local, Store,
-                    TransposeBlock, Var, WindowDot, add, cmp, fbin, flat_index, loop, mul, select, sub, unflatten,
+                    TransposeBlock, Var, WindowDot, add, cmp, div, fbin, flat_index, loop, mul, select, sub, unflatten,
                     window_dot_fits, window_dot_reach)
 from .builder import KernelBuilder
 from .gemm import conv_operands, gemm_stmt, is_depthwise, lower_depthwise, split_by_run_time_rows
@@ -251,6 +251,7 @@ def lower_conv_integer(b: KernelBuilder, node: Node, store) -> tuple:
     oh, ow = b.type(node.outputs[0]).shape[2:]
     hp, wp = h + pt + pb, w_ + pl + pr  # (Dims over a run-time plane: the workspace's size)
     run_time_plane = not isinstance(hp * wp, int)
+    plane = h, w_  # (ints, or Dims: what sizes workspaces)
     if run_time_plane:  # (from here on, the sizes as the kernel computes them)
         h, w_, oh, ow = b.dim(h), b.dim(w_), b.dim(oh), b.dim(ow)
     cp = -(-cin // 4) * 4
@@ -281,9 +282,9 @@ def lower_conv_integer(b: KernelBuilder, node: Node, store) -> tuple:
         hp, wp = b.dim(hp), b.dim(wp)
     bv = b.fresh("b")
 
-    if b.config.vector_width >= TRANSPOSE_LANES and not run_time_plane:
-        copy = _channels_last_copy(b, xparam, mul(Var(bv), cin * h * w_), cin, h, w_, a["pads"], cp, signed_x, za_u,
-                                   nhwc)
+    if b.config.vector_width >= TRANSPOSE_LANES:
+        copy = _channels_last_copy(b, xparam, mul(Var(bv), mul(h, cin * w_) if run_time_plane else cin * h * w_), cin,
+                                   *plane, a["pads"], cp, signed_x, za_u, nhwc)
     else:
         copy = _channels_last_gather(b, xparam, Var(bv), cin, batch, h, w_, a["pads"], cp, signed_x, za_u, nhwc,
                                      b.config.int8_pairs)
@@ -308,16 +309,18 @@ def _channels_last_copy(b: KernelBuilder, xparam: str, base, cin: int, h: int, w
     Read element by element, the copy was a byte gather per channel: a tenth of ResNet-18
     int8's 3x3 conv time."""
     pt, pl, pb, pr = pads
-    hp, wp = h + pt + pb, w_ + pl + pr
     quads = cp // 4
     quad_rows = b.workspace(h * quads * w_, "i32")  # [input row][quad][column]
+    h, w_ = b.dim(h), b.dim(w_)  # (over a run-time plane, from here on expressions)
+    hp, wp = (h + pt + pb, w_ + pl + pr) if isinstance(h, int) and isinstance(w_, int) else \
+        (add(h, pt + pb), add(w_, pl + pr))
     y, c4, x, j = b.fresh("y"), b.fresh("c4"), b.fresh("x"), b.fresh("j")
     iy = sub(Var(y), pt)
     fill_u8 = Cast("i32", za_u)
 
     def channel_byte(kk: int):  # channel 4*c4 + kk at (iy, x) as an unsigned byte, in an i32
         c = add(mul(Var(c4), 4), kk)
-        v = Cast("i32", Load(xparam, add(base, add(mul(fbin("min", c, Const(cin - 1)) if cin % 4 else c, h * w_),
+        v = Cast("i32", Load(xparam, add(base, add(mul(fbin("min", c, Const(cin - 1)) if cin % 4 else c, mul(h, w_)),
                                                    add(mul(iy, w_), Var(x))))))
         if signed_x:
             v = fbin("add", v, Const(128, "i32"))
@@ -333,20 +336,27 @@ def _channels_last_copy(b: KernelBuilder, xparam: str, base, cin: int, h: int, w
         pixel = mul(add(mul(Var(y), wp), add(Var(x), pl)), 4)
         pixel_bytes = tuple(Store(nhwc, add(pixel, kk), Cast("u8", channel_byte(kk))) for kk in range(4))
         pack = For(c4, 1, (For(x, w_, pixel_bytes, "vectorize"),))
+    def block(q0: int, x0, cols) -> TransposeBlock:
+        return TransposeBlock(quad_rows, mul(add(mul(add(mul(iy, quads), q0), w_), x0), 4),
+                              w_ * 4 if isinstance(w_, int) else mul(w_, 4),
+                              nhwc, add(mul(add(mul(Var(y), wp), add(x0, pl)), cp), 4 * q0), cp,
+                              min(TRANSPOSE_LANES, quads - q0), cols)
     for q0 in range(0, quads if quads > 1 else 0, TRANSPOSE_LANES):
-        for x0 in range(0, w_, TRANSPOSE_LANES):
-            blocks.append(TransposeBlock(
-                quad_rows, mul(add(mul(add(mul(iy, quads), q0), w_), x0), 4), w_ * 4,
-                nhwc, add(mul(add(mul(Var(y), wp), pl + x0), cp), 4 * q0), cp,
-                min(TRANSPOSE_LANES, quads - q0), min(TRANSPOSE_LANES, w_ - x0)))
+        if isinstance(w_, int):
+            blocks += [block(q0, x0, min(TRANSPOSE_LANES, w_ - x0)) for x0 in range(0, w_, TRANSPOSE_LANES)]
+        else:  # (a run-time width: a loop of blocks, the last one's columns counted when it runs)
+            xb = b.fresh("xb")
+            x0 = mul(Var(xb), TRANSPOSE_LANES)
+            blocks.append(For(xb, div(add(w_, TRANSPOSE_LANES - 1), TRANSPOSE_LANES),
+                              (block(q0, x0, fbin("min", sub(w_, x0), Const(TRANSPOSE_LANES))),)))
 
-    def fill(first_pixel, pixels: int) -> tuple:
-        if pixels <= 0:
+    def fill(first_pixel, pixels) -> tuple:
+        if isinstance(pixels, int) and pixels <= 0:
             return ()
-        return (For(j, pixels * cp, (Store(nhwc, add(mul(add(mul(Var(y), wp), first_pixel), cp), Var(j)), za_u),),
+        return (For(j, pixels * cp if isinstance(pixels, int) else mul(pixels, cp), (Store(nhwc, add(mul(add(mul(Var(y), wp), first_pixel), cp), Var(j)), za_u),),
                     "vectorize"),)
-    inside = fbin("and", cmp("ge", Var(y), Const(pt)), cmp("lt", Var(y), Const(pt + h)))
-    return For(y, hp, (If(inside, (*fill(0, pl), pack, *blocks, *fill(pl + w_, pr)), fill(0, wp)),), parallel=True)
+    inside = fbin("and", cmp("ge", Var(y), Const(pt)), cmp("lt", Var(y), add(h, pt)))
+    return For(y, hp, (If(inside, (*fill(0, pl), pack, *blocks, *fill(add(w_, pl), pr)), fill(0, wp)),), parallel=True)
 
 
 def _channels_last_gather(b: KernelBuilder, xparam: str, bv, cin: int, batch, h: int, w_: int, pads: list,
