@@ -336,6 +336,7 @@ def _channels_last_copy(b: KernelBuilder, xparam: str, base, cin: int, h: int, w
         pixel = mul(add(mul(Var(y), wp), add(Var(x), pl)), 4)
         pixel_bytes = tuple(Store(nhwc, add(pixel, kk), Cast("u8", channel_byte(kk))) for kk in range(4))
         pack = For(c4, 1, (For(x, w_, pixel_bytes, "vectorize"),))
+
     def block(q0: int, x0, cols) -> TransposeBlock:
         return TransposeBlock(quad_rows, mul(add(mul(add(mul(iy, quads), q0), w_), x0), 4),
                               w_ * 4 if isinstance(w_, int) else mul(w_, 4),
@@ -353,7 +354,8 @@ def _channels_last_copy(b: KernelBuilder, xparam: str, base, cin: int, h: int, w
     def fill(first_pixel, pixels) -> tuple:
         if isinstance(pixels, int) and pixels <= 0:
             return ()
-        return (For(j, pixels * cp if isinstance(pixels, int) else mul(pixels, cp), (Store(nhwc, add(mul(add(mul(Var(y), wp), first_pixel), cp), Var(j)), za_u),),
+        at = add(mul(add(mul(Var(y), wp), first_pixel), cp), Var(j))
+        return (For(j, pixels * cp if isinstance(pixels, int) else mul(pixels, cp), (Store(nhwc, at, za_u),),
                     "vectorize"),)
     inside = fbin("and", cmp("ge", Var(y), Const(pt)), cmp("lt", Var(y), add(h, pt)))
     return For(y, hp, (If(inside, (*fill(0, pl), pack, *blocks, *fill(add(w_, pl), pr)), fill(0, wp)),), parallel=True)

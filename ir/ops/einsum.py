@@ -13,8 +13,8 @@ import numpy as np
 
 from ..dtypes import is_float
 from ..graph import Node, ShapeError, TensorType
-from ..symbolic import is_symbolic, require_equal
 from ..lower.gemm import lower_einsum
+from ..symbolic import is_symbolic, require_equal
 from .compile_time import symbolic_value_node
 from .conv_gemm import MATMUL
 from .reduce import REDUCE_SUM
