@@ -397,6 +397,28 @@ def test_a_7x7_depthwise_window_runs_in_passes(executor):
         assert len(over_rows) == passes
 
 
+@pytest.mark.parametrize("output", ["float32", "float16"])
+def test_a_7x7_depthwise_sums_its_passes_in_its_own_output(output, executor):
+    """ConvMixer's block: a 7x7 depthwise conv, ReLU and a BatchNorm's multiply and add, over
+    planes whose partial sums for every channel would outgrow DEPTHWISE_PLANES_FLOATS. Its
+    passes sum into the kernel's float32 output, each plane's last pass reading its partial
+    sum back: the bordered copy is its only workspace. A float16 output cannot hold partial
+    sums, so that kernel keeps a workspace of them. Against onnxruntime."""
+    from modelkiln.ir.loop import Store
+    g = model_zoo.GraphMaker(0)
+    y = g.op("Relu", [g.conv("x", 300, 300, 7, group=300)])
+    y = g.op("Add", [g.op("Mul", [y, g.const(np.full((300, 1, 1), 0.5, np.float32))]),
+                     g.const(np.full((300, 1, 1), 0.25, np.float32))])
+    if output == "float16":
+        y = g.op("Cast", [y], to=TensorProto.FLOAT16)
+    model = g.model({"x": [1, 300, 32, 32]}, [y])
+    model.graph.output[0].type.tensor_type.elem_type = TensorProto.FLOAT16 if output == "float16" else TensorProto.FLOAT
+    result, _ = build_and_compare(model, executor)
+    [call] = result.lowered.calls
+    stored = {s.buf for s in kernel_statements(call.kernel.body) if isinstance(s, Store)}
+    assert len({buf for buf in stored if buf.startswith("w")}) == (1 if output == "float32" else 2)
+
+
 def test_depthwise_window_rows_are_separate_sums(executor):
     """A depthwise window sums each of its rows into its own accumulator, and its kernel is
     emitted without reassociation so LLVM keeps them apart (one chain of 25 dependent FMAs

@@ -91,7 +91,8 @@ DEPTHWISE_PASS_WEIGHTS = 21
 # reloaded every row): 384x14x14 0.118 -> 0.084 ms, 192x28x28 0.206 -> 0.164, 768x7x7 0.094
 # -> 0.074. Only while those planes fit L2: ConvMixer's 768x32x32 (3 MiB of them) ran 0.94
 # -> 0.69 ms, yet the model's kernel sum did not move (190.5 -> 191.4 ms, built both ways and
-# timed interleaved): its 1x1 convs after it lost what the depthwise ones gained.
+# timed interleaved): its 1x1 convs after it lost what the depthwise ones gained. (A kernel
+# whose output holds the planes needs no workspace and no limit: lower_depthwise.)
 DEPTHWISE_PLANES_FLOATS = 256 * 1024
 
 
@@ -876,9 +877,18 @@ def lower_depthwise(b: KernelBuilder, node: Node, store, value=lambda v: v, weig
     # A whole plane in L1 runs each pass over all its rows, its weights held in registers
     # from the first row to the last, into a plane of partial sums per channel, while those
     # planes stay in L2 (DEPTHWISE_PLANES_FLOATS).
-    planes = len(passes) > 1 and in_ring is False and cout * greatest(oh_dim) * greatest(ow_dim) <= \
-        DEPTHWISE_PLANES_FLOATS
-    partial_floats = cout * greatest(ow_dim) * (greatest(oh_dim) if planes else 1)
+    # Where the kernel's output is this conv's own float32 planes (an elementwise epilogue),
+    # the passes sum into them, the last one reading its partial sum back, and every plane
+    # runs pass by pass: no workspace of partial sums, whatever the planes' size. ConvMixer's
+    # 768 x 32 x 32 (3 MiB of planes, row by row before) in the model, built both ways and
+    # timed interleaved: 1.09 -> 0.80 ms each, the model 200.2 -> 192.2 ms (the workspace of
+    # planes had made that conv 0.69 ms, the model no faster).
+    root = b.members[-1].outputs[0] if b.members else ""
+    in_output = (len(passes) > 1 and out is None and not weights and bool(root)
+                 and dtype(b.type(root).dtype).storage == "f32" and b.type(root).shape == b.type(node.outputs[0]).shape)
+    planes = len(passes) > 1 and in_ring is False and (
+        in_output or cout * greatest(oh_dim) * greatest(ow_dim) <= DEPTHWISE_PLANES_FLOATS)
+    partial_floats = 0 if in_output else cout * greatest(ow_dim) * (greatest(oh_dim) if planes else 1)
     # (images on threads of their own: a slice of the copy and of the partial sums each)
     limit = bordered_copies_limit(b, x_name)
     parallel = images_in_parallel(b, batch_dim, copy_floats + partial_floats, limit)
@@ -927,7 +937,9 @@ def lower_depthwise(b: KernelBuilder, node: Node, store, value=lambda v: v, weig
         while len(sums) > 1:  # a balanced tree
             sums = [fbin("add", *sums[i:i + 2]) if i + 1 < len(sums) else sums[i] for i in range(0, len(sums), 2)]
         return stmts, sums[0]
-    if len(passes) > 1:
+    if in_output:
+        partial, at = b.out_param(root), flat_index([Var(bv), Var(co), Var(r), Var(q)], b.shape(root))
+    elif len(passes) > 1:
         # (a row or a plane per output channel: channels run in parallel)
         partial, partial_off = image_workspace(b, bv, batch_dim, partial_floats, parallel)
         at = add(partial_off, add(mul(add(mul(Var(co), oh), Var(r)) if planes else Var(co), ow), Var(q)))
