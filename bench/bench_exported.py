@@ -2,6 +2,8 @@
 run them as fast? One run, a Markdown table.
 
     python bench/bench_exported.py [--models llama,xlnet] [--rounds 2] [--repeat 20] [--dir DIR] [--tolerance 1e-4]
+    python bench/bench_exported.py --models deployed --openvino   (the architectures a user would deploy, beside
+        onnxruntime and OpenVINO: Kiln over the better of the two)
     python bench/bench_exported.py --dynamic-images [--models ssdlite320,...]   (torchvision's detectors exported
         with a dynamic image size: one build for 64..1024 each, checked against onnxruntime at five sizes)
 
@@ -30,8 +32,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
-from bench_models import cpu_name, host_isa, interleaved  # noqa: E402
-from exported_zoo import ALL, DETECTORS, HELD_OUT, MODELS  # noqa: E402
+from bench_models import cpu_name, host_isa, interleaved, openvino_runner  # noqa: E402
+from exported_zoo import ALL, DEPLOYED, DETECTORS, HELD_OUT, MODELS  # noqa: E402
 
 TOLERANCE = 1e-4  # largest difference over the largest value: float32 kernels summing in other orders
 
@@ -123,9 +125,12 @@ def bench(name: str, args) -> tuple | str:
                                   name in DETECTORS)
     if not diff <= args.tolerance:
         return f"outputs differ from onnxruntime's by {diff:.2g} of their largest value{f' ({note})' if note else ''}"
-    times = interleaved({"kiln": lambda: module.run(feeds), "ort": lambda: session.run(None, feeds)},
-                        warmup=3, repeat=args.repeat, rounds=args.rounds)
-    return seconds, result.report["totals"]["kernels"], diff, note, times["kiln"], times["ort"]
+    runs = {"kiln": lambda: module.run(feeds), "ort": lambda: session.run(None, feeds)}
+    openvino = openvino_runner(path, 1, feeds) if args.openvino else None
+    if openvino is not None:
+        runs["ov"] = lambda: openvino(feeds)
+    times = interleaved(runs, warmup=3, repeat=args.repeat, rounds=args.rounds)
+    return seconds, result.report["totals"]["kernels"], diff, note, times["kiln"], times["ort"], times.get("ov")
 
 
 # --dynamic-images: a detector exported with its image's height and width dynamic, built once
@@ -157,8 +162,11 @@ def check_dynamic_images(name: str, args) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", help="comma-separated names (default: the tuned-for set), or 'heldout': the "
-                                     "architectures tried after it (exported_zoo.HELD_OUT)")
+    ap.add_argument("--models", help="comma-separated names (default: the tuned-for set), 'heldout': the "
+                                     "architectures tried after it (exported_zoo.HELD_OUT), or 'deployed': the "
+                                     "ones a user would deploy (exported_zoo.DEPLOYED)")
+    ap.add_argument("--openvino", action="store_true",
+                    help="OpenVINO too (float32, 1 thread): Kiln over the better of the two peers")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=20)
     ap.add_argument("--dir", default=os.path.join(os.path.expanduser("~"), ".cache", "kiln-exported"))
@@ -168,7 +176,8 @@ def main() -> None:
     ap.add_argument("--dynamic-images", action="store_true",
                     help="the detectors exported with a dynamic image size: one build each, checked at several sizes")
     args = ap.parse_args()
-    names = list(HELD_OUT) if args.models == "heldout" else args.models.split(",") if args.models else list(MODELS)
+    groups = {"heldout": list(HELD_OUT), "deployed": DEPLOYED}
+    names = groups.get(args.models) or (args.models.split(",") if args.models else list(MODELS))
     unknown = [n for n in names if n not in ALL]
     if unknown:
         sys.exit(f"unknown models: {', '.join(unknown)} (known: {', '.join(ALL)})")
@@ -185,8 +194,10 @@ def main() -> None:
         return
     print(f"# {time.strftime('%Y-%m-%d')}, {cpu_name()} ({host_isa()}), 1 thread; onnxruntime "
           f"{onnxruntime.__version__}; rounds {args.rounds}, median of {args.repeat} runs\n")
-    print("| model | exporter | kiln build (s) | kernels | max difference | kiln ms | onnxruntime ms | kiln / onnxruntime |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|")
+    peers = "onnxruntime and OpenVINO" if args.openvino else "onnxruntime"
+    print("| model | exporter | kiln build (s) | kernels | max difference | kiln ms | onnxruntime ms |"
+          + (" OpenVINO ms | kiln / best |" if args.openvino else " kiln / onnxruntime |"))
+    print("|---|---|---:|---:|---:|---:|---:|---:|" + ("---:|" if args.openvino else ""))
     ratios, failed = [], []
     for name in names:
         try:
@@ -195,18 +206,20 @@ def main() -> None:
             outcome = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
         if isinstance(outcome, str):
             failed.append((name, outcome))
-            print(f"| {name} | {ALL[name][1]} | - | - | - | - | - | {outcome} |", flush=True)
+            print(f"| {name} | {ALL[name][1]} | - | - | - | - | -{' | -' if args.openvino else ''} | {outcome} |",
+                  flush=True)
             continue
-        seconds, kernels, diff, note, kiln_ms, ort_ms = outcome
-        ratios.append(kiln_ms / ort_ms)
+        seconds, kernels, diff, note, kiln_ms, ort_ms, ov_ms = outcome
+        best = min(ort_ms, ov_ms or math.inf)  # (OpenVINO's n/a where it cannot run the model)
+        ratios.append(kiln_ms / best)
+        ov = (f" {ov_ms:.3f} |" if ov_ms else " n/a |") if args.openvino else ""
         print(f"| {name} | {ALL[name][1]} | {seconds:.1f} | {kernels} | {diff:.1e}{f' ({note})' if note else ''} "
-              f"| {kiln_ms:.3f} | {ort_ms:.3f} "
-              f"| {kiln_ms / ort_ms:.2f} |", flush=True)
+              f"| {kiln_ms:.3f} | {ort_ms:.3f} |{ov} {kiln_ms / best:.2f} |", flush=True)
     if ratios:
         print(f"\n{len(ratios)} of {len(names)} built and within {args.tolerance:g}; geometric mean of kiln / "
-              f"onnxruntime "
+              f"{'the better of ' if args.openvino else ''}{peers} "
               f"{math.exp(sum(map(math.log, ratios)) / len(ratios)):.2f}; above 1.05: "
-              f"{sum(r > 1.05 for r in ratios)}")
+              f"{sum(r > 1.05 for r in ratios)}, above 1.10: {sum(r > 1.10 for r in ratios)}")
     for name, why in failed:
         print(f"- {name}: {why}")
 

@@ -235,7 +235,25 @@ HELD_OUT = {
     "mamba": (_hf("MambaConfig", "MambaModel", num_hidden_layers=2, hidden_size=256, vocab_size=1000), "dynamo"),
     "rwkv": (_hf("RwkvConfig", "RwkvModel", num_hidden_layers=2, hidden_size=256, vocab_size=1000), "torchscript"),
 }
-ALL = {**MODELS, **HELD_OUT}
+# Fifteen architectures a user would deploy, timed against onnxruntime and OpenVINO on an AVX2
+# host when that host kind was first tried (issue 21): `bench_exported.py --models deployed
+# --openvino`. Those not in the sets above are defined here.
+_DEPLOYED_ONLY = {
+    "resnet18": (_vision("resnet18"), "torchscript"),
+    "resnet50": (_vision("resnet50"), "torchscript"),
+    "efficientnet_b0": (_vision("efficientnet_b0"), "torchscript"),
+    "mobilenet_v3_large": (_vision("mobilenet_v3_large"), "torchscript"),
+    "regnet_y_400mf": (_vision("regnet_y_400mf"), "torchscript"),
+    "densenet121": (_vision("densenet121"), "torchscript"),
+    "vit_s16": (_timm("vit_small_patch16_224"), "torchscript"),
+    "wav2vec2": (_hf("Wav2Vec2Config", "Wav2Vec2Model", "audio", (1, 16000), num_hidden_layers=2), "torchscript"),
+    "distilbert": (_hf("DistilBertConfig", "DistilBertModel", n_layers=2), "torchscript"),
+}
+DEPLOYED = ["resnet18", "resnet50", "efficientnet_b0", "mobilenet_v3_large", "regnet_y_400mf", "densenet121",
+            "convnext_tiny", "swin_t", "vit_s16", "wav2vec2", "whisper_encoder", "gpt2", "t5_encoder", "bert_2l",
+            "distilbert"]
+
+ALL = {**MODELS, **HELD_OUT, **_DEPLOYED_ONLY}
 
 
 def export(name: str, path: str, dynamic: bool = False) -> None:
