@@ -485,6 +485,65 @@ def test_a_depthwise_conv_keeps_one_row_a_loop_where_pairs_were_slower(executor)
         assert _output_rows_a_loop(call.kernel) == 1, [n.op_type for n in model.graph.node]
 
 
+def _with_epilogue(model, activation: str):
+    """The conv model with its Relu replaced: "silu" (Sigmoid and Mul), "gelu" (erf's
+    GELU, opset 20) or "hardswish" (no costly call)."""
+    conv = model.graph.node[0]
+    del model.graph.node[1:]
+    if activation == "silu":
+        model.graph.node.extend([helper.make_node("Sigmoid", ["c"], ["s"]), helper.make_node("Mul", ["c", "s"], ["y"])])
+    elif activation == "gelu":
+        model.graph.node.append(helper.make_node("Gelu", ["c"], ["y"]))
+        model.opset_import[0].version = 20
+    else:
+        model.graph.node.append(helper.make_node("HardSwish", ["c"], ["y"]))
+    assert conv.op_type == "Conv"
+    return model
+
+
+def _epilogue_loops_apart(kernel) -> int:
+    """Loops along an output row that store the output with no window sum of their own (no
+    accumulator): a costly epilogue run apart from the window's sums."""
+    from modelkiln.ir.loop import For, Local, Store
+    return sum(1 for s in kernel_statements(kernel.body) if isinstance(s, For) and s.kind == "vector_masked"
+               and any(isinstance(t, Store) and t.buf.startswith("o") for t in s.body)
+               and not any(isinstance(t, Local) for t in s.body))
+
+
+@pytest.mark.parametrize("xshape,wshape,attrs,activation,apart", [
+    ((1, 4, 9, 40), (4, 1, 3, 3), {"pads": [1, 1, 1, 1]}, "silu", True),  # EfficientNet's 3x3
+    ((1, 3, 11, 57), (6, 1, 5, 5), {"strides": [2, 2], "pads": [2, 2, 2, 2]}, "silu", True),  # 29 wide, 2 a channel
+    ((1, 3, 96, 120), (3, 1, 3, 3), {"pads": [1, 1, 1, 1]}, "silu", True),  # a plane past L1: a ring of rows
+    ((1, 4, 12, 30), (4, 1, 7, 7), {"pads": [3, 3, 3, 3]}, "gelu", True),  # passes summed in the output
+    ((1, 8, 9, 14), (8, 1, 3, 3), {"pads": [1, 1, 1, 1]}, "silu", False),  # rows of two vectors: one loop
+    ((1, 4, 9, 40), (4, 1, 3, 3), {"pads": [1, 1, 1, 1]}, "hardswish", False),  # nothing costly
+], ids=["3x3", "5x5_stride2_mult2", "ring", "7x7_passes", "14_wide", "hardswish"])
+def test_a_costly_depthwise_epilogue_runs_along_each_row_apart_on_avx2(xshape, wshape, attrs, activation, apart,
+                                                                      executor):
+    """On AVX2 a depthwise conv whose epilogue calls exp or erf (SiLU, GELU) writes each
+    output row's sums to a row of its own, then applies the epilogue in a loop along it
+    (depthwise_epilogue_apart_pays); rows narrower than three vectors, and epilogues of a few
+    instructions, keep one loop, and so does AVX-512 (not measured there). Against
+    onnxruntime, into guarded outputs."""
+    from modelkiln.orchestrator.api import build
+    from tests.fenced import FencedOutputs
+    from tests.isa import AVX2, AVX512, run_or_inspect
+    model = _with_epilogue(_conv_model("Conv", xshape, wshape, {"group": xshape[1], **attrs}), activation)
+    for target in (AVX2, AVX512):
+        result = build(model, target=target, executor=executor, cache=None, progress=False)
+
+        def run():
+            inputs = model_zoo.random_inputs(model, 1)
+            want = model_zoo.onnxruntime_outputs(model, inputs)
+            fenced = FencedOutputs(want)
+            result.load().run(inputs, out=fenced.arrays)
+            np.testing.assert_allclose(fenced.arrays["y"], want["y"], rtol=1e-4, atol=1e-5)
+            assert not fenced.trespassed()
+        run_or_inspect(result, run)
+        [call] = result.lowered.calls
+        assert _epilogue_loops_apart(call.kernel) == (1 if apart and target == AVX2 else 0), target
+
+
 @pytest.mark.parametrize("width,kernel,stride,pads", [
     (14, 5, 2, [2, 2, 2, 2]),  # MobileNetV3's 14x14 stride 2: a row shorter than two vectors
     (15, 3, 2, [1, 0, 1, 1]),  # an odd row, asymmetric pads

@@ -110,6 +110,17 @@ def depthwise_row_pairs_pay(vector_width: int, kh: int, kw: int, row_stride: int
             and not epilogue_calls_math)
 
 
+def depthwise_epilogue_apart_pays(vector_width: int, row_width: int) -> bool:
+    """Whether a depthwise conv's costly epilogue (one calling exp, tanh or erf) runs in a loop
+    of its own along each output row. Measured with SiLU on x86-64-v3 code (AMD Zen 4 with
+    AVX-512 hidden; one process, interleaved, 5 rounds): 32 x 112 x 112 3x3 0.58 -> 0.42 ms,
+    144 x 56 x 56 3x3 0.54 -> 0.48, 96 x 112 x 112 3x3 stride 2 0.56 -> 0.45, 240 x 28 x 28
+    5x5 0.65 -> 0.51, 144 x 56 x 56 5x5 stride 2 0.35 -> 0.31; but on rows of one or two
+    vectors the second loop's start costs more than it saves: 480 x 14 x 14 3x3 0.13 -> 0.25,
+    1152 x 7 x 7 5x5 0.18 -> 0.32. Not measured on AVX-512 (32 registers), kept to one loop."""
+    return vector_width < 16 and row_width >= 3 * vector_width
+
+
 # A conv with the weights as rows ("weights_rows"), per vector width: tiles of (channels,
 # pixels), two vectors of an input row's pixels against blocks of channels (AVX-512's 8 rows
 # hold 16 accumulators, 16 rows would need more registers than it has; AVX2's 6 rows 12 of its
@@ -889,9 +900,16 @@ def lower_depthwise(b: KernelBuilder, node: Node, store, value=lambda v: v, weig
     planes = len(passes) > 1 and in_ring is False and (
         in_output or cout * greatest(oh_dim) * greatest(ow_dim) <= DEPTHWISE_PLANES_FLOATS)
     partial_floats = 0 if in_output else cout * greatest(ow_dim) * (greatest(oh_dim) if planes else 1)
+    # An epilogue calling exp, tanh or erf (SiLU, GELU, Mish) runs in a loop of its own along
+    # each output row, over the row's sums written to a row of the channel's: in the window's
+    # loop its constants and its chain of dependent FMAs took the registers and the latency the
+    # window's independent sums need (depthwise_epilogue_apart_pays). (ConvInteger's `out` keeps one loop.)
+    apart = (out is None and not weights and depthwise_epilogue_apart_pays(b.config.vector_width, least(ow_dim))
+             and calls_math(tuple(store([Const(0)] * 4, Const(0.0, "f32")))))
+    sums_floats = cout * greatest(ow_dim) if apart else 0
     # (images on threads of their own: a slice of the copy and of the partial sums each)
     limit = bordered_copies_limit(b, x_name)
-    parallel = images_in_parallel(b, batch_dim, copy_floats + partial_floats, limit)
+    parallel = images_in_parallel(b, batch_dim, copy_floats + partial_floats + sums_floats, limit)
     bv = b.fresh("b")
     xp, xp_off = image_workspace(b, bv, batch_dim, copy_floats, parallel)
 
@@ -943,6 +961,9 @@ def lower_depthwise(b: KernelBuilder, node: Node, store, value=lambda v: v, weig
         # (a row or a plane per output channel: channels run in parallel)
         partial, partial_off = image_workspace(b, bv, batch_dim, partial_floats, parallel)
         at = add(partial_off, add(mul(add(mul(Var(co), oh), Var(r)) if planes else Var(co), ow), Var(q)))
+    if apart:
+        sums, sums_off = image_workspace(b, bv, batch_dim, sums_floats, parallel)
+        sums_at = add(sums_off, add(mul(Var(co), ow), Var(q)))
 
     def output_rows(ring: int) -> tuple:
         """The channel's output rows over its copy: the whole plane, or a ring of its last
@@ -959,10 +980,12 @@ def lower_depthwise(b: KernelBuilder, node: Node, store, value=lambda v: v, weig
             if len(passes) > 1:
                 total = fbin("add", Load(partial, at), total)
             total = total if bias is None else fbin("add", total, bias([Var(co)]))
+            if apart:
+                return (*stmts, Store(sums, sums_at, total))
             return (*stmts, *store([Var(bv), Var(co), row, Var(q)], out(total) if out else total))
         one_row = last_pass(Var(r))
         if not ring and len(passes) == 1 and depthwise_row_pairs_pay(b.config.vector_width, kh, kw, sh, dh,
-                                                                     calls_math(one_row)):
+                                                                     apart or calls_math(one_row)):
             # Rows 2p and 2p + 1 in one loop along them (their shared input rows' loads are
             # one expression each: LLVM loads them once), then an odd last row alone.
             pair = b.fresh("rp")
@@ -975,11 +998,16 @@ def lower_depthwise(b: KernelBuilder, node: Node, store, value=lambda v: v, weig
                 rows.append(last)
             return tuple(rows)
         steps.append(For(q, ow, one_row, "vector_masked"))
+        if apart:  # (in the last pass's row loop: the sums' row holds one output row)
+            epilogue = For(q, ow, tuple(store([Var(bv), Var(co), Var(r), Var(q)], Load(sums, sums_at))), "vector_masked")
+            steps[-1] = (steps[-1], epilogue)
+        steps = [step if isinstance(step, tuple) else (step,) for step in steps]
         if planes:
-            return tuple(For(r, oh, (step,)) for step in steps)
+            return tuple(For(r, oh, step) for step in steps)
+        steps = tuple(s for step in steps for s in step)
         if not ring:
-            return (For(r, oh, tuple(steps)),)
-        return rows_through_a_ring(b, copy_row, i, r, oh, sh, ring, tuple(steps))
+            return (For(r, oh, steps),)
+        return rows_through_a_ring(b, copy_row, i, r, oh, sh, ring, steps)
     # Each channel is computed right after its padded copy is written, while that plane is
     # still in L1, rather than after every plane's copy (1.3 MB for a 96x56x56 input, past
     # L2); one parallel phase instead of two.
@@ -993,7 +1021,7 @@ def lower_depthwise(b: KernelBuilder, node: Node, store, value=lambda v: v, weig
     else:
         body = (If(in_ring, channel(ring), channel(0)),)
     image = (For(c, cin, body, parallel=True),)
-    return over_images(b, bv, batch_dim, image, copy_floats + partial_floats, limit)
+    return over_images(b, bv, batch_dim, image, copy_floats + partial_floats + sums_floats, limit)
 
 
 def conv_operands(b: KernelBuilder, node: Node) -> tuple:
