@@ -139,9 +139,10 @@ class QGemm(OpRun):
     op_domain = "com.microsoft"
 
     def _run(self, a, sa, za, b, sb, zb, c=None, sy=None, zy=None, alpha=None, transA=None, transB=None):
+        # (transposed first: a per-channel B's zero points and scales are per column of B as used)
+        a, b = (a.T if transA else a), (b.T if transB else b)
         a = a.astype(np.int64) - (0 if za is None else za.astype(np.int64))
         b = b.astype(np.int64) - (0 if zb is None else zb.astype(np.int64))
-        a, b = (a.T if transA else a), (b.T if transB else b)
         acc = a @ b + (0 if c is None else c.astype(np.int64))
         y = acc * (np.float64(1.0 if alpha is None else alpha) * np.float64(sa) * sb.astype(np.float64))
         return (y.astype(np.float32),) if sy is None else (_quantize(y, sy, zy),)

@@ -448,6 +448,28 @@ def test_quantize_static_qoperator_cnn():
     _compare(model, model_zoo.random_inputs(model, 7), exact=False, atol=_output_step(model) * 1.001)
 
 
+@pytest.mark.parametrize("trans_b", [0, 1])
+def test_qgemm_with_per_channel_weights(trans_b):
+    """com.microsoft QGemm as a per-channel QOperator classifier writes it: B's zero points and
+    scales one per output column, B stored transposed ([N, K], transB) or not, an int32 bias
+    and a quantized output. Against the reference (whose QGemm subtracts the zero points from
+    B's columns as used) and onnxruntime where its int8 is exact; within one output level."""
+    m, k, n = 5, 40, 24
+    rng = np.random.default_rng(3)
+    b_shape = [n, k] if trans_b else [k, n]
+    consts = [numpy_helper.from_array(v, name) for name, v in (
+        ("sa", np.float32(0.02)), ("za", np.uint8(120)),
+        ("b", rng.integers(-128, 128, b_shape).astype(np.int8)),
+        ("sb", rng.uniform(0.002, 0.01, n).astype(np.float32)), ("zb", rng.integers(-5, 6, n).astype(np.int8)),
+        ("c", rng.integers(-2000, 2000, n).astype(np.int32)), ("sy", np.float32(0.05)), ("zy", np.uint8(128)))]
+    node = helper.make_node("QGemm", ["a", "sa", "za", "b", "sb", "zb", "c", "sy", "zy"], ["y"], domain="com.microsoft",
+                            transB=trans_b, alpha=1.0)
+    graph = helper.make_graph([node], "qgemm", [helper.make_tensor_value_info("a", U8, [m, k])],
+                              [helper.make_tensor_value_info("y", U8, [m, n])], consts)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    _compare(model, {"a": _bytes([m, k], U8)}, exact=False, atol=1)
+
+
 def test_quantize_dynamic_transformer():
     """A BERT-style encoder through quantize_dynamic: every MatMul with weights becomes
     DynamicQuantizeLinear + MatMulInteger; attention's activation products stay float."""
