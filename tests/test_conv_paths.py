@@ -437,6 +437,26 @@ def test_depthwise_window_rows_are_separate_sums(executor):
     assert all(c.kernel.option("reassociate", True) for c in dense.lowered.calls)
 
 
+def _fenced_build(model, target, executor):
+    """`model` built for `target`; where this host runs it, run on random inputs into arrays of
+    guard bytes (a row left unwritten, or a write past the output, shows) against onnxruntime,
+    elsewhere its assembly checked (tests/isa.py). Returns the build."""
+    from modelkiln.orchestrator.api import build
+    from tests.fenced import FencedOutputs
+    from tests.isa import run_or_inspect
+    result = build(model, target=target, executor=executor, cache=None, progress=False)
+
+    def run():
+        inputs = model_zoo.random_inputs(model, 1)
+        want = model_zoo.onnxruntime_outputs(model, inputs)
+        fenced = FencedOutputs(want)
+        result.load().run(inputs, out=fenced.arrays)
+        np.testing.assert_allclose(fenced.arrays["y"], want["y"], rtol=1e-4, atol=1e-5)
+        assert not fenced.trespassed()
+    run_or_inspect(result, run)
+    return result
+
+
 def _output_rows_a_loop(kernel) -> int:
     """The most output rows one loop along them stores (each row's store is one Store)."""
     from modelkiln.ir.loop import For, Store
@@ -451,21 +471,8 @@ def test_a_3x3_depthwise_conv_computes_its_rows_in_pairs_on_16_lanes(height, tar
     share two input rows), then an odd last row alone; on AVX2 one row a loop (16 registers:
     slower in pairs). Heights 2, 5 and 8: one pair, two and a last row alone, four; at height
     1 the border leaves a 1 x 3 window, one row."""
-    from modelkiln.orchestrator.api import build
-    from tests.fenced import FencedOutputs
-    from tests.isa import run_or_inspect
     model = _conv_model("Conv", (1, 8, height, 21), (8, 1, 3, 3), {"group": 8, "pads": [1, 1, 1, 1]})
-    result = build(model, target=target, executor=executor, cache=None, progress=False)
-
-    def run():  # (into arrays of guard bytes: a row left unwritten shows)
-        inputs = model_zoo.random_inputs(model, 1)
-        want = model_zoo.onnxruntime_outputs(model, inputs)
-        fenced = FencedOutputs(want)
-        result.load().run(inputs, out=fenced.arrays)
-        np.testing.assert_allclose(fenced.arrays["y"], want["y"], rtol=1e-4, atol=1e-5)
-        assert not fenced.trespassed()
-    run_or_inspect(result, run)
-    [call] = result.lowered.calls
+    [call] = _fenced_build(model, target, executor).lowered.calls
     assert _output_rows_a_loop(call.kernel) == (2 if lanes(target) == 16 and height > 1 else 1)
 
 
@@ -525,22 +532,10 @@ def test_a_costly_depthwise_epilogue_runs_along_each_row_apart_on_avx2(xshape, w
     (depthwise_epilogue_apart_pays); rows narrower than three vectors, and epilogues of a few
     instructions, keep one loop, and so does AVX-512 (not measured there). Against
     onnxruntime, into guarded outputs."""
-    from modelkiln.orchestrator.api import build
-    from tests.fenced import FencedOutputs
-    from tests.isa import AVX2, AVX512, run_or_inspect
+    from tests.isa import AVX2, AVX512
     model = _with_epilogue(_conv_model("Conv", xshape, wshape, {"group": xshape[1], **attrs}), activation)
     for target in (AVX2, AVX512):
-        result = build(model, target=target, executor=executor, cache=None, progress=False)
-
-        def run():
-            inputs = model_zoo.random_inputs(model, 1)
-            want = model_zoo.onnxruntime_outputs(model, inputs)
-            fenced = FencedOutputs(want)
-            result.load().run(inputs, out=fenced.arrays)
-            np.testing.assert_allclose(fenced.arrays["y"], want["y"], rtol=1e-4, atol=1e-5)
-            assert not fenced.trespassed()
-        run_or_inspect(result, run)
-        [call] = result.lowered.calls
+        [call] = _fenced_build(model, target, executor).lowered.calls
         assert _epilogue_loops_apart(call.kernel) == (1 if apart and target == AVX2 else 0), target
 
 
