@@ -132,6 +132,25 @@ def test_every_thread_count_gives_the_same_bytes_and_onnxruntimes_answer(built):
     assert_matches_oracle(result, model, 1)
 
 
+def test_a_batch_1_layer_streaming_its_weights_divides_across_threads(executor):
+    """A layer of one row reads each of its 784 x 256 weights for one multiply-add: the load is
+    the cost (ir/parallel.py, STREAMED_LOAD_WORK), so its GEMM's panels divide across threads;
+    the next layer's 256 x 128 still runs whole. Every thread count gives the same bytes and
+    onnxruntime's answer."""
+    from modelkiln.ir.parallel import thread_plan
+    from modelkiln.orchestrator.api import build
+    model = model_zoo.mlp(1)
+    result = build(model, executor=executor, cache=None, progress=False)
+    pieces = [thread_plan(c.kernel)[0][1] for c in result.lowered.calls]
+    assert pieces[0] > 1 and pieces[1:] == [1, 1], pieces
+    inputs = model_zoo.random_inputs(model, 1)
+    first = result.load(threads=1).run(inputs)
+    for threads in THREAD_COUNTS:
+        out = result.load(threads=threads).run(inputs)
+        assert all(np.array_equal(out[k], first[k]) for k in first), threads
+    assert_matches_oracle(result, model, 1)
+
+
 # Built over a run-time batch (its first dim made the symbol n): ResNet's convs and pool, and
 # MobileNetV2's depthwise and pointwise convs.
 RUN_TIME_BATCH = {"resnet18": lambda: model_zoo.resnet18(size=64),
