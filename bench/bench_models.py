@@ -7,11 +7,12 @@ on the same inputs (after warm-up) of Kiln, onnxruntime and OpenVINO, each at 1 
 at every usable core (OpenVINO in float32, forced with INFERENCE_PRECISION_HINT=f32: it
 defaults to bfloat16 on CPUs with AVX512-BF16; `pip install openvino`, or its columns read
 n/a), measured in interleaved rounds (each runner in turn: this machine is noisy), the better
-median of each; Kiln's time over the best peer's at each thread count, and its own speedup. The int8 models are quantized by onnxruntime's own tool and every runner
-runs the same quantized file (on an x86 host without VNNI, where onnxruntime's int8
-saturates, Kiln's outputs are checked against onnx's reference evaluator instead:
-tests/int8_reference.py; the peers' int8 times there are of those saturating kernels). Then the GEMM table: Kiln's int8 GEMM (MatMulInteger, VNNI
-where the CPU has it) against its own float32 GEMM on the same shapes, onnxruntime's beside
+median of each; Kiln's time over the best peer's at each thread count, and its own speedup.
+The int8 models are quantized by onnxruntime's own tool and every runner runs the same
+quantized file (on an x86 host without VNNI, where onnxruntime's int8 saturates, Kiln's
+outputs are checked against onnx's reference evaluator instead: tests/int8_reference.py; the
+peers' int8 times there are of those saturating kernels). Then the GEMM table: Kiln's int8
+GEMM (MatMulInteger, VNNI where the CPU has it) against its own float32 GEMM on the same shapes, onnxruntime's beside
 both. Prints Markdown tables (the ones in the README).
 
 The header names the host's vector ISA and the code each runner ran. `--isa avx2` on an

@@ -495,7 +495,7 @@ def test_a_depthwise_conv_keeps_one_row_a_loop_where_pairs_were_slower(executor)
 def _with_epilogue(model, activation: str):
     """The conv model with its Relu replaced: "silu" (Sigmoid and Mul), "gelu" (erf's
     GELU, opset 20) or "hardswish" (no costly call)."""
-    conv = model.graph.node[0]
+    assert model.graph.node[0].op_type == "Conv"
     del model.graph.node[1:]
     if activation == "silu":
         model.graph.node.extend([helper.make_node("Sigmoid", ["c"], ["s"]), helper.make_node("Mul", ["c", "s"], ["y"])])
@@ -504,7 +504,6 @@ def _with_epilogue(model, activation: str):
         model.opset_import[0].version = 20
     else:
         model.graph.node.append(helper.make_node("HardSwish", ["c"], ["y"]))
-    assert conv.op_type == "Conv"
     return model
 
 

@@ -466,7 +466,8 @@ def test_qgemm_with_per_channel_weights(trans_b):
                             transB=trans_b, alpha=1.0)
     graph = helper.make_graph([node], "qgemm", [helper.make_tensor_value_info("a", U8, [m, k])],
                               [helper.make_tensor_value_info("y", U8, [m, n])], consts)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                    helper.make_opsetid("com.microsoft", 1)])
     _compare(model, {"a": _bytes([m, k], U8)}, exact=False, atol=1)
 
 

@@ -903,7 +903,8 @@ def lower_depthwise(b: KernelBuilder, node: Node, store, value=lambda v: v, weig
     # An epilogue calling exp, tanh or erf (SiLU, GELU, Mish) runs in a loop of its own along
     # each output row, over the row's sums written to a row of the channel's: in the window's
     # loop its constants and its chain of dependent FMAs took the registers and the latency the
-    # window's independent sums need (depthwise_epilogue_apart_pays). (ConvInteger's `out` keeps one loop.)
+    # window's independent sums need (depthwise_epilogue_apart_pays). (ConvInteger's path, its
+    # `out` and `weights`, keeps one loop.)
     apart = (out is None and not weights and depthwise_epilogue_apart_pays(b.config.vector_width, least(ow_dim))
              and calls_math(tuple(store([Const(0)] * 4, Const(0.0, "f32")))))
     sums_floats = cout * greatest(ow_dim) if apart else 0
@@ -997,17 +998,15 @@ def lower_depthwise(b: KernelBuilder, node: Node, store, value=lambda v: v, weig
             elif oh % 2:
                 rows.append(last)
             return tuple(rows)
-        steps.append(For(q, ow, one_row, "vector_masked"))
+        last = (For(q, ow, one_row, "vector_masked"),)
         if apart:  # (in the last pass's row loop: the sums' row holds one output row)
-            epilogue = For(q, ow, tuple(store([Var(bv), Var(co), Var(r), Var(q)], Load(sums, sums_at))), "vector_masked")
-            steps[-1] = (steps[-1], epilogue)
-        steps = [step if isinstance(step, tuple) else (step,) for step in steps]
+            applied = store([Var(bv), Var(co), Var(r), Var(q)], Load(sums, sums_at))
+            last += (For(q, ow, tuple(applied), "vector_masked"),)
         if planes:
-            return tuple(For(r, oh, step) for step in steps)
-        steps = tuple(s for step in steps for s in step)
+            return (*(For(r, oh, (step,)) for step in steps), For(r, oh, last))
         if not ring:
-            return (For(r, oh, steps),)
-        return rows_through_a_ring(b, copy_row, i, r, oh, sh, ring, steps)
+            return (For(r, oh, (*steps, *last)),)
+        return rows_through_a_ring(b, copy_row, i, r, oh, sh, ring, (*steps, *last))
     # Each channel is computed right after its padded copy is written, while that plane is
     # still in L1, rather than after every plane's copy (1.3 MB for a 96x56x56 input, past
     # L2); one parallel phase instead of two.
