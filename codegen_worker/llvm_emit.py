@@ -539,11 +539,20 @@ class FunctionEmitter:
             self.emit(f"{raw} = {'fptoui' if is_unsigned(dst) else 'fptosi'} {s} {a} to {d}")
             self.emit(f"{v} = freeze {d} {raw}")
         elif src in FLOAT_TYPES:
-            # Saturating to i64, then wrapping to the width: NaN gives 0 instead of poison, and
-            # in-range negatives reach unsigned types as numpy and C casts leave them.
+            # Kiln's answer where ONNX leaves one undefined (ir/casts.py): truncated,
+            # saturated to 64 bits (NaN is 0), then the width's low bits.
             name = f"llvm.fptosi.sat.i64.{_FSUFFIX[src]}"
             self.decls.add(f"declare i64 @{name}({s})")
-            wide = v if dst in ("i64", "u64") else self.tmp("cw")
+            wide = v if dst == "i64" else self.tmp("cw")
+            if dst == "u64":  # from 2**63 up, uint64's own range
+                signed, unsigned, big = self.tmp("cs"), self.tmp("cu"), self.tmp("cb")
+                uname = f"llvm.fptoui.sat.i64.{_FSUFFIX[src]}"
+                self.decls.add(f"declare i64 @{uname}({s})")
+                self.emit(f"{signed} = call i64 @{name}({s} {a})")
+                self.emit(f"{unsigned} = call i64 @{uname}({s} {a})")
+                self.emit(f"{big} = fcmp oge {s} {a}, 0x43E0000000000000")
+                self.emit(f"{v} = select i1 {big}, i64 {unsigned}, i64 {signed}")
+                return v
             self.emit(f"{wide} = call i64 @{name}({s} {a})")
             if wide != v:
                 self.emit(f"{v} = trunc i64 {wide} to {d}")

@@ -30,6 +30,7 @@ import numpy as np
 from modelkiln.artifacts.element_types import kind
 from modelkiln.ir.errors import KilnError
 from modelkiln.ir.ops import SUPPORTED_OPS
+from tests.cast_definition import INTEGER_TYPES, defined
 from tests.fenced import FencedOutputs
 
 # Expected outputs are compared with the case's own tolerances, loosened to Kiln's
@@ -152,17 +153,35 @@ def _check(module, inputs: dict, expected: list, case) -> str:
         return f"run: {e}"
     if trespassed := fenced.trespassed():
         return f"outputs {trespassed}: bytes written outside the caller's array"
-    return _compare([outs[n] for n in names], names, expected, case) or \
-        _compare([outs_in_place[n] for n in names], names, expected, case)
+    given = list(inputs.values())
+    return _compare([outs[n] for n in names], names, expected, case, given) or \
+        _compare([outs_in_place[n] for n in names], names, expected, case, given)
 
 
-def _compare(outputs: list, names: list, expected: list, case) -> str:
-    """'' if every output matches the case's expected one (shape, dtype, values), else why not."""
+def _undefined_elements(case, inputs: list):
+    """The elements of a Cast case's output that ONNX leaves undefined (a float out of an
+    integer type's range: tests/cast_definition.py), or None. The case's expected values
+    there are whatever its generator's ml_dtypes or numpy gave, which moves between releases
+    (ml_dtypes 0.7 made them 0); Kiln's own answer there is tested in test_undefined_casts."""
+    from onnx import TensorProto
+    if not inputs or {n.op_type for n in case.model.graph.node} - {"Cast", "CastLike"}:
+        return None
+    out_type = TensorProto.DataType.Name(case.model.graph.output[0].type.tensor_type.elem_type).lower()
+    if out_type not in INTEGER_TYPES or kind(inputs[0].dtype) != "f":
+        return None
+    return ~defined(inputs[0], out_type)
+
+
+def _compare(outputs: list, names: list, expected: list, case, inputs: list = ()) -> str:
+    """'' if every output matches the case's expected one (shape, dtype, values), else why not.
+    Elements ONNX leaves undefined are not compared."""
     for name, got, want in zip(names, outputs, expected):
         if got.shape != want.shape:
             return f"output {name}: shape {got.shape}, expected {want.shape}"
         if got.dtype != want.dtype:
             return f"output {name}: dtype {got.dtype}, expected {want.dtype}"
+        if (undefined := _undefined_elements(case, list(inputs))) is not None:
+            got, want = got[~undefined], want[~undefined]
         if kind(want.dtype) == "f":
             tol = max(RTOL, case.rtol, HALF_TOL.get(want.dtype.name, 0))
             ok = np.allclose(got.astype(np.float64), want.astype(np.float64), rtol=tol,
@@ -192,7 +211,8 @@ def run_case_onnxruntime(case) -> str:
         session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
         for ins, outs in case.data_sets:
             got = session.run(None, {n: _array(v) for n, v in zip(names, ins)})
-            if _compare(got, [o.name for o in model.graph.output], [_array(v) for v in outs], case):
+            if _compare(got, [o.name for o in model.graph.output], [_array(v) for v in outs], case,
+                        [_array(v) for v in ins]):
                 return "fail"
     except Exception:  # noqa: BLE001 - a refusal or a crash of the peer: not a pass
         return "fail"

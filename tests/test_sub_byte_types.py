@@ -9,6 +9,7 @@ from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 from modelkiln.orchestrator.api import build
+from tests.cast_definition import defined, kiln_casts
 
 SUB_BYTE = {"int4": TensorProto.INT4, "uint4": TensorProto.UINT4, "int2": TensorProto.INT2, "uint2": TensorProto.UINT2}
 OTHER = {"float32": TensorProto.FLOAT, "int32": TensorProto.INT32, "int8": TensorProto.INT8, "uint8": TensorProto.UINT8}
@@ -44,9 +45,10 @@ def _check(model, feeds, executor, extra_outputs=()):
 
 @pytest.mark.parametrize("dtype", SUB_BYTE)
 def test_casts_wrap_at_the_width(dtype, executor):
-    """float32 and int32 to the type (truncated toward zero, then its low bits: Cast's
-    definition) and back in the same kernel, so the value wraps before it is stored as well
-    as when it is; and to the type of the other signedness."""
+    """int32 to the type (its low bits: Cast's definition) and float32 to it (out of the type's
+    range undefined in ONNX: Kiln's own answer, truncated and then its low bits), and back in
+    the same kernel, so the value wraps before it is stored as well as when it is; and to the
+    type of the other signedness."""
     rng = np.random.default_rng(4)
     x = np.round(rng.uniform(-40, 40, (5, 13)) * 4).astype(np.float32) / 4  # fractions of both signs
     i = rng.integers(-300, 300, (5, 13), dtype=np.int32)
@@ -59,8 +61,14 @@ def test_casts_wrap_at_the_width(dtype, executor):
              helper.make_node("Cast", ["q"], ["flipped"], to=SUB_BYTE[other])]
     model = _model(nodes, [("x", "float32", [5, 13]), ("i", "int32", [5, 13])],
                    [("q", dtype), ("back", "float32"), ("wide", "int32"), ("flipped", other)])
-    got = _check(model, {"x": x, "i": i}, executor, extra_outputs=["flipped"])
+    got = _check(model, {"x": x, "i": i}, executor, extra_outputs=["flipped", "q", "back"])
     assert got["q"].dtype == np.dtype(getattr(ml_dtypes, dtype))
+    assert [int(v) for v in got["q"].astype(np.int64).ravel()] == kiln_casts(x, dtype)
+    in_range = defined(x, dtype)
+    cast_alone = _model(nodes[:1], [("x", "float32", [5, 13])], [("q", dtype)])
+    want = ReferenceEvaluator(cast_alone).run(None, {"x": x})[0]
+    np.testing.assert_array_equal(got["q"][in_range].astype(np.int64), want[in_range].astype(np.int64))
+    np.testing.assert_array_equal(got["back"], got["q"].astype(np.float32))
     # (ml_dtypes casts between these types only through a wider integer)
     np.testing.assert_array_equal(got["flipped"], got["q"].astype(np.int32).astype(getattr(ml_dtypes, other)))
     assert len(np.unique(got["back"])) == 1 << int(dtype[-1])  # every value of the type occurs: wraps happened

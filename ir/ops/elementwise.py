@@ -11,6 +11,7 @@ import math
 import numpy as np
 
 from ..attrs import check_attrs, const_input
+from ..casts import float_to_integer
 from ..dtypes import DTYPES, is_int, numpy_dtype
 from ..graph import Node, ShapeError, TensorType, UnsupportedError
 from ..loop import (SMALL_FLOAT_TYPES, Cast, Const, Var, call, calls_math, cmp, fbin, fold_balanced, select,
@@ -189,7 +190,9 @@ def _cast_fold(a, values, g, node):
     if DTYPES[dst].storage in SMALL_FLOAT_TYPES:
         return [small_float_array(values[0], dst, bool(node.attrs.get("saturate", 1)),
                                   node.attrs.get("round_mode", "up"))]
-    with np.errstate(all="ignore"):  # NaN or out of range to an integer: whatever numpy gives
+    if DTYPES[g.types[node.inputs[0]].dtype].is_float and DTYPES[dst].is_int:
+        return [float_to_integer(values[0], dst)]  # as the kernels cast, out of range too
+    with np.errstate(all="ignore"):  # a float overflowing a narrower float: its Inf
         return [values[0].astype(to)]
 
 
