@@ -28,7 +28,8 @@ _TWO_63 = 2.0 ** 63
 def float_to_integer(values: np.ndarray, dtype_name: str) -> np.ndarray:
     """`values` (any float type) cast to the integer type `dtype_name` as Kiln's kernels cast."""
     storage = DTYPES[dtype_name].storage
-    t = np.trunc(np.asarray(values).astype(np.float64))
+    shape = np.shape(values)
+    t = np.trunc(np.asarray(values).astype(np.float64).reshape(-1))  # (1-D: a 0-d one is a scalar)
     t[np.isnan(t)] = 0
     # (float64 holds no int64 greatest: the top end is placed by comparison, not by a cast)
     whole = np.clip(t, -_TWO_63, _TWO_63 - 1024).astype(np.int64)
@@ -39,9 +40,9 @@ def float_to_integer(values: np.ndarray, dtype_name: str) -> np.ndarray:
         whole[big] = np.minimum(t[big], 2.0 ** 64 - 2048).astype(np.uint64)
         whole[t >= 2.0 ** 64] = np.iinfo(np.uint64).max
     if storage not in SUB_BYTE_TYPES:
-        return whole.astype(numpy_dtype(dtype_name))  # numpy's integer casts keep the low bits
+        return whole.astype(numpy_dtype(dtype_name)).reshape(shape)  # numpy's integer casts keep the low bits
     bits = value_bits(storage)
     low = whole & ((1 << bits) - 1)
     if DTYPES[dtype_name].is_signed:
         low = np.where(low >= 1 << (bits - 1), low - (1 << bits), low)
-    return low.astype(numpy_dtype(dtype_name))
+    return low.astype(numpy_dtype(dtype_name)).reshape(shape)

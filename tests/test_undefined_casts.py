@@ -53,3 +53,15 @@ def test_float_to_integer_is_onnxs_cast_where_defined_and_kilns_definition_elsew
         want = ReferenceEvaluator(model).run(None, feeds)[0]
     assert mask.sum() >= 3  # the defined part is exercised too
     np.testing.assert_array_equal(got[mask].astype(np.float64), want[mask].astype(np.float64))
+
+
+@pytest.mark.parametrize("value", [-3.0, 300.5, np.nan])
+def test_a_scalar_constant_casts_as_an_array_does(value, executor):
+    """A 0-d constant (a size computed in float, as exporters write them) folds to a 0-d
+    integer."""
+    graph = helper.make_graph([helper.make_node("Cast", ["c"], ["y"], to=TensorProto.INT8)], "g", [],
+                              [helper.make_tensor_value_info("y", TensorProto.INT8, [])],
+                              [numpy_helper.from_array(np.array(value, np.float32), "c")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 25)], ir_version=11)
+    got = build(model, executor=executor, cache=None, progress=False).load().run({})["y"]
+    assert got.shape == () and int(got) == kiln_casts(np.array([value]), "int8")[0]
