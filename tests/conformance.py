@@ -23,6 +23,7 @@ import json
 import os
 import re
 import sys
+import tempfile
 import warnings
 
 import numpy as np
@@ -94,7 +95,7 @@ def _needs_static(detail: str) -> bool:
 _NAMED_PARAMETER = re.compile(r"input '([^']+)' \([^)]*\) must be known at compile time")
 
 
-def _build_static(case, inputs: dict, executor):
+def _build_static(case, inputs: dict, executor, cache=None):
     """Build the case as a user compiles such a model: shape parameters as constants (the
     integer inputs, then any other input Kiln names as needed at compile time) and the data
     inputs' shapes given. Returns (module, failure) like _build."""
@@ -103,7 +104,7 @@ def _build_static(case, inputs: dict, executor):
     for _ in range(8):
         model = _freeze_inputs(case.model, inputs, frozen)
         shapes = {n: list(v.shape) for n, v in inputs.items() if n not in frozen}
-        module, failure = _build(model, executor, shapes)
+        module, failure = _build(model, executor, shapes, cache=cache)
         named = _NAMED_PARAMETER.search(failure[1]) if failure and failure[0] == "rejected" else None
         if named is None or named.group(1) not in inputs or named.group(1) in frozen:
             return module, failure
@@ -114,12 +115,12 @@ def _build_static(case, inputs: dict, executor):
 _NEEDS_BOUNDS = re.compile(r"to read its values at run time, bound them: --dim ([^=\s]+)=")
 
 
-def _build_bounded(case, data: list, executor):
+def _build_bounded(case, data: list, executor, cache=None):
     """Build the case with bounds for the values of the integer inputs Kiln asks bounds for:
     from 0 to the most any data set feeds. Returns (module, failure) like _build."""
     dims = {}
     for _ in range(8):
-        module, failure = _build(case.model, executor, dims=dims)
+        module, failure = _build(case.model, executor, dims=dims, cache=cache)
         named = _NEEDS_BOUNDS.search(failure[1]) if failure and failure[0] == "rejected" else None
         if named is None or named.group(1) in dims or named.group(1) not in data[0][0]:
             return module, failure
@@ -127,11 +128,11 @@ def _build_bounded(case, data: list, executor):
     return module, failure
 
 
-def _build(model, executor, shapes=None, dims=None):
+def _build(model, executor, shapes=None, dims=None, cache=None):
     from modelkiln.ir.errors import InternalError
     from modelkiln.orchestrator.api import BuildError, build
     try:
-        return build(model, cache=None, executor=executor, progress=False, shapes=shapes, dims=dims).load(), None
+        return build(model, cache=cache, executor=executor, progress=False, shapes=shapes, dims=dims).load(), None
     except (BuildError, InternalError) as e:  # Kiln's own failures are bugs, not rejections
         return None, ("fail", str(e))
     except KilnError as e:
@@ -222,23 +223,25 @@ def run_case_onnxruntime(case) -> str:
 ORT_MAX_IR_VERSION = 13  # onnxruntime 1.31 reads IR versions up to 13
 
 
-def run_case(case, executor) -> tuple[str, str]:
-    """(outcome, detail) for one case."""
+def run_case(case, executor, cache=None) -> tuple[str, str]:
+    """(outcome, detail) for one case. `cache`, a store folder shared by the cases of one run,
+    compiles a kernel that several cases share once (what a case asserts is its module's
+    outputs, the same bytes from the store as from a compile)."""
     names = [vi.name for vi in case.model.graph.input
              if vi.name not in {i.name for i in case.model.graph.initializer}]
-    module, failure = _build(case.model, executor)
+    module, failure = _build(case.model, executor, cache=cache)
     try:
         data = [({n: _array(v) for n, v in zip(names, ins)}, [_array(v) for v in outs]) for ins, outs in case.data_sets]
     except ValueError:  # sequences: Kiln refuses their inputs or outputs by name
         return failure or ("fail", "sequence data, yet the model built")
     outcome = "pass"
     if failure and failure[0] == "rejected" and _NEEDS_BOUNDS.search(failure[1]):
-        module, bounded_failure = _build_bounded(case, data, executor)
+        module, bounded_failure = _build_bounded(case, data, executor, cache)
         if not bounded_failure and not any(_check(module, inputs, expected, case) for inputs, expected in data):
             return "bounded", ""
     if failure and failure[0] == "rejected" and _needs_static(failure[1]):
         for inputs, expected in data:  # one build per data set: each has its own constants
-            module, failure = _build_static(case, inputs, executor)
+            module, failure = _build_static(case, inputs, executor, cache)
             if failure:
                 return failure
             if problem := _check(module, inputs, expected, case):
@@ -269,9 +272,9 @@ def main() -> None:
     per_op = collections.defaultdict(collections.Counter)
     totals = collections.Counter()
     outcomes = {}
-    with LocalExecutor() as ex:
+    with LocalExecutor() as ex, tempfile.TemporaryDirectory(prefix="kiln-conformance-") as store:
         for name, case in claimed_cases().items():
-            outcome, detail = run_case(case, ex)
+            outcome, detail = run_case(case, ex, store)
             outcomes[name] = outcome
             totals[outcome] += 1
             op = case.model.graph.node[0].op_type if len(case.model.graph.node) == 1 else "(multi-node)"

@@ -63,6 +63,7 @@ def guest(foreign_bundle: str) -> None:
 
 @pytest.fixture(scope="module")
 def report(tmp_path_factory) -> dict:
+    """(Runs a whole build under qemu: the tests reading it are marked slow.)"""
     assert host_arch() == "x86_64", "an emulated x86 host runs on an x86-64 machine"
     root = str(tmp_path_factory.mktemp("kiln-avx2-host"))
     foreign = build(model_zoo.cnn(), target=AVX512, executor="inprocess", cache=None,
@@ -75,12 +76,14 @@ def report(tmp_path_factory) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_a_build_for_this_host_is_avx2_code_and_matches(report):
     assert report["cpu"] == "znver3" and not report["host_has_avx512f"]
     assert "+avx2" in report["features"] and "+avx512f" not in report["features"]
     assert report["lanes"] == 8 and report["ymm"] and not report["avx512_signs"]
 
 
+@pytest.mark.slow
 def test_int8_is_exact_where_onnxruntime_saturates(report):
     """Kiln's u8 x s8 sums equal onnx's reference; onnxruntime's (the same emulated CPU) do
     not, and the suite's oracle choice (tests/int8_reference.py) does not trust them here."""
@@ -89,6 +92,7 @@ def test_int8_is_exact_where_onnxruntime_saturates(report):
     assert not report["oracle_trusts_onnxruntime"]
 
 
+@pytest.mark.slow
 def test_a_bundle_for_avx512_is_refused_naming_the_missing_features(report):
     assert report["refusal"] and all(f in report["refusal"] for f in ("avx512f", "avx512bw", "avx512_vnni"))
 

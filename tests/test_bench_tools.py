@@ -44,6 +44,7 @@ def test_compare_commits_builds_each_revision_and_removes_its_worktree(model, mo
 
 
 @WORKTREES
+@pytest.mark.slow
 def test_compare_commits_builds_symbolic_dims_and_runs_at_the_sizes_asked(tmp_path):
     """--dim leaves a dim symbolic in both revisions' builds (each revision's own Kiln takes
     the bounds) and --at runs them at that size: here a batch of 3 of a MatMul built for 1..4."""
@@ -86,6 +87,7 @@ def test_bench_models_names_the_isa_each_runner_ran(isa):
         assert "Ratios: Kiln over the best of onnxruntime and OpenVINO" in r.stdout
 
 
+@pytest.mark.slow
 def test_bench_convs_checks_each_layer_and_names_the_path_it_took():
     """A 13-wide SqueezeNet layer takes Winograd's 4x4 tiles, FCN's dilated 3x3 reads its input in place
     (AVX-512: tiles within its rows), ResNet-50's 2048-channel downsample at 7 wide keeps

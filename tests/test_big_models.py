@@ -120,6 +120,7 @@ def test_a_temporary_blob_goes_to_the_store_without_being_read_whole(tmp_path):
     assert (tmp_path / "out").read_bytes() == whole
 
 
+@pytest.mark.slow  # (builds a 425 MB model in a process of its own)
 def test_a_language_model_builds_within_one_and_a_half_times_its_weights(tmp_path):
     """The issue's case: a 4-layer GPT-2 (124M widths, 425 MB of weights) built by `kiln build`
     in a process of its own peaks below 1.5x the model's bytes (it held 3.7x before), and

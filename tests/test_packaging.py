@@ -22,6 +22,7 @@ def _run(cmd, **kwargs):
     return r
 
 
+@pytest.mark.slow
 @pytest.mark.xdist_group("ray")  # (it starts a Ray of its own: beside the cluster's tests, not at once)
 def test_wheel_installs_into_a_fresh_venv_and_builds_the_example(tmp_path):
     # Built from a copy: setuptools writes build/ and *.egg-info beside the sources.

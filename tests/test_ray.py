@@ -30,7 +30,8 @@ def test_ray_and_local_builds_are_byte_identical(ray_executor, executor):
     assert_matches_oracle(on_ray, model)
 
 
-@pytest.mark.parametrize("fault,kind", [("crash", "crash"), ("hang", "timeout"), ("corrupt", "bad_output")])
+@pytest.mark.parametrize("fault,kind", [("crash", "crash"), pytest.param("hang", "timeout", marks=pytest.mark.slow),
+                                        ("corrupt", "bad_output")])
 def test_faults_on_ray_are_retried(ray_executor, fault, kind):
     result, model, row = faulty_build(ray_executor, fault)
     assert_matches_oracle(result, model)

@@ -19,6 +19,8 @@ from tests import model_zoo
 from tests.conftest import ROOT, assert_matches_oracle
 from tests.test_ray import nodes_of
 
+pytestmark = pytest.mark.slow  # (each test adds and loses nodes of a cluster: 90 s in all)
+
 
 @contextlib.contextmanager
 def extra_nodes(cluster, resource: str, count: int = 1, pythonpath: str = ROOT):

@@ -69,7 +69,8 @@ OTHER_HOSTS = {
 }
 
 
-@pytest.mark.parametrize("target", ["x86-64-v3", "cascadelake", "aarch64"])
+@pytest.mark.parametrize("target", ["x86-64-v3", *(pytest.param(t, marks=pytest.mark.slow) for t in ("cascadelake",
+                                                                                                  "aarch64"))])
 def test_explicit_target_builds_the_same_bytes_on_any_host(target, executor, monkeypatch):
     """A build for an explicit target reads nothing of the machine it runs on: with host
     detection reporting other CPUs (and another architecture), every file of every bundle

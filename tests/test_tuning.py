@@ -249,6 +249,7 @@ def test_an_interrupted_tune_goes_on_from_its_record(executor, tmp_path):
     assert again["kernels_resumed"] == 0 and again["trials"] == 3  # (incomplete: searched on)
 
 
+@pytest.mark.slow
 def test_failing_candidates_are_never_chosen(executor, tmp_path, monkeypatch):
     """Candidates that compute wrong values, crash the measuring process, hang, or crash codegen
     are failed, named in the report, and never a record's schedule."""
@@ -302,6 +303,7 @@ def _tile_of(kernel):
     return None
 
 
+@pytest.mark.slow
 def test_records_travel_through_the_shared_cache(executor, tmp_path, monkeypatch):
     """One machine tunes with the HTTP cache behind its store; a fresh machine (empty store,
     the same cache) builds the tuned module, compiling and measuring nothing."""
@@ -323,6 +325,7 @@ def test_records_travel_through_the_shared_cache(executor, tmp_path, monkeypatch
         server.stop()
 
 
+@pytest.mark.slow
 def test_concurrent_tuners_share_one_store(tmp_path):
     """Two `kiln tune` processes on one store at once: both finish, every entry verifies, and a
     build follows the records."""
@@ -381,6 +384,7 @@ def test_a_new_kernel_starts_from_similar_records_and_their_predictions(tmp_path
     assert Knowledge(store, target, 2).records == []  # (another thread count learns nothing from it)
 
 
+@pytest.mark.slow
 def test_a_model_with_symbolic_dims_is_tuned_at_named_sizes(executor, tmp_path):
     """A BERT with dynamic batch and sequence is measured at the sizes named (batch at its
     bounds' midpoint and top, the default; seq at 16 and 64); its records say so; one build

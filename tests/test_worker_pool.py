@@ -5,6 +5,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from modelkiln.orchestrator.api import build
 from tests.test_bad_input import ROOT, kiln
 
@@ -32,6 +34,7 @@ def start_foreign_pool_actor(address: str) -> None:
     assert r.returncode == 0, r.stderr[-2000:]
 
 
+@pytest.mark.slow
 def test_a_warm_pool_is_used_and_an_old_one_never(ray_cluster, ray_executor, executor, tmp_path):
     ray_executor.close()  # the pool takes the cluster's CPUs
     address = ray_cluster.address

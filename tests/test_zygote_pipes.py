@@ -2,6 +2,8 @@
 larger than a pipe's buffer go through one zygote, four at a time."""
 import threading
 
+import pytest
+
 from modelkiln.codegen_worker.protocol import FrameReader, encode
 from modelkiln.ir.loop import Buffer, Const, Kernel, Store
 from modelkiln.orchestrator.executor_local import LocalExecutor
@@ -22,6 +24,7 @@ def _big_job(i: int, stores: int = STORES) -> CompileJob:
     return make_job(_Call(kernel, i), parse_target("llvm"), 0)
 
 
+@pytest.mark.slow
 def test_large_requests_and_results_through_one_zygote():
     jobs = [_big_job(i) for i in range(16)]
     assert all(len(j.kernel_bytes) > 4 * 65536 for j in jobs)
