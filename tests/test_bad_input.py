@@ -12,6 +12,7 @@ from onnx import TensorProto, helper
 from modelkiln.ir.errors import KilnError
 from modelkiln.orchestrator.api import build
 from tests import model_zoo
+from tests.conftest import shared_cache
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -87,7 +88,7 @@ def test_symbolic_shape_needs_override():
     model = _single("Relu", ["x"], shape=("batch", 4))
     with pytest.raises(KilnError, match=r"symbolic.*--shape x="):
         build(model, cache=None)
-    module = build(model, shapes={"x": [3, 4]}, cache=None).load()
+    module = build(model, shapes={"x": [3, 4]}, cache=shared_cache()).load()
     x = np.linspace(-1, 1, 12, dtype=np.float32).reshape(3, 4)
     np.testing.assert_array_equal(module.run({"x": x})["y"], np.maximum(x, 0))
 
@@ -118,7 +119,7 @@ def test_unknown_target():
 
 @pytest.fixture(scope="module")
 def cnn_module():
-    return build(model_zoo.cnn(), cache=None).load()
+    return build(model_zoo.cnn(), cache=shared_cache()).load()
 
 
 def test_run_wrong_shape(cnn_module):

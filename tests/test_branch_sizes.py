@@ -11,6 +11,7 @@ from onnx.reference import ReferenceEvaluator
 from modelkiln.ir.errors import KilnError
 from modelkiln.orchestrator.api import build
 from tests import model_zoo
+from tests.conftest import shared_cache
 
 H = helper
 F, I64, B = TensorProto.FLOAT, TensorProto.INT64, TensorProto.BOOL
@@ -85,7 +86,7 @@ def test_torchvisions_batched_nms_if(above, executor):
     """No box above the threshold takes the then branch (no NonMaxSuppression runs); any
     takes the else branch, whose count sizes the result."""
     model = _batched_nms_model()
-    module = build(model, executor=executor, cache=None, progress=False).load()
+    module = build(model, executor=executor, cache=shared_cache(), progress=False).load()
     rng = np.random.default_rng(above)
     scores = rng.random(12).astype(np.float32) * 0.5
     scores[rng.permutation(12)[:above]] += 0.5001
@@ -105,7 +106,7 @@ def test_a_condition_on_the_data_picks_the_size(executor):
                    [("x", F, [5])], [("out", F)],
                    [_const("zero", np.array([0], np.int64)), _const("two", np.array([2], np.int64)),
                     _const("zero_f", np.float32(0))])
-    module = build(model, executor=executor, cache=None, progress=False).load()
+    module = build(model, executor=executor, cache=shared_cache(), progress=False).load()
     for sign, length in ((1, 2), (-1, 5)):
         x = sign * np.arange(1, 6, dtype=np.float32)
         assert _agree(module, model, {"x": x})["out"].shape == (length,)
@@ -121,7 +122,7 @@ def test_counts_in_both_branches_on_a_fed_condition(executor):
                                   H.make_node("Concat", ["b", "b"], ["bb"], axis=0)], [("bb", F)])
     model = _model([H.make_node("If", ["c"], ["y"], then_branch=then_branch, else_branch=else_branch)],
                    [("c", B, []), ("x", F, [7])], [("y", F)], [_const("zero_f", np.float32(0))])
-    module = build(model, executor=executor, cache=None, progress=False).load()
+    module = build(model, executor=executor, cache=shared_cache(), progress=False).load()
     x = np.array([3, -1, 0, 2, -5, 4, -2], np.float32)
     for c in (True, False):
         _agree(module, model, {"c": np.array(c), "x": x})
@@ -138,7 +139,7 @@ def test_a_check_in_a_branch_is_made_where_it_ran(executor):
     then_branch = _branch("plain", [H.make_node("Identity", ["x"], ["same"])], [("same", F)])
     model = _model([H.make_node("If", ["c"], ["y"], then_branch=then_branch, else_branch=else_branch)],
                    [("c", B, []), ("x", F, [4]), ("m1", B, [4]), ("z", F, [3]), ("m2", B, [3])], [("y", F)])
-    module = build(model, executor=executor, cache=None, progress=False).load()
+    module = build(model, executor=executor, cache=shared_cache(), progress=False).load()
     x, z = np.arange(4, dtype=np.float32), np.arange(10, 13, dtype=np.float32)
     differ = {"x": x, "z": z, "m1": np.array([1, 1, 0, 0], bool), "m2": np.array([1, 0, 0], bool)}
     _agree(module, model, {"c": np.array(True), **differ})
@@ -160,7 +161,7 @@ def test_reduce_min_of_sizes_is_a_size(executor):
                    [("x", F, [9])], [("values", F), ("indices", I64)],
                    [_const("one", np.array([1], np.int64)), _const("two", np.array([2], np.int64)),
                     _const("five", np.array([5], np.int64))])
-    module = build(model, executor=executor, cache=None, progress=False).load()
+    module = build(model, executor=executor, cache=shared_cache(), progress=False).load()
     for nonzero in (0, 3, 9):
         x = np.zeros(9, np.float32)
         x[:nonzero] = np.arange(1, nonzero + 1)
@@ -185,7 +186,7 @@ def test_a_count_inside_a_loop_is_read_each_iteration(executor):
     model = _model([H.make_node("Loop", ["trips", "", "acc0"], ["acc"], body=body)],
                    [("x", F, [7])], [("acc", I64)], [_const("trips", np.int64(20)), _const("acc0", np.int64(0)),
                                                        _const("thousand", np.int64(1000))])
-    module = build(model, executor=executor, cache=None, progress=False).load()
+    module = build(model, executor=executor, cache=shared_cache(), progress=False).load()
     rng = np.random.default_rng(5)
     for x in (rng.uniform(-2, 22, 7).astype(np.float32), np.full(7, -1, np.float32), np.full(7, 30, np.float32)):
         # (onnxruntime: onnx's reference evaluator runs no iteration of a Loop whose condition is omitted)
@@ -208,7 +209,7 @@ def test_a_count_in_a_branch_inside_a_loop(executor):
     model = _model([H.make_node("Loop", ["trips", "", "acc0"], ["acc"], body=body)],
                    [("x", F, [7])], [("acc", I64)], [_const("trips", np.int64(20)), _const("acc0", np.int64(0)),
                                                        _const("two", np.int64(2)), _const("zero", np.int64(0))])
-    module = build(model, executor=executor, cache=None, progress=False).load()
+    module = build(model, executor=executor, cache=shared_cache(), progress=False).load()
     rng = np.random.default_rng(6)
     for x in (rng.uniform(-2, 22, 7).astype(np.float32), np.full(7, -1, np.float32), np.full(7, 30, np.float32)):
         np.testing.assert_array_equal(module.run({"x": x})["acc"], model_zoo.onnxruntime_outputs(model, {"x": x})["acc"])

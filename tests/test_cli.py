@@ -7,6 +7,7 @@ import onnx
 
 from tests import model_zoo
 from tests.test_bad_input import kiln
+from tests.conftest import shared_cache
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -112,7 +113,7 @@ def test_declared_output_shape_is_not_trusted(executor):
     clean = onnx.ModelProto()
     clean.CopyFrom(wrong)
     clean.graph.output[0].type.tensor_type.shape.Clear()
-    module = build(wrong, executor=executor, cache=None).load()
+    module = build(wrong, executor=executor, cache=shared_cache()).load()
     assert module.outputs[0]["shape"] == [3, 2]
     inputs = model_zoo.random_inputs(clean)
     np.testing.assert_array_equal(module.run(inputs)["y"], model_zoo.onnxruntime_outputs(clean, inputs)["y"])

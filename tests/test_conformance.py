@@ -6,6 +6,7 @@ unsupported dtype/attribute/dynamic input) - never a wrong result or a crash. Ru
 import pytest
 
 from tests.conformance import claimed_cases, expected_outcomes, run_case
+from tests.conftest import shared_cache
 
 CASES = claimed_cases()
 EXPECTED = expected_outcomes()
@@ -16,18 +17,12 @@ def test_the_table_covers_exactly_the_claimed_cases():
     assert "fail" not in EXPECTED.values()
 
 
-@pytest.fixture(scope="session")
-def cases_store(tmp_path_factory):
-    """One store for the cases of this run (a test process's): a kernel several cases share
-    compiles once (1782 cases in one process, 2026-12-02: 202 -> 127 s)."""
-    return str(tmp_path_factory.mktemp("conformance-store"))
-
-
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_node_case(name, executor, cases_store):
+def test_node_case(name, executor):
     """Each case ends exactly as the committed table says: a case that regresses from pass
-    to rejected (or from rejected to a wrong result) is a failure."""
-    outcome, detail = run_case(CASES[name], executor, cases_store)
+    to rejected (or from rejected to a wrong result) is a failure. (A kernel several cases
+    share compiles once: tests/conftest.py, shared_cache.)"""
+    outcome, detail = run_case(CASES[name], executor, shared_cache())
     assert outcome == EXPECTED.get(name), f"{name}: {outcome} (expected {EXPECTED.get(name)}): {detail}"
 
 

@@ -10,6 +10,7 @@ from modelkiln.orchestrator.api import build
 from modelkiln.orchestrator.explain import explain
 from tests import model_zoo
 from tests.fenced import FencedOutputs
+from tests.conftest import shared_cache
 
 H = helper
 
@@ -38,7 +39,7 @@ def _sparse(shape, keep: float, seed: int, dtype=np.float32) -> np.ndarray:
 def test_nonzero_counts_from_none_to_all(executor):
     model = _model([H.make_node("NonZero", ["x"], ["y"])], [("x", TensorProto.FLOAT, [3, 4, 5])],
                    [("y", TensorProto.INT64)])
-    module = build(model, executor=executor, cache=None, progress=False).load()
+    module = build(model, executor=executor, cache=shared_cache(), progress=False).load()
     (counted,) = module.manifest.derived
     assert counted["greatest"] == 60 and module.manifest.outputs[0]["shape"][0] == 3
     assert "derived nonzero(x) = counted while the model runs" in explain(model)
@@ -53,7 +54,7 @@ def test_nonzero_counts_from_none_to_all(executor):
                                              (np.int64, TensorProto.INT64), (np.float16, TensorProto.FLOAT16)])
 def test_nonzero_of_each_kind(dtype, onnx_type, executor):
     model = _model([H.make_node("NonZero", ["x"], ["y"])], [("x", onnx_type, [17])], [("y", TensorProto.INT64)])
-    module = build(model, executor=executor, cache=None, progress=False).load()
+    module = build(model, executor=executor, cache=shared_cache(), progress=False).load()
     rng = np.random.default_rng(1)
     for keep in (0.3, 0.8):  # (numpy's nonzero is the definition; onnxruntime has none for int8)
         x = (rng.integers(-3, 4, 17) * (rng.random(17) < keep)).astype(dtype)
@@ -84,7 +85,7 @@ def test_compress_with_a_condition_fed_at_run_time(axis, executor):
     length = 4 if axis == 0 else 20 if axis is None else 5
     model = _model([H.make_node("Compress", ["x", "keep"], ["y"], **({} if axis is None else {"axis": axis}))],
                    [("x", TensorProto.FLOAT, [4, 5]), ("keep", TensorProto.BOOL, [length])], [("y", TensorProto.FLOAT)])
-    module = build(model, executor=executor, cache=None, progress=False).load()
+    module = build(model, executor=executor, cache=shared_cache(), progress=False).load()
     rng = np.random.default_rng(2)
     for keep in (np.zeros(length, bool), np.ones(length, bool), rng.random(length) < 0.5):
         _agree(module, model, {"x": rng.standard_normal((4, 5)).astype(np.float32), "keep": keep})
@@ -95,7 +96,7 @@ def test_a_constant_condition_folds(executor):
     keep = numpy_helper.from_array(np.array([True, False, True, True, False]), "keep")
     model = _model([H.make_node("Compress", ["x", "keep"], ["y"], axis=1)], [("x", TensorProto.FLOAT, [2, 5])],
                    [("y", TensorProto.FLOAT)], [keep])
-    module = build(model, executor=executor, cache=None, progress=False).load()
+    module = build(model, executor=executor, cache=shared_cache(), progress=False).load()
     assert not module.manifest.derived and module.manifest.outputs[0]["shape"] == [2, 3]
     _agree(module, model, {"x": np.arange(10, dtype=np.float32).reshape(2, 5)})
 
@@ -104,7 +105,7 @@ def test_twin_nonzeros_share_one_count(executor):
     """Two NonZero of one input are one after CSE: one count, read once."""
     model = _model([H.make_node("NonZero", ["x"], ["a"]), H.make_node("NonZero", ["x"], ["b"]),
                     H.make_node("Add", ["a", "b"], ["y"])], [("x", TensorProto.FLOAT, [9])], [("y", TensorProto.INT64)])
-    module = build(model, executor=executor, cache=None, progress=False).load()
+    module = build(model, executor=executor, cache=shared_cache(), progress=False).load()
     assert len(module.manifest.derived) == 1
     _agree(module, model, {"x": _sparse((9,), 0.5, 3)})
 
@@ -114,7 +115,7 @@ def test_out_arrays_at_the_greatest_shape(executor):
     write its front and run returns a view of it, nothing outside it touched."""
     model = _model([H.make_node("NonZero", ["x"], ["y"]), H.make_node("Relu", ["x"], ["r"])],
                    [("x", TensorProto.FLOAT, [2, 6])], [("y", TensorProto.INT64), ("r", TensorProto.FLOAT)])
-    module = build(model, executor=executor, cache=None, progress=False).load()
+    module = build(model, executor=executor, cache=shared_cache(), progress=False).load()
     x = _sparse((2, 6), 0.5, 4)
     shapes = module.out_shapes({"x": x})
     assert shapes == {"y": (2, 12), "r": (2, 6)}
@@ -136,7 +137,7 @@ def test_two_counts_that_must_agree_are_checked_once_counted(executor):
                     H.make_node("Add", ["a", "b"], ["y"])],
                    [("x", TensorProto.FLOAT, [6]), ("c1", TensorProto.BOOL, [6]), ("c2", TensorProto.BOOL, [6])],
                    [("y", TensorProto.FLOAT)])
-    module = build(model, executor=executor, cache=None, progress=False).load()
+    module = build(model, executor=executor, cache=shared_cache(), progress=False).load()
     x = np.arange(6, dtype=np.float32)
     _agree(module, model, {"x": x, "c1": np.array([1, 0, 1, 0, 1, 0], bool), "c2": np.array([0, 1, 1, 0, 0, 1], bool)})
     with pytest.raises(KilnError, match="differ where the model needs them equal"):
@@ -166,7 +167,7 @@ def test_sizes_computed_from_a_count(executor):
     consts += [numpy_helper.from_array(np.array([v], np.int64), name) for name, v in (("far", 1000), ("two", 2))]
     model = _model(nodes, [("x", TensorProto.FLOAT, [20]), ("keep", TensorProto.BOOL, [20])],
                    [("fixed", TensorProto.FLOAT), ("top", TensorProto.FLOAT), ("halves", TensorProto.FLOAT)], consts)
-    module = build(model, executor=executor, cache=None, progress=False).load()
+    module = build(model, executor=executor, cache=shared_cache(), progress=False).load()
     assert module.out_shapes({"x": np.zeros(20, np.float32), "keep": np.zeros(20, bool)}) == \
         {"fixed": (5,), "top": (5,), "halves": (10,)}
     rng = np.random.default_rng(6)
@@ -237,7 +238,7 @@ def test_non_max_suppression_without_a_score_threshold(executor):
     model = _model([H.make_node("NonMaxSuppression", ["boxes", "scores", "most", "iou"], ["selected"])],
                    [("boxes", TensorProto.FLOAT, [1, 30, 4]), ("scores", TensorProto.FLOAT, [1, 2, 30])],
                    [("selected", TensorProto.INT64)], [most, iou])
-    module = build(model, executor=executor, cache=None, progress=False).load()
+    module = build(model, executor=executor, cache=shared_cache(), progress=False).load()
     assert module.manifest.derived[0]["greatest"] == 2 * 30  # (at most every box of every class)
     rng = np.random.default_rng(5)
     _agree(module, model, {"boxes": _boxes(rng, (1, 30), False), "scores": rng.random((1, 2, 30)).astype(np.float32)})
@@ -272,7 +273,7 @@ def test_unique_against_numpy(axis, in_order, executor):
              H.make_node("Add", ["y", "y"], ["twice"])]
     model = _model(nodes, [("x", onnx_type, shape)], [("twice", onnx_type), ("first", TensorProto.INT64),
                                                      ("inverse", TensorProto.INT64), ("counts", TensorProto.INT64)])
-    module = build(model, executor=executor, cache=None, progress=False).load()
+    module = build(model, executor=executor, cache=shared_cache(), progress=False).load()
     got = module.run({"x": x})
     values, first, inverse, counts = _numpy_unique(x, axis, in_order)
     np.testing.assert_array_equal(got["twice"], values + values)
@@ -286,7 +287,7 @@ def test_unique_of_floats_with_nan(executor):
                    [("x", TensorProto.FLOAT, [10])], [("y", TensorProto.FLOAT), ("first", TensorProto.INT64),
                                                       ("inverse", TensorProto.INT64), ("counts", TensorProto.INT64)])
     x = np.array([2.0, np.nan, -1.0, 2.0, np.nan, 0.0, -0.0, 5.0, -1.0, np.nan], np.float32)
-    got = build(model, executor=executor, cache=None, progress=False).load().run({"x": x})
+    got = build(model, executor=executor, cache=shared_cache(), progress=False).load().run({"x": x})
     values, first, inverse, counts = _numpy_unique(x, None, False)
     np.testing.assert_array_equal(got["y"], values)
     for name, want in (("first", first), ("inverse", inverse), ("counts", counts)):
@@ -328,6 +329,6 @@ def test_what_follows_a_selection(name, executor):
     used = {i for node in select + nodes for i in node.input}
     model = _model(select + nodes, [("x", TensorProto.FLOAT, [30])], [("out", out_type)],
                    [i for i in inits if i.name in used])
-    module = build(model, executor=executor, cache=None, progress=False).load()
+    module = build(model, executor=executor, cache=shared_cache(), progress=False).load()
     for shift in (-5.0, 0.0, 5.0):
         _agree(module, model, {"x": (np.random.default_rng(1).standard_normal(30) + shift).astype(np.float32)})

@@ -13,6 +13,7 @@ from modelkiln.ir.ops.value_ranges import value_range
 from modelkiln.ir.symbolic import greatest
 from modelkiln.orchestrator.api import build
 from tests import model_zoo
+from tests.conftest import shared_cache
 
 F, I64 = TensorProto.FLOAT, TensorProto.INT64
 
@@ -25,7 +26,7 @@ def _model(nodes, inputs, outputs, inits=()):
 
 
 def _build(model):
-    return build(model, executor="inprocess", cache=None, progress=False).load()
+    return build(model, executor="inprocess", cache=shared_cache(), progress=False).load()
 
 
 def _check(module, model, feeds, atol=1e-5):

@@ -12,6 +12,7 @@ from onnx import TensorProto, helper, numpy_helper
 from modelkiln.orchestrator.api import build
 from tests import model_zoo
 from tests.isa import X86_TARGETS, run_or_inspect
+from tests.conftest import shared_cache
 
 INTS = ["int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"]
 FLOATS = ["float16", "bfloat16", "float32", "float64"]
@@ -34,7 +35,7 @@ def _graph_model(nodes, inputs, outputs, inits=(), opset=21):
 
 
 def _run(model, feeds, executor="inprocess"):
-    return build(model, executor=executor, cache=None, progress=False).load().run(feeds)
+    return build(model, executor=executor, cache=shared_cache(), progress=False).load().run(feeds)
 
 
 def _values(name, shape, seed=0):
@@ -254,7 +255,7 @@ def test_bfloat16_io_and_constants(executor):
 
 def test_an_input_of_another_kind_is_refused():
     model = _graph_model([helper.make_node("Add", ["a", "a"], ["y"])], [("a", "int32", [3])], [("y", "int32")])
-    module = build(model, executor="inprocess", cache=None, progress=False).load()
+    module = build(model, executor="inprocess", cache=shared_cache(), progress=False).load()
     with pytest.raises(Exception, match="input 'a': expected dtype int32, got float"):
         module.run({"a": np.ones(3, np.float32)})
     np.testing.assert_array_equal(module.run({"a": np.array([1, 2, 3], np.int8)})["y"], [2, 4, 6])

@@ -24,6 +24,7 @@ from modelkiln.ir.errors import KilnError
 from modelkiln.orchestrator.api import build
 from tests import model_zoo
 from tests.int8_reference import onnxruntime_int8_is_exact, reference_outputs
+from tests.conftest import shared_cache
 
 ATOL = 2e-5
 FLOAT_LSTM_IS_FURTHER = 10  # times the largest difference Kiln has
@@ -59,7 +60,7 @@ def _dequantized_lstm(model: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def _compare(model, feeds, float_check=True):
-    got = build(model, executor="inprocess", cache=None, progress=False).load().run(feeds)
+    got = build(model, executor="inprocess", cache=shared_cache(), progress=False).load().run(feeds)
     worst = 0.0
     for oracle, want in _oracles(model, feeds):
         for name in want:

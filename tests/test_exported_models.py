@@ -9,7 +9,7 @@ from onnx.reference import ReferenceEvaluator
 
 from modelkiln.ir.passes import infer_types, trim_conv_windows
 from modelkiln.orchestrator.api import build
-from tests.conftest import build_and_compare
+from tests.conftest import build_and_compare, shared_cache
 from tests.model_zoo import GraphMaker
 from tests.test_passes import ops, run_passes
 
@@ -61,7 +61,7 @@ def test_batchnorm_in_training_mode(shape, outputs, executor):
     updated; onnx's reference evaluator is the oracle."""
     model = _batchnorm_training_model(shape, outputs)
     x = (np.random.default_rng(6).standard_normal(shape) * 3 + 1).astype(np.float32)
-    got = build(model, executor=executor, cache=None, progress=False).load().run({"x": x})
+    got = build(model, executor=executor, cache=shared_cache(), progress=False).load().run({"x": x})
     want = ReferenceEvaluator(model).run(None, {"x": x})
     for name, w in zip(["y", "running_mean", "running_var"], want):
         np.testing.assert_allclose(got[name], w, rtol=1e-4, atol=1e-5, err_msg=name)
@@ -86,7 +86,7 @@ def test_weight_standardized_conv(executor):
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 15)], ir_version=8)
     assert "BatchNormalization" not in ops(run_passes(model))  # (folded: its input is a constant)
     x = np.random.default_rng(8).standard_normal((1, 6, 10, 10)).astype(np.float32)
-    got = build(model, executor=executor, cache=None, progress=False).load().run({"x": x})["y"]
+    got = build(model, executor=executor, cache=shared_cache(), progress=False).load().run({"x": x})["y"]
     np.testing.assert_allclose(got, ReferenceEvaluator(model).run(None, {"x": x})[0], rtol=1e-4, atol=1e-4)
 
 
@@ -119,7 +119,7 @@ def test_einsum_products_run_as_matmul(equation, shapes, constant_b, executor):
     assert "Einsum" not in graph_ops and "MatMul" in graph_ops, graph_ops
     a = np.random.default_rng(10).standard_normal(shapes[0]).astype(np.float32)
     feeds = {"a": a} if constant_b else {"a": a, "b": b}
-    got = build(model, executor=executor, cache=None, progress=False).load().run(feeds)["y"]
+    got = build(model, executor=executor, cache=shared_cache(), progress=False).load().run(feeds)["y"]
     np.testing.assert_allclose(got, np.einsum(equation, a, b), rtol=1e-4, atol=1e-4)
 
 

@@ -8,6 +8,7 @@ from onnx import TensorProto, helper, numpy_helper
 from modelkiln.ir.errors import KilnError
 from modelkiln.orchestrator.api import build
 from tests import model_zoo
+from tests.conftest import shared_cache
 
 H = helper
 F, I64 = TensorProto.FLOAT, TensorProto.INT64
@@ -46,7 +47,7 @@ SIZES = [(64, 64), (333, 500), (97, 1000), (1024, 1024), (777, 131), (480, 640)]
 
 def test_an_image_resized_as_torchvisions_detectors_resize_it(executor):
     model = _resize_model()
-    module = build(model, executor=executor, cache=None, progress=False, dims=BOUNDS).load()
+    module = build(model, executor=executor, cache=shared_cache(), progress=False, dims=BOUNDS).load()
     rng = np.random.default_rng(0)
     for h, w in SIZES:
         x = rng.random((1, 3, h, w), dtype=np.float32)
@@ -60,7 +61,7 @@ def test_an_image_resized_as_torchvisions_detectors_resize_it(executor):
 def test_the_sizes_bounds_are_the_values_they_take(executor):
     """Bounds from intervals would let h * 320 / min(h, w) reach 5120; over the grid of h
     and w the sizes stay within [40, 640] and reach both ends (numpy in float32 the oracle)."""
-    module = build(_resize_model(), executor=executor, cache=None, progress=False, dims=BOUNDS).load()
+    module = build(_resize_model(), executor=executor, cache=shared_cache(), progress=False, dims=BOUNDS).load()
     h, w = np.meshgrid(np.arange(64, 1025), np.arange(64, 1025), indexing="ij")
     short, long = np.minimum(h, w).astype(np.float32), np.maximum(h, w).astype(np.float32)
     scale = np.minimum(np.float32(1) / short * np.float32(320), np.float32(1) / long * np.float32(640))
@@ -80,7 +81,7 @@ def test_a_batch_padded_to_a_multiple_of_32(executor):
     inits = {"two": np.array([2], np.int64), "four": np.array([4], np.int64), "stride": np.float32(32),
              "zeros": np.zeros(6, np.int64)}
     model = _model(nodes, [("y", F)], inits)
-    module = build(model, executor=executor, cache=None, progress=False, dims=BOUNDS).load()
+    module = build(model, executor=executor, cache=shared_cache(), progress=False, dims=BOUNDS).load()
     for h, w in ((64, 64), (65, 95), (1000, 1024)):
         x = np.ones((1, 3, h, w), np.float32)
         got, want = module.run({"x": x}), model_zoo.onnxruntime_outputs(model, {"x": x})
@@ -110,7 +111,7 @@ def test_a_float_computed_from_sizes_that_may_be_negative_stays_data(executor):
              H.make_node("Cast", ["d"], ["y"], to=I64)]
     inits = {"two": np.array([2], np.int64), "three": np.array([3], np.int64), "offset": np.float32(100.5)}
     model = _model(nodes, [("y", I64)], inits)
-    module = build(model, executor=executor, cache=None, progress=False, dims=BOUNDS).load()
+    module = build(model, executor=executor, cache=shared_cache(), progress=False, dims=BOUNDS).load()
     for h in (64, 100, 101, 1024):
         x = np.zeros((1, 3, h, 70), np.float32)
         np.testing.assert_array_equal(module.run({"x": x})["y"], model_zoo.onnxruntime_outputs(model, {"x": x})["y"])

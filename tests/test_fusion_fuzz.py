@@ -28,6 +28,7 @@ from onnx.reference import ReferenceEvaluator
 
 from modelkiln.ir.errors import KilnError
 from modelkiln.orchestrator.api import build
+from tests.conftest import shared_cache
 
 CASES = int(os.environ.get("KILN_FUSION_FUZZ_CASES", 64))
 SEEDS = 4
@@ -272,7 +273,7 @@ def check(spec: dict, executor) -> str:
     if not np.all(np.isfinite(want.astype(np.float64))):
         return ""  # (a NaN or inf the chain made: not this fuzzer's question)
     try:
-        got = build(model, executor=executor, cache=None, progress=False).load().run(feeds)["y"]
+        got = build(model, executor=executor, cache=shared_cache(), progress=False).load().run(feeds)["y"]
     except KilnError as e:
         return f"refused: {e}"
     if got.shape != want.shape or got.dtype != want.dtype:

@@ -14,6 +14,7 @@ from modelkiln.artifacts.errors import KilnError
 from modelkiln.ir.graph import UnsupportedError
 from modelkiln.orchestrator.api import build
 from tests import genai_zoo, model_zoo
+from tests.conftest import shared_cache
 
 HEADS, KV_HEADS = 4, 2
 MS_OPSETS = [helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)]
@@ -118,7 +119,7 @@ def test_group_query_attention(form, packed, executor):
     kw = dict(GQA_FORMS[form])
     head_size, rotary_dim = kw.pop("head_size"), kw.pop("rotary_dim")
     model = _gqa_model(packed, head_size, rotary_dim, **kw)
-    module = build(model, dims=GQA_DIMS, executor=executor, cache=None, progress=False).load()
+    module = build(model, dims=GQA_DIMS, executor=executor, cache=shared_cache(), progress=False).load()
     rng = np.random.default_rng(0)
     for batch, seq, past in GQA_CALLS:
         feeds = _gqa_feeds(rng, packed, head_size, batch, seq, past, kw.get("bias_heads", 0))
@@ -167,7 +168,7 @@ def test_group_query_attention_keeps_its_cache_in_place(executor):
 def test_group_query_attention_needs_a_full_cache(executor):
     """total_sequence_length must be past + seq (Kiln reads the cache every sequence fills):
     a call where the mask says otherwise is refused by name, nothing run."""
-    module = build(_gqa_model(True, 16, 16), dims=GQA_DIMS, executor=executor, cache=None, progress=False).load()
+    module = build(_gqa_model(True, 16, 16), dims=GQA_DIMS, executor=executor, cache=shared_cache(), progress=False).load()
     feeds = _gqa_feeds(np.random.default_rng(1), True, 16, 1, 2, 3)
     feeds["attention_mask"] = np.ones((1, 4), np.int64)
     with pytest.raises(KilnError, match="GroupQueryAttention.*total_sequence_length and past \\+ seq"):
@@ -213,7 +214,7 @@ def test_rotary_embedding(layout, positions, interleaved, rotary_dim, executor):
     rng = np.random.default_rng(2)
     pos = rng.integers(0, 35, pos_shape).astype(np.int64)
     feeds = {"x": rng.standard_normal(shape).astype(np.float32), "positions": pos}
-    _compare(model, build(model, executor=executor, cache=None, progress=False).load(), feeds)
+    _compare(model, build(model, executor=executor, cache=shared_cache(), progress=False).load(), feeds)
 
 
 # ---- the normalizations -----------------------------------------------------------------------
@@ -243,7 +244,7 @@ def _norm_model(op: str, inputs: list, outputs: list, domain: str, **attrs):
 ], ids=["rms", "rms-inv-std", "skip-rms", "skip-rms-bias-all", "skip-ln", "skip-ln-bias-all", "skip-ln-no-beta"])
 def test_normalizations(op, domain, inputs, outputs, attrs, executor):
     model = _norm_model(op, inputs, outputs, domain, **attrs)
-    module = build(model, dims={"batch": (1, 3)}, executor=executor, cache=None, progress=False).load()
+    module = build(model, dims={"batch": (1, 3)}, executor=executor, cache=shared_cache(), progress=False).load()
     rng = np.random.default_rng(3)
     for batch in (1, 3):
         feeds = {n: (3 * rng.standard_normal((batch, 7, 48)) + 1).astype(np.float32) for n in ("x", "skip")
@@ -342,7 +343,7 @@ def test_phi3_long_rope_caches_picked_by_the_bounds(executor):
     prompts = [[5, 17, 3, 40, 11]]
     dims = {"batch_size": (1, 1), "sequence_length": (1, 16), "past_sequence_length": (0, 32),
             "total_sequence_length": (1, 48)}
-    module = build(model, dims=dims, executor=executor, cache=None, progress=False).load()
+    module = build(model, dims=dims, executor=executor, cache=shared_cache(), progress=False).load()
     want_tokens, want_logits = genai_zoo.greedy_tokens(lambda f: model_zoo.onnxruntime_outputs(model, f), info,
                                                        prompts, 16)
     tokens, logits = genai_zoo.greedy_tokens(module.run, info, prompts, 16)

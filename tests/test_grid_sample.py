@@ -8,6 +8,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from modelkiln.orchestrator.api import build
 from tests import model_zoo
+from tests.conftest import shared_cache
 
 F = TensorProto.FLOAT
 
@@ -29,7 +30,7 @@ def _compare(model, x_shape, grid_shape, executor, seed=0):
     rng = np.random.default_rng(seed)
     feeds = {"x": rng.standard_normal(x_shape).astype(np.float32),
              "g": rng.standard_normal(grid_shape).astype(np.float32)}
-    got = build(model, executor=executor, cache=None, progress=False).load().run(feeds)["y"]
+    got = build(model, executor=executor, cache=shared_cache(), progress=False).load().run(feeds)["y"]
     want = model_zoo.onnxruntime_outputs(model, feeds)["y"]
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
 
@@ -76,7 +77,7 @@ def test_a_spatial_transformer_affine_grid_then_grid_sample(align_corners, execu
     rng = np.random.default_rng(1)
     theta = (np.array([[1, 0, 0], [0, 1, 0]], np.float32) + 0.3 * rng.standard_normal((2, 2, 3))).astype(np.float32)
     feeds = {"x": rng.standard_normal((2, 3, 6, 8)).astype(np.float32), "theta": theta}
-    got = build(model, executor=executor, cache=None, progress=False).load().run(feeds)["y"]
+    got = build(model, executor=executor, cache=shared_cache(), progress=False).load().run(feeds)["y"]
     np.testing.assert_allclose(got, model_zoo.onnxruntime_outputs(model, feeds)["y"], rtol=1e-4, atol=1e-5)
 
 

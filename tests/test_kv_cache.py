@@ -14,6 +14,7 @@ from modelkiln.ir import PassContext
 from modelkiln.orchestrator.api import build
 from modelkiln.orchestrator.explain import explain
 from tests import dynamic_zoo, model_zoo
+from tests.conftest import shared_cache
 
 DIMS = {"batch": (1, 2), "seq": (1, 16), "past": (0, 60)}
 PROMPT = [5, 17, 3, 40, 11]
@@ -147,7 +148,7 @@ def test_a_full_cache_and_misuse_are_named_and_run_nothing(decoder):
         module.new_cache(capacity=100)
     with pytest.raises(KilnError, match="new_cache: no symbol heads"):
         module.new_cache(heads=3)
-    other = build(model_zoo.cnn(), cache=None, progress=False).load()
+    other = build(model_zoo.cnn(), cache=shared_cache(), progress=False).load()
     with pytest.raises(KilnError, match="keeps no KV cache in place"):
         other.new_cache()
     with pytest.raises(KilnError, match="expected a KVCache from this module"):

@@ -13,6 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from modelkiln.ir.graph import UnsupportedError
 from modelkiln.orchestrator.api import build
+from tests.conftest import shared_cache
 
 
 def _matmul_model(k: int, n: int, seed: int):
@@ -41,7 +42,7 @@ def _onnxruntime(model, feeds, optimize=True):
 
 
 def _kiln(model, feeds, executor):
-    return build(model, executor=executor, cache=None, progress=False).load().run(feeds)["y"]
+    return build(model, executor=executor, cache=shared_cache(), progress=False).load().run(feeds)["y"]
 
 
 @pytest.mark.parametrize("symmetric", [True, False], ids=["symmetric", "zero-points"])
@@ -182,7 +183,7 @@ def test_codes_kept_few_and_many_rows(rows, target, executor):
     the host's vector width and AVX2's (its panels are half as wide)."""
     model = _nbits_model(256, 80, 4, 32, "packed", True, seed=rows, a_shape=(rows,), then_relu=True)
     x = np.random.default_rng(rows).standard_normal((rows, 256)).astype(np.float32)
-    module = build(model, executor=executor, cache=None, progress=False, target=target).load()
+    module = build(model, executor=executor, cache=shared_cache(), progress=False, target=target).load()
     got = module.run({"x": x})["y"]
     np.testing.assert_allclose(got, _onnxruntime(model, {"x": x}), rtol=1e-5, atol=1e-4)
     assert module.manifest.weights_bytes < 256 * 80 * 4 / 4  # half a byte a weight, and the block tables
@@ -200,7 +201,7 @@ def test_codes_kept_over_columns_in_chunks(limit, monkeypatch, executor):
         monkeypatch.setattr(matmul_nbits, "CHUNK_BYTES", 4 * 64 * 40)
     model = _nbits_model(64, 80, 4, 16, "none", True, a_shape=(2, 9))
     x = np.random.default_rng(12).standard_normal((2, 9, 64)).astype(np.float32)
-    got = build(model, executor="inprocess", cache=None, progress=False).load().run({"x": x})["y"]
+    got = build(model, executor="inprocess", cache=shared_cache(), progress=False).load().run({"x": x})["y"]
     np.testing.assert_allclose(got, _onnxruntime(model, {"x": x}), rtol=1e-5, atol=1e-4)
 
 

@@ -2,7 +2,7 @@
 import pytest
 
 from tests import model_zoo
-from tests.conftest import build_and_compare
+from tests.conftest import build_and_compare, shared_cache
 
 
 @pytest.mark.parametrize("name", sorted(model_zoo.ALL))
@@ -33,7 +33,7 @@ def test_batch_size_from_shape_override(executor):
     import numpy as np
     from modelkiln.orchestrator.api import build
     model = model_zoo.cnn()
-    module = build(model, shapes={"x": [4, 3, 32, 32]}, executor=executor, cache=None).load()
+    module = build(model, shapes={"x": [4, 3, 32, 32]}, executor=executor, cache=shared_cache()).load()
     x = np.random.default_rng(0).standard_normal((4, 3, 32, 32)).astype(np.float32)
     got = module.run({"x": x})["logits"]
     for i in range(4):  # each row must equal the batch-1 model on that image (oracle: onnxruntime)
@@ -48,7 +48,7 @@ def test_module_is_safe_across_threads(executor):
     import numpy as np
     from modelkiln.orchestrator.api import build
     model = model_zoo.mobilenet_v2(size=64)
-    module = build(model, executor=executor, cache=None).load()
+    module = build(model, executor=executor, cache=shared_cache()).load()
     inputs = [model_zoo.random_inputs(model, seed) for seed in range(4)]
     want = [model_zoo.onnxruntime_outputs(model, x)["logits"] for x in inputs]
     errors = []

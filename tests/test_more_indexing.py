@@ -7,6 +7,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from modelkiln.orchestrator.api import build
 from tests import model_zoo
+from tests.conftest import shared_cache
 
 H = helper
 
@@ -25,7 +26,7 @@ def test_reverse_sequence(batch_axis, time_axis, executor):
     node = H.make_node("ReverseSequence", ["x", "lengths"], ["y"], batch_axis=batch_axis, time_axis=time_axis)
     model = _model([node], [("x", TensorProto.FLOAT, shape), ("lengths", TensorProto.INT64, [4])],
                    [("y", TensorProto.FLOAT)])
-    module = build(model, executor=executor, cache=None, progress=False).load()
+    module = build(model, executor=executor, cache=shared_cache(), progress=False).load()
     steps = shape[time_axis]
     x = np.random.default_rng(time_axis).standard_normal(shape).astype(np.float32)
     lengths = np.array([0, steps, 1, steps - 2], np.int64)
@@ -44,7 +45,7 @@ def test_det_of_a_batch_of_matrices(executor):
         if n > 1:
             x[0, 0, -1] = x[0, 0, 0]  # (singular: two equal rows)
             x[0, 1, 0, 0] = 0.0  # (a zero first pivot)
-        got = build(model, executor=executor, cache=None, progress=False).load().run({"x": x})["d"]
+        got = build(model, executor=executor, cache=shared_cache(), progress=False).load().run({"x": x})["d"]
         np.testing.assert_allclose(got, np.linalg.det(x.astype(np.float64)), rtol=1e-5, atol=1e-5)
 
 
@@ -54,7 +55,7 @@ def test_upsample_is_resize_of_opset_9(mode, executor):
     model = _model([H.make_node("Upsample", ["x", "scales"], ["y"], mode=mode)],
                    [("x", TensorProto.FLOAT, [1, 2, 3, 4])], [("y", TensorProto.FLOAT)], [scales], opset=9)
     x = np.random.default_rng(3).standard_normal((1, 2, 3, 4)).astype(np.float32)
-    got = build(model, executor=executor, cache=None, progress=False).load().run({"x": x})["y"]
+    got = build(model, executor=executor, cache=shared_cache(), progress=False).load().run({"x": x})["y"]
     np.testing.assert_allclose(got, model_zoo.onnxruntime_outputs(model, {"x": x})["y"], rtol=1e-6, atol=1e-6)
 
 
@@ -64,7 +65,7 @@ def test_scatter_is_scatter_elements(executor):
                     ("updates", TensorProto.FLOAT, [3, 2])], [("y", TensorProto.FLOAT)], opset=10)
     feeds = {"data": np.zeros((3, 5), np.float32), "indices": np.array([[0, 4], [1, 3], [3, 2]], np.int64),
              "updates": np.arange(1, 7, dtype=np.float32).reshape(3, 2)}
-    got = build(model, executor=executor, cache=None, progress=False).load().run(feeds)["y"]
+    got = build(model, executor=executor, cache=shared_cache(), progress=False).load().run(feeds)["y"]
     np.testing.assert_array_equal(got, model_zoo.onnxruntime_outputs(model, feeds)["y"])
 
 
@@ -90,6 +91,6 @@ def test_col2im(image, block, attrs, executor):
         inits = sizes + ([numpy_helper.from_array(x, "x")] if constant else [])
         model = _model([node], [] if constant else [("x", TensorProto.FLOAT, shape)], [("y", TensorProto.FLOAT)],
                        inits, opset=18)
-        got = build(model, executor=executor, cache=None, progress=False).load().run({} if constant else {"x": x})
+        got = build(model, executor=executor, cache=shared_cache(), progress=False).load().run({} if constant else {"x": x})
         want = ReferenceEvaluator(model).run(None, {} if constant else {"x": x})[0]
         np.testing.assert_allclose(got["y"], want, rtol=1e-5, atol=1e-5)

@@ -8,6 +8,7 @@ from onnx import TensorProto, helper
 
 from modelkiln.orchestrator.api import build
 from tests import model_zoo
+from tests.conftest import shared_cache
 
 EDGES = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 0.5, -0.5, 1.0, -1.0, 2.5, -2.5, 30.0, -30.0, 100.0],
                  np.float32)
@@ -21,7 +22,7 @@ def _model(op, inputs, out_type=TensorProto.FLOAT, inits=(), opset=20, **attrs):
 
 
 def _compare(model, feeds, executor):
-    got = build(model, executor=executor, cache=None, progress=False).load().run(feeds)["y"]
+    got = build(model, executor=executor, cache=shared_cache(), progress=False).load().run(feeds)["y"]
     want = model_zoo.onnxruntime_outputs(model, feeds)["y"]
     assert got.dtype == want.dtype and got.shape == want.shape
     if want.dtype.kind == "f":
@@ -88,7 +89,7 @@ def test_causal_mask_from_a_comparison(executor):
     y = g.op("Softmax", [scores], axis=-1)
     model = g.model({"x": [2, 6, 6]}, [y])
     x = np.random.default_rng(3).standard_normal((2, 6, 6)).astype(np.float32)
-    got = build(model, executor=executor, cache=None, progress=False).load().run({"x": x})
+    got = build(model, executor=executor, cache=shared_cache(), progress=False).load().run({"x": x})
     want = model_zoo.onnxruntime_outputs(model, {"x": x})
     for name in want:
         np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-6)

@@ -11,6 +11,7 @@ from modelkiln.orchestrator.api import build, optimize
 from modelkiln.orchestrator.target import parse_target
 from tests import model_zoo
 from tests.isa import X86_TARGETS, run_or_inspect
+from tests.conftest import shared_cache
 
 SPECIALS = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 1.0, -1.0, 3.5, -3.5, 88.5, -88.5, 89.0, -89.0, 100.0,
                      -100.0, 1e-3], np.float32)
@@ -35,7 +36,7 @@ def _inputs(n, shape=(4, 16)):
 
 
 def _compare(model, inputs, executor):
-    got = build(model, executor=executor, cache=None, progress=False).load().run(inputs)["y"]
+    got = build(model, executor=executor, cache=shared_cache(), progress=False).load().run(inputs)["y"]
     want = model_zoo.onnxruntime_outputs(model, inputs)["y"]
     np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
     np.testing.assert_array_equal(np.isinf(got) * np.sign(got), np.isinf(want) * np.sign(want))
@@ -114,7 +115,7 @@ def test_maxpool_keeps_a_nan_from_any_tap(kernel, stride, pad, executor):
     x = rng.standard_normal((1, 3, 13, 13)).astype(np.float32)
     x[0, 0, 0, 0] = x[0, 1, 6, 5] = x[0, 2, 12, 7] = np.nan
     model = _model("MaxPool", shape=(1, 3, 13, 13), kernel_shape=[kernel] * 2, strides=[stride] * 2, pads=[pad] * 4)
-    got = build(model, executor=executor, cache=None, progress=False).load().run({"x0": x})["y"]
+    got = build(model, executor=executor, cache=shared_cache(), progress=False).load().run({"x0": x})["y"]
     padded = np.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad)), constant_values=-np.inf)
     out = got.shape[2]
     windows = np.stack([padded[:, :, i:i + stride * out:stride, j:j + stride * out:stride]
@@ -128,7 +129,7 @@ def test_cnn_given_nan_does_not_return_finite_scores(executor):
     model = model_zoo.cnn()
     x = model_zoo.random_inputs(model)["x"]
     x[0, 1, 5, 7] = np.nan
-    got = build(model, executor=executor, cache=None, progress=False).load().run({"x": x})["logits"]
+    got = build(model, executor=executor, cache=shared_cache(), progress=False).load().run({"x": x})["logits"]
     want = model_zoo.onnxruntime_outputs(model, {"x": x})["logits"]
     assert np.isnan(want).all()
     np.testing.assert_array_equal(np.isnan(got), np.isnan(want))

@@ -10,6 +10,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from modelkiln.orchestrator.api import build
 from tests import model_zoo
+from tests.conftest import shared_cache
 
 F, I64 = TensorProto.FLOAT, TensorProto.INT64
 
@@ -22,7 +23,7 @@ def _check(nodes, inputs, feeds, outputs, inits=(), opset=21, rtol=1e-5, atol=1e
                               [helper.make_tensor_value_info(n, t, None) for n, t in outputs],
                               [numpy_helper.from_array(v, n) for n, v in inits])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=10)
-    got = build(model, executor=executor, cache=None, progress=False).load().run(feeds)
+    got = build(model, executor=executor, cache=shared_cache(), progress=False).load().run(feeds)
     if oracle == "reference":
         from onnx.reference import ReferenceEvaluator
         want = dict(zip([n for n, _ in outputs], ReferenceEvaluator(model).run(None, feeds)))
@@ -113,7 +114,7 @@ def test_lrn_of_an_even_size_reaches_one_more_channel_above(executor):
                               [helper.make_tensor_value_info("y", F, None)])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
     x = _x((2, 7, 3, 5))
-    got = build(model, executor=executor, cache=None, progress=False).load().run({"x": x})["y"]
+    got = build(model, executor=executor, cache=shared_cache(), progress=False).load().run({"x": x})["y"]
     np.testing.assert_allclose(got, _lrn_as_specified(x, 4, 0.3, 0.75, 1.5), rtol=1e-5, atol=1e-6)
 
 
@@ -272,7 +273,7 @@ def test_swish_against_its_formula(executor):
     graph = helper.make_graph([helper.make_node("Swish", ["x"], ["y"], alpha=0.7)], "g",
                               [helper.make_tensor_value_info("x", F, [3, 11])], [helper.make_tensor_value_info("y", F, None)])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 24)], ir_version=11)
-    got = build(model, executor=executor, cache=None, progress=False).load().run({"x": x})["y"]
+    got = build(model, executor=executor, cache=shared_cache(), progress=False).load().run({"x": x})["y"]
     np.testing.assert_allclose(got, x / (1 + np.exp(-0.7 * x)), rtol=1e-5, atol=1e-6)
 
 
@@ -314,7 +315,7 @@ def test_einsum_broadcasts_unit_dims(executor):
                                helper.make_tensor_value_info("b", F, [3, 4, 5])],
                               [helper.make_tensor_value_info("y", F, None)])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
-    got = build(model, executor=executor, cache=None, progress=False).load().run({"a": a, "b": b})["y"]
+    got = build(model, executor=executor, cache=shared_cache(), progress=False).load().run({"a": a, "b": b})["y"]
     np.testing.assert_allclose(got, np.einsum("...ij,...jk->...ik", a, b), rtol=1e-5, atol=1e-6)
 
 

@@ -6,6 +6,7 @@ from onnx import TensorProto, helper
 from modelkiln.artifacts.output_pool import MIN_POOLED_BYTES, OutputPool
 from modelkiln.orchestrator.api import build
 from tests import model_zoo
+from tests.conftest import shared_cache
 
 
 def _scaled_model():
@@ -21,7 +22,7 @@ def _scaled_model():
 
 def test_arrays_the_caller_holds_are_never_written_again(executor):
     model = _scaled_model()
-    module = build(model, dims={"n": (1, 4)}, executor=executor, cache=None, progress=False).load()
+    module = build(model, dims={"n": (1, 4)}, executor=executor, cache=shared_cache(), progress=False).load()
     rng = np.random.default_rng(0)
     feeds = [{"x": rng.standard_normal((n, 256, 1024)).astype(np.float32)} for n in (2, 2, 3, 1, 2)]
     kept = [module.run(f) for f in feeds]  # every result held while the next calls run
@@ -34,7 +35,7 @@ def test_arrays_the_caller_holds_are_never_written_again(executor):
 def test_a_dropped_output_s_memory_serves_the_next_call(executor):
     """A loop that drops each result (or feeds it back and drops the one before, as a decoder
     does with its cache) touches no fresh memory after the first calls."""
-    module = build(_scaled_model(), dims={"n": (1, 4)}, executor=executor, cache=None, progress=False).load()
+    module = build(_scaled_model(), dims={"n": (1, 4)}, executor=executor, cache=shared_cache(), progress=False).load()
     x = np.ones((2, 256, 1024), np.float32)
     first = module.run({"x": x})["y"].ctypes.data
     assert module.run({"x": x})["y"].ctypes.data == first  # (the first result was dropped at once)

@@ -12,7 +12,7 @@ from onnx import TensorProto, helper, numpy_helper
 from modelkiln.ir.errors import KilnError
 from modelkiln.orchestrator.api import build
 from tests import model_zoo
-from tests.conftest import ATOL, RTOL
+from tests.conftest import ATOL, RTOL, shared_cache
 from tests.fenced import FencedOutputs
 
 
@@ -103,7 +103,7 @@ def test_outputs_that_are_inputs_constants_or_one_tensor_twice(executor):
     model = _outputs_sharing_tensors()
     inputs = model_zoo.random_inputs(model)
     want = model_zoo.onnxruntime_outputs(model, inputs)
-    module = build(model, executor=executor, cache=None, progress=False).load()
+    module = build(model, executor=executor, cache=shared_cache(), progress=False).load()
     _assert_close(module.run(inputs), want)
     fenced = FencedOutputs(want)
     module.run(inputs, out=fenced.arrays)
@@ -118,7 +118,7 @@ def test_outputs_over_run_time_sizes_stay_within_the_call_s_sizes(executor):
     h = g.op("Relu", [g.linear("x", 24, 40)])
     sm = g.op("Softmax", [g.op("MatMul", [h, g.weight((40, 17))])], axis=-1)
     model = g.model({"x": [1, "rows", 24]}, [h, sm])
-    module = build(model, dims={"rows": (1, 64)}, executor=executor, cache=None, progress=False).load()
+    module = build(model, dims={"rows": (1, 64)}, executor=executor, cache=shared_cache(), progress=False).load()
     rng = np.random.default_rng(0)
     for rows in (1, 7, 64):
         inputs = {"x": rng.standard_normal((1, rows, 24)).astype(np.float32)}
@@ -133,7 +133,7 @@ def test_overlapping_buffers_are_refused_before_anything_runs(executor):
     """An out array sharing memory with an input (or another output) would be overwritten
     while still read: Module.run names both; the C entry returns 5 and writes nothing."""
     model = _outputs_sharing_tensors()
-    module = build(model, executor=executor, cache=None, progress=False).load()
+    module = build(model, executor=executor, cache=shared_cache(), progress=False).load()
     x = np.random.default_rng(0).standard_normal((4, 33)).astype(np.float32)
     out = {o["name"]: np.zeros([d for d in o["shape"]], np.float32) for o in module.outputs}
     with pytest.raises(KilnError, match=r"input 'x' and out\['relu'\] share memory"):

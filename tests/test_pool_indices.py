@@ -8,6 +8,7 @@ from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 from modelkiln.orchestrator.api import build
+from tests.conftest import shared_cache
 
 
 def _model(nodes, x_shape, outputs, inits=()):
@@ -22,7 +23,7 @@ def _onnxruntime(model, feeds):
 
 
 def _kiln(model, feeds, executor):
-    return build(model, executor=executor, cache=None, progress=False).load().run(feeds)
+    return build(model, executor=executor, cache=shared_cache(), progress=False).load().run(feeds)
 
 
 @pytest.mark.parametrize("shape,attrs", [

@@ -20,7 +20,7 @@ from onnx import TensorProto, helper, numpy_helper
 from modelkiln.ir.errors import KilnError
 from modelkiln.orchestrator.api import build
 from tests import model_zoo, transformer_zoo
-from tests.conftest import kernel_statements
+from tests.conftest import kernel_statements, shared_cache
 from tests.int8_reference import onnxruntime_int8_is_exact, reference_outputs
 from tests.isa import (AVX2, AVX2_VNNI, AVX512_NO_VNNI, VECTOR_SIGNS, X86_TARGETS, kernel_assembly, lanes,
                        run_or_inspect)
@@ -46,7 +46,7 @@ def _oracles(model, feeds) -> list[tuple[str, dict]]:
 
 
 def _compare(model, feeds, exact=True, atol=0.0):
-    got = build(model, executor="inprocess", cache=None, progress=False).load().run(feeds)
+    got = build(model, executor="inprocess", cache=shared_cache(), progress=False).load().run(feeds)
     for oracle, want in _oracles(model, feeds):
         for name in want:
             what = f"{name} against {oracle}"
@@ -98,7 +98,7 @@ def test_quantize_by_a_power_of_two_multiplies(scale):
     x = (np.round(rng.standard_normal((4, 64)) * 200) / 2 * scale).astype(np.float32)
     x[0, :4] = [1e30, -1e30, 0.5 * scale, -2.5 * scale]
     x[1] = rng.standard_normal(64).astype(np.float32) * 60 * scale
-    got = build(model, executor="inprocess", cache=None, progress=False).load().run({"x": x})["q"]
+    got = build(model, executor="inprocess", cache=shared_cache(), progress=False).load().run({"x": x})["q"]
     # (the reference casts rint(x / s) to int32 before it saturates, so +-1e30 overflows there;
     # +-1e9 steps saturate the same way by the spec and stay in range)
     clamped = np.clip(x, -1e9 * scale, 1e9 * scale).astype(np.float32)
@@ -158,7 +158,7 @@ def test_matmul_integer_larger_than_l2():
     a, w = _bytes([20, 96], U8, 1), _bytes([96, 3000], I8, 2)
     model = _model([helper.make_node("MatMulInteger", ["a", "w"], ["y"])], [("a", U8, [20, 96])], [("y", I32)],
                    [("w", w)])
-    got = build(model, executor="inprocess", cache=None, progress=False).load().run({"a": a})["y"]
+    got = build(model, executor="inprocess", cache=shared_cache(), progress=False).load().run({"a": a})["y"]
     np.testing.assert_array_equal(got, (a.astype(np.int64) @ w.astype(np.int64)).astype(np.int32))
 
 
@@ -286,7 +286,7 @@ def test_conv_integer_per_channel_weight_zero_points():
     x = _bytes([1, 5, 7, 8], U8, 3)
     model = _model([helper.make_node("ConvInteger", ["x", "w", "zx", "zw"], ["y"], pads=[1, 1, 1, 1])],
                    [("x", U8, [1, 5, 7, 8])], [("y", I32)], [("w", w), ("zw", zw), ("zx", np.array(9, np.uint8))])
-    got = build(model, executor="inprocess", cache=None, progress=False).load().run({"x": x})["y"]
+    got = build(model, executor="inprocess", cache=shared_cache(), progress=False).load().run({"x": x})["y"]
     xc = x.astype(np.int64) - 9  # the zero padding of (x - zx) is what padding x with zx gives
     want = _conv_reference(xc, w.astype(np.int64) - zw.reshape(6, 1, 1, 1), [1, 1, 1, 1])
     np.testing.assert_array_equal(got, want.astype(np.int32))
@@ -477,7 +477,7 @@ def test_quantize_dynamic_transformer():
     float_model, feeds = transformer_zoo.bert_encoder("dynamo", seq=16, d=32, heads=2, layers=1)
     model = model_zoo.quantized(float_model, "dynamic")
     assert "MatMulInteger" in {n.op_type for n in model.graph.node}
-    got = build(model, executor="inprocess", cache=None, progress=False).load().run(feeds)
+    got = build(model, executor="inprocess", cache=shared_cache(), progress=False).load().run(feeds)
     for oracle, want in _oracles(model, feeds):
         for name in want:
             # LayerNorm and softmax between the quantized products are float: float32 tolerance.

@@ -62,7 +62,7 @@ def test_failing_kernel_fails_the_build_on_ray(ray_executor):
         faulty_build(ray_executor, "crash:always")
 
 
-@pytest.mark.parametrize("which", ["local", "ray"])
+@pytest.mark.parametrize("which", ["local", pytest.param("ray", marks=pytest.mark.slow)])
 def test_conflicting_target_options_do_not_leak(which, ray_executor, executor):
     """One batch, two targets whose LLVM options conflict: each target's module is byte-equal
     to a build of that target alone."""
@@ -76,6 +76,7 @@ def test_conflicting_target_options_do_not_leak(which, ray_executor, executor):
     assert batch.results[0].files["model.so"] != alone[2].files["model.so"]  # the options do change code
 
 
+@pytest.mark.slow
 @pytest.mark.xdist_group("ray")  # (a second Ray on the machine: beside the cluster's tests, not at once)
 def test_cli_executor_ray_starts_its_own_ray(tmp_path):
     """`kiln build --executor ray` with no address starts a local Ray with num_cpus = workers."""
@@ -92,6 +93,7 @@ def test_cli_executor_ray_starts_its_own_ray(tmp_path):
     assert all(k["worker"].startswith("ray:") for k in report["kernels"])
 
 
+@pytest.mark.slow
 def test_cli_joins_an_existing_cluster(ray_session, ray_executor, tmp_path):
     """--ray-address joins a running cluster (here: this session's) instead of starting one."""
     import json
@@ -108,6 +110,7 @@ def test_cli_joins_an_existing_cluster(ray_session, ray_executor, tmp_path):
     assert report["executor"] == "ray" and report["workers"] == 3  # the cluster's CPUs, not a new Ray's
 
 
+@pytest.mark.slow
 def test_actors_that_cannot_start_are_an_error_not_a_hang(ray_session, ray_executor):
     """A cluster with no free CPU: the build fails clearly instead of waiting forever."""
     from modelkiln.ir.errors import KilnError
@@ -119,6 +122,7 @@ def test_actors_that_cannot_start_are_an_error_not_a_hang(ray_session, ray_execu
     ex.close()
 
 
+@pytest.mark.slow
 def test_a_silent_actor_is_taken_for_dead_in_bounded_time(ray_session, ray_executor, monkeypatch):
     """An actor that is alive but never answers: its batch fails after the kernel deadline
     plus a margin, a replacement finishes the build, and the report shows the retry."""

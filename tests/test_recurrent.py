@@ -8,13 +8,14 @@ from modelkiln.ir.errors import KilnError
 from modelkiln.orchestrator.api import build
 from tests import model_zoo
 from tests.model_zoo import recurrent_model
+from tests.conftest import shared_cache
 
 F = TensorProto.FLOAT
 TOL = dict(rtol=1e-5, atol=1e-5)
 
 
 def _compare(model, feeds):
-    got = build(model, executor="inprocess", cache=None, progress=False).load().run(feeds)
+    got = build(model, executor="inprocess", cache=shared_cache(), progress=False).load().run(feeds)
     want = model_zoo.onnxruntime_outputs(model, feeds)
     for name in want:
         np.testing.assert_allclose(got[name], want[name], err_msg=name, **TOL)
@@ -64,7 +65,7 @@ def test_batch_first_layout(cell):
     model0, feeds0 = recurrent_model(cell, layout=0, lens=False)
     want = model_zoo.onnxruntime_outputs(model0, feeds0)
     feeds1 = {k: v.transpose(1, 0, 2) for k, v in feeds0.items()}
-    got = build(model1, executor="inprocess", cache=None, progress=False).load().run(feeds1)
+    got = build(model1, executor="inprocess", cache=shared_cache(), progress=False).load().run(feeds1)
     np.testing.assert_allclose(got["y0"], want["y0"].transpose(2, 0, 1, 3), **TOL)
     np.testing.assert_allclose(got["yh0"], want["yh0"].transpose(1, 0, 2), **TOL)
 

@@ -8,6 +8,7 @@ from onnx import TensorProto, helper, numpy_helper
 from modelkiln.orchestrator.api import build
 from tests import model_zoo
 from tests.test_counted_sizes import _boxes
+from tests.conftest import shared_cache
 
 H = helper
 
@@ -31,7 +32,7 @@ def test_roi_align_against_onnxruntime(mode, transform, ratio, executor):
                        output_height=5, output_width=4, sampling_ratio=ratio, spatial_scale=0.25)
     model = _model([node], [("x", TensorProto.FLOAT, [2, 3, 12, 10]), ("rois", TensorProto.FLOAT, [9, 4]),
                             ("batch", TensorProto.INT64, [9])], [("y", TensorProto.FLOAT)])
-    module = build(model, executor=executor, cache=None, progress=False).load()
+    module = build(model, executor=executor, cache=shared_cache(), progress=False).load()
     rng = np.random.default_rng(ratio)
     feeds = {"x": rng.standard_normal((2, 3, 12, 10)).astype(np.float32), "rois": _regions(rng, 9, 44),
              "batch": rng.integers(0, 2, 9).astype(np.int64)}
@@ -56,7 +57,7 @@ def test_a_second_stage_pools_the_boxes_nms_kept(executor):
                          sampling_ratio=2, spatial_scale=1.0)]
     model = _model(nodes, [("features", TensorProto.FLOAT, [1, 8, 16, 16]), ("boxes", TensorProto.FLOAT, [1, 40, 4]),
                            ("scores", TensorProto.FLOAT, [1, 1, 40])], [("pooled", TensorProto.FLOAT)], consts)
-    module = build(model, executor=executor, cache=None, progress=False).load()
+    module = build(model, executor=executor, cache=shared_cache(), progress=False).load()
     rng = np.random.default_rng(9)
     for _ in range(3):
         boxes = _boxes(rng, (1, 40), False) * 1.5  # (corners as [y1, x1, y2, x2]: RoiAlign reads them as x, y)

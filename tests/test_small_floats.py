@@ -10,6 +10,7 @@ from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 from modelkiln.orchestrator.api import build
+from tests.conftest import shared_cache
 
 FORMATS = {"float8_e4m3fn": TensorProto.FLOAT8E4M3FN, "float8_e4m3fnuz": TensorProto.FLOAT8E4M3FNUZ,
            "float8_e5m2": TensorProto.FLOAT8E5M2, "float8_e5m2fnuz": TensorProto.FLOAT8E5M2FNUZ,
@@ -62,7 +63,7 @@ def test_every_code_decodes(fmt, executor):
     model = _model([helper.make_node("Cast", ["x"], ["y"], to=TensorProto.FLOAT),
                     helper.make_node("Identity", ["x"], ["same"])],
                    [("x", fmt, [codes.size])], [("y", "float32"), ("same", fmt)])
-    got = build(model, executor=executor, cache=None, progress=False).load().run({"x": codes})
+    got = build(model, executor=executor, cache=shared_cache(), progress=False).load().run({"x": codes})
     _assert_same(got["y"], codes.astype(np.float32), "decoded")
     np.testing.assert_array_equal(got["same"].view(np.uint8), codes.view(np.uint8))
 
@@ -76,7 +77,7 @@ def test_float32_rounds_to_nearest_even(fmt, saturate, executor):
     nodes = [helper.make_node("Cast", ["x"], ["y"], to=FORMATS[fmt], saturate=saturate),
              helper.make_node("Cast", ["y"], ["back"], to=TensorProto.FLOAT)]
     model = _model(nodes, [("x", "float32", [x.size])], [("y", fmt), ("back", "float32")])
-    got = build(model, executor=executor, cache=None, progress=False).load().run({"x": x})
+    got = build(model, executor=executor, cache=shared_cache(), progress=False).load().run({"x": x})
     want_y, want_back = ReferenceEvaluator(model).run(None, {"x": x})
     _assert_same(got["y"], want_y, "stored")
     _assert_same(got["back"], want_back, "passed on")
@@ -97,7 +98,7 @@ def test_quantize_and_dequantize(fmt, executor):
              helper.make_node("DequantizeLinear", ["q", "s", "z"], ["d"], axis=0),
              helper.make_node("DequantizeLinear", ["w", "s", "z"], ["dw"], axis=0)]
     model = _model(nodes, [("x", "float32", [3, 40])], [("q", fmt), ("d", "float32"), ("dw", "float32")], inits)
-    got = build(model, executor=executor, cache=None, progress=False).load().run({"x": x})
+    got = build(model, executor=executor, cache=shared_cache(), progress=False).load().run({"x": x})
     for name, want in zip(("q", "d", "dw"), ReferenceEvaluator(model).run(None, {"x": x})):
         _assert_same(got[name], want, name)
     assert np.abs(got["q"].astype(np.float32)).max() == top  # saturated
@@ -110,7 +111,7 @@ def test_every_e8m0_code_decodes(executor):
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT8E8M0, [256])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 24)], ir_version=11)
-    got = build(model, executor=executor, cache=None, progress=False).load().run({"x": codes})["y"]
+    got = build(model, executor=executor, cache=shared_cache(), progress=False).load().run({"x": codes})["y"]
     _assert_same(got, codes.astype(np.float32), "decoded")
 
 
@@ -130,7 +131,7 @@ def test_float32_to_e8m0_rounds_as_asked(round_mode, saturate, executor):
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT8E8M0, None),
                                helper.make_tensor_value_info("back", TensorProto.FLOAT, None)])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 24)], ir_version=11)
-    got = build(model, executor=executor, cache=None, progress=False).load().run({"x": x})
+    got = build(model, executor=executor, cache=shared_cache(), progress=False).load().run({"x": x})
     want_y, want_back = ReferenceEvaluator(model).run(None, {"x": x})
     _assert_same(got["y"], want_y, "stored")
     _assert_same(got["back"], want_back, "passed on")

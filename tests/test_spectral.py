@@ -9,6 +9,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from modelkiln.orchestrator.api import build
 from tests import model_zoo
+from tests.conftest import shared_cache
 
 H = helper
 
@@ -33,7 +34,7 @@ def test_dft_against_numpy(parts, inverse, onesided, length, executor):
     rows = 17 if inverse and onesided else 32  # (an inverse of a one-sided spectrum reads its bins)
     model = _model([node], [("x", TensorProto.FLOAT, [3, rows, parts])], [("y", TensorProto.FLOAT)], inits)
     x = np.random.default_rng(parts + 2 * inverse).standard_normal((3, rows, parts)).astype(np.float32)
-    got = build(model, executor=executor, cache=None, progress=False).load().run({"x": x})["y"]
+    got = build(model, executor=executor, cache=shared_cache(), progress=False).load().run({"x": x})["y"]
     signal = x[..., 0] + 1j * x[..., 1] if parts == 2 else x[..., 0]
     n = length or (2 * (rows - 1) if inverse and onesided else rows)
     if inverse and onesided:
@@ -51,7 +52,7 @@ def test_dft_of_opset_20_along_another_axis(executor):
     model = _model(nodes, [("x", TensorProto.FLOAT, [20, 4, 1])], [("y", TensorProto.FLOAT)], [_int("axis", 0)],
                    opset=20)
     x = np.random.default_rng(5).standard_normal((20, 4, 1)).astype(np.float32)
-    got = build(model, executor=executor, cache=None, progress=False).load().run({"x": x})["y"]
+    got = build(model, executor=executor, cache=shared_cache(), progress=False).load().run({"x": x})["y"]
     spectrum = np.fft.rfft(x[..., 0], axis=0)
     np.testing.assert_allclose(got, np.stack([spectrum.real, spectrum.imag], -1), rtol=1e-4, atol=1e-4)
 
@@ -72,7 +73,7 @@ def test_a_log_mel_front_end_against_onnxruntime(executor):
              H.make_node("MatMul", ["power", "filters"], ["mel"]),
              H.make_node("Add", ["mel", "eps"], ["floored"]), H.make_node("Log", ["floored"], ["log_mel"])]
     model = _model(nodes, [("audio", TensorProto.FLOAT, [2, 4000, 1])], [("log_mel", TensorProto.FLOAT)], inits)
-    module = build(model, executor=executor, cache=None, progress=False).load()
+    module = build(model, executor=executor, cache=shared_cache(), progress=False).load()
     audio = (np.random.default_rng(6).standard_normal((2, 4000, 1)) * 0.1).astype(np.float32)
     got = module.run({"audio": audio})["log_mel"]
     want = model_zoo.onnxruntime_outputs(model, {"audio": audio})["log_mel"]

@@ -10,6 +10,7 @@ from onnx.reference import ReferenceEvaluator
 
 from modelkiln.orchestrator.api import build
 from tests.cast_definition import defined, kiln_casts
+from tests.conftest import shared_cache
 
 SUB_BYTE = {"int4": TensorProto.INT4, "uint4": TensorProto.UINT4, "int2": TensorProto.INT2, "uint2": TensorProto.UINT2}
 OTHER = {"float32": TensorProto.FLOAT, "int32": TensorProto.INT32, "int8": TensorProto.INT8, "uint8": TensorProto.UINT8}
@@ -25,7 +26,7 @@ def _model(nodes, inputs, outputs, inits=(), opset=25):
 def _check(model, feeds, executor, extra_outputs=()):
     """The module's outputs equal the reference evaluator's: values, dtypes and bytes. The
     reference runs the model without `extra_outputs` (the caller checks those)."""
-    got = build(model, executor=executor, cache=None, progress=False).load().run(feeds)
+    got = build(model, executor=executor, cache=shared_cache(), progress=False).load().run(feeds)
     reference = model.__class__()
     reference.CopyFrom(model)
     kept = [o for o in model.graph.output if o.name not in extra_outputs]

@@ -19,7 +19,7 @@ from modelkiln.artifacts.errors import KilnError
 from modelkiln.ir.graph import UnsupportedError
 from modelkiln.orchestrator.api import build
 from tests import dynamic_zoo, model_zoo
-from tests.conftest import copies_rows_as_it_goes, kernel_statements
+from tests.conftest import copies_rows_as_it_goes, kernel_statements, shared_cache
 from tests.int8_reference import reference_outputs
 from tests.isa import X86_TARGETS, run_or_inspect
 
@@ -81,7 +81,7 @@ def test_a_quantized_block_over_run_time_sizes(fmt, ops, executor):
     evaluator (exact integers; onnxruntime's are not on every CPU: tests/int8_reference.py)."""
     model = model_zoo.quantized(feed_forward_block(), fmt, symbols={"batch": 2, "seq": 9})
     assert ops <= {n.op_type for n in model.graph.node}
-    module = build(model, dims=BOUNDS, executor=executor, cache=None, progress=False).load()
+    module = build(model, dims=BOUNDS, executor=executor, cache=shared_cache(), progress=False).load()
     for batch, seq in [(1, 1), (2, 7), (3, 33), (4, 80)]:
         x = np.random.default_rng(seq).standard_normal((batch, seq, 64)).astype(np.float32)
         got, want = module.run({"x": x})["y"], reference_outputs(model, {"x": x})["y"]
@@ -108,7 +108,7 @@ def test_a_quantized_cnn_over_a_run_time_batch(fmt, executor):
     from tests.test_quantized import _output_step
     model = _quantized_cnn(fmt, {0: "n"})
     step = 1e-5 if fmt == "dynamic" else _output_step(model) * 1.001
-    module = build(model, dims={"n": (1, 4)}, executor=executor, cache=None, progress=False).load()
+    module = build(model, dims={"n": (1, 4)}, executor=executor, cache=shared_cache(), progress=False).load()
     for n in (1, 3, 4):
         x = np.random.default_rng(n).standard_normal((n, 3, 32, 32)).astype(np.float32)
         got, want = module.run({"x": x})["logits"], reference_outputs(model, {"x": x})["logits"]
@@ -318,7 +318,7 @@ def test_shape_chains_and_ranges_over_sizes(executor):
                               [helper.make_tensor_value_info("y", F, None)])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     x = np.arange(12, dtype=np.float32).reshape(3, 4)
-    got = build(model, dims={"n": (1, 8)}, executor=executor, cache=None, progress=False).load().run({"x": x})
+    got = build(model, dims={"n": (1, 8)}, executor=executor, cache=shared_cache(), progress=False).load().run({"x": x})
     np.testing.assert_array_equal(got["y"], x)
     nodes = [helper.make_node("Shape", ["x"], ["s"]),
              helper.make_node("Gather", ["s", "zero"], ["n"], axis=0),
@@ -335,7 +335,7 @@ def test_shape_chains_and_ranges_over_sizes(executor):
                               [numpy_helper.from_array(np.array(v, np.int64), k)
                                for k, v in {"zero": 0, "one": 1, "two": 2}.items()])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
-    module = build(model, dims={"n": (2, 8)}, executor=executor, cache=None, progress=False).load()
+    module = build(model, dims={"n": (2, 8)}, executor=executor, cache=shared_cache(), progress=False).load()
     for n in (2, 3, 8):
         feeds = {"x": np.random.default_rng(n).standard_normal((n, 4)).astype(np.float32)}
         got, want = module.run(feeds), model_zoo.onnxruntime_outputs(model, feeds)
@@ -366,7 +366,7 @@ def test_elements_of_a_range_over_sizes_bound_the_next_range(executor):
     scaled = g.op("Mul", ["x", g.op("Unsqueeze", [inside, g.const(np.array([0, 2]))])])  # (n long: x's length)
     outputs = [wide_f, g.op("Cast", [down], to=F), scaled]
     model = g.model({"x": [1, "n", 1]}, outputs)
-    module = build(model, dims={"n": (3, 40)}, executor=executor, cache=None, progress=False).load()
+    module = build(model, dims={"n": (3, 40)}, executor=executor, cache=shared_cache(), progress=False).load()
     for size in (3, 4, 9, 40):
         _assert_like_onnxruntime(module, model, {"x": np.random.default_rng(size).standard_normal((1, size, 1))
                                                  .astype(np.float32)})
@@ -453,7 +453,7 @@ def test_sizes_read_at_run_time_are_computed_then(executor):
                                helper.make_tensor_value_info("s", TensorProto.INT64, None)],
                               [numpy_helper.from_array(np.float32(0.5), "half")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
-    module = build(model, dims={"n": (0, 9)}, executor=executor, cache=None, progress=False).load()
+    module = build(model, dims={"n": (0, 9)}, executor=executor, cache=shared_cache(), progress=False).load()
     for n in (0, 1, 5, 9):
         x = np.random.default_rng(n).standard_normal((n, 2)).astype(np.float32)
         got, want = module.run({"x": x}), model_zoo.onnxruntime_outputs(model, {"x": x})
@@ -566,7 +566,7 @@ def test_a_cnn_with_dynamic_batch_height_and_width(executor):
         _assert_like_onnxruntime(module, model, {"images": np.random.default_rng(shape[2]).standard_normal(shape)
                                                  .astype(np.float32)})
     one_image = build(model, shapes={"images": [1, 3, "height", "width"]}, dims={"height": (6, 48), "width": (6, 48)},
-                      executor=executor, cache=None, progress=False).load(threads=2)  # (its phases divide)
+                      executor=executor, cache=shared_cache(), progress=False).load(threads=2)  # (its phases divide)
     for shape in [(1, 3, 6, 6), (1, 3, 47, 19)]:
         _assert_like_onnxruntime(one_image, model, {"images": np.random.default_rng(shape[3]).standard_normal(shape)
                                                     .astype(np.float32)})
@@ -600,7 +600,7 @@ def test_a_pad_of_run_time_sizes(mode, executor):
                               [helper.make_tensor_value_info("x", F, [1, 2, "h", "w"])],
                               [helper.make_tensor_value_info("y", F, None)], [pads])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)], ir_version=8)
-    module = build(model, dims={"h": (4, 20), "w": (4, 20)}, executor=executor, cache=None, progress=False).load()
+    module = build(model, dims={"h": (4, 20), "w": (4, 20)}, executor=executor, cache=shared_cache(), progress=False).load()
     for shape in [(1, 2, 4, 4), (1, 2, 9, 17), (1, 2, 20, 5)]:
         _assert_like_onnxruntime(module, model, {"x": np.random.default_rng(shape[3]).standard_normal(shape)
                                                  .astype(np.float32)})
@@ -629,7 +629,7 @@ def test_nets_in_the_spellings_torch_exports_with_dynamic_axes(name, dims, shape
     feature encoder and HF's Swin exported with dynamic axes (each of these failed to build
     before), built once and run at several sizes against onnxruntime."""
     model = getattr(dynamic_zoo, name)()
-    module = build(model, dims=dims, executor=executor, cache=None, progress=False).load()
+    module = build(model, dims=dims, executor=executor, cache=shared_cache(), progress=False).load()
     feed = model.graph.input[0].name
     for shape in shapes:
         _assert_like_onnxruntime(module, model, {feed: np.random.default_rng(shape[-1]).standard_normal(shape)
@@ -686,7 +686,7 @@ def test_a_reshape_whose_sizes_agree_at_some_sizes_only_is_checked_at_run_time(e
                               [numpy_helper.from_array(np.array([4], np.int64), "four"),
                                numpy_helper.from_array(np.array([0, 0, 0], np.int64), "zeros")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
-    module = build(model, dims={"w": (1, 40)}, executor=executor, cache=None, progress=False).load()
+    module = build(model, dims={"w": (1, 40)}, executor=executor, cache=shared_cache(), progress=False).load()
     _assert_like_onnxruntime(module, model, {"x": np.arange(16, dtype=np.float32).reshape(2, 8)})
     odd = {"x": np.ones((2, 5), np.float32)}
     with pytest.raises(Exception):
@@ -716,7 +716,7 @@ def test_a_resize_of_run_time_sizes_in_each_mode(mode, coords, scales, attrs, ex
                               [helper.make_tensor_value_info("y", F, None)],
                               [numpy_helper.from_array(np.array([1, 1, *scales], np.float32), "scales")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)], ir_version=9)
-    module = build(model, dims={"h": (1, 40), "w": (4, 40)}, executor=executor, cache=None, progress=False).load()
+    module = build(model, dims={"h": (1, 40), "w": (4, 40)}, executor=executor, cache=shared_cache(), progress=False).load()
     for shape in [(1, 3, 4, 8), (1, 3, 2, 5), (1, 3, 40, 33), (1, 3, 7, 4)]:
         _assert_like_onnxruntime(module, model, {"x": np.random.default_rng(shape[3]).standard_normal(shape)
                                                  .astype(np.float32)})
@@ -968,7 +968,7 @@ def test_a_yolo_style_detector_builds_with_dynamic_axes(executor):
     the module names the Concat and runs nothing (onnxruntime fails there too)."""
     model = dynamic_zoo.yolo_style_dynamic()
     module = build(model, dims={"batch": (1, 2), "height": (32, 96), "width": (32, 96)}, executor=executor,
-                   cache=None, progress=False).load()
+                   cache=shared_cache(), progress=False).load()
     for shape in [(1, 3, 32, 32), (2, 3, 64, 96), (1, 3, 48, 80), (1, 3, 96, 32)]:
         _assert_like_onnxruntime(module, model, {"images": np.random.default_rng(shape[3]).standard_normal(shape)
                                                  .astype(np.float32)})
@@ -1078,7 +1078,7 @@ def test_a_float16_stem_over_run_time_sizes(executor):
                               [helper.make_tensor_value_info("y", F, None)], [w])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     half = float16.convert_float_to_float16(model, keep_io_types=False)
-    module = build(half, dims={"h": (5, 100), "w": (5, 100)}, executor=executor, cache=None, progress=False).load()
+    module = build(half, dims={"h": (5, 100), "w": (5, 100)}, executor=executor, cache=shared_cache(), progress=False).load()
     model.graph.initializer[0].CopyFrom(numpy_helper.from_array(
         numpy_helper.to_array(half.graph.initializer[0]).astype(np.float32), "w"))
     for h, w_ in [(5, 5), (37, 91), (100, 100)]:

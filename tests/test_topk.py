@@ -10,6 +10,7 @@ from onnx.reference import ReferenceEvaluator
 
 from modelkiln.orchestrator.api import build
 from tests import model_zoo
+from tests.conftest import shared_cache
 
 H = helper
 
@@ -38,7 +39,7 @@ def _line(rng, shape, ties: bool, nans: bool) -> np.ndarray:
 @pytest.mark.parametrize("largest", [1, 0])
 def test_topk_of_long_lines(k, largest, executor):
     model = _topk_model([3, 3000], k, -1, largest)
-    module = build(model, executor=executor, cache=None, progress=False).load()
+    module = build(model, executor=executor, cache=shared_cache(), progress=False).load()
     rng = np.random.default_rng(k + largest)
     for ties, nans in ((False, False), (True, False), (True, True)):
         x = _line(rng, (3, 3000), ties, nans)
@@ -50,12 +51,12 @@ def test_topk_of_long_lines(k, largest, executor):
 def test_topk_along_a_strided_axis_and_of_integers(executor):
     rng = np.random.default_rng(3)
     model = _topk_model([700, 4], 40, 0, 1)
-    module = build(model, executor=executor, cache=None, progress=False).load()
+    module = build(model, executor=executor, cache=shared_cache(), progress=False).load()
     x = _line(rng, (700, 4), True, True)
     got, want = module.run({"x": x}), ReferenceEvaluator(model).run(None, {"x": x})
     np.testing.assert_array_equal(got["i"], want[1])
     ints = _topk_model([2, 900], 33, 1, 0, TensorProto.INT32)
-    module = build(ints, executor=executor, cache=None, progress=False).load()
+    module = build(ints, executor=executor, cache=shared_cache(), progress=False).load()
     x = rng.integers(-20, 20, (2, 900)).astype(np.int32)  # (many ties: the lower index first)
     got, want = module.run({"x": x}), model_zoo.onnxruntime_outputs(ints, {"x": x})
     np.testing.assert_array_equal(got["i"], want["i"])
@@ -66,7 +67,7 @@ def test_topk_of_constants_folds_as_the_kernel_orders(executor):
     x = _line(np.random.default_rng(4), (2, 50), True, True)
     for largest in (1, 0):
         model = _topk_model([2, 50], 20, 1, largest, constant=x)
-        got = build(model, executor=executor, cache=None, progress=False).load().run({})
+        got = build(model, executor=executor, cache=shared_cache(), progress=False).load().run({})
         want = ReferenceEvaluator(model).run(None, {})
         np.testing.assert_array_equal(got["i"], want[1])
 
@@ -83,7 +84,7 @@ def test_topk_of_a_count_known_at_run_time(executor):
                          [numpy_helper.from_array(np.array(0.0, np.float32), "zero"),
                           numpy_helper.from_array(np.array([5], np.int64), "five")])
     model = H.make_model(graph, opset_imports=[H.make_opsetid("", 17)], ir_version=9)
-    module = build(model, executor=executor, cache=None, progress=False).load()
+    module = build(model, executor=executor, cache=shared_cache(), progress=False).load()
     rng = np.random.default_rng(5)
     for shift in (-3.0, -1.5, 0.0, 3.0):  # (from no element kept to all)
         x = (rng.standard_normal(40) + shift).astype(np.float32)

@@ -10,6 +10,7 @@ from onnx.reference import ReferenceEvaluator
 from modelkiln.ir.dtypes import DTYPES
 from modelkiln.orchestrator.api import build
 from tests.cast_definition import INTEGER_TYPES, defined, kiln_casts
+from tests.conftest import shared_cache
 
 # In range, near the ends, out of range both ways, past 2**63 and 2**64, NaN and the infinities.
 EDGES = [0.0, 0.75, -0.75, 1.5, -2.5, 7.9, -8.0, 35.5, 127.0, 128.0, -129.0, 255.5, 256.0, -1.0, 300.0,
@@ -44,7 +45,7 @@ def _model(src: str, dst: str, folded: bool):
 def test_float_to_integer_is_onnxs_cast_where_defined_and_kilns_definition_elsewhere(dst, src, folded, executor):
     model, values = _model(src, dst, folded)
     feeds = {} if folded else {"x": values}
-    got = build(model, executor=executor, cache=None, progress=False).load().run(feeds)["y"]
+    got = build(model, executor=executor, cache=shared_cache(), progress=False).load().run(feeds)["y"]
     assert got.dtype.name == dst
     wide = got.astype(np.int64) if dst != "uint64" else got
     assert [int(v) for v in wide] == kiln_casts(values, dst)
@@ -63,5 +64,5 @@ def test_a_scalar_constant_casts_as_an_array_does(value, executor):
                               [helper.make_tensor_value_info("y", TensorProto.INT8, [])],
                               [numpy_helper.from_array(np.array(value, np.float32), "c")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 25)], ir_version=11)
-    got = build(model, executor=executor, cache=None, progress=False).load().run({})["y"]
+    got = build(model, executor=executor, cache=shared_cache(), progress=False).load().run({})["y"]
     assert got.shape == () and int(got) == kiln_casts(np.array([value]), "int8")[0]

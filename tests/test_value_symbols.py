@@ -10,6 +10,7 @@ from modelkiln.artifacts.errors import KilnError
 from modelkiln.orchestrator.api import build
 from modelkiln.orchestrator.explain import explain
 from tests import model_zoo
+from tests.conftest import shared_cache
 from tests.test_c_api import _run_from_c
 
 RNG = np.random.default_rng(7)
@@ -87,7 +88,7 @@ def test_a_slice_with_starts_and_ends_fed_at_run_time(executor):
                         _fed("ends", [2])],
                        [numpy_helper.from_array(np.array([0, 1], np.int64), "axes"),
                         numpy_helper.from_array(np.array(steps, np.int64), "steps")])
-        module = build(model, executor=executor, cache=None, progress=False).load()
+        module = build(model, executor=executor, cache=shared_cache(), progress=False).load()
         x = RNG.standard_normal((20, 10, 5)).astype(np.float32)
         _matches_onnxruntime(model, module, [
             {"x": x, "starts": np.array(s, np.int64), "ends": np.array(e, np.int64)}
@@ -113,7 +114,7 @@ def test_sizes_the_op_does_not_bound_take_the_users_bounds(executor):
         with pytest.raises(KilnError, match=rf"'{name}'.* to read its values at run time, bound them: "
                                             rf"--dim {name}=LEAST\.\.GREATEST"):
             build(model, executor=executor, cache=None, progress=False)
-        module = build(model, dims={name: bounds}, executor=executor, cache=None, progress=False).load()
+        module = build(model, dims={name: bounds}, executor=executor, cache=shared_cache(), progress=False).load()
         _matches_onnxruntime(model, module, [{**({"x": x} if x_shape else {}), name: np.array(v, np.int64)}
                                              for v in values])
         with pytest.raises(KilnError, match=rf"element \d of input '{name}' is {bounds[1] + 1}, outside "
