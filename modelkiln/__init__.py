@@ -27,7 +27,8 @@ IMPORT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _API = {
     "build": "orchestrator.api", "build_many": "orchestrator.api", "BuildOptions": "orchestrator.options",
     "tune": "orchestrator.tuner",
-    "BuildResult": "orchestrator.api", "BuildError": "orchestrator.api", "Target": "orchestrator.target",
+    "BuildResult": "orchestrator.api", "BuildError": "orchestrator.api", "BatchResult": "orchestrator.api",
+    "ModelFailure": "orchestrator.api", "Target": "orchestrator.target",
     "parse_target": "orchestrator.target", "load": "artifacts", "Module": "artifacts.module",
     "KilnError": "artifacts.errors", "PassContext": "ir.transform", "graph_pass": "ir.transform",
     "Sequential": "ir.transform", "PassTimingInstrument": "ir.transform", "DumpIR": "ir.transform",

@@ -71,9 +71,68 @@ class BuildResult:
 
 
 @dataclass
+class ModelFailure:
+    """A model of a batch that was not built: which, at what stage ("load", "plan", "compile"
+    or "link"), and the error that stopped it."""
+    index: int
+    model: str
+    stage: str
+    error: Exception
+
+    @property
+    def message(self) -> str:
+        e = self.error
+        return str(e).strip() if isinstance(e, KilnError) else f"internal error: {type(e).__name__}: {e}"
+
+    def to_dict(self) -> dict:
+        return {"model": self.model, "status": "failed", "stage": self.stage, "error": self.message}
+
+
+@dataclass
 class BatchResult:
+    """results[i] is model i's BuildResult, or None where it failed (failures says why: a
+    batch keeps going past a model that fails, unless BuildOptions.fail_fast)."""
     results: list
     report: dict
+    failures: list = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+
+def _label(model, i: int) -> str:
+    """How a batch's report names a model before (or without) reading it."""
+    if isinstance(model, (str, os.PathLike)):
+        return os.fspath(model)
+    name = getattr(getattr(model, "graph", None), "name", "")
+    return f"model {i}" + (f" ({name})" if name else "")
+
+
+class _Batch:
+    """Each model's fate in a batch: a model that fails at some stage is recorded and left out
+    of the stages after it; with fail_fast its error ends the batch instead, as it is raised."""
+
+    def __init__(self, entries: list, fail_fast: bool):
+        self.labels = [_label(m, i) for i, (m, _) in enumerate(entries)]
+        self.fail_fast = fail_fast
+        self.failures: dict[int, ModelFailure] = {}
+
+    def alive(self, indices) -> list:
+        return [i for i in indices if i not in self.failures]
+
+    def record(self, i: int, stage: str, error: Exception) -> None:
+        self.failures[i] = ModelFailure(i, self.labels[i], stage, error)
+
+    def attempt(self, i: int, stage: str, fn):
+        """fn(), or None once its failure is recorded for model i."""
+        try:
+            return fn()
+        except Exception as e:  # noqa: BLE001 - a model's failure, whatever it is, is that model's alone
+            if self.fail_fast:
+                raise
+            self.record(i, stage, e)
+            return None
 
 
 def _targets(entries) -> dict:
@@ -109,6 +168,7 @@ def _compile(jobs: list, cache: CachePolicy, ex, o: BuildOptions) -> tuple[dict,
     bytes differed from their stored object (--verify-cache)."""
     results: dict[str, JobResult] = {}
     to_compile = []
+    cache.prefetch([job.key for job in jobs])
     for job in jobs:
         obj = cache.find_object(job.key)
         if obj is not None:
@@ -167,7 +227,10 @@ def build_many(models, options: BuildOptions | None = None, **overrides) -> Batc
 
     Each entry of `models` is a model (path, bytes, ModelProto) or a (model, target) pair.
     Settings: a BuildOptions and/or its fields as keywords (target, opt_level, shapes,
-    executor, workers, cache, verify_cache, ...; see orchestrator/options.py).
+    executor, workers, cache, verify_cache, fail_fast, ...; see orchestrator/options.py).
+    A model that fails to load, plan, compile or link fails alone: the others are built, and
+    BatchResult.failures names each failed model, its stage and its error. With fail_fast the
+    first failure is raised instead.
     """
     o = BuildOptions.of(options, overrides)
     t_start = time.time()
@@ -176,17 +239,25 @@ def build_many(models, options: BuildOptions | None = None, **overrides) -> Batc
         raise KilnError("build_many: no models given")
     targets = _targets(entries)
     cache = CachePolicy(o)
-    keys = [cache.model_key(m, targets[spec]) for m, spec in entries]
-    whole = {i: hit for i, key in enumerate(keys) if (hit := cache.find_bundle(key)) is not None}
-    todo = [i for i in range(len(entries)) if i not in whole]
+    batch = _Batch(entries, o.fail_fast)
+    keys = {i: batch.attempt(i, "load", lambda i=i: cache.model_key(entries[i][0], targets[entries[i][1]]))
+            for i in range(len(entries))}
+    cache.prefetch(keys[i] for i in batch.alive(range(len(entries))))
+    whole = {i: hit for i in batch.alive(range(len(entries))) if (hit := cache.find_bundle(keys[i])) is not None}
+    todo = [i for i in batch.alive(range(len(entries))) if i not in whole]
 
     with _executor(bool(todo), o) as ex:
         if todo:
             from .pipeline import plan_model  # the heavy imports: only when something is not found whole
-        planned = {i: plan_model(entries[i][0], targets[entries[i][1]], o.opt_level, o.shapes, o.pass_context,
-                                 o.extra_passes, o.salt, o.inject, o.dims,
-                                 cache.records(targets[entries[i][1]]) if o.tuning and cache.store else None)
-                   for i in todo}
+        planned = {}
+        for i in todo:
+            model, spec = entries[i]
+            records = cache.records(targets[spec]) if o.tuning and cache.store else None
+            p = batch.attempt(i, "plan", lambda: plan_model(model, targets[spec], o.opt_level, o.shapes,
+                                                            o.pass_context, o.extra_passes, o.salt, o.inject,
+                                                            o.dims, records))
+            if p is not None:
+                planned[i] = p
         all_jobs = [j for p in planned.values() for j in p.jobs]
         jobs = unique_jobs(all_jobs)
         t_compile = time.perf_counter()
@@ -206,12 +277,21 @@ def build_many(models, options: BuildOptions | None = None, **overrides) -> Batc
         with open(o.trace, "w") as f:
             json.dump({"traceEvents": report.trace_events(results, names, t_start), "displayTimeUnit": "ms"}, f)
     failed = [j for j in jobs if not results[j.key].ok]
-    if failed or mismatched:
+    if (failed or mismatched) and o.fail_fast:
         batch_report["kernels"] = [row for p in planned.values() for row in report.kernel_rows(p, results)]
         raise BuildError(report.failure_message(failed, mismatched, results, names, len(jobs)), batch_report)
+    kernel_rows = {}
+    for i, p in planned.items():  # a model whose kernels did not all compile fails alone
+        bad = [j for j in unique_jobs(p.jobs) if not results[j.key].ok]
+        differ = [j.key for j in unique_jobs(p.jobs) if j.key in mismatched]
+        if bad or differ:
+            kernel_rows[i] = report.kernel_rows(p, results)
+            batch.record(i, "compile", BuildError(report.failure_message(bad, differ, results, names,
+                                                                         len(unique_jobs(p.jobs)))))
 
     out = []
     for i, (_, spec) in enumerate(entries):
+        result = None
         if i in whole:
             files, stored = whole[i]
             result = BuildResult(targets[spec], None, None, files, report.as_whole_hit(stored, time.time() - t_start))
@@ -219,16 +299,23 @@ def build_many(models, options: BuildOptions | None = None, **overrides) -> Batc
             cache.log(result.report["model"], [], hits=n, lookups=n)
             for key in ("kernels", "kernel_calls", "cached"):  # a whole hit's kernels count as cached
                 batch_report["totals"][key] += result.report["totals"][key]
-        else:
-            result = _assemble(planned[i], results, cache, keys[i], o, ex_name, workers, compile_s, t_start)
-            if cluster:
+        elif i not in batch.failures:
+            result = batch.attempt(i, "link", lambda: _assemble(planned[i], results, cache, keys[i], o, ex_name,
+                                                                workers, compile_s, t_start))
+            if result is not None and cluster:
                 result.report["cluster"] = cluster
-        batch_report["models"].append({"model": result.report["model"], "target": result.target.name,
-                                       "totals": result.report["totals"],
-                                       **({"whole_model_hit": True} if i in whole else {})})
+        if result is None:
+            failure = batch.failures[i]
+            batch_report["models"].append({**failure.to_dict(),
+                                           **({"kernels": kernel_rows[i]} if i in kernel_rows else {})})
+        else:
+            batch_report["models"].append({"model": result.report["model"], "status": "built",
+                                           "target": result.target.name, "totals": result.report["totals"],
+                                           **({"whole_model_hit": True} if i in whole else {})})
         out.append(result)
+    batch_report["totals"].update(models=len(entries), models_failed=len(batch.failures))
     batch_report["timing"].update(total_s=round(time.time() - t_start, 3), driver_peak_rss_mb=report.peak_rss_mb())
-    return BatchResult(out, batch_report)
+    return BatchResult(out, batch_report, [batch.failures[i] for i in sorted(batch.failures)])
 
 
 def build(model, target=None, options: BuildOptions | None = None, **overrides) -> BuildResult:
@@ -236,4 +323,4 @@ def build(model, target=None, options: BuildOptions | None = None, **overrides) 
     the options' target, "llvm": this machine). The other settings as in build_many;
     extra_passes run after the built-in passes, before fusion."""
     o = BuildOptions.of(options, overrides)
-    return build_many([(model, o.target if target is None else target)], o).results[0]
+    return build_many([(model, o.target if target is None else target)], o, fail_fast=True).results[0]

@@ -1,7 +1,7 @@
 """The `kiln` command line.
 
     kiln build MODEL -o OUT [--target T] [--opt-level N] [--shape NAME=DIMS ...] [--workers N]
-    kiln build-many MODEL... -o OUTDIR
+    kiln build-many MODEL... -o OUTDIR [--fail-fast]
     kiln run OUT [--inputs in.npz] [--outputs out.npz]
     kiln bench OUT [--warmup N] [--repeat N]
     kiln tune MODEL... [--budget 10m | --trials N] [--threads N] [--executor ray]
@@ -11,6 +11,7 @@
     kiln targets
 
 Errors the user can act on print one line (`kiln: error: ...`) and exit 2; no traceback.
+build-many keeps going past a model that fails and exits 1, naming each failed model.
 """
 from __future__ import annotations
 
@@ -148,7 +149,7 @@ def _build_options(args):
                         cache=_cache_arg(args), cache_readonly=args.cache_readonly,
                         kernel_timeout=args.kernel_timeout, progress=False if args.quiet else None,
                         verify_cache=args.verify_cache, trace=args.trace, tuning=not args.no_tuning,
-                        tuning_threads=args.tuning_threads)
+                        tuning_threads=args.tuning_threads, fail_fast=getattr(args, "fail_fast", False))
 
 
 def _write_report(path, report) -> None:
@@ -214,6 +215,9 @@ def cmd_build(args) -> int:
 
 
 def cmd_build_many(args) -> int:
+    """Exit 0 when every model was built, 1 when some failed (each is listed with its stage and
+    error; the others are built and exported, as `make -k` keeps going), 2 on --fail-fast's
+    first error."""
     from .api import build_many
     batch = _run_build(args, build_many, args.models)
     os.makedirs(args.output, exist_ok=True)
@@ -221,14 +225,20 @@ def cmd_build_many(args) -> int:
     if len(set(names)) != len(names):
         names = [f"{i:02d}_{n}" for i, n in enumerate(names)]
     for name, result in zip(names, batch.results):
-        result.export(os.path.join(args.output, name))
+        if result is not None:
+            result.export(os.path.join(args.output, name))
     _write_report(args.report, batch.report)
+    t = batch.report["totals"]
     if not args.quiet:
-        t = batch.report["totals"]
-        print(f"built {len(batch.results)} models into {args.output}: {t['kernel_calls']} kernel calls, "
-              f"{t['kernels']} unique kernels: {t['compiled']} compiled, {t['cached']} cached, {t['failed']} failed; "
-              f"{batch.report['timing']['total_s']:.2f}s")
-    return 0
+        print(f"built {t['models'] - t['models_failed']} of {t['models']} models into {args.output}: "
+              f"{t['kernel_calls']} kernel calls, {t['kernels']} unique kernels: {t['compiled']} compiled, "
+              f"{t['cached']} cached, {t['failed']} failed; {batch.report['timing']['total_s']:.2f}s")
+    for failure in batch.failures:
+        first, *rest = failure.message.splitlines() or [""]
+        print(f"kiln: {failure.model}: failed to {failure.stage}: {first}", file=sys.stderr)
+        for line in rest:
+            print(f"  {line}", file=sys.stderr)
+    return 1 if batch.failures else 0
 
 
 def cmd_run(args) -> int:
@@ -398,6 +408,8 @@ def make_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("build-many", help="build several models in one batch (shared kernels compile once)")
     p.add_argument("models", nargs="+")
     p.add_argument("-o", "--output", required=True, help="folder for one bundle per model")
+    p.add_argument("--fail-fast", action="store_true",
+                   help="stop at the first model that fails (default: build every other model, then exit 1)")
     _add_build_flags(p)
     p.set_defaults(fn=cmd_build_many)
 

@@ -37,6 +37,7 @@ class BuildOptions:
     salt: str = ""  # mixed into every cache key
     tuning: bool = True  # apply the store's tuning records (kiln tune); False: the hand-written rules only
     tuning_threads: int | None = None  # the thread count whose records apply (default: the usable cores)
+    fail_fast: bool = False  # a batch stops at its first failed model (default: the others are built)
     inject: dict | None = None  # tests only: kernel-name substring -> fault (see orchestrator.plan)
 
     @classmethod
