@@ -23,10 +23,14 @@ import os
 import time
 import urllib.parse
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 
 from .store import Store, TemporaryBlob, mapped
 
 DEFAULT_TIMEOUT_S = 5.0  # per request; KILN_CACHE_TIMEOUT overrides
+# Lookups in flight at once when a build asks for a batch's keys: a build of 300 kernels
+# against a server 20 ms away waited 6 s for its misses one request after another.
+PREFETCH_CONNECTIONS = 8
 _READ_CHUNK = 1 << 20
 
 
@@ -63,6 +67,14 @@ class HttpCache:
         self._conn = None
         self.down = ""  # why the server is no longer asked
         self.read_only = ""  # why it is no longer written to
+        self._quiet = False
+
+    def sibling(self) -> "HttpCache":
+        """A client of the same server on a connection of its own (one per thread), which
+        leaves warning of a failure to this one."""
+        twin = HttpCache(self.url, self.timeout)
+        twin.down, twin.read_only, twin._quiet = self.down, self.read_only, True
+        return twin
 
     def _connection(self):
         if self._conn is None:
@@ -112,6 +124,10 @@ class HttpCache:
     def _fail(self, what: str, error: BaseException) -> None:
         self._close()
         self.down = f"{what}: {type(error).__name__}: {error}"
+        if not self._quiet:
+            self.warn_down()
+
+    def warn_down(self) -> None:
         warnings.warn(f"kiln cache: {self.url} does not answer ({self.down}); building with the local "
                       "store only for the rest of this build")
 
@@ -175,6 +191,35 @@ class RemoteStore(Store):
             return None
         super().put(key, payload, section)
         return payload
+
+    def prefetch(self, keys, section: str = "objects") -> int:
+        """Fetch the entries of `keys` missing from the local folder from the server, on
+        PREFETCH_CONNECTIONS connections at once, verify them and keep them locally: the
+        lookups that follow are local. A server that fails is dropped as on any request."""
+        missing = [k for k in dict.fromkeys(keys) if not os.path.exists(self.path(k, section))]
+        if not missing or self.remote.down:
+            return 0
+        lanes = min(PREFETCH_CONNECTIONS, len(missing))
+        clients = [self.remote] + [self.remote.sibling() for _ in range(lanes - 1)]
+
+        def fetch(lane: int) -> list:
+            return [(k, clients[lane].get(f"ac/{k}")) for k in missing[lane::lanes]]
+        with ThreadPoolExecutor(lanes, thread_name_prefix="kiln-cache") as pool:
+            answers = [pair for lane in pool.map(fetch, range(lanes)) for pair in lane]
+        if not self.remote.down and (why := next((c.down for c in clients if c.down), "")):
+            self.remote.down = why  # one failed lane drops the server, with one warning
+            self.remote.warn_down()
+        for c in clients[1:]:
+            c._close()
+        fetched = 0
+        for key, data in answers:
+            payload, why = self.check(key, data) if data is not None else (None, "")
+            if payload is not None:
+                super().put(key, payload, section)
+                fetched += 1
+            elif data is not None:
+                warnings.warn(f"kiln cache: {self.remote.url}/ac/{key} is invalid ({why}); compiling instead")
+        return fetched
 
     def put(self, key: str, payload: bytes, section: str = "objects") -> None:
         super().put(key, payload, section)

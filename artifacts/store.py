@@ -230,6 +230,11 @@ class Store:
             return None, "payload checksum mismatch"
         return payload, ""
 
+    def prefetch(self, keys, section: str = "objects") -> int:
+        """Make the entries of `keys` local before they are read one by one; how many were
+        fetched. A folder has nothing to fetch (a store with a server behind it does)."""
+        return 0
+
     def get(self, key: str) -> bytes | None:
         view = self.get_view(key)
         return None if view is None else view.tobytes()

@@ -88,6 +88,11 @@ class CachePolicy:
         except (ValueError, KeyError):
             return None
 
+    def prefetch(self, keys) -> None:
+        """Ask a shared server for a batch's keys at once, before they are looked up one by one."""
+        if self.store is not None:
+            self.store.prefetch([k for k in keys if k])
+
     def find_object(self, key: str) -> bytes | None:
         return self.store.get(key) if self.store is not None else None
 

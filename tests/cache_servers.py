@@ -101,6 +101,10 @@ class FaultyServer:
         self.entries: dict[str, bytes] = {}
         self.fault: str | None = None
         self.requests: list[str] = []
+        self.get_delay_s = 0.0  # each GET's answer waits this long: lookups in flight overlap
+        self.most_in_flight = 0  # the most GETs the server was answering at once
+        self._in_flight = 0
+        self._lock = threading.Lock()
         self._release = threading.Event()
         server = self
 
@@ -128,6 +132,12 @@ class FaultyServer:
                 server.requests.append(f"GET {self.path}")
                 if self._stall():
                     return
+                with server._lock:
+                    server._in_flight += 1
+                    server.most_in_flight = max(server.most_in_flight, server._in_flight)
+                time.sleep(server.get_delay_s)
+                with server._lock:
+                    server._in_flight -= 1
                 data = server.entries.get(self.path)
                 if data is None:
                     return self._answer(404)

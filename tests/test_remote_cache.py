@@ -5,6 +5,7 @@ import time
 
 import pytest
 
+from modelkiln.artifacts import remote_store
 from modelkiln.ir.transform import PassContext
 from modelkiln.orchestrator.api import build
 from tests import model_zoo
@@ -128,3 +129,27 @@ def test_a_bad_url_or_timeout_is_a_warning_not_a_failure(executor, tmp_path, mon
     with pytest.warns(UserWarning, match="not an http\\(s\\) cache URL"):
         result = build(model_zoo.cnn(), executor=executor, cache="http://", progress=False)
     assert result.report["totals"]["compiled"] > 0
+
+
+def test_a_build_asks_the_server_for_its_kernels_at_once(faulty, executor, tmp_path, monkeypatch):
+    """An empty local folder asks the server for every kernel of the model on several
+    connections at once, not one request after another; what comes back is what lookups one
+    at a time give: the same objects, nothing compiled."""
+    model = model_zoo.resnet18()
+    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path / "machine-a"))
+    a = build(model, executor=executor, cache=faulty.url, progress=False)
+    kernels = {k["key"] for k in a.report["kernels"]}
+    faulty.get_delay_s = 0.05
+    by_kernel = PassContext(opt_level=3)  # (not found whole: looked up kernel by kernel)
+    for machine, lanes in (("machine-b", remote_store.PREFETCH_CONNECTIONS), ("machine-c", 1)):
+        monkeypatch.setattr(remote_store, "PREFETCH_CONNECTIONS", lanes)
+        monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path / machine))
+        faulty.most_in_flight, faulty.requests[:] = 0, []
+        got = build(model, executor=executor, cache=faulty.url, progress=False, pass_context=by_kernel)
+        assert got.report["totals"]["compiled"] == 0 and got.files["model.so"] == a.files["model.so"]
+        asked = [r.rsplit("/", 1)[1] for r in faulty.requests if r.startswith("GET") and "/ac/" in r]
+        assert sorted(k for k in asked if k in kernels) == sorted(kernels), "each kernel asked for once"
+        if lanes == 1:
+            assert faulty.most_in_flight == 1
+        else:
+            assert faulty.most_in_flight > 1, "the lookups went one after another"
