@@ -25,7 +25,7 @@ and run at batch 1 and 4, beside Kiln built for each batch and the peers. Batch_
 CNN of the bench and the ViT built with a run-time batch, at a batch of one beside a build for
 one (Kiln only). Loops: a decoding loop as torch.jit.script exports it, appending to a list
 (`bench_loops`), run to 8, 64 and 256 steps beside the peers.
-Prints Markdown tables (the ones in the README) and each build's time.
+Prints Markdown tables (the ones in docs/performance.md) and each build's time.
 """
 from __future__ import annotations
 

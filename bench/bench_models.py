@@ -13,7 +13,7 @@ quantized file (on an x86 host without VNNI, where onnxruntime's int8 saturates,
 outputs are checked against onnx's reference evaluator instead: tests/int8_reference.py; the
 peers' int8 times there are of those saturating kernels). Then the GEMM table: Kiln's int8
 GEMM (MatMulInteger, VNNI where the CPU has it) against its own float32 GEMM on the same shapes, onnxruntime's beside
-both. Prints Markdown tables (the ones in the README).
+both. Prints Markdown tables (the ones in docs/performance.md).
 
 The header names the host's vector ISA and the code each runner ran. `--isa avx2` on an
 AVX-512 host measures the AVX2 code instead: Kiln builds for x86-64-v3, OpenVINO's oneDNN

@@ -319,8 +319,8 @@ def _nodes(protos, opset: int, add_constant) -> list[Node]:
             node.op = f"{np_.domain}.{np_.op_type}"
             if op_def(node.op) is None:
                 raise UnsupportedError(f"{node.describe()}: op {np_.op_type} of domain '{np_.domain}' is not "
-                                       "supported (Kiln knows ai.onnx and the com.microsoft ops README's "
-                                       "Operators lists)")
+                                       "supported (Kiln knows ai.onnx and the com.microsoft ops docs/operators.md "
+                                       "lists)")
         elif op_def(np_.op_type) is None:
             raise UnsupportedError(f"{node.describe()}: op {np_.op_type} (opset {opset}) is not supported by Kiln")
         check_node(np_, opset, node.describe())

@@ -1,4 +1,4 @@
-"""The CI recipe in the README (docs/ci/github-actions-kiln.yml), step by step: main writes
+"""The CI recipe in docs/cache-and-ci.md (docs/ci/github-actions-kiln.yml), step by step: main writes
 the store, a pull request reads it read-only, gc keeps it bounded."""
 import json
 
