@@ -4,7 +4,7 @@ The build API lives in `orchestrator.api`; its public names are re-exported here
 (importing the package must stay cheap for the CLI). No public name here is also the name
 of a submodule: importing the submodule would replace the function on the package.
 """
-_API = ("build", "build_many", "optimize", "BuildResult", "BatchResult", "ModelFailure", "BuildError")
+_API = ("build", "build_many", "optimize", "BuildResult", "BatchResult", "ModelFailure", "BatchEntry", "BuildError")
 
 
 def __getattr__(name):

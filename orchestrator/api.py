@@ -18,12 +18,13 @@ import json
 import os
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..codegen_worker.llvm_options import check_options
 from ..ir.errors import KilnError
 
 from . import report
+from .batch_manifest import BatchEntry
 from .bundle import write_bundle
 from .cache_policy import CachePolicy
 from .executors import make_executor
@@ -72,7 +73,7 @@ class BuildResult:
 
 @dataclass
 class ModelFailure:
-    """A model of a batch that was not built: which, at what stage ("load", "plan", "compile"
+    """A model of a batch that was not built: which, at what stage ("read", "plan", "compile"
     or "link"), and the error that stopped it."""
     index: int
     model: str
@@ -101,6 +102,21 @@ class BatchResult:
         return not self.failures
 
 
+def _entry(m, o: BuildOptions) -> tuple:
+    """(model, target spec, its options) of one entry of a batch: a model, a (model, target)
+    pair, a BatchEntry, or a dict of BatchEntry's fields (what a manifest entry holds)."""
+    if isinstance(m, dict):
+        m = BatchEntry(**m)
+    if isinstance(m, BatchEntry):
+        own = {k: v for k, v in (("target", m.target), ("opt_level", m.opt_level), ("shapes", m.shapes),
+                                 ("dims", m.dims)) if v is not None}
+        eo = replace(o, **own)
+        return m.model, eo.target, eo
+    if isinstance(m, tuple):
+        return m[0], m[1], replace(o, target=m[1])
+    return m, o.target, o
+
+
 def _label(model, i: int) -> str:
     """How a batch's report names a model before (or without) reading it."""
     if isinstance(model, (str, os.PathLike)):
@@ -114,7 +130,7 @@ class _Batch:
     of the stages after it; with fail_fast its error ends the batch instead, as it is raised."""
 
     def __init__(self, entries: list, fail_fast: bool):
-        self.labels = [_label(m, i) for i, (m, _) in enumerate(entries)]
+        self.labels = [_label(m, i) for i, (m, *_) in enumerate(entries)]
         self.fail_fast = fail_fast
         self.failures: dict[int, ModelFailure] = {}
 
@@ -138,7 +154,7 @@ class _Batch:
 def _targets(entries) -> dict:
     """Each target of the batch, parsed once; its LLVM options checked before any job runs."""
     targets: dict = {}
-    for _, spec in entries:
+    for _, spec, _ in entries:
         if spec not in targets:
             targets[spec] = parse_target(spec)
             check_options(targets[spec].llvm_options, f"target {targets[spec].name}")
@@ -225,23 +241,25 @@ def _assemble(p, results: dict, cache: CachePolicy, model_key, o: BuildOptions, 
 def build_many(models, options: BuildOptions | None = None, **overrides) -> BatchResult:
     """Build several models in one batch: every kernel they share (same key) compiles once.
 
-    Each entry of `models` is a model (path, bytes, ModelProto) or a (model, target) pair.
+    Each entry of `models` is a model (path, bytes, ModelProto), a (model, target) pair, or a
+    BatchEntry (or a dict of its fields) with settings of its own: target, opt_level, shapes,
+    dims (orchestrator/batch_manifest.py reads them from a manifest file).
     Settings: a BuildOptions and/or its fields as keywords (target, opt_level, shapes,
     executor, workers, cache, verify_cache, fail_fast, ...; see orchestrator/options.py).
-    A model that fails to load, plan, compile or link fails alone: the others are built, and
+    A model that fails to read, plan, compile or link fails alone: the others are built, and
     BatchResult.failures names each failed model, its stage and its error. With fail_fast the
     first failure is raised instead.
     """
     o = BuildOptions.of(options, overrides)
     t_start = time.time()
-    entries = [m if isinstance(m, tuple) else (m, o.target) for m in models]
+    entries = [_entry(m, o) for m in models]
     if not entries:
         raise KilnError("build_many: no models given")
     targets = _targets(entries)
     cache = CachePolicy(o)
     batch = _Batch(entries, o.fail_fast)
-    keys = {i: batch.attempt(i, "load", lambda i=i: cache.model_key(entries[i][0], targets[entries[i][1]]))
-            for i in range(len(entries))}
+    keys = {i: batch.attempt(i, "read", lambda m=m, spec=spec, eo=eo: cache.model_key(m, targets[spec], eo))
+            for i, (m, spec, eo) in enumerate(entries)}
     cache.prefetch(keys[i] for i in batch.alive(range(len(entries))))
     whole = {i: hit for i in batch.alive(range(len(entries))) if (hit := cache.find_bundle(keys[i])) is not None}
     todo = [i for i in batch.alive(range(len(entries))) if i not in whole]
@@ -251,11 +269,11 @@ def build_many(models, options: BuildOptions | None = None, **overrides) -> Batc
             from .pipeline import plan_model  # the heavy imports: only when something is not found whole
         planned = {}
         for i in todo:
-            model, spec = entries[i]
+            model, spec, eo = entries[i]
             records = cache.records(targets[spec]) if o.tuning and cache.store else None
-            p = batch.attempt(i, "plan", lambda: plan_model(model, targets[spec], o.opt_level, o.shapes,
+            p = batch.attempt(i, "plan", lambda: plan_model(model, targets[spec], eo.opt_level, eo.shapes,
                                                             o.pass_context, o.extra_passes, o.salt, o.inject,
-                                                            o.dims, records))
+                                                            eo.dims, records))
             if p is not None:
                 planned[i] = p
         all_jobs = [j for p in planned.values() for j in p.jobs]
@@ -267,7 +285,7 @@ def build_many(models, options: BuildOptions | None = None, **overrides) -> Batc
         cluster = ex.describe() if hasattr(ex, "describe") else None
 
     names = {j.key: j.name for j in jobs}
-    batch_report = {"target": [targets[spec].to_dict() for _, spec in entries], "opt_level": o.opt_level,
+    batch_report = {"target": [targets[spec].to_dict() for _, spec, _ in entries], "opt_level": o.opt_level,
                     "executor": ex_name, "workers": workers,
                     "totals": {**report.totals([results[j.key] for j in jobs], len(all_jobs)),
                                "verify_mismatches": len(mismatched)},
@@ -280,17 +298,10 @@ def build_many(models, options: BuildOptions | None = None, **overrides) -> Batc
     if (failed or mismatched) and o.fail_fast:
         batch_report["kernels"] = [row for p in planned.values() for row in report.kernel_rows(p, results)]
         raise BuildError(report.failure_message(failed, mismatched, results, names, len(jobs)), batch_report)
-    kernel_rows = {}
-    for i, p in planned.items():  # a model whose kernels did not all compile fails alone
-        bad = [j for j in unique_jobs(p.jobs) if not results[j.key].ok]
-        differ = [j.key for j in unique_jobs(p.jobs) if j.key in mismatched]
-        if bad or differ:
-            kernel_rows[i] = report.kernel_rows(p, results)
-            batch.record(i, "compile", BuildError(report.failure_message(bad, differ, results, names,
-                                                                         len(unique_jobs(p.jobs)))))
+    kernel_rows = _record_compile_failures(planned, results, mismatched, names, batch)
 
     out = []
-    for i, (_, spec) in enumerate(entries):
+    for i, (_, spec, eo) in enumerate(entries):
         result = None
         if i in whole:
             files, stored = whole[i]
@@ -300,7 +311,7 @@ def build_many(models, options: BuildOptions | None = None, **overrides) -> Batc
             for key in ("kernels", "kernel_calls", "cached"):  # a whole hit's kernels count as cached
                 batch_report["totals"][key] += result.report["totals"][key]
         elif i not in batch.failures:
-            result = batch.attempt(i, "link", lambda: _assemble(planned[i], results, cache, keys[i], o, ex_name,
+            result = batch.attempt(i, "link", lambda: _assemble(planned[i], results, cache, keys[i], eo, ex_name,
                                                                 workers, compile_s, t_start))
             if result is not None and cluster:
                 result.report["cluster"] = cluster
@@ -316,6 +327,20 @@ def build_many(models, options: BuildOptions | None = None, **overrides) -> Batc
     batch_report["totals"].update(models=len(entries), models_failed=len(batch.failures))
     batch_report["timing"].update(total_s=round(time.time() - t_start, 3), driver_peak_rss_mb=report.peak_rss_mb())
     return BatchResult(out, batch_report, [batch.failures[i] for i in sorted(batch.failures)])
+
+
+def _record_compile_failures(planned: dict, results: dict, mismatched: list, names: dict, batch: _Batch) -> dict:
+    """Fail each model whose kernels did not all compile (or recompiled to other bytes under
+    --verify-cache), alone; {its index: its kernels' report rows}."""
+    rows = {}
+    for i, p in planned.items():
+        own = unique_jobs(p.jobs)
+        bad = [j for j in own if not results[j.key].ok]
+        differ = [j.key for j in own if j.key in mismatched]
+        if bad or differ:
+            rows[i] = report.kernel_rows(p, results)
+            batch.record(i, "compile", BuildError(report.failure_message(bad, differ, results, names, len(own))))
+    return rows
 
 
 def build(model, target=None, options: BuildOptions | None = None, **overrides) -> BuildResult:

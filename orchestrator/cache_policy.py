@@ -54,12 +54,13 @@ class CachePolicy:
         self.store = open_store(options.cache, readonly=options.cache_readonly)
         self.writable = self.store is not None and not self.store.readonly
 
-    def model_key(self, model, target) -> str | None:
-        """The whole-model key, or None where the model is not looked up whole."""
-        o = self.options
+    def model_key(self, model, target, options: BuildOptions | None = None) -> str | None:
+        """The whole-model key, or None where the model is not looked up whole. options: the
+        model's own, where a batch entry has settings of its own."""
+        o = options or self.options
         if self.store is None or o.bypasses_model_cache:
             return None
-        key = self.untuned_model_key(model, target)
+        key = self.untuned_model_key(model, target, o)
         if key is None:
             return None
         if not o.tuning:
@@ -67,9 +68,9 @@ class CachePolicy:
         summary = self.records(target).summary_digest(key)
         return key if summary is None else model_cache.with_tuning(key, summary)
 
-    def untuned_model_key(self, model, target) -> str | None:
+    def untuned_model_key(self, model, target, options: BuildOptions | None = None) -> str | None:
         """The whole-model key before tuning enters it: what a tune's summary is filed under."""
-        o = self.options
+        o = options or self.options
         memo = self.store.digests if self.writable else None
         return model_cache.model_key(model, target, o.opt_level, o.shapes, o.salt, memo, o.dims)
 

@@ -1,7 +1,7 @@
 """The `kiln` command line.
 
     kiln build MODEL -o OUT [--target T] [--opt-level N] [--shape NAME=DIMS ...] [--workers N]
-    kiln build-many MODEL... -o OUTDIR [--fail-fast]
+    kiln build-many MODEL... -o OUTDIR [--manifest batch.yaml] [--fail-fast]
     kiln run OUT [--inputs in.npz] [--outputs out.npz]
     kiln bench OUT [--warmup N] [--repeat N]
     kiln tune MODEL... [--budget 10m | --trials N] [--threads N] [--executor ray]
@@ -219,17 +219,20 @@ def cmd_build_many(args) -> int:
     error; the others are built and exported, as `make -k` keeps going), 2 on --fail-fast's
     first error."""
     from .api import build_many
-    batch = _run_build(args, build_many, args.models)
+    from .batch_manifest import read_manifest
+    models = list(args.models) + (read_manifest(args.manifest) if args.manifest else [])
+    if not models:
+        raise KilnError("build-many: no models given (name them, or give --manifest FILE)")
+    batch = _run_build(args, build_many, models)
     os.makedirs(args.output, exist_ok=True)
-    names = [os.path.splitext(os.path.basename(m))[0] for m in args.models]
-    if len(set(names)) != len(names):
-        names = [f"{i:02d}_{n}" for i, n in enumerate(names)]
+    names = _output_names(args.models) + [m.output for m in models[len(args.models):]]
     for name, result in zip(names, batch.results):
         if result is not None:
             result.export(os.path.join(args.output, name))
     _write_report(args.report, batch.report)
     t = batch.report["totals"]
     if not args.quiet:
+        print(_batch_table(batch.report["models"], names))
         print(f"built {t['models'] - t['models_failed']} of {t['models']} models into {args.output}: "
               f"{t['kernel_calls']} kernel calls, {t['kernels']} unique kernels: {t['compiled']} compiled, "
               f"{t['cached']} cached, {t['failed']} failed; {batch.report['timing']['total_s']:.2f}s")
@@ -239,6 +242,24 @@ def cmd_build_many(args) -> int:
         for line in rest:
             print(f"  {line}", file=sys.stderr)
     return 1 if batch.failures else 0
+
+
+def _output_names(paths: list) -> list[str]:
+    """Each model file's bundle folder: its stem, numbered where two stems are equal."""
+    names = [os.path.splitext(os.path.basename(m))[0] for m in paths]
+    return names if len(set(names)) == len(names) else [f"{i:02d}_{n}" for i, n in enumerate(names)]
+
+
+def _batch_table(rows: list, names: list) -> str:
+    """One line per model of a batch: its bundle folder, status, kernels compiled and cached."""
+    lines = [f"{'output':24s} {'status':7s} {'kernels':>7s} {'compiled':>8s} {'cached':>6s}"]
+    for name, row in zip(names, rows):
+        if row["status"] == "built":
+            t = row["totals"]
+            lines.append(f"{name:24s} {'built':7s} {t['kernels']:7d} {t['compiled']:8d} {t['cached']:6d}")
+        else:
+            lines.append(f"{name:24s} {'failed':7s} {'-':>7s} {'-':>8s} {'-':>6s}  ({row['stage']})")
+    return "\n".join(lines)
 
 
 def cmd_run(args) -> int:
@@ -406,8 +427,10 @@ def make_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_build)
 
     p = sub.add_parser("build-many", help="build several models in one batch (shared kernels compile once)")
-    p.add_argument("models", nargs="+")
+    p.add_argument("models", nargs="*")
     p.add_argument("-o", "--output", required=True, help="folder for one bundle per model")
+    p.add_argument("--manifest", metavar="FILE", help="a YAML file of models, each with its own shapes, dims, "
+                                                      "target and output folder (docs/building.md)")
     p.add_argument("--fail-fast", action="store_true",
                    help="stop at the first model that fails (default: build every other model, then exit 1)")
     _add_build_flags(p)
