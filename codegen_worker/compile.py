@@ -6,6 +6,10 @@ process-global: whatever this job sets dies with the process.
 """
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
+import tempfile
 import time
 
 import llvmlite.binding as llvm
@@ -14,6 +18,7 @@ from ..ir.loop import Kernel
 
 from .llvm_emit import kernel_to_llvm_ir
 from .partial_stores import split_prefix_masked_stores
+from .protocol import LOG_LIMIT
 
 _initialized = False
 
@@ -27,10 +32,37 @@ def initialize_llvm() -> None:
         _initialized = True
 
 
+@contextlib.contextmanager
+def _llvm_output_kept(log: list):
+    """LLVM prints its remarks and warnings ("loop not vectorized: ...") on file descriptor 2,
+    beneath Python's sys.stderr: while it runs, that goes into a file whose text is appended
+    to `log` (a job's log in the report; `--verbose` prints it), not onto the terminal."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as f:  # (unnamed: nothing is left in the temp folder)
+        os.dup2(f.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            f.seek(0)
+            log.append(f.read(LOG_LIMIT).decode("utf-8", "replace"))
+
+
 def compile_kernel(kernel_bytes: bytes, symbol: str, target: dict, llvm_options=(), opt_level: int = 3,
                    fallback: bool = False, emit_asm: bool = False, emit_ir: bool = False) -> dict:
-    """Compile one kernel. `target` holds triple, cpu, features. Returns object bytes and timings
-    (and the assembly, the optimized LLVM IR where asked: tests read what LLVM made of a kernel)."""
+    """Compile one kernel. `target` holds triple, cpu, features. Returns object bytes, timings,
+    what LLVM printed ("log") and, where asked, the assembly and the optimized LLVM IR (tests
+    read what LLVM made of a kernel)."""
+    log: list = []
+    with _llvm_output_kept(log):
+        result = _compile(kernel_bytes, symbol, target, llvm_options, opt_level, fallback, emit_asm, emit_ir)
+    return {**result, "log": "".join(log)}
+
+
+def _compile(kernel_bytes: bytes, symbol: str, target: dict, llvm_options, opt_level: int, fallback: bool,
+             emit_asm: bool, emit_ir: bool) -> dict:
     initialize_llvm()
     t0 = time.perf_counter()
     kernel = Kernel.from_bytes(kernel_bytes)

@@ -14,6 +14,7 @@ import os
 import struct
 
 _HEAD = struct.Struct("<II")
+LOG_LIMIT = 1 << 16  # bytes of what a job printed (LLVM's remarks among them) kept for its log
 
 
 def encode(header: dict, blob: bytes = b"") -> bytes:

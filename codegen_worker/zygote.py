@@ -24,10 +24,9 @@ import time
 import traceback
 
 from . import faults
-from .protocol import FrameReader, OutBuffer, decode, encode, write_all
+from .protocol import LOG_LIMIT, FrameReader, OutBuffer, decode, encode, write_all
 
 
-LOG_LIMIT = 1 << 16  # bytes of a job's own output kept for its log
 
 
 def _prctl():
@@ -81,8 +80,9 @@ def _run_child(request: dict, kernel_bytes: bytes, out_fd: int) -> None:
                              request.get("opt_level", 3), request.get("fallback", False),
                              request.get("emit_asm", False))
         obj = faults.after_compile(request, res.pop("object"))
+        llvm_log = res.pop("log")
         header = {"id": request["id"], "ok": True, "pid": os.getpid(), "ms": (time.perf_counter() - t0) * 1e3, **res,
-                  "log": _captured(log_fd)}
+                  "log": _captured(log_fd) + llvm_log}
         frame = encode(header, obj)
     except BaseException as e:  # noqa: BLE001 - every failure becomes a record
         frame = encode({"id": request["id"], "ok": False, "pid": os.getpid(), "kind": "llvm_error",

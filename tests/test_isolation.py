@@ -68,3 +68,23 @@ def test_inprocess_debug_mode_shows_the_leak():
     b_after_a_inprocess = proc.stdout
     assert b_after_a_inprocess[:4] == b"\x7fELF"
     assert b_after_a_inprocess != b_alone  # B was compiled with A's -force-vector-width
+
+
+def test_llvm_remarks_go_to_each_jobs_log_not_the_terminal(tmp_path):
+    """LLVM prints "remark: ... loop not vectorized" on file descriptor 2 for some of UNet's
+    convs: in the debugging executor too (where it compiles in the CLI's own process), that
+    text goes into the kernel's log, and onto the terminal only with --verbose."""
+    import onnx
+
+    from tests import model_zoo
+    from tests.test_bad_input import kiln
+    path = str(tmp_path / "unet.onnx")
+    onnx.save(model_zoo.unet(), path)
+    quiet = kiln("build", path, "-o", str(tmp_path / "a"), "--executor", "inprocess", "--no-cache",
+                 "--report", str(tmp_path / "r.json"))
+    assert quiet.returncode == 0, quiet.stderr
+    assert "remark:" not in quiet.stderr and "remark:" not in quiet.stdout
+    report = (tmp_path / "r.json").read_text()
+    assert "loop not vectorized" in report  # kept, in the kernels' attempt logs
+    loud = kiln("build", path, "-o", str(tmp_path / "b"), "--executor", "inprocess", "--no-cache", "--verbose")
+    assert loud.returncode == 0 and "loop not vectorized" in loud.stderr
