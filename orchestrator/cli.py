@@ -262,14 +262,34 @@ def _batch_table(rows: list, names: list) -> str:
     return "\n".join(lines)
 
 
+# An .npz holds bfloat16, the float8/float4 types and the 4- and 2-bit integers as raw bytes
+# (numpy's void types, `|V1`, `|V2`): --outputs writes this entry beside the arrays, a JSON map
+# of each array's element type (view one with `arr.view(getattr(ml_dtypes, dtypes[name]))`),
+# and --inputs reads raw bytes of an input's width as its declared type.
+DTYPE_MAP = "kiln_dtypes"
+
+
+def _read_npz_inputs(path: str, module) -> dict:
+    import numpy as np
+
+    from ..artifacts.element_types import numpy_dtype
+    with np.load(path) as data:
+        arrays = {k: data[k] for k in data.files if k != DTYPE_MAP}
+    declared = {spec["name"]: numpy_dtype(spec["dtype"]) for spec in module.inputs}
+    for name, array in arrays.items():
+        want = declared.get(name)
+        if want is not None and array.dtype.kind == "V" and array.dtype.itemsize == np.dtype(want).itemsize:
+            arrays[name] = array.view(want)
+    return arrays
+
+
 def cmd_run(args) -> int:
     import numpy as np
 
     from ..artifacts.module import Module
     module = Module(args.bundle, args.threads)
     if args.inputs:
-        with np.load(args.inputs) as data:
-            inputs = {k: data[k] for k in data.files}
+        inputs = _read_npz_inputs(args.inputs, module)
     else:
         sizes = _parse_sizes(args.dim)
         inputs = module.random_inputs(args.seed, sizes)
@@ -278,7 +298,8 @@ def cmd_run(args) -> int:
               + (f"; symbols {symbols}: --dim NAME=N sets one)" if symbols else ")"))
     outputs = module.run(inputs)
     if args.outputs:
-        np.savez(args.outputs, **outputs)
+        dtypes = np.array(json.dumps({name: value.dtype.name for name, value in outputs.items()}))
+        np.savez(args.outputs, **outputs, **{DTYPE_MAP: dtypes})
     for name, value in outputs.items():
         flat = value.reshape(-1)
         print(f"{name}: {value.dtype}{list(value.shape)} first values {np.array2string(flat[:6], precision=5)}")

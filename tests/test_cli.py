@@ -156,3 +156,35 @@ def test_output_over_the_store_or_a_users_folder_is_refused(tmp_path):
     for target in (tmp_path / "cnn", tmp_path / "empty"):
         assert kiln("build", example, "-o", str(target), "--cache", str(store)).returncode == 0
         assert (target / "manifest.json").is_file()
+
+
+def test_run_takes_and_gives_the_types_npz_keeps_as_raw_bytes(tmp_path):
+    """bfloat16 and int4 have no npz dtype: numpy.load gives them back as raw bytes (|V2, |V1).
+    `kiln run` reads such an input as its declared type, and its --outputs file maps each
+    array to its type (kiln_dtypes), so a numpy user can view them with ml_dtypes; the values
+    are onnx's reference evaluator's."""
+    import ml_dtypes
+    from onnx import TensorProto, helper
+    from onnx.reference import ReferenceEvaluator
+    nodes = [helper.make_node("Cast", ["x"], ["f"], to=TensorProto.FLOAT),
+             helper.make_node("Cast", ["f"], ["q"], to=TensorProto.INT4),
+             helper.make_node("Cast", ["f"], ["b"], to=TensorProto.BFLOAT16)]
+    graph = helper.make_graph(nodes, "narrow", [helper.make_tensor_value_info("x", TensorProto.BFLOAT16, [2, 5])],
+                              [helper.make_tensor_value_info("q", TensorProto.INT4, [2, 5]),
+                               helper.make_tensor_value_info("b", TensorProto.BFLOAT16, [2, 5])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 25)], ir_version=11)
+    onnx.save(model, tmp_path / "narrow.onnx")
+    assert kiln("build", str(tmp_path / "narrow.onnx"), "-o", str(tmp_path / "b"), "--no-cache").returncode == 0
+    x = np.array([[-8, -3.5, 0, 1.25, 7], [2, -1, 3.75, -6.5, 5]], dtype=ml_dtypes.bfloat16)
+    np.savez(tmp_path / "in.npz", x=x)
+    with np.load(tmp_path / "in.npz") as saved:
+        assert saved["x"].dtype.kind == "V"  # what the CLI is handed
+    r = kiln("run", str(tmp_path / "b"), "--inputs", str(tmp_path / "in.npz"), "--outputs", str(tmp_path / "out.npz"))
+    assert r.returncode == 0, r.stderr
+    want = dict(zip(["q", "b"], ReferenceEvaluator(model).run(None, {"x": x})))
+    with np.load(tmp_path / "out.npz") as got:
+        dtypes = json.loads(str(got["kiln_dtypes"]))
+        assert dtypes == {"q": "int4", "b": "bfloat16"}
+        for name in ("q", "b"):
+            value = got[name].view(getattr(ml_dtypes, dtypes[name]))
+            np.testing.assert_array_equal(value.astype(np.float32), want[name].astype(np.float32))
