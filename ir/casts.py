@@ -2,9 +2,10 @@
 type out of that type's range (NaN and the infinities among them).
 
 ONNX defines a float-to-integer Cast only where the value, truncated toward zero, fits the
-type. Libraries disagree on the rest (numpy goes through a C cast, ml_dtypes 0.7 answers 0 for
-its 4- and 2-bit types where 0.5 kept the low bits), so Kiln fixes its own answer, the same in
-every kernel (codegen_worker/llvm_emit.py, `_cast`) and at build time (constant folding):
+type. Libraries disagree on the rest (numpy goes through a C cast; ml_dtypes 0.7 answers 0 for
+its 4- and 2-bit types, where earlier releases kept the low bits), so Kiln fixes its own
+answer, the same in every kernel (codegen_worker/llvm_emit.py, `_cast`) and at build time
+(constant folding):
 
 1. truncate toward zero;
 2. saturate to the 64-bit integers: int64 for a signed type or a negative value, uint64 for a

@@ -94,7 +94,8 @@ class InProcessExecutor(Executor):
                 try:
                     res = compile_kernel(job.kernel_bytes, job.symbol, job.target.to_dict(),
                                          job.target.llvm_options, job.opt_level, fallback)
-                    header, blob = {"ok": True, "ms": (time.perf_counter() - t0) * 1e3, "log": res["log"]}, res["object"]
+                    header = {"ok": True, "ms": (time.perf_counter() - t0) * 1e3, "log": res["log"]}
+                    blob = res["object"]
                 except Exception as e:  # noqa: BLE001
                     header, blob = {"ok": False, "kind": "llvm_error", "message": str(e),
                                     "log": traceback.format_exc()}, b""
