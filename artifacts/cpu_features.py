@@ -32,11 +32,23 @@ FLAG_OF_LLVM = {llvm: flag for llvm, _, flag in X86_FEATURES}
 FLAG_OF_MACRO = {macro: flag for _, macro, flag in X86_FEATURES}
 
 
+def enabled(llvm_features: str) -> set[str]:
+    """The features an LLVM feature string turns on, a later entry overriding an earlier one
+    (the host's features, then the target's -mattr)."""
+    on: set[str] = set()
+    for f in llvm_features.split(","):
+        if f[:1] == "+":
+            on.add(f[1:])
+        elif f[:1] == "-":
+            on.discard(f[1:])
+    return on
+
+
 def byte_dot_widths(llvm_features: str) -> set[int]:
     """The float32-lane widths (16: zmm, 8: ymm) at which a target's LLVM features give
     vpdpbusd, four u8 x s8 products summed per i32 lane: AVX-512 VNNI (ymm too with VL),
     or AVX-VNNI (ymm, VEX-encoded: Alder Lake, Zen 5)."""
-    on = {f[1:] for f in llvm_features.split(",") if f.startswith("+")}
+    on = enabled(llvm_features)
     widths = set()
     if "avx512vnni" in on:
         widths.add(16)
@@ -45,6 +57,17 @@ def byte_dot_widths(llvm_features: str) -> set[int]:
     if "avxvnni" in on:
         widths.add(8)
     return widths
+
+
+def has_int8_tiles(llvm_features: str) -> bool:
+    """Whether a target's LLVM features give AMX's int8 tile products (AMX-TILE and
+    AMX-INT8: Intel Sapphire Rapids and later)."""
+    return {"amx-tile", "amx-int8"} <= enabled(llvm_features)
+
+
+# The /proc/cpuinfo flags of the tile unit: a bundle whose code uses them needs the tile data
+# state, which Linux grants a process only on request (artifacts/link.py, the entry's loader).
+TILE_FLAGS = ("amx_tile", "amx_int8", "amx_bf16")
 
 
 ARCH_OF_MACHINE = {"x86_64": "x86_64", "amd64": "x86_64", "aarch64": "aarch64", "arm64": "aarch64"}

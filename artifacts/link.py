@@ -20,7 +20,7 @@ import tempfile
 from .cpu_features import host_arch
 from .errors import KilnError
 from .expressions import C_HELPERS
-from .manifest import ENTRY_ABI_VERSION
+from .manifest import ENTRY_ABI_VERSION, TILES_REFUSED
 
 
 def _pointer(loc: tuple) -> str:
@@ -152,9 +152,32 @@ _DISJOINT_C = """static int kiln_disjoint(int count, void* const* at, const size
 }"""
 
 
+# A bundle whose kernels use AMX tiles asks Linux for the tile data state when it loads:
+# without it the first tile instruction faults (SIGILL). The request is per process and
+# answered for all its threads; a process that has it already (another bundle asked) is not
+# asked again. Refused (a kernel without AMX support, or a seccomp filter), every call returns
+# TILES_REFUSED, running nothing, and kiln_tile_status() says why (the errno).
+_TILES_C = """#include <errno.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#define KILN_ARCH_GET_XCOMP_PERM 0x1022
+#define KILN_ARCH_REQ_XCOMP_PERM 0x1023
+#define KILN_XFEATURE_XTILEDATA 18
+static int kiln_tiles = -1;  /* 0: granted; else the errno of the refusal */
+__attribute__((constructor)) static void kiln_request_tiles(void) {
+  unsigned long long have = 0;
+  if (syscall(SYS_arch_prctl, KILN_ARCH_GET_XCOMP_PERM, &have) == 0 && (have >> KILN_XFEATURE_XTILEDATA & 1)) {
+    kiln_tiles = 0;
+    return;
+  }
+  kiln_tiles = syscall(SYS_arch_prctl, KILN_ARCH_REQ_XCOMP_PERM, KILN_XFEATURE_XTILEDATA) == 0 ? 0 : errno;
+}
+int kiln_tile_status(void) { return kiln_tiles; }"""
+
+
 def entry_source(plan: list, outputs: list[tuple[tuple, int]], arena_bytes: int, signature: str = "",
                  min_piece_work: int = 0, preconditions: list = (), derived: tuple = (), caches: tuple = (),
-                 arena_at: list = ()) -> str:
+                 arena_at: list = (), tiles: bool = False) -> str:
     """plan: the steps in order:
       ("call", symbol, [location of each argument], guard, index, phases): guard is
         [(location of a bool, value)], the call runs only where each holds; index its
@@ -190,6 +213,7 @@ def entry_source(plan: list, outputs: list[tuple[tuple, int]], arena_bytes: int,
     copies the past's blocks there (an output at ("output", i) is written in place, not copied).
     `arena_at`: C statements setting at[0], at[1], ... in order, the arena offsets that
     depend on the call's sizes (locations ("arena", "at[i]"); orchestrator.bundle.plan_memory).
+    `tiles`: some kernel uses AMX tiles (_TILES_C).
     A static model's entry is exactly what it was before symbols existed."""
     calls = list(_calls(plan))
     symbolic = bool(min_piece_work)
@@ -212,6 +236,8 @@ def entry_source(plan: list, outputs: list[tuple[tuple, int]], arena_bytes: int,
         lines += ["", *C_HELPERS]
     if any("kiln_disjoint" in cond for cond, _ in preconditions):
         lines += ["", _DISJOINT_C]
+    if tiles:
+        lines += ["", _TILES_C]
     if arena_at:  # (an offset: aligned as artifacts.memory_plan aligns)
         lines.append("static inline long long kiln_end(long long at, long long bytes) "
                      "{ return (at + bytes + 63) & ~63LL; }")
@@ -254,6 +280,7 @@ def entry_source(plan: list, outputs: list[tuple[tuple, int]], arena_bytes: int,
         lines += [f"int {name}(char* weights, char* arena, void** inputs, void** outputs, {dims_param}"
                   f"{extra[2:] + ', ' if timed else ''}int threads) {{",
                   *(compute if derived else []),
+                  *([f"  if (kiln_tiles) return {TILES_REFUSED};"] if tiles else []),
                   *[f"  if (!({cond})) return {code};" for cond, code in preconditions],
                   *_bind_caches(caches),
                   *([f"  long long at[{len(arena_at)}];"] + [f"  {a}" for a in arena_at] if arena_at else []),

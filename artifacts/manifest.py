@@ -17,6 +17,7 @@ KILN_VERSION = "0.1.0"  # the one place: pyproject.toml reads it from here
 FORMAT_VERSION = 1  # of this file; bump when a field changes meaning
 ENTRY_ABI_VERSION = 2  # of kiln_run & co. in the library; the library reports its own
 OVERLAPPING_BUFFERS = 5  # what the entry returns, running nothing, where the caller's buffers overlap
+TILES_REFUSED = 6  # what it returns, running nothing, where Linux refused the process AMX's tile state
 MANIFEST = "manifest.json"
 # A derived symbol's expression head where a kernel counts its value while the call runs
 # (["after", tensor]: a NonZero's count; ir.symbolic imports it).

@@ -146,6 +146,11 @@ class Module:
         if abi != m.abi_version or abi != ENTRY_ABI_VERSION:
             raise KilnError(f"bundle '{path}': its library has entry ABI {abi}, the manifest says {m.abi_version}, "
                             f"and this Kiln {KILN_VERSION} calls ABI {ENTRY_ABI_VERSION}: rebuild the bundle")
+        if hasattr(lib, "kiln_tile_status") and lib.kiln_tile_status() != 0:
+            err = lib.kiln_tile_status()
+            raise KilnError(f"bundle '{path}' runs kernels on AMX tiles and Linux refused this process the tile "
+                            f"state (arch_prctl ARCH_REQ_XCOMP_PERM: {os.strerror(err)}); build it for a target "
+                            "without AMX, e.g. --target \"llvm -mattr=-amx-tile\"")
         lib.kiln_signature.restype = ctypes.c_char_p
         built_for = lib.kiln_signature().decode()
         if built_for != m.signature():

@@ -20,6 +20,7 @@ from ..ir.loop import (FLOAT_TYPES, SMALL_FLOAT_TYPES, SUB_BYTE_TYPES, TRANSPOSE
                       is_unsigned, lowest, operand_type, phases, recomputable, value_bits)
 from ..ir.minifloats import E8M0, E8M0_ROUNDINGS, MINIFLOATS, e8m0_rounding
 from ..ir.schedule import PANEL_CHUNK_KIB, REDUCE_INTERLEAVE
+from . import tile_gemm
 from .minifloat_ir import e8m0_encoder_name, from_float_name, minifloat_conversions, to_float_name
 
 # LLVM's type for each loop-IR type. Integers are sign-less in LLVM: signedness picks the
@@ -859,6 +860,8 @@ class FunctionEmitter:
             if vw != 8:
                 raise ValueError(f"gemm with B in 16-bit pairs at vector width {vw}: AVX2's vpmaddwd is 8 lanes")
             self.decls.add("declare <8 x i32> @llvm.x86.avx2.pmadd.wd(<16 x i16>, <16 x i16>)")
+        elif g.tiles:
+            self.decls |= tile_gemm.declarations(g)
         elif vw in self.dot_widths:
             self.decls.add(f"declare {vt} @{VPDPBUSD[vw]}({vt}, {vt}, {vt})")
         tile = f"%tile{len(self.allocas)}"
@@ -890,7 +893,9 @@ class FunctionEmitter:
                 pb = self.mul_const(p, nr if g.in_place_b else g.k * nr * (2 if g.b_words else 1))
                 bp = self.tmp("bp")
                 self.emit(f"{bp} = add nsw i64 {pb}, {b_off}")
-                if self.outline_tiles(g):
+                if g.tiles:
+                    tile_gemm.tile_microkernel(self, g, a_ptr, a_off, b_ptr, bp, m0, rows, tile, vt)
+                elif self.outline_tiles(g):
                     self.outlined_microkernel(g, a_off, bp, m0, rows, vt, tile, cols, valid)
                 else:
                     self.microkernel(g, a_ptr, a_off, b_ptr, bp, m0, rows, vt, tile, cols, valid)
@@ -991,7 +996,8 @@ class FunctionEmitter:
             or 2 rows, a decoding step's: a 768 -> 3072 GEMV took 1.18x and 1.13x as long in
             the 4-row tile, 3 rows 1.01-1.05x."""
             half, part = mr // 2, f"{g.m_var}.part"
-            least = min(half, -(-MIN_TILE_ACCUMULATORS // (nr // vw)))  # (rows of the least tile)
+            # (rows of the least tile; on the tile unit, any count of rows is one tile shape)
+            least = 1 if g.tiles else min(half, -(-MIN_TILE_ACCUMULATORS // (nr // vw)))
             two = self.int_op("icmp ugt", left, half)
             first = self.tmp("first")  # (the rows of the first tile: all of them, or half rounded up)
             self.emit(f"{first} = select i1 {two}, i64 {self.int_op('sub', left, self.int_op('lshr', left, 1))}, "
@@ -1213,14 +1219,19 @@ class FunctionEmitter:
         self.emit(f"{c} = icmp ult i64 {knext}, {k_end}")
         self.emit(f"br i1 {c}, label %{head}, label %{exit_}")
         self.label(exit_)
+        self.store_registers(g, tile, nexts, rows, vt, elt)
+
+    def store_registers(self, g: Gemm, tile: str, regs: list, rows: int, vt: str, elt: str) -> None:
+        """A register tile's vectors (regs[r][v]: row r's v-th vector) into the stack tile the
+        write-back reads: row-major, or for stores along m column-major, each column's rows
+        [j * R, j * R + rows) transposed in registers vw x vw at a time (rows past the tile
+        are zeros), so that the write-back reads and stores a column as vectors."""
+        vw, nv = self.vw, g.nr // self.vw
         if g.stores_along == "m":
-            # Column-major: each column's rows [j * R, j * R + rows), transposed in registers
-            # vw x vw at a time (rows past the tile are zeros), so that the write-back reads
-            # and stores a column as vectors.
             height = self.tile_rows(g)
             for rb in range(0, height, vw):
                 for v in range(nv):
-                    block = [nexts[rb + i][v] if rb + i < rows else "zeroinitializer" for i in range(vw)]
+                    block = [regs[rb + i][v] if rb + i < rows else "zeroinitializer" for i in range(vw)]
                     for lane, column in enumerate(self.transpose(block, vt)):
                         p = self.tmp("tp")
                         self.emit(f"{p} = getelementptr inbounds {elt}, ptr {tile}, i64 {(v * vw + lane) * height + rb}")
@@ -1230,7 +1241,7 @@ class FunctionEmitter:
             for v in range(nv):
                 p = self.tmp("tp")
                 self.emit(f"{p} = getelementptr inbounds {elt}, ptr {tile}, i64 {r * g.nr + v * vw}")
-                self.emit(f"store {vt} {nexts[r][v]}, ptr {p}, align 4")
+                self.emit(f"store {vt} {regs[r][v]}, ptr {p}, align 4")
 
     def prefetch_lines(self, base: str, at: str, ahead: int, floats: int) -> None:
         """Prefetch into L2 the cache lines of `floats` floats from element at + ahead of base."""

@@ -190,6 +190,19 @@ def called_functions(node, seen: set | None = None) -> set:
     return own.union(*(called_functions(getattr(node, f.name), seen) for f in fields(node)))
 
 
+def uses_tiles(body) -> bool:
+    """Does a kernel body (a statement or a tuple of them) hold a Gemm on AMX tiles?"""
+    if isinstance(body, (tuple, list)):
+        return any(uses_tiles(s) for s in body)
+    if isinstance(body, Gemm):
+        return body.tiles
+    if isinstance(body, For):
+        return uses_tiles(body.body)
+    if isinstance(body, If):
+        return uses_tiles(body.then) or uses_tiles(body.orelse)
+    return False
+
+
 def calls_math(node) -> bool:
     """Does loop IR (as called_functions takes it) call a math function costlier than a few
     instructions?"""
@@ -318,6 +331,17 @@ class Gemm(Stmt):
     of bytes fit an i32), where AVX2's byte multiply (vpmaddubsw) saturates its 16-bit pair
     sums. (A widened once by the lowering costs a pass over it; widened by shuffles in the
     micro-kernel, it cost two per row and quad, for every column panel.)
+
+    With `tiles` (8-bit kinds, packed B, no b_words), the register tile runs on AMX's tile
+    unit (codegen_worker/tile_gemm.py): 16 x 16 int32 accumulator tiles, A read as tiles of
+    16 rows by 64 bytes of k at row stride a_sm, B's packed panel as tiles of 16 quads by 16
+    columns at row stride nr * 4 bytes, so nr is a multiple of 16. The dot instruction
+    multiplies each kind's bytes with their own signs, so "s8s8" takes no 128 from A (the
+    lowering's zero-point terms must not either). A k offset table is then `a_kruns`
+    instead: ((count, byte stride), ...) from outermost, k's quads being runs of
+    k / prod(counts) consecutive quads, each run at the sum of its indices times the
+    strides (a conv's window rows over the channels-last copy: (kh, dh * wp * cp), the kw * cp
+    bytes of a window row contiguous).
     """
     a_buf: str
     a_off: Expr
@@ -349,6 +373,8 @@ class Gemm(Stmt):
     a_rows: int = 0
     a_kspan: str = ""
     n_bound: int = 0
+    tiles: bool = False
+    a_kruns: tuple = ()
 
     @property
     def in_place_b(self) -> bool:

@@ -34,6 +34,7 @@ KNOBS = {
     "window_rows": "depthwise window rows summed per pass over an output row",
     "prefetch": "packed B prefetched into L2 by the micro-kernel: 'auto' (past 512 KiB), 'off', 'on'",
     "panel_chunk_kib": "KiB of packed B every row block passes over before the next chunk",
+    "tile_unit": "an 8-bit GEMM on AMX's tile unit ('on') or AVX-512 VNNI ('off'), where the target has both",
 }
 
 # Knobs read by codegen, carried in Kernel.schedule, with the values it accepts.

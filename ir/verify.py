@@ -8,6 +8,8 @@ that is not an accumulator.
 """
 from __future__ import annotations
 
+from math import prod
+
 from .errors import InternalError
 from .schedule import CODEGEN_OPTIONS
 from .loop import (COMPUTE_TYPES, FLOAT_CALLS, FLOAT_TYPES, GEMM_KINDS, GEMM_SPLITS, INT_TYPES, STORAGE_TYPES,
@@ -216,6 +218,14 @@ class _Checker:
                 raise _Problem(f"{s.kind} gemm with A in row blocks {s.a_sb} apart: float32 only, no a_ktab")
             if s.b_words and (s.kind not in ("u8s8", "s8u8") or s.in_place_b):
                 raise _Problem(f"{s.kind} gemm with B packed as 16-bit pairs: only u8s8 and s8u8, B packed")
+            if s.tiles and (s.kind == "f32" or s.b_words or s.in_place_b or s.a_mtab or s.a_sb or s.a_ktab
+                            or s.nr % 16 or isinstance(s.a_sm, Expr)):
+                raise _Problem(f"{s.kind} gemm on tiles: 8-bit, B packed in bytes, A strided (a_kruns, not "
+                               f"tables), panels of 16k columns (tile {s.mr}x{s.nr})")
+            if s.a_kruns and not (s.tiles and all(isinstance(c, int) and c > 0 and isinstance(st, int)
+                                                  for c, st in s.a_kruns)
+                                  and s.k % prod(c for c, _ in s.a_kruns) == 0):
+                raise _Problem(f"gemm k runs {s.a_kruns}: tiles only, counts dividing k={s.k}")
             if s.b_words and (a_type != "i16" or b_type != "i16"):
                 raise _Problem(f"gemm operands {s.a_buf}, {s.b_buf} are not 16-bit buffers (B packed in pairs)")
             if s.kind != "f32":

@@ -433,6 +433,7 @@ def assemble(lowered, objects: dict[str, bytes], target, manifest_extra: dict, s
     objects. With a store, the linked library is cached too: a warm build does not run the
     linker."""
     from ..ir.deferred import pieces
+    from ..ir.loop import uses_tiles
     from ..ir.parallel import MIN_PIECE_WORK
     from ..ir.symbolic import dim_to_json
     linker = find_linker(target.arch)
@@ -459,7 +460,7 @@ def assemble(lowered, objects: dict[str, bytes], target, manifest_extra: dict, s
         calls=[{"name": c.name, "symbol": c.kernel.symbol, "ops": c.ops} for c in lowered.calls])
     entry = entry_source(plan, outputs, arena_bytes, manifest.signature(),
                          MIN_PIECE_WORK if lowered.symbols else 0, _preconditions(lowered), _derived(lowered),
-                         _caches(lowered), arena_at)
+                         _caches(lowered), arena_at, any(uses_tiles(c.kernel.body) for c in lowered.calls))
     files = {manifest.weights_file: weights, "kiln_entry.c": entry.encode()}
     if linker is not None:
         key = link_key(list(object_keys), entry, linker) if store is not None else None

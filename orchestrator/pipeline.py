@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..artifacts.cpu_features import byte_dot_widths
+from ..artifacts.cpu_features import byte_dot_widths, has_int8_tiles
 from ..ir.frontend_onnx import from_onnx
 from ..ir.lower import ScheduleConfig, lower
 from ..ir.passes import default_pipeline
@@ -45,7 +45,8 @@ class PlannedModel:
 
 def schedule_for(target: Target) -> ScheduleConfig:
     """The lowering choices a target implies (the one place they are derived from it)."""
-    return ScheduleConfig.for_target(target.vector_width, target.arch == "x86_64", byte_dot_widths(target.features))
+    return ScheduleConfig.for_target(target.vector_width, target.arch == "x86_64", byte_dot_widths(target.features),
+                                     has_int8_tiles(target.features))
 
 
 def plan_model(model, target, opt_level, shapes, pass_context, extra_passes, salt, inject, dims=None,

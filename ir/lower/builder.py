@@ -33,12 +33,13 @@ SHORT_ROW = 63  # innermost extents up to this are vectorized along themselves, 
 class ScheduleConfig:
     """Target-dependent choices lowering makes: vector width and GEMM register tile, and
     whether 8-bit GEMMs pack B as 16-bit pairs (8-lane x86 without a byte dot product:
-    see Gemm.b_words)."""
+    see Gemm.b_words) or may run on AMX tiles (Gemm.tiles)."""
     vector_width: int = 16
     mr: int = 14
     nr: int = 32
     vectorize: bool = True
     int8_pairs: bool = False
+    int8_tiles: bool = False  # AMX's tile unit for 8-bit GEMMs (ir/lower/integer_gemm.py, tile_unit)
 
     def tile(self, n: int) -> tuple[int, int]:
         """(mr, nr) for a GEMM with n columns: a narrow GEMM (n within one vector) would waste
@@ -57,9 +58,10 @@ class ScheduleConfig:
         return cls(4, 6, 8)
 
     @classmethod
-    def for_target(cls, vw: int, x86: bool, byte_dot_widths: set) -> "ScheduleConfig":
+    def for_target(cls, vw: int, x86: bool, byte_dot_widths: set, int8_tiles: bool = False) -> "ScheduleConfig":
         config = cls.for_vector_width(vw)
         config.int8_pairs = x86 and vw == 8 and 8 not in byte_dot_widths
+        config.int8_tiles = x86 and vw == 16 and int8_tiles
         return config
 
 

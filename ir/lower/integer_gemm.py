@@ -131,6 +131,27 @@ def _unsigned_zero_point(b: KernelBuilder, za, za_name: str, signed_a: bool):
     return Cast("u8", fbin("add", Cast("i32", z), Const(shift, "i32")))
 
 
+# Below this many rows an 8-bit GEMM stays on VNNI: a decoding step's one row streams each
+# weight tile through the tile unit for a single row of products.
+TILE_MIN_ROWS = 4
+
+
+def tile_unit(b: KernelBuilder, m) -> bool:
+    """Whether an 8-bit GEMM of m rows (an int, or an expression of run-time sizes) runs on
+    AMX's tile unit (Gemm.tiles), where the target has one: the rule, or the schedule's."""
+    if not b.config.int8_tiles:
+        return False
+    rule = "on" if not isinstance(m, int) or m >= TILE_MIN_ROWS else "off"
+    return b.knob("tile_unit", rule, ("on", "off")) == "on"
+
+
+def tile_shape(b: KernelBuilder, n: int) -> tuple[int, int]:
+    """(mr, nr) of an 8-bit GEMM on tiles: B's panels as VNNI's (one or two 16-column tiles),
+    and rows for 4 accumulator tiles: 2 x 2, or 4 x 1 for a narrow GEMM."""
+    nr = b.config.tile(n)[1]
+    return 4 * 16 * 16 // nr, nr
+
+
 # ---- MatMulInteger ------------------------------------------------------------------------
 
 def lower_matmul_integer(b: KernelBuilder, node: Node, store) -> tuple:
@@ -150,12 +171,14 @@ def lower_matmul_integer(b: KernelBuilder, node: Node, store) -> tuple:
     symbolic = not isinstance(m, int)
     quads = -(-k // 4)
     signed_a = b.type(a_name).dtype == "int8"
-    nr = b.tile(n)[1]
-    w_param, _ = _packed_weights(b, w_name, wc, nr)
-    correction = _za_correction(b, za, za_name, signed_a, wc.astype(np.int32).sum(axis=0), w_name)
+    words = b.config.int8_pairs
+    tiles = not words and tile_unit(b, m)
+    tile = tile_shape(b, n) if tiles else b.tile(n)
+    w_param, _ = _packed_weights(b, w_name, wc, tile[1])
+    # (signed A on tiles is multiplied as it is: tdpbssd; elsewhere it is shifted to unsigned)
+    correction = _za_correction(b, za, za_name, signed_a and not tiles, wc.astype(np.int32).sum(axis=0), w_name)
     a_param = b.in_param(a_name)
     stmts = []
-    words = b.config.int8_pairs
     if k % 4 or words:
         # Rows padded to whole quads (the pad elements meet zero weights); for 16-bit pairs,
         # widened once here rather than in every column panel's pass over a row.
@@ -177,7 +200,8 @@ def lower_matmul_integer(b: KernelBuilder, node: Node, store) -> tuple:
     # (over run-time rows, divided among threads as a float MatMul's: lower_matmul_rows)
     return tuple(stmts) + split_by_run_time_rows(gemm_stmt(
         b, a_buf, Const(0), quads * 4, 1, w_param, Const(0), m, n, quads, epilogue,
-        kind="s8s8" if signed_a and not words else "u8s8", b_words=words, split="n" if symbolic else ""))
+        kind="s8s8" if signed_a and not words else "u8s8", b_words=words, split="n" if symbolic else "",
+        tile=tile, tiles=tiles))
 
 
 def _centered_reader(b: KernelBuilder, node: Node, index: int, zp_index: int, zp_axis_of):
@@ -262,10 +286,13 @@ def lower_conv_integer(b: KernelBuilder, node: Node, store) -> tuple:
     wk = np.zeros((groups, kh, kw, cgp, cog), np.int8)
     wk[:, :, :, :cg, :] = wc.reshape(groups, cog, cg, kh, kw).transpose(0, 3, 4, 2, 1)
     quads = kh * kw * cgp // 4
-    nr = b.tile(cog)[1]
-    w_param, group_panels = _packed_weights(b, w_name, wk.reshape(groups, kh * kw * cgp, cog), nr)
-    tables = ()
-    if run_time_plane:  # (each quad's offset from its window's first, a row being wp pixels: at run time)
+    tiles = not b.config.int8_pairs and not run_time_plane and tile_unit(b, ow)
+    tile = tile_shape(b, cog) if tiles else b.tile(cog)
+    w_param, group_panels = _packed_weights(b, w_name, wk.reshape(groups, kh * kw * cgp, cog), tile[1])
+    tables, ktab_param, kruns = (), "", ()
+    if tiles:  # (the window's rows over the copy: a row's kw * cp bytes contiguous where dw is 1)
+        kruns = ((kh, dh * wp * cp),) if groups == 1 and dw == 1 else ((kh, dh * wp * cp), (kw, dw * cp))
+    elif run_time_plane:  # (each quad's offset from its window's first, a row being wp pixels: at run time)
         ktab_param, (ky, kx, c4) = b.workspace(quads, "i64"), (b.fresh(v) for v in ("ky", "kx", "c4"))
         offset = add(mul(add(mul(mul(Var(ky), dh), b.dim(wp)), mul(Var(kx), dw)), cp), mul(Var(c4), 4))
         tables = (For(ky, kh, (For(kx, kw, (For(c4, cgp // 4, (
@@ -296,7 +323,8 @@ def lower_conv_integer(b: KernelBuilder, node: Node, store) -> tuple:
         return store([Var(bv), channel, Var(orow), mm], fbin("sub", acc, correction(channel)))
     gemm = gemm_stmt(b, nhwc, add(mul(Var(orow), mul(wp, sh * cp)), mul(Var(gv), cg)), sw * cp, 0, w_param,
                      mul(Var(gv), group_panels), ow, cog, quads, epilogue, a_ktab=ktab_param, kind="u8s8",
-                     stores_along="m", b_words=b.config.int8_pairs, split="n" if run_time_plane else "")
+                     stores_along="m", b_words=b.config.int8_pairs, split="n" if run_time_plane else "",
+                     tile=tile, tiles=tiles, a_kruns=kruns)
     return tables + loop(bv, batch, (copy, For(orow, oh, loop(gv, groups, (gemm,)), parallel=True)))
 
 
@@ -403,7 +431,9 @@ def _pointwise(b: KernelBuilder, node: Node, store, wc: np.ndarray, zx, zx_name:
     a_rows[:, :cin] = wc
     w_param = b.constant_param(f"{node.inputs[1]}_rows_{'words' if words else 'bytes'}", a_rows)
     correction = _za_correction(b, zx, zx_name, signed_x, wc.astype(np.int32).sum(axis=1), node.inputs[1])
-    nr = b.tile(pixels)[1]
+    tiles = not words and tile_unit(b, cout)
+    tile = tile_shape(b, pixels) if tiles else b.tile(pixels)
+    nr = tile[1]
     panels = -(-pixels // nr)
     packed = b.workspace(panels * quads * nr * 4, "i16" if words else "u8")
     xparam = b.in_param(x_name)
@@ -443,7 +473,7 @@ def _pointwise(b: KernelBuilder, node: Node, store, wc: np.ndarray, zx, zx_name:
         return store([Var(bv), mm] + unflatten(nn, [h, w_]), fbin("sub", acc, correction(mm)))
     # (Divided by rows of channels: by pixel panels, this few-quad GEMM ran 4x slower, measured.)
     gemm = gemm_stmt(b, w_param, Const(0), cp, 1, packed, Const(0), cout, pixels, quads, epilogue, kind="s8u8",
-                     split="m", b_words=words)
+                     split="m", b_words=words, tile=tile, tiles=tiles)
     return loop(bv, batch, (pack, gemm))
 
 
