@@ -848,7 +848,13 @@ class FunctionEmitter:
     # -- the GEMM micro-kernel -----------------------------------------------------------
     def gemm(self, g: Gemm, lo: str | None = None, hi: str | None = None) -> None:
         """The whole GEMM, or with lo and hi (a phase's range) its row blocks or column panels
-        [lo, hi) as `g.split` says; the last block or panel may be partial."""
+        [lo, hi) as `g.split` says; the last block or panel may be partial. On tiles, its
+        blocks configure them and it releases them when it ends."""
+        self.gemm_blocks(g, lo, hi)
+        if g.tiles:
+            tile_gemm.release(self)
+
+    def gemm_blocks(self, g: Gemm, lo: str | None, hi: str | None) -> None:
         vw, nr, mr = self.vw, g.nr, g.mr
         if nr % vw:
             raise ValueError(f"gemm panel width {nr} is not a multiple of the vector width {vw}")
@@ -889,6 +895,9 @@ class FunctionEmitter:
         # `partial` says whether the partial last panel follows (True, False or an i1 value).
         # `valid`: a run-time count of the tile's rows that are the GEMM's (left_over_rows).
         def block(m0: str, rows: int, panels: tuple, partial, valid: str | None = None) -> None:
+            if g.tiles:  # (the tile shapes of this block's rows, once for its panels)
+                tile_gemm.configure(self, g, rows)
+
             def panel(p: str, cols: int) -> None:
                 pb = self.mul_const(p, nr if g.in_place_b else g.k * nr * (2 if g.b_words else 1))
                 bp = self.tmp("bp")

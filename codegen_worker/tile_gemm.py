@@ -1,20 +1,25 @@
 """AMX micro-kernels: an 8-bit Gemm's register tile on Intel's tile unit (Gemm.tiles).
 
 A register tile of `rows` x nr (rows <= mr) is ceil(rows / 16) x nr / 16 accumulator tiles
-of 16 x 16 int32, summed over k in steps of up to 64 bytes (16 quads): per step, A's tiles
-(16 rows by the step's bytes, at A's row stride) and B's (the step's quads by 16 columns of
-the packed panel, at the panel's row stride of nr * 4 bytes), one tdpb[su][su]d per
-accumulator. The dimension with fewer tiles stays loaded through the step and the other
-streams past it, so a step holds at most 4 accumulators + 2 + 1 of the 8 tile registers
-(a 1 x 4 tile: 4 + 1 + 1). The accumulators are then stored to the stack tile the Gemm's
-write-back reads, row-major, or transposed in vector registers for a conv's NCHW stores.
+of 16 x 16 int32 (2 x 2, or 4 x 1 for a 16-column panel), summed over k in steps of 64 bytes
+(16 quads): per step, A's tiles (16 rows of the step's bytes, at A's row stride) and B's (the
+step's quads by 16 columns of the packed panel, at the panel's row stride of nr * 4 bytes),
+one tdpb[su][su]d per accumulator. The accumulators are then stored to the stack tile the
+Gemm's write-back reads, row-major, or for a conv's NCHW stores through a scratch tile,
+transposed in vector registers.
 
-Every tile shape is a constant: the last step of a run of k (its quads modulo 16) and the
-last tile of rows get shapes of their own. LLVM writes the tile configuration (ldtilecfg)
-on the function's entry from those shapes and releases the tiles (tilerelease) before it
-returns, so each thread configures its own tiles per call and holds no tile state between
-calls. The process must have asked Linux for the tile data state first (the entry does, on
-load: artifacts/link.py).
+The tile registers are named, as onnxruntime's MLAS and oneDNN name them: tmm0 and tmm1 hold
+B's tiles, tmm2 and tmm3 A's, tmm4-7 the accumulators. Each register's shape is set by the
+tile configuration (ldtilecfg), which a row block loads once before its panels (a shape per
+count of rows: the last block of a row may be shorter) and the Gemm releases (tilerelease)
+when it ends, so each thread configures its own tiles per phase and holds no tile state
+between calls. (LLVM's shape-inferring `.internal` intrinsics instead configure the tiles on
+every function's entry and give each register one shape per function: a tile per function
+call, with the configuration's 350 cycles each time, ran a 128 x 768 x 768 GEMM at 24% of
+the unit's peak.) Every k step is a whole 64 bytes: the lowering pads each run of k to
+whole steps with zero weights and leaves A readable that far (ir/loop.py, Gemm.tiles).
+The process must have asked Linux for the tile data state first (the entry does, on load:
+artifacts/link.py).
 """
 from __future__ import annotations
 
@@ -26,173 +31,156 @@ TILE_ROWS = 16   # rows of an accumulator or A tile
 STEP_QUADS = 16  # k quads per step: a tile row's 64 bytes
 ROW_BYTES = 64
 DOT = {"u8s8": "tdpbusd", "s8u8": "tdpbsud", "s8s8": "tdpbssd"}  # (A's signedness, then B's)
-# A run of k with more whole steps than this is a loop; fewer are unrolled.
+B_TILES, A_TILES, ACCUMULATORS = (0, 1), (2, 3), (4, 5, 6, 7)
+# A run of k with at most this many steps is unrolled; longer ones are a loop.
 UNROLLED_STEPS = 4
 
 TILE_DECLS = (
-    "declare x86_amx @llvm.x86.tilezero.internal(i16, i16)",
-    "declare x86_amx @llvm.x86.tileloadd64.internal(i16, i16, ptr, i64)",
-    "declare void @llvm.x86.tilestored64.internal(i16, i16, ptr, i64, x86_amx)",
+    "declare void @llvm.x86.ldtilecfg(ptr)",
+    "declare void @llvm.x86.tilerelease()",
+    "declare void @llvm.x86.tilezero(i8)",
+    "declare void @llvm.x86.tileloadd64(i8, ptr, i64)",
+    "declare void @llvm.x86.tilestored64(i8, ptr, i64)",
 )
 
 
 def declarations(g: Gemm) -> set:
-    return {*TILE_DECLS, f"declare x86_amx @llvm.x86.{DOT[g.kind]}.internal(i16, i16, i16, x86_amx, x86_amx, x86_amx)"}
+    return {*TILE_DECLS, f"declare void @llvm.x86.{DOT[g.kind]}(i8, i8, i8)"}
+
+
+class _Layout:
+    """Which tile register holds what for a register tile of `rows` rows."""
+
+    def __init__(self, g: Gemm, rows: int):
+        self.heights = [min(TILE_ROWS, rows - r) for r in range(0, rows, TILE_ROWS)]
+        self.widths = g.nr // TILE_ROWS
+        if len(self.heights) * self.widths > len(ACCUMULATORS) or self.widths > len(B_TILES):
+            raise ValueError(f"tile gemm of {rows} x {g.nr}: more than 4 accumulator tiles")
+
+    def accumulator(self, i: int, j: int) -> int:
+        return ACCUMULATORS[i * self.widths + j]
+
+    def a_tile(self, i: int) -> int:
+        """A's tile i: its own register where there are two B tiles (A stays loaded through the
+        step); one per shape where A streams past one B tile (the last may be shorter)."""
+        if self.widths > 1:
+            return A_TILES[i]
+        return A_TILES[0] if self.heights[i] == TILE_ROWS else A_TILES[1]
+
+    def config(self) -> bytes:
+        """The 64-byte tile configuration: palette 1, then each register's bytes per row and rows."""
+        shapes = {b: (STEP_QUADS, ROW_BYTES) for b in B_TILES[:self.widths]}
+        for i, h in enumerate(self.heights):
+            shapes[self.a_tile(i)] = (h, ROW_BYTES)
+            for j in range(self.widths):
+                shapes[self.accumulator(i, j)] = (h, ROW_BYTES)
+        cfg = bytearray(64)
+        cfg[0] = 1
+        for reg, (rows, colsb) in shapes.items():
+            cfg[16 + 2 * reg:18 + 2 * reg] = colsb.to_bytes(2, "little")
+            cfg[48 + reg] = rows
+        return bytes(cfg)
+
+
+def configure(fe, g: Gemm, rows: int) -> None:
+    """Load the tile configuration of a register tile of `rows` rows (before a row block)."""
+    cfg = _Layout(g, rows).config()
+    name = fe.outlined.get(("tile config", cfg))
+    if name is None:
+        name = f"@{fe.symbol}_tilecfg{len(fe.outlined)}"
+        fe.outlined[("tile config", cfg)] = name
+        data = ", ".join(f"i8 {b}" for b in cfg)
+        fe.functions.append(f"{name} = private unnamed_addr constant [64 x i8] [{data}], align 64")
+    fe.emit(f"call void @llvm.x86.ldtilecfg(ptr {name})")
+
+
+def release(fe) -> None:
+    fe.emit("call void @llvm.x86.tilerelease()")
 
 
 def tile_microkernel(fe, g: Gemm, a_ptr: str, a_off: str, b_ptr: str, bp: str, m0: str, rows: int, tile: str,
                      vt: str) -> None:
     """The register tile [m0, m0 + rows) x panel `bp` (in B's i32 lanes), its sums stored to
-    `tile` for the write-back (FunctionEmitter.gemm): a call of the tile function of its
-    whole k steps, then one of its last steps if k's runs leave some quads."""
+    `tile` for the write-back (FunctionEmitter.gemm), under the configuration `configure`
+    loaded for `rows`."""
+    lay = _Layout(g, rows)
+    for i in range(len(lay.heights)):
+        for j in range(lay.widths):
+            fe.emit(f"call void @llvm.x86.tilezero(i8 {lay.accumulator(i, j)})")
     runs = g.a_kruns or ((1, 0),)
-    run_quads = g.k // prod(count for count, _ in runs)
-    whole, rest = divmod(run_quads, STEP_QUADS)
-    sums = tile
-    if g.stores_along == "m":  # (row-major from the tiles, then transposed into the write-back's)
-        sums = f"%tilesums{len(fe.allocas)}"
-        fe.allocas.append(f"{sums} = alloca [{g.mr * g.nr} x i32], align 64")
+    total = prod(count for count, _ in runs)
+    run_quads = g.k // total
+    steps = run_quads // STEP_QUADS
     a_row0 = fe.int_op("add nsw", fe.mul_const(m0, g.a_sm), a_off)  # (byte offset of row m0's k = 0)
-    parts = ([(STEP_QUADS, 0, whole)] if whole else []) + ([(rest, whole * STEP_QUADS, 1)] if rest else [])
-    for n, (step, first, count) in enumerate(parts):
-        name = _tile_function(fe, g, rows, step, first, count, runs, run_quads, accumulate=n > 0)
-        fe.emit(f"call void @{name}(ptr {a_ptr}, ptr {b_ptr}, ptr {sums}, i64 {a_row0}, i64 {bp})")
-    if g.stores_along == "m":
-        regs = [[fe.load_first(fe.gep(sums, "i32", str(r * g.nr + v * fe.vw)), "i32", fe.vw, fe.vw, 64)
-                 for v in range(g.nr // fe.vw)] for r in range(rows)]
-        fe.store_registers(g, tile, regs, rows, vt, "i32")
 
+    def step(a_at: str, b_at: str) -> None:
+        def load(reg: int, at: str, typ: str, stride: int) -> None:
+            fe.emit(f"call void @llvm.x86.tileloadd64(i8 {reg}, ptr {fe.gep(a_ptr if typ == 'i8' else b_ptr, typ, at)}, "
+                    f"i64 {stride})")
 
-def _tile_function(fe, g: Gemm, rows: int, step: int, first: int, count: int, runs: tuple, run_quads: int,
-                   accumulate: bool) -> str:
-    """`void (ptr a, ptr b, ptr sums, i64 a_row0, i64 bp)`: over every run of k, `count` steps
-    of `step` quads from the run's quad `first`, into accumulators that start at zero or, with
-    `accumulate`, from `sums` (row-major [rows][nr] int32), where they are stored again.
+        def a_tile(i: int) -> int:
+            load(lay.a_tile(i), fe.int_op("add nsw", a_at, i * TILE_ROWS * g.a_sm) if i else a_at, "i8", g.a_sm)
+            return lay.a_tile(i)
 
-    A function of its own for each tile shape: LLVM configures the tiles once per function
-    and gives each tile register one shape for the whole function, so a tile of other rows
-    or a step of other bytes beside these would need registers of its own (10 of the 8)."""
-    key = ("tiles", id(g), rows, step, first, count, accumulate)
-    name = fe.outlined.get(key)
-    if name is not None:
-        return name
-    name = f"{fe.symbol}_amx{len(fe.outlined)}"
-    fe.outlined[key] = name
-    saved = (fe.lines, fe.block)
-    fe.lines, fe.block = [], "entry"
-    a_ptr, b_ptr, sums, a_row0, bp = "%amx.a", "%amx.b", "%amx.sums", "%amx.a_row0", "%amx.bp"
-    heights = [min(TILE_ROWS, rows - r) for r in range(0, rows, TILE_ROWS)]
-    widths = g.nr // TILE_ROWS
-    kb = 4 * step
+        def b_tile(j: int) -> int:
+            load(B_TILES[j], fe.int_op("add nsw", b_at, j * TILE_ROWS) if j else b_at, "i32", g.nr * 4)
+            return B_TILES[j]
 
-    def at_sums(i: int, j: int) -> str:
-        return fe.gep(sums, "i32", str(i * TILE_ROWS * g.nr + j * TILE_ROWS))
-    if accumulate:
-        accs = [[_call(fe, f"tileloadd64.internal(i16 {h}, i16 {ROW_BYTES}, ptr {at_sums(i, j)}, i64 {g.nr * 4})")
-                 for j in range(widths)] for i, h in enumerate(heights)]
-    else:
-        accs = [[_call(fe, f"tilezero.internal(i16 {h}, i16 {ROW_BYTES})") for _ in range(widths)] for h in heights]
-
-    def one_step(accs: list, a_at: str, b_at: str) -> list:
-        def a_tile(i: int) -> str:
-            at = fe.int_op("add nsw", a_at, i * TILE_ROWS * g.a_sm) if i else a_at
-            return _call(fe, f"tileloadd64.internal(i16 {heights[i]}, i16 {kb}, ptr {fe.gep(a_ptr, 'i8', at)}, "
-                             f"i64 {g.a_sm})")
-
-        def b_tile(j: int) -> str:
-            at = fe.int_op("add nsw", b_at, j * TILE_ROWS) if j else b_at
-            return _call(fe, f"tileloadd64.internal(i16 {step}, i16 {ROW_BYTES}, ptr {fe.gep(b_ptr, 'i32', at)}, "
-                             f"i64 {g.nr * 4})")
-
-        def dot(i: int, j: int, a: str, b: str) -> str:
-            return _call(fe, f"{DOT[g.kind]}.internal(i16 {heights[i]}, i16 {ROW_BYTES}, i16 {kb}, "
-                             f"x86_amx {accs[i][j]}, x86_amx {a}, x86_amx {b})")
-        out = [[None] * widths for _ in heights]
-        if len(heights) <= widths:  # A's tiles stay, B's stream
-            a_tiles = [a_tile(i) for i in range(len(heights))]
-            for j in range(widths):
+        def dot(i: int, j: int, a: int, b: int) -> None:
+            fe.emit(f"call void @llvm.x86.{DOT[g.kind]}(i8 {lay.accumulator(i, j)}, i8 {a}, i8 {b})")
+        if lay.widths > 1:  # A's tiles stay through the step, B's two pass them
+            a_tiles = [a_tile(i) for i in range(len(lay.heights))]
+            for j in range(lay.widths):
                 b = b_tile(j)
                 for i, a in enumerate(a_tiles):
-                    out[i][j] = dot(i, j, a, b)
-        else:
-            b_tiles = [b_tile(j) for j in range(widths)]
-            for i in range(len(heights)):
-                a = a_tile(i)
-                for j, b in enumerate(b_tiles):
-                    out[i][j] = dot(i, j, a, b)
-        return out
+                    dot(i, j, a, b)
+        else:  # one B tile stays, A's stream past it
+            b = b_tile(0)
+            for i in range(len(lay.heights)):
+                dot(i, 0, a_tile(i), b)
 
-    def run(accs: list, a_at: str, b_at: str) -> list:
+    def run(a_at: str, b_at: str) -> None:
         """A run's steps: A's bytes from a_at, B's lanes from b_at (its quad 0)."""
-        if first:
-            a_at, b_at = fe.int_op("add nsw", a_at, 4 * first), fe.int_op("add nsw", b_at, first * g.nr)
-        if count <= UNROLLED_STEPS:
-            for s in range(count):
-                accs = one_step(accs, fe.int_op("add nsw", a_at, s * kb) if s else a_at,
-                                fe.int_op("add nsw", b_at, s * step * g.nr) if s else b_at)
-            return accs
-        return carried_loop(fe, count, accs, lambda s, accs: one_step(
-            accs, fe.int_op("add nsw", a_at, fe.mul_const(s, kb)), fe.int_op("add nsw", b_at, fe.mul_const(s, step * g.nr))))
+        def at(s) -> tuple:
+            if s == 0:
+                return a_at, b_at
+            if isinstance(s, int):
+                return fe.int_op("add nsw", a_at, s * ROW_BYTES), fe.int_op("add nsw", b_at, s * STEP_QUADS * g.nr)
+            return (fe.int_op("add nsw", a_at, fe.mul_const(s, ROW_BYTES)),
+                    fe.int_op("add nsw", b_at, fe.mul_const(s, STEP_QUADS * g.nr)))
+        if steps <= UNROLLED_STEPS:
+            for s in range(steps):
+                step(*at(s))
+            return
+        var = f"{g.m_var}.ks{fe.n}"
+        fe.loop(var, steps, lambda: step(*at(fe.lookup(var)[1])), "scalar")
 
-    total = prod(c for c, _ in runs)
     if total == 1:
-        accs = run(accs, a_row0, bp)
+        run(a_row0, bp)
     else:
-        def one_run(r: str, accs: list) -> list:
+        var = f"{g.m_var}.kr{fe.n}"
+
+        def one_run() -> None:
             # (run r's byte offset: its index in each of the runs' dimensions times the stride)
+            r = fe.lookup(var)[1]
             offset, left = a_row0, r
             for d, (extent, stride) in enumerate(reversed(runs)):
                 index = left if d == len(runs) - 1 else fe.int_op("urem", left, extent)
                 if d < len(runs) - 1:
                     left = fe.int_op("udiv", left, extent)
                 offset = fe.int_op("add nsw", offset, fe.mul_const(index, stride))
-            return run(accs, offset, fe.int_op("add nsw", bp, fe.mul_const(r, run_quads * g.nr)))
-        accs = carried_loop(fe, total, accs, one_run)
-    for i, h in enumerate(heights):
-        for j in range(widths):
-            fe.emit(f"call void @llvm.x86.tilestored64.internal(i16 {h}, i16 {ROW_BYTES}, ptr {at_sums(i, j)}, "
-                    f"i64 {g.nr * 4}, x86_amx {accs[i][j]})")
-    body, (fe.lines, fe.block) = fe.lines, saved
-    params = (f"ptr noalias nocapture readonly {a_ptr}, ptr noalias nocapture readonly {b_ptr}, "
-              f"ptr noalias nocapture {sums}, i64 {a_row0}, i64 {bp}")
-    fe.functions.append("\n".join([f"define internal void @{name}({params}) #2 {{", "entry:", *body, "  ret void",
-                                   "}"]))
-    return name
+            run(offset, fe.int_op("add nsw", bp, fe.mul_const(r, run_quads * g.nr)))
+        fe.loop(var, total, one_run, "scalar")
 
-
-def _call(fe, call: str) -> str:
-    v = fe.tmp("tl")
-    fe.emit(f"{v} = call x86_amx @llvm.x86.{call}")
-    return v
-
-
-def carried_loop(fe, count: int, accs: list, body) -> list:
-    """A loop of `count` (>= 1) iterations carrying the accumulator tiles in phis:
-    body(i, accs) -> the next accumulators (it may emit blocks of its own)."""
-    pred = fe.block
-    fe.n += 1
-    head, exit_ = f"T{fe.n}.body", f"T{fe.n}.exit"
-    fe.emit(f"br label %{head}")
-    fe.label(head)
-    i, inext = fe.tmp("ti"), fe.tmp("tinext")
-    flat = [a for row in accs for a in row]
-    phis = [fe.tmp("tacc") for _ in flat]
-    at = len(fe.lines)
-    fe.lines += [None] * (1 + len(flat))  # (the phis: written once the latch block is known)
-    shape = [len(row) for row in accs]
-    nested, k = [], 0
-    for width in shape:
-        nested.append(phis[k:k + width])
-        k += width
-    out = body(i, nested)
-    latch = fe.block
-    fe.lines[at] = f"  {i} = phi i64 [0, %{pred}], [{inext}, %{latch}]"
-    new = [a for row in out for a in row]
-    for n, (phi, first, last) in enumerate(zip(phis, flat, new)):
-        fe.lines[at + 1 + n] = f"  {phi} = phi x86_amx [{first}, %{pred}], [{last}, %{latch}]"
-    fe.emit(f"{inext} = add nuw nsw i64 {i}, 1")
-    more = fe.tmp("tmore")
-    fe.emit(f"{more} = icmp ult i64 {inext}, {count}")
-    fe.emit(f"br i1 {more}, label %{head}, label %{exit_}")
-    fe.label(exit_)
-    return out
+    sums = tile
+    if g.stores_along == "m":  # (row-major from the tiles, then transposed into the write-back's)
+        sums = f"%tilesums{len(fe.allocas)}"
+        fe.allocas.append(f"{sums} = alloca [{g.mr * g.nr} x i32], align 64")
+    for i in range(len(lay.heights)):
+        for j in range(lay.widths):
+            at = fe.gep(sums, "i32", str(i * TILE_ROWS * g.nr + j * TILE_ROWS))
+            fe.emit(f"call void @llvm.x86.tilestored64(i8 {lay.accumulator(i, j)}, ptr {at}, i64 {g.nr * 4})")
+    if g.stores_along == "m":
+        regs = [[fe.load_first(fe.gep(sums, "i32", str(r * g.nr + v * fe.vw)), "i32", fe.vw, fe.vw, 64)
+                 for v in range(g.nr // fe.vw)] for r in range(rows)]
+        fe.store_registers(g, tile, regs, rows, vt, "i32")

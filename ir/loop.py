@@ -335,13 +335,15 @@ class Gemm(Stmt):
     With `tiles` (8-bit kinds, packed B, no b_words), the register tile runs on AMX's tile
     unit (codegen_worker/tile_gemm.py): 16 x 16 int32 accumulator tiles, A read as tiles of
     16 rows by 64 bytes of k at row stride a_sm, B's packed panel as tiles of 16 quads by 16
-    columns at row stride nr * 4 bytes, so nr is a multiple of 16. The dot instruction
-    multiplies each kind's bytes with their own signs, so "s8s8" takes no 128 from A (the
-    lowering's zero-point terms must not either). A k offset table is then `a_kruns`
-    instead: ((count, byte stride), ...) from outermost, k's quads being runs of
-    k / prod(counts) consecutive quads, each run at the sum of its indices times the
-    strides (a conv's window rows over the channels-last copy: (kh, dh * wp * cp), the kw * cp
-    bytes of a window row contiguous).
+    columns at row stride nr * 4 bytes, so nr is 16 or 32. The dot instruction multiplies
+    each kind's bytes with their own signs, so "s8s8" takes no 128 from A (the lowering's
+    zero-point terms must not either). A k offset table is then `a_kruns` instead:
+    ((count, byte stride), ...) from outermost, k's quads being runs of k / prod(counts)
+    consecutive quads, each run at the sum of its indices times the strides (a conv's window
+    rows over the channels-last copy: (kh, dh * wp * cp), the kw * cp bytes of a window row
+    contiguous). Every k step is 64 bytes: each run is a multiple of 16 quads, B's quads past
+    a run's real ones are zero, and A may be read up to the run's padded end (the lowering
+    pads a copy of A, or leaves 64 bytes of slack after its workspace).
     """
     a_buf: str
     a_off: Expr

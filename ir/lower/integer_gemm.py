@@ -136,6 +136,16 @@ def _unsigned_zero_point(b: KernelBuilder, za, za_name: str, signed_a: bool):
 TILE_MIN_ROWS = 4
 
 
+TILE_STEP_BYTES = 64  # a k step on tiles: each run of k is padded to whole steps (Gemm.tiles)
+
+
+def _padded_rows(mat: np.ndarray, rows: int, axis: int = -2) -> np.ndarray:
+    """`mat` with zero rows appended along `axis` up to `rows` (weights past k meet A's padding)."""
+    pad = [(0, 0)] * mat.ndim
+    pad[axis] = (0, rows - mat.shape[axis])
+    return np.pad(mat, pad) if rows > mat.shape[axis] else mat
+
+
 def tile_unit(b: KernelBuilder, m) -> bool:
     """Whether an 8-bit GEMM of m rows (an int, or an expression of run-time sizes) runs on
     AMX's tile unit (Gemm.tiles), where the target has one: the rule, or the schedule's."""
@@ -169,26 +179,27 @@ def lower_matmul_integer(b: KernelBuilder, node: Node, store) -> tuple:
     lead = list(b.shape(a_name)[:-1])  # (ints, or expressions of run-time sizes)
     m, rows = math.prod(lead), math.prod(sa[:-1])  # (the rows as the kernel computes them; as a Dim)
     symbolic = not isinstance(m, int)
-    quads = -(-k // 4)
     signed_a = b.type(a_name).dtype == "int8"
     words = b.config.int8_pairs
     tiles = not words and tile_unit(b, m)
     tile = tile_shape(b, n) if tiles else b.tile(n)
-    w_param, _ = _packed_weights(b, w_name, wc, tile[1])
+    quads = -(-k // TILE_STEP_BYTES) * TILE_STEP_BYTES // 4 if tiles else -(-k // 4)  # (A's rows in the GEMM)
+    w_param, _ = _packed_weights(b, w_name, _padded_rows(wc, quads * 4), tile[1])
     # (signed A on tiles is multiplied as it is: tdpbssd; elsewhere it is shifted to unsigned)
     correction = _za_correction(b, za, za_name, signed_a and not tiles, wc.astype(np.int32).sum(axis=0), w_name)
     a_param = b.in_param(a_name)
     stmts = []
-    if k % 4 or words:
-        # Rows padded to whole quads (the pad elements meet zero weights); for 16-bit pairs,
-        # widened once here rather than in every column panel's pass over a row.
+    if k != quads * 4 or words:
+        # Rows padded to whole quads, or on tiles whole 64-byte steps (the pad elements meet
+        # zero weights); for 16-bit pairs, widened once here rather than in every column
+        # panel's pass over a row.
         storage = "i16" if words else "i8" if signed_a else "u8"
         a_buf = b.workspace(rows * quads * 4, storage)
         i, j = b.fresh("r"), b.fresh("k")
-        value = Load(a_param, add(mul(Var(i), k), fbin("min", Var(j), Const(k - 1)) if k % 4 else Var(j)))
+        value = Load(a_param, add(mul(Var(i), k), fbin("min", Var(j), Const(k - 1)) if k != quads * 4 else Var(j)))
         if words:
             value = Cast("i16", fbin("add", Cast("i32", value), Const(128, "i32")) if signed_a else value)
-        if k % 4:
+        if k != quads * 4:
             value = select(cmp("lt", Var(j), Const(k)), value, Const(0, storage))
         stmts.append(For(i, m, (For(j, quads * 4, (Store(a_buf, add(mul(Var(i), quads * 4), Var(j)), value),),
                                     "vectorize"),), parallel=True))
@@ -288,23 +299,31 @@ def lower_conv_integer(b: KernelBuilder, node: Node, store) -> tuple:
     quads = kh * kw * cgp // 4
     tiles = not b.config.int8_pairs and not run_time_plane and tile_unit(b, ow)
     tile = tile_shape(b, cog) if tiles else b.tile(cog)
-    w_param, group_panels = _packed_weights(b, w_name, wk.reshape(groups, kh * kw * cgp, cog), tile[1])
+    wk = wk.reshape(groups, kh * kw * cgp, cog)
     tables, ktab_param, kruns = (), "", ()
-    if tiles:  # (the window's rows over the copy: a row's kw * cp bytes contiguous where dw is 1)
+    if tiles:
+        # A's k in runs read in place: a window row's kw * cp bytes where dw is 1 and one
+        # group spans the copy's channels, else each tap's cg; each run padded to whole steps.
         kruns = ((kh, dh * wp * cp),) if groups == 1 and dw == 1 else ((kh, dh * wp * cp), (kw, dw * cp))
-    elif run_time_plane:  # (each quad's offset from its window's first, a row being wp pixels: at run time)
+        runs = math.prod(c for c, _ in kruns)
+        run_bytes = -(-(kh * kw * cgp // runs) // TILE_STEP_BYTES) * TILE_STEP_BYTES
+        wk = _padded_rows(wk.reshape(groups, runs, -1, cog), run_bytes).reshape(groups, -1, cog)
+        quads = runs * run_bytes // 4
+    w_param, group_panels = _packed_weights(b, w_name, wk, tile[1])
+    if run_time_plane:  # (each quad's offset from its window's first, a row being wp pixels: at run time)
         ktab_param, (ky, kx, c4) = b.workspace(quads, "i64"), (b.fresh(v) for v in ("ky", "kx", "c4"))
         offset = add(mul(add(mul(mul(Var(ky), dh), b.dim(wp)), mul(Var(kx), dw)), cp), mul(Var(c4), 4))
         tables = (For(ky, kh, (For(kx, kw, (For(c4, cgp // 4, (
             Store(ktab_param, flat_index([Var(ky), Var(kx), Var(c4)], [kh, kw, cgp // 4]), offset),)),)),)),)
-    else:
+    elif not tiles:  # (on tiles, the runs instead)
         ktab = np.array([((ky * dh) * wp + kx * dw) * cp + 4 * c4 for ky in range(kh) for kx in range(kw)
                          for c4 in range(cgp // 4)], np.int64)
         ktab_param = b.constant_param("conv_quad_offsets", ktab)
     correction = _za_correction(b, zx, zx_name, signed_x, wc.reshape(cout, -1).astype(np.int32).sum(axis=1), w_name)
     za_u = _unsigned_zero_point(b, zx, zx_name, signed_x)
     xparam = b.in_param(x_name)
-    nhwc = b.workspace(hp * wp * cp, "i16" if b.config.int8_pairs else "u8")
+    # (on tiles, a run's last step may read past the copy's last pixel into padded weights' range)
+    nhwc = b.workspace(hp * wp * cp + (TILE_STEP_BYTES if tiles else 0), "i16" if b.config.int8_pairs else "u8")
     if run_time_plane:
         hp, wp = b.dim(hp), b.dim(wp)
     bv = b.fresh("b")
@@ -423,15 +442,15 @@ def _pointwise(b: KernelBuilder, node: Node, store, wc: np.ndarray, zx, zx_name:
     batch, cin, h, w_ = b.type(x_name).shape
     batch = b.dim(batch)  # (an int, or a run-time batch's expression)
     cout, pixels = wc.shape[0], h * w_
-    cp = -(-cin // 4) * 4
-    quads = cp // 4
     signed_x = b.type(x_name).dtype == "int8"
     words = b.config.int8_pairs  # (Gemm.b_words: both operands in 16-bit elements)
+    tiles = not words and tile_unit(b, cout)
+    cp = -(-cin // (TILE_STEP_BYTES if tiles else 4)) * (TILE_STEP_BYTES if tiles else 4)  # (k, padded)
+    quads = cp // 4
     a_rows = np.zeros((cout, cp), np.int16 if words else np.int8)
     a_rows[:, :cin] = wc
     w_param = b.constant_param(f"{node.inputs[1]}_rows_{'words' if words else 'bytes'}", a_rows)
     correction = _za_correction(b, zx, zx_name, signed_x, wc.astype(np.int32).sum(axis=1), node.inputs[1])
-    tiles = not words and tile_unit(b, cout)
     tile = tile_shape(b, pixels) if tiles else b.tile(pixels)
     nr = tile[1]
     panels = -(-pixels // nr)
@@ -446,11 +465,11 @@ def _pointwise(b: KernelBuilder, node: Node, store, wc: np.ndarray, zx, zx_name:
             c = add(mul(Var(q), 4), kk)
             v = Const(0, "u8")
             if inside:
-                v = Load(xparam, add(mul(add(mul(Var(bv), cin), fbin("min", c, Const(cin - 1)) if cin % 4 else c),
+                v = Load(xparam, add(mul(add(mul(Var(bv), cin), fbin("min", c, Const(cin - 1)) if cin < cp else c),
                                          pixels), add(mul(panel, nr), col)))
                 if signed_x:
                     v = Cast("u8", fbin("add", Cast("i32", v), Const(128, "i32")))
-                if cin % 4:
+                if cin < cp:
                     v = select(cmp("lt", c, Const(cin)), v, Const(0, "u8"))
             row = add(mul(panel, quads), Var(q))
             if words:  # [panel][quad][pair][column][2]
