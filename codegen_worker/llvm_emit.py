@@ -1583,11 +1583,12 @@ class FunctionEmitter:
         that is not the contiguous direction. With `valid`, its first `valid` rows only."""
         n0 = self.mul_const(p, g.nr)
         acc_type = "f32" if g.kind == "f32" else "i32"
+        m_base = [m0]  # (row r of the tile is the epilogue's m_base + r: with g.m_rows, per row segment)
 
         def element():
             r, j = self.lookup("__wb_r")[1], self.lookup("__wb_j")[1]
             m, n, ti = self.tmp("mm"), self.tmp("nn"), self.tmp("ti")
-            self.emit(f"{m} = add nsw i64 {m0}, {r}")
+            self.emit(f"{m} = add nsw i64 {m_base[0]}, {r}")
             self.emit(f"{n} = add nsw i64 {n0}, {j}")
             if g.stores_along == "m":  # (the tile is column-major: microkernel)
                 self.emit(f"{ti} = add nsw i64 {self.mul_const(j, self.tile_rows(g))}, {r}")
@@ -1601,7 +1602,25 @@ class FunctionEmitter:
             self.bind(g.acc_var, ("ssa", acc, acc_type))
             self.stmts(g.epilogue)
 
-        if valid and g.stores_along == "m":
+        if g.m_rows:
+            # Virtual rows (Gemm.m_rows): the tile's rows in segments, one per plane row it
+            # meets, each [lo, hi) of the rows that are pixels; the gap between is not stored.
+            width, real = g.m_rows
+            first = self.int_op("udiv", m0, width)
+            end = self.int_op("add nsw", m0, rows)
+            last = self.int_op("udiv", self.int_op("sub nsw", end, 1), width)
+
+            def segment():
+                row = self.lookup("__wb_seg")[1]
+                start = self.mul_const(row, width)
+                lo = self.int_op("sub nsw", self.int_op("smax", m0, start), m0)
+                hi = self.int_op("sub nsw", self.int_op("smin", end, self.int_op("add nsw", start, real)), m0)
+                # (row r of the tile is pixel row * real + (m0 + r - start))
+                m_base[0] = self.int_op("add nsw", self.int_op("sub nsw", self.mul_const(row, real), start), m0)
+                self.loop("__wb_j", cols, lambda: self.loop("__wb_r", 0, element, "run_time_tail", lo=lo, hi=hi),
+                          "scalar")
+            self.loop("__wb_seg", 0, segment, "scalar", lo=first, hi=self.int_op("add nsw", last, 1))
+        elif valid and g.stores_along == "m":
             self.loop("__wb_j", cols, lambda: self.loop("__wb_r", 0, element, "run_time_tail", lo="0", hi=valid),
                       "scalar")
         elif valid:

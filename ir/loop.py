@@ -344,6 +344,12 @@ class Gemm(Stmt):
     contiguous). Every k step is 64 bytes: each run is a multiple of 16 quads, B's quads past
     a run's real ones are zero, and A may be read up to the run's padded end (the lowering
     pads a copy of A, or leaves 64 bytes of slack after its workspace).
+
+    With `m_rows` (width, real), m counts virtual rows, a plane's rows of `width` pixels laid
+    end to end, of which the first `real` of each row are pixels: the write-back stores only
+    those, and the epilogue's m is the pixel's index in a plane of `real` columns, (q //
+    width) * real + q % width for virtual row q. (A stride-1 conv over its padded input: its
+    pixels are then equally spaced in A across output rows.)
     """
     a_buf: str
     a_off: Expr
@@ -377,6 +383,7 @@ class Gemm(Stmt):
     n_bound: int = 0
     tiles: bool = False
     a_kruns: tuple = ()
+    m_rows: tuple = ()
 
     @property
     def in_place_b(self) -> bool:

@@ -229,6 +229,9 @@ class _Checker:
                                                   for c, st in s.a_kruns)
                                   and s.k % prod(c for c, _ in s.a_kruns) == 0):
                 raise _Problem(f"gemm k runs {s.a_kruns}: tiles only, counts dividing k={s.k}")
+            if s.m_rows and not (s.tiles and s.stores_along == "m" and isinstance(s.m, int)
+                                 and len(s.m_rows) == 2 and 0 < s.m_rows[1] <= s.m_rows[0]):
+                raise _Problem(f"gemm over virtual rows {s.m_rows}: on tiles, stores along m, a static m")
             if s.b_words and (a_type != "i16" or b_type != "i16"):
                 raise _Problem(f"gemm operands {s.a_buf}, {s.b_buf} are not 16-bit buffers (B packed in pairs)")
             if s.kind != "f32":

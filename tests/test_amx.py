@@ -112,14 +112,17 @@ def test_matmul_integer_on_tiles(a_type, b_type, m, k, n):
 ])
 def test_conv_integer_on_tiles(x_type, case):
     """The channels-last implicit GEMM, A's window rows read as tiles in place from the
-    bordered copy (Gemm.a_kruns), and the pointwise GEMM; 24 output channels (a panel past
-    N). Exact int32."""
+    bordered copy (Gemm.a_kruns): over the padded plane's rows end to end for stride 1
+    (Gemm.m_rows: the pixels between rows computed and not stored), per output row
+    otherwise; and the pointwise GEMM. 24 output channels (a panel past N). Exact int32."""
     case = dict(case)
     k, shape = case.pop("kernel", 3), case.pop("shape")
     w = (_bytes([24, shape[1] // case.get("group", 1), k, k], I8, 1).astype(np.int32) * 200 // 255).astype(np.int8)
     model = _model([helper.make_node("ConvInteger", ["x", "w", "zx", "zw"], ["y"], **case)], [("x", x_type, shape)],
                    [("y", I32)], [("w", w), ("zw", np.array(-3, np.int8)), ("zx", np.array(7, NP[x_type]))])
-    _exact(model, {"x": _bytes(shape, x_type, 3)})
+    result = _exact(model, {"x": _bytes(shape, x_type, 3)})
+    pointwise = k == 1 and not case
+    assert all(bool(g.m_rows) == (not pointwise and case.get("strides", [1, 1]) == [1, 1]) for g in _gemms(result))
 
 
 @pytest.mark.parametrize("fmt", ["qdq", "qoperator"])

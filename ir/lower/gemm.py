@@ -326,7 +326,7 @@ def gemm_stmt(b: KernelBuilder, a_buf, a_off, a_sm, a_sk, b_buf, b_off, m, n, k,
               kind: str = "f32", b_sk: int = 0, stores_along: str = "n", split: str = "", b_ktab: str = "",
               tile: tuple | None = None, b_words: bool = False, a_blocked: bool = False, a_mtab: str = "",
               a_rows: int = 0, a_kspan: str = "", n_bound: int = 0, tiles: bool = False,
-              a_kruns: tuple = ()) -> Gemm:
+              a_kruns: tuple = (), m_rows: tuple = ()) -> Gemm:
     """A Gemm statement; epilogue_fn(m_expr, n_expr, acc_expr) returns the epilogue statements.
     B must have been packed with the panel width b.tile(n) gives (or `tile`'s), or (b_sk, b_ktab)
     is read in place with that row stride or through that table of row offsets."""
@@ -346,7 +346,7 @@ def gemm_stmt(b: KernelBuilder, a_buf, a_off, a_sm, a_sk, b_buf, b_off, m, n, k,
         raise InternalError(f"A blocked by {mr} rows is read with a_sm {a_sm}, a_sk {a_sk}")
     return Gemm(a_buf, a_off, a_sm, a_sk, b_buf, b_off, m, n, k, mr, nr, mv, nv, av, epi, a_ktab, kind,
                 split, b_sk, stores_along, b_ktab, b_words, k if a_blocked else 0, a_mtab, a_rows, a_kspan, n_bound,
-                tiles, a_kruns)
+                tiles, a_kruns, m_rows)
 
 
 def gemm_split(m: int, n: int, mr: int, nr: int) -> str:

@@ -297,7 +297,12 @@ def lower_conv_integer(b: KernelBuilder, node: Node, store) -> tuple:
     wk = np.zeros((groups, kh, kw, cgp, cog), np.int8)
     wk[:, :, :, :cg, :] = wc.reshape(groups, cog, cg, kh, kw).transpose(0, 3, 4, 2, 1)
     quads = kh * kw * cgp // 4
-    tiles = not b.config.int8_pairs and not run_time_plane and tile_unit(b, ow)
+    # On tiles, a stride-1 conv is one GEMM over the padded plane's rows laid end to end
+    # (virtual_rows): A's pixels are then cp bytes apart throughout, so tiles fill 16 rows
+    # across output rows, and each weight panel is read once per block of them, not once
+    # per output row. The wp - ow pixels between rows are computed and not stored.
+    virtual_rows = (oh - 1) * wp + ow if sh == sw == 1 and not run_time_plane else 0
+    tiles = not b.config.int8_pairs and not run_time_plane and tile_unit(b, virtual_rows or ow)
     tile = tile_shape(b, cog) if tiles else b.tile(cog)
     wk = wk.reshape(groups, kh * kw * cgp, cog)
     tables, ktab_param, kruns = (), "", ()
@@ -336,6 +341,14 @@ def lower_conv_integer(b: KernelBuilder, node: Node, store) -> tuple:
                                      b.config.int8_pairs)
 
     orow, gv = b.fresh("oy"), b.fresh("g")
+    if tiles and virtual_rows:
+        def at_pixel(mm, nn, acc):  # (mm: the output pixel, Gemm.m_rows)
+            channel = add(mul(Var(gv), cog), nn) if groups > 1 else nn
+            return store([Var(bv), channel] + unflatten(mm, [oh, ow]), fbin("sub", acc, correction(channel)))
+        gemm = gemm_stmt(b, nhwc, mul(Var(gv), cg), cp, 0, w_param, mul(Var(gv), group_panels), virtual_rows, cog,
+                         quads, at_pixel, kind="u8s8", stores_along="m", tile=tile, tiles=True, a_kruns=kruns,
+                         m_rows=(wp, ow))
+        return loop(bv, batch, (copy, *loop(gv, groups, (gemm,))))
 
     def epilogue(mm, nn, acc):
         channel = add(mul(Var(gv), cog), nn) if groups > 1 else nn
