@@ -131,12 +131,20 @@ def _unsigned_zero_point(b: KernelBuilder, za, za_name: str, signed_a: bool):
     return Cast("u8", fbin("add", Cast("i32", z), Const(shift, "i32")))
 
 
-# Below this many rows an 8-bit GEMM stays on VNNI: a decoding step's one row streams each
-# weight tile through the tile unit for a single row of products.
-TILE_MIN_ROWS = 4
-
-
 TILE_STEP_BYTES = 64  # a k step on tiles: each run of k is padded to whole steps (Gemm.tiles)
+
+# The cost rule between AMX's tiles and VNNI (`tile_unit`). Below TILE_MIN_ROWS rows, VNNI: a
+# decoding step's one row streams each weight tile through the unit for a single row of
+# products. Below TILE_MIN_K_BYTES of k, VNNI: the tiles' one step is 64 cycles against the
+# write-back's 1,024 elements, and storing the accumulators from the tiles only adds to it
+# (a pointwise conv of 32 channels: 0.188 ms on tiles, 0.140 on VNNI). Below TILE_MIN_USEFUL
+# of the products real (the rest meet the zero padding of k's runs to 64 bytes and of columns
+# to 16), VNNI: RegNet's convs in groups of 8 channels (runs of 8 bytes padded to 64, 8 of
+# 16 columns; 6%) took twice as long on tiles; ResNet's stem (runs of 28 bytes, 44%) 0.6x.
+# Measured on an Emerald Rapids Xeon, 2026-12-02.
+TILE_MIN_ROWS = 4
+TILE_MIN_K_BYTES = 64
+TILE_MIN_USEFUL = 0.3
 
 
 def _padded_rows(mat: np.ndarray, rows: int, axis: int = -2) -> np.ndarray:
@@ -146,13 +154,19 @@ def _padded_rows(mat: np.ndarray, rows: int, axis: int = -2) -> np.ndarray:
     return np.pad(mat, pad) if rows > mat.shape[axis] else mat
 
 
-def tile_unit(b: KernelBuilder, m) -> bool:
-    """Whether an 8-bit GEMM of m rows (an int, or an expression of run-time sizes) runs on
-    AMX's tile unit (Gemm.tiles), where the target has one: the rule, or the schedule's."""
+def tile_unit(b: KernelBuilder, m, k_bytes: int, padded_k_bytes: int, n: int) -> bool:
+    """Whether an 8-bit GEMM of m rows (an int, or an expression of run-time sizes), k_bytes
+    of products per output (padded_k_bytes on tiles) and n columns runs on AMX's tile unit
+    (Gemm.tiles), where the target has one: the rule above, or the schedule's."""
     if not b.config.int8_tiles:
         return False
-    rule = "on" if not isinstance(m, int) or m >= TILE_MIN_ROWS else "off"
-    return b.knob("tile_unit", rule, ("on", "off")) == "on"
+    useful = k_bytes / padded_k_bytes * n / (-(-n // 16) * 16)
+    pays = (not isinstance(m, int) or m >= TILE_MIN_ROWS) and k_bytes >= TILE_MIN_K_BYTES and useful >= TILE_MIN_USEFUL
+    return b.knob("tile_unit", "on" if pays else "off", ("on", "off")) == "on"
+
+
+def _whole_steps(nbytes: int) -> int:
+    return -(-nbytes // TILE_STEP_BYTES) * TILE_STEP_BYTES
 
 
 def tile_shape(b: KernelBuilder, n: int) -> tuple[int, int]:
@@ -181,9 +195,9 @@ def lower_matmul_integer(b: KernelBuilder, node: Node, store) -> tuple:
     symbolic = not isinstance(m, int)
     signed_a = b.type(a_name).dtype == "int8"
     words = b.config.int8_pairs
-    tiles = not words and tile_unit(b, m)
+    tiles = not words and tile_unit(b, m, k, _whole_steps(k), n)
     tile = tile_shape(b, n) if tiles else b.tile(n)
-    quads = -(-k // TILE_STEP_BYTES) * TILE_STEP_BYTES // 4 if tiles else -(-k // 4)  # (A's rows in the GEMM)
+    quads = _whole_steps(k) // 4 if tiles else -(-k // 4)  # (A's rows in the GEMM)
     w_param, _ = _packed_weights(b, w_name, _padded_rows(wc, quads * 4), tile[1])
     # (signed A on tiles is multiplied as it is: tdpbssd; elsewhere it is shifted to unsigned)
     correction = _za_correction(b, za, za_name, signed_a and not tiles, wc.astype(np.int32).sum(axis=0), w_name)
@@ -302,18 +316,21 @@ def lower_conv_integer(b: KernelBuilder, node: Node, store) -> tuple:
     # across output rows, and each weight panel is read once per block of them, not once
     # per output row. The wp - ow pixels between rows are computed and not stored.
     virtual_rows = (oh - 1) * wp + ow if sh == sw == 1 and not run_time_plane else 0
-    tiles = not b.config.int8_pairs and not run_time_plane and tile_unit(b, virtual_rows or ow)
+    # (A's k in runs read in place on tiles: a window row's kw * cp bytes where dw is 1 and
+    # one group spans the copy's channels, else each tap's cg; each run padded to whole steps)
+    kruns = ((kh, dh * wp * cp),) if groups == 1 and dw == 1 else ((kh, dh * wp * cp), (kw, dw * cp))
+    runs = math.prod(c for c, _ in kruns)
+    run_bytes = _whole_steps(kh * kw * cgp // runs)
+    tiles = (not b.config.int8_pairs and not run_time_plane
+             and tile_unit(b, virtual_rows or ow, kh * kw * cg, runs * run_bytes, cog))
     tile = tile_shape(b, cog) if tiles else b.tile(cog)
     wk = wk.reshape(groups, kh * kw * cgp, cog)
-    tables, ktab_param, kruns = (), "", ()
+    tables, ktab_param = (), ""
     if tiles:
-        # A's k in runs read in place: a window row's kw * cp bytes where dw is 1 and one
-        # group spans the copy's channels, else each tap's cg; each run padded to whole steps.
-        kruns = ((kh, dh * wp * cp),) if groups == 1 and dw == 1 else ((kh, dh * wp * cp), (kw, dw * cp))
-        runs = math.prod(c for c, _ in kruns)
-        run_bytes = -(-(kh * kw * cgp // runs) // TILE_STEP_BYTES) * TILE_STEP_BYTES
         wk = _padded_rows(wk.reshape(groups, runs, -1, cog), run_bytes).reshape(groups, -1, cog)
         quads = runs * run_bytes // 4
+    else:
+        kruns = ()
     w_param, group_panels = _packed_weights(b, w_name, wk, tile[1])
     if run_time_plane:  # (each quad's offset from its window's first, a row being wp pixels: at run time)
         ktab_param, (ky, kx, c4) = b.workspace(quads, "i64"), (b.fresh(v) for v in ("ky", "kx", "c4"))
@@ -457,8 +474,8 @@ def _pointwise(b: KernelBuilder, node: Node, store, wc: np.ndarray, zx, zx_name:
     cout, pixels = wc.shape[0], h * w_
     signed_x = b.type(x_name).dtype == "int8"
     words = b.config.int8_pairs  # (Gemm.b_words: both operands in 16-bit elements)
-    tiles = not words and tile_unit(b, cout)
-    cp = -(-cin // (TILE_STEP_BYTES if tiles else 4)) * (TILE_STEP_BYTES if tiles else 4)  # (k, padded)
+    tiles = not words and tile_unit(b, cout, cin, _whole_steps(cin), h * w_)
+    cp = _whole_steps(cin) if tiles else -(-cin // 4) * 4  # (k, padded)
     quads = cp // 4
     a_rows = np.zeros((cout, cp), np.int16 if words else np.int8)
     a_rows[:, :cin] = wc
