@@ -144,8 +144,9 @@ def _tensors(kind: str, specs: list, symbols: list, derived: list) -> list[str]:
 _ENTRY_STATIC = [
     "int kiln_run(char* weights, char* arena, void** inputs, void** outputs);",
     "/* kiln_run on `threads` threads (<= 0: kiln_num_threads()); any count gives the same bytes.",
-    " * Returns 0, or 5 before running anything where two of the buffers overlap: kernels write",
-    " * the outputs in place while the inputs are still read. */",
+    " * Returns 0, or before running anything 5 where two of the buffers overlap (kernels write",
+    " * the outputs in place while the inputs are still read) or 6 where the bundle's kernels use",
+    " * AMX tiles and Linux refused this process the tile state. */",
     "int kiln_run_threads(char* weights, char* arena, void** inputs, void** outputs, int threads);",
     "int kiln_run_profiled(char* weights, char* arena, void** inputs, void** outputs, double* times_ms,",
     "                      int threads);"]
@@ -159,8 +160,9 @@ def _entry_dims(counted: bool) -> list[str]:
         "/* Run with the symbols' values in dims[] (inputs and outputs hold kiln_*_bytes_at(i, dims)",
         " * bytes each) on `threads` threads (<= 0: the default). Returns 0, or before running",
         " * anything 2 (a symbol outside its bounds), 3 (sizes the model needs equal differ), 4 (a",
-        " * KV cache's present longer than its capacity) or 5 (two buffers overlap: kernels write the",
-        " * outputs in place while the inputs are still read; a KV cache's past may be its present). */",
+        " * KV cache's present longer than its capacity), 5 (two buffers overlap: kernels write the",
+        " * outputs in place while the inputs are still read; a KV cache's past may be its present)",
+        " * or 6 (the kernels use AMX tiles and Linux refused this process the tile state). */",
         *([] if not counted else [
             "/* This model counts sizes while it runs (KILN_NUM_DIMS): dims[] has room for KILN_NUM_DIMS",
             " * values, the caller's symbols first; a call writes the others after them, in",

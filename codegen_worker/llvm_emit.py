@@ -954,7 +954,7 @@ class FunctionEmitter:
                 return by_run_time_rows(panels, partial)
             full, last = divmod(g.a_rows, mr)
             tail = [last] if last else []
-            if full and 0 < last * (g.nr // vw) < MIN_TILE_ACCUMULATORS:
+            if full and 0 < last * (g.nr // vw) < MIN_TILE_ACCUMULATORS and not g.tiles:
                 # (a last block too short to hide the FMA latency shares the last whole one's rows)
                 full, tail = full - 1, [(mr + last + 1) // 2, (mr + last) // 2]
             row, blk = f"{g.m_var}.row", f"{g.m_var}.blk"

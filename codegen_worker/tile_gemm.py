@@ -111,7 +111,14 @@ def tile_microkernel(fe, g: Gemm, a_ptr: str, a_off: str, b_ptr: str, bp: str, m
     total = prod(count for count, _ in runs)
     run_quads = g.k // total
     steps = run_quads // STEP_QUADS
-    a_row0 = fe.int_op("add nsw", fe.mul_const(m0, g.a_sm), a_off)  # (byte offset of row m0's k = 0)
+    if g.a_rows:  # (row m0 = row * a_rows + column: its row's offset from the table, then its column's)
+        row = fe.int_op("udiv", m0, g.a_rows)
+        start = fe.tmp("rowstart")
+        fe.emit(f"{start} = load i64, ptr {fe.gep(fe.bufs[g.a_mtab][0], 'i64', row)}, align 8")
+        column = fe.int_op("sub nsw", m0, fe.mul_const(row, g.a_rows))
+        a_row0 = fe.int_op("add nsw", fe.int_op("add nsw", start, fe.mul_const(column, g.a_sm)), a_off)
+    else:  # (byte offset of row m0's k = 0)
+        a_row0 = fe.int_op("add nsw", fe.mul_const(m0, g.a_sm), a_off)
 
     def step(a_at: str, b_at: str) -> None:
         def load(reg: int, at: str, typ: str, stride: int) -> None:

@@ -251,3 +251,54 @@ def test_tiles_on_several_threads():
     want = (a.astype(np.int64) @ w.astype(np.int64)).astype(np.int32)
     for threads in (1, 2, 4):
         np.testing.assert_array_equal(result.load(threads=threads).run({"a": a})["y"], want, err_msg=f"{threads}")
+
+
+_REFUSING_SHIM = r"""
+#define _GNU_SOURCE
+#include <errno.h>
+#include <stdarg.h>
+#include <dlfcn.h>
+/* syscall() as libc's, except that asking for AMX's tile state (arch_prctl
+   ARCH_REQ_XCOMP_PERM) is refused and asking what is granted says nothing. */
+long syscall(long number, ...) {
+  va_list ap; va_start(ap, number);
+  long a = va_arg(ap, long), b = va_arg(ap, long), c = va_arg(ap, long);
+  va_end(ap);
+  if (number == 158 && a == 0x1023) { errno = EPERM; return -1; }
+  if (number == 158 && a == 0x1022) { *(unsigned long long*)b = 0; return 0; }
+  long (*real)(long, ...) = (long (*)(long, ...))dlsym(RTLD_NEXT, "syscall");
+  return real(number, a, b, c);
+}
+"""
+
+_REFUSED_CHILD = r"""
+import ctypes, sys
+from modelkiln.artifacts.errors import KilnError
+from modelkiln.artifacts.module import Module
+try:
+    Module(sys.argv[1])
+except KilnError as e:
+    print("refused:", e)
+lib = ctypes.CDLL(sys.argv[1] + "/model.so")
+print("status", lib.kiln_tile_status(), "run", lib.kiln_run(None, None, None, None))
+"""
+
+
+@needs_amx
+def test_refused_tile_state_is_a_clear_error(tmp_path):
+    """Where Linux refuses the tile state (simulated by a preloaded syscall() that refuses
+    it), loading names the refusal, and the C entry returns 6 without running a kernel."""
+    model = _model([helper.make_node("MatMulInteger", ["a", "w"], ["y"])], [("a", U8, [32, 64])], [("y", I32)],
+                   [("w", _bytes([64, 32], I8, 1))])
+    out = build(model, target=AMX, executor="inprocess", cache=shared_cache(), progress=False).export(
+        str(tmp_path / "amx"))
+    (tmp_path / "shim.c").write_text(_REFUSING_SHIM)
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(tmp_path / "shim.so"), str(tmp_path / "shim.c"), "-ldl"],
+                   check=True)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run([sys.executable, "-c", _REFUSED_CHILD, out], capture_output=True, text=True, cwd=root,
+                          timeout=120, env={**os.environ, "LD_PRELOAD": str(tmp_path / "shim.so")})
+    assert proc.returncode == 0, proc.stderr
+    assert "runs kernels on AMX tiles and Linux refused this process the tile state" in proc.stdout
+    assert "Operation not permitted" in proc.stdout
+    assert f"status {1} run 6" in proc.stdout.replace("status 1 ", "status 1 ")  # (EPERM is 1)

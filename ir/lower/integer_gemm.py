@@ -366,6 +366,20 @@ def lower_conv_integer(b: KernelBuilder, node: Node, store) -> tuple:
                          quads, at_pixel, kind="u8s8", stores_along="m", tile=tile, tiles=True, a_kruns=kruns,
                          m_rows=(wp, ow))
         return loop(bv, batch, (copy, *loop(gv, groups, (gemm,))))
+    if tiles:
+        # One GEMM over the output plane in rows of ow pixels (Gemm.a_rows: tiles stay within
+        # a row, each row's start from a table), so that a chunk of weight panels in L2 serves
+        # every output row: one GEMM per output row read all of B once per row (a 7 x 7
+        # stage's 1.2 MB of weights, 7 times).
+        starts = b.constant_param("conv_row_starts", np.arange(oh, dtype=np.int64) * (sh * wp * cp))
+
+        def at_pixel(mm, nn, acc):
+            channel = add(mul(Var(gv), cog), nn) if groups > 1 else nn
+            return store([Var(bv), channel] + unflatten(mm, [oh, ow]), fbin("sub", acc, correction(channel)))
+        gemm = gemm_stmt(b, nhwc, mul(Var(gv), cg), sw * cp, 0, w_param, mul(Var(gv), group_panels), oh * ow, cog,
+                         quads, at_pixel, kind="u8s8", stores_along="m", tile=tile, tiles=True, a_kruns=kruns,
+                         a_mtab=starts, a_rows=ow)
+        return loop(bv, batch, (copy, *loop(gv, groups, (gemm,))))
 
     def epilogue(mm, nn, acc):
         channel = add(mul(Var(gv), cog), nn) if groups > 1 else nn
@@ -373,7 +387,7 @@ def lower_conv_integer(b: KernelBuilder, node: Node, store) -> tuple:
     gemm = gemm_stmt(b, nhwc, add(mul(Var(orow), mul(wp, sh * cp)), mul(Var(gv), cg)), sw * cp, 0, w_param,
                      mul(Var(gv), group_panels), ow, cog, quads, epilogue, a_ktab=ktab_param, kind="u8s8",
                      stores_along="m", b_words=b.config.int8_pairs, split="n" if run_time_plane else "",
-                     tile=tile, tiles=tiles, a_kruns=kruns)
+                     tile=tile)
     return tables + loop(bv, batch, (copy, For(orow, oh, loop(gv, groups, (gemm,)), parallel=True)))
 
 
