@@ -39,7 +39,6 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench.bench_convs import LAYERS, conv_layer  # noqa: E402
 from bench.bench_models import MODELS, median_ms  # noqa: E402
 from modelkiln.artifacts import load  # noqa: E402
-from tests.model_zoo import random_inputs  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKING_TREE = "worktree"
@@ -76,7 +75,7 @@ def _model_and_inputs(name: str) -> tuple:
         return conv_layer(*LAYERS[name])
     if name.endswith(".onnx") and os.path.isfile(name):
         model = onnx.load(name)
-        return model, random_inputs(model)
+        return model, None  # (the first module's random inputs of its declared types: integer inputs too)
     raise SystemExit(f"{name}: neither a model of bench_models.py, a layer of bench_convs.py nor an .onnx file")
 
 
@@ -107,7 +106,7 @@ def compare(model_name: str, revs: list, rounds: int, repeat: int, threads: int,
                     worktrees.append(source)
                 _build(source, model_path, os.path.join(tmp, f"bundle{i}"), target, dims)
                 modules[rev] = load(os.path.join(tmp, f"bundle{i}"), threads=threads)
-                if dims:  # (the inputs at the sizes asked for)
+                if dims or inputs is None:  # (the inputs at the sizes asked for, or of an .onnx file's types)
                     inputs = modules[rev].random_inputs(dims=at)
         finally:
             for w in worktrees:

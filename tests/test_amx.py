@@ -82,11 +82,12 @@ def _exact(model, feeds, target=AMX, atol=0, all_tiles=True):
 
 
 @pytest.mark.parametrize("a_type,b_type", [(U8, I8), (I8, I8), (U8, U8), (I8, U8)])
-@pytest.mark.parametrize("m,k,n", [(37, 200, 70), (5, 100, 16), (100, 64, 33), (64, 1024, 48)])
+@pytest.mark.parametrize("m,k,n", [(37, 200, 70), (5, 100, 16), (100, 64, 33), (64, 1024, 48), (8, 256, 200)])
 def test_matmul_integer_on_tiles(a_type, b_type, m, k, n):
     """Every signedness pair; rows, k and columns off the tiles' 16 x 64 bytes x 16 (a last
-    tile of fewer rows, a last k step of fewer bytes, a panel past N); per-column weight zero
-    points and a zero point computed at run time; a batch dim."""
+    tile of fewer rows, a last k step of fewer bytes, a panel past N; 2 x 2 and 4 x 1
+    accumulator tiles); per-column weight zero points and a zero point computed
+    at run time; a batch dim."""
     w = (_bytes([k, n], b_type, 1).astype(np.int32) * 200 // 255).astype(NP[b_type])
     zb = (_bytes([n], b_type, 2).astype(np.int32) // 8 + (85 if b_type == U8 else 0)).astype(NP[b_type])
     nodes = [helper.make_node("Add", ["za_in", "zero"], ["za"]),
@@ -108,6 +109,7 @@ def test_matmul_integer_on_tiles(a_type, b_type, m, k, n):
     dict(shape=[1, 3, 30, 30], kernel=7, strides=[2, 2], pads=[3, 3, 3, 3], cout=32),  # a stem: 3 channels
     dict(shape=[1, 64, 7, 7], kernel=1),  # pointwise: weights as A, pixels as B (tdpbsud)
     dict(shape=[1, 70, 40, 37], pads=[0, 1, 2, 1]),  # 18 quads, rows of 37 + 2 pixels
+    dict(shape=[1, 64, 14, 14], strides=[2, 2], pads=[1, 1, 1, 1], cout=200),  # rows of 7 pixels
 ])
 def test_conv_integer_on_tiles(x_type, case):
     """The channels-last implicit GEMM, A's window rows read as tiles in place from the
