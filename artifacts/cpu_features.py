@@ -65,6 +65,11 @@ def has_int8_tiles(llvm_features: str) -> bool:
     return {"amx-tile", "amx-int8"} <= enabled(llvm_features)
 
 
+def has_bf16_tiles(llvm_features: str) -> bool:
+    """Whether a target's LLVM features give AMX's bfloat16 tile products (AMX-TILE, AMX-BF16)."""
+    return {"amx-tile", "amx-bf16"} <= enabled(llvm_features)
+
+
 # The /proc/cpuinfo flags of the tile unit: a bundle whose code uses them needs the tile data
 # state, which Linux grants a process only on request (artifacts/link.py, the entry's loader).
 TILE_FLAGS = ("amx_tile", "amx_int8", "amx_bf16")

@@ -14,7 +14,7 @@ import math
 import struct
 
 from ..artifacts.cpu_features import byte_dot_widths
-from ..ir.loop import (FLOAT_TYPES, SMALL_FLOAT_TYPES, SUB_BYTE_TYPES, TRANSPOSE_LANES, WINDOW_DOT_LANES, SYMBOLS,
+from ..ir.loop import (FLOAT_GEMM_KINDS, FLOAT_TYPES, SMALL_FLOAT_TYPES, SUB_BYTE_TYPES, TRANSPOSE_LANES, WINDOW_DOT_LANES, SYMBOLS,
                       Assign, Bin, Call, Cast, Cmp, Const, Deinterleave, For, Gemm, If, Kernel, Let, Load, Local, Select,
                       Store, TransposeBlock, Var, WindowDot, bits, called_functions, compute_type, highest,
                       is_unsigned, lowest, operand_type, phases, recomputable, value_bits)
@@ -858,7 +858,7 @@ class FunctionEmitter:
         vw, nr, mr = self.vw, g.nr, g.mr
         if nr % vw:
             raise ValueError(f"gemm panel width {nr} is not a multiple of the vector width {vw}")
-        elt = "float" if g.kind == "f32" else "i32"
+        elt = "float" if g.kind in FLOAT_GEMM_KINDS else "i32"
         vt = f"<{vw} x {elt}>"
         if g.kind == "f32":
             self.decls.add(f"declare {vt} @llvm.fma.v{vw}f32({vt}, {vt}, {vt})")
@@ -1582,7 +1582,7 @@ class FunctionEmitter:
         itself, LLVM unrolls the inner loop and vectorizes the outer one, with scatters where
         that is not the contiguous direction. With `valid`, its first `valid` rows only."""
         n0 = self.mul_const(p, g.nr)
-        acc_type = "f32" if g.kind == "f32" else "i32"
+        acc_type = "f32" if g.kind in FLOAT_GEMM_KINDS else "i32"
         m_base = [m0]  # (row r of the tile is the epilogue's m_base + r: with g.m_rows, per row segment)
 
         def element():

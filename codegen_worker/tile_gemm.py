@@ -30,7 +30,8 @@ from ..ir.loop import Gemm
 TILE_ROWS = 16   # rows of an accumulator or A tile
 STEP_QUADS = 16  # k quads per step: a tile row's 64 bytes
 ROW_BYTES = 64
-DOT = {"u8s8": "tdpbusd", "s8u8": "tdpbsud", "s8s8": "tdpbssd"}  # (A's signedness, then B's)
+DOT = {"u8s8": "tdpbusd", "s8u8": "tdpbsud", "s8s8": "tdpbssd",  # (A's signedness, then B's)
+       "bf16": "tdpbf16ps"}  # (pairs of bfloat16 into float32)
 B_TILES, A_TILES, ACCUMULATORS = (0, 1), (2, 3), (4, 5, 6, 7)
 # A run of k with at most this many steps is unrolled; longer ones are a loop.
 UNROLLED_STEPS = 4
@@ -117,20 +118,22 @@ def tile_microkernel(fe, g: Gemm, a_ptr: str, a_off: str, b_ptr: str, bp: str, m
         fe.emit(f"{start} = load i64, ptr {fe.gep(fe.bufs[g.a_mtab][0], 'i64', row)}, align 8")
         column = fe.int_op("sub nsw", m0, fe.mul_const(row, g.a_rows))
         a_row0 = fe.int_op("add nsw", fe.int_op("add nsw", start, fe.mul_const(column, g.a_sm)), a_off)
-    else:  # (byte offset of row m0's k = 0)
+    else:  # (the offset of row m0's k = 0, in A's elements)
         a_row0 = fe.int_op("add nsw", fe.mul_const(m0, g.a_sm), a_off)
+    a_type, a_bytes = ("bf16", 2) if g.kind == "bf16" else ("i8", 1)  # (A's elements)
+    step_elements = ROW_BYTES // a_bytes
 
     def step(a_at: str, b_at: str) -> None:
-        def load(reg: int, at: str, typ: str, stride: int) -> None:
-            fe.emit(f"call void @llvm.x86.tileloadd64(i8 {reg}, ptr {fe.gep(a_ptr if typ == 'i8' else b_ptr, typ, at)}, "
-                    f"i64 {stride})")
+        def load(reg: int, ptr: str, typ: str, at: str, stride: int) -> None:
+            fe.emit(f"call void @llvm.x86.tileloadd64(i8 {reg}, ptr {fe.gep(ptr, typ, at)}, i64 {stride})")
 
         def a_tile(i: int) -> int:
-            load(lay.a_tile(i), fe.int_op("add nsw", a_at, i * TILE_ROWS * g.a_sm) if i else a_at, "i8", g.a_sm)
+            load(lay.a_tile(i), a_ptr, a_type, fe.int_op("add nsw", a_at, i * TILE_ROWS * g.a_sm) if i else a_at,
+                 g.a_sm * a_bytes)
             return lay.a_tile(i)
 
         def b_tile(j: int) -> int:
-            load(B_TILES[j], fe.int_op("add nsw", b_at, j * TILE_ROWS) if j else b_at, "i32", g.nr * 4)
+            load(B_TILES[j], b_ptr, "i32", fe.int_op("add nsw", b_at, j * TILE_ROWS) if j else b_at, g.nr * 4)
             return B_TILES[j]
 
         def dot(i: int, j: int, a: int, b: int) -> None:
@@ -152,8 +155,9 @@ def tile_microkernel(fe, g: Gemm, a_ptr: str, a_off: str, b_ptr: str, bp: str, m
             if s == 0:
                 return a_at, b_at
             if isinstance(s, int):
-                return fe.int_op("add nsw", a_at, s * ROW_BYTES), fe.int_op("add nsw", b_at, s * STEP_QUADS * g.nr)
-            return (fe.int_op("add nsw", a_at, fe.mul_const(s, ROW_BYTES)),
+                return (fe.int_op("add nsw", a_at, s * step_elements),
+                        fe.int_op("add nsw", b_at, s * STEP_QUADS * g.nr))
+            return (fe.int_op("add nsw", a_at, fe.mul_const(s, step_elements)),
                     fe.int_op("add nsw", b_at, fe.mul_const(s, STEP_QUADS * g.nr)))
         if steps <= UNROLLED_STEPS:
             for s in range(steps):

@@ -345,6 +345,11 @@ class Gemm(Stmt):
     a run's real ones are zero, and A may be read up to the run's padded end (the lowering
     pads a copy of A, or leaves 64 bytes of slack after its workspace).
 
+    `kind` "bf16" (on tiles only: tdpbf16ps) multiplies bfloat16 and sums in float32 (`acc_var`
+    an f32): A is a bf16 buffer (a_sm and a_off in its elements, rows whole 64-byte steps),
+    k counts *pairs* of elements, and B is packed [panel][pair][nr][2] 16-bit, two consecutive
+    k of one column per 32-bit lane (ir/lower/bf16_gemm.py).
+
     With `m_rows` (width, real), m counts virtual rows, a plane's rows of `width` pixels laid
     end to end, of which the first `real` of each row are pixels: the write-back stores only
     those, and the epilogue's m is the pixel's index in a plane of `real` columns, (q //
@@ -400,7 +405,8 @@ class Gemm(Stmt):
         return -(-self.m // self.mr) if isinstance(self.m, int) else div(add(self.m, self.mr - 1), self.mr)
 
 
-GEMM_KINDS = ("f32", "u8s8", "s8s8", "s8u8")
+GEMM_KINDS = ("f32", "u8s8", "s8s8", "s8u8", "bf16")
+FLOAT_GEMM_KINDS = ("f32", "bf16")  # (float accumulators)
 GEMM_SPLITS = ("m", "n")
 
 

@@ -47,7 +47,7 @@ def work(stmt, symbols: tuple = ()) -> int:
         return trips * max(work(stmt.body, symbols), 1)
     if isinstance(stmt, Gemm):
         m, n = extent_value(stmt.m, symbols), extent_value(stmt.n, symbols)
-        macs = m * n * stmt.k * (4 if stmt.kind != "f32" else 1)
+        macs = m * n * stmt.k * {"f32": 1, "bf16": 2}.get(stmt.kind, 4)  # (k in elements, pairs or quads)
         # (a row or two stream all of B for a multiply-add or two per element: the load is
         # their cost, STREAMED_LOAD_WORK an element)
         return max(macs // 2, STREAMED_LOAD_WORK * n * stmt.k) + m * n * max(work(stmt.epilogue, symbols), 1)

@@ -12,7 +12,7 @@ from math import prod
 
 from .errors import InternalError
 from .schedule import CODEGEN_OPTIONS
-from .loop import (COMPUTE_TYPES, FLOAT_CALLS, FLOAT_TYPES, GEMM_KINDS, GEMM_SPLITS, INT_TYPES, STORAGE_TYPES,
+from .loop import (COMPUTE_TYPES, FLOAT_CALLS, FLOAT_GEMM_KINDS, FLOAT_TYPES, GEMM_KINDS, GEMM_SPLITS, INT_TYPES, STORAGE_TYPES,
                    TRANSPOSE_LANES, Assign, Bin, Buffer, Call, Cast, Cmp, Const, Deinterleave, Expr, For, Gemm, If, Kernel,
                    Let, Load, Local, Select, Store, TransposeBlock, Var, WindowDot, compute_type, operand_type,
                    window_dot_fits)
@@ -235,7 +235,11 @@ class _Checker:
                 raise _Problem(f"gemm over virtual rows {s.m_rows}: on tiles, stores along m, a static m")
             if s.b_words and (a_type != "i16" or b_type != "i16"):
                 raise _Problem(f"gemm operands {s.a_buf}, {s.b_buf} are not 16-bit buffers (B packed in pairs)")
-            if s.kind != "f32":
+            if s.kind == "bf16":
+                if not s.tiles or a_type != "bf16" or b_type not in ("u16", "bf16"):
+                    raise _Problem(f"bf16 gemm of {s.a_buf} ({a_type}), {s.b_buf} ({b_type}): on tiles, A bf16, "
+                                   "B 16-bit pairs")
+            elif s.kind != "f32":
                 if not s.b_words and (a_type not in ("i8", "u8") or b_type not in ("i8", "u8")):
                     raise _Problem(f"{s.kind} gemm operands {s.a_buf}, {s.b_buf} are not byte buffers")
             elif a_type not in _GEMM_A_TYPES:
@@ -251,7 +255,7 @@ class _Checker:
                 raise _Problem(f"gemm of shape m={s.m} n={s.n} k={s.k} tile {s.mr}x{s.nr} split {s.split}")
             if s.nr % self.vector_width:
                 raise _Problem(f"gemm tile {s.mr}x{s.nr}: columns not whole vectors of {self.vector_width}")
-            self.block(s.epilogue, {s.m_var: ("i64", False), s.n_var: ("i64", False), s.acc_var: ("f32" if s.kind == "f32" else "i32", False)})
+            self.block(s.epilogue, {s.m_var: ("i64", False), s.n_var: ("i64", False), s.acc_var: ("f32" if s.kind in FLOAT_GEMM_KINDS else "i32", False)})
         elif isinstance(s, WindowDot):
             for buf, want in ((s.p_buf, "u8"), (s.w_buf, "i32"), (s.out_buf, "i32")):
                 if self.buffers.get(buf, Buffer("", "", 0)).dtype != want:

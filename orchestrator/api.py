@@ -228,7 +228,7 @@ def _assemble(p, results: dict, cache: CachePolicy, model_key, o: BuildOptions, 
     files = assemble(p.lowered, {j.symbol: results[j.key].object for j in p.jobs}, p.target, manifest,
                      cache.link_store(degraded), [j.key for j in p.jobs])
     model_report = {"model": p.graph.name, "target": p.target.to_dict(), "opt_level": o.opt_level,
-                    "executor": ex_name, "workers": workers, "totals": report.totals(model_results, len(p.jobs)),
+                    "precision": o.precision, "executor": ex_name, "workers": workers, "totals": report.totals(model_results, len(p.jobs)),
                     "kernels": report.kernel_rows(p, results),
                     "passes": [{"name": n, "ms": round(ms, 3)} for n, ms in p.timings],
                     "tuning": report.tuning_summary(p, o),
@@ -273,7 +273,7 @@ def build_many(models, options: BuildOptions | None = None, **overrides) -> Batc
             records = cache.records(targets[spec]) if o.tuning and cache.store else None
             p = batch.attempt(i, "plan", lambda: plan_model(model, targets[spec], eo.opt_level, eo.shapes,
                                                             o.pass_context, o.extra_passes, o.salt, o.inject,
-                                                            eo.dims, records))
+                                                            eo.dims, records, eo.precision))
             if p is not None:
                 planned[i] = p
         all_jobs = [j for p in planned.values() for j in p.jobs]

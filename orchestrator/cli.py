@@ -103,6 +103,9 @@ def _add_build_flags(p):
     p.add_argument("--target", default="llvm", help="'llvm', a preset (host, x86-64-v3, cascadelake, aarch64) "
                                                    "or 'llvm -mcpu=.. -mattr=.. -cl-opt=..'")
     p.add_argument("--opt-level", type=int, default=3, choices=range(0, 4))
+    p.add_argument("--precision", default="fp32", choices=("fp32", "bf16"),
+                   help="bf16: MatMul and Gemm operands rounded to bfloat16, summed in float32 (on AMX's tile unit "
+                        "where the CPU has it)")
     p.add_argument("--shape", action="append", metavar="NAME=DIMS", help="static input shape, e.g. x=1x3x224x224")
     p.add_argument("--dim", action="append", metavar="NAME=LEAST..GREATEST",
                    help="keep a symbolic dim (the model's dim_param, or a name in --shape) with these bounds, "
@@ -142,7 +145,7 @@ def _build_options(args):
     only if a job needs compiling (a build served whole from the store must not start Ray)."""
     from .options import BuildOptions
     return BuildOptions(target=args.target, opt_level=args.opt_level, shapes=_parse_shapes(args.shape),
-                        dims=_parse_dims(args.dim),
+                        dims=_parse_dims(args.dim), precision=args.precision,
                         executor=args.executor, workers=args.workers, ray_address=args.ray_address,
                         ray_ship=args.ship_kiln, ray_resource=args.ray_resource,
                         ray_local_fallback=args.ray_fallback_local,

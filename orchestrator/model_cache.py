@@ -85,7 +85,8 @@ def _linker_identity(target) -> str | None:
     return compiler_identity(linker) if linker else None
 
 
-def model_key(model, target, opt_level: int, shapes, salt: str, memo: str | None = None, dims=None) -> str | None:
+def model_key(model, target, opt_level: int, shapes, salt: str, memo: str | None = None, dims=None,
+              precision: str = "fp32") -> str | None:
     """The store key of a finished bundle, or None if the model cannot be read (the normal
     path then reports the problem). memo: see content_digest."""
     digest = content_digest(model, memo)
@@ -96,6 +97,8 @@ def model_key(model, target, opt_level: int, shapes, salt: str, memo: str | None
                 "llvm": list(llvm_versions()), "cc": _linker_identity(target)}
     if dims:  # (only then: a static build's key is what it always was)
         settings["dims"] = {k: list(v) for k, v in dims.items()}
+    if precision != "fp32":  # (likewise: a float32 build's key is what it always was)
+        settings["precision"] = precision
     h = hashlib.sha256(b"kiln-model-v2\0")
     h.update(digest)
     h.update(json.dumps(settings, sort_keys=True).encode())

@@ -5,6 +5,7 @@ import os
 from dataclasses import dataclass, fields, replace
 
 DEFAULT_CACHE = "__kiln_default_cache__"  # KILN_CACHE_DIR, else the user's cache folder
+PRECISIONS = ("fp32", "bf16")  # of GEMM operands (ir/lower/bf16_gemm.py)
 
 
 def default_cache_dir() -> str:
@@ -38,7 +39,13 @@ class BuildOptions:
     tuning: bool = True  # apply the store's tuning records (kiln tune); False: the hand-written rules only
     tuning_threads: int | None = None  # the thread count whose records apply (default: the usable cores)
     fail_fast: bool = False  # a batch stops at its first failed model (default: the others are built)
+    precision: str = "fp32"  # "bf16": GEMM operands rounded to bfloat16, summed in float32 (ir/lower/bf16_gemm.py)
     inject: dict | None = None  # tests only: kernel-name substring -> fault (see orchestrator.plan)
+
+    def __post_init__(self):
+        if self.precision not in PRECISIONS:
+            from ..ir.errors import KilnError
+            raise KilnError(f"precision {self.precision!r} is not one of {', '.join(PRECISIONS)}")
 
     @classmethod
     def of(cls, options: "BuildOptions | None", overrides: dict) -> "BuildOptions":

@@ -5,9 +5,9 @@ lowering): a build that the store answers whole never imports this module.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from ..artifacts.cpu_features import byte_dot_widths, has_int8_tiles
+from ..artifacts.cpu_features import byte_dot_widths, has_bf16_tiles, has_int8_tiles
 from ..ir.frontend_onnx import from_onnx
 from ..ir.lower import ScheduleConfig, lower
 from ..ir.passes import default_pipeline
@@ -46,14 +46,16 @@ class PlannedModel:
 def schedule_for(target: Target) -> ScheduleConfig:
     """The lowering choices a target implies (the one place they are derived from it)."""
     return ScheduleConfig.for_target(target.vector_width, target.arch == "x86_64", byte_dot_widths(target.features),
-                                     has_int8_tiles(target.features))
+                                     has_int8_tiles(target.features), has_bf16_tiles(target.features))
 
 
 def plan_model(model, target, opt_level, shapes, pass_context, extra_passes, salt, inject, dims=None,
-               records=None) -> PlannedModel:
-    """records: an orchestrator.tuning_records.Records whose schedules the kernels follow, or None."""
+               records=None, precision: str = "fp32") -> PlannedModel:
+    """records: an orchestrator.tuning_records.Records whose schedules the kernels follow, or
+    None; precision: "fp32", or "bf16" (ir/lower/bf16_gemm.py)."""
     g, timings = optimize(model, shapes, opt_level, pass_context, extra_passes, dims)
-    lowered = lower(g, schedule_for(target), records.lookup if records is not None else None)
+    config = replace(schedule_for(target), precision=precision)
+    lowered = lower(g, config, records.lookup if records is not None else None)
     for call in lowered.calls:  # a malformed kernel is a clear error here, not an LLVM error in a child
         verify_kernel(call.kernel, call.name, call.ops)
     jobs = [make_job(c, target, opt_level, salt, inject) for c in lowered.calls]

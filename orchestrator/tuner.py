@@ -156,7 +156,8 @@ class Tuner:
     def _prepare(self) -> None:
         """Plan and build every model under the rules; profile it; make the tasks."""
         o = self.o
-        plans = [plan_model(m, self.target, o.opt_level, o.shapes, None, (), o.salt, o.inject, o.dims)
+        plans = [plan_model(m, self.target, o.opt_level, o.shapes, None, (), o.salt, o.inject, o.dims,
+                            precision=o.precision)
                  for m in self.models]
         jobs = unique_jobs([j for p in plans for j in p.jobs])
         results, _ = _compile(jobs, self.cache, self.ex, o)

@@ -21,7 +21,7 @@ from onnx import TensorProto, helper, numpy_helper
 from modelkiln.artifacts import module as module_mod
 from modelkiln.artifacts.cpu_features import host_flags
 from modelkiln.ir.errors import KilnError
-from modelkiln.ir.lower.integer_gemm import TILE_MIN_ROWS
+from modelkiln.ir.lower.tile_rules import TILE_MIN_ROWS
 from modelkiln.orchestrator.api import build
 from tests import model_zoo
 from tests.conftest import kernel_statements, shared_cache

@@ -40,6 +40,8 @@ class ScheduleConfig:
     vectorize: bool = True
     int8_pairs: bool = False
     int8_tiles: bool = False  # AMX's tile unit for 8-bit GEMMs (ir/lower/integer_gemm.py, tile_unit)
+    bf16_tiles: bool = False  # AMX-BF16 for bf16 products (ir/lower/bf16_gemm.py)
+    precision: str = "fp32"  # the build's: "bf16" rounds GEMM operands to bfloat16 (ir/lower/bf16_gemm.py)
 
     def tile(self, n: int) -> tuple[int, int]:
         """(mr, nr) for a GEMM with n columns: a narrow GEMM (n within one vector) would waste
@@ -58,10 +60,12 @@ class ScheduleConfig:
         return cls(4, 6, 8)
 
     @classmethod
-    def for_target(cls, vw: int, x86: bool, byte_dot_widths: set, int8_tiles: bool = False) -> "ScheduleConfig":
+    def for_target(cls, vw: int, x86: bool, byte_dot_widths: set, int8_tiles: bool = False,
+                   bf16_tiles: bool = False) -> "ScheduleConfig":
         config = cls.for_vector_width(vw)
         config.int8_pairs = x86 and vw == 8 and 8 not in byte_dot_widths
         config.int8_tiles = x86 and vw == 16 and int8_tiles
+        config.bf16_tiles = x86 and vw == 16 and bf16_tiles
         return config
 
 

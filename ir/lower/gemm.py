@@ -21,13 +21,15 @@ from ..deferred import DeferredArray
 from ..dtypes import dtype
 from ..errors import InternalError
 from ..graph import Node
-from ..loop import (GEMM_SPLITS, Assign, Const, Expr, For, Gemm, If, Let, Load, Local, Store, Var, add, calls_math, cmp,
-                    div, fbin, flat_index, fold_balanced, loop, mul, rem, select, sub, unflatten)
+from ..loop import (FLOAT_GEMM_KINDS, GEMM_SPLITS, Assign, Call, Const, Expr, For, Gemm, If, Let, Load, Local, Store,
+                    Var, add, calls_math, cmp, div, fbin, flat_index, fold_balanced, loop, mul, rem, select, sub, unflatten)
 from ..schedule import CODEGEN_OPTIONS, PANEL_CHUNK_KIB
 from ..symbolic import greatest, least
+from .bf16_gemm import PAIR_STEP, bf16_rounded, pack_pair_panels
 from .builder import KernelBuilder, broadcast_index
 from .planes import (padded_copy, phase_split_copy, phase_split_row, phase_split_size, plane_rows, ring_when,
                      rows_through_a_ring)
+from .tile_rules import tile_shape
 
 
 COL_CHUNK_FLOATS = 96 * 1024  # 384 KiB of im2col per GEMM: L2-resident on current x86 cores
@@ -331,7 +333,7 @@ def gemm_stmt(b: KernelBuilder, a_buf, a_off, a_sm, a_sk, b_buf, b_off, m, n, k,
     B must have been packed with the panel width b.tile(n) gives (or `tile`'s), or (b_sk, b_ktab)
     is read in place with that row stride or through that table of row offsets."""
     mv, nv, av = b.fresh("gm"), b.fresh("gn"), b.fresh("gacc")
-    epi = tuple(epilogue_fn(Var(mv), Var(nv), Var(av, "f32" if kind == "f32" else "i32")))
+    epi = tuple(epilogue_fn(Var(mv), Var(nv), Var(av, "f32" if kind in FLOAT_GEMM_KINDS else "i32")))
     mr, nr = tile or b.tile(n)
     if not split:
         split = b.knob("split", "rule", GEMM_SPLITS)
@@ -1219,6 +1221,42 @@ def by_row_blocks(b: KernelBuilder, lead: list, m, rows: int, block) -> tuple:
     return (For(bh, math.prod(lead), tuple(matrix(unflatten(Var(bh), lead))), "serial", True),)
 
 
+def in_bf16(b: KernelBuilder) -> bool:
+    return b.config.precision == "bf16"
+
+
+def bf16_product(b: KernelBuilder, name: str, a_param: str, a_off, a_sm: int, m, k: int, n: int,
+                 weights, epilogue_fn, split: str = "") -> tuple:
+    """Statements computing A[m, k] (rows a_sm apart from a_off) x weights()[k, n] (the
+    constant `name` as a [k, n] matrix) in bf16 precision (ir/lower/bf16_gemm.py), each
+    element through epilogue_fn(mm, nn, acc): on AMX-BF16 a "bf16" Gemm on tiles over a
+    bfloat16 copy of A and B packed in pairs; elsewhere the float32 Gemm over both rounded."""
+    rows = b.fresh("br")
+    if not b.config.bf16_tiles:
+        a_ws, j = b.workspace(m * k), b.fresh("bk")
+        at = add(a_off, add(mul(Var(rows), a_sm), Var(j)))
+        copy = For(rows, m, (For(j, k, (Store(a_ws, add(mul(Var(rows), k), Var(j)),
+                                              Call("round_bf16", (Load(a_param, at),))),), "vectorize"),),
+                   parallel=True)
+        nr = b.tile(n)[1]
+        b_param = packed_weight(b, name, ("bf16 rounded",), nr, lambda: bf16_rounded(weights()))
+        return (copy,) + split_by_run_time_rows(gemm_stmt(b, a_ws, Const(0), k, 1, b_param, Const(0), m, n, k,
+                                                          epilogue_fn, split=split))
+    kp = -(-k // PAIR_STEP) * PAIR_STEP
+    tile = tile_shape(b, n)
+    a_ws, j = b.workspace(m * kp, "bf16"), b.fresh("bk")
+    at = add(a_off, add(mul(Var(rows), a_sm), fbin("min", Var(j), Const(k - 1)) if kp > k else Var(j)))
+    value = Load(a_param, at)
+    if kp > k:  # (the pad elements meet zero weights)
+        value = select(cmp("lt", Var(j), Const(k)), value, Const(0.0, "f32"))
+    copy = For(rows, m, (For(j, kp, (Store(a_ws, add(mul(Var(rows), kp), Var(j)), value),), "vectorize"),),
+               parallel=True)
+    b_param = b.packed_param(f"{name}_bf16_pairs", ("bf16 pairs", name, tile[1]),
+                             lambda: pack_pair_panels(weights(), kp, tile[1]))
+    return (copy,) + split_by_run_time_rows(gemm_stmt(b, a_ws, Const(0), kp, 1, b_param, Const(0), m, n, kp // 2,
+                                                      epilogue_fn, kind="bf16", tile=tile, tiles=True, split=split))
+
+
 def _lower_matmul_rows(b: KernelBuilder, node: Node, store) -> tuple:
     """[..., K] x [K, N]: one GEMM over the product of A's leading dims, the rows. With
     symbolic dims they are known at run time (one row for a decoding step) and threads share
@@ -1231,14 +1269,17 @@ def _lower_matmul_rows(b: KernelBuilder, node: Node, store) -> tuple:
 
     def epilogue(mm, nn, acc):  # (leading dims not collapsed into one: the row's index in them, by division)
         return store(unflatten(mm, lead) + [nn], acc)
+    rows = math.prod(lead)  # (ints and run-time sizes multiply as Exprs)
+    symbolic = not isinstance(rows, int)
+    if b_name in b.g.constants and in_bf16(b):
+        return bf16_product(b, b_name, b.in_param(a_name), Const(0), k, rows, k, n, lambda: b.g.constants[b_name],
+                            epilogue, split="n" if symbolic else "")
     stmts = []
     if b_name in b.g.constants:
         b_param = packed_weight(b, b_name, ("k_n",), nr, lambda: b.g.constants[b_name])
     else:  # (packed once per call, for all the rows)
         b_param = b.workspace(-(-n // nr) * k * nr)
         stmts += _runtime_pack(b, b.in_param(b_name), Const(0), k, n, n, 1, b_param)
-    rows = math.prod(lead)  # (ints and run-time sizes multiply as Exprs)
-    symbolic = not isinstance(rows, int)
     return tuple(stmts) + split_by_run_time_rows(gemm_stmt(b, b.in_param(a_name), Const(0), k, 1, b_param, Const(0),
                                                            rows, n, k, epilogue, split="n" if symbolic else ""))
 
@@ -1261,6 +1302,11 @@ def lower_matmul(b: KernelBuilder, node: Node, store, out: str = "") -> tuple:
         return _plain_product(b, oshape, k, a_at, b_at, store, b.compute(a_name))
     a_param = b.in_param(a_name)
     const_b = b_name in b.g.constants
+    if const_b and not batch and in_bf16(b):
+        def at_row(mm, nn, acc):
+            return store(([] if va else [mm]) + ([] if vb else [nn]), acc)
+        return bf16_product(b, b_name, a_param, Const(0), k, m, k, n, lambda: b.g.constants[b_name].reshape(k, n),
+                            at_row)
     nr = b.tile(n)[1]
     panels = -(-n // nr)
     per_batch = False
@@ -1322,6 +1368,10 @@ def lower_gemm(b: KernelBuilder, node: Node, store) -> tuple:
         return _plain_product(b, (m, n), k, lambda idx, kk: ra([kk, idx[0]] if ta else [idx[0], kk]),
                               lambda idx, kk: rb([idx[1], kk] if tb else [kk, idx[1]]), finish, b.compute(a_name))
     a_param = b.in_param(a_name)
+    if b_name in b.g.constants and not ta and in_bf16(b):
+        weights = b.g.constants[b_name]
+        return bf16_product(b, b_name, a_param, Const(0), k, m, k, n, lambda: weights.T if tb else weights,
+                            lambda mm, nn, acc: finish([mm, nn], acc), split="n" if rows_at_run_time else "")
     stmts = []
     if b_name in b.g.constants:
         b_param = packed_weight(b, b_name, ("n_k",) if tb else ("k_n",), nr,

@@ -48,6 +48,7 @@ from ..loop import (TRANSPOSE_LANES, WINDOW_DOT_LANES, Assign, Cast, Const, For,
 from .builder import KernelBuilder
 from .gemm import conv_operands, gemm_stmt, is_depthwise, lower_depthwise, split_by_run_time_rows
 from .planes import padded_copy
+from .tile_rules import TILE_STEP_BYTES, tile_shape, tile_unit, whole_steps
 
 
 def _input(node: Node, index: int) -> str:
@@ -131,52 +132,11 @@ def _unsigned_zero_point(b: KernelBuilder, za, za_name: str, signed_a: bool):
     return Cast("u8", fbin("add", Cast("i32", z), Const(shift, "i32")))
 
 
-TILE_STEP_BYTES = 64  # a k step on tiles: each run of k is padded to whole steps (Gemm.tiles)
-
-# The cost rule between AMX's tiles and VNNI (`tile_unit`). Below TILE_MIN_ROWS rows, VNNI: a
-# decoding step's one row streams each weight tile through the unit for a single row of
-# products. Below TILE_MIN_K_BYTES of k, VNNI: the tiles' one step is 64 cycles against the
-# write-back's 1,024 elements, and storing the accumulators from the tiles only adds to it
-# (a pointwise conv of 32 channels: 0.188 ms on tiles, 0.140 on VNNI). Below TILE_MIN_USEFUL
-# of the products real (the rest meet the zero padding of k's runs to 64 bytes and of columns
-# to 16), VNNI: RegNet's convs in groups of 8 channels (runs of 8 bytes padded to 64, 8 of
-# 16 columns; 6%) took twice as long on tiles; ResNet's stem (runs of 28 bytes, 44%) 0.6x.
-# Measured on an Emerald Rapids Xeon, 2026-12-02.
-TILE_MIN_ROWS = 4
-TILE_MIN_K_BYTES = 64
-TILE_MIN_USEFUL = 0.3
-
-
 def _padded_rows(mat: np.ndarray, rows: int, axis: int = -2) -> np.ndarray:
     """`mat` with zero rows appended along `axis` up to `rows` (weights past k meet A's padding)."""
     pad = [(0, 0)] * mat.ndim
     pad[axis] = (0, rows - mat.shape[axis])
     return np.pad(mat, pad) if rows > mat.shape[axis] else mat
-
-
-def tile_unit(b: KernelBuilder, m, k_bytes: int, padded_k_bytes: int, n: int) -> bool:
-    """Whether an 8-bit GEMM of m rows (an int, or an expression of run-time sizes), k_bytes
-    of products per output (padded_k_bytes on tiles) and n columns runs on AMX's tile unit
-    (Gemm.tiles), where the target has one: the rule above, or the schedule's."""
-    if not b.config.int8_tiles:
-        return False
-    useful = k_bytes / padded_k_bytes * n / (-(-n // 16) * 16)
-    pays = (not isinstance(m, int) or m >= TILE_MIN_ROWS) and k_bytes >= TILE_MIN_K_BYTES and useful >= TILE_MIN_USEFUL
-    return b.knob("tile_unit", "on" if pays else "off", ("on", "off")) == "on"
-
-
-def _whole_steps(nbytes: int) -> int:
-    return -(-nbytes // TILE_STEP_BYTES) * TILE_STEP_BYTES
-
-
-def tile_shape(b: KernelBuilder, n: int) -> tuple[int, int]:
-    """(mr, nr) of an 8-bit GEMM on tiles: B's panels as VNNI's (one or two 16-column tiles),
-    and rows for 4 accumulator tiles: 2 x 2, or 4 x 1 for a narrow GEMM. (1 x 4 where a tile
-    has one tile of rows, panels of 64 columns, was slower, timed interleaved on Emerald
-    Rapids: an 8 x 768 x 3072 GEMM 0.058 -> 0.069 ms, ResNet-18's stride-2 14 x 14 conv with
-    its rows of 7 pixels 0.072 -> 0.082.)"""
-    nr = b.config.tile(n)[1]
-    return 4 * 16 * 16 // nr, nr
 
 
 # ---- MatMulInteger ------------------------------------------------------------------------
@@ -198,9 +158,9 @@ def lower_matmul_integer(b: KernelBuilder, node: Node, store) -> tuple:
     symbolic = not isinstance(m, int)
     signed_a = b.type(a_name).dtype == "int8"
     words = b.config.int8_pairs
-    tiles = not words and tile_unit(b, m, k, _whole_steps(k), n)
+    tiles = not words and tile_unit(b, m, k, whole_steps(k), n)
     tile = tile_shape(b, n) if tiles else b.tile(n)
-    quads = _whole_steps(k) // 4 if tiles else -(-k // 4)  # (A's rows in the GEMM)
+    quads = whole_steps(k) // 4 if tiles else -(-k // 4)  # (A's rows in the GEMM)
     w_param, _ = _packed_weights(b, w_name, _padded_rows(wc, quads * 4), tile[1])
     # (signed A on tiles is multiplied as it is: tdpbssd; elsewhere it is shifted to unsigned)
     correction = _za_correction(b, za, za_name, signed_a and not tiles, wc.astype(np.int32).sum(axis=0), w_name)
@@ -323,7 +283,7 @@ def lower_conv_integer(b: KernelBuilder, node: Node, store) -> tuple:
     # one group spans the copy's channels, else each tap's cg; each run padded to whole steps)
     kruns = ((kh, dh * wp * cp),) if groups == 1 and dw == 1 else ((kh, dh * wp * cp), (kw, dw * cp))
     runs = math.prod(c for c, _ in kruns)
-    run_bytes = _whole_steps(kh * kw * cgp // runs)
+    run_bytes = whole_steps(kh * kw * cgp // runs)
     tiles = (not b.config.int8_pairs and not run_time_plane
              and tile_unit(b, virtual_rows or ow, kh * kw * cg, runs * run_bytes, cog))
     tile = tile_shape(b, cog) if tiles else b.tile(cog)
@@ -491,8 +451,8 @@ def _pointwise(b: KernelBuilder, node: Node, store, wc: np.ndarray, zx, zx_name:
     cout, pixels = wc.shape[0], h * w_
     signed_x = b.type(x_name).dtype == "int8"
     words = b.config.int8_pairs  # (Gemm.b_words: both operands in 16-bit elements)
-    tiles = not words and tile_unit(b, cout, cin, _whole_steps(cin), h * w_)
-    cp = _whole_steps(cin) if tiles else -(-cin // 4) * 4  # (k, padded)
+    tiles = not words and tile_unit(b, cout, cin, whole_steps(cin), h * w_)
+    cp = whole_steps(cin) if tiles else -(-cin // 4) * 4  # (k, padded)
     quads = cp // 4
     a_rows = np.zeros((cout, cp), np.int16 if words else np.int8)
     a_rows[:, :cin] = wc
