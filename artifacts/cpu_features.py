@@ -70,11 +70,6 @@ def has_bf16_tiles(llvm_features: str) -> bool:
     return {"amx-tile", "amx-bf16"} <= enabled(llvm_features)
 
 
-# The /proc/cpuinfo flags of the tile unit: a bundle whose code uses them needs the tile data
-# state, which Linux grants a process only on request (artifacts/link.py, the entry's loader).
-TILE_FLAGS = ("amx_tile", "amx_int8", "amx_bf16")
-
-
 ARCH_OF_MACHINE = {"x86_64": "x86_64", "amd64": "x86_64", "aarch64": "aarch64", "arm64": "aarch64"}
 
 

@@ -146,8 +146,8 @@ class Module:
         if abi != m.abi_version or abi != ENTRY_ABI_VERSION:
             raise KilnError(f"bundle '{path}': its library has entry ABI {abi}, the manifest says {m.abi_version}, "
                             f"and this Kiln {KILN_VERSION} calls ABI {ENTRY_ABI_VERSION}: rebuild the bundle")
-        if hasattr(lib, "kiln_tile_status") and lib.kiln_tile_status() != 0:
-            err = lib.kiln_tile_status()
+        err = lib.kiln_tile_status() if hasattr(lib, "kiln_tile_status") else 0  # (bundles with AMX kernels)
+        if err:
             raise KilnError(f"bundle '{path}' runs kernels on AMX tiles and Linux refused this process the tile "
                             f"state (arch_prctl ARCH_REQ_XCOMP_PERM: {os.strerror(err)}); build it for a target "
                             "without AMX, e.g. --target \"llvm -mattr=-amx-tile\"")

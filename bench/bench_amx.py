@@ -84,8 +84,7 @@ def bench_model(name: str, args) -> None:
         runs[f"vnni {threads}t"] = lambda b=b: b.run(inputs)
         runs[f"ort {threads}t"] = lambda sess=sess: sess.run(None, inputs)
         for precision in ("default", "f32"):
-            ov = openvino_runner(model, threads, inputs) if precision == "f32" else \
-                _openvino_default(model, threads, inputs)
+            ov = openvino_runner(model, threads, inputs, f32=precision == "f32")
             if ov is not None:
                 runs[f"ov {precision} {threads}t"] = lambda ov=ov: ov(inputs)
     ms = interleaved(runs, args.warmup, args.repeat, args.rounds)
@@ -95,17 +94,6 @@ def bench_model(name: str, args) -> None:
         cols += [cell(f"amx {t}t"), cell(f"vnni {t}t"), f"{ms[f'vnni {t}t'] / ms[f'amx {t}t']:.2f}x",
                  cell(f"ort {t}t"), cell(f"ov default {t}t"), cell(f"ov f32 {t}t")]
     print(f"| {name} | {build_s:.2f} | " + " | ".join(cols) + " |", flush=True)
-
-
-def _openvino_default(model, threads: int, inputs: dict):
-    """OpenVINO at the precision it picks by itself (bf16 on CPUs with AVX512-BF16 or AMX)."""
-    import bench.bench_models as bm
-    saved = bm._openvino_config
-    bm._openvino_config = lambda t: {"INFERENCE_NUM_THREADS": t, "PERFORMANCE_HINT": "LATENCY"}
-    try:
-        return openvino_runner(model, threads, inputs)
-    finally:
-        bm._openvino_config = saved
 
 
 def main() -> None:

@@ -23,16 +23,6 @@ from bench.bench_models import MODELS, cpu_name, host_isa, interleaved, openvino
 from modelkiln.orchestrator.api import build  # noqa: E402
 
 
-def _openvino_default(model, inputs):
-    import bench.bench_models as bm
-    saved = bm._openvino_config
-    bm._openvino_config = lambda t: {"INFERENCE_NUM_THREADS": t, "PERFORMANCE_HINT": "LATENCY"}
-    try:
-        return openvino_runner(model, 1, inputs)
-    finally:
-        bm._openvino_config = saved
-
-
 def _difference(got: dict, want: dict) -> float:
     return max(float(np.abs(np.asarray(g, np.float64) - w).max() / max(np.abs(w).max(), 1e-30))
                for g, w in zip(got.values(), want.values()))
@@ -55,7 +45,7 @@ def main() -> None:
         bf16 = build(model, cache=None, progress=False, precision="bf16").load(threads=1)
         want = {k: np.asarray(v, np.float64) for k, v in fp32.run(inputs).items()}
         runs = {"fp32": lambda: fp32.run(inputs), "bf16": lambda: bf16.run(inputs)}
-        ov_default, ov_f32 = _openvino_default(model, inputs), openvino_runner(model, 1, inputs)
+        ov_default, ov_f32 = openvino_runner(model, 1, inputs, f32=False), openvino_runner(model, 1, inputs)
         ov_diff = "n/a"
         if ov_default is not None:
             runs["ov"] = lambda: ov_default(inputs)

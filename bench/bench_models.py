@@ -104,8 +104,10 @@ def ort_session(model, threads: int = 1):
     return ort.InferenceSession(source, opts, providers=["CPUExecutionProvider"])
 
 
-def _openvino_config(threads: int) -> dict:
-    return {"INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY"}
+def _openvino_config(threads: int, f32: bool = True) -> dict:
+    """f32 False: OpenVINO's own precision (bf16 on CPUs with AVX512-BF16 or AMX)."""
+    return {**({"INFERENCE_PRECISION_HINT": "f32"} if f32 else {}), "INFERENCE_NUM_THREADS": threads,
+            "PERFORMANCE_HINT": "LATENCY"}
 
 
 def peer_table_args(doc: str) -> argparse.Namespace:
@@ -149,23 +151,24 @@ def openvino_request(model, threads: int, feeds: dict):
 # Run in a child process: OpenVINO compiles the model and infers once on the given inputs.
 _OPENVINO_PROBE = """
 import sys, numpy as np, openvino as ov
-path, feeds, threads = sys.argv[1], sys.argv[2], int(sys.argv[3])
+path, feeds, threads, f32 = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[5] == "f32"
 sys.path.insert(0, sys.argv[4])
 from bench.bench_models import _openvino_config
 core = ov.Core()
-core.compile_model(core.read_model(path), "CPU", _openvino_config(threads)).create_infer_request().infer(
+core.compile_model(core.read_model(path), "CPU", _openvino_config(threads, f32)).create_infer_request().infer(
     dict(np.load(feeds)))
 """
 
 
-def _openvino_survives(path: str, threads: int, inputs: dict, tmp: str) -> bool:
+def _openvino_survives(path: str, threads: int, inputs: dict, tmp: str, f32: bool = True) -> bool:
     """Whether OpenVINO runs the model once in a child process. Held to AVX2 it dies of
     SIGSEGV on wav2vec2's feature encoder (2026.4.1), which took the whole bench with it."""
     import subprocess
     feeds = os.path.join(tmp, "feeds.npz")
     np.savez(feeds, **inputs)
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    child = subprocess.run([sys.executable, "-c", _OPENVINO_PROBE, path, feeds, str(threads), root],
+    child = subprocess.run([sys.executable, "-c", _OPENVINO_PROBE, path, feeds, str(threads), root,
+                            "f32" if f32 else "default"],
                            capture_output=True, text=True)
     if child.returncode:
         why = f"signal {-child.returncode}" if child.returncode < 0 else child.stderr.strip().splitlines()[-1:]
@@ -174,11 +177,12 @@ def _openvino_survives(path: str, threads: int, inputs: dict, tmp: str) -> bool:
     return child.returncode == 0
 
 
-def openvino_runner(model, threads: int, inputs: dict | None = None):
-    """OpenVINO's CPU plugin on the same model (a ModelProto or a path) in float32 at
-    `threads` threads, or None where OpenVINO is not installed or cannot read the model
-    (onnxruntime's QOperator format: its com.microsoft ops), or, given `inputs`, where a
-    trial run on them in a child process fails (it crashed on some models)."""
+def openvino_runner(model, threads: int, inputs: dict | None = None, f32: bool = True):
+    """OpenVINO's CPU plugin on the same model (a ModelProto or a path) in float32 (with f32
+    False at its own default precision) at `threads` threads, or None where OpenVINO is not
+    installed or cannot read the model (onnxruntime's QOperator format: its com.microsoft
+    ops), or, given `inputs`, where a trial run on them in a child process fails (it crashed
+    on some models)."""
     try:
         import openvino as ov
     except ImportError:
@@ -189,10 +193,10 @@ def openvino_runner(model, threads: int, inputs: dict | None = None):
         if not isinstance(model, str):
             with open(path, "wb") as f:
                 f.write(model.SerializeToString())
-        if inputs is not None and not _openvino_survives(path, threads, inputs, tmp):
+        if inputs is not None and not _openvino_survives(path, threads, inputs, tmp, f32):
             return None
         try:
-            compiled = ov.Core().compile_model(ov.Core().read_model(path), "CPU", _openvino_config(threads))
+            compiled = ov.Core().compile_model(ov.Core().read_model(path), "CPU", _openvino_config(threads, f32))
         except RuntimeError:
             return None
     request = compiled.create_infer_request()

@@ -321,27 +321,19 @@ def lower_conv_integer(b: KernelBuilder, node: Node, store) -> tuple:
                                      b.config.int8_pairs)
 
     orow, gv = b.fresh("oy"), b.fresh("g")
-    if tiles and virtual_rows:
-        def at_pixel(mm, nn, acc):  # (mm: the output pixel, Gemm.m_rows)
-            channel = add(mul(Var(gv), cog), nn) if groups > 1 else nn
-            return store([Var(bv), channel] + unflatten(mm, [oh, ow]), fbin("sub", acc, correction(channel)))
-        gemm = gemm_stmt(b, nhwc, mul(Var(gv), cg), cp, 0, w_param, mul(Var(gv), group_panels), virtual_rows, cog,
-                         quads, at_pixel, kind="u8s8", stores_along="m", tile=tile, tiles=True, a_kruns=kruns,
-                         m_rows=(wp, ow))
-        return loop(bv, batch, (copy, *loop(gv, groups, (gemm,))))
     if tiles:
-        # One GEMM over the output plane in rows of ow pixels (Gemm.a_rows: tiles stay within
-        # a row, each row's start from a table), so that a chunk of weight panels in L2 serves
-        # every output row: one GEMM per output row read all of B once per row (a 7 x 7
-        # stage's 1.2 MB of weights, 7 times).
-        starts = b.constant_param("conv_row_starts", np.arange(oh, dtype=np.int64) * (sh * wp * cp))
-
-        def at_pixel(mm, nn, acc):
+        # One GEMM over the output plane: over a stride-1 conv's virtual rows (Gemm.m_rows, see
+        # virtual_rows above), else in rows of ow pixels (Gemm.a_rows: tiles stay within a row,
+        # each row's start from a table), so that a chunk of weight panels in L2 serves every
+        # output row (one GEMM per output row read a 7 x 7 stage's 1.2 MB of weights 7 times).
+        def at_pixel(mm, nn, acc):  # (mm: the output pixel)
             channel = add(mul(Var(gv), cog), nn) if groups > 1 else nn
             return store([Var(bv), channel] + unflatten(mm, [oh, ow]), fbin("sub", acc, correction(channel)))
-        gemm = gemm_stmt(b, nhwc, mul(Var(gv), cg), sw * cp, 0, w_param, mul(Var(gv), group_panels), oh * ow, cog,
-                         quads, at_pixel, kind="u8s8", stores_along="m", tile=tile, tiles=True, a_kruns=kruns,
-                         a_mtab=starts, a_rows=ow)
+        rows = dict(m_rows=(wp, ow)) if virtual_rows else dict(
+            a_mtab=b.constant_param("conv_row_starts", np.arange(oh, dtype=np.int64) * (sh * wp * cp)), a_rows=ow)
+        gemm = gemm_stmt(b, nhwc, mul(Var(gv), cg), cp if virtual_rows else sw * cp, 0, w_param,
+                         mul(Var(gv), group_panels), virtual_rows or oh * ow, cog, quads, at_pixel, kind="u8s8",
+                         stores_along="m", tile=tile, tiles=True, a_kruns=kruns, **rows)
         return loop(bv, batch, (copy, *loop(gv, groups, (gemm,))))
 
     def epilogue(mm, nn, acc):
