@@ -185,14 +185,15 @@ def tile_microkernel(fe, g: Gemm, a_ptr: str, a_off: str, b_ptr: str, bp: str, m
         fe.loop(var, total, one_run, "scalar")
 
     sums = tile
+    acc, acc_ll = ("f32", "float") if g.kind == "bf16" else ("i32", "i32")  # (the accumulators' element)
     if g.stores_along == "m":  # (row-major from the tiles, then transposed into the write-back's)
         sums = f"%tilesums{len(fe.allocas)}"
-        fe.allocas.append(f"{sums} = alloca [{g.mr * g.nr} x i32], align 64")
+        fe.allocas.append(f"{sums} = alloca [{g.mr * g.nr} x {acc_ll}], align 64")
     for i in range(len(lay.heights)):
         for j in range(lay.widths):
-            at = fe.gep(sums, "i32", str(i * TILE_ROWS * g.nr + j * TILE_ROWS))
+            at = fe.gep(sums, acc, str(i * TILE_ROWS * g.nr + j * TILE_ROWS))
             fe.emit(f"call void @llvm.x86.tilestored64(i8 {lay.accumulator(i, j)}, ptr {at}, i64 {g.nr * 4})")
     if g.stores_along == "m":
-        regs = [[fe.load_first(fe.gep(sums, "i32", str(r * g.nr + v * fe.vw)), "i32", fe.vw, fe.vw, 64)
+        regs = [[fe.load_first(fe.gep(sums, acc, str(r * g.nr + v * fe.vw)), acc_ll, fe.vw, fe.vw, 64)
                  for v in range(g.nr // fe.vw)] for r in range(rows)]
-        fe.store_registers(g, tile, regs, rows, vt, "i32")
+        fe.store_registers(g, tile, regs, rows, vt, acc_ll)

@@ -113,6 +113,94 @@ def test_transformer_in_bf16_stays_near_float32():
     assert result.report["precision"] == "bf16"
 
 
+def _conv_emulated(x, w, bias, **attrs):
+    """The bf16 conv contract in float64 (onnx's reference evaluator over the rounded operands),
+    and the bound of float32 summation's error on it (the same conv over their magnitudes)."""
+    import onnx.reference
+    d = TensorProto.DOUBLE
+
+    def conv(xv, wv):
+        g = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["y"], **attrs)], "ref",
+                              [helper.make_tensor_value_info("x", d, xv.shape)], [helper.make_tensor_value_info("y", d, None)],
+                              [numpy_helper.from_array(wv, "w")])
+        m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+        return onnx.reference.ReferenceEvaluator(m).run(None, {"x": xv})[0]
+    x64, w64 = bf16_rounded(x).astype(np.float64), bf16_rounded(w).astype(np.float64)
+    want = conv(x64, w64) + (0 if bias is None else bias.astype(np.float64).reshape(1, -1, 1, 1))
+    return want, conv(np.abs(x64), np.abs(w64)) * 2e-6 + 1e-6
+
+
+# (channels in, out, size, kernel, stride, pad, dilation, group, bias)
+CONVS = [(64, 64, 14, 3, 1, 1, 1, 1, True),     # a stride-1 3x3: one GEMM over the padded plane's rows
+         (3, 64, 32, 7, 2, 3, 1, 1, True),      # a stem: 3 channels, runs of 28 elements padded to 32
+         (16, 40, 9, 3, 2, 1, 1, 1, False),     # strided: rows of ow pixels; columns off the 16-column tiles
+         (5, 24, 11, 3, 1, 1, 1, 1, True),      # odd channels: the copy's pad channel meets zero weights
+         (32, 48, 12, 3, 1, 2, 2, 1, True),     # dilated
+         (64, 128, 8, 1, 2, 0, 1, 1, True),     # a strided 1x1 projection
+         (64, 96, 10, 3, 1, 1, 1, 2, True)]     # two groups of 32 channels
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("cin,cout,size,kernel,stride,pad,dilation,group,bias", CONVS)
+def test_conv_in_bf16(target, cin, cout, size, kernel, stride, pad, dilation, group, bias):
+    """A conv (with a ReLU fused after it) in a bf16 build: on AMX-BF16 a bf16 GEMM on tiles
+    against the emulated contract; on targets without it, float32, what the fp32 build gives."""
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((2, cin, size, size)).astype(np.float32)
+    w = rng.standard_normal((cout, cin // group, kernel, kernel)).astype(np.float32)
+    b = rng.standard_normal(cout).astype(np.float32) if bias else None
+    attrs = dict(strides=[stride] * 2, pads=[pad] * 4, dilations=[dilation] * 2, group=group)
+    nodes = [helper.make_node("Conv", ["x", "w"] + (["b"] if bias else []), ["c"], **attrs),
+             helper.make_node("Relu", ["c"], ["y"])]
+    model = _model(nodes, [("x", list(x.shape))], [("w", w)] + ([("b", b)] if bias else []))
+    result = build(model, target=target, executor="inprocess", cache=shared_cache(), progress=False,
+                   precision="bf16")
+    assert [(g.kind, g.tiles) for g in _gemms(result)] == ([("bf16", True)] if target == AMX else [("f32", False)])
+
+    def run():
+        got = result.load().run({"x": x})["y"]
+        if target == AMX:
+            want, bound = _conv_emulated(x, w, b, **attrs)
+            want = np.maximum(want, 0)
+            assert np.all(np.abs(got - want) <= bound), np.abs(got - want).max()
+        else:
+            fp32 = build(model, target=target, executor="inprocess", cache=shared_cache(), progress=False)
+            np.testing.assert_array_equal(got, fp32.load().run({"x": x})["y"])
+    run_or_inspect(result, run, ["tdpbf16ps", "ldtilecfg"] if target == AMX else None)
+
+
+def test_convs_the_tiles_do_not_take_stay_float32():
+    """In a bf16 build for AMX, a depthwise conv and a conv whose groups hold an odd number of
+    channels compute in float32: their outputs are the fp32 build's."""
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((1, 30, 12, 12)).astype(np.float32)
+    dw, odd = rng.standard_normal((30, 1, 3, 3)).astype(np.float32), rng.standard_normal((30, 3, 3, 3)).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "dw"], ["d"], pads=[1] * 4, group=30),
+             helper.make_node("Conv", ["d", "odd"], ["y"], pads=[1] * 4, group=10)]
+    model = _model(nodes, [("x", [1, 30, 12, 12])], [("dw", dw), ("odd", odd)])
+    result = build(model, target=AMX, executor="inprocess", cache=shared_cache(), progress=False, precision="bf16")
+    assert all(g.kind == "f32" for g in _gemms(result))
+
+    def run():
+        fp32 = build(model, target=AMX, executor="inprocess", cache=shared_cache(), progress=False)
+        np.testing.assert_array_equal(result.load().run({"x": x})["y"], fp32.load().run({"x": x})["y"])
+    run_or_inspect(result, run, [])
+
+
+def test_cnn_in_bf16_stays_near_float32():
+    """The test zoo's ResNet-18 at 64 x 64 (its stem, BatchNorms folded into convs, residual
+    adds, strided projections, pooling, a Gemm head): a bf16 build for the host is within 2%
+    of the fp32 build's range, and not equal to it."""
+    from tests import model_zoo
+    model = model_zoo.resnet18(size=64)
+    feeds = model_zoo.random_inputs(model)
+    fp32 = build(model, executor="inprocess", cache=shared_cache(), progress=False).load().run(feeds)
+    got = build(model, executor="inprocess", cache=shared_cache(), progress=False, precision="bf16").load().run(feeds)
+    for name, want in fp32.items():
+        diff = np.abs(got[name].astype(np.float64) - want).max() / np.abs(want).max()
+        assert 0 < diff < 0.02, (name, diff)
+
+
 def test_fp32_is_the_default_and_precision_is_in_the_keys():
     """precision="fp32" builds what a build without it builds (the same kernel keys); "bf16"
     changes the kernels' keys and the whole-model key."""

@@ -15,6 +15,7 @@ import math
 
 from ..graph import Node
 from ..symbolic import greatest, least
+from .bf16_conv import conv_on_tiles, lower_conv_bf16
 from .builder import KernelBuilder
 from .gemm import (IMPLICIT_WASTE_LIMIT, NARROW_CONV_TILES, POINTWISE_MAX_K, POINTWISE_MIN_PIXELS, conv_border_spans,
                    implicit_over_plane, is_depthwise, lower_conv_gemm, lower_conv_symbolic, lower_depthwise,
@@ -24,6 +25,8 @@ from .winograd import WINOGRAD_PATHS, lower_winograd, winograd_fits, winograd_pa
 
 
 def lower_conv(b: KernelBuilder, node: Node, store) -> tuple:
+    if conv_on_tiles(b, node):  # (a bf16 build on AMX-BF16)
+        return lower_conv_bf16(b, node, store)
     if is_depthwise(b, node):
         return lower_depthwise(b, node, store)
     if not all(isinstance(d, int) for d in b.type(node.inputs[0]).shape[2:]):

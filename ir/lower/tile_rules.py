@@ -25,11 +25,12 @@ TILE_MIN_K_BYTES = 64
 TILE_MIN_USEFUL = 0.3
 
 
-def tile_unit(b: KernelBuilder, m, k_bytes: int, padded_k_bytes: int, n: int) -> bool:
-    """Whether an 8-bit GEMM of m rows (an int, or an expression of run-time sizes), k_bytes
-    of products per output (padded_k_bytes on tiles) and n columns runs on AMX's tile unit
-    (Gemm.tiles), where the target has one: the rule above, or the schedule's."""
-    if not b.config.int8_tiles:
+def tile_unit(b: KernelBuilder, m, k_bytes: int, padded_k_bytes: int, n: int, bf16: bool = False) -> bool:
+    """Whether an 8-bit GEMM (with bf16, a bfloat16 one) of m rows (an int, or an expression
+    of run-time sizes), k_bytes of products per output (padded_k_bytes on tiles) and n columns
+    runs on AMX's tile unit (Gemm.tiles), where the target has one: the rule above, or the
+    schedule's."""
+    if not (b.config.bf16_tiles if bf16 else b.config.int8_tiles):
         return False
     useful = k_bytes / padded_k_bytes * n / (-(-n // 16) * 16)
     pays = (not isinstance(m, int) or m >= TILE_MIN_ROWS) and k_bytes >= TILE_MIN_K_BYTES and useful >= TILE_MIN_USEFUL

@@ -1,0 +1,161 @@
+"""Convolutions in bf16 precision on AMX's tile unit (`precision="bf16"`, Gemm kind "bf16").
+
+The contract is the bf16 GEMM's (ir/lower/bf16_gemm.py): input and weights rounded to
+bfloat16 (to nearest, ties to even), their products summed in float32, the bias and
+whatever the group fuses after the conv in float32. The structure is the int8 conv's on
+tiles (ir/lower/integer_gemm.py, lower_conv_integer):
+
+- The input is copied once per image into a zero-bordered channels-last workspace of
+  bfloat16, [row][column][cp channels] (cp: the channels rounded up to a pair), per input row
+  in two steps: each pair of channels into one 32-bit lane per pixel, [pair][pixel]
+  (contiguous loads), then 16 x 16 blocks of lanes transposed in registers into
+  [pixel][pair] (TransposeBlock).
+- The GEMM reads that copy in place: k runs along a window row (kw * cp elements where the
+  conv has one group and no column dilation, else each tap's channels), each run padded to
+  whole 64-byte steps with zero weights (Gemm.a_kruns). A stride-1 conv is one GEMM over the
+  padded plane's rows laid end to end (Gemm.m_rows), a strided one over rows of ow pixels
+  (Gemm.a_rows, each row's start from a table).
+- The weights are packed at build time as bfloat16 pairs, [group][panel][k / 2][nr][2].
+
+Convs that do not take this path (depthwise ones, convs over run-time sizes, convs with
+groups of odd channel counts, those the cost rule keeps off the tiles, and every conv on a
+target without AMX-BF16) compute in float32, as in an fp32 build.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..graph import Node
+from ..loop import TRANSPOSE_LANES, Const, For, If, Load, Store, TransposeBlock, Var, add, cmp, fbin, loop, mul, \
+    select, sub, unflatten
+from .bf16_gemm import PAIR_STEP, pack_pair_panels
+from .builder import KernelBuilder
+from .gemm import gemm_stmt, is_depthwise
+from .tile_rules import tile_shape, tile_unit
+
+
+def _runs(groups: int, kh: int, kw: int, dh: int, dw: int, wp: int, cp: int, cgp: int) -> tuple:
+    """(A's runs of k as Gemm.a_kruns, in elements; the real elements of one run)."""
+    if groups == 1 and dw == 1:  # (a window row's kw * cp elements are contiguous in the copy)
+        return ((kh, dh * wp * cp),), kw * cp
+    return ((kh, dh * wp * cp), (kw, dw * cp)), cgp
+
+
+def _whole_steps(elements: int) -> int:
+    return -(-elements // PAIR_STEP) * PAIR_STEP
+
+
+def conv_on_tiles(b: KernelBuilder, node: Node) -> bool:
+    """Whether a conv runs as a bf16 GEMM on tiles: a bf16 build for a target with AMX-BF16,
+    a 2-D float32 conv over static planes with constant weights, not depthwise, each group's
+    channels a whole number of pairs, and the tiles' cost rule (tile_rules.tile_unit)."""
+    if not (b.config.precision == "bf16" and b.config.bf16_tiles):
+        return False
+    x_name, w_name = node.inputs[0], node.inputs[1]
+    xs = b.type(x_name).shape
+    if (len(xs) != 4 or w_name not in b.g.constants or b.type(x_name).dtype != "float32"
+            or not all(isinstance(d, int) for d in xs[1:]) or is_depthwise(b, node)):
+        return False
+    a = b.attrs(node)
+    groups = a.get("group", 1)
+    cout, cg, kh, kw = b.type(w_name).shape
+    if groups > 1 and cg % 2:
+        return False
+    cp = -(-xs[1] // 2) * 2
+    cgp = cp if groups == 1 else cg
+    (dh, dw), (pl, pr) = a["dilations"], (a["pads"][1], a["pads"][3])
+    runs, run = _runs(groups, kh, kw, dh, dw, xs[3] + pl + pr, cp, cgp)
+    count = math.prod(c for c, _ in runs)
+    oh, ow = b.type(node.outputs[0]).shape[2:]
+    m = (oh - 1) * (xs[3] + pl + pr) + ow if a["strides"] == [1, 1] else ow
+    return tile_unit(b, m, 2 * kh * kw * cg, 2 * count * _whole_steps(run), cout // groups, bf16=True)
+
+
+def lower_conv_bf16(b: KernelBuilder, node: Node, store) -> tuple:
+    """The conv on tiles (see the module's docstring); conv_on_tiles must hold."""
+    x_name, w_name = node.inputs[0], node.inputs[1]
+    batch, cin, h, w_ = b.type(x_name).shape
+    batch = b.dim(batch)  # (an int, or a run-time batch's expression)
+    a = b.attrs(node)
+    groups = a.get("group", 1)
+    cout, cg, kh, kw = b.type(w_name).shape
+    cog = cout // groups
+    (sh, sw), (dh, dw) = a["strides"], a["dilations"]
+    pt, pl, pb, pr = a["pads"]
+    oh, ow = b.type(node.outputs[0]).shape[2:]
+    hp, wp = h + pt + pb, w_ + pl + pr
+    cp = -(-cin // 2) * 2
+    cgp = cp if groups == 1 else cg
+    kruns, run = _runs(groups, kh, kw, dh, dw, wp, cp, cgp)
+    count = math.prod(c for c, _ in kruns)
+    run_padded = _whole_steps(run)
+    tile = tile_shape(b, cog)
+
+    def packed() -> np.ndarray:
+        # Each group's weights as B[k][cog], k = (ky, kx, c) with channels innermost as the
+        # copy lays them, each run of k padded to whole steps with zeros.
+        wk = np.zeros((groups, kh, kw, cgp, cog), np.float32)
+        wk[:, :, :, :cg, :] = b.g.constants[w_name].reshape(groups, cog, cg, kh, kw).transpose(0, 3, 4, 2, 1)
+        wk = wk.reshape(groups, count, run, cog)
+        wk = np.pad(wk, ((0, 0), (0, 0), (0, run_padded - run), (0, 0))).reshape(groups, count * run_padded, cog)
+        return np.stack([pack_pair_panels(m, count * run_padded, tile[1]) for m in wk])
+    w_param = b.packed_param(f"{w_name}_bf16_conv_pairs", ("bf16 conv pairs", w_name, groups, kh, kw, cgp, tile[1],
+                                                          tuple(kruns)), packed)
+    group_lanes = -(-cog // tile[1]) * count * run_padded // 2 * tile[1]
+    # (a run's last step may read past the copy's last pixel, into zero weights' range)
+    nhwc = b.workspace(hp * wp * cp + PAIR_STEP, "bf16")
+    bias = b.reader(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] else None
+    bv, gv = b.fresh("b"), b.fresh("g")
+    copy = _channels_last_copy(b, b.in_param(x_name), mul(Var(bv), cin * h * w_), cin, h, w_, a["pads"], cp, nhwc)
+    # (the slack past the plane meets zero weights only: zeros there, not the arena's old bits, which may be NaN)
+    slack = b.fresh("s")
+    zero_slack = For(slack, PAIR_STEP, (Store(nhwc, add(hp * wp * cp, Var(slack)), Const(0.0, "f32")),), "vectorize")
+
+    def at_pixel(mm, nn, acc):  # (mm: the output pixel)
+        channel = add(mul(Var(gv), cog), nn) if groups > 1 else nn
+        value = acc if bias is None else fbin("add", acc, bias([channel]))
+        return store([Var(bv), channel] + ([mm] if b.conv_collapsed else unflatten(mm, [oh, ow])), value)
+    virtual_rows = (oh - 1) * wp + ow if sh == sw == 1 else 0
+    rows = dict(m_rows=(wp, ow)) if virtual_rows else dict(
+        a_mtab=b.constant_param("conv_row_starts", np.arange(oh, dtype=np.int64) * (sh * wp * cp)), a_rows=ow)
+    gemm = gemm_stmt(b, nhwc, mul(Var(gv), cg), cp if virtual_rows else sw * cp, 0, w_param, mul(Var(gv), group_lanes),
+                     virtual_rows or oh * ow, cog, count * run_padded // 2, at_pixel, kind="bf16", stores_along="m",
+                     tile=tile, tiles=True, a_kruns=kruns, **rows)
+    return (zero_slack, *loop(bv, batch, (copy, *loop(gv, groups, (gemm,)))))
+
+
+def _channels_last_copy(b: KernelBuilder, xparam: str, base, cin: int, h: int, w_: int, pads: list, cp: int,
+                        nhwc: str) -> For:
+    """One image's NCHW float32 input into the zero-bordered channels-last bfloat16 workspace
+    [row][column][cp], per input row: channel pairs into 32-bit lanes [pair][column] (both
+    halves stored as the row is read along its columns), then 16 x 16 blocks of lanes
+    transposed in registers into [column][pair]."""
+    pt, pl, pb, pr = pads
+    pairs = cp // 2
+    hp, wp = h + pt + pb, w_ + pl + pr
+    pair_rows = b.workspace(h * pairs * w_ * 2, "bf16")  # [input row][pair][column][2]
+    y, p, x, j = b.fresh("y"), b.fresh("p"), b.fresh("x"), b.fresh("j")
+    iy = sub(Var(y), pt)
+
+    def channel(half: int):  # channel 2p + half at (iy, x), zero past the last channel
+        c = add(mul(Var(p), 2), half)
+        value = Load(xparam, add(base, add(mul(fbin("min", c, Const(cin - 1)) if cin % 2 else c, h * w_),
+                                           add(mul(iy, w_), Var(x)))))
+        return select(cmp("lt", c, Const(cin)), value, Const(0.0, "f32")) if cin % 2 else value
+    lane = add(mul(add(mul(iy, pairs), Var(p)), w_), Var(x))
+    pack = For(p, pairs, (For(x, w_, tuple(Store(pair_rows, add(mul(lane, 2), half), channel(half))
+                                           for half in range(2)), "vectorize"),))
+    blocks = [TransposeBlock(pair_rows, mul(add(mul(add(mul(iy, pairs), p0), w_), x0), 4), w_ * 4,
+                             nhwc, mul(add(mul(add(mul(Var(y), wp), x0 + pl), cp), 2 * p0), 2), cp * 2,
+                             min(TRANSPOSE_LANES, pairs - p0), min(TRANSPOSE_LANES, w_ - x0))
+              for p0 in range(0, pairs, TRANSPOSE_LANES) for x0 in range(0, w_, TRANSPOSE_LANES)]
+
+    def zeros(first_pixel: int, pixels: int) -> tuple:
+        if pixels <= 0:
+            return ()
+        return (For(j, pixels * cp, (Store(nhwc, add(mul(add(mul(Var(y), wp), first_pixel), cp), Var(j)),
+                                           Const(0.0, "f32")),), "vectorize"),)
+    inside = fbin("and", cmp("ge", Var(y), Const(pt)), cmp("lt", Var(y), Const(h + pt)))
+    return For(y, hp, (If(inside, (*zeros(0, pl), pack, *blocks, *zeros(w_ + pl, pr)), zeros(0, wp)),), parallel=True)
