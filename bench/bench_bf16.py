@@ -1,12 +1,12 @@
 """precision="bf16" beside float32, and beside OpenVINO at its default precision (bf16 on CPUs
 with AVX512-BF16 or AMX) and at f32, in one interleaved run.
 
-    python bench/bench_bf16.py [--models bert_encoder,gpt2_block,t5_block] [--repeat 30] [--rounds 2]
+    python bench/bench_bf16.py [--models bert_encoder,gpt2_block,...] [--repeat 30] [--rounds 2]
 
 For each model: median latency at 1 thread of Kiln fp32, Kiln bf16, OpenVINO default and
 f32, and the largest output difference of each reduced-precision runner from Kiln's float32,
-relative to the output's largest magnitude. MatMul and Gemm take bf16 in Kiln so far (convs
-stay float32): the transformer blocks are the models it applies to.
+relative to the output's largest magnitude. MatMul and Gemm take bf16 in Kiln, and on AMX-BF16
+convs too (depthwise convs stay float32).
 """
 from __future__ import annotations
 
@@ -30,7 +30,8 @@ def _difference(got: dict, want: dict) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--models", default="bert_encoder,gpt2_block,t5_block")
+    ap.add_argument("--models", default="bert_encoder,gpt2_block,t5_block,vit_encoder,resnet18,resnet50,"
+                    "densenet121,convnext_stage,mobilenet_v3")
     ap.add_argument("--repeat", type=int, default=30)
     ap.add_argument("--rounds", type=int, default=2)
     args = ap.parse_args()

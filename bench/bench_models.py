@@ -244,7 +244,9 @@ def host_isa() -> str:
     if flags is None:
         return host_arch()
     if "avx512f" in flags:
-        return "AVX-512" + (" VNNI" if "avx512_vnni" in flags else "")
+        extras = [name for flag, name in (("avx512_vnni", "VNNI"), ("avx512_bf16", "BF16"), ("avx512_fp16", "FP16"),
+                                          ("amx_int8", "AMX-INT8"), ("amx_bf16", "AMX-BF16")) if flag in flags]
+        return " ".join(["AVX-512"] + extras)
     return "AVX2" + (" AVX-VNNI" if "avx_vnni" in flags else "") if "avx2" in flags else "SSE"
 
 

@@ -105,7 +105,7 @@ def _add_build_flags(p):
     p.add_argument("--opt-level", type=int, default=3, choices=range(0, 4))
     p.add_argument("--precision", default="fp32", choices=("fp32", "bf16"),
                    help="bf16: MatMul and Gemm operands rounded to bfloat16, summed in float32 (on AMX's tile unit "
-                        "where the CPU has it)")
+                        "where the CPU has it, convs too)")
     p.add_argument("--shape", action="append", metavar="NAME=DIMS", help="static input shape, e.g. x=1x3x224x224")
     p.add_argument("--dim", action="append", metavar="NAME=LEAST..GREATEST",
                    help="keep a symbolic dim (the model's dim_param, or a name in --shape) with these bounds, "

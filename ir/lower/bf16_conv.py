@@ -24,6 +24,7 @@ target without AMX-BF16) compute in float32, as in an fp32 build.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -36,15 +37,38 @@ from .gemm import gemm_stmt, is_depthwise
 from .tile_rules import tile_shape, tile_unit
 
 
-def _runs(groups: int, kh: int, kw: int, dh: int, dw: int, wp: int, cp: int, cgp: int) -> tuple:
-    """(A's runs of k as Gemm.a_kruns, in elements; the real elements of one run)."""
+@dataclass(frozen=True)
+class _Geometry:
+    """How a conv's GEMM on tiles reads its copy: channels padded to pairs (cp; a group's cgp),
+    A's runs of k (Gemm.a_kruns, strides in elements), each run's real and padded elements,
+    and the rows of the GEMM (virtual rows for stride 1, else 0 and rows of ow pixels)."""
+    cp: int
+    cgp: int
+    kruns: tuple
+    run: int
+    run_padded: int
+    virtual_rows: int
+
+    @property
+    def count(self) -> int:  # (runs of k per output)
+        return math.prod(c for c, _ in self.kruns)
+
+
+def _geometry(b: KernelBuilder, node: Node) -> _Geometry:
+    cin, w_ = b.type(node.inputs[0]).shape[1], b.type(node.inputs[0]).shape[3]
+    a = b.attrs(node)
+    groups = a.get("group", 1)
+    _, cg, kh, kw = b.type(node.inputs[1]).shape
+    (dh, dw), (pl, pr) = a["dilations"], (a["pads"][1], a["pads"][3])
+    oh, ow = b.type(node.outputs[0]).shape[2:]
+    wp, cp = w_ + pl + pr, -(-cin // 2) * 2
+    cgp = cp if groups == 1 else cg
     if groups == 1 and dw == 1:  # (a window row's kw * cp elements are contiguous in the copy)
-        return ((kh, dh * wp * cp),), kw * cp
-    return ((kh, dh * wp * cp), (kw, dw * cp)), cgp
-
-
-def _whole_steps(elements: int) -> int:
-    return -(-elements // PAIR_STEP) * PAIR_STEP
+        kruns, run = ((kh, dh * wp * cp),), kw * cp
+    else:
+        kruns, run = ((kh, dh * wp * cp), (kw, dw * cp)), cgp
+    virtual_rows = (oh - 1) * wp + ow if a["strides"] == [1, 1] else 0
+    return _Geometry(cp, cgp, kruns, run, -(-run // PAIR_STEP) * PAIR_STEP, virtual_rows)
 
 
 def conv_on_tiles(b: KernelBuilder, node: Node) -> bool:
@@ -58,19 +82,13 @@ def conv_on_tiles(b: KernelBuilder, node: Node) -> bool:
     if (len(xs) != 4 or w_name not in b.g.constants or b.type(x_name).dtype != "float32"
             or not all(isinstance(d, int) for d in xs[1:]) or is_depthwise(b, node)):
         return False
-    a = b.attrs(node)
-    groups = a.get("group", 1)
+    groups = b.attrs(node).get("group", 1)
     cout, cg, kh, kw = b.type(w_name).shape
     if groups > 1 and cg % 2:
         return False
-    cp = -(-xs[1] // 2) * 2
-    cgp = cp if groups == 1 else cg
-    (dh, dw), (pl, pr) = a["dilations"], (a["pads"][1], a["pads"][3])
-    runs, run = _runs(groups, kh, kw, dh, dw, xs[3] + pl + pr, cp, cgp)
-    count = math.prod(c for c, _ in runs)
-    oh, ow = b.type(node.outputs[0]).shape[2:]
-    m = (oh - 1) * (xs[3] + pl + pr) + ow if a["strides"] == [1, 1] else ow
-    return tile_unit(b, m, 2 * kh * kw * cg, 2 * count * _whole_steps(run), cout // groups, bf16=True)
+    geo = _geometry(b, node)
+    return tile_unit(b, geo.virtual_rows or b.type(node.outputs[0]).shape[3], 2 * kh * kw * cg,
+                     2 * geo.count * geo.run_padded, cout // groups, bf16=True)
 
 
 def lower_conv_bf16(b: KernelBuilder, node: Node, store) -> tuple:
@@ -82,27 +100,23 @@ def lower_conv_bf16(b: KernelBuilder, node: Node, store) -> tuple:
     groups = a.get("group", 1)
     cout, cg, kh, kw = b.type(w_name).shape
     cog = cout // groups
-    (sh, sw), (dh, dw) = a["strides"], a["dilations"]
+    sh, sw = a["strides"]
     pt, pl, pb, pr = a["pads"]
     oh, ow = b.type(node.outputs[0]).shape[2:]
     hp, wp = h + pt + pb, w_ + pl + pr
-    cp = -(-cin // 2) * 2
-    cgp = cp if groups == 1 else cg
-    kruns, run = _runs(groups, kh, kw, dh, dw, wp, cp, cgp)
-    count = math.prod(c for c, _ in kruns)
-    run_padded = _whole_steps(run)
+    geo = _geometry(b, node)
+    cp, count, run, run_padded = geo.cp, geo.count, geo.run, geo.run_padded
     tile = tile_shape(b, cog)
 
     def packed() -> np.ndarray:
         # Each group's weights as B[k][cog], k = (ky, kx, c) with channels innermost as the
         # copy lays them, each run of k padded to whole steps with zeros.
-        wk = np.zeros((groups, kh, kw, cgp, cog), np.float32)
+        wk = np.zeros((groups, kh, kw, geo.cgp, cog), np.float32)
         wk[:, :, :, :cg, :] = b.g.constants[w_name].reshape(groups, cog, cg, kh, kw).transpose(0, 3, 4, 2, 1)
         wk = wk.reshape(groups, count, run, cog)
         wk = np.pad(wk, ((0, 0), (0, 0), (0, run_padded - run), (0, 0))).reshape(groups, count * run_padded, cog)
         return np.stack([pack_pair_panels(m, count * run_padded, tile[1]) for m in wk])
-    w_param = b.packed_param(f"{w_name}_bf16_conv_pairs", ("bf16 conv pairs", w_name, groups, kh, kw, cgp, tile[1],
-                                                          tuple(kruns)), packed)
+    w_param = b.packed_param(f"{w_name}_bf16_conv_pairs", ("bf16 conv pairs", w_name, groups, geo, tile[1]), packed)
     group_lanes = -(-cog // tile[1]) * count * run_padded // 2 * tile[1]
     # (a run's last step may read past the copy's last pixel, into zero weights' range)
     nhwc = b.workspace(hp * wp * cp + PAIR_STEP, "bf16")
@@ -117,12 +131,12 @@ def lower_conv_bf16(b: KernelBuilder, node: Node, store) -> tuple:
         channel = add(mul(Var(gv), cog), nn) if groups > 1 else nn
         value = acc if bias is None else fbin("add", acc, bias([channel]))
         return store([Var(bv), channel] + ([mm] if b.conv_collapsed else unflatten(mm, [oh, ow])), value)
-    virtual_rows = (oh - 1) * wp + ow if sh == sw == 1 else 0
+    virtual_rows = geo.virtual_rows
     rows = dict(m_rows=(wp, ow)) if virtual_rows else dict(
         a_mtab=b.constant_param("conv_row_starts", np.arange(oh, dtype=np.int64) * (sh * wp * cp)), a_rows=ow)
     gemm = gemm_stmt(b, nhwc, mul(Var(gv), cg), cp if virtual_rows else sw * cp, 0, w_param, mul(Var(gv), group_lanes),
                      virtual_rows or oh * ow, cog, count * run_padded // 2, at_pixel, kind="bf16", stores_along="m",
-                     tile=tile, tiles=True, a_kruns=kruns, **rows)
+                     tile=tile, tiles=True, a_kruns=geo.kruns, **rows)
     return (zero_slack, *loop(bv, batch, (copy, *loop(gv, groups, (gemm,)))))
 
 
