@@ -1,7 +1,8 @@
 """Kiln against Kiln: one model's module built by two commits, timed in one process.
 
     python bench/compare_commits.py MODEL [REV_A] [REV_B] [--rounds 7] [--repeat 100] [--threads 1]
-                                   [--target x86-64-v3] [--dim height=32..640 --at height=224 ...]
+                                   [--target x86-64-v3] [--precision bf16]
+                                   [--dim height=32..640 --at height=224 ...]
 
 MODEL is one of bench_models.py's models, one of bench_convs.py's single conv layers, or an
 .onnx file (run on random inputs).
@@ -52,16 +53,19 @@ def _checkout(rev: str, where: str) -> str:
     return where
 
 
-def _build(source: str, model_path: str, out: str, target: str, dims: dict | None = None) -> None:
+def _build(source: str, model_path: str, out: str, target: str, dims: dict | None = None,
+           precision: str = "fp32") -> None:
     """Build with the Kiln in `source` (its folder first on the path, for the zygote too),
     refusing to go on if the subprocess imported another Kiln (an installed copy). `dims`:
     {name: (least, greatest)} of the dims left symbolic."""
     env = dict(os.environ, PYTHONPATH=source + os.pathsep + os.environ.get("PYTHONPATH", ""))
     code = ("import json, sys, modelkiln; from modelkiln.orchestrator.api import build; "
             "dims = {k: tuple(v) for k, v in json.loads(sys.argv[4]).items()} or None; "
-            "build(sys.argv[1], target=sys.argv[3], dims=dims, cache=None, progress=False).export(sys.argv[2]); "
+            "extra = {'precision': sys.argv[5]} if sys.argv[5] != 'fp32' else {}; "
+            "build(sys.argv[1], target=sys.argv[3], dims=dims, cache=None, progress=False, **extra).export(sys.argv[2]); "
             "print(modelkiln.IMPORT_ROOT)")
-    done = subprocess.run([sys.executable, "-c", code, model_path, out, target, json.dumps(dims or {})], check=True,
+    done = subprocess.run([sys.executable, "-c", code, model_path, out, target, json.dumps(dims or {}), precision],
+                          check=True,
                           env=env, cwd=source, capture_output=True, text=True)
     imported = done.stdout.strip().splitlines()[-1]
     if os.path.realpath(imported) != os.path.realpath(source):
@@ -90,7 +94,7 @@ def _remove_worktree(where: str) -> None:
 
 
 def compare(model_name: str, revs: list, rounds: int, repeat: int, threads: int, target: str = "llvm",
-            dims: dict | None = None, at: dict | None = None) -> dict:
+            dims: dict | None = None, at: dict | None = None, precision: str = "fp32") -> dict:
     """{rev: (median over rounds, best round, kernel sum, per-kernel ms)} for each revision;
     with `dims` ({name: (least, greatest)}) built symbolic, run at the sizes `at` gives."""
     model, inputs = _model_and_inputs(model_name)
@@ -104,7 +108,7 @@ def compare(model_name: str, revs: list, rounds: int, repeat: int, threads: int,
                 source = _checkout(rev, os.path.join(tmp, f"src{i}"))
                 if source != ROOT:
                     worktrees.append(source)
-                _build(source, model_path, os.path.join(tmp, f"bundle{i}"), target, dims)
+                _build(source, model_path, os.path.join(tmp, f"bundle{i}"), target, dims, precision)
                 modules[rev] = load(os.path.join(tmp, f"bundle{i}"), threads=threads)
                 if dims or inputs is None:  # (the inputs at the sizes asked for, or of an .onnx file's types)
                     inputs = modules[rev].random_inputs(dims=at)
@@ -131,6 +135,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=100)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--target", default="llvm", help="what to build for (default: this host)")
+    ap.add_argument("--precision", default="fp32", help="the builds' precision (fp32, bf16)")
     ap.add_argument("--dim", action="append", default=[], metavar="NAME=LO..HI",
                     help="leave the input dim NAME symbolic over LO..HI (repeatable)")
     ap.add_argument("--at", action="append", default=[], metavar="NAME=V",
@@ -139,9 +144,9 @@ def main() -> None:
     dims = {name: tuple(int(v) for v in bounds.split("..")) for name, bounds in (d.split("=") for d in args.dim)}
     at = {name: int(v) for name, v in (a.split("=") for a in args.at)}
     found = compare(args.model, [args.rev_a, args.rev_b], args.rounds, args.repeat, args.threads, args.target,
-                    dims, at)
+                    dims, at, args.precision)
     sizes = "".join(f", {k}={v}" for k, v in at.items())
-    print(f"| {args.model}, {args.target}, {args.threads} thread(s){sizes} | median of rounds (ms) | best round (ms) "
+    print(f"| {args.model}, {args.target}, {args.precision}, {args.threads} thread(s){sizes} | median of rounds (ms) | best round (ms) "
           "| kernel sum (ms) |")
     print("|---|---:|---:|---:|")
     for rev, (median, best, kernel_sum, _) in found.items():

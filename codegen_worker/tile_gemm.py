@@ -4,8 +4,8 @@ A register tile of `rows` x nr (rows <= mr) is ceil(rows / 16) x nr / 16 accumul
 of 16 x 16 int32 or float32 (2 x 2, or 4 x 1 for a 16-column panel), summed over k in steps
 of 64 bytes (16 quads, or 16 pairs of bfloat16): per step, A's tiles (16 rows of the step's
 bytes, at A's row stride) and B's (the step's quads by 16 columns of the packed panel, at the
-panel's row stride of nr * 4 bytes), one tdpb[su][su]d (tdpbf16ps for bfloat16) per
-accumulator. The accumulators are then stored to the stack tile the Gemm's write-back reads,
+panel's row stride of nr * 4 bytes, or B read in place at its row stride b_sk), one
+tdpb[su][su]d (tdpbf16ps for bfloat16) per accumulator. The accumulators are then stored to the stack tile the Gemm's write-back reads,
 row-major, or for a conv's NCHW stores through a scratch tile, transposed in vector
 registers.
 
@@ -123,6 +123,7 @@ def tile_microkernel(fe, g: Gemm, a_ptr: str, a_off: str, b_ptr: str, bp: str, m
         a_row0 = fe.int_op("add nsw", fe.mul_const(m0, g.a_sm), a_off)
     a_type, a_bytes = ("bf16", 2) if g.kind == "bf16" else ("i8", 1)  # (A's elements)
     step_elements = ROW_BYTES // a_bytes
+    b_row = g.b_sk or g.nr  # (lanes from one k quad or pair of B to the next: packed, or read in place)
 
     def step(a_at: str, b_at: str) -> None:
         def load(reg: int, ptr: str, typ: str, at: str, stride: int) -> None:
@@ -134,7 +135,7 @@ def tile_microkernel(fe, g: Gemm, a_ptr: str, a_off: str, b_ptr: str, bp: str, m
             return lay.a_tile(i)
 
         def b_tile(j: int) -> int:
-            load(B_TILES[j], b_ptr, "i32", fe.int_op("add nsw", b_at, j * TILE_ROWS) if j else b_at, g.nr * 4)
+            load(B_TILES[j], b_ptr, "i32", fe.int_op("add nsw", b_at, j * TILE_ROWS) if j else b_at, b_row * 4)
             return B_TILES[j]
 
         def dot(i: int, j: int, a: int, b: int) -> None:
@@ -157,9 +158,9 @@ def tile_microkernel(fe, g: Gemm, a_ptr: str, a_off: str, b_ptr: str, bp: str, m
                 return a_at, b_at
             if isinstance(s, int):
                 return (fe.int_op("add nsw", a_at, s * step_elements),
-                        fe.int_op("add nsw", b_at, s * STEP_QUADS * g.nr))
+                        fe.int_op("add nsw", b_at, s * STEP_QUADS * b_row))
             return (fe.int_op("add nsw", a_at, fe.mul_const(s, step_elements)),
-                    fe.int_op("add nsw", b_at, fe.mul_const(s, STEP_QUADS * g.nr)))
+                    fe.int_op("add nsw", b_at, fe.mul_const(s, STEP_QUADS * b_row)))
         if steps <= UNROLLED_STEPS:
             for s in range(steps):
                 step(*at(s))

@@ -348,7 +348,9 @@ class Gemm(Stmt):
     `kind` "bf16" (on tiles only: tdpbf16ps) multiplies bfloat16 and sums in float32 (`acc_var`
     an f32): A is a bf16 buffer (a_sm and a_off in its elements, rows whole 64-byte steps),
     k counts *pairs* of elements, and B is packed [panel][pair][nr][2] 16-bit, two consecutive
-    k of one column per 32-bit lane (ir/lower/bf16_gemm.py).
+    k of one column per 32-bit lane (ir/lower/bf16_gemm.py), or read in place in that lane
+    layout with `b_sk` lanes from one pair to the next (a pointwise conv's input, its pixels
+    the columns: ir/lower/bf16_conv.py).
 
     With `m_rows` (width, real), m counts virtual rows, a plane's rows of `width` pixels laid
     end to end, of which the first `real` of each row are pixels: the write-back stores only

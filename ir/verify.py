@@ -197,8 +197,9 @@ class _Checker:
                         and s.split == "n" and isinstance(s.m, int)):
                     raise _Problem(f"gemm of {s.n} columns read in place with row stride {s.b_sk} or table "
                                    f"{s.b_ktab!r}: float32, a run-time n and stride (or a table), split n, a static m")
-            elif s.b_sk and (s.kind != "f32" or s.b_sk < 0):
-                raise _Problem(f"{s.kind} gemm reads B in place with row stride {s.b_sk}")
+            elif s.b_sk and (s.kind not in ("f32", "bf16") or s.b_sk < 0 or s.kind == "bf16" and s.a_kruns):
+                raise _Problem(f"{s.kind} gemm reads B in place with row stride {s.b_sk} (float32, or bf16 on tiles "
+                               "without runs of k)")
             if s.n_bound < 0 or s.n_bound and not isinstance(s.n, Expr):
                 raise _Problem(f"gemm of {s.n} columns bounded by {s.n_bound}: a bound is for a run-time n only")
             if s.b_ktab and (s.kind != "f32" or s.b_sk
@@ -219,11 +220,11 @@ class _Checker:
             if s.b_words and (s.kind not in ("u8s8", "s8u8") or s.in_place_b):
                 raise _Problem(f"{s.kind} gemm with B packed as 16-bit pairs: only u8s8 and s8u8, B packed")
             runs = prod(c for c, _ in s.a_kruns) if s.a_kruns else 1
-            if s.tiles and (s.kind == "f32" or s.b_words or s.in_place_b or s.a_mtab and not (isinstance(s.a_rows, int) and s.a_rows > 0)
+            if s.tiles and (s.kind == "f32" or s.b_words or s.b_ktab or s.in_place_b and s.kind != "bf16" or s.a_mtab and not (isinstance(s.a_rows, int) and s.a_rows > 0)
                             or s.a_sb or s.a_ktab
                             or s.nr not in (16, 32) or s.mr > 64 * 16 // s.nr or isinstance(s.a_sm, Expr)
                             or s.k % runs or s.k // runs % 16):
-                raise _Problem(f"{s.kind} gemm on tiles: 8-bit, B packed in bytes, A strided (a_kruns, not "
+                raise _Problem(f"{s.kind} gemm on tiles: 8-bit or bf16, B packed (bf16: or in place), A strided (a_kruns, not "
                                f"tables but rows'), panels of 16 or 32 columns, 4 accumulator tiles, runs of k in whole "
                                f"64-byte steps (tile {s.mr}x{s.nr}, k {s.k}, runs {s.a_kruns})")
             if s.a_kruns and not (s.tiles and all(isinstance(c, int) and c > 0 and isinstance(st, int)
@@ -236,9 +237,9 @@ class _Checker:
             if s.b_words and (a_type != "i16" or b_type != "i16"):
                 raise _Problem(f"gemm operands {s.a_buf}, {s.b_buf} are not 16-bit buffers (B packed in pairs)")
             if s.kind == "bf16":
-                if not s.tiles or a_type != "bf16" or b_type not in ("u16", "bf16"):
-                    raise _Problem(f"bf16 gemm of {s.a_buf} ({a_type}), {s.b_buf} ({b_type}): on tiles, A bf16, "
-                                   "B 16-bit pairs")
+                if not s.tiles or a_type not in ("u16", "bf16") or b_type not in ("u16", "bf16"):
+                    raise _Problem(f"bf16 gemm of {s.a_buf} ({a_type}), {s.b_buf} ({b_type}): on tiles, A bf16 (or "
+                                   "its bits), B 16-bit pairs")
             elif s.kind != "f32":
                 if not s.b_words and (a_type not in ("i8", "u8") or b_type not in ("i8", "u8")):
                     raise _Problem(f"{s.kind} gemm operands {s.a_buf}, {s.b_buf} are not byte buffers")

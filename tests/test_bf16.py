@@ -137,7 +137,9 @@ CONVS = [(64, 64, 14, 3, 1, 1, 1, 1, True),     # a stride-1 3x3: one GEMM over 
          (5, 24, 11, 3, 1, 1, 1, 1, True),      # odd channels: the copy's pad channel meets zero weights
          (32, 48, 12, 3, 1, 2, 2, 1, True),     # dilated
          (64, 128, 8, 1, 2, 0, 1, 1, True),     # a strided 1x1 projection
-         (64, 96, 10, 3, 1, 1, 1, 2, True)]     # two groups of 32 channels
+         (64, 96, 10, 3, 1, 1, 1, 2, True),     # two groups of 32 channels
+         (64, 256, 14, 1, 1, 0, 1, 1, True),    # pointwise: the weights as A, the input as B read in place
+         (40, 24, 9, 1, 1, 0, 1, 1, False)]     # pointwise: channels off whole steps, pixels off panels
 
 
 @pytest.mark.parametrize("target", TARGETS)

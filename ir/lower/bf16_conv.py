@@ -31,10 +31,14 @@ import numpy as np
 from ..graph import Node
 from ..loop import TRANSPOSE_LANES, Const, For, If, Load, Store, TransposeBlock, Var, add, cmp, fbin, loop, mul, \
     select, sub, unflatten
-from .bf16_gemm import PAIR_STEP, pack_pair_panels
+from .bf16_gemm import PAIR_STEP, bf16_bits, pack_pair_panels
 from .builder import KernelBuilder
 from .gemm import gemm_stmt, is_depthwise
 from .tile_rules import tile_shape, tile_unit
+
+
+def _whole_steps(elements: int) -> int:
+    return -(-elements // PAIR_STEP) * PAIR_STEP
 
 
 @dataclass(frozen=True)
@@ -68,7 +72,7 @@ def _geometry(b: KernelBuilder, node: Node) -> _Geometry:
     else:
         kruns, run = ((kh, dh * wp * cp), (kw, dw * cp)), cgp
     virtual_rows = (oh - 1) * wp + ow if a["strides"] == [1, 1] else 0
-    return _Geometry(cp, cgp, kruns, run, -(-run // PAIR_STEP) * PAIR_STEP, virtual_rows)
+    return _Geometry(cp, cgp, kruns, run, _whole_steps(run), virtual_rows)
 
 
 def conv_on_tiles(b: KernelBuilder, node: Node) -> bool:
@@ -86,13 +90,35 @@ def conv_on_tiles(b: KernelBuilder, node: Node) -> bool:
     cout, cg, kh, kw = b.type(w_name).shape
     if groups > 1 and cg % 2:
         return False
+    if _pointwise(b, node):
+        return tile_unit(b, cout, 2 * cg, 2 * _whole_steps(cg), math.prod(xs[2:]), bf16=True)
     geo = _geometry(b, node)
     return tile_unit(b, geo.virtual_rows or b.type(node.outputs[0]).shape[3], 2 * kh * kw * cg,
                      2 * geo.count * geo.run_padded, cout // groups, bf16=True)
 
 
+def _pointwise(b: KernelBuilder, node: Node) -> bool:
+    """A 1x1 stride-1 conv of one group without padding: the input is already B, pixels by channels."""
+    a = b.attrs(node)
+    return (a.get("group", 1) == 1 and list(b.type(node.inputs[1]).shape[2:]) == [1, 1]
+            and a["strides"] == [1, 1] and not any(a["pads"]))
+
+
+def _bias_and_store(b: KernelBuilder, node: Node, store, image, spatial: list):
+    """(channel, pixel, acc) -> the epilogue's statements: the bias added, stored at [image,
+    channel, pixel] (the pixel unflattened where the epilogue indexes every spatial dim)."""
+    bias = b.reader(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] else None
+
+    def at(channel, pixel, acc):
+        value = acc if bias is None else fbin("add", acc, bias([channel]))
+        return store([image, channel] + ([pixel] if b.conv_collapsed else unflatten(pixel, spatial)), value)
+    return at
+
+
 def lower_conv_bf16(b: KernelBuilder, node: Node, store) -> tuple:
     """The conv on tiles (see the module's docstring); conv_on_tiles must hold."""
+    if _pointwise(b, node):
+        return _lower_pointwise(b, node, store)
     x_name, w_name = node.inputs[0], node.inputs[1]
     batch, cin, h, w_ = b.type(x_name).shape
     batch = b.dim(batch)  # (an int, or a run-time batch's expression)
@@ -120,17 +146,15 @@ def lower_conv_bf16(b: KernelBuilder, node: Node, store) -> tuple:
     group_lanes = -(-cog // tile[1]) * count * run_padded // 2 * tile[1]
     # (a run's last step may read past the copy's last pixel, into zero weights' range)
     nhwc = b.workspace(hp * wp * cp + PAIR_STEP, "bf16")
-    bias = b.reader(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] else None
     bv, gv = b.fresh("b"), b.fresh("g")
+    epilogue = _bias_and_store(b, node, store, Var(bv), [oh, ow])
     copy = _channels_last_copy(b, b.in_param(x_name), mul(Var(bv), cin * h * w_), cin, h, w_, a["pads"], cp, nhwc)
     # (the slack past the plane meets zero weights only: zeros there, not the arena's old bits, which may be NaN)
     slack = b.fresh("s")
     zero_slack = For(slack, PAIR_STEP, (Store(nhwc, add(hp * wp * cp, Var(slack)), Const(0.0, "f32")),), "vectorize")
 
     def at_pixel(mm, nn, acc):  # (mm: the output pixel)
-        channel = add(mul(Var(gv), cog), nn) if groups > 1 else nn
-        value = acc if bias is None else fbin("add", acc, bias([channel]))
-        return store([Var(bv), channel] + ([mm] if b.conv_collapsed else unflatten(mm, [oh, ow])), value)
+        return epilogue(add(mul(Var(gv), cog), nn) if groups > 1 else nn, mm, acc)
     virtual_rows = geo.virtual_rows
     rows = dict(m_rows=(wp, ow)) if virtual_rows else dict(
         a_mtab=b.constant_param("conv_row_starts", np.arange(oh, dtype=np.int64) * (sh * wp * cp)), a_rows=ow)
@@ -173,3 +197,43 @@ def _channels_last_copy(b: KernelBuilder, xparam: str, base, cin: int, h: int, w
                                            Const(0.0, "f32")),), "vectorize"),)
     inside = fbin("and", cmp("ge", Var(y), Const(pt)), cmp("lt", Var(y), Const(h + pt)))
     return For(y, hp, (If(inside, (*zeros(0, pl), pack, *blocks, *zeros(w_ + pl, pr)), zeros(0, wp)),), parallel=True)
+
+
+def _lower_pointwise(b: KernelBuilder, node: Node, store) -> tuple:
+    """A 1x1 conv with the weights as A: C[cout][pixel] = W[cout][k] x X[k][pixel], so that
+    the tiles' rows are channels and their columns pixels, stored along NCHW's rows as they
+    are (a conv's usual form, pixels as rows, transposes every tile into its write-back: with
+    a k of one or two steps that cost more than the products). The input is B read in place
+    (Gemm.b_sk) from a copy of channel pairs interleaved into 32-bit lanes, [pair][pixel]: no
+    transpose. The weights are bfloat16 rows padded to whole 32-element steps; the copy's
+    pairs past the channels are zeros, so the padding adds nothing."""
+    x_name, w_name = node.inputs[0], node.inputs[1]
+    batch, cin = b.type(x_name).shape[:2]
+    batch, spatial = b.dim(batch), list(b.type(x_name).shape[2:])
+    pixels = math.prod(spatial)
+    cout = b.type(w_name).shape[0]
+    kp = _whole_steps(cin)
+    tile = tile_shape(b, pixels)
+
+    def rows() -> np.ndarray:
+        padded = np.zeros((cout, kp), np.float32)
+        padded[:, :cin] = b.g.constants[w_name].reshape(cout, cin)
+        return bf16_bits(padded)
+    w_rows = b.packed_param(f"{w_name}_bf16_rows", ("bf16 rows", w_name, kp), rows)
+    # [pair][pixel][2], and a panel's width of slack: the last panel's tiles read past the last
+    # pixel (columns the write-back does not store)
+    pairs = b.workspace(kp * pixels + 2 * tile[1], "bf16")
+    bv, p, x = b.fresh("b"), b.fresh("p"), b.fresh("x")
+    xparam = b.in_param(x_name)
+
+    def channel(half: int):  # channel 2p + half at pixel x, zero past the channels
+        c = add(mul(Var(p), 2), half)
+        value = Load(xparam, add(mul(Var(bv), cin * pixels), add(mul(fbin("min", c, Const(cin - 1)), pixels), Var(x))))
+        return select(cmp("lt", c, Const(cin)), value, Const(0.0, "f32")) if kp > cin else value
+    copy = For(p, kp // 2, (For(x, pixels, tuple(Store(pairs, add(mul(add(mul(Var(p), pixels), Var(x)), 2), half),
+                                                       channel(half)) for half in range(2)), "vectorize"),),
+               parallel=True)
+    epilogue = _bias_and_store(b, node, store, Var(bv), spatial)
+    gemm = gemm_stmt(b, w_rows, Const(0), kp, 0, pairs, Const(0), cout, pixels, kp // 2, epilogue, kind="bf16",
+                     b_sk=pixels, stores_along="n", tile=tile, tiles=True)
+    return loop(bv, batch, (copy, gemm))
