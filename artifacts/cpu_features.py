@@ -5,14 +5,29 @@ today and die with SIGILL tomorrow, the first time a kernel reaches an AVX512-FP
 instruction. The manifest lists the features the code was compiled for, as Linux names
 them in /proc/cpuinfo; loading compares that list with the host's and refuses.
 
-One row per x86 feature that changes which instructions may be emitted:
-(LLVM feature name, the C compiler's macro for it, the /proc/cpuinfo flag).
+Every x86 feature LLVM 22 enables for a CPU it knows (orchestrator/x86_cpus.py) or reports
+for a host is in one of four classes here:
+- X86_FEATURES, checked on the host: the instruction sets LLVM selects from ordinary IR
+  (vector ISAs, bit manipulation, the base set) and the AMX family, each with its
+  /proc/cpuinfo flag (and the C compiler's macro for it, where GCC has one);
+- NOT_EMITTED, not checked: instructions LLVM emits only for explicit intrinsics or inline
+  assembly, which Kiln's kernels never call (system, security, crypto and cache-control
+  instructions); hypervisors often hide them (SGX, Key Locker), so checking them would
+  refuse bundles on hosts that run them fine;
+- UMBRELLAS, checked through the features they imply (AVX10.1 is a name for AVX-512's set);
+- everything else (APX, AVX10.2, the AVX-VNNI-INT8 family): LLVM may emit them, and Kiln
+  knows no /proc/cpuinfo flag to check them by, so targets turn them off
+  (orchestrator/target.py) and a target asking for one by name is refused.
 """
 from __future__ import annotations
 
+import functools
 import platform
 
+# (LLVM feature name, the C compiler's macro for it or None, the /proc/cpuinfo flag)
 X86_FEATURES = (
+    ("x87", None, "fpu"), ("cx8", None, "cx8"), ("cmov", None, "cmov"), ("mmx", "__MMX__", "mmx"),
+    ("fxsr", "__FXSR__", "fxsr"), ("sse", "__SSE__", "sse"), ("sse2", "__SSE2__", "sse2"),
     ("sse3", "__SSE3__", "pni"), ("ssse3", "__SSSE3__", "ssse3"), ("sse4.1", "__SSE4_1__", "sse4_1"),
     ("sse4.2", "__SSE4_2__", "sse4_2"), ("popcnt", "__POPCNT__", "popcnt"), ("avx", "__AVX__", "avx"),
     ("avx2", "__AVX2__", "avx2"), ("fma", "__FMA__", "fma"), ("f16c", "__F16C__", "f16c"),
@@ -23,25 +38,86 @@ X86_FEATURES = (
     ("avx512vbmi", "__AVX512VBMI__", "avx512vbmi"), ("avx512vbmi2", "__AVX512VBMI2__", "avx512_vbmi2"),
     ("avx512vnni", "__AVX512VNNI__", "avx512_vnni"), ("avx512bitalg", "__AVX512BITALG__", "avx512_bitalg"),
     ("avx512vpopcntdq", "__AVX512VPOPCNTDQ__", "avx512_vpopcntdq"), ("avx512bf16", "__AVX512BF16__", "avx512_bf16"),
-    ("avx512fp16", "__AVX512FP16__", "avx512_fp16"), ("avxvnni", "__AVXVNNI__", "avx_vnni"),
-    ("amx-tile", "__AMX_TILE__", "amx_tile"), ("amx-bf16", "__AMX_BF16__", "amx_bf16"),
-    ("amx-int8", "__AMX_INT8__", "amx_int8"), ("gfni", "__GFNI__", "gfni"), ("vaes", "__VAES__", "vaes"),
-    ("vpclmulqdq", "__VPCLMULQDQ__", "vpclmulqdq"),
+    ("avx512fp16", "__AVX512FP16__", "avx512_fp16"), ("avx512vp2intersect", "__AVX512VP2INTERSECT__",
+                                                     "avx512_vp2intersect"),
+    ("avxvnni", "__AVXVNNI__", "avx_vnni"), ("amx-tile", "__AMX_TILE__", "amx_tile"),
+    ("amx-bf16", "__AMX_BF16__", "amx_bf16"), ("amx-int8", "__AMX_INT8__", "amx_int8"),
+    ("amx-fp16", "__AMX_FP16__", "amx_fp16"), ("gfni", "__GFNI__", "gfni"), ("vaes", "__VAES__", "vaes"),
+    ("vpclmulqdq", "__VPCLMULQDQ__", "vpclmulqdq"), ("sse4a", "__SSE4A__", "sse4a"), ("xop", "__XOP__", "xop"),
+    ("fma4", "__FMA4__", "fma4"), ("tbm", "__TBM__", "tbm"),
 )
 FLAG_OF_LLVM = {llvm: flag for llvm, _, flag in X86_FEATURES}
-FLAG_OF_MACRO = {macro: flag for _, macro, flag in X86_FEATURES}
+FLAG_OF_MACRO = {macro: flag for _, macro, flag in X86_FEATURES if macro}
+
+NOT_EMITTED = frozenset((
+    "64bit", "adx", "aes", "amx-avx512", "amx-complex", "amx-fp8", "amx-movrs", "amx-tf32", "cldemote", "clflushopt", "clwb", "clzero", "cmpccxadd", "crc32", "cx16", "enqcmd", "fsgsbase",
+    "hreset", "invpcid", "kl", "lwp", "movdir64b", "movdiri", "movrs", "mwaitx", "pclmul", "pconfig", "pku",
+    "prefetchi", "prfchw", "ptwrite", "raoint", "rdpid", "rdpru", "rdrnd", "rdseed", "rtm", "sahf",
+    "serialize", "sgx", "sha", "sha512", "shstk", "sm3", "sm4", "tsxldtrk", "uintr", "usermsr", "waitpkg",
+    "wbnoinvd", "widekl", "xsave", "xsavec", "xsaveopt", "xsaves",
+))
+
+# What a feature turns on with it (LLVM's implications, for the features the classes above
+# name): enabling one enables these, disabling one disables every feature that implies it.
+IMPLIES = {
+    "sse2": ("sse",), "sse3": ("sse2",), "ssse3": ("sse3",), "sse4.1": ("ssse3",), "sse4.2": ("sse4.1",),
+    "avx": ("sse4.2",), "avx2": ("avx",), "f16c": ("avx",), "fma": ("avx",), "avx512f": ("avx2", "f16c", "fma"),
+    **{f: ("avx512f",) for f in ("avx512cd", "avx512dq", "avx512vl", "avx512ifma", "avx512vnni", "avx512vpopcntdq",
+                                 "avx512vp2intersect", "avx512bw")},
+    **{f: ("avx512bw",) for f in ("avx512bf16", "avx512bitalg", "avx512vbmi", "avx512vbmi2", "avx512fp16")},
+    "aes": ("sse2",), "pclmul": ("sse2",), "gfni": ("sse2",), "sha": ("sse2",), "vaes": ("aes", "avx2"),
+    "vpclmulqdq": ("avx", "pclmul"), "sse4a": ("sse3",), "fma4": ("avx", "sse4a"), "xop": ("fma4",),
+    **{f: ("amx-tile",) for f in ("amx-bf16", "amx-int8", "amx-fp16", "amx-complex", "amx-fp8", "amx-movrs",
+                                  "amx-tf32")},
+    "amx-avx512": ("amx-tile", "avx10.2"),
+    **{f: ("avx2",) for f in ("avxvnni", "avxvnniint8", "avxvnniint16", "avxifma", "avxneconvert", "sha512", "sm4")},
+    "sm3": ("avx",), "xsavec": ("xsave",), "xsaveopt": ("xsave",), "xsaves": ("xsave",), "widekl": ("kl",),
+    "avx10.1": ("avx512cd", "avx512vbmi", "avx512ifma", "avx512vnni", "avx512bf16", "avx512vpopcntdq", "avx512vbmi2",
+                "avx512bitalg", "avx512fp16", "avx512dq", "avx512vl"),
+    "avx10.2": ("avx10.1",),
+}
+# Names for sets of features, checked through what they imply.
+UMBRELLAS = frozenset(("avx10.1", "evex512"))
 
 
-def enabled(llvm_features: str) -> set[str]:
+@functools.lru_cache(maxsize=None)
+def _implied(feature: str) -> frozenset:
+    out, todo = set(), [feature]
+    while todo:
+        f = todo.pop()
+        if f not in out:
+            out.add(f)
+            todo.extend(IMPLIES.get(f, ()))
+    return frozenset(out)
+
+
+def closure(features) -> set[str]:
+    """The features and everything they imply."""
+    return set().union(*(_implied(f) for f in features))
+
+
+@functools.lru_cache(maxsize=64)
+def enabled(llvm_features: str) -> frozenset:
     """The features an LLVM feature string turns on, a later entry overriding an earlier one
-    (the host's features, then the target's -mattr)."""
+    (the host's or the CPU's features, then the target's -mattr): "+f" turns on f and what it
+    implies, "-f" turns off f and every feature that implies it, as LLVM reads the string."""
     on: set[str] = set()
     for f in llvm_features.split(","):
         if f[:1] == "+":
-            on.add(f[1:])
+            on |= _implied(f[1:])
         elif f[:1] == "-":
-            on.discard(f[1:])
-    return on
+            on = {g for g in on if f[1:] not in _implied(g)}
+    return frozenset(on)
+
+
+def checkable(feature: str) -> bool:
+    """Whether Kiln can let a target use `feature`: checked on hosts, never emitted, or a name for others."""
+    return feature in FLAG_OF_LLVM or feature in NOT_EMITTED or feature in UMBRELLAS
+
+
+def host_flags_required(llvm_features: str) -> list[str]:
+    """The /proc/cpuinfo flags a host must have to run code compiled with these features."""
+    return sorted({FLAG_OF_LLVM[f] for f in enabled(llvm_features) if f in FLAG_OF_LLVM})
 
 
 def byte_dot_widths(llvm_features: str) -> set[int]:

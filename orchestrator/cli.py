@@ -437,7 +437,9 @@ def cmd_targets(args) -> int:
     from .target import parse_target
     for name in preset_names():
         preset = load_preset(name)
-        print(f"{name:14s} {parse_target(name).describe()}\n{'':14s} {preset.get('description', '')}")
+        target = parse_target(name)
+        print(f"{name:14s} {target.describe()}\n{'':14s} {preset.get('description', '')}\n{'':14s} "
+              f"{target.feature_summary()}")
     return 0
 
 

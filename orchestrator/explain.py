@@ -68,7 +68,8 @@ def explain(model, target="llvm", opt_level: int = 3, shapes=None, cache=None, d
     records = Records(store, tgt, tuning_threads) if store is not None and tuning else None
     lowered = lower(g, schedule_for(tgt), records.lookup if records is not None else None)
     before = previous_parts(store.root, g.name) if store else {}
-    lines = [f"model {g.name}: {len(g.nodes)} nodes after passes; target {tgt.describe()}", ""]
+    lines = [f"model {g.name}: {len(g.nodes)} nodes after passes; target {tgt.describe()}",
+             f"  {tgt.feature_summary()}", ""]
     if g.symbols:
         lines += _symbols(g, lowered)
     lines += ["passes:"]

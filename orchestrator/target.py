@@ -6,20 +6,13 @@ no LLVM option, so it is safe in the driver process.
 """
 from __future__ import annotations
 
-import functools
 import shlex
-import subprocess
 from dataclasses import asdict, dataclass
 
-from ..artifacts.cpu_features import FLAG_OF_LLVM, FLAG_OF_MACRO, host_arch
+from ..artifacts.cpu_features import FLAG_OF_LLVM, UMBRELLAS, checkable, enabled, host_arch, host_flags_required
 from ..configs import load_preset, preset_names
 from ..ir.errors import KilnError
-
-# CPUs whose vectors are 512 bits wide (LLVM CPU names), and those with 256-bit AVX2.
-_AVX512_CPUS = {"skylake-avx512", "cascadelake", "cooperlake", "icelake-client", "icelake-server", "tigerlake",
-                "sapphirerapids", "emeraldrapids", "graniterapids", "znver4", "znver5", "x86-64-v4", "rocketlake"}
-_AVX2_CPUS = {"haswell", "broadwell", "skylake", "alderlake", "raptorlake", "znver1", "znver2", "znver3",
-              "x86-64-v3", "cannonlake"}
+from .x86_cpus import THIRTY_TWO_BIT_ONLY, cpu_features
 
 
 @dataclass(frozen=True)
@@ -39,14 +32,8 @@ class Target:
         """float32 lanes the GEMM micro-kernel and vectorized loops are shaped for."""
         if self.arch != "x86_64":
             return 4
-        feats = set(self.features.split(","))
-        if "-avx512f" in feats:
-            return 8 if "+avx2" in feats or self.cpu in _AVX2_CPUS | _AVX512_CPUS else 4
-        if "+avx512f" in feats or self.cpu in _AVX512_CPUS:
-            return 16
-        if "+avx2" in feats or self.cpu in _AVX2_CPUS:
-            return 8
-        return 4
+        on = enabled(self.features)
+        return 16 if "avx512f" in on else 8 if "avx2" in on else 4
 
     @property
     def runnable(self) -> bool:
@@ -54,16 +41,22 @@ class Target:
         return host_arch() == self.arch
 
     def cpu_flags(self) -> list[str]:
-        """The CPU features (as /proc/cpuinfo names them) that code for this target may use:
-        its explicit +features, and for a named CPU what the C compiler says `-march=CPU`
-        implies (a CPU name the compiler does not know contributes its explicit ones only)."""
+        """The CPU features (as /proc/cpuinfo names them) a host needs to run code for this
+        target: every checked feature its feature string turns on (a named CPU's are in it:
+        parse_target)."""
+        return host_flags_required(self.features) if self.arch == "x86_64" else []
+
+    def feature_summary(self) -> str:
+        """What `kiln targets` and `kiln explain` say of the features: the checked ones the
+        code may use, and those turned off because no host can be checked for them."""
         if self.arch != "x86_64":
-            return []
-        flags = {FLAG_OF_LLVM[f[1:]] for f in self.features.split(",") if f[:1] == "+" and f[1:] in FLAG_OF_LLVM}
-        off = {FLAG_OF_LLVM[f[1:]] for f in self.features.split(",") if f[:1] == "-" and f[1:] in FLAG_OF_LLVM}
-        if self.cpu and self.cpu not in ("generic", "x86-64"):
-            flags |= _implied_by_cpu(self.cpu)
-        return sorted(flags - off)
+            return f"features: {self.features or 'those of ' + self.cpu}"
+        used = sorted(f for f in enabled(self.features) if f in FLAG_OF_LLVM)
+        # (what the CPU, or the host's list, would have turned on)
+        wanted = {f[1:] for f in self.features.split(",") if f[:1] == "+"} | (cpu_features(self.cpu) or set())
+        off = sorted(f for f in wanted if not checkable(f))
+        return f"features: {' '.join(used)}" + (f"; off (no host can be checked for them): {' '.join(off)}"
+                                                 if off else "")
 
     def to_dict(self) -> dict:
         return {**asdict(self), "llvm_options": list(self.llvm_options)}
@@ -73,16 +66,27 @@ class Target:
         return f"{self.name}: {self.triple} cpu={self.cpu} ({self.vector_width} lanes) {opts}".strip()
 
 
-@functools.lru_cache(maxsize=None)
-def _implied_by_cpu(cpu: str) -> frozenset:
-    from ..artifacts.link import find_cc
-    try:
-        proc = subprocess.run([find_cc(), f"-march={cpu}", "-dM", "-E", "-x", "c", "-"], input="",
-                              capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired, KilnError):
-        return frozenset()
-    macros = {line.split()[1] for line in proc.stdout.splitlines() if line.startswith("#define ")}
-    return frozenset(flag for macro, flag in FLAG_OF_MACRO.items() if macro in macros)
+def _x86_features(spec: str, cpu: str | None, base: str, attrs: list[str]) -> str:
+    """The feature string of an x86-64 target: `base` (the host's), or else the features CPU
+    `cpu` implies (x86_cpus.py), then the -mattr entries; features Kiln cannot check a host
+    for are turned off (artifacts/cpu_features.py), and asking for one is refused by name."""
+    for a in attrs:
+        if a[:1] == "+" and not checkable(a[1:]):
+            raise KilnError(f"target '{spec}': feature '{a[1:]}' is not one Kiln can check a host for (it knows no "
+                            "/proc/cpuinfo flag for it), so it does not build code that may use it")
+    implied: frozenset = frozenset()
+    if cpu is not None:
+        if cpu in THIRTY_TWO_BIT_ONLY:
+            raise KilnError(f"target '{spec}': CPU '{cpu}' cannot run 64-bit code")
+        implied = cpu_features(cpu)
+        if implied is None:
+            raise KilnError(f"target '{spec}': unknown x86-64 CPU '{cpu}' (LLVM's names: x86-64-v3, skylake-avx512, "
+                            "icelake-server, sapphirerapids, znver4, ...; see orchestrator/x86_cpus.py)")
+        base = ",".join(f"+{f}" for f in sorted(implied) if f in FLAG_OF_LLVM or f in UMBRELLAS)
+    features = ",".join(p for p in (base, *attrs) if p)
+    # (what LLVM itself enables for the CPU name, and what the string turns on)
+    off = sorted(f for f in implied | enabled(features) if not checkable(f))
+    return ",".join(p for p in (features, *(f"-{f}" for f in off)) if p)
 
 
 def _host():
@@ -119,15 +123,19 @@ def parse_target(spec: "str | Target") -> Target:
             options.append(value)
         else:
             raise KilnError(f"target '{spec}': unknown flag '{w}' (known: -mtriple, -mcpu, -mattr, -cl-opt)")
-    host_triple, host_cpu, host_features = _host()
-    if triple is None and cpu is None:
-        triple, cpu, features = host_triple, host_cpu, ",".join([host_features] + attrs if host_features else attrs)
-    else:
-        triple = triple or host_triple
-        cpu = cpu or "generic"
-        features = ",".join(attrs)
     for a in attrs:
         if a[:1] not in "+-":
             raise KilnError(f"target '{spec}': -mattr entries start with + or -, got '{a}'")
+    host_triple, host_cpu, host_features = _host()
+    if triple is None and cpu is None:
+        triple, cpu, features = host_triple, host_cpu, ",".join([host_features] + attrs if host_features else attrs)
+        if triple.split("-")[0] == "x86_64":
+            features = _x86_features(spec, None, host_features, attrs)
+    else:
+        triple = triple or host_triple
+        features = ",".join(attrs)
+        if triple.split("-")[0] == "x86_64":
+            features = _x86_features(spec, cpu or "generic", "", attrs)
+        cpu = cpu or "generic"
     return Target(name if preset is not None else ("host" if len(words) == 1 else spec), triple, cpu, features,
                   tuple(options))

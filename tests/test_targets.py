@@ -14,8 +14,8 @@ def test_target_strings():
     host = parse_target("llvm")
     assert host.triple.startswith("x86_64") and host.features
     t = parse_target("llvm -mcpu=haswell -mattr=+avx2,+fma -cl-opt=-unroll-threshold=100")
-    assert (t.cpu, t.features, t.llvm_options, t.vector_width) == ("haswell", "+avx2,+fma",
-                                                                     ("-unroll-threshold=100",), 8)
+    assert (t.cpu, t.llvm_options, t.vector_width) == ("haswell", ("-unroll-threshold=100",), 8)
+    assert t.features.endswith(",+avx2,+fma")  # (Haswell's own features first: tests/test_x86_cpus.py)
     assert parse_target("cascadelake").vector_width == 16
     assert parse_target("x86-64-v3").vector_width == 8
     assert parse_target("aarch64").arch == "aarch64" and not parse_target("aarch64").runnable  # not on x86
