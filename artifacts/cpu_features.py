@@ -12,8 +12,9 @@ for a host is in one of four classes here:
   /proc/cpuinfo flag (and the C compiler's macro for it, where GCC has one);
 - NOT_EMITTED, not checked: instructions LLVM emits only for explicit intrinsics or inline
   assembly, which Kiln's kernels never call (system, security, crypto and cache-control
-  instructions); hypervisors often hide them (SGX, Key Locker), so checking them would
-  refuse bundles on hosts that run them fine;
+  instructions, and SSE4A, which LLVM selects only for its intrinsics and non-temporal scalar
+  stores); hypervisors often hide them (SGX, Key Locker), so checking them would refuse
+  bundles on hosts that run them fine;
 - UMBRELLAS, checked through the features they imply (AVX10.1 is a name for AVX-512's set);
 - everything else (APX, AVX10.2, the AVX-VNNI-INT8 family): LLVM may emit them, and Kiln
   knows no /proc/cpuinfo flag to check them by, so targets turn them off
@@ -43,7 +44,7 @@ X86_FEATURES = (
     ("avxvnni", "__AVXVNNI__", "avx_vnni"), ("amx-tile", "__AMX_TILE__", "amx_tile"),
     ("amx-bf16", "__AMX_BF16__", "amx_bf16"), ("amx-int8", "__AMX_INT8__", "amx_int8"),
     ("amx-fp16", "__AMX_FP16__", "amx_fp16"), ("gfni", "__GFNI__", "gfni"), ("vaes", "__VAES__", "vaes"),
-    ("vpclmulqdq", "__VPCLMULQDQ__", "vpclmulqdq"), ("sse4a", "__SSE4A__", "sse4a"), ("xop", "__XOP__", "xop"),
+    ("vpclmulqdq", "__VPCLMULQDQ__", "vpclmulqdq"), ("xop", "__XOP__", "xop"),
     ("fma4", "__FMA4__", "fma4"), ("tbm", "__TBM__", "tbm"),
 )
 FLAG_OF_LLVM = {llvm: flag for llvm, _, flag in X86_FEATURES}
@@ -53,7 +54,7 @@ NOT_EMITTED = frozenset((
     "64bit", "adx", "aes", "amx-avx512", "amx-complex", "amx-fp8", "amx-movrs", "amx-tf32", "cldemote", "clflushopt", "clwb", "clzero", "cmpccxadd", "crc32", "cx16", "enqcmd", "fsgsbase",
     "hreset", "invpcid", "kl", "lwp", "movdir64b", "movdiri", "movrs", "mwaitx", "pclmul", "pconfig", "pku",
     "prefetchi", "prfchw", "ptwrite", "raoint", "rdpid", "rdpru", "rdrnd", "rdseed", "rtm", "sahf",
-    "serialize", "sgx", "sha", "sha512", "shstk", "sm3", "sm4", "tsxldtrk", "uintr", "usermsr", "waitpkg",
+    "serialize", "sgx", "sha", "sha512", "shstk", "sm3", "sm4", "sse4a", "tsxldtrk", "uintr", "usermsr", "waitpkg",
     "wbnoinvd", "widekl", "xsave", "xsavec", "xsaveopt", "xsaves",
 ))
 
