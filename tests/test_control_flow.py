@@ -67,6 +67,20 @@ def test_if_on_a_run_time_input_takes_either_branch():
     assert guards == {(), (True,), (False,)}
 
 
+def test_a_branch_that_cannot_run_at_these_sizes_is_named_as_one():
+    """Silero VAD's 8 kHz branch at 16 kHz's 512 samples: Kiln compiles both branches of an If
+    decided at run time, and a shape error inside one says that it is in such a branch and
+    which condition takes it (onnxruntime runs only the branch it takes)."""
+    model = sample_rate_model()
+    bad = helper.make_graph([helper.make_node("MatMul", ["audio", "w_bad"], ["e_out"])], "other_rates", [],
+                            [_vi("e_out", F, None)], [numpy_helper.from_array(np.ones((3, 4), np.float32), "w_bad")])
+    if_node = next(n for n in model.graph.node if n.op_type == "If")
+    next(a for a in if_node.attribute if a.name == "else_branch").g.CopyFrom(bad)
+    with pytest.raises(KilnError, match="MatMul.*the branch of an If taken when 'is16k' is false, decided only at "
+                                        "run time: Kiln compiles both branches, and this one cannot run"):
+        _build(model)
+
+
 def test_if_decided_at_compile_time_is_its_branch():
     """The condition folds from the input's shape: only the taken branch is compiled."""
     then_ = helper.make_graph([helper.make_node("Sigmoid", ["x"], ["a"])], "then", [], [_vi("a", F, [2, 3])])

@@ -12,7 +12,7 @@ import numpy as np
 from ..attrs import NotConstant
 from ..dtypes import DTYPES, is_float, numpy_dtype
 from ..float_sizes import as_float_size, combine, is_float_size, to_size
-from ..graph import Graph, KilnError, Node, UnsupportedError, as_kiln_array
+from ..graph import Graph, KilnError, Node, ShapeError, UnsupportedError, as_kiln_array
 from ..symbolic import (Dim, SymbolError, at_most, collecting_checks, deriving_symbols, greatest, late_symbols_in,
                         least)
 from ..validate import check_tensor_size
@@ -322,6 +322,13 @@ def resolve(g: Graph, fold_floats: bool) -> Graph:
         return _resolve(g, fold_floats, producer)
 
 
+def _in_a_branch(guard: tuple) -> str:
+    """Why a node of a branch taken at run time is being sized at all (a shape error there)."""
+    cond, value = guard[-1]
+    return (f" (the node is in the branch of an If taken when '{cond}' is {str(bool(value)).lower()}, decided only "
+            "at run time: Kiln compiles both branches, and this one cannot run with these input sizes)")
+
+
 def _resolve(g: Graph, fold_floats: bool, producer: dict) -> Graph:
     g.params, g.symbolic_values = {}, dict(g.given_values)
     forget_counts(g)  # (defined again by the nodes that count them: those a pass removed are gone)
@@ -332,8 +339,13 @@ def _resolve(g: Graph, fold_floats: bool, producer: dict) -> Graph:
         node = pending.popleft()
         definition = op_def(node.op)
         required = len(g.checks)
-        body = None if definition is None or definition.expand is None else \
-            _with_constants(g, lambda: definition.expand(g, node), producer, folded, kept)
+        try:
+            body = None if definition is None or definition.expand is None else \
+                _with_constants(g, lambda: definition.expand(g, node), producer, folded, kept)
+        except ShapeError as e:
+            if not node.guard:
+                raise
+            raise ShapeError(f"{e}{_in_a_branch(node.guard)}") from None
         if body is None and node.op == GATHER:  # (an element of a Range over sizes: a size)
             body = gathered_size(g, node)
         if body is not None:  # its body takes its place (None: this node is as it is)
@@ -349,7 +361,10 @@ def _resolve(g: Graph, fold_floats: bool, producer: dict) -> Graph:
             types, g.params[node.key] = _with_constants(g, lambda: infer(g, node), producer, folded, kept)
         except KilnError as e:
             msg = str(e)
-            raise type(e)(msg if node.describe() in msg else f"{node.describe()}: {msg}") from None
+            msg = msg if node.describe() in msg else f"{node.describe()}: {msg}"
+            if node.guard and isinstance(e, ShapeError):
+                msg += _in_a_branch(node.guard)
+            raise type(e)(msg) from None
         except (TypeError, SymbolError) as e:  # (code comparing a run-time dim with a number)
             if all(g.types[i].is_static and i not in g.symbolic_values for i in node.inputs if i):
                 raise
