@@ -8,8 +8,9 @@ them in /proc/cpuinfo; loading compares that list with the host's and refuses.
 Every x86 feature LLVM 22 enables for a CPU it knows (orchestrator/x86_cpus.py) or reports
 for a host is in one of four classes here:
 - X86_FEATURES, checked on the host: the instruction sets LLVM selects from ordinary IR
-  (vector ISAs, bit manipulation, the base set) and the AMX family, each with its
-  /proc/cpuinfo flag (and the C compiler's macro for it, where GCC has one);
+  (vector ISAs, bit manipulation, the base set) and the AMX extensions of today's Xeons
+  (TILE, INT8, BF16, FP16), each with its /proc/cpuinfo flag (and the C compiler's macro for
+  it, where GCC has one);
 - NOT_EMITTED, not checked: instructions LLVM emits only for explicit intrinsics or inline
   assembly, which Kiln's kernels never call (system, security, crypto and cache-control
   instructions, and SSE4A, which LLVM selects only for its intrinsics and non-temporal scalar
@@ -51,11 +52,12 @@ FLAG_OF_LLVM = {llvm: flag for llvm, _, flag in X86_FEATURES}
 FLAG_OF_MACRO = {macro: flag for _, macro, flag in X86_FEATURES if macro}
 
 NOT_EMITTED = frozenset((
-    "64bit", "adx", "aes", "amx-avx512", "amx-complex", "amx-fp8", "amx-movrs", "amx-tf32", "cldemote", "clflushopt", "clwb", "clzero", "cmpccxadd", "crc32", "cx16", "enqcmd", "fsgsbase",
-    "hreset", "invpcid", "kl", "lwp", "movdir64b", "movdiri", "movrs", "mwaitx", "pclmul", "pconfig", "pku",
-    "prefetchi", "prfchw", "ptwrite", "raoint", "rdpid", "rdpru", "rdrnd", "rdseed", "rtm", "sahf",
-    "serialize", "sgx", "sha", "sha512", "shstk", "sm3", "sm4", "sse4a", "tsxldtrk", "uintr", "usermsr", "waitpkg",
-    "wbnoinvd", "widekl", "xsave", "xsavec", "xsaveopt", "xsaves",
+    "64bit", "adx", "aes", "amx-avx512", "amx-complex", "amx-fp8", "amx-movrs", "amx-tf32", "cldemote",
+    "clflushopt", "clwb", "clzero", "cmpccxadd", "crc32", "cx16", "enqcmd", "fsgsbase", "hreset", "invpcid", "kl",
+    "lwp", "movdir64b", "movdiri", "movrs", "mwaitx", "pclmul", "pconfig", "pku", "prefetchi", "prfchw", "ptwrite",
+    "raoint", "rdpid", "rdpru", "rdrnd", "rdseed", "rtm", "sahf", "serialize", "sgx", "sha", "sha512", "shstk",
+    "sm3", "sm4", "sse4a", "tsxldtrk", "uintr", "usermsr", "waitpkg", "wbnoinvd", "widekl", "xsave", "xsavec",
+    "xsaveopt", "xsaves",
 ))
 
 # What a feature turns on with it (LLVM's implications, for the features the classes above

@@ -5,9 +5,9 @@ of 16 x 16 int32 or float32 (2 x 2, or 4 x 1 for a 16-column panel), summed over
 of 64 bytes (16 quads, or 16 pairs of bfloat16): per step, A's tiles (16 rows of the step's
 bytes, at A's row stride) and B's (the step's quads by 16 columns of the packed panel, at the
 panel's row stride of nr * 4 bytes, or B read in place at its row stride b_sk), one
-tdpb[su][su]d (tdpbf16ps for bfloat16) per accumulator. The accumulators are then stored to the stack tile the Gemm's write-back reads,
-row-major, or for a conv's NCHW stores through a scratch tile, transposed in vector
-registers.
+tdpb[su][su]d (tdpbf16ps for bfloat16) per accumulator. The accumulators are then stored to
+the stack tile the Gemm's write-back reads, row-major, or for a conv's NCHW stores through a
+scratch tile, transposed in vector registers.
 
 The tile registers are named, as onnxruntime's MLAS and oneDNN name them: tmm0 and tmm1 hold
 B's tiles, tmm2 and tmm3 A's, tmm4-7 the accumulators. Each register's shape is set by the

@@ -220,13 +220,13 @@ class _Checker:
             if s.b_words and (s.kind not in ("u8s8", "s8u8") or s.in_place_b):
                 raise _Problem(f"{s.kind} gemm with B packed as 16-bit pairs: only u8s8 and s8u8, B packed")
             runs = prod(c for c, _ in s.a_kruns) if s.a_kruns else 1
-            if s.tiles and (s.kind == "f32" or s.b_words or s.b_ktab or s.in_place_b and s.kind != "bf16" or s.a_mtab and not (isinstance(s.a_rows, int) and s.a_rows > 0)
-                            or s.a_sb or s.a_ktab
+            if s.tiles and (s.kind == "f32" or s.b_words or s.b_ktab or s.in_place_b and s.kind != "bf16"
+                            or s.a_mtab and not (isinstance(s.a_rows, int) and s.a_rows > 0) or s.a_sb or s.a_ktab
                             or s.nr not in (16, 32) or s.mr > 64 * 16 // s.nr or isinstance(s.a_sm, Expr)
                             or s.k % runs or s.k // runs % 16):
-                raise _Problem(f"{s.kind} gemm on tiles: 8-bit or bf16, B packed (bf16: or in place), A strided (a_kruns, not "
-                               f"tables but rows'), panels of 16 or 32 columns, 4 accumulator tiles, runs of k in whole "
-                               f"64-byte steps (tile {s.mr}x{s.nr}, k {s.k}, runs {s.a_kruns})")
+                raise _Problem(f"{s.kind} gemm on tiles: 8-bit or bf16, B packed (bf16: or in place), A strided "
+                               f"(a_kruns, not tables but rows'), panels of 16 or 32 columns, 4 accumulator tiles, "
+                               f"runs of k in whole 64-byte steps (tile {s.mr}x{s.nr}, k {s.k}, runs {s.a_kruns})")
             if s.a_kruns and not (s.tiles and all(isinstance(c, int) and c > 0 and isinstance(st, int)
                                                   for c, st in s.a_kruns)
                                   and s.k % prod(c for c, _ in s.a_kruns) == 0):

@@ -121,7 +121,8 @@ def _conv_emulated(x, w, bias, **attrs):
 
     def conv(xv, wv):
         g = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["y"], **attrs)], "ref",
-                              [helper.make_tensor_value_info("x", d, xv.shape)], [helper.make_tensor_value_info("y", d, None)],
+                              [helper.make_tensor_value_info("x", d, xv.shape)],
+                              [helper.make_tensor_value_info("y", d, None)],
                               [numpy_helper.from_array(wv, "w")])
         m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
         return onnx.reference.ReferenceEvaluator(m).run(None, {"x": xv})[0]
@@ -176,7 +177,8 @@ def test_convs_the_tiles_do_not_take_stay_float32():
     channels compute in float32: their outputs are the fp32 build's."""
     rng = np.random.default_rng(6)
     x = rng.standard_normal((1, 30, 12, 12)).astype(np.float32)
-    dw, odd = rng.standard_normal((30, 1, 3, 3)).astype(np.float32), rng.standard_normal((30, 3, 3, 3)).astype(np.float32)
+    dw = rng.standard_normal((30, 1, 3, 3)).astype(np.float32)
+    odd = rng.standard_normal((30, 3, 3, 3)).astype(np.float32)
     nodes = [helper.make_node("Conv", ["x", "dw"], ["d"], pads=[1] * 4, group=30),
              helper.make_node("Conv", ["d", "odd"], ["y"], pads=[1] * 4, group=10)]
     model = _model(nodes, [("x", [1, 30, 12, 12])], [("dw", dw), ("odd", odd)])

@@ -103,7 +103,8 @@ def test_an_int8_model_built_for_a_cpu_name_uses_its_int8_units():
     want = onnx.reference.ReferenceEvaluator(model).run(None, {"a": a})[0]
     for cpu, tiles in (("sapphirerapids", True), ("cascadelake", False)):
         result = build(model, target=f"llvm -mcpu={cpu}", executor="inprocess", cache=shared_cache(), progress=False)
-        gemms = [s for c in result.lowered.calls for s in kernel_statements(c.kernel.body) if type(s).__name__ == "Gemm"]
+        gemms = [s for c in result.lowered.calls for s in kernel_statements(c.kernel.body)
+                 if type(s).__name__ == "Gemm"]
         assert [(g.kind, g.tiles, g.b_words) for g in gemms] == [("u8s8", tiles, False)], cpu
         run_or_inspect(result, lambda r=result: np.testing.assert_array_equal(r.load().run({"a": a})["y"], want),
                        ["tdpbusd"] if tiles else ["vpdpbusd"])
