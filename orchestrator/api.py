@@ -181,18 +181,22 @@ def _executor(needed: bool, o: BuildOptions):
 
 def _compile(jobs: list, cache: CachePolicy, ex, o: BuildOptions) -> tuple[dict, list]:
     """Every job's result, from the store or an executor; and the keys whose recompiled
-    bytes differed from their stored object (--verify-cache)."""
+    bytes differed from their stored object (--verify-cache). A missing kernel another
+    builder on this store is compiling (its lease: artifacts/leases.py) is waited for, not
+    compiled again, once this builder's own are done."""
     results: dict[str, JobResult] = {}
-    to_compile = []
+    to_compile, leased = [], []
     cache.prefetch([job.key for job in jobs])
+    leases = cache.leases()
     for job in jobs:
         obj = cache.find_object(job.key)
         if obj is not None:
             results[job.key] = JobResult(job.key, True, obj, cached=True, worker="cache")
-        if obj is None or o.verify_cache:
-            to_compile.append(job)
+        if obj is not None and not o.verify_cache:
+            continue
+        (to_compile if obj is not None or leases is None or leases.take(job.key) else leased).append(job)
     bar = Progress(len(jobs), ex.workers if ex else 0, enabled=o.progress if ex else False)
-    bar.update(cached=len(jobs) - sum(1 for j in to_compile if j.key not in results))
+    bar.update(cached=sum(1 for j in jobs if j.key in results and j not in to_compile))
     mismatched = []
 
     def done(r: JobResult):
@@ -204,12 +208,23 @@ def _compile(jobs: list, cache: CachePolicy, ex, o: BuildOptions) -> tuple[dict,
             return
         results[r.key] = r
         cache.keep_object(r)
+        if leases is not None:  # (after the object is stored: a waiter that sees neither compiles it)
+            leases.release(r.key)
         bar.update(compiled=int(r.ok), failed=int(not r.ok))
 
     try:
         if to_compile:
             ex.run(to_compile, done)
+        if leased:
+            found, ours = leases.wait_for([j.key for j in leased], cache.find_object)
+            for key, obj in found.items():
+                results[key] = JobResult(key, True, obj, cached=True, worker="another builder")
+            bar.update(cached=len(found))
+            if ours:
+                ex.run([j for j in leased if j.key in set(ours)], done)
     finally:
+        if leases is not None:
+            leases.release_all()
         bar.close()
     return results, mismatched
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import warnings
 
+from ..artifacts.leases import Leases
 from ..artifacts.remote_store import RemoteStore, is_url
 from ..artifacts.store import Store
 
@@ -93,6 +94,15 @@ class CachePolicy:
         """Ask a shared server for a batch's keys at once, before they are looked up one by one."""
         if self.store is not None:
             self.store.prefetch([k for k in keys if k])
+
+    def leases(self) -> Leases | None:
+        """The store's compile leases (artifacts/leases.py), where builders can share it."""
+        if not self.writable:
+            return None
+        try:
+            return Leases(self.store.root)
+        except OSError:
+            return None
 
     def find_object(self, key: str) -> bytes | None:
         return self.store.get(key) if self.store is not None else None
