@@ -16,6 +16,12 @@ tiles (ir/lower/integer_gemm.py, lower_conv_integer):
   padded plane's rows laid end to end (Gemm.m_rows), a strided one over rows of ow pixels
   (Gemm.a_rows, each row's start from a table).
 - The weights are packed at build time as bfloat16 pairs, [group][panel][k / 2][nr][2].
+- A 1x1 stride-1 conv of one group is the other way round (_lower_pointwise): the weights
+  are A and the input B, so the tiles' columns are pixels and their rows reach NCHW as they
+  are, with no transpose in the write-back.
+- Where a window row's k is not whole 64-byte steps (a stem's 7 pixels of 4 channels), its
+  padded steps read the next pixel against zero weights: a NaN or infinite input value
+  there makes its neighbours' outputs NaN (docs/targets-and-precision.md says so).
 
 Convs that do not take this path (depthwise ones, convs over run-time sizes, convs with
 groups of odd channel counts, those the cost rule keeps off the tiles, and every conv on a
