@@ -62,11 +62,11 @@ def _build(source: str, model_path: str, out: str, target: str, dims: dict | Non
     code = ("import json, sys, modelkiln; from modelkiln.orchestrator.api import build; "
             "dims = {k: tuple(v) for k, v in json.loads(sys.argv[4]).items()} or None; "
             "extra = {'precision': sys.argv[5]} if sys.argv[5] != 'fp32' else {}; "
-            "build(sys.argv[1], target=sys.argv[3], dims=dims, cache=None, progress=False, **extra).export(sys.argv[2]); "
+            "build(sys.argv[1], target=sys.argv[3], dims=dims, cache=None, progress=False, **extra)"
+            ".export(sys.argv[2]); "
             "print(modelkiln.IMPORT_ROOT)")
     done = subprocess.run([sys.executable, "-c", code, model_path, out, target, json.dumps(dims or {}), precision],
-                          check=True,
-                          env=env, cwd=source, capture_output=True, text=True)
+                          check=True, env=env, cwd=source, capture_output=True, text=True)
     imported = done.stdout.strip().splitlines()[-1]
     if os.path.realpath(imported) != os.path.realpath(source):
         raise RuntimeError(f"the build for {source} imported Kiln from {imported}")
@@ -146,8 +146,8 @@ def main() -> None:
     found = compare(args.model, [args.rev_a, args.rev_b], args.rounds, args.repeat, args.threads, args.target,
                     dims, at, args.precision)
     sizes = "".join(f", {k}={v}" for k, v in at.items())
-    print(f"| {args.model}, {args.target}, {args.precision}, {args.threads} thread(s){sizes} | median of rounds (ms) | best round (ms) "
-          "| kernel sum (ms) |")
+    print(f"| {args.model}, {args.target}, {args.precision}, {args.threads} thread(s){sizes} | median of rounds (ms) "
+          "| best round (ms) | kernel sum (ms) |")
     print("|---|---:|---:|---:|")
     for rev, (median, best, kernel_sum, _) in found.items():
         print(f"| {rev} | {median:.4f} | {best:.4f} | {kernel_sum:.4f} |")

@@ -196,7 +196,7 @@ def _compile(jobs: list, cache: CachePolicy, ex, o: BuildOptions) -> tuple[dict,
             continue
         (to_compile if obj is not None or leases is None or leases.take(job.key) else leased).append(job)
     bar = Progress(len(jobs), ex.workers if ex else 0, enabled=o.progress if ex else False)
-    bar.update(cached=sum(1 for j in jobs if j.key in results and j not in to_compile))
+    bar.update(cached=len(jobs) - len(leased) - sum(1 for j in to_compile if j.key not in results))
     mismatched = []
 
     def done(r: JobResult):

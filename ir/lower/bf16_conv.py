@@ -40,11 +40,12 @@ from ..loop import TRANSPOSE_LANES, Const, For, If, Load, Store, TransposeBlock,
 from .bf16_gemm import PAIR_STEP, bf16_bits, pack_pair_panels
 from .builder import KernelBuilder
 from .gemm import gemm_stmt, is_depthwise
-from .tile_rules import tile_shape, tile_unit
+from .tile_rules import tile_shape, tile_unit, whole_steps
 
 
 def _whole_steps(elements: int) -> int:
-    return -(-elements // PAIR_STEP) * PAIR_STEP
+    """bfloat16 elements rounded up to whole 64-byte k steps on tiles."""
+    return whole_steps(2 * elements) // 2
 
 
 @dataclass(frozen=True)
@@ -161,12 +162,11 @@ def lower_conv_bf16(b: KernelBuilder, node: Node, store) -> tuple:
 
     def at_pixel(mm, nn, acc):  # (mm: the output pixel)
         return epilogue(add(mul(Var(gv), cog), nn) if groups > 1 else nn, mm, acc)
-    virtual_rows = geo.virtual_rows
-    rows = dict(m_rows=(wp, ow)) if virtual_rows else dict(
+    rows = dict(m_rows=(wp, ow)) if geo.virtual_rows else dict(
         a_mtab=b.constant_param("conv_row_starts", np.arange(oh, dtype=np.int64) * (sh * wp * cp)), a_rows=ow)
-    gemm = gemm_stmt(b, nhwc, mul(Var(gv), cg), cp if virtual_rows else sw * cp, 0, w_param, mul(Var(gv), group_lanes),
-                     virtual_rows or oh * ow, cog, count * run_padded // 2, at_pixel, kind="bf16", stores_along="m",
-                     tile=tile, tiles=True, a_kruns=geo.kruns, **rows)
+    gemm = gemm_stmt(b, nhwc, mul(Var(gv), cg), cp if geo.virtual_rows else sw * cp, 0, w_param,
+                     mul(Var(gv), group_lanes), geo.virtual_rows or oh * ow, cog, count * run_padded // 2, at_pixel,
+                     kind="bf16", stores_along="m", tile=tile, tiles=True, a_kruns=geo.kruns, **rows)
     return (zero_slack, *loop(bv, batch, (copy, *loop(gv, groups, (gemm,)))))
 
 
@@ -180,17 +180,9 @@ def _channels_last_copy(b: KernelBuilder, xparam: str, base, cin: int, h: int, w
     pairs = cp // 2
     hp, wp = h + pt + pb, w_ + pl + pr
     pair_rows = b.workspace(h * pairs * w_ * 2, "bf16")  # [input row][pair][column][2]
-    y, p, x, j = b.fresh("y"), b.fresh("p"), b.fresh("x"), b.fresh("j")
+    y, j = b.fresh("y"), b.fresh("j")
     iy = sub(Var(y), pt)
-
-    def channel(half: int):  # channel 2p + half at (iy, x), zero past the last channel
-        c = add(mul(Var(p), 2), half)
-        value = Load(xparam, add(base, add(mul(fbin("min", c, Const(cin - 1)) if cin % 2 else c, h * w_),
-                                           add(mul(iy, w_), Var(x)))))
-        return select(cmp("lt", c, Const(cin)), value, Const(0.0, "f32")) if cin % 2 else value
-    lane = add(mul(add(mul(iy, pairs), Var(p)), w_), Var(x))
-    pack = For(p, pairs, (For(x, w_, tuple(Store(pair_rows, add(mul(lane, 2), half), channel(half))
-                                           for half in range(2)), "vectorize"),))
+    pack = _pair_lanes(b, xparam, base, cin, pairs, iy, w_, h * w_, pair_rows)
     blocks = [TransposeBlock(pair_rows, mul(add(mul(add(mul(iy, pairs), p0), w_), x0), 4), w_ * 4,
                              nhwc, mul(add(mul(add(mul(Var(y), wp), x0 + pl), cp), 2 * p0), 2), cp * 2,
                              min(TRANSPOSE_LANES, pairs - p0), min(TRANSPOSE_LANES, w_ - x0))
@@ -203,6 +195,24 @@ def _channels_last_copy(b: KernelBuilder, xparam: str, base, cin: int, h: int, w
                                            Const(0.0, "f32")),), "vectorize"),)
     inside = fbin("and", cmp("ge", Var(y), Const(pt)), cmp("lt", Var(y), Const(h + pt)))
     return For(y, hp, (If(inside, (*zeros(0, pl), pack, *blocks, *zeros(w_ + pl, pr)), zeros(0, wp)),), parallel=True)
+
+
+def _pair_lanes(b: KernelBuilder, xparam: str, base, cin: int, pairs: int, row, width: int, plane: int, dest: str,
+                parallel: bool = False) -> For:
+    """Input row `row` of an image (from `base`, channel planes `plane` apart, rows `width`)
+    as `dest`'s [row][pair][column][2]: channels 2p and 2p + 1 of a pixel side by side in
+    one 32-bit lane, each as bfloat16; pairs past the channels are zeros."""
+    p, x = b.fresh("p"), b.fresh("x")
+
+    def channel(half: int):
+        c = add(mul(Var(p), 2), half)
+        if 2 * pairs == cin:
+            return Load(xparam, add(base, add(mul(c, plane), add(mul(row, width), Var(x)))))
+        value = Load(xparam, add(base, add(mul(fbin("min", c, Const(cin - 1)), plane), add(mul(row, width), Var(x)))))
+        return select(cmp("lt", c, Const(cin)), value, Const(0.0, "f32"))
+    lane = add(mul(add(mul(row, pairs), Var(p)), width), Var(x))
+    return For(p, pairs, (For(x, width, tuple(Store(dest, add(mul(lane, 2), half), channel(half)) for half in range(2)),
+                              "vectorize"),), parallel=parallel)
 
 
 def _lower_pointwise(b: KernelBuilder, node: Node, store) -> tuple:
@@ -229,16 +239,10 @@ def _lower_pointwise(b: KernelBuilder, node: Node, store) -> tuple:
     # [pair][pixel][2], and a panel's width of slack: the last panel's tiles read past the last
     # pixel (columns the write-back does not store)
     pairs = b.workspace(kp * pixels + 2 * tile[1], "bf16")
-    bv, p, x = b.fresh("b"), b.fresh("p"), b.fresh("x")
-    xparam = b.in_param(x_name)
-
-    def channel(half: int):  # channel 2p + half at pixel x, zero past the channels
-        c = add(mul(Var(p), 2), half)
-        value = Load(xparam, add(mul(Var(bv), cin * pixels), add(mul(fbin("min", c, Const(cin - 1)), pixels), Var(x))))
-        return select(cmp("lt", c, Const(cin)), value, Const(0.0, "f32")) if kp > cin else value
-    copy = For(p, kp // 2, (For(x, pixels, tuple(Store(pairs, add(mul(add(mul(Var(p), pixels), Var(x)), 2), half),
-                                                       channel(half)) for half in range(2)), "vectorize"),),
-               parallel=True)
+    bv = b.fresh("b")
+    # (the plane as one row of all its pixels)
+    copy = _pair_lanes(b, b.in_param(x_name), mul(Var(bv), cin * pixels), cin, kp // 2, Const(0), pixels, pixels,
+                       pairs, parallel=True)
     epilogue = _bias_and_store(b, node, store, Var(bv), spatial)
     gemm = gemm_stmt(b, w_rows, Const(0), kp, 0, pairs, Const(0), cout, pixels, kp // 2, epilogue, kind="bf16",
                      b_sk=pixels, stores_along="n", tile=tile, tiles=True)
