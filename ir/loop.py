@@ -177,6 +177,19 @@ FLOAT_CALLS = frozenset(("exp", "log", "sqrt", "tanh", "erf", "abs", "floor", "c
 _CHEAP_CALLS = {"abs", "floor", "ceil", "round", "neg", "not", "sqrt", "round_f16", "round_bf16"}
 
 
+_FIELD_NAMES: dict = {}  # node class -> its fields' names, in order
+
+
+def field_names(node) -> tuple:
+    """The names of a loop IR node's fields, in order (dataclasses.fields builds its answer
+    anew at every call: walks over a kernel's expressions made 212,000 such calls for one
+    model's link)."""
+    names = _FIELD_NAMES.get(type(node))
+    if names is None:
+        names = _FIELD_NAMES[type(node)] = tuple(f.name for f in fields(node))
+    return names
+
+
 def called_functions(node, seen: set | None = None) -> set:
     """The functions (Call.fn) that loop IR calls: an expression, a statement or a tuple of
     them, nested ones included (a shared subexpression is visited once)."""
@@ -187,7 +200,7 @@ def called_functions(node, seen: set | None = None) -> set:
         return set()
     seen.add(id(node))
     own = {node.fn} if isinstance(node, Call) else set()
-    return own.union(*(called_functions(getattr(node, f.name), seen) for f in fields(node)))
+    return own.union(*(called_functions(getattr(node, n), seen) for n in field_names(node)))
 
 
 def uses_tiles(body) -> bool:
@@ -571,13 +584,13 @@ def _reads_memory(e) -> bool:
         return True
     if isinstance(e, Call):
         return any(map(_reads_memory, e.args))
-    return any(_reads_memory(v) for v in (getattr(e, f.name) for f in fields(e)) if isinstance(v, Expr))
+    return any(_reads_memory(v) for v in (getattr(e, n) for n in field_names(e)) if isinstance(v, Expr))
 
 
 def _buffers_loaded(e, into: set) -> None:
     if isinstance(e, Load):
         into.add(e.buf)
-    parts = e.args if isinstance(e, Call) else [getattr(e, f.name) for f in fields(e)]
+    parts = e.args if isinstance(e, Call) else [getattr(e, n) for n in field_names(e)]
     for v in parts:
         if isinstance(v, Expr):
             _buffers_loaded(v, into)
@@ -663,9 +676,6 @@ _CLASSES = {c.__name__: c for c in (Const, Var, Load, Bin, Cmp, Call, Select, Ca
                                      Assign, If, Gemm, WindowDot, TransposeBlock, Deinterleave, Buffer, Kernel)}
 
 
-_FIELD_NAMES: dict = {}  # node class -> its fields' names, in order
-
-
 def _encode(x, done: dict):
     """x as JSON-able lists; `done` holds each node already encoded by id (lowering shares
     subexpressions, a run-time size's above all: a conv's kernel is 1.7 MB of JSON written
@@ -673,10 +683,7 @@ def _encode(x, done: dict):
     if isinstance(x, (Expr, Stmt, Buffer, Kernel)):
         hit = done.get(id(x))
         if hit is None:
-            names = _FIELD_NAMES.get(type(x))
-            if names is None:
-                names = _FIELD_NAMES[type(x)] = tuple(f.name for f in fields(x))
-            hit = done[id(x)] = [type(x).__name__] + [_encode(getattr(x, n), done) for n in names]
+            hit = done[id(x)] = [type(x).__name__] + [_encode(getattr(x, n), done) for n in field_names(x)]
         return hit
     if isinstance(x, tuple):
         return {"t": [_encode(v, done) for v in x]}

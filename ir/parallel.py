@@ -10,10 +10,8 @@ loop nest (a call such as exp counts as several), multiply-adds for a Gemm.
 """
 from __future__ import annotations
 
-from dataclasses import fields
-
 from .loop import (TRANSPOSE_LANES, Assign, Call, Deinterleave, Expr, For, Gemm, If, Kernel, Let, Local, Store,
-                   TransposeBlock, WindowDot, extent_value, of_symbols, parallel_extent, phases)
+                   TransposeBlock, WindowDot, extent_value, field_names, of_symbols, parallel_extent, phases)
 
 MIN_PIECE_WORK = 150_000  # estimated operations in one part
 MAX_PIECES = 64
@@ -33,7 +31,7 @@ def _expr_work(e, seen: set) -> int:
         return 0
     seen.add(id(e))
     own = _CALL_COST if isinstance(e, Call) else 1
-    children = e.args if isinstance(e, Call) else [getattr(e, f.name) for f in fields(e)]
+    children = e.args if isinstance(e, Call) else [getattr(e, n) for n in field_names(e)]
     return own + sum(_expr_work(c, seen) for c in children)
 
 

@@ -468,7 +468,7 @@ def assemble(lowered, objects: dict[str, bytes], target, manifest_extra: dict, s
         if library is None:
             with tempfile.TemporaryDirectory(prefix="kiln-bundle-") as tmp:
                 so = os.path.join(tmp, "model.so")
-                link_shared(objects, entry, so, linker)
+                link_shared(objects, entry, so, linker, store)
                 with open(so, "rb") as f:
                     library = f.read()
             if key:

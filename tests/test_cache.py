@@ -185,8 +185,8 @@ def test_cache_cli_stats_verify_gc_and_explain(tmp_path):
     example = os.path.join(ROOT, "configs", "examples", "cnn.onnx")
     assert kiln("build", example, "-o", str(tmp_path / "b"), "--cache", store, "--quiet").returncode == 0
     r = kiln("cache", "stats", "--cache", store)
-    # 6 kernels, the linked module, the finished bundle
-    assert r.returncode == 0 and "8 entries" in r.stdout and "hit rate" in r.stdout
+    # 6 kernels, the thread pool's object, the linked module, the finished bundle
+    assert r.returncode == 0 and "9 entries" in r.stdout and "hit rate" in r.stdout
     assert kiln("cache", "verify", "--cache", store).returncode == 0
     some = Store(store).path(next(iter(_entries(Store(store)))))
     with open(some, "r+b") as f:
@@ -252,3 +252,18 @@ def test_whole_model_hit_hard_links_large_files_from_verified_blobs(tmp_path, ex
     os.utime(blob, ns=(st.st_atime_ns, st.st_mtime_ns))
     bad = store.verify()
     assert [path for path, _ in bad] == [blob] and not os.path.exists(blob)
+
+
+def test_the_thread_pool_object_comes_from_the_store(tmp_path, executor, monkeypatch):
+    """A builder that finds the pool's object in the store links it without running the C
+    compiler on thread_pool.c (a new process: nothing remembered in memory)."""
+    from modelkiln.artifacts import link
+    store = Store(str(tmp_path))
+    _build(model_zoo.mlp(), store, executor)
+    monkeypatch.setattr(link, "_POOL_OBJECTS", {})
+
+    def no_compile(cc):
+        raise AssertionError("thread_pool.c compiled again")
+    monkeypatch.setattr(link, "_compile_thread_pool", no_compile)
+    model = model_zoo.cnn()
+    assert_matches_oracle(_build(model, store, executor), model)
