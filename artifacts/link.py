@@ -379,13 +379,10 @@ def thread_pool_object(cc: str, store=None) -> bytes:
     for part in (thread_pool_source(), compiler_identity(cc), " ".join(COMPILE_FLAGS)):
         h.update(part.encode() + b"\0")
     key = h.hexdigest()
-    obj = _POOL_OBJECTS.get(key)
-    if obj is None and store is not None:
-        obj = store.get(key)
-    if obj is None:
-        obj = _compile_thread_pool(cc)
-        if store is not None:
-            store.put(key, obj)
+    stored = store.get(key) if store is not None else None
+    obj = stored or _POOL_OBJECTS.get(key) or _compile_thread_pool(cc)
+    if store is not None and stored is None:
+        store.put(key, obj)
     _POOL_OBJECTS[key] = obj
     return obj
 

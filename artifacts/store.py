@@ -470,9 +470,21 @@ class TemporaryBlob(_FileContent):
         self._hash.update(data)
         self.size += memoryview(data).nbytes
 
+    @classmethod
+    def adopt(cls, fd: int, size: int, sha256: str) -> "TemporaryBlob":
+        """The blob whose file another process wrote and handed over as `fd` (a model host's
+        weights: orchestrator/model_hosts.py), of `size` bytes and that sha256."""
+        blob = cls.__new__(cls)
+        blob._file, blob._hash, blob.size = os.fdopen(fd, "r+b"), _KnownDigest(sha256), size
+        return blob
+
     @property
     def sha256(self) -> str:
         return self._hash.hexdigest()
+
+    def fileno(self) -> int:
+        self._file.flush()
+        return self._file.fileno()
 
     def copy_to(self, f) -> None:
         """Write the whole content into the open binary file f."""
@@ -508,6 +520,14 @@ class TemporaryBlob(_FileContent):
             pass
         with open(dest, "wb") as f:
             self.copy_to(f)
+
+
+class _KnownDigest:
+    def __init__(self, hexdigest: str):
+        self._hex = hexdigest
+
+    def hexdigest(self) -> str:
+        return self._hex
 
 
 class StoredFile(_FileContent):

@@ -13,6 +13,7 @@ from .protocol import FrameReader, OutBuffer, encode
 
 _PACKAGE = __name__.rpartition(".")[0]  # modelkiln.codegen_worker
 SIGNAL_POLL_S = 0.5  # the longest a wait for results goes without looking at pending signals
+WOKEN = object()  # what receive() returns when `wake` became readable before a result came
 
 
 class ZygoteClient:
@@ -35,21 +36,25 @@ class ZygoteClient:
         self._out.push(encode(header, blob))
         self._out.flush()
 
-    def receive(self):
-        """The next result frame, or None once the zygote has died. Raises OSError (a broken
-        pipe) if the zygote is gone while requests are still unsent."""
+    def receive(self, wake=None):
+        """The next result frame, None once the zygote has died, or WOKEN once `wake` (anything
+        with a fileno(): a JobFeed) is readable first. Raises OSError (a broken pipe) if the
+        zygote is gone while requests are still unsent."""
         out_fd, in_fd = self._out.fd, self.proc.stdout.fileno()
+        watched = [in_fd] + ([wake.fileno()] if wake is not None else [])
         while not self._frames:
             # (a timeout: a Ctrl-C the kernel hands to another thread, numpy's BLAS threads
             # say, interrupts no select here, and Python raises it only once this returns)
-            readable, writable, _ = select.select([in_fd], [out_fd] if self._out else [], [], SIGNAL_POLL_S)
+            readable, writable, _ = select.select(watched, [out_fd] if self._out else [], [], SIGNAL_POLL_S)
             if writable:
                 self._out.flush()
-            if readable:
+            if in_fd in readable:
                 data = os.read(in_fd, 1 << 20)
                 if not data:
                     return None
                 self._frames.extend(self._in.feed(data))
+            elif readable:
+                return WOKEN
         return self._frames.popleft()
 
     def close(self) -> None:

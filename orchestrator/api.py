@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import tempfile
 import time
 from dataclasses import dataclass, field, replace
 
@@ -25,50 +24,19 @@ from ..ir.errors import KilnError
 
 from . import report
 from .batch_manifest import BatchEntry
-from .bundle import write_bundle
 from .cache_policy import CachePolicy
 from .executors import make_executor
 from .options import BuildOptions
-from .plan import JobResult, kernel_id, unique_jobs
-from .progress import Progress
-from .target import Target, parse_target
+from .batch_schedule import ModelWork, Schedule
+from .build_result import BuildError, BuildResult  # noqa: F401 - the API's names
+from .plan import unique_jobs
+from .target import parse_target
 
 
 def optimize(*args, **kwargs):
     """Frontend + graph passes: see orchestrator.pipeline.optimize."""
     from .pipeline import optimize as _optimize
     return _optimize(*args, **kwargs)
-
-
-class BuildError(KilnError):
-    def __init__(self, message: str, report: dict | None = None):
-        super().__init__(message)
-        self.report = report
-
-
-@dataclass
-class BuildResult:
-    """A built bundle: `files` maps file names to bytes (on a whole-model hit, large ones are
-    artifacts.store.StoredFile: blobs in the store, compared and read like bytes). `graph`
-    and `lowered` are None when the bundle came whole from the store
-    (report["whole_model_hit"]): nothing was optimized or lowered."""
-    target: Target
-    graph: object
-    lowered: object
-    files: dict
-    report: dict
-    pass_timings: list = field(default_factory=list)
-
-    def export(self, path: str) -> str:
-        return write_bundle(self.files, path)
-
-    def load(self, threads: int | None = None):
-        """Load the bundle without keeping it on disk: it is exported to a temporary folder
-        that is gone again when this returns (the loaded library and weights live on in
-        memory). threads: as artifacts.load."""
-        from ..artifacts.module import Module
-        with tempfile.TemporaryDirectory(prefix="kiln-module-") as tmp:
-            return Module(self.export(os.path.join(tmp, "bundle")), threads)
 
 
 @dataclass
@@ -173,6 +141,7 @@ def _executor(needed: bool, o: BuildOptions):
         ray_options = {"ship": o.ray_ship, "resource": o.ray_resource, "local_fallback": o.ray_local_fallback}
         ex = make_executor(o.executor, o.workers, o.kernel_timeout, o.ray_address,
                            **(ray_options if o.executor == "ray" else {}))
+        ex.start()
         try:
             yield ex
         finally:
@@ -180,77 +149,41 @@ def _executor(needed: bool, o: BuildOptions):
 
 
 def _compile(jobs: list, cache: CachePolicy, ex, o: BuildOptions) -> tuple[dict, list]:
-    """Every job's result, from the store or an executor; and the keys whose recompiled
-    bytes differed from their stored object (--verify-cache). A missing kernel another
-    builder on this store is compiling (its lease: artifacts/leases.py) is waited for, not
-    compiled again, once this builder's own are done."""
-    results: dict[str, JobResult] = {}
-    to_compile, leased = [], []
-    cache.prefetch([job.key for job in jobs])
-    leases = cache.leases()
-    for job in jobs:
-        obj = cache.find_object(job.key)
-        if obj is not None:
-            results[job.key] = JobResult(job.key, True, obj, cached=True, worker="cache")
-        if obj is not None and not o.verify_cache:
-            continue
-        (to_compile if obj is not None or leases is None or leases.take(job.key) else leased).append(job)
-    bar = Progress(len(jobs), ex.workers if ex else 0, enabled=o.progress if ex else False)
-    bar.update(cached=len(jobs) - len(leased) - sum(1 for j in to_compile if j.key not in results))
-    mismatched = []
+    """Every job's result, from the store, another builder on it (its lease:
+    artifacts/leases.py) or the executor; and the keys whose recompiled bytes differed from
+    their stored object (--verify-cache)."""
+    from .compile_stage import compile_all
+    return compile_all(jobs, cache, ex, o)
 
-    def done(r: JobResult):
-        hit = results.get(r.key)
-        if hit is not None and hit.cached:  # --verify-cache: a recompiled hit
-            if r.ok and r.object != hit.object:
-                mismatched.append(r.key)
-            hit.attempts = r.attempts
-            return
-        results[r.key] = r
-        cache.keep_object(r)
-        if leases is not None:  # (after the object is stored: a waiter that sees neither compiles it)
-            leases.release(r.key)
-        bar.update(compiled=int(r.ok), failed=int(not r.ok))
 
+def model_host_count(todo: int, o: BuildOptions) -> int:
+    """How many processes plan and link a batch's `todo` models: the usable cores that codegen
+    workers on this machine leave (all of them when the executor is Ray's: its workers are
+    elsewhere), at least the driver itself; KILN_MODEL_HOSTS sets it."""
+    from .executor import default_workers
+    from .executor_local import InProcessExecutor, LocalExecutor
+    if o.executor == "inprocess" or isinstance(o.executor, InProcessExecutor):
+        return 1
+    if "KILN_MODEL_HOSTS" in os.environ:
+        return max(1, min(todo, int(os.environ["KILN_MODEL_HOSTS"])))
+    local = o.executor == "local" or isinstance(o.executor, LocalExecutor)
+    here = (o.workers or default_workers()) if local else 0
+    return max(1, min(todo, default_workers() - here))
+
+
+@contextlib.contextmanager
+def _model_hosts(work, todo: list, o: BuildOptions):
+    """Where the batch's models are planned and linked (orchestrator/model_hosts.py): forked
+    hosts where model_host_count gives more than one, else the driver itself."""
+    from .model_hosts import ForkedHosts, InDriverHosts
+    count = model_host_count(len(todo), o)
+    if count > 1:  # (imported once here, not again in every host)
+        from . import bundle, pipeline  # noqa: F401 - imported for the forks
+    hosts = ForkedHosts(work, count) if count > 1 else InDriverHosts(work)
     try:
-        if to_compile:
-            ex.run(to_compile, done)
-        if leased:
-            found, ours = leases.wait_for([j.key for j in leased], cache.find_object)
-            for key, obj in found.items():
-                results[key] = JobResult(key, True, obj, cached=True, worker="another builder")
-            bar.update(cached=len(found))
-            if ours:
-                ex.run([j for j in leased if j.key in set(ours)], done)
+        yield hosts
     finally:
-        if leases is not None:
-            leases.release_all()
-        bar.close()
-    return results, mismatched
-
-
-def _assemble(p, results: dict, cache: CachePolicy, model_key, o: BuildOptions, ex_name: str, workers: int,
-              compile_s: float, t_start: float) -> BuildResult:
-    """Link one planned model from its compiled kernels; store the bundle for next time."""
-    from .bundle import assemble
-    model_results = [results[k] for k in dict.fromkeys(j.key for j in p.jobs)]
-    cache.log(p.graph.name, [{"id": kernel_id(c), "key": j.key, "parts": j.parts}
-                             for c, j in zip(p.lowered.calls, p.jobs)],
-              hits=sum(r.cached for r in model_results), lookups=len(model_results))
-    degraded = any(r.fallback for r in model_results)
-    manifest = {"model": p.graph.name, "target": p.target.to_dict(), "opt_level": o.opt_level,
-                "cpu_features": p.target.cpu_flags()}
-    files = assemble(p.lowered, {j.symbol: results[j.key].object for j in p.jobs}, p.target, manifest,
-                     cache.link_store(degraded), [j.key for j in p.jobs])
-    model_report = {"model": p.graph.name, "target": p.target.to_dict(), "opt_level": o.opt_level,
-                    "precision": o.precision, "executor": ex_name, "workers": workers, "totals": report.totals(model_results, len(p.jobs)),
-                    "kernels": report.kernel_rows(p, results),
-                    "passes": [{"name": n, "ms": round(ms, 3)} for n, ms in p.timings],
-                    "tuning": report.tuning_summary(p, o),
-                    "timing": {"total_s": round(time.time() - t_start, 3), "compile_s": round(compile_s, 3),
-                               "driver_peak_rss_mb": report.peak_rss_mb()}}
-    cache.keep_bundle(model_key, files, model_report, degraded)
-    return BuildResult(p.target, p.graph, p.lowered, files, model_report, p.timings)
+        hosts.close()
 
 
 def build_many(models, options: BuildOptions | None = None, **overrides) -> BatchResult:
@@ -279,41 +212,38 @@ def build_many(models, options: BuildOptions | None = None, **overrides) -> Batc
     whole = {i: hit for i in batch.alive(range(len(entries))) if (hit := cache.find_bundle(keys[i])) is not None}
     todo = [i for i in batch.alive(range(len(entries))) if i not in whole]
 
-    with _executor(bool(todo), o) as ex:
-        if todo:
-            from .pipeline import plan_model  # the heavy imports: only when something is not found whole
-        planned = {}
-        for i in todo:
-            model, spec, eo = entries[i]
-            records = cache.records(targets[spec]) if o.tuning and cache.store else None
-            p = batch.attempt(i, "plan", lambda: plan_model(model, targets[spec], eo.opt_level, eo.shapes,
-                                                            o.pass_context, o.extra_passes, o.salt, o.inject,
-                                                            eo.dims, records, eo.precision))
-            if p is not None:
-                planned[i] = p
-        all_jobs = [j for p in planned.values() for j in p.jobs]
-        jobs = unique_jobs(all_jobs)
-        t_compile = time.perf_counter()
-        results, mismatched = _compile(jobs, cache, ex, o)
-        compile_s = time.perf_counter() - t_compile
+    work = ModelWork(entries, targets, o, cache, keys, t_start)
+    # (hosts first: they fork before any executor thread or Ray connection exists)
+    with _model_hosts(work, todo, o) as hosts, _executor(bool(todo), o) as ex:
+        schedule = Schedule(hosts, ex, cache, o, batch)
+        schedule.run(todo)
+        results, mismatched = schedule.compile.results, schedule.compile.mismatched
+        compile_s = schedule.compile.seconds
         ex_name, workers = (ex.name, ex.workers) if ex else ("cache", 0)
         cluster = ex.describe() if hasattr(ex, "describe") else None
+    planned = schedule.plans
+    all_jobs = [j for p in planned.values() for j in p.jobs]
+    jobs = unique_jobs(all_jobs)
 
     names = {j.key: j.name for j in jobs}
     batch_report = {"target": [targets[spec].to_dict() for _, spec, _ in entries], "opt_level": o.opt_level,
                     "executor": ex_name, "workers": workers,
                     "totals": {**report.totals([results[j.key] for j in jobs], len(all_jobs)),
                                "verify_mismatches": len(mismatched)},
-                    "models": [], "timing": {"compile_s": round(compile_s, 3)},
+                    "models": [], "timing": {"compile_s": round(compile_s, 3),
+                                             "driver_s": round(schedule.driver_s, 3),
+                                             "model_hosts": hosts.count},
                     **({"cluster": cluster} if cluster else {})}
     if o.trace:
+        events = report.trace_events(results, names, t_start) + report.stage_events(
+            schedule.stages, batch.labels, schedule.plans, t_start)
         with open(o.trace, "w") as f:
-            json.dump({"traceEvents": report.trace_events(results, names, t_start), "displayTimeUnit": "ms"}, f)
+            json.dump({"traceEvents": events, "displayTimeUnit": "ms"}, f)
     failed = [j for j in jobs if not results[j.key].ok]
     if (failed or mismatched) and o.fail_fast:
         batch_report["kernels"] = [row for p in planned.values() for row in report.kernel_rows(p, results)]
         raise BuildError(report.failure_message(failed, mismatched, results, names, len(jobs)), batch_report)
-    kernel_rows = _record_compile_failures(planned, results, mismatched, names, batch)
+    kernel_rows = schedule.failed_models(names)
 
     out = []
     for i, (_, spec, eo) in enumerate(entries):
@@ -326,9 +256,8 @@ def build_many(models, options: BuildOptions | None = None, **overrides) -> Batc
             for key in ("kernels", "kernel_calls", "cached"):  # a whole hit's kernels count as cached
                 batch_report["totals"][key] += result.report["totals"][key]
         elif i not in batch.failures:
-            result = batch.attempt(i, "link", lambda: _assemble(planned[i], results, cache, keys[i], eo, ex_name,
-                                                                workers, compile_s, t_start))
-            if result is not None and cluster:
+            result = schedule.built[i]
+            if cluster:
                 result.report["cluster"] = cluster
         if result is None:
             failure = batch.failures[i]
@@ -342,20 +271,6 @@ def build_many(models, options: BuildOptions | None = None, **overrides) -> Batc
     batch_report["totals"].update(models=len(entries), models_failed=len(batch.failures))
     batch_report["timing"].update(total_s=round(time.time() - t_start, 3), driver_peak_rss_mb=report.peak_rss_mb())
     return BatchResult(out, batch_report, [batch.failures[i] for i in sorted(batch.failures)])
-
-
-def _record_compile_failures(planned: dict, results: dict, mismatched: list, names: dict, batch: _Batch) -> dict:
-    """Fail each model whose kernels did not all compile (or recompiled to other bytes under
-    --verify-cache), alone; {its index: its kernels' report rows}."""
-    rows = {}
-    for i, p in planned.items():
-        own = unique_jobs(p.jobs)
-        bad = [j for j in own if not results[j.key].ok]
-        differ = [j.key for j in own if j.key in mismatched]
-        if bad or differ:
-            rows[i] = report.kernel_rows(p, results)
-            batch.record(i, "compile", BuildError(report.failure_message(bad, differ, results, names, len(own))))
-    return rows
 
 
 def build(model, target=None, options: BuildOptions | None = None, **overrides) -> BuildResult:

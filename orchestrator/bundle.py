@@ -8,6 +8,7 @@ import math
 import os
 import shutil
 import tempfile
+from dataclasses import dataclass
 
 from ..artifacts.c_header import HEADER, model_header
 from ..artifacts.link import entry_source, find_linker, link_key, link_shared
@@ -426,12 +427,17 @@ def _run_time_offsets(offsets: dict, lifetimes: dict, actual: dict, symbols: lis
     return placed, statements
 
 
-def assemble(lowered, objects: dict[str, bytes], target, manifest_extra: dict, store=None,
-             object_keys=()) -> dict:
-    """Return the bundle's files as {filename: bytes}; links model.so with the target's C
-    compiler (a cross compiler for another architecture), or where there is none keeps the
-    objects. With a store, the linked library is cached too: a warm build does not run the
-    linker."""
+@dataclass
+class Prepared:
+    """A bundle but its library: what needs no object, made while the kernels compile."""
+    manifest: Manifest
+    entry: str
+    files: dict
+    linker: str | None
+
+
+def prepare(lowered, target, manifest_extra: dict) -> Prepared:
+    """The weights packed, the memory planned, the manifest and the entry source written."""
     from ..ir.deferred import pieces
     from ..ir.loop import uses_tiles
     from ..ir.parallel import MIN_PIECE_WORK
@@ -461,7 +467,17 @@ def assemble(lowered, objects: dict[str, bytes], target, manifest_extra: dict, s
     entry = entry_source(plan, outputs, arena_bytes, manifest.signature(),
                          MIN_PIECE_WORK if lowered.symbols else 0, _preconditions(lowered), _derived(lowered),
                          _caches(lowered), arena_at, any(uses_tiles(c.kernel.body) for c in lowered.calls))
-    files = {manifest.weights_file: weights, "kiln_entry.c": entry.encode()}
+    return Prepared(manifest, entry, {manifest.weights_file: weights, "kiln_entry.c": entry.encode()}, linker)
+
+
+def assemble(lowered, objects: dict[str, bytes], target, manifest_extra: dict, store=None,
+             object_keys=(), prepared: Prepared | None = None) -> dict:
+    """Return the bundle's files as {filename: bytes}; links model.so with the target's C
+    compiler (a cross compiler for another architecture), or where there is none keeps the
+    objects. With a store, the linked library is cached too: a warm build does not run the
+    linker. `prepared`: what prepare() made of the model already."""
+    p = prepared or prepare(lowered, target, manifest_extra)
+    manifest, entry, linker, files = p.manifest, p.entry, p.linker, dict(p.files)
     if linker is not None:
         key = link_key(list(object_keys), entry, linker) if store is not None else None
         library = store.get(key) if key else None

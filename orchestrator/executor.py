@@ -34,6 +34,25 @@ class Executor:
     def run(self, jobs: list[CompileJob], on_result=None) -> dict[str, JobResult]:
         raise NotImplementedError
 
+    def run_stream(self, feed, on_result=None) -> dict[str, JobResult]:
+        """Compile the jobs of a JobFeed (orchestrator/job_feed.py) as they arrive, until it is
+        finished or cancelled; on_result(r) as each job is done, from this thread. Here each
+        arrival is run as a batch of its own; an executor that can take jobs while others
+        are in flight (the local one) does better."""
+        results = {}
+        while not feed.cancelled:
+            jobs, finished = feed.take()
+            if jobs:
+                results.update(self.run(jobs, on_result))
+            elif finished:
+                break
+            else:
+                feed.wait()
+        return results
+
+    def start(self) -> None:
+        """Begin booting workers now (a build calls it before planning: they boot meanwhile)."""
+
     def close(self) -> None:
         pass
 

@@ -12,9 +12,10 @@ import os
 import time
 from collections import deque
 
-from ..codegen_worker.zygote_client import ZygoteClient
+from ..codegen_worker.zygote_client import WOKEN, ZygoteClient
 
 from .executor import ATTEMPTS, Executor, default_workers, settle
+from .job_feed import JobFeed
 from .plan import CompileJob, JobResult
 
 
@@ -24,7 +25,8 @@ class LocalExecutor(Executor):
     def __init__(self, workers: int | None = None, kernel_timeout: float = 300.0):
         self.workers = workers or default_workers()
         self.kernel_timeout = kernel_timeout
-        # Started on the first job: a build whose kernels are all cached never pays for it.
+        # Started by start() (a build with models to plan: it boots while they plan) or by the
+        # first job; a build the store answers whole never starts it.
         self._zygote: ZygoteClient | None = None
         self._ids = itertools.count()
 
@@ -34,11 +36,34 @@ class LocalExecutor(Executor):
             self._zygote = ZygoteClient()
         return self._zygote
 
+    def start(self) -> None:
+        self.zygote  # noqa: B018 - (its process imports LLVM while the driver plans)
+
     def run(self, jobs, on_result=None):
-        results = {j.key: JobResult(j.key, False) for j in jobs}
-        pending = deque((j, 0) for j in jobs)
+        feed = JobFeed(jobs, closed=True)
+        try:
+            return self.run_stream(feed, on_result)
+        finally:
+            feed.release()
+
+    def run_stream(self, feed, on_result=None):
+        results: dict[str, JobResult] = {}
+        pending: deque = deque()
         inflight: dict[int, tuple[CompileJob, int, float]] = {}
-        while pending or inflight:
+        while True:
+            if feed.cancelled:
+                if inflight:  # (killed with their zygote: a result must not reach a later run)
+                    self.close()
+                break
+            jobs, finished = feed.take()  # (which also drains its wake-ups: a closed feed wakes no one twice)
+            for job in jobs:
+                results[job.key] = JobResult(job.key, False)
+                pending.append((job, 0))
+            if not pending and not inflight:
+                if finished:
+                    break
+                feed.wait()
+                continue
             msg = None
             try:
                 while pending and len(inflight) < self.workers:
@@ -47,9 +72,12 @@ class LocalExecutor(Executor):
                     inflight[jid] = (job, attempt, time.time())
                     self.zygote.send(job.request(jid, ATTEMPTS[attempt], self.kernel_timeout, attempt + 1),
                                      job.kernel_bytes)
-                msg = self.zygote.receive()
+                # (new jobs for a free worker, and a cancel, wake it too)
+                msg = self.zygote.receive(feed)
             except OSError:  # a broken pipe: the zygote is gone (handled below)
                 pass
+            if msg is WOKEN:
+                continue
             if msg is None:  # the zygote itself died: every job in flight failed this attempt
                 self._zygote.close()
                 self._zygote = None

@@ -41,6 +41,42 @@ class PlannedModel:
     jobs: list
     timings: list
     stale_records: list = field(default_factory=list)  # kernels whose tuning records no longer apply
+    prepared: object = None  # its bundle but the library (orchestrator.bundle.prepare), once made
+
+    @property
+    def name(self) -> str:
+        return self.graph.name
+
+    @property
+    def calls(self) -> list:
+        return self.lowered.calls
+
+    def summary(self) -> PlanSummary:
+        """What the driver needs of a model planned in another process (to send its jobs and
+        write its report): no graph, no weights."""
+        calls = [CallSummary(c.name, c.ops, c.nodes, c.space, c.tuned) for c in self.lowered.calls]
+        return PlanSummary(self.target, self.graph.name, self.jobs, calls, self.timings, self.stale_records)
+
+
+@dataclass
+class CallSummary:
+    name: str
+    ops: list
+    nodes: list
+    space: dict
+    tuned: dict | None
+
+
+@dataclass
+class PlanSummary:
+    """A PlannedModel as the driver of a batch sees it when a model host planned it
+    (orchestrator/model_hosts.py): the same fields the report reads."""
+    target: Target
+    name: str
+    jobs: list
+    calls: list
+    timings: list
+    stale_records: list
 
 
 def schedule_for(target: Target) -> ScheduleConfig:

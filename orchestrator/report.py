@@ -19,10 +19,11 @@ def peak_rss_mb() -> float:
 
 
 def kernel_rows(planned, results: dict[str, JobResult]) -> list[dict]:
+    """planned: a PlannedModel or its PlanSummary (orchestrator/pipeline.py)."""
     rows = []
-    for call, job in zip(planned.lowered.calls, planned.jobs):
+    for call, job in zip(planned.calls, planned.jobs):
         r = results[job.key]
-        rows.append({"name": call.name, "symbol": call.kernel.symbol, "key": job.key, "ops": call.ops,
+        rows.append({"name": call.name, "symbol": job.symbol, "key": job.key, "ops": call.ops,
                      "nodes": call.nodes, "cache_hit": r.cached, "worker": r.worker,
                      "toolchain": r.toolchain,
                      "attempts": len(r.attempts), "attempt_log": r.attempts,
@@ -42,7 +43,7 @@ def tuning_summary(planned, options) -> dict:
     """The model's tuning: off, or how many kernels follow records (and whose records are stale)."""
     if not options.tuning:
         return {"enabled": False}
-    calls = planned.lowered.calls
+    calls = planned.calls
     tuned = [c for c in calls if c.tuned]
     from .tuning_records import usable_cores
     return {"enabled": True, "threads": options.tuning_threads or usable_cores(),
@@ -71,6 +72,17 @@ def trace_events(results: dict[str, JobResult], names: dict[str, str], t0: float
                                "dur": max(1, round((a["t_end"] - a["t_start"]) * 1e6)), "tid": a["worker"],
                                "args": {"key": key, "attempt": a["attempt"], "ok": a["ok"], "kind": a["kind"]}})
     return sorted(events, key=lambda e: e["ts"])
+
+
+def stage_events(stages: list, labels: list, plans: dict, t0: float) -> list[dict]:
+    """The models' plan and link spans (orchestrator/batch_schedule.py: (model, stage, start,
+    end, where)) as trace events, on the rows of the processes that ran them; a plan's
+    event lists its jobs' keys in the order they were sent (bench/bench_scale.py replays them)."""
+    return [{"name": f"{stage} {labels[i]}", "cat": stage, "ph": "X", "ts": round((start - t0) * 1e6), "pid": "kiln",
+             "dur": max(1, round((end - start) * 1e6)), "tid": where,
+             "args": {"model": i, **({"jobs": [j.key for j in plans[i].jobs]} if stage == "plan" and i in plans
+                                     else {})}}
+            for i, stage, start, end, where in stages]
 
 
 def as_whole_hit(report: dict, elapsed: float) -> dict:

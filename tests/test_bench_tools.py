@@ -1,5 +1,6 @@
 """bench/compare_commits.py: two revisions' builds of one model, timed in one process; what
-bench/bench_models.py says it measured; bench/bench_convs.py's layers and paths."""
+bench/bench_models.py says it measured; bench/bench_convs.py's layers and paths; the cluster
+replay of bench/bench_scale.py (bench/scale_sim.py) against schedules worked out by hand."""
 import os
 import subprocess
 import sys
@@ -139,3 +140,22 @@ def test_bench_exported_matches_a_detectors_rows_by_their_boxes():
         (0.5 / 9, "2 of 3 detections agree, within 0.0e+00 there")
     relabeled = {"boxes": swapped["boxes"], "labels": np.array([3, 7, 8], np.int64)}
     assert worst_difference(relabeled, [boxes, labels], ["boxes", "labels"], detections=True)[0] == np.inf
+
+
+def test_the_batch_replay_matches_schedules_worked_out_by_hand():
+    from bench.scale_sim import Batch, simulate
+    one = Batch([0], {0: 1.0}, {0: 1.0}, {0: [("a", 1.0), ("b", 1.0), ("c", 1.0), ("d", 1.0)]})
+    # plan 1 s, four 1 s jobs two at a time, link 1 s
+    assert simulate(one, 2, hosts=1) == pytest.approx(4, abs=0.01)
+    assert simulate(one, 2, hosts="workers") == pytest.approx(4, abs=0.01)
+    # one core shared by the two workers: the jobs take twice as long
+    assert simulate(one, 2, hosts=1, cores=1) == pytest.approx(6, abs=0.01)
+    # one worker, 0.1 s of the driver's before each task: the jobs start 1.2, 2.2, 3.2, 4.2 s
+    # (each waits for the worker, not the driver); the link 5.2 + 0.1 + 1
+    assert simulate(one, 1, hosts="driver", dispatch_s=0.1) == pytest.approx(6.3, abs=0.01)
+    two = Batch([0, 1], {0: 1.0, 1: 2.0}, {0: 0.5, 1: 0.5}, {0: [("a", 1.0), ("b", 1.0)], 1: [("a", 1.0), ("c", 3.0)]})
+    # both plans at once; "a" compiles once, for model 0; model 1 waits only for "c" (2 -> 5)
+    assert simulate(two, 2, hosts=2) == pytest.approx(5.5, abs=0.01)
+    # the driver plans both, sending model 0's jobs before it plans model 1 (1 -> 3): "a"
+    # 1 -> 2, "b" 2 -> 3, "c" 3 -> 6; link 0 at 3, link 1 at 6
+    assert simulate(two, 1, hosts="driver") == pytest.approx(6.5, abs=0.01)

@@ -71,9 +71,12 @@ def a_batch_with_every_kind_of_failure(tmp_path, monkeypatch):
     return models, {"fused_sin": "crash:always"}
 
 
-def test_a_model_that_fails_fails_alone(a_batch_with_every_kind_of_failure, executor):
+@pytest.mark.parametrize("hosts", ["1", "2"])  # planned and linked by the driver, or by forked model hosts
+def test_a_model_that_fails_fails_alone(a_batch_with_every_kind_of_failure, executor, hosts, monkeypatch):
+    monkeypatch.setenv("KILN_MODEL_HOSTS", hosts)
     models, inject = a_batch_with_every_kind_of_failure
     batch = build_many(models, executor=executor, cache=None, progress=False, inject=inject)
+    assert batch.report["timing"]["model_hosts"] == (0 if hosts == "1" else 2)
     assert [r is not None for r in batch.results] == [True, False, False, False, False, True]
     stages = {f.index: (f.stage, f.message) for f in batch.failures}
     assert stages[1][0] == "plan" and "corrupt.onnx' is not a valid ONNX model" in stages[1][1]
@@ -90,7 +93,9 @@ def test_a_model_that_fails_fails_alone(a_batch_with_every_kind_of_failure, exec
         assert_matches_oracle(batch.results[i], models[i])
 
 
-def test_fail_fast_stops_at_the_first_failure(a_batch_with_every_kind_of_failure, executor):
+@pytest.mark.parametrize("hosts", ["1", "2"])
+def test_fail_fast_stops_at_the_first_failure(a_batch_with_every_kind_of_failure, executor, hosts, monkeypatch):
+    monkeypatch.setenv("KILN_MODEL_HOSTS", hosts)
     models, inject = a_batch_with_every_kind_of_failure
     with pytest.raises(KilnError, match="corrupt.onnx' is not a valid ONNX model"):
         build_many(models, executor=executor, cache=None, progress=False, inject=inject, fail_fast=True)

@@ -52,10 +52,16 @@ def test_trace_records_every_attempt(tmp_path, executor):
     build(model_zoo.cnn(), executor=executor, cache=None, progress=False, inject={"fused_gemm": "crash"},
           trace=str(trace))
     events = json.loads(trace.read_text())["traceEvents"]
-    assert len(events) == 7 and all(e["ph"] == "X" and e["dur"] > 0 for e in events)
-    gemm = [e for e in events if e["name"] == "fused_gemm"]
+    assert all(e["ph"] == "X" and e["dur"] > 0 for e in events)
+    compiles = [e for e in events if e["cat"] == "compile"]
+    assert len(compiles) == 7  # 6 kernels, one of them twice
+    gemm = [e for e in compiles if e["name"] == "fused_gemm"]
     assert [e["args"]["ok"] for e in gemm] == [False, True]
-    assert len({e["tid"] for e in events}) >= 2  # one row per worker process
+    assert len({e["tid"] for e in compiles}) >= 2  # one row per worker process
+    # the model's plan and link, in order around its compiles
+    [plan], [link] = ([e for e in events if e["cat"] == stage] for stage in ("plan", "link"))
+    assert plan["ts"] + plan["dur"] <= min(e["ts"] for e in compiles)
+    assert link["ts"] >= max(e["ts"] + e["dur"] for e in compiles)
 
 
 def test_a_killed_zygote_is_replaced(executor):

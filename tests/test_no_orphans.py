@@ -22,16 +22,23 @@ _HANGING_BUILD = ("import signal; signal.signal(signal.SIGINT, signal.default_in
                   "      inject={'fused': 'hang:always'})\n")
 
 
-@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM, signal.SIGINT])
-def test_killing_the_driver_leaves_no_codegen_process(sig):
-    driver = subprocess.Popen([sys.executable, "-c", _HANGING_BUILD], cwd=ROOT, stderr=subprocess.DEVNULL,
-                              env={**os.environ, "PYTHONPATH": ROOT})
+# A batch of two: two model hosts beside the zygote and its jobs (orchestrator/model_hosts.py).
+_HANGING_BATCH = _HANGING_BUILD.replace("import build\n", "import build_many\n").replace(
+    f"build({EXAMPLE!r},", f"build_many([{EXAMPLE!r}, {EXAMPLE!r}],")
+
+
+@pytest.mark.parametrize("sig,program,processes", [
+    (signal.SIGKILL, _HANGING_BUILD, 3), (signal.SIGTERM, _HANGING_BUILD, 3), (signal.SIGINT, _HANGING_BUILD, 3),
+    (signal.SIGKILL, _HANGING_BATCH, 5), (signal.SIGINT, _HANGING_BATCH, 5)])
+def test_killing_the_driver_leaves_no_codegen_process(sig, program, processes):
+    driver = subprocess.Popen([sys.executable, "-c", program], cwd=ROOT, stderr=subprocess.DEVNULL,
+                              env={**os.environ, "PYTHONPATH": ROOT, "KILN_MODEL_HOSTS": "2"})
     try:
         deadline = time.monotonic() + 60
         family = []
         while time.monotonic() < deadline:  # the driver, its zygote, and hanging jobs under it
             family = psutil.Process(driver.pid).children(recursive=True)
-            if len(family) >= 3:
+            if len(family) >= processes:
                 break
             time.sleep(0.1)
         assert len(family) >= 3, "the jobs never started"

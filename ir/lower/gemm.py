@@ -12,6 +12,7 @@ is a constant (weights), at run time into a workspace otherwise (attention).
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import replace
 
@@ -308,13 +309,17 @@ def deferred_panels(mats: np.ndarray, nr: int) -> DeferredArray:
     when the weights file is written (ir/deferred.py), a few panels at a time: shape
     [..., ceil(N/nr), K, nr]."""
     *lead, k, n = mats.shape
-    step = max(1, DEFERRED_PIECE_BYTES // (4 * k * nr))  # panels a piece
+    # (a partial of a module function, not a closure: a planned model pickles, to go from
+    # the process that planned it to the one that links it)
+    return DeferredArray((*lead, -(-n // nr), k, nr), np.float32, functools.partial(_panel_pieces, mats, nr))
 
-    def panels():
-        for mat in mats.reshape(-1, k, n):
-            for start in range(0, n, step * nr):
-                yield pack_panels(mat[:, start:start + step * nr], nr)
-    return DeferredArray((*lead, -(-n // nr), k, nr), np.float32, panels)
+
+def _panel_pieces(mats: np.ndarray, nr: int):
+    *_, k, n = mats.shape
+    step = max(1, DEFERRED_PIECE_BYTES // (4 * k * nr))  # panels a piece
+    for mat in mats.reshape(-1, k, n):
+        for start in range(0, n, step * nr):
+            yield pack_panels(mat[:, start:start + step * nr], nr)
 
 
 def packed_weight(b: KernelBuilder, name: str, how: tuple, nr: int, mats) -> str:
