@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import sys
 import time
 from dataclasses import dataclass, field, replace
 
@@ -159,10 +160,14 @@ def _compile(jobs: list, cache: CachePolicy, ex, o: BuildOptions) -> tuple[dict,
 def model_host_count(todo: int, o: BuildOptions) -> int:
     """How many processes plan and link a batch's `todo` models: the usable cores that codegen
     workers on this machine leave (all of them when the executor is Ray's: its workers are
-    elsewhere), at least the driver itself; KILN_MODEL_HOSTS sets it."""
+    elsewhere), at least the driver itself; KILN_MODEL_HOSTS sets it. 1 (the driver) where
+    this process already joined Ray: hosts fork before a build's executor starts."""
     from .executor import default_workers
     from .executor_local import InProcessExecutor, LocalExecutor
     if o.executor == "inprocess" or isinstance(o.executor, InProcessExecutor):
+        return 1
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():  # (a process connected to Ray is not forked: gRPC's threads)
         return 1
     if "KILN_MODEL_HOSTS" in os.environ:
         return max(1, min(todo, int(os.environ["KILN_MODEL_HOSTS"])))

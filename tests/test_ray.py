@@ -2,6 +2,7 @@
 bytes as local, jobs on several nodes, the same fault handling; an actor killed mid-build is
 replaced without losing the build. Nodes that lack Kiln, carry another toolchain, or die
 mid-build are in tests/test_ray_nodes.py."""
+import onnx
 import pytest
 
 from modelkiln.orchestrator.api import BuildError, build, build_many
@@ -108,6 +109,34 @@ def test_cli_joins_an_existing_cluster(ray_session, ray_executor, tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["executor"] == "ray" and report["workers"] == 3  # the cluster's CPUs, not a new Ray's
+
+
+@pytest.mark.slow
+def test_a_batch_on_the_cluster_plans_in_model_hosts_and_builds_the_local_bytes(ray_session, ray_executor,
+                                                                                  tmp_path):
+    """`kiln build-many --executor ray` from a new process: its models planned and linked in
+    forked model hosts, their kernels compiled on the cluster, the bundles those of a local
+    batch built in this process, byte for byte."""
+    import json
+    import os
+
+    from modelkiln.artifacts.store import read_regular
+    from tests.test_bad_input import kiln
+    ray_executor.close()  # free the cluster's CPUs (its actors come back on its next build)
+    address = ray_session.get_runtime_context().gcs_address
+    models = []
+    for name, make in (("cnn", model_zoo.cnn), ("mlp", model_zoo.mlp)):
+        models.append(str(tmp_path / f"{name}.onnx"))
+        onnx.save(make(), models[-1])
+    r = kiln("build-many", *models, "-o", str(tmp_path / "out"), "--executor", "ray", "--ray-address", address,
+             "--no-cache", "--report", str(tmp_path / "r.json"), "--quiet")
+    assert r.returncode == 0, r.stderr[-2000:]
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["executor"] == "ray" and report["timing"]["model_hosts"] == 2
+    local = build_many(models, cache=None, progress=False)
+    for path, built in zip(models, local.results):
+        folder = tmp_path / "out" / os.path.splitext(os.path.basename(path))[0]
+        assert read_regular(str(folder / "model.so")) == built.files["model.so"]
 
 
 @pytest.mark.slow
