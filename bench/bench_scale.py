@@ -47,12 +47,12 @@ KILN = [sys.executable, "-m", "modelkiln.orchestrator.cli"]
 # (as on a user's machine, Python keeps its bytecode: some sandboxes set PYTHONDONTWRITEBYTECODE)
 ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
 
-COLD = {
+COLD = {  # (the transformer zoo's functions return (model, feeds))
     "ResNet-18": model_zoo.resnet18,
-    "GPT-2 block, 128 tokens": lambda: transformer_zoo.gpt2_block(seq=128, d=768, heads=12),
+    "GPT-2 block, 128 tokens": lambda: transformer_zoo.gpt2_block(seq=128, d=768, heads=12)[0],
     "BERT encoder (4 layers)": lambda: transformer_zoo.bert_encoder("dynamo", seq=128, d=256, heads=4, layers=4,
-                                                                    vocab=8000, ffn=1024),
-    "GPT-2 block, 1 token": lambda: transformer_zoo.gpt2_block(seq=1, d=768, heads=12),
+                                                                    vocab=8000, ffn=1024)[0],
+    "GPT-2 block, 1 token": lambda: transformer_zoo.gpt2_block(seq=1, d=768, heads=12)[0],
 }
 CNNS = {"resnet50": vision_zoo.resnet50, "mobilenet_v3": vision_zoo.mobilenet_v3,
         "efficientnet_b0": vision_zoo.efficientnet_b0, "regnety_400mf": vision_zoo.regnety_400mf,

@@ -74,7 +74,7 @@ def simulate(batch: Batch, workers: int, hosts="workers", cores: int | None = No
         elif task.kind == "plan":
             i = task.ref
             missing[i] = set()
-            for key, seconds in batch.jobs[i]:
+            for key, seconds in dict(batch.jobs[i]).items():  # (a kernel a model calls twice: one job)
                 if key in known and key not in waiting:
                     continue  # (compiled already)
                 missing[i].add(key)

@@ -153,7 +153,9 @@ def test_the_batch_replay_matches_schedules_worked_out_by_hand():
     # one worker, 0.1 s of the driver's before each task: the jobs start 1.2, 2.2, 3.2, 4.2 s
     # (each waits for the worker, not the driver); the link 5.2 + 0.1 + 1
     assert simulate(one, 1, hosts="driver", dispatch_s=0.1) == pytest.approx(6.3, abs=0.01)
-    two = Batch([0, 1], {0: 1.0, 1: 2.0}, {0: 0.5, 1: 0.5}, {0: [("a", 1.0), ("b", 1.0)], 1: [("a", 1.0), ("c", 3.0)]})
+    # model 1 calls "c" twice (a repeated block): one job, one link
+    two = Batch([0, 1], {0: 1.0, 1: 2.0}, {0: 0.5, 1: 0.5},
+                {0: [("a", 1.0), ("b", 1.0)], 1: [("a", 1.0), ("c", 3.0), ("c", 3.0)]})
     # both plans at once; "a" compiles once, for model 0; model 1 waits only for "c" (2 -> 5)
     assert simulate(two, 2, hosts=2) == pytest.approx(5.5, abs=0.01)
     # the driver plans both, sending model 0's jobs before it plans model 1 (1 -> 3): "a"
