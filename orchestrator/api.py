@@ -25,11 +25,11 @@ from ..ir.errors import KilnError
 
 from . import report
 from .batch_manifest import BatchEntry
+from .batch_schedule import ModelWork, Schedule
+from .build_result import BuildError, BuildResult  # noqa: F401 - the API's names
 from .cache_policy import CachePolicy
 from .executors import make_executor
 from .options import BuildOptions
-from .batch_schedule import ModelWork, Schedule
-from .build_result import BuildError, BuildResult  # noqa: F401 - the API's names
 from .plan import unique_jobs
 from .target import parse_target
 

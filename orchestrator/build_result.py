@@ -23,7 +23,8 @@ class BuildResult:
     """A built bundle: `files` maps file names to bytes (on a whole-model hit, large ones are
     artifacts.store.StoredFile: blobs in the store, compared and read like bytes). `graph`
     and `lowered` are None when the bundle came whole from the store
-    (report["whole_model_hit"]): nothing was optimized or lowered."""
+    (report["whole_model_hit"]): nothing was optimized or lowered; and in a batch whose
+    models a model host planned (orchestrator/model_hosts.py): they stayed there."""
     target: Target
     graph: object
     lowered: object

@@ -352,7 +352,8 @@ def test_gemm_whose_weights_outgrow_l2(m, k, n, executor):
                               [numpy_helper.from_array(w, "w")])
     result, _ = build_and_compare(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8),
                                   executor)
-    from modelkiln.codegen_worker.llvm_emit import PREFETCH_MAX_ROW_BLOCKS, kernel_to_llvm_ir
+    from modelkiln.codegen_worker.gemm_emit import PREFETCH_MAX_ROW_BLOCKS
+    from modelkiln.codegen_worker.llvm_emit import kernel_to_llvm_ir
     from modelkiln.ir.loop import Gemm
     from modelkiln.orchestrator.target import parse_target
     t = parse_target("llvm")
@@ -368,7 +369,8 @@ def test_a_1x1_conv_over_planes_past_l2_prefetches_them(target, executor):
     """A projection to few channels reads, at each k step, a line of another input plane: past
     L2 its micro-kernel prefetches the lines of a panel a few ahead (here past the input's end
     from its last panels: 47 x 48 pixels end in a partial panel); within L2 it does not."""
-    from modelkiln.codegen_worker.llvm_emit import PREFETCH_B_BYTES, kernel_to_llvm_ir
+    from modelkiln.codegen_worker.gemm_emit import PREFETCH_B_BYTES
+    from modelkiln.codegen_worker.llvm_emit import kernel_to_llvm_ir
     from modelkiln.ir.loop import Gemm
     from modelkiln.orchestrator.target import parse_target
     t = parse_target(target)

@@ -805,7 +805,8 @@ def test_a_pointwise_conv_over_run_time_sizes_prefetches_as_its_bound_would(boun
     """A 1x1 projection over run-time sizes reads its input planes in place as static sizes
     do, and prefetches them where B at its bound (Gemm.n_bound) passes L2, as a build for the
     bound would: at every size, small ones (fewer panels than the prefetch runs ahead) too."""
-    from modelkiln.codegen_worker.llvm_emit import PREFETCH_B_BYTES, kernel_to_llvm_ir
+    from modelkiln.codegen_worker.gemm_emit import PREFETCH_B_BYTES
+    from modelkiln.codegen_worker.llvm_emit import kernel_to_llvm_ir
     from modelkiln.ir.loop import Gemm
     from modelkiln.orchestrator.target import parse_target
     rng = np.random.default_rng(5)
