@@ -7,8 +7,8 @@ exp/tanh/erf are inlined polynomial and rational approximations rather than libm
 loops using them vectorize too (math_ir.py). FunctionEmitter is made of parts: this module's
 expressions, statements and loops; gemm_emit.py's Gemm statement (explicit vector code: an
 mr x nr register tile of accumulators fed by FMAs, written to a stack tile, then the epilogue
-over the tile as ordinary vectorizable loops); vector_blocks_emit.py's window rows,
-transposes and deinterleaves.
+over the tile as ordinary vectorizable loops); integer_dots_emit.py's byte and word products
+for its integer kinds; vector_blocks_emit.py's window rows, transposes and deinterleaves.
 """
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from ..ir.loop import (FLOAT_TYPES, SUB_BYTE_TYPES, SYMBOLS, Assign, Bin, Call, 
 from ..ir.minifloats import E8M0, E8M0_ROUNDINGS, MINIFLOATS, e8m0_rounding
 from ..ir.schedule import PANEL_CHUNK_KIB, REDUCE_INTERLEAVE
 from .gemm_emit import GemmEmitter
+from .integer_dots_emit import IntegerDotEmitter
 from .llvm_types import LL, literal
 from .math_ir import MATH_DECLS, math_lib
 from .minifloat_ir import e8m0_encoder_name, from_float_name, minifloat_conversions, to_float_name
@@ -69,7 +70,7 @@ def _clamped_within(e, dst: str) -> bool:
 PREDICATED_ROW_VECTORS = 4
 
 
-class FunctionEmitter(GemmEmitter, VectorBlockEmitter):
+class FunctionEmitter(GemmEmitter, IntegerDotEmitter, VectorBlockEmitter):
     def __init__(self, kernel: Kernel, symbol: str, dot_widths: frozenset = frozenset()):
         self.k = kernel
         self.symbol = symbol
