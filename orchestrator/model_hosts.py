@@ -101,6 +101,7 @@ class ForkedHosts:
         self.hosts: list[_Host] = []
         self.home: dict = {}  # model -> its host
         self.fallback = InDriverHosts(work)  # (once every host has died)
+        self._noticed: list = []  # events of a death found while sending, for the next events()
         for n in range(count):
             ours, theirs = ctx.Pipe()  # (a socket pair: a file descriptor can go through it)
             # (the driver's ends, its own among them, closed in the new host: else no host
@@ -140,8 +141,10 @@ class ForkedHosts:
             try:
                 host.conn.send(message)
                 host.busy = True
-            except OSError:
-                self._died(host)
+            except OSError:  # (found dead by the send: the model goes elsewhere, not down with it)
+                del host.asked[i]
+                host.queue.appendleft((i, message))
+                self._noticed += self._died(host)
 
     def waitables(self) -> list:
         return [h.conn for h in self.hosts if not h.dead]
@@ -149,7 +152,7 @@ class ForkedHosts:
     def events(self, ready=()) -> list:
         """The answers of the hosts whose connections are in `ready` (and the driver's own,
         once every host died)."""
-        out = self.fallback.events()
+        out, self._noticed = self._noticed + self.fallback.events(), []
         for host in self.hosts:
             if host.dead or host.conn not in ready:
                 continue

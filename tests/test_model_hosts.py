@@ -84,3 +84,25 @@ def test_models_sharing_kernels_compile_them_once(executor, monkeypatch, hosts):
     totals = batch.report["totals"]
     assert totals["kernels"] == 6 and totals["compiled"] == 6 and totals["kernel_calls"] == 12
     assert batch.results[0].files["model.so"] == batch.results[1].files["model.so"]
+
+
+def test_a_host_found_dead_when_sent_work_hands_the_model_on():
+    """A host that died before the driver heard of it: the send fails, and the model it was
+    being sent is planned elsewhere (here by the driver: no host is left), not failed."""
+    from types import SimpleNamespace
+
+    from modelkiln.orchestrator.model_hosts import ForkedHosts
+
+    class Work:
+        def plan(self, i):
+            return SimpleNamespace(model=i)
+    hosts = ForkedHosts(Work(), 1)
+    try:
+        hosts.hosts[0].proc.kill()
+        hosts.hosts[0].proc.join()
+        hosts.plan(7)
+        events = hosts.events()
+        assert [(kind, i) for kind, i, *_ in events] == [("replanned", 7), ("planned", 7)]
+        assert events[1][2].model == 7 and events[1][3][2] == "driver"
+    finally:
+        hosts.close()
