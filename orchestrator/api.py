@@ -149,14 +149,6 @@ def _executor(needed: bool, o: BuildOptions):
             ex.close()
 
 
-def _compile(jobs: list, cache: CachePolicy, ex, o: BuildOptions) -> tuple[dict, list]:
-    """Every job's result, from the store, another builder on it (its lease:
-    artifacts/leases.py) or the executor; and the keys whose recompiled bytes differed from
-    their stored object (--verify-cache)."""
-    from .compile_stage import compile_all
-    return compile_all(jobs, cache, ex, o)
-
-
 def model_host_count(todo: int, o: BuildOptions) -> int:
     """How many processes plan and link a batch's `todo` models: the usable cores that codegen
     workers on this machine leave (all of them when the executor is Ray's: its workers are

@@ -9,12 +9,14 @@ driver's thread.
 """
 from __future__ import annotations
 
-import os
 import queue
+import select
 import threading
 import time
 
-from .job_feed import JobFeed
+from ..codegen_worker.zygote_client import SIGNAL_POLL_S
+
+from .job_feed import JobFeed, Waker
 from .plan import JobResult
 from .progress import Progress
 
@@ -34,12 +36,11 @@ class CompileStage:
         self._known: set[str] = set()
         self._feed = JobFeed()
         self._answers: queue.SimpleQueue = queue.SimpleQueue()
-        self._wake_r, self._wake_w = os.pipe()
-        os.set_blocking(self._wake_r, False)
+        self._waker = Waker()  # (readable while answers wait)
         self._thread: threading.Thread | None = None
 
     def fileno(self) -> int:
-        return self._wake_r
+        return self._waker.fileno()
 
     def offer(self, jobs) -> None:
         """Take the jobs not known yet: the store's answers are final at once (`answered`)
@@ -82,16 +83,12 @@ class CompileStage:
 
     def _answer(self, r) -> None:
         self._answers.put(r)
-        os.write(self._wake_w, b"x")
+        self._waker.wake()
 
     def take(self) -> list[str]:
         """The keys answered since the last call (each new object stored, its lease released);
         raises what the executor's thread raised."""
-        try:
-            while os.read(self._wake_r, 4096):
-                pass
-        except BlockingIOError:
-            pass
+        self._waker.drain()
         done = []
         while True:
             try:
@@ -150,20 +147,18 @@ class CompileStage:
             self.leases.release_all()
         self.bar.close()
         self._feed.release()
-        for fd in (self._wake_r, self._wake_w):
-            os.close(fd)
+        self._waker.close()
 
 
 def compile_all(jobs, cache, ex, o) -> tuple[dict, list]:
     """Every job's result (from the store, another builder or the executor) and the
     --verify-cache mismatches: the stage run to the end for one list of jobs."""
-    import select
     stage = CompileStage(cache, ex, o)
     try:
         stage.offer(jobs)
         while not stage.idle:
             if stage.inflight:
-                select.select([stage], [], [])
+                select.select([stage], [], [], SIGNAL_POLL_S)  # (see batch_schedule: a Ctrl-C elsewhere)
                 stage.take()
             else:
                 stage.wait_for_leased()

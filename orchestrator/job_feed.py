@@ -14,28 +14,56 @@ import threading
 from collections import deque
 
 
+class Waker:
+    """A pipe whose read end is readable once wake() was called, until drain(): a thread's
+    way to wake another that waits in select()."""
+
+    def __init__(self):
+        self._r, self._w = os.pipe()
+        os.set_blocking(self._r, False)
+
+    def wake(self) -> None:
+        os.write(self._w, b"x")
+
+    def drain(self) -> None:
+        try:
+            while os.read(self._r, 4096):
+                pass
+        except BlockingIOError:
+            pass
+
+    def fileno(self) -> int:
+        return self._r
+
+    def close(self) -> None:
+        for fd in (self._r, self._w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
 class JobFeed:
     def __init__(self, jobs=(), closed: bool = False):
         self._lock = threading.Lock()
         self._jobs = deque(jobs)
         self._closed = closed
         self.cancelled = False
-        self._wake_r, self._wake_w = os.pipe()
-        os.set_blocking(self._wake_r, False)
+        self._waker = Waker()
         if self._jobs or closed:
-            os.write(self._wake_w, b"x")
+            self._waker.wake()
 
     def put(self, jobs) -> None:
         with self._lock:
             if self._closed:
                 raise RuntimeError("a job put into a closed feed")
             self._jobs.extend(jobs)
-        os.write(self._wake_w, b"x")
+        self._waker.wake()
 
     def close(self) -> None:
         with self._lock:
             self._closed = True
-        os.write(self._wake_w, b"x")
+        self._waker.wake()
 
     def cancel(self) -> None:
         self.cancelled = True
@@ -43,11 +71,7 @@ class JobFeed:
 
     def take(self) -> tuple[list, bool]:
         """(the jobs waiting, whether the feed is finished: closed, and nothing left)."""
-        try:
-            while os.read(self._wake_r, 4096):
-                pass
-        except BlockingIOError:
-            pass
+        self._waker.drain()
         with self._lock:
             jobs, self._jobs = list(self._jobs), deque()
             return jobs, self._closed
@@ -55,15 +79,11 @@ class JobFeed:
     # feed found closed here has nothing more to give after these)
 
     def fileno(self) -> int:
-        return self._wake_r
+        return self._waker.fileno()
 
     def wait(self, timeout: float | None = None) -> None:
         """Until jobs wait or the feed is closed (or `timeout` seconds)."""
-        select.select([self._wake_r], [], [], timeout)
+        select.select([self._waker], [], [], timeout)
 
     def release(self) -> None:
-        for fd in (self._wake_r, self._wake_w):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+        self._waker.close()

@@ -13,15 +13,17 @@ descriptor of an unnamed temporary file (nothing copied). The driver only schedu
 sends a model's new compile jobs as soon as its plan arrives and asks for its link as soon
 as its last object exists.
 
-One model, or the in-process debug executor, is planned and linked by the driver itself
-(InDriverHosts): there is nothing to run beside it, and its BuildResult keeps the graph and
-the lowered model that a host's cannot send.
+One model, the in-process debug executor, or a batch whose local workers take every core is
+planned and linked by the driver itself (InDriverHosts: api.model_host_count decides), one
+request per turn of its loop; its BuildResults keep the graph and the lowered model that a
+host's cannot send.
 
 Every host answers one request at a time; requests wait in the driver until their host is
 free (a large link request written into a busy host's socket would stall the driver).
 """
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing
 import os
 import pickle
@@ -248,7 +250,6 @@ def _blobs(result) -> list:
 def _without_blobs(result):
     """The BuildResult to send: without the graph and the lowered model (they stay here, with
     the weights they hold), each temporary blob as (size, sha256) (its file follows)."""
-    import dataclasses
     files = {name: ("blob", v.size, v.sha256) if isinstance(v, TemporaryBlob) else v
              for name, v in result.files.items()}
     return dataclasses.replace(result, graph=None, lowered=None, files=files)

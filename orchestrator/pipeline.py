@@ -44,18 +44,13 @@ class PlannedModel:
     prepared: object = None  # its bundle but the library (orchestrator.bundle.prepare), once made
 
     @property
-    def name(self) -> str:
-        return self.graph.name
-
-    @property
     def calls(self) -> list:
         return self.lowered.calls
 
     def summary(self) -> PlanSummary:
-        """What the driver needs of a model planned in another process (to send its jobs and
-        write its report): no graph, no weights."""
-        calls = [CallSummary(c.name, c.ops, c.nodes, c.space, c.tuned) for c in self.lowered.calls]
-        return PlanSummary(self.target, self.graph.name, self.jobs, calls, self.timings, self.stale_records)
+        """What the driver needs of a model planned in another process: its jobs, and what
+        report.kernel_rows reads of its calls (no graph, no weights)."""
+        return PlanSummary(self.jobs, [CallSummary(c.name, c.ops, c.nodes, c.tuned) for c in self.lowered.calls])
 
 
 @dataclass
@@ -63,20 +58,15 @@ class CallSummary:
     name: str
     ops: list
     nodes: list
-    space: dict
     tuned: dict | None
 
 
 @dataclass
 class PlanSummary:
     """A PlannedModel as the driver of a batch sees it when a model host planned it
-    (orchestrator/model_hosts.py): the same fields the report reads."""
-    target: Target
-    name: str
+    (orchestrator/model_hosts.py)."""
     jobs: list
     calls: list
-    timings: list
-    stale_records: list
 
 
 def schedule_for(target: Target) -> ScheduleConfig:

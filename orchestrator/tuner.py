@@ -38,9 +38,10 @@ from ..ir.lower.group import relower
 from ..ir.schedule import THREAD_KNOBS, ScheduleError, canonical
 from ..ir.verify import verify_kernel
 
-from .api import _compile, _executor
+from .api import _executor
 from .cache_key import key_of
 from .cache_policy import CachePolicy
+from .compile_stage import compile_all
 from .options import BuildOptions
 from .pipeline import plan_model, schedule_for
 from .plan import make_job, unique_jobs
@@ -160,7 +161,7 @@ class Tuner:
                             precision=o.precision)
                  for m in self.models]
         jobs = unique_jobs([j for p in plans for j in p.jobs])
-        results, _ = _compile(jobs, self.cache, self.ex, o)
+        results, _ = compile_all(jobs, self.cache, self.ex, o)
         failed = [j.name for j in jobs if not results[j.key].ok]
         if failed:
             raise KilnError(f"tune: the models do not build under the rules ({', '.join(failed[:5])} failed "
@@ -235,7 +236,7 @@ class Tuner:
         chosen = [(d, point, calls) for by_task in swaps.values() for d, (point, calls) in by_task.items()]
         jobs = {id(c): make_job(c, self.target, self.o.opt_level, self.o.salt, self.o.inject)
                 for _, _, calls in chosen for c in calls}
-        results, _ = _compile(unique_jobs(list(jobs.values())), self.cache, self.ex,
+        results, _ = compile_all(unique_jobs(list(jobs.values())), self.cache, self.ex,
                               dataclasses.replace(self.o, progress=False))
         for model, by_task in swaps.items():
             state, live = self.states[model], {}
