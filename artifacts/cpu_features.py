@@ -138,6 +138,12 @@ def byte_dot_widths(llvm_features: str) -> set[int]:
     return widths
 
 
+def has_f16_conversions(triple: str, llvm_features: str) -> bool:
+    """Whether the target converts float16 to and from float32 in one instruction: F16C on
+    x86 (every AVX2 CPU), always on aarch64."""
+    return triple.startswith("aarch64") or "f16c" in enabled(llvm_features)
+
+
 def has_int8_tiles(llvm_features: str) -> bool:
     """Whether a target's LLVM features give AMX's int8 tile products (AMX-TILE and
     AMX-INT8: Intel Sapphire Rapids and later)."""

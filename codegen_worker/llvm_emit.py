@@ -12,7 +12,7 @@ for its integer kinds; vector_blocks_emit.py's window rows, transposes and deint
 """
 from __future__ import annotations
 
-from ..artifacts.cpu_features import byte_dot_widths
+from ..artifacts.cpu_features import byte_dot_widths, has_f16_conversions
 from ..ir.loop import (FLOAT_TYPES, SUB_BYTE_TYPES, SYMBOLS, Assign, Bin, Call, Cast, Cmp, Const, Deinterleave, For,
                       Gemm, If, Kernel, Let, Load, Local, Select, Store, TransposeBlock, Var, WindowDot, bits,
                       compute_type, highest, is_unsigned, lowest, operand_type, phases, recomputable, value_bits)
@@ -702,7 +702,7 @@ def kernel_to_llvm_ir(kernel: Kernel, symbol: str, triple: str, cpu: str, featur
     math_attrs = attrs.replace("#0", "#1")
     decls = sorted(set(MATH_DECLS.strip().splitlines()) | fe.decls)
     conversions = minifloat_conversions(body + "".join(fe.functions))  # (those the kernel calls)
-    parts = [f'target triple = "{triple}"', *decls, math_lib(), *conversions, *fe.functions,
+    parts = [f'target triple = "{triple}"', *decls, math_lib(has_f16_conversions(triple, features)), *conversions, *fe.functions,
              body, attrs, math_attrs.replace("nounwind", "nounwind alwaysinline"),
              attrs.replace("#0", "#2").replace("nounwind", "nounwind noinline"), *fe.meta]
     return "\n".join(parts) + "\n"

@@ -1,6 +1,7 @@
 """The math a kernel inlines rather than calling libm, so that loops using it vectorize
-(exp, tanh, erf), float16 and bfloat16 conversions in software (no target needs F16C or
-AVX512-BF16, no libgcc helper is linked), and float constants as LLVM writes them."""
+(exp, tanh, erf), float16 and bfloat16 conversions (the CPU's own float16 conversions where
+the target has them, else in software: no libgcc helper is linked), and float constants as
+LLVM writes them."""
 from __future__ import annotations
 
 import math
@@ -41,7 +42,7 @@ def _odd_rational(name: str, limit: float, num, den) -> list:
     return lines + [f"  %px = fmul float {p}, %c", f"  %y = fdiv float %px, {q}", "  ret float %y", "}"]
 
 
-def math_lib() -> str:
+def math_lib(native_f16: bool = False) -> str:
     # exp(x) = 2^n e^r, n = round(x / ln 2), |r| <= ln 2 / 2. n is rounded by adding 1.5 * 2^23
     # (whose ulp is 1), so n also stands in t's low mantissa bits: shifted up 23 it is the
     # exponent field, no round or convert instruction. e^r is a degree-6 polynomial fitted
@@ -90,16 +91,33 @@ def math_lib() -> str:
             "  %r = call float @kiln_erf_unbounded(float %x)"]
     _clamp("r", -1.0, 1.0, "y", erf)
     erf += ["  ret float %y", "}"]
-    return "\n".join(exp + tanh + erf + half_conversions())
+    return "\n".join(exp + tanh + erf + half_conversions(native_f16))
+
+
+def half_conversions(native_f16: bool = False) -> list:
+    return (_native_f16() if native_f16 else _software_f16()) + _bf16_conversions()
+
+
+# With F16C (every AVX2 x86 CPU) or on aarch64, LLVM's fpext/fptrunc of half are one
+# instruction each (vcvtph2ps/vcvtps2ph, fcvt), vectorized 16 wide: the software form is
+# about 20 integer instructions an element, and made a float16 model's kernels 2-3x slower
+# than their float32 build. The same numbers (exact widening, rounding to nearest even with
+# overflow to Inf); a NaN keeps its payload where the software form writes the canonical one.
+def _native_f16() -> list:
+    return [
+        "define internal float @kiln_h2f(i16 %h) #1 {",
+        "  %x = bitcast i16 %h to half", "  %y = fpext half %x to float", "  ret float %y", "}",
+        "define internal i16 @kiln_f2h(float %f) #1 {",
+        "  %x = fptrunc float %f to half", "  %y = bitcast half %x to i16", "  ret i16 %y", "}",
+    ]
 
 
 # Software conversions between f32 and the 16-bit floats, branch-free so loops using them
 # vectorize. f16 -> f32 is exact: the exponent is rebiased, Inf/NaN get the f32 exponent,
 # and denormals are normalized by one float subtraction. f32 -> f16 rounds to nearest even
 # (F. Giesen's float_to_half_fast3_rtne): overflow to Inf, NaN to a quiet NaN, denormals by
-# one float addition whose hardware rounding is the wanted one. bf16 is the top half of an
-# f32: rounding adds 0x7fff plus the kept part's lowest bit; NaN stays a quiet NaN.
-def half_conversions() -> list:
+# one float addition whose hardware rounding is the wanted one.
+def _software_f16() -> list:
     return [
         "define internal float @kiln_h2f(i16 %h) #1 {",
         "  %w = zext i16 %h to i32", "  %s = and i32 %w, 32768", "  %sign = shl i32 %s, 16",
@@ -120,6 +138,13 @@ def half_conversions() -> list:
         "  %normv = lshr i32 %n2, 13",
         "  %v1 = select i1 %small, i32 %smallv, i32 %normv", "  %v2 = select i1 %big, i32 %bigv, i32 %v1",
         "  %sh = lshr i32 %sign, 16", "  %v3 = or i32 %v2, %sh", "  %r = trunc i32 %v3 to i16", "  ret i16 %r", "}",
+    ]
+
+
+# bf16 is the top half of an f32: rounding adds 0x7fff plus the kept part's lowest bit; NaN
+# stays a quiet NaN. (AVX512-BF16's vcvtneps2bf16 would flush denormals: not the same numbers.)
+def _bf16_conversions() -> list:
+    return [
         "define internal float @kiln_bf2f(i16 %h) #1 {",
         "  %w = zext i16 %h to i32", "  %s = shl i32 %w, 16", "  %y = bitcast i32 %s to float", "  ret float %y", "}",
         "define internal i16 @kiln_f2bf(float %f) #1 {",

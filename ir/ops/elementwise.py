@@ -14,8 +14,8 @@ from ..attrs import check_attrs, const_input
 from ..casts import float_to_integer
 from ..dtypes import DTYPES, is_int, numpy_dtype
 from ..graph import Node, ShapeError, TensorType, UnsupportedError
-from ..loop import (SMALL_FLOAT_TYPES, Cast, Const, Var, call, calls_math, cmp, fbin, fold_balanced, select,
-                    stored_value, sub)
+from ..loop import (SMALL_FLOAT_TYPES, Bin, Call, Cast, Const, Load, Select, Var, call, calls_math, cmp, fbin,
+                    fold_balanced, select, stored_value, sub)
 from ..minifloats import E8M0, E8M0_ROUNDINGS, MINIFLOATS, e8m0_rounding
 from ..lower.elementwise import and_, bcast_reader, clamp, f32
 from ..onnx_dtypes import onnx_to_dtype
@@ -162,6 +162,22 @@ def small_float_array(x: np.ndarray, dtype_name: str, saturate: bool, round_mode
         return x.astype(numpy_dtype(dtype_name))
 
 
+_HALF_ROUNDING = {"float16": "round_f16", "bfloat16": "round_bf16"}
+
+
+def _rounded(v, rounding: str) -> bool:
+    """Whether a 16-bit float's value is certainly as stored: loaded, just rounded, or chosen
+    among such values (a Clip or ReLU after a float16 conv's rounding)."""
+    if isinstance(v, Load) or isinstance(v, Call) and v.fn == rounding:
+        return True
+    if isinstance(v, Const):  # (a bfloat16 is an f32 whose low 16 bits are clear)
+        wide = np.array(v.value, np.float32)
+        return bool(wide.astype(np.float16) == wide) if rounding == "round_f16" else not wide.view(np.uint32) & 0xFFFF
+    if isinstance(v, Bin) and v.op in ("max", "min") or isinstance(v, Select):
+        return _rounded(v.a, rounding) and _rounded(v.b, rounding)
+    return False
+
+
 def _cast_reader(b, node):
     """A conversion between compute types; a cast to float16, bfloat16 or a smaller float
     also rounds to that precision, and one to a 4- or 2-bit integer wraps at its width (the
@@ -169,12 +185,18 @@ def _cast_reader(b, node):
     x = bcast_reader(b, node.inputs[0], b.shape(node.outputs[0]))
     src, dst = b.type(node.inputs[0]).dtype, b.type(node.outputs[0]).dtype
     s, d = b.compute(node.inputs[0]), b.compute(node.outputs[0])
-    rounding = {"float16": "round_f16", "bfloat16": "round_bf16"}.get(dst) if dst != src else None
+    rounding = _HALF_ROUNDING.get(dst) if dst != src else None
+    # A 16-bit float cast to another type is the value as stored, even where a fused producer
+    # hands it over unrounded (a float16 product's operand: passes/widen_half_products.py).
+    read_rounding = _HALF_ROUNDING.get(src) if dst != src else None
     small = DTYPES[dst].storage in SMALL_FLOAT_TYPES and dst != src
     saturate, round_mode = bool(node.attrs.get("saturate", 1)), node.attrs.get("round_mode", "up")
 
     def value(idx):
-        v = x(idx) if s == d else Cast(d, x(idx))
+        v = x(idx)
+        if read_rounding and not _rounded(v, read_rounding):
+            v = call(read_rounding, v)
+        v = v if s == d else Cast(d, v)
         if small:
             return to_small_float(v, dst, saturate, round_mode)
         return call(rounding, v) if rounding else stored_value(DTYPES[dst].storage, v)
