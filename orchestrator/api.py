@@ -78,7 +78,7 @@ def _entry(m, o: BuildOptions) -> tuple:
         m = BatchEntry(**m)
     if isinstance(m, BatchEntry):
         own = {k: v for k, v in (("target", m.target), ("opt_level", m.opt_level), ("shapes", m.shapes),
-                                 ("dims", m.dims)) if v is not None}
+                                 ("dims", m.dims), ("precision", m.precision)) if v is not None}
         eo = replace(o, **own)
         return m.model, eo.target, eo
     if isinstance(m, tuple):
@@ -188,7 +188,7 @@ def build_many(models, options: BuildOptions | None = None, **overrides) -> Batc
 
     Each entry of `models` is a model (path, bytes, ModelProto), a (model, target) pair, or a
     BatchEntry (or a dict of its fields) with settings of its own: target, opt_level, shapes,
-    dims (orchestrator/batch_manifest.py reads them from a manifest file).
+    dims, precision (orchestrator/batch_manifest.py reads them from a manifest file).
     Settings: a BuildOptions and/or its fields as keywords (target, opt_level, shapes,
     executor, workers, cache, verify_cache, fail_fast, ...; see orchestrator/options.py).
     A model that fails to read, plan, compile or link fails alone: the others are built, and

@@ -19,9 +19,8 @@ import os
 from dataclasses import dataclass
 
 from ..ir.errors import KilnError
+from .options import PRECISIONS
 
-# Precisions a build can use today: float32 (the reduced precisions are to come).
-PRECISIONS = ("fp32",)
 _SETTINGS = ("target", "opt_level", "shapes", "dims", "precision")
 _MODEL_KEYS = ("model", "output", *_SETTINGS)
 
@@ -34,6 +33,7 @@ class BatchEntry:
     opt_level: int | None = None
     shapes: dict | None = None
     dims: dict | None = None
+    precision: str | None = None  # "fp32" or "bf16" (orchestrator/options.py)
     output: str | None = None  # the bundle's folder name under the batch's output folder
 
 
@@ -133,6 +133,5 @@ def read_manifest(path: str) -> list[BatchEntry]:
             raise ManifestError(f"{_where(path, item)}: output '{output}' is also model {outputs[output]}'s "
                                 "(give each an output of its own)")
         outputs[output] = len(entries) + 1
-        settings.pop("precision", None)  # (fp32 alone today: what every build computes in)
         entries.append(BatchEntry(model, output=output, **settings))
     return entries

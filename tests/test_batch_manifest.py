@@ -39,6 +39,7 @@ models:
   - model: models/cnn.onnx
     output: vision
     target: x86-64-v3
+    precision: bf16
   - model: models/mlp.onnx
     dims: {rows: [1, 16]}
     precision: fp32
@@ -67,6 +68,7 @@ def test_the_python_api_takes_the_same_entries(models_dir, executor):
     entries = read_manifest(str(models_dir / "batch.yaml"))
     assert [e.output for e in entries] == ["vision", "mlp"] and entries[1].dims == {"rows": (1, 16)}
     batch = build_many(entries, executor=executor, cache=None, progress=False)
+    assert [r.report["precision"] for r in batch.results] == ["bf16", "fp32"]
     as_dicts = build_many([{"model": str(models_dir / "models" / "mlp.onnx"), "dims": {"rows": (1, 16)}}],
                           executor=executor, cache=None, progress=False)
     assert batch.results[1].files["model.so"] == as_dicts.results[0].files["model.so"]
@@ -84,7 +86,7 @@ def test_the_python_api_takes_the_same_entries(models_dir, executor):
     ("models:\n  - model: a.onnx\n    dims: {n: [1]}\n", 3, "[least, greatest]"),
     ("models:\n  - output: a\n", 2, "each entry names its model file"),
     ("models:\n  - model: a.onnx\n  - model: b/a.onnx\n", 3, "output 'a' is also model 1's"),
-    ("models:\n  - model: a.onnx\n    precision: bf16\n", 3, "precision 'bf16' is not supported"),
+    ("models:\n  - model: a.onnx\n    precision: fp8\n", 3, "precision 'fp8' is not supported"),
     ("models:\n  - model: a.onnx\n    opt_level: 5\n", 3, "opt_level is 0, 1, 2 or 3"),
     ("target: llvm\nmodels: [\n", 3, "not valid YAML"),
     ("targets: llvm\nmodels:\n  - model: a.onnx\n", 1, "unknown key 'targets'"),
