@@ -143,10 +143,13 @@ class Manifest:
     # (a KV cache appended in place, ir/passes/kv_cache.py), `capacity` (a symbol) entries
     # long along `axis`: the library reads the past from the present's buffer
     caches: list = field(default_factory=list)
+    # A reduced-precision build's accuracy budget (orchestrator/accuracy_budget.py): the budget,
+    # the error measured, the kernels kept in float32 and each kernel's own error
+    accuracy: dict = field(default_factory=dict)
 
     def to_bytes(self) -> bytes:
         fields_ = asdict(self)
-        for name in ("symbols", "checks", "derived", "caches"):  # (a static bundle's: what it was before symbols)
+        for name in ("symbols", "checks", "derived", "caches", "accuracy"):  # (a static bundle's: as before symbols)
             if not fields_[name]:
                 del fields_[name]
         return json.dumps(fields_, indent=2, sort_keys=True).encode()

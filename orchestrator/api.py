@@ -200,6 +200,8 @@ def build_many(models, options: BuildOptions | None = None, **overrides) -> Batc
     entries = [_entry(m, o) for m in models]
     if not entries:
         raise KilnError("build_many: no models given")
+    if o.max_error is not None:  # (its search builds one model many times over)
+        raise KilnError("build_many: an accuracy budget (max_error) is per model: build each with build()")
     targets = _targets(entries)
     cache = CachePolicy(o)
     batch = _Batch(entries, o.fail_fast)
@@ -275,4 +277,8 @@ def build(model, target=None, options: BuildOptions | None = None, **overrides) 
     the options' target, "llvm": this machine). The other settings as in build_many;
     extra_passes run after the built-in passes, before fusion."""
     o = BuildOptions.of(options, overrides)
-    return build_many([(model, o.target if target is None else target)], o, fail_fast=True).results[0]
+    target = o.target if target is None else target
+    if o.max_error is not None:
+        from .accuracy_budget import build_within_budget
+        return build_within_budget(build, model, target, o)
+    return build_many([(model, target)], o, fail_fast=True).results[0]

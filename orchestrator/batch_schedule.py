@@ -29,12 +29,12 @@ class ModelWork:
         o = self.o
         records = self.cache.records(self.targets[spec]) if o.tuning and self.cache.store else None
         return plan_model(model, self.targets[spec], eo.opt_level, eo.shapes, o.pass_context, o.extra_passes,
-                          o.salt, o.inject, eo.dims, records, eo.precision)
+                          o.salt, o.inject, eo.dims, records, eo.precision, eo.fp32_nodes)
 
     def _manifest(self, i: int, p) -> dict:
         eo = self.entries[i][2]
         return {"model": p.graph.name, "target": p.target.to_dict(), "opt_level": eo.opt_level,
-                "cpu_features": p.target.cpu_flags()}
+                "cpu_features": p.target.cpu_flags(), **({"accuracy": eo.accuracy} if eo.accuracy else {})}
 
     def prepare(self, i: int, p) -> None:
         """What of model i's bundle needs no object (its weights packed, its entry written),
@@ -55,7 +55,8 @@ class ModelWork:
         files = assemble(p.lowered, {j.symbol: results[j.key].object for j in p.jobs}, p.target,
                          self._manifest(i, p), cache.link_store(degraded), [j.key for j in p.jobs], p.prepared)
         model_report = {"model": p.graph.name, "target": p.target.to_dict(), "opt_level": eo.opt_level,
-                        "precision": eo.precision, "executor": executor, "workers": workers,
+                        "precision": eo.precision, **({"accuracy": eo.accuracy} if eo.accuracy else {}),
+                        "executor": executor, "workers": workers,
                         "totals": report.totals(model_results, len(p.jobs)),
                         "kernels": report.kernel_rows(p, results),
                         "passes": [{"name": n, "ms": round(ms, 3)} for n, ms in p.timings],

@@ -463,7 +463,9 @@ def prepare(lowered, target, manifest_extra: dict) -> Prepared:
         caches=[{"past": c.past, "present": c.present, "axis": c.axis, "capacity": c.capacity} for c in lowered.caches],
         arena_bytes=arena_bytes, weights_bytes=len(weights), weights_sha256=weights.sha256,
         runnable=linker is not None,
-        calls=[{"name": c.name, "symbol": c.kernel.symbol, "ops": c.ops} for c in lowered.calls])
+        # (a kernel's precision named where it is bf16: a float32 bundle's manifest is what it was)
+        calls=[{"name": c.name, "symbol": c.kernel.symbol, "ops": c.ops,
+                **({"precision": c.precision} if c.precision != "fp32" else {})} for c in lowered.calls])
     entry = entry_source(plan, outputs, arena_bytes, manifest.signature(),
                          MIN_PIECE_WORK if lowered.symbols else 0, _preconditions(lowered), _derived(lowered),
                          _caches(lowered), arena_at, any(uses_tiles(c.kernel.body) for c in lowered.calls))

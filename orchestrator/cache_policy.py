@@ -73,7 +73,8 @@ class CachePolicy:
         """The whole-model key before tuning enters it: what a tune's summary is filed under."""
         o = options or self.options
         memo = self.store.digests if self.writable else None
-        return model_cache.model_key(model, target, o.opt_level, o.shapes, o.salt, memo, o.dims, o.precision)
+        return model_cache.model_key(model, target, o.opt_level, o.shapes, o.salt, memo, o.dims, o.precision,
+                                     o.fp32_nodes, o.accuracy)
 
     def records(self, target):
         """The tuning records that apply to builds for `target` (orchestrator/tuning_records.py)."""

@@ -133,6 +133,24 @@ def _add_build_flags(p):
                                                           "it is only in the --report's attempt logs)")
 
 
+def _add_budget_flags(p):
+    p.add_argument("--max-error", type=_positive_float, default=None, metavar="E",
+                   help="with --precision bf16: keep in float32 the fewest kernels that bring the largest output "
+                        "difference from the float32 build, relative to the output's largest magnitude, within E")
+    p.add_argument("--calibration", action="append", metavar="INPUTS.npz",
+                   help="inputs --max-error is measured on (repeat for more; default: random inputs)")
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number such as 0.01, got {text!r}")
+    return value
+
+
 def _add_ray_flags(p):
     p.add_argument("--ship-kiln", default="auto", choices=("auto", "always", "never"),
                    help="send this Kiln to Ray nodes: where a node has none (auto), to every node, or never")
@@ -152,7 +170,8 @@ def _build_options(args):
                         cache=_cache_arg(args), cache_readonly=args.cache_readonly,
                         kernel_timeout=args.kernel_timeout, progress=False if args.quiet else None,
                         verify_cache=args.verify_cache, trace=args.trace, tuning=not args.no_tuning,
-                        tuning_threads=args.tuning_threads, fail_fast=getattr(args, "fail_fast", False))
+                        tuning_threads=args.tuning_threads, fail_fast=getattr(args, "fail_fast", False),
+                        max_error=getattr(args, "max_error", None), calibration=getattr(args, "calibration", None))
 
 
 def _write_report(path, report) -> None:
@@ -167,7 +186,15 @@ def _summary(report) -> str:
             f"{t['retried']} retried, {t['fallback']} fallback; {report['timing']['total_s']:.2f}s "
             f"({report['executor']}, {report['workers']} workers)"
             + (f"; peak memory {peak:.0f} MiB" if (peak := report["timing"].get("driver_peak_rss_mb")) else "")
-            + _tuning_note(report.get("tuning")))
+            + _tuning_note(report.get("tuning")) + _accuracy_note(report.get("accuracy")))
+
+
+def _accuracy_note(accuracy: dict | None) -> str:
+    if not accuracy:
+        return ""
+    kept = len(accuracy["fp32_kernels"])
+    return (f"; {accuracy['bf16_kernels'] - kept} of {accuracy['bf16_kernels']} kernels in {accuracy['precision']}, "
+            f"{kept} kept in float32: error {accuracy['error']:.3g} within {accuracy['max_error']:g}")
 
 
 def _tuning_note(tuning: dict | None) -> str:
@@ -328,7 +355,8 @@ def cmd_explain(args) -> int:
     from .explain import explain
     print(explain(args.model, target=args.target, opt_level=args.opt_level, shapes=_parse_shapes(args.shape),
                   dims=_parse_dims(args.dim), cache=_cache_arg(args), tuning=not args.no_tuning,
-                  tuning_threads=args.tuning_threads))
+                  tuning_threads=args.tuning_threads, precision=args.precision, max_error=args.max_error,
+                  calibration=args.calibration))
     return 0
 
 
@@ -450,6 +478,7 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("model")
     p.add_argument("-o", "--output", required=True, help="bundle folder to write")
     _add_build_flags(p)
+    _add_budget_flags(p)
     p.set_defaults(fn=cmd_build)
 
     p = sub.add_parser("build-many", help="build several models in one batch (shared kernels compile once)")
@@ -503,6 +532,8 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-cache", action="store_true")
     p.add_argument("--no-tuning", action="store_true", help="explain the hand-written schedules")
     p.add_argument("--tuning-threads", type=_positive_int, default=None, help="the records of this thread count")
+    p.add_argument("--precision", default="fp32", choices=("fp32", "bf16"), help="each kernel's precision in this build")
+    _add_budget_flags(p)
     p.set_defaults(fn=cmd_explain)
 
     p = sub.add_parser("cache", help="inspect or clean the store")

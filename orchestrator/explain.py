@@ -1,9 +1,12 @@
 """`kiln explain`: the passes run, the fused kernels, and each kernel's cache key parts,
-with, for a kernel that would miss, the parts that changed since the last build, and what
-its schedule follows (the rules, or `kiln tune`'s record and the gain it measured)."""
+with, for a kernel that would miss, the parts that changed since the last build, what its
+schedule follows (the rules, or `kiln tune`'s record and the gain it measured) and, in a
+reduced-precision build, its precision (and with an accuracy budget a build measured, the
+error the kernel alone in bf16 made)."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 from ..artifacts.manifest import COUNTED
 from ..ir.lower import lower
@@ -61,17 +64,24 @@ def _tuning(call) -> str:
 
 
 def explain(model, target="llvm", opt_level: int = 3, shapes=None, cache=None, dims=None, tuning: bool = True,
-            tuning_threads: int | None = None) -> str:
+            tuning_threads: int | None = None, precision: str = "fp32", max_error: float | None = None,
+            calibration=None) -> str:
     tgt = parse_target(target)
     g, timings = optimize(model, shapes, opt_level, dims=dims)
     store = open_store(cache, readonly=True) if cache is not None else None
     records = Records(store, tgt, tuning_threads) if store is not None and tuning else None
-    lowered = lower(g, schedule_for(tgt), records.lookup if records is not None else None)
+    budget, budget_lines = _budget(model, target, opt_level, shapes, dims, cache, store, precision, max_error,
+                                   calibration)
+    config = replace(schedule_for(tgt), precision=precision,
+                     fp32_nodes=frozenset(budget["fp32_nodes"] if budget else ()))
+    lowered = lower(g, config, records.lookup if records is not None else None)
+    alone = {key: k["error_alone"] for k in (budget or {}).get("kernel_errors", []) for key in k["bf16_nodes"]}
     before = previous_parts(store.root, g.name) if store else {}
     lines = [f"model {g.name}: {len(g.nodes)} nodes after passes; target {tgt.describe()}",
              f"  {tgt.feature_summary()}", ""]
     if g.symbols:
         lines += _symbols(g, lowered)
+    lines += budget_lines
     lines += ["passes:"]
     lines += [f"  {name:28s} {ms:8.2f} ms" for name, ms in timings]
     lines += ["", f"kernels ({len(lowered.calls)} calls):"]
@@ -80,6 +90,10 @@ def explain(model, target="llvm", opt_level: int = 3, shapes=None, cache=None, d
         hit = store is not None and store.get(job.key) is not None
         state = "cached" if hit else ("miss" if store else "no cache")
         lines.append(f"  {call.name}  [{' -> '.join(call.ops)}]  {call.kernel.symbol}  {state}")
+        if precision != "fp32":
+            error = next((alone[key] for key in call.node_keys if key in alone), None)
+            lines.append(f"    precision {call.precision}" + (f" (alone in {precision}: error {error:.3g})"
+                                                              if error is not None else ""))
         if _tuning(call):
             lines.append(_tuning(call))
         if records is not None and call.name in records.stale:
@@ -93,3 +107,22 @@ def explain(model, target="llvm", opt_level: int = 3, shapes=None, cache=None, d
                                                                  "or never written"]:
                 lines.append(f"    changed since the last build: {change}")
     return "\n".join(lines)
+
+
+def _budget(model, target, opt_level, shapes, dims, cache, store, precision, max_error, calibration):
+    """(the accuracy budget's record a build filed in the store, or None; lines saying so)."""
+    if max_error is None:
+        return None, []
+    from .accuracy_budget import budget_key, calibration_inputs, find_record
+    from .options import BuildOptions
+    o = BuildOptions(target=target, opt_level=opt_level, shapes=shapes, dims=dims, cache=cache, precision=precision,
+                     max_error=max_error, calibration=calibration)
+    record = find_record(store, budget_key(model, target, o, calibration_inputs(calibration)))
+    if record is None:
+        return None, [f"accuracy budget {max_error:g}: not measured yet (`kiln build` with the same --precision, "
+                      "--max-error and --calibration measures it and files it in the store)", ""]
+    kept = len(record["fp32_kernels"])
+    return record, [f"accuracy budget {max_error:g}: {record['bf16_kernels'] - kept} of {record['bf16_kernels']} "
+                    f"kernels in {precision}, {kept} kept in float32; error {record['error']:.3g} on "
+                    f"{record['samples']} calibration input(s)", ""]
+

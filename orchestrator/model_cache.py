@@ -86,7 +86,7 @@ def _linker_identity(target) -> str | None:
 
 
 def model_key(model, target, opt_level: int, shapes, salt: str, memo: str | None = None, dims=None,
-              precision: str = "fp32") -> str | None:
+              precision: str = "fp32", fp32_nodes=(), accuracy: dict | None = None) -> str | None:
     """The store key of a finished bundle, or None if the model cannot be read (the normal
     path then reports the problem). memo: see content_digest."""
     digest = content_digest(model, memo)
@@ -99,6 +99,10 @@ def model_key(model, target, opt_level: int, shapes, salt: str, memo: str | None
         settings["dims"] = {k: list(v) for k, v in dims.items()}
     if precision != "fp32":  # (likewise: a float32 build's key is what it always was)
         settings["precision"] = precision
+    if fp32_nodes:
+        settings["fp32_nodes"] = sorted(fp32_nodes)
+    if accuracy:  # (the budget's record is in the bundle's manifest)
+        settings["accuracy"] = accuracy
     h = hashlib.sha256(b"kiln-model-v2\0")
     h.update(digest)
     h.update(json.dumps(settings, sort_keys=True).encode())

@@ -50,7 +50,8 @@ class PlannedModel:
     def summary(self) -> PlanSummary:
         """What the driver needs of a model planned in another process: its jobs, and what
         report.kernel_rows reads of its calls (no graph, no weights)."""
-        return PlanSummary(self.jobs, [CallSummary(c.name, c.ops, c.nodes, c.tuned) for c in self.lowered.calls])
+        return PlanSummary(self.jobs, [CallSummary(c.name, c.ops, c.nodes, c.tuned, c.precision, c.bf16_nodes)
+                                       for c in self.lowered.calls])
 
 
 @dataclass
@@ -59,6 +60,8 @@ class CallSummary:
     ops: list
     nodes: list
     tuned: dict | None
+    precision: str
+    bf16_nodes: tuple
 
 
 @dataclass
@@ -76,11 +79,12 @@ def schedule_for(target: Target) -> ScheduleConfig:
 
 
 def plan_model(model, target, opt_level, shapes, pass_context, extra_passes, salt, inject, dims=None,
-               records=None, precision: str = "fp32") -> PlannedModel:
+               records=None, precision: str = "fp32", fp32_nodes=()) -> PlannedModel:
     """records: an orchestrator.tuning_records.Records whose schedules the kernels follow, or
-    None; precision: "fp32", or "bf16" (ir/lower/bf16_gemm.py)."""
+    None; precision: "fp32", or "bf16" (ir/lower/bf16_gemm.py), with the products of
+    `fp32_nodes` (node keys) kept in float32."""
     g, timings = optimize(model, shapes, opt_level, pass_context, extra_passes, dims)
-    config = replace(schedule_for(target), precision=precision)
+    config = replace(schedule_for(target), precision=precision, fp32_nodes=frozenset(fp32_nodes))
     lowered = lower(g, config, records.lookup if records is not None else None)
     for call in lowered.calls:  # a malformed kernel is a clear error here, not an LLVM error in a child
         verify_kernel(call.kernel, call.name, call.ops)

@@ -24,7 +24,8 @@ def kernel_rows(planned, results: dict[str, JobResult]) -> list[dict]:
     for call, job in zip(planned.calls, planned.jobs):
         r = results[job.key]
         rows.append({"name": call.name, "symbol": job.symbol, "key": job.key, "ops": call.ops,
-                     "nodes": call.nodes, "cache_hit": r.cached, "worker": r.worker,
+                     "nodes": call.nodes, "precision": call.precision, "bf16_nodes": list(call.bf16_nodes),
+                     "cache_hit": r.cached, "worker": r.worker,
                      "toolchain": r.toolchain,
                      "attempts": len(r.attempts), "attempt_log": r.attempts,
                      "compile_ms": round(r.compile_ms, 2), "fallback": r.fallback, "ok": r.ok,

@@ -86,7 +86,7 @@ def conv_on_tiles(b: KernelBuilder, node: Node) -> bool:
     """Whether a conv runs as a bf16 GEMM on tiles: a bf16 build for a target with AMX-BF16,
     a 2-D float32 conv over static planes with constant weights, not depthwise, each group's
     channels a whole number of pairs, and the tiles' cost rule (tile_rules.tile_unit)."""
-    if not (b.config.precision == "bf16" and b.config.bf16_tiles):
+    if not (b.in_bf16() and b.config.bf16_tiles):
         return False
     x_name, w_name = node.inputs[0], node.inputs[1]
     xs = b.type(x_name).shape
@@ -124,6 +124,7 @@ def _bias_and_store(b: KernelBuilder, node: Node, store, image, spatial: list):
 
 def lower_conv_bf16(b: KernelBuilder, node: Node, store) -> tuple:
     """The conv on tiles (see the module's docstring); conv_on_tiles must hold."""
+    b.reduced = True
     if _pointwise(b, node):
         return _lower_pointwise(b, node, store)
     x_name, w_name = node.inputs[0], node.inputs[1]

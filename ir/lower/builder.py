@@ -42,6 +42,9 @@ class ScheduleConfig:
     int8_tiles: bool = False  # AMX's tile unit for 8-bit GEMMs (ir/lower/integer_gemm.py, tile_unit)
     bf16_tiles: bool = False  # AMX-BF16 for bf16 products (ir/lower/bf16_gemm.py)
     precision: str = "fp32"  # the build's: "bf16" rounds GEMM operands to bfloat16 (ir/lower/bf16_gemm.py)
+    # In a bf16 build, the nodes (by Node.key) whose products stay float32: an accuracy
+    # budget's choice (orchestrator/accuracy_budget.py).
+    fp32_nodes: frozenset = frozenset()
 
     def tile(self, n: int) -> tuple[int, int]:
         """(mr, nr) for a GEMM with n columns: a narrow GEMM (n within one vector) would waste
@@ -89,7 +92,13 @@ class KernelBuilder:
     setup: list = field(default_factory=list)  # statements run before the kernel's own (a reader's run-time tables)
     tuning: dict = field(default_factory=dict)  # knob -> value: a tuned schedule (ir/schedule.py); {} = the rules
     space: dict = field(default_factory=dict)  # knob -> (choices, default): what this kernel's code could vary
+    reduced: bool = False  # a product of this kernel computes in bf16 (its KernelCall's precision)
     _n: int = 0
+
+    def in_bf16(self) -> bool:
+        """Whether this group's products take the build's bf16 precision: a bf16 build, and
+        none of its nodes kept in float32."""
+        return self.config.precision == "bf16" and not any(m.key in self.config.fp32_nodes for m in self.members)
 
     def knob(self, name: str, default, choices):
         """The value of knob `name` for this kernel: the tuned schedule's, else `default` (the

@@ -1226,16 +1226,13 @@ def by_row_blocks(b: KernelBuilder, lead: list, m, rows: int, block) -> tuple:
     return (For(bh, math.prod(lead), tuple(matrix(unflatten(Var(bh), lead))), "serial", True),)
 
 
-def in_bf16(b: KernelBuilder) -> bool:
-    return b.config.precision == "bf16"
-
-
 def bf16_product(b: KernelBuilder, name: str, a_param: str, a_off, a_sm: int, m, k: int, n: int,
                  weights, epilogue_fn, split: str = "") -> tuple:
     """Statements computing A[m, k] (rows a_sm apart from a_off) x weights()[k, n] (the
     constant `name` as a [k, n] matrix) in bf16 precision (ir/lower/bf16_gemm.py), each
     element through epilogue_fn(mm, nn, acc): on AMX-BF16 a "bf16" Gemm on tiles over a
     bfloat16 copy of A and B packed in pairs; elsewhere the float32 Gemm over both rounded."""
+    b.reduced = True
     rows = b.fresh("br")
     if not b.config.bf16_tiles:
         a_ws, j = b.workspace(m * k), b.fresh("bk")
@@ -1276,7 +1273,7 @@ def _lower_matmul_rows(b: KernelBuilder, node: Node, store) -> tuple:
         return store(unflatten(mm, lead) + [nn], acc)
     rows = math.prod(lead)  # (ints and run-time sizes multiply as Exprs)
     symbolic = not isinstance(rows, int)
-    if b_name in b.g.constants and in_bf16(b):
+    if b_name in b.g.constants and b.in_bf16():
         return bf16_product(b, b_name, b.in_param(a_name), Const(0), k, rows, k, n, lambda: b.g.constants[b_name],
                             epilogue, split="n" if symbolic else "")
     stmts = []
@@ -1307,7 +1304,7 @@ def lower_matmul(b: KernelBuilder, node: Node, store, out: str = "") -> tuple:
         return _plain_product(b, oshape, k, a_at, b_at, store, b.compute(a_name))
     a_param = b.in_param(a_name)
     const_b = b_name in b.g.constants
-    if const_b and not batch and in_bf16(b):
+    if const_b and not batch and b.in_bf16():
         def at_row(mm, nn, acc):
             return store(([] if va else [mm]) + ([] if vb else [nn]), acc)
         return bf16_product(b, b_name, a_param, Const(0), k, m, k, n, lambda: b.g.constants[b_name].reshape(k, n),
@@ -1373,7 +1370,7 @@ def lower_gemm(b: KernelBuilder, node: Node, store) -> tuple:
         return _plain_product(b, (m, n), k, lambda idx, kk: ra([kk, idx[0]] if ta else [idx[0], kk]),
                               lambda idx, kk: rb([idx[1], kk] if tb else [kk, idx[1]]), finish, b.compute(a_name))
     a_param = b.in_param(a_name)
-    if b_name in b.g.constants and not ta and in_bf16(b):
+    if b_name in b.g.constants and not ta and b.in_bf16():
         weights = b.g.constants[b_name]
         return bf16_product(b, b_name, a_param, Const(0), k, m, k, n, lambda: weights.T if tb else weights,
                             lambda mm, nn, acc: finish([mm, nn], acc), split="n" if rows_at_run_time else "")

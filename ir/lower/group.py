@@ -41,6 +41,8 @@ class KernelCall:
     tuned: dict | None = None  # the record whose schedule it follows, if any (orchestrator/tuning_records.py)
     default_digest: str = ""  # its kernel's digest under the rules: what a tuning record is keyed by
     node_keys: tuple = ()  # its nodes' keys (Node.key), to lower the group again (relower)
+    precision: str = "fp32"  # "bf16" where a product of it computes in bf16 (precision="bf16")
+    bf16_nodes: tuple = ()  # the keys of those products' nodes (what an accuracy budget keeps in float32)
 
 
 @dataclass
@@ -172,7 +174,8 @@ def lower_group(g: Graph, members: list[Node], config: ScheduleConfig, tuning: d
     name = "fused_" + "_".join(dict.fromkeys(o.lower() for o in ops))
     return KernelCall(kernel, list(b.outputs), list(b.inputs), list(b.workspaces), name[:60], ops,
                       [m.name for m in members], call_guard(members), b.space, None, kernel.digest,
-                      tuple(m.key for m in members))
+                      tuple(m.key for m in members), "bf16" if b.reduced else "fp32",
+                      (anchors[0].key,) if b.reduced else ())
 
 
 def _tuned(g: Graph, members: list[Node], config: ScheduleConfig, schedules) -> KernelCall:
