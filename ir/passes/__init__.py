@@ -19,13 +19,13 @@ def default_pipeline(extra=()) -> Sequential:
     parameters are inferred again right before fusion, for whatever the passes between
     rewrote or added (a custom pass adds plain ONNX-style nodes and nothing else)."""
     return Sequential([infer_types, integer_products, weight_only_blocks, quantized_moves, fold_constants,
-                       simplify_inference, widen_half_products, trim_conv_windows, elementwise_before_layout,
+                       widen_half_products, simplify_inference, trim_conv_windows, elementwise_before_layout,
                        eliminate_common_subexpr, eliminate_dead_code,
                        *extra, infer_types, bind_kv_caches, fuse_ops],
                       name="default_pipeline")
 
 
 __all__ = ["default_pipeline", "infer_types", "integer_products", "weight_only_blocks", "quantized_moves",
-           "fold_constants", "simplify_inference", "widen_half_products", "trim_conv_windows",
+           "fold_constants", "widen_half_products", "simplify_inference", "trim_conv_windows",
            "elementwise_before_layout",
            "eliminate_common_subexpr", "eliminate_dead_code", "bind_kv_caches", "fuse_ops", "groups_of"]

@@ -10,7 +10,8 @@ and the GEMM and conv paths that need float32 (pointwise convs, packed inputs) w
 a float16 BERT ran at 3x its float32 build, a MobileNetV2 at 1.6x. Cast up, an activation
 converts once, in the kernel that produces it (the Cast fuses there as one more output),
 and the products take the float32 paths. onnxruntime's CPU provider does the same around
-the ops it has no float16 kernel for.
+the ops it has no float16 kernel for. It runs before simplify_inference, so that a BatchNorm
+folds into the float32 weights behind the Cast down, not into float16 ones.
 """
 from __future__ import annotations
 
